@@ -1,0 +1,32 @@
+// Reduce kernels used by the reduction servers: combine shards from several
+// workers element-wise, always in the order given, so results are bitwise
+// reproducible. AVX2 is picked at run time when the CPU has it; scalar code
+// is the fallback and the oracle. f16/bf16 accumulate in f32.
+#pragma once
+
+#include <cstddef>
+
+#include "common/dtype.h"
+
+namespace smddp {
+
+// out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[n-1][i], evaluated
+// strictly left to right. For AVG the sum is divided by `avgDivisor` at the
+// end (in the accumulation precision). `out` may alias inputs[0] but no
+// other input. n >= 1. Throws smddp::Error for an unsupported (op, dtype).
+void reduceOrdered(void* out, const void* const* inputs, size_t n, size_t count,
+                   DataType dtype, ReduceOp op, double avgDivisor = 1.0);
+
+// dst[i] = dst[i] op src[i]. AVG behaves as SUM here (the caller divides
+// once at the end with finishAverage).
+void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
+
+// data[i] = data[i] / divisor, for AVG on floating-point dtypes.
+void finishAverage(void* data, size_t count, DataType dtype, double divisor);
+
+// Which implementation reduceOrdered dispatches to ("avx2" or "scalar").
+const char* reduceKernelIsa();
+// Force the scalar path (tests compare the two); returns the previous value.
+bool setForceScalarKernels(bool force);
+
+}  // namespace smddp
