@@ -1,0 +1,29 @@
+// The collective algorithms the Communicator's worker thread runs. Each is
+// a plain function over an Exchange; all of them block (bounded by the group
+// timeout) and throw smddp::Error on failure.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/shard_plan.h"
+
+namespace smddp {
+
+// Reduction servers: shard i of every rank's buffer goes to server i, which
+// combines the shards in rank order and sends the result back to all.
+void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+                  DataType dtype, ReduceOp op);
+void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+                  DataType dtype, int root);
+void runAllgather(Communicator& comm, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
+                  DataType dtype);
+void runBarrier(Communicator& comm, uint64_t seq);
+
+// Cuts [0, numel) into chunks of at most chunkBytes (at least one chunk,
+// possibly empty), numbering them from `firstIndex`.
+std::vector<Chunk> splitChunks(uint64_t numel, size_t elemSize, uint64_t chunkBytes,
+                               uint32_t firstIndex = 0);
+
+}  // namespace smddp

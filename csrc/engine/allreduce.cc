@@ -1,0 +1,135 @@
+// Allreduce through reduction servers (DESIGN.md, "The allreduce path").
+//
+// Every rank hosts one server. The buffer is cut into one shard per server
+// (or goes whole to one server when small). Each rank sends shard s to
+// server s; server s waits for shard s from every rank, combines them in rank
+// order (bitwise reproducible), and returns the result to every rank. Shards
+// are pipelined in chunks so sending, reducing and returning overlap.
+// Bytes on the wire per rank: 2 * (n-1)/n * N, in two network steps.
+
+#include <chrono>
+#include <cstring>
+
+#include "common/error.h"
+#include "engine/algorithms.h"
+#include "engine/exchange.h"
+#include "engine/reduce_kernels.h"
+#include "engine/shard_plan.h"
+
+namespace smddp {
+
+namespace {
+
+void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
+                   uint8_t* data) {
+  const int rank = comm.rank();
+  const int n = comm.size();
+  const size_t es = elementSize(sig.dtype);
+  ShardPlan plan = ShardPlan::make(sig.numel, es, n, seq, comm.config().minShardBytes,
+                                   comm.config().chunkBytes);
+  Exchange ex(comm, seq, sig);
+
+  const Shard* mine = plan.shardFor(rank);
+  uint8_t* slots = nullptr;  // one shard-sized slot per rank; slot[rank] holds results
+  size_t slotBytes = 0;
+  std::vector<int> remaining;
+  if (mine) {
+    slotBytes = mine->elemCount * es;
+    slots = comm.scratch(slotBytes * n);
+    remaining.assign(mine->chunks.size(), n - 1);
+  }
+  auto slot = [&](int p) { return slots + slotBytes * p; };
+
+  // Server side: combine chunk k once every worker's copy has arrived.
+  auto reduceAndReturn = [&](size_t k) {
+    const Chunk& c = mine->chunks[k];
+    size_t rel = (c.elemOffset - mine->elemOffset) * es;
+    size_t bytes = c.elemCount * es;
+    std::vector<const void*> inputs(n);
+    for (int p = 0; p < n; ++p) {
+      inputs[p] = p == rank ? data + c.elemOffset * es : slot(p) + rel;
+    }
+    uint8_t* out = slot(rank) + rel;
+    auto t0 = std::chrono::steady_clock::now();
+    reduceOrdered(out, inputs.data(), n, c.elemCount, sig.dtype, sig.op, n);
+    comm.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0).count();
+    if (bytes) std::memcpy(data + c.elemOffset * es, out, bytes);
+    for (int p = 0; p < n; ++p) {
+      if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * es, out, bytes);
+    }
+  };
+
+  // Receives first (so frames land in place), then sends.
+  if (mine) {
+    for (size_t k = 0; k < mine->chunks.size(); ++k) {
+      const Chunk& c = mine->chunks[k];
+      size_t rel = (c.elemOffset - mine->elemOffset) * es;
+      for (int p = 0; p < n; ++p) {
+        if (p == rank) continue;
+        ex.recv(p, kPhaseToServer, c.index, slot(p) + rel, c.elemCount * es, [&, k] {
+          if (--remaining[k] == 0) reduceAndReturn(k);
+        });
+      }
+    }
+  }
+  for (const Shard& s : plan.shards()) {
+    if (s.server == rank) continue;
+    for (const Chunk& c : s.chunks) {
+      ex.recv(s.server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es);
+    }
+  }
+  for (const Shard& s : plan.shards()) {
+    if (s.server == rank) continue;
+    for (const Chunk& c : s.chunks) {
+      ex.send(s.server, kPhaseToServer, c.index, c.elemOffset * es, data + c.elemOffset * es,
+              c.elemCount * es);
+    }
+  }
+  if (mine && n == 1) {
+    for (size_t k = 0; k < mine->chunks.size(); ++k) reduceAndReturn(k);
+  }
+  ex.run();
+}
+
+}  // namespace
+
+void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+                  DataType dtype, ReduceOp op) {
+  std::string why;
+  SMDDP_CHECK(isSupported(op, dtype, &why), kInvalidArgument,
+              std::string("allreduce: ") + toString(op) + " on " + toString(dtype) + ": " + why);
+  const size_t es = elementSize(dtype);
+  uint64_t total = 0;
+  for (const auto& b : bufs) total += b.numel;
+  CollectiveSignature sig{CollectiveType::kAllreduce, dtype, op, total, -1};
+  if (comm.size() == 1) return;  // one rank: every op is the identity (AVG divides by 1)
+  if (bufs.size() == 1) {
+    allreduceCore(comm, seq, sig, static_cast<uint8_t*>(bufs[0].data));
+    return;
+  }
+  // Several tensors: fuse them into one buffer, reduce once, scatter back.
+  uint8_t* fused = comm.fusionBuffer(total * es);
+  uint64_t off = 0;
+  for (const auto& b : bufs) {
+    if (b.numel) std::memcpy(fused + off * es, b.data, b.numel * es);
+    off += b.numel;
+  }
+  comm.counters().fusionFlushes++;
+  comm.counters().fusionBytes += total * es;
+  allreduceCore(comm, seq, sig, fused);
+  off = 0;
+  for (const auto& b : bufs) {
+    if (b.numel) std::memcpy(b.data, fused + off * es, b.numel * es);
+    off += b.numel;
+  }
+}
+
+void runBarrier(Communicator& comm, uint64_t seq) {
+  // A zero-byte allreduce: everyone checks in with one server, which
+  // releases everyone once all have arrived.
+  CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, -1};
+  allreduceCore(comm, seq, sig, nullptr);
+}
+
+}  // namespace smddp

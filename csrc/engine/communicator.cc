@@ -1,0 +1,362 @@
+#include "engine/communicator.h"
+
+#include <rdma/fi_errno.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <random>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "common/param.h"
+#include "engine/algorithms.h"
+#include "engine/exchange.h"
+
+namespace smddp {
+
+SMDDP_PARAM_BYTES(paramChunkBytes, "SMDDP_CHUNK_BYTES", 1 << 20, 4096, 1LL << 30,
+                  "largest message on the wire; bigger shards are pipelined in chunks of this size")
+SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16 << 10, 1, 1LL << 30,
+                  "a call smaller than servers x this goes whole to one server (round-robin)")
+SMDDP_PARAM_INT(paramSpinUs, "SMDDP_SPIN_US", 50, 0, 1000000,
+                "microseconds a waiting engine thread polls before it starts to sleep")
+SMDDP_PARAM_INT(paramSleepUs, "SMDDP_SLEEP_US", 100, 1, 100000,
+                "longest sleep between polls of an idle engine thread, in microseconds")
+SMDDP_PARAM_STRING(paramHostId, "SMDDP_HOST_ID", "",
+                   "host identity this rank reports (default: the hostname); splits one machine "
+                   "into pretend hosts")
+
+EngineConfig EngineConfig::fromEnvironment() {
+  EngineConfig c;
+  c.chunkBytes = static_cast<uint64_t>(paramChunkBytes());
+  c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
+  c.spinUs = paramSpinUs();
+  c.sleepUs = paramSleepUs();
+  return c;
+}
+
+namespace {
+
+std::string hostIdentity() {
+  std::string forced = paramHostId();
+  if (!forced.empty()) return forced;
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// True when /proc says the process is gone or a zombie.
+bool processExited(int64_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  if (!f.good()) return true;
+  std::string line;
+  std::getline(f, line);
+  size_t p = line.rfind(')');
+  if (p == std::string::npos || p + 2 >= line.size()) return false;
+  char state = line[p + 2];
+  return state == 'Z' || state == 'X';
+}
+
+uint64_t randomSecret() {
+  std::random_device rd;
+  uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return s ? s : 1;
+}
+
+}  // namespace
+
+Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
+    : opts_(std::move(opts)), config_(EngineConfig::fromEnvironment()) {
+  SMDDP_CHECK(opts_.size >= 1 && opts_.rank >= 0 && opts_.rank < opts_.size, kInvalidArgument,
+              "invalid rank " + std::to_string(opts_.rank) + " for world size " +
+                  std::to_string(opts_.size));
+  // 1. Who is where: host identity and pid of every rank.
+  std::string me = hostIdentity() + "\n" + std::to_string(getpid());
+  auto all = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "smddp/peer", me, opts_.timeout);
+  bool oneHost = true;
+  for (const auto& s : all) {
+    PeerInfo p;
+    size_t nl = s.find('\n');
+    p.host = s.substr(0, nl);
+    p.pid = nl == std::string::npos ? 0 : std::stoll(s.substr(nl + 1));
+    oneHost = oneHost && p.host == hostIdentity();
+    peers_.push_back(p);
+  }
+  // 2. The same provider on every rank (everyone saw the same host list).
+  provider_ = chooseProvider(oneHost, &providerReason_);
+  // 3. A per-group secret: frames without it are dropped.
+  if (opts_.rank == 0) {
+    jobSecret_ = randomSecret();
+    bootstrap.set("smddp/secret", std::to_string(jobSecret_));
+  } else {
+    jobSecret_ = std::stoull(bootstrap.get("smddp/secret", opts_.timeout));
+  }
+  sink_ = mmap(nullptr, kSinkBytes, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  SMDDP_CHECK(sink_ != MAP_FAILED, kInternal, "cannot reserve the overflow sink");
+  // 4. Endpoint and addresses.
+  fabric_ = std::make_shared<Fabric>(provider_);
+  endpoint_ = std::make_unique<Endpoint>(fabric_);
+  auto names = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "smddp/addr",
+                                  endpoint_->name(), opts_.timeout);
+  peerAddrs_ = endpoint_->insertPeers(names);
+  postErrorReceives();
+  worker_ = std::thread([this] { workerLoop(); });
+  SMDDP_LOG(kInfo) << "group '" << opts_.name << "' rank " << opts_.rank << "/" << opts_.size
+                   << " using provider " << provider_ << " (" << providerReason_ << ")";
+}
+
+Communicator::~Communicator() { shutdown(); }
+
+void Communicator::shutdown() {
+  std::deque<Task> leftover;
+  {
+    std::lock_guard<std::mutex> lock(queueMu_);
+    if (stopping_ && !worker_.joinable()) return;
+    stopping_ = true;
+    leftover.swap(queue_);
+  }
+  queueCv_.notify_all();
+  for (auto& t : leftover) {
+    try {
+      t.done(std::make_exception_ptr(
+          Error(ErrorKind::kAborted, "smddp: " + t.what + " at sequence " + std::to_string(t.seq) +
+                                         " was not run: the process group was shut down")));
+    } catch (...) {
+    }
+  }
+  if (worker_.joinable()) worker_.join();
+  // Closing the endpoint discards whatever is still posted; only then may
+  // the requests' memory go.
+  endpoint_.reset();
+  fabric_.reset();
+  requests_.clear();
+  freeRequests_.clear();
+  if (sink_ && sink_ != MAP_FAILED) munmap(sink_, kSinkBytes);
+  sink_ = nullptr;
+}
+
+Request* Communicator::newRequest() {
+  std::unique_ptr<Request> r;
+  if (!freeRequests_.empty()) {
+    r = std::move(freeRequests_.back());
+    freeRequests_.pop_back();
+    *r = Request{};
+  } else {
+    r = std::make_unique<Request>();
+  }
+  Request* raw = r.get();
+  requests_.emplace(raw, std::move(r));
+  return raw;
+}
+
+void Communicator::releaseRequest(Request* r) {
+  auto it = requests_.find(r);
+  if (it == requests_.end()) return;
+  r->onArrive = nullptr;
+  if (freeRequests_.size() < 256) freeRequests_.push_back(std::move(it->second));
+  requests_.erase(it);
+}
+
+size_t Communicator::progress() {
+  Completion batch[16];
+  size_t n = endpoint_->poll(batch, 16);
+  for (size_t i = 0; i < n; ++i) {
+    Request* r = static_cast<Request*>(batch[i].context);
+    if (!r || requests_.find(r) == requests_.end()) continue;
+    if (r->owner) {
+      r->owner->complete(r, batch[i]);
+    } else if (r->type == Request::Type::kErrorRecv) {
+      handleErrorFrame(r, batch[i]);
+    } else {
+      releaseRequest(r);  // orphaned, cancelled, or a fire-and-forget error send
+    }
+  }
+  return n;
+}
+
+void Communicator::postErrorReceives() {
+  for (int i = 0; i < 4; ++i) {
+    Request* r = newRequest();
+    r->type = Request::Type::kErrorRecv;
+    r->text.resize(4096);
+    iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
+                    overflowSink()};
+    int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, makeTag(TagClass::kError, 0, 0, 0),
+                                 kErrorTagIgnore, iov, 3, &r->ctx);
+    SMDDP_CHECK(rc == 0, kTransport, "could not post error-frame receives");
+  }
+}
+
+void Communicator::handleErrorFrame(Request* r, const Completion& c) {
+  if (c.err == FI_ECANCELED) {
+    releaseRequest(r);
+    return;
+  }
+  const FrameHeader& h = r->header;
+  bool ok = c.err == 0 && c.len >= sizeof(FrameHeader) && h.magic == kFrameMagic &&
+            h.version == kFrameVersion && h.kind == static_cast<uint8_t>(FrameKind::kError) &&
+            h.jobSecret == jobSecret_ && h.srcRank < static_cast<uint32_t>(opts_.size) &&
+            h.length == c.len - sizeof(FrameHeader) && h.length <= r->text.size();
+  // (a longer frame spilled into the sink: rejected above by the length check)
+  if (!ok) {
+    stats_.framesRejected++;
+  } else {
+    std::string text(r->text.data(), h.length);
+    auto& slot = remoteErrors_[h.seq];
+    if (slot.empty()) slot = "rank " + std::to_string(h.srcRank) + " reported: " + text;
+  }
+  // Re-arm the same receive.
+  iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
+                  overflowSink()};
+  int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, makeTag(TagClass::kError, 0, 0, 0),
+                               kErrorTagIgnore, iov, 3, &r->ctx);
+  if (rc != 0) releaseRequest(r);
+}
+
+bool Communicator::remoteErrorFor(uint64_t seq, std::string* text) {
+  // Reports for sequences this rank already finished are stale: every rank
+  // that saw the failure raised it then. Reports for later sequences wait.
+  remoteErrors_.erase(remoteErrors_.begin(), remoteErrors_.lower_bound(seq));
+  auto it = remoteErrors_.find(seq);
+  if (it == remoteErrors_.end()) return false;
+  *text = it->second;
+  remoteErrors_.erase(it);
+  return true;
+}
+
+void Communicator::broadcastError(uint64_t seq, const std::string& text) {
+  std::string body = text.substr(0, 4000);
+  for (int p = 0; p < opts_.size; ++p) {
+    if (p == opts_.rank) continue;
+    Request* r = newRequest();
+    r->type = Request::Type::kErrorSend;
+    r->peer = p;
+    r->text = body;
+    CollectiveSignature sig;
+    r->header = makeHeader(FrameKind::kError, jobSecret_, seq, opts_.rank, 0, 0, body.size(), sig);
+    iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
+    int rc = endpoint_->postSend(peerAddrs_[p], makeTag(TagClass::kError, seq, 0, 0), iov,
+                                 body.empty() ? 1 : 2, &r->ctx);
+    if (rc != 0) releaseRequest(r);  // best effort: the peer's timeout still bounds it
+  }
+}
+
+void Communicator::checkPeersAlive(const std::string& during) {
+  const std::string& myHost = peers_[opts_.rank].host;
+  for (int p = 0; p < opts_.size; ++p) {
+    if (p == opts_.rank || peers_[p].host != myHost || peers_[p].pid <= 0) continue;
+    if (processExited(peers_[p].pid)) {
+      throwError(ErrorKind::kPeerLost, "smddp: rank " + std::to_string(p) + " (pid " +
+                                           std::to_string(peers_[p].pid) + ") exited during " +
+                                           during);
+    }
+  }
+}
+
+uint8_t* Communicator::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+uint8_t* Communicator::fusionBuffer(size_t bytes) {
+  if (fusion_.size() < bytes) fusion_.resize(bytes);
+  return fusion_.data();
+}
+
+uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> body, Done done) {
+  std::unique_lock<std::mutex> lock(queueMu_);
+  if (stopping_) {
+    throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
+                                        opts_.name + "' was shut down");
+  }
+  uint64_t seq = nextSeq_++;
+  queue_.push_back(Task{seq, std::move(what), std::move(body), std::move(done)});
+  lock.unlock();
+  queueCv_.notify_one();
+  return seq;
+}
+
+void Communicator::workerLoop() {
+  while (true) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(queueMu_);
+      queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr eptr;
+    if (!brokenReason_.empty()) {
+      eptr = std::make_exception_ptr(Error(
+          ErrorKind::kAborted, "smddp: " + task.what + " at sequence " + std::to_string(task.seq) +
+                                   " refused: the group is unusable after an earlier failure: " +
+                                   brokenReason_));
+    } else {
+      try {
+        task.body(task.seq);
+      } catch (const Error& e) {
+        eptr = std::current_exception();
+        stats_.errors++;
+        std::string msg = e.what();
+        if (msg.find("failed on another rank") == std::string::npos) broadcastError(task.seq, msg);
+        if (e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
+            e.kind() == ErrorKind::kTransport) {
+          brokenReason_ = msg;
+        }
+      } catch (const std::exception& e) {
+        eptr = std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));
+        broadcastError(task.seq, e.what());
+      }
+    }
+    stats_.collectives++;
+    try {
+      task.done(eptr);
+    } catch (const std::exception& e) {
+      SMDDP_LOG(kError) << "completion callback of " << task.what << " threw: " << e.what();
+    } catch (...) {
+      SMDDP_LOG(kError) << "completion callback of " << task.what << " threw";
+    }
+  }
+}
+
+// ---- collectives: enqueue the algorithms of algorithms.h ------------------
+
+uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done) {
+  return enqueue("allreduce", [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
+    runAllreduce(*this, seq, bufs, dtype, op);
+  }, std::move(done));
+}
+
+uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done) {
+  return enqueue("broadcast", [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
+    runBroadcast(*this, seq, bufs, dtype, root);
+  }, std::move(done));
+}
+
+uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done) {
+  return enqueue("allgather", [this, in, outs = std::move(outs), dtype](uint64_t seq) {
+    runAllgather(*this, seq, in, outs, dtype);
+  }, std::move(done));
+}
+
+uint64_t Communicator::barrier(Done done) {
+  return enqueue("barrier", [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
+}
+
+void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op) {
+  std::promise<void> p;
+  auto f = p.get_future();
+  allreduce(std::move(bufs), dtype, op, [&p](std::exception_ptr e) {
+    if (e) p.set_exception(e);
+    else p.set_value();
+  });
+  f.get();
+}
+
+}  // namespace smddp

@@ -1,0 +1,157 @@
+// A Communicator is one process group's engine: it owns the endpoint, the
+// peers' addresses, a FIFO of collectives and the single worker thread that
+// runs them. Callers enqueue and get a callback; sequence numbers are given
+// at enqueue time, so ranks that call collectives in the same order agree.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/dtype.h"
+#include "engine/request.h"
+#include "engine/stats.h"
+#include "transport/bootstrap.h"
+#include "transport/endpoint.h"
+#include "transport/frame.h"
+
+namespace smddp {
+
+struct CommOptions {
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{300000};
+  std::string name = "default";  // for messages and logs
+};
+
+struct Buffer {
+  void* data = nullptr;
+  uint64_t numel = 0;
+};
+
+// Tunables read once per communicator from SMDDP_* variables.
+struct EngineConfig {
+  uint64_t chunkBytes;
+  uint64_t minShardBytes;
+  int64_t spinUs;
+  int64_t sleepUs;
+  static EngineConfig fromEnvironment();
+};
+
+struct PeerInfo {
+  std::string host;
+  int64_t pid = 0;
+};
+
+class Communicator {
+ public:
+  using Done = std::function<void(std::exception_ptr)>;
+
+  // Rendezvous through `bootstrap`: pick a provider, open the endpoint,
+  // exchange addresses. Throws on failure (bounded by opts.timeout).
+  Communicator(Bootstrap& bootstrap, CommOptions opts);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return opts_.rank; }
+  int size() const { return opts_.size; }
+  const std::string& provider() const { return provider_; }
+  const std::string& providerReason() const { return providerReason_; }
+  const EngineConfig& config() const { return config_; }
+  std::chrono::milliseconds timeout() const { return opts_.timeout; }
+  void setTimeout(std::chrono::milliseconds t) { opts_.timeout = t; }
+  uint64_t nextSequence() const { return nextSeq_.load(); }
+
+  // Collectives. Buffers must stay valid until `done` runs. Each returns
+  // the sequence number it was given.
+  uint64_t allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done);
+  uint64_t broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done);
+  // outs[r] receives rank r's `in`; outs[rank] may alias `in`.
+  uint64_t allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done);
+  uint64_t barrier(Done done);
+
+  // Blocking convenience wrappers (tests, benchmarks).
+  void allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op);
+
+  // Fails queued work, joins the worker, closes the endpoint. Idempotent.
+  void shutdown();
+  Stats stats() const { return stats_.snapshot(); }
+
+  // --- used by Exchange and the algorithms (worker thread only) ---
+  Endpoint& endpoint() { return *endpoint_; }
+  fi_addr_t peerAddr(int rank) const { return peerAddrs_[rank]; }
+  uint64_t jobSecret() const { return jobSecret_; }
+  StatsCounters& counters() { return stats_; }
+  Request* newRequest();
+  void releaseRequest(Request* r);
+  // Reads completions and dispatches them; returns how many were read.
+  size_t progress();
+  // Throws PeerLost if a same-host peer process has exited.
+  void checkPeersAlive(const std::string& during);
+  // The first error another rank reported for a sequence <= seq, if any.
+  bool remoteErrorFor(uint64_t seq, std::string* text);
+  // Tells every peer that `seq` failed here, so nobody waits for us.
+  void broadcastError(uint64_t seq, const std::string& text);
+  // Scratch memory reused across collectives (worker thread only).
+  uint8_t* scratch(size_t bytes);
+  uint8_t* fusionBuffer(size_t bytes);
+  // Every receive ends in this iov: a peer that sends more than expected
+  // (a mismatched call) spills here instead of truncating, so the frame's
+  // header can still be read and reported. Virtual memory, never touched
+  // by a well-behaved job.
+  iovec overflowSink() const { return {sink_, kSinkBytes}; }
+  static constexpr size_t kSinkBytes = 1ull << 30;
+
+ private:
+  struct Task {
+    uint64_t seq;
+    std::string what;
+    std::function<void(uint64_t seq)> body;
+    Done done;
+  };
+
+  uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done);
+  void workerLoop();
+  void postErrorReceives();
+  void handleErrorFrame(Request* r, const Completion& c);
+
+  CommOptions opts_;
+  EngineConfig config_;
+  std::string provider_;
+  std::string providerReason_;
+  uint64_t jobSecret_ = 0;
+  std::vector<PeerInfo> peers_;
+  std::shared_ptr<Fabric> fabric_;
+  std::unique_ptr<Endpoint> endpoint_;
+  std::vector<fi_addr_t> peerAddrs_;
+
+  // Request pool: every posted Request lives here until its completion.
+  std::unordered_map<Request*, std::unique_ptr<Request>> requests_;  // worker thread only
+  std::vector<std::unique_ptr<Request>> freeRequests_;               // worker thread only
+  std::map<uint64_t, std::string> remoteErrors_;                     // worker thread only
+  std::vector<uint8_t> scratch_;                                     // worker thread only
+  std::vector<uint8_t> fusion_;                                      // worker thread only
+  std::string brokenReason_;                                         // worker thread only
+  void* sink_ = nullptr;
+
+  std::atomic<uint64_t> nextSeq_{0};
+  std::mutex queueMu_;
+  std::condition_variable queueCv_;
+  std::deque<Task> queue_;  // guarded by queueMu_
+  bool stopping_ = false;   // guarded by queueMu_
+  std::thread worker_;
+  StatsCounters stats_;
+};
+
+}  // namespace smddp

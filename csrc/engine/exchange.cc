@@ -1,0 +1,209 @@
+#include "engine/exchange.h"
+
+#include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "common/error.h"
+
+namespace smddp {
+
+Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig)
+    : comm_(comm), seq_(seq), sig_(sig),
+      deadline_(std::chrono::steady_clock::now() + comm.timeout()) {}
+
+Exchange::~Exchange() { abandonOutstanding(); }
+
+void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t bytes,
+                    std::function<void()> onArrive) {
+  Request* r = comm_.newRequest();
+  r->type = Request::Type::kRecv;
+  r->owner = this;
+  r->peer = peer;
+  r->phase = phase;
+  r->chunk = chunk;
+  r->tag = makeTag(TagClass::kData, seq_, phase, chunk);
+  r->payload = dst;
+  r->payloadBytes = bytes;
+  r->onArrive = std::move(onArrive);
+  toPost_.push_back(r);
+  ++pending_;
+}
+
+void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, const void* src,
+                    size_t bytes) {
+  Request* r = comm_.newRequest();
+  r->type = Request::Type::kSend;
+  r->owner = this;
+  r->peer = peer;
+  r->phase = phase;
+  r->chunk = chunk;
+  r->tag = makeTag(TagClass::kData, seq_, phase, chunk);
+  r->header = makeHeader(FrameKind::kData, comm_.jobSecret(), seq_, comm_.rank(), chunk, offset,
+                         bytes, sig_);
+  r->payload = const_cast<void*>(src);
+  r->payloadBytes = bytes;
+  toPost_.push_back(r);
+  ++pending_;
+}
+
+void Exchange::postPending() {
+  while (!toPost_.empty()) {
+    Request* r = toPost_.front();
+    iovec iov[3];
+    size_t n = 0;
+    iov[n++] = {&r->header, sizeof(FrameHeader)};
+    if (r->payloadBytes) iov[n++] = {r->payload, r->payloadBytes};
+    int rc;
+    if (r->type == Request::Type::kSend) {
+      rc = comm_.endpoint().postSend(comm_.peerAddr(r->peer), r->tag, iov, n, &r->ctx);
+    } else {
+      iov[n++] = comm_.overflowSink();
+      rc = comm_.endpoint().postRecv(comm_.peerAddr(r->peer), r->tag, 0, iov, n, &r->ctx);
+    }
+    if (rc == -FI_EAGAIN) return;  // queue full: progress first
+    r->posted = true;
+    toPost_.pop_front();
+    outstanding_.push_back(r);
+  }
+}
+
+void Exchange::complete(Request* r, const Completion& c) {
+  auto it = std::find(outstanding_.begin(), outstanding_.end(), r);
+  if (it != outstanding_.end()) outstanding_.erase(it);
+  --pending_;
+  bool isRecv = r->type == Request::Type::kRecv;
+  if (!failed_) {
+    if (c.err == FI_ETRUNC && isRecv) {
+      // The peer sent more than this rank expects: the header still landed.
+      std::string why;
+      FrameExpectation e{comm_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
+                         static_cast<uint32_t>(comm_.size()), r->payloadBytes,
+                         r->payloadBytes, sig_};
+      validateFrame(r->header, sizeof(FrameHeader) + r->payloadBytes, e, &why);
+      failed_ = true;
+      errorKind_ = ErrorKind::kMismatch;
+      error_ = why.empty() || why.find("bytes") != std::string::npos
+                   ? "rank " + std::to_string(r->peer) + " sent a larger message than this rank's " +
+                         sig_.describe() + " expects"
+                   : why;
+    } else if (c.err != 0 && c.err != FI_ECANCELED) {
+      failed_ = true;
+      errorKind_ = ErrorKind::kPeerLost;
+      error_ = std::string(isRecv ? "receive from" : "send to") + " rank " +
+               std::to_string(r->peer) + " failed: " + c.errText;
+    } else if (c.err == 0 && isRecv) {
+      std::string why;
+      FrameExpectation e{comm_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
+                         static_cast<uint32_t>(comm_.size()), r->payloadBytes,
+                         r->payloadBytes, sig_};
+      FrameVerdict v = validateFrame(r->header, c.len, e, &why);
+      if (v != FrameVerdict::kOk) {
+        comm_.counters().framesRejected++;
+        failed_ = true;
+        errorKind_ = v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol;
+        error_ = why;
+      } else {
+        comm_.counters().bytesReceived += r->payloadBytes;
+        if (r->onArrive) {
+          try {
+            r->onArrive();
+          } catch (const Error& e2) {
+            failed_ = true;
+            errorKind_ = e2.kind();
+            error_ = e2.what();
+          } catch (const std::exception& e2) {
+            failed_ = true;
+            errorKind_ = ErrorKind::kInternal;
+            error_ = e2.what();
+          }
+        }
+      }
+    } else if (c.err == 0) {
+      comm_.counters().bytesSent += r->payloadBytes;
+    }
+  }
+  comm_.releaseRequest(r);
+}
+
+std::string Exchange::waitingOn() const {
+  std::vector<int> ranks;
+  for (Request* r : outstanding_) {
+    if (r->type == Request::Type::kRecv &&
+        std::find(ranks.begin(), ranks.end(), r->peer) == ranks.end()) {
+      ranks.push_back(r->peer);
+    }
+  }
+  std::sort(ranks.begin(), ranks.end());
+  std::string s;
+  for (int x : ranks) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s.empty() ? "(sends still in flight)" : "rank(s) " + s;
+}
+
+void Exchange::fail(ErrorKind kind, const std::string& msg) {
+  abandonOutstanding();
+  throwError(kind, msg);
+}
+
+void Exchange::abandonOutstanding() {
+  // Receives are cancelled so no late frame lands in memory the caller may
+  // free; every request stays in the communicator's pool until its
+  // completion (or the endpoint's close) so libfabric never sees freed memory.
+  for (Request* r : outstanding_) {
+    r->owner = nullptr;
+    r->onArrive = nullptr;
+    if (r->type == Request::Type::kRecv) comm_.endpoint().cancel(&r->ctx);
+  }
+  outstanding_.clear();
+  for (Request* r : toPost_) comm_.releaseRequest(r);
+  toPost_.clear();
+  pending_ = 0;
+}
+
+void Exchange::run() {
+  using clock = std::chrono::steady_clock;
+  const auto spin = std::chrono::microseconds(comm_.config().spinUs);
+  const auto maxSleep = std::chrono::microseconds(comm_.config().sleepUs);
+  auto idleSince = clock::now();
+  auto nextLivenessCheck = idleSince + std::chrono::milliseconds(200);
+  auto sleep = std::chrono::microseconds(1);
+  const std::string what = sig_.describe() + " at sequence " + std::to_string(seq_);
+  while (pending_ > 0 && !failed_) {
+    postPending();
+    size_t n = comm_.progress();
+    if (failed_) break;
+    if (n > 0) {
+      idleSince = clock::now();
+      sleep = std::chrono::microseconds(1);
+      continue;
+    }
+    auto now = clock::now();
+    std::string remote;
+    if (comm_.remoteErrorFor(seq_, &remote)) {
+      fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
+    }
+    if (now > deadline_) {
+      fail(ErrorKind::kTimeout, "smddp: " + what + " timed out after " +
+                                    std::to_string(comm_.timeout().count()) +
+                                    " ms waiting for " + waitingOn());
+    }
+    if (now > nextLivenessCheck) {
+      nextLivenessCheck = now + std::chrono::milliseconds(200);
+      try {
+        comm_.checkPeersAlive(what);
+      } catch (...) {
+        abandonOutstanding();
+        throw;
+      }
+    }
+    if (now - idleSince < spin) continue;
+    // Idle past the spin budget: back off so we never steal a core that
+    // compute needs, capped so latency stays bounded.
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(maxSleep, sleep * 2);
+  }
+  if (failed_) fail(errorKind_, "smddp: " + what + ": " + error_);
+}
+
+}  // namespace smddp

@@ -1,0 +1,65 @@
+// The messages of one collective call. An algorithm declares the receives
+// and sends it needs (receives first, so peers' data lands in place); run()
+// posts them, progresses the endpoint, validates each arriving frame and
+// fires its callback, and returns when everything completed. Every wait is
+// bounded by the group timeout; a failure cancels what is still posted.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/communicator.h"
+
+namespace smddp {
+
+class Exchange {
+ public:
+  Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig);
+  ~Exchange();
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+
+  // Receive `bytes` from `peer` into `dst`; `onArrive` runs once the frame
+  // is validated (it may call send()).
+  void recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t bytes,
+            std::function<void()> onArrive = nullptr);
+  void send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, const void* src,
+            size_t bytes);
+
+  // Progress until all messages completed. Throws smddp::Error.
+  void run();
+
+  // Called by Communicator::progress for this exchange's completions.
+  void complete(Request* r, const Completion& c);
+
+  uint64_t seq() const { return seq_; }
+  const CollectiveSignature& signature() const { return sig_; }
+
+ private:
+  void postPending();
+  [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
+  void abandonOutstanding();
+  std::string waitingOn() const;
+
+  Communicator& comm_;
+  uint64_t seq_;
+  CollectiveSignature sig_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::deque<Request*> toPost_;        // created, not yet accepted by the provider
+  std::vector<Request*> outstanding_;  // posted, completion not yet seen
+  size_t pending_ = 0;                 // toPost_ + posted-but-incomplete
+  bool failed_ = false;
+  ErrorKind errorKind_ = ErrorKind::kInternal;
+  std::string error_;
+};
+
+// Phases of a tag: which step of an algorithm a message belongs to.
+constexpr uint32_t kPhaseToServer = 0;
+constexpr uint32_t kPhaseFromServer = 1;
+
+}  // namespace smddp

@@ -1,0 +1,48 @@
+// Counters the engine keeps for torch_smddp.stats(). Writers are the worker
+// thread; readers take a snapshot from any thread, hence the atomics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace smddp {
+
+struct Stats {
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
+  uint64_t collectives = 0;
+  uint64_t fusionFlushes = 0;
+  uint64_t fusionBytes = 0;       // total bytes fused (mean fill = fusionBytes/flushes)
+  uint64_t chunksInFlightMax = 0;
+  uint64_t serverReduceNs = 0;
+  uint64_t framesRejected = 0;
+  uint64_t errors = 0;
+};
+
+struct StatsCounters {
+  std::atomic<uint64_t> bytesSent{0};
+  std::atomic<uint64_t> bytesReceived{0};
+  std::atomic<uint64_t> collectives{0};
+  std::atomic<uint64_t> fusionFlushes{0};
+  std::atomic<uint64_t> fusionBytes{0};
+  std::atomic<uint64_t> chunksInFlightMax{0};
+  std::atomic<uint64_t> serverReduceNs{0};
+  std::atomic<uint64_t> framesRejected{0};
+  std::atomic<uint64_t> errors{0};
+
+  Stats snapshot() const {
+    Stats s;
+    s.bytesSent = bytesSent.load();
+    s.bytesReceived = bytesReceived.load();
+    s.collectives = collectives.load();
+    s.fusionFlushes = fusionFlushes.load();
+    s.fusionBytes = fusionBytes.load();
+    s.chunksInFlightMax = chunksInFlightMax.load();
+    s.serverReduceNs = serverReduceNs.load();
+    s.framesRejected = framesRejected.load();
+    s.errors = errors.load();
+    return s;
+  }
+};
+
+}  // namespace smddp

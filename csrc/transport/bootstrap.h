@@ -1,0 +1,51 @@
+// How ranks find each other: a tiny key-value interface. The backend adapts
+// the c10d Store handed to it; tests use an in-memory map (threads) or a
+// directory (processes). Nothing here knows about libfabric.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace smddp {
+
+class Bootstrap {
+ public:
+  virtual ~Bootstrap() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Waits for `key` to exist; throws kTimeout naming the key after `timeout`.
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+};
+
+// Every rank publishes `value` under `key`; returns all ranks' values.
+std::vector<std::string> bootstrapAllGather(Bootstrap& b, int rank, int size,
+                                            const std::string& key, const std::string& value,
+                                            std::chrono::milliseconds timeout);
+
+// Shared map for ranks that are threads of one process.
+class InMemoryBootstrap : public Bootstrap {
+ public:
+  struct State;
+  InMemoryBootstrap();  // a fresh map
+  explicit InMemoryBootstrap(std::shared_ptr<State> shared);
+  std::shared_ptr<State> state() const { return state_; }
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// One file per key in a directory, for ranks that are separate processes.
+class FileBootstrap : public Bootstrap {
+ public:
+  explicit FileBootstrap(std::string dir);
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+
+ private:
+  std::string dir_;
+};
+
+}  // namespace smddp

@@ -1,0 +1,59 @@
+// One tagged RDM endpoint with its address vector and completion queue.
+// Posting never blocks: a full queue returns -FI_EAGAIN and the caller
+// progresses the CQ before retrying. Real failures throw. The engine owns
+// one Endpoint per process group and drives it from a single thread.
+#pragma once
+
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_tagged.h>
+#include <sys/uio.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/fabric.h"
+
+namespace smddp {
+
+struct Completion {
+  void* context = nullptr;
+  size_t len = 0;       // bytes received (recv) or sent
+  uint64_t tag = 0;
+  int err = 0;          // 0, or a positive FI_E* code
+  size_t olen = 0;      // bytes that did not fit (FI_ETRUNC)
+  std::string errText;  // provider's explanation when err != 0
+};
+
+class Endpoint {
+ public:
+  explicit Endpoint(std::shared_ptr<Fabric> fabric);
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  const std::string& provider() const { return fabric_->provider(); }
+  // Opaque address bytes that peers insert into their AV.
+  std::string name() const;
+  std::vector<fi_addr_t> insertPeers(const std::vector<std::string>& names);
+
+  // 0 on success, -FI_EAGAIN when the queue is full; throws otherwise.
+  int postSend(fi_addr_t dest, uint64_t tag, const iovec* iov, size_t iovCount, void* ctx);
+  int postRecv(fi_addr_t src, uint64_t tag, uint64_t ignore, const iovec* iov, size_t iovCount,
+               void* ctx);
+  // Cancels a posted receive; its completion comes back with FI_ECANCELED.
+  void cancel(void* ctx);
+  // Reads up to `max` completions, error entries included. Never blocks.
+  size_t poll(Completion* out, size_t max);
+
+  size_t maxMessageSize() const { return maxMsgSize_; }
+
+ private:
+  std::shared_ptr<Fabric> fabric_;
+  FidPtr<fid_av> av_;
+  FidPtr<fid_cq> cq_;
+  FidPtr<fid_ep> ep_;
+  size_t maxMsgSize_ = 0;
+};
+
+}  // namespace smddp

@@ -1,0 +1,113 @@
+#include "transport/fabric.h"
+
+#include <rdma/fi_domain.h>
+#include <rdma/fi_errno.h>
+
+#include <cstring>
+#include <set>
+
+#include "common/error.h"
+#include "common/param.h"
+
+namespace smddp {
+
+SMDDP_PARAM_STRING(paramProvider, "SMDDP_FI_PROVIDER", "",
+                   "libfabric provider to use (shm, tcp;ofi_rxm, efa, ...); empty = automatic")
+
+void FidCloser::operator()(fid* f) const {
+  if (f) fi_close(f);
+}
+
+void checkFi(int rc, const char* call) {
+  if (rc < 0) {
+    throwError(ErrorKind::kTransport,
+               std::string(call) + " failed: " + fi_strerror(-rc) + " (" + std::to_string(rc) + ")");
+  }
+}
+
+namespace {
+
+FiInfoPtr makeHints(const std::string& provider) {
+  FiInfoPtr hints(fi_allocinfo());
+  SMDDP_CHECK(hints, kTransport, "fi_allocinfo failed");
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_TAGGED | FI_DIRECTED_RECV;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  hints->tx_attr->msg_order = FI_ORDER_SAS;
+  hints->rx_attr->msg_order = FI_ORDER_SAS;
+  if (!provider.empty()) hints->fabric_attr->prov_name = strdup(provider.c_str());
+  return hints;
+}
+
+// getinfo, keeping only entries whose provider name matches exactly (the
+// "tcp" request must not silently come back as "tcp;ofi_rxm" or vice versa).
+FiInfoPtr getInfo(const std::string& provider) {
+  FiInfoPtr hints = makeHints(provider);
+  fi_info* raw = nullptr;
+  int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
+  if (rc == -FI_ENODATA || raw == nullptr) {
+    throwError(ErrorKind::kTransport,
+               "libfabric provider '" + provider +
+                   "' is not available for tagged RDM endpoints on this machine "
+                   "(check `fi_info -l`, or set SMDDP_FI_PROVIDER)");
+  }
+  checkFi(rc, "fi_getinfo");
+  FiInfoPtr all(raw);
+  for (fi_info* i = raw; i; i = i->next) {
+    if (provider.empty() || provider == i->fabric_attr->prov_name) {
+      FiInfoPtr one(fi_dupinfo(i));
+      SMDDP_CHECK(one, kTransport, "fi_dupinfo failed");
+      return one;
+    }
+  }
+  throwError(ErrorKind::kTransport, "libfabric offered no entry for provider '" + provider + "'");
+}
+
+}  // namespace
+
+std::string chooseProvider(bool allRanksOnOneHost, std::string* why) {
+  std::string forced = paramProvider();
+  if (!forced.empty()) {
+    if (why) *why = "SMDDP_FI_PROVIDER=" + forced;
+    return forced;
+  }
+  if (allRanksOnOneHost) {
+    if (why) *why = "all ranks report the same host: shared memory";
+    return "shm";
+  }
+  if (why) *why = "ranks span several hosts: tcp with the rxm reliability layer";
+  return "tcp;ofi_rxm";
+}
+
+std::vector<std::string> availableProviders() {
+  FiInfoPtr hints = makeHints("");
+  fi_info* raw = nullptr;
+  std::vector<std::string> out;
+  if (fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw) != 0 || !raw) {
+    return out;
+  }
+  FiInfoPtr all(raw);
+  std::set<std::string> seen;
+  for (fi_info* i = raw; i; i = i->next) {
+    if (seen.insert(i->fabric_attr->prov_name).second) out.push_back(i->fabric_attr->prov_name);
+  }
+  return out;
+}
+
+std::string libfabricVersion() {
+  uint32_t v = fi_version();
+  return std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+}
+
+Fabric::Fabric(const std::string& provider) : provider_(provider), info_(getInfo(provider)) {
+  fid_fabric* fabric = nullptr;
+  checkFi(fi_fabric(info_->fabric_attr, &fabric, nullptr), "fi_fabric");
+  fabric_.reset(fabric);
+  fid_domain* domain = nullptr;
+  checkFi(fi_domain(fabric_.get(), info_.get(), &domain, nullptr), "fi_domain");
+  domain_.reset(domain);
+}
+
+}  // namespace smddp

@@ -1,0 +1,147 @@
+#include "transport/frame.h"
+
+#include <cstring>
+
+namespace smddp {
+
+const char* toString(CollectiveType c) {
+  switch (c) {
+    case CollectiveType::kAllreduce: return "allreduce";
+    case CollectiveType::kBroadcast: return "broadcast";
+    case CollectiveType::kAllgather: return "allgather";
+    case CollectiveType::kBarrier: return "barrier";
+    case CollectiveType::kReduceScatter: return "reduce_scatter";
+    case CollectiveType::kAlltoall: return "alltoall";
+    case CollectiveType::kGather: return "gather";
+    case CollectiveType::kScatter: return "scatter";
+    case CollectiveType::kReduce: return "reduce";
+    case CollectiveType::kSendRecv: return "send/recv";
+  }
+  return "unknown-collective";
+}
+
+namespace {
+uint64_t mix(uint64_t h, uint64_t v) {
+  // FNV-1a over the 8 bytes of v.
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+}  // namespace
+
+uint64_t CollectiveSignature::fingerprint(uint64_t seq) const {
+  uint64_t h = 14695981039346656037ULL;
+  h = mix(h, static_cast<uint64_t>(collective));
+  h = mix(h, static_cast<uint64_t>(dtype));
+  h = mix(h, static_cast<uint64_t>(op));
+  h = mix(h, numel);
+  h = mix(h, static_cast<uint64_t>(static_cast<int64_t>(root)));
+  h = mix(h, seq);
+  return h;
+}
+
+std::string CollectiveSignature::describe() const {
+  std::string s = toString(collective);
+  s += "(";
+  bool reduces = collective == CollectiveType::kAllreduce ||
+                 collective == CollectiveType::kReduceScatter ||
+                 collective == CollectiveType::kReduce;
+  if (reduces) s += std::string(toString(op)) + ", ";
+  s += std::string(toString(dtype)) + ", " + std::to_string(numel) + " elements";
+  if (root >= 0) s += ", root " + std::to_string(root);
+  s += ")";
+  return s;
+}
+
+FrameHeader makeHeader(FrameKind kind, uint64_t jobSecret, uint64_t seq, uint32_t srcRank,
+                       uint32_t chunk, uint64_t offset, uint64_t length,
+                       const CollectiveSignature& sig) {
+  FrameHeader h;
+  std::memset(&h, 0, sizeof(h));
+  h.magic = kFrameMagic;
+  h.version = kFrameVersion;
+  h.kind = static_cast<uint8_t>(kind);
+  h.collective = static_cast<uint8_t>(sig.collective);
+  h.jobSecret = jobSecret;
+  h.seq = seq;
+  h.srcRank = srcRank;
+  h.chunk = chunk;
+  h.offset = offset;
+  h.length = length;
+  h.numel = sig.numel;
+  h.fingerprint = sig.fingerprint(seq);
+  h.dtype = static_cast<uint8_t>(sig.dtype);
+  h.op = static_cast<uint8_t>(sig.op);
+  h.root = sig.root;
+  return h;
+}
+
+CollectiveSignature signatureOf(const FrameHeader& h) {
+  CollectiveSignature s;
+  s.collective = static_cast<CollectiveType>(h.collective);
+  s.dtype = static_cast<DataType>(h.dtype);
+  s.op = static_cast<ReduceOp>(h.op);
+  s.numel = h.numel;
+  s.root = h.root;
+  return s;
+}
+
+FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExpectation& e,
+                           std::string* why) {
+  auto fail = [&](FrameVerdict v, const std::string& msg) {
+    if (why) *why = msg;
+    return v;
+  };
+  if (received < sizeof(FrameHeader)) {
+    return fail(FrameVerdict::kMalformed,
+                "frame of " + std::to_string(received) + " bytes is shorter than its header");
+  }
+  if (h.magic != kFrameMagic) return fail(FrameVerdict::kMalformed, "bad frame magic");
+  if (h.version != kFrameVersion) {
+    return fail(FrameVerdict::kMalformed, "unsupported frame version " + std::to_string(h.version));
+  }
+  if (h.kind != static_cast<uint8_t>(FrameKind::kData) &&
+      h.kind != static_cast<uint8_t>(FrameKind::kError)) {
+    return fail(FrameVerdict::kMalformed, "unknown frame kind " + std::to_string(h.kind));
+  }
+  if (h.jobSecret != e.jobSecret) return fail(FrameVerdict::kForeign, "frame from another job");
+  if (h.srcRank >= e.worldSize || h.srcRank != e.srcRank) {
+    return fail(FrameVerdict::kForeign, "frame claims source rank " + std::to_string(h.srcRank) +
+                                            " but came from rank " + std::to_string(e.srcRank));
+  }
+  // Lengths: compare without arithmetic that can wrap.
+  size_t payload = received - sizeof(FrameHeader);
+  if (h.length != payload) {
+    return fail(FrameVerdict::kMalformed, "frame says " + std::to_string(h.length) +
+                                              " payload bytes but carried " +
+                                              std::to_string(payload));
+  }
+  if (h.kind == static_cast<uint8_t>(FrameKind::kError)) return FrameVerdict::kOk;
+  if (h.dtype >= static_cast<uint8_t>(DataType::kCount) ||
+      h.op >= static_cast<uint8_t>(ReduceOp::kCount)) {
+    return fail(FrameVerdict::kMalformed, "frame names an unknown dtype or op");
+  }
+  if (h.seq != e.seq || h.fingerprint != e.sig.fingerprint(e.seq) ||
+      !(signatureOf(h) == e.sig)) {
+    return fail(FrameVerdict::kMismatch,
+                "rank " + std::to_string(h.srcRank) + " called " + signatureOf(h).describe() +
+                    " at sequence " + std::to_string(h.seq) + " but this rank called " +
+                    e.sig.describe() + " at sequence " + std::to_string(e.seq));
+  }
+  if (h.length > e.maxPayload || (e.length && h.length != *e.length)) {
+    return fail(FrameVerdict::kMismatch,
+                "rank " + std::to_string(h.srcRank) + " sent " + std::to_string(h.length) +
+                    " bytes where " + std::to_string(e.length ? *e.length : e.maxPayload) +
+                    " were expected");
+  }
+  return FrameVerdict::kOk;
+}
+
+uint64_t makeTag(TagClass cls, uint64_t seq, uint32_t phase, uint32_t chunk) {
+  return (static_cast<uint64_t>(cls) << 60) | ((seq & 0xffffffffULL) << 28) |
+         (static_cast<uint64_t>(phase & 0xf) << 24) | (chunk & 0xffffffu);
+}
+
+}  // namespace smddp

@@ -1,0 +1,108 @@
+// The wire format. Every message is a fixed FrameHeader followed by its
+// payload; the header travels in its own iov so payloads land directly in
+// their destination. A receiver validates every header field against what
+// it expects before it trusts the payload.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/dtype.h"
+
+namespace smddp {
+
+constexpr uint32_t kFrameMagic = 0x50444d53;  // "SMDP" little-endian
+constexpr uint16_t kFrameVersion = 1;
+
+enum class FrameKind : uint8_t {
+  kData = 1,    // a payload chunk of a collective
+  kError = 2,   // a rank failed this sequence; payload is UTF-8 text
+};
+
+enum class CollectiveType : uint8_t {
+  kAllreduce = 1,
+  kBroadcast = 2,
+  kAllgather = 3,
+  kBarrier = 4,
+  kReduceScatter = 5,
+  kAlltoall = 6,
+  kGather = 7,
+  kScatter = 8,
+  kReduce = 9,
+  kSendRecv = 10,
+};
+const char* toString(CollectiveType c);
+
+// What a collective call looks like: all ranks must agree on it.
+struct CollectiveSignature {
+  CollectiveType collective = CollectiveType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t numel = 0;  // elements contributed by each rank
+  int32_t root = -1;   // -1 when the collective has no root
+
+  uint64_t fingerprint(uint64_t seq) const;
+  std::string describe() const;  // "allreduce(SUM, float32, 1024 elements)"
+  bool operator==(const CollectiveSignature&) const = default;
+};
+
+struct FrameHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint8_t kind;        // FrameKind
+  uint8_t collective;  // CollectiveType
+  uint64_t jobSecret;  // random per group, shared through the Store
+  uint64_t seq;
+  uint32_t srcRank;
+  uint32_t chunk;
+  uint64_t offset;     // byte offset of the payload in the logical buffer
+  uint64_t length;     // payload bytes that follow the header
+  uint64_t numel;
+  uint64_t fingerprint;
+  uint8_t dtype;
+  uint8_t op;
+  int16_t reserved;
+  int32_t root;
+};
+static_assert(sizeof(FrameHeader) == 72, "FrameHeader layout must be stable");
+
+FrameHeader makeHeader(FrameKind kind, uint64_t jobSecret, uint64_t seq, uint32_t srcRank,
+                       uint32_t chunk, uint64_t offset, uint64_t length,
+                       const CollectiveSignature& sig);
+
+// Recovers the signature a header describes (for error messages).
+CollectiveSignature signatureOf(const FrameHeader& h);
+
+// What the receiver expects of one frame.
+struct FrameExpectation {
+  uint64_t jobSecret;
+  uint64_t seq;
+  uint32_t srcRank;
+  uint32_t worldSize;
+  uint64_t maxPayload;             // capacity of the posted payload buffer
+  std::optional<uint64_t> length;  // exact payload length when known
+  CollectiveSignature sig;
+};
+
+enum class FrameVerdict {
+  kOk,
+  kMalformed,  // bad magic/version/kind/length: foreign or corrupt, drop it
+  kForeign,    // another job or an unexpected sender
+  kMismatch,   // a well-formed frame for a different collective call
+};
+
+// Validates `h` given `received` bytes in total (header + payload). Never
+// reads payload memory. On failure `why` says what did not match.
+FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExpectation& e,
+                           std::string* why);
+
+// 64-bit tags: [63:60] class, [59:28] sequence (mod 2^32), [27:24] phase,
+// [23:0] chunk. Error frames use class 1 and are matched by a wildcard.
+enum class TagClass : uint8_t { kData = 0, kError = 1 };
+uint64_t makeTag(TagClass cls, uint64_t seq, uint32_t phase, uint32_t chunk);
+constexpr uint64_t kErrorTagIgnore = (1ULL << 60) - 1;
+constexpr uint32_t kMaxChunksPerPhase = 1u << 24;
+
+}  // namespace smddp

@@ -1,0 +1,134 @@
+// Collectives between ranks that are threads of one process, over shm and
+// tcp;ofi_rxm, each checked against a closed form.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/communicator.h"
+#include "world.h"
+
+using namespace smddp;
+using smddp::test::runWorld;
+using smddp::test::ScopedEnv;
+
+namespace {
+
+// Rank r's input element i; the sum over ranks has a closed form below.
+float inputOf(int r, uint64_t i) { return static_cast<float>((i % 97) + 1000 * r); }
+float sumOf(int n, uint64_t i) {
+  return static_cast<float>(n * (i % 97)) + 1000.0f * (n * (n - 1) / 2);
+}
+
+}  // namespace
+
+TEST_CASE("allreduce SUM float32 matches the closed form", "[collectives]") {
+  auto provider = GENERATE(std::string("shm"), std::string("tcp;ofi_rxm"));
+  ScopedEnv env("SMDDP_FI_PROVIDER", provider);
+  ScopedEnv chunk("SMDDP_CHUNK_BYTES", "8192");  // force multi-chunk pipelining
+  for (int n : {1, 2, 3, 4}) {
+    for (uint64_t numel : {0ull, 1ull, 7ull, 1000ull, 4097ull, 100000ull}) {
+      auto results = runWorld(n, [&](Communicator& comm) -> std::string {
+        std::vector<float> v(numel);
+        for (uint64_t i = 0; i < numel; ++i) v[i] = inputOf(comm.rank(), i);
+        comm.allreduceSync({{v.data(), numel}}, DataType::kFloat32, ReduceOp::kSum);
+        for (uint64_t i = 0; i < numel; ++i) {
+          if (v[i] != sumOf(comm.size(), i)) {
+            return "rank " + std::to_string(comm.rank()) + " element " + std::to_string(i) +
+                   " = " + std::to_string(v[i]) + " expected " + std::to_string(sumOf(n, i));
+          }
+        }
+        return "";
+      });
+      for (const auto& r : results) {
+        INFO("provider " << provider << " n=" << n << " numel=" << numel);
+        CHECK(r == "");
+      }
+    }
+  }
+}
+
+TEST_CASE("coalesced allreduce, broadcast, allgather and barrier", "[collectives]") {
+  ScopedEnv env("SMDDP_FI_PROVIDER", "shm");
+  for (int n : {2, 3}) {
+    auto results = runWorld(n, [&](Communicator& comm) -> std::string {
+      const int r = comm.rank();
+      // Coalesced: two tensors of different lengths, MAX.
+      std::vector<int32_t> a(5, r), b(3, 10 * r);
+      std::promise<void> p1;
+      comm.allreduce({{a.data(), 5}, {b.data(), 3}}, DataType::kInt32, ReduceOp::kMax,
+                     [&](std::exception_ptr e) { e ? p1.set_exception(e) : p1.set_value(); });
+      p1.get_future().get();
+      for (auto x : a) if (x != n - 1) return "coalesced a wrong";
+      for (auto x : b) if (x != 10 * (n - 1)) return "coalesced b wrong";
+      // Broadcast from every root.
+      for (int root = 0; root < n; ++root) {
+        std::vector<double> v(3000, r == root ? 1.5 * root : -1.0);
+        std::promise<void> p;
+        comm.broadcast({{v.data(), v.size()}}, DataType::kFloat64, root,
+                       [&](std::exception_ptr e) { e ? p.set_exception(e) : p.set_value(); });
+        p.get_future().get();
+        for (auto x : v) if (x != 1.5 * root) return "broadcast wrong";
+      }
+      // Allgather.
+      std::vector<int64_t> in(11, r + 7);
+      std::vector<std::vector<int64_t>> out(n, std::vector<int64_t>(11, -1));
+      std::vector<Buffer> outs;
+      for (auto& o : out) outs.push_back({o.data(), o.size()});
+      std::promise<void> p2;
+      comm.allgather({in.data(), in.size()}, outs, DataType::kInt64,
+                     [&](std::exception_ptr e) { e ? p2.set_exception(e) : p2.set_value(); });
+      p2.get_future().get();
+      for (int q = 0; q < n; ++q) for (auto x : out[q]) if (x != q + 7) return "allgather wrong";
+      std::promise<void> p3;
+      comm.barrier([&](std::exception_ptr e) { e ? p3.set_exception(e) : p3.set_value(); });
+      p3.get_future().get();
+      return "";
+    });
+    for (const auto& r : results) CHECK(r == "");
+  }
+}
+
+TEST_CASE("mismatched element counts fail on every rank with both sides named",
+          "[collectives][errors]") {
+  ScopedEnv env("SMDDP_FI_PROVIDER", "shm");
+  auto results = runWorld(2, [](Communicator& comm) -> std::string {
+    uint64_t numel = comm.rank() == 0 ? 100000 : 100001;
+    std::vector<float> v(numel, 1.0f);
+    try {
+      comm.allreduceSync({{v.data(), numel}}, DataType::kFloat32, ReduceOp::kSum);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  }, std::chrono::milliseconds(10000));
+  for (const auto& r : results) {
+    INFO(r);
+    CHECK(r.find("100000 elements") != std::string::npos);
+    CHECK(r.find("100001 elements") != std::string::npos);
+  }
+}
+
+TEST_CASE("a rank that never arrives produces a timeout naming it", "[collectives][errors]") {
+  ScopedEnv env("SMDDP_FI_PROVIDER", "shm");
+  auto results = runWorld(2, [](Communicator& comm) -> std::string {
+    if (comm.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return "";
+    }
+    std::vector<float> v(10, 1.0f);
+    try {
+      comm.allreduceSync({{v.data(), v.size()}}, DataType::kFloat32, ReduceOp::kSum);
+    } catch (const Error& e) {
+      return e.kind() == ErrorKind::kTimeout ? std::string(e.what()) : "wrong kind";
+    }
+    return "no error";
+  }, std::chrono::milliseconds(500));
+  INFO(results[0]);
+  CHECK(results[0].find("timed out") != std::string::npos);
+  CHECK(results[0].find("rank(s) 1") != std::string::npos);
+}

@@ -1,0 +1,475 @@
+"""Multi-process launcher for the Python tests of torch-smddp.
+
+``run_world(world_size, "module:function", ...)`` starts ``world_size`` fresh
+Python processes (one per rank, each in its own session so that it and any
+children it forks can be killed as a unit), rendezvouses them through the
+usual env:// variables, runs ``function(rank, world_size, *args)`` in each one
+after ``init_process_group`` and returns the per-rank results (whatever JSON
+the function returned), indexed by rank.
+
+Guarantees the tests rely on:
+
+* hard wall-clock deadline for the whole job: on timeout, or as soon as any
+  rank fails, every rank's process group is SIGKILLed and an AssertionError is
+  raised that names every rank's exit status and the tail of its stderr (a
+  rank that raised also reports its traceback; a rank that hangs dumps its
+  Python stacks into stderr shortly before the deadline, via faulthandler);
+* the children never share a pipe with the parent (output goes to files), so
+  a chatty child can neither block nor be lost;
+* ``torch_smddp`` is imported only when the backend string mentions smddp, so
+  the harness itself can be exercised with gloo alone.
+
+The module is imported both by pytest (parent side) and by the children; it
+must not import torch at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Iterable, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# Name of the env var that carries the path of the per-rank spec file.
+_SPEC_ENV = "SMDDP_HARNESS_SPEC"
+# Exit code of a child whose target raised (its traceback is in the result file).
+_EXIT_TARGET_FAILED = 17
+_STDERR_TAIL_LINES = 40
+
+
+def backend_under_test(default: str = "smddp") -> str:
+    """The backend the tests exercise: $SMDDP_TEST_BACKEND, else ``default``."""
+    return os.environ.get("SMDDP_TEST_BACKEND", "").strip() or default
+
+
+def needs_smddp(backend: str) -> bool:
+    return "smddp" in backend
+
+
+# --------------------------------------------------------------------------
+# ports
+# --------------------------------------------------------------------------
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+try:  # pytest fixture, usable as `from mp_harness import free_port`
+    import pytest
+
+    @pytest.fixture
+    def free_port() -> int:
+        return find_free_port()
+except ImportError:  # children do not need pytest
+    pass
+
+
+# --------------------------------------------------------------------------
+# parent side
+# --------------------------------------------------------------------------
+
+class _Rank:
+    def __init__(self, rank: int, proc: subprocess.Popen, out_path: str, err_path: str,
+                 result_path: str):
+        self.rank = rank
+        self.proc = proc
+        self.out_path = out_path
+        self.err_path = err_path
+        self.result_path = result_path
+
+
+def _tail(path: str, lines: int = _STDERR_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running (killed by the harness)"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    if code == _EXIT_TARGET_FAILED:
+        return "exit 17 (target raised)"
+    return f"exit {code}"
+
+
+def descendants(pid: int) -> list[int]:
+    """pids of every live descendant of ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_all(ranks: Iterable[_Rank]) -> None:
+    ranks = list(ranks)
+    # Snapshot the trees first: once a child dies its descendants are
+    # re-parented and can no longer be found.
+    extra = [p for r in ranks if r.proc.poll() is None for p in descendants(r.proc.pid)]
+    for r in ranks:
+        # Each child leads its own session, so its pid is also its pgid: this
+        # takes down anything it spawned too...
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(r.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            r.proc.kill()
+    for pid in extra:  # ...except helpers that started sessions of their own
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for r in ranks:
+        with contextlib.suppress(Exception):
+            r.proc.wait(timeout=10)
+
+
+def _read_result(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _looks_like_port_clash(ranks: Sequence[_Rank]) -> bool:
+    text = _tail(ranks[0].err_path, 200)
+    return "EADDRINUSE" in text or "Address already in use" in text or "address already in use" in text
+
+
+def run_world(
+    world_size: int,
+    target: str,
+    *,
+    timeout: float = 120,
+    backend: str = "smddp",
+    env: dict | None = None,
+    args: Sequence[Any] = (),
+    expect_failure: bool = False,
+    pg_timeout: float | None = None,
+    keep_logs: bool = False,
+) -> list[Any]:
+    """Run ``target(rank, world_size, *args)`` on ``world_size`` fresh ranks.
+
+    ``target`` is ``"module:function"``; the module is imported in the child
+    with this directory (tests/python) on sys.path. ``args`` must be JSON
+    serialisable. ``env`` is merged over the inherited environment of every
+    child (values are str()-ed; a value of None removes the variable).
+
+    ``timeout`` is a hard deadline, in seconds, for the whole job including
+    interpreter start-up and teardown. ``pg_timeout`` is the timeout handed
+    to init_process_group (default: a bit less than ``timeout``, so a stuck
+    collective fails inside the child with a useful message before the
+    harness has to kill it).
+
+    ``expect_failure=True`` is for bad-input tests: the target must itself
+    provoke and catch the error (see ``expect_raises``) and return the
+    message(s); the harness then checks that every rank returned something
+    non-empty and skips destroy_process_group, which a backend that has just
+    reported an error need not survive. A target that does not raise is the
+    target's job to report (``expect_raises`` raises AssertionError).
+
+    Returns the list of per-rank results. Raises AssertionError on any
+    failure, timeout included.
+    """
+    if world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    if ":" not in target:
+        raise ValueError(f"target must be 'module:function', got {target!r}")
+    json.dumps(list(args))  # fail early, in the parent, on unserialisable args
+    if pg_timeout is None:
+        pg_timeout = max(5.0, min(timeout - 10.0, timeout * 0.8))
+
+    last_error: AssertionError | None = None
+    for attempt in range(3):  # retry only when the picked port was stolen
+        port = find_free_port()
+        try:
+            return _run_once(world_size, target, timeout, backend, env, list(args),
+                             expect_failure, pg_timeout, port, keep_logs)
+        except _PortClash as e:
+            last_error = AssertionError(str(e))
+            continue
+    assert last_error is not None
+    raise last_error
+
+
+class _PortClash(Exception):
+    pass
+
+
+def _run_once(world_size, target, timeout, backend, env, args, expect_failure, pg_timeout,
+              port, keep_logs):
+    workdir = tempfile.mkdtemp(prefix="smddp-mp-")
+    base_env = dict(os.environ)
+    base_env.update({
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": "0",
+        "OMP_NUM_THREADS": base_env.get("OMP_NUM_THREADS", "1"),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+    })
+    for k, v in (env or {}).items():
+        if v is None:
+            base_env.pop(k, None)
+        else:
+            base_env[k] = str(v)
+
+    ranks: list[_Rank] = []
+    start = time.monotonic()
+    deadline = start + timeout
+    ok = False
+    try:
+        for rank in range(world_size):
+            spec = {
+                "rank": rank,
+                "world_size": world_size,
+                "target": target,
+                "args": args,
+                "backend": backend,
+                "pg_timeout": pg_timeout,
+                "job_timeout": timeout,
+                "expect_failure": expect_failure,
+                "result_path": os.path.join(workdir, f"result.{rank}.json"),
+                "sys_path": [HERE],
+                "repo_root": REPO_ROOT,
+            }
+            spec_path = os.path.join(workdir, f"spec.{rank}.json")
+            with open(spec_path, "w") as f:
+                json.dump(spec, f)
+            child_env = dict(base_env)
+            child_env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), _SPEC_ENV: spec_path})
+            out_path = os.path.join(workdir, f"stdout.{rank}")
+            err_path = os.path.join(workdir, f"stderr.{rank}")
+            with open(out_path, "wb") as out, open(err_path, "wb") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c",
+                     f"import sys; sys.path.insert(0, {HERE!r}); "
+                     "import mp_harness; mp_harness._child_main()"],
+                    env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    start_new_session=True, cwd=workdir,
+                )
+            ranks.append(_Rank(rank, proc, out_path, err_path, spec["result_path"]))
+
+        failed_first: int | None = None
+        timed_out = False
+        while True:
+            codes = [r.proc.poll() for r in ranks]
+            if all(c == 0 for c in codes):
+                break
+            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                failed_first = bad[0]
+                # Give the others a moment to finish writing their own error
+                # (a peer's failure usually makes them fail too), then kill.
+                grace = min(deadline, time.monotonic() + 2.0)
+                while time.monotonic() < grace and any(r.proc.poll() is None for r in ranks):
+                    time.sleep(0.05)
+                break
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            time.sleep(0.02)
+
+        elapsed = time.monotonic() - start
+        if failed_first is None and not timed_out:
+            results = []
+            problems = []
+            for r in ranks:
+                res = _read_result(r.result_path)
+                if res is None or "ok" not in res:
+                    problems.append(f"rank {r.rank}: exited 0 but wrote no result")
+                elif not res["ok"]:
+                    problems.append(f"rank {r.rank}: {res.get('error')}")
+                else:
+                    results.append(res["value"])
+            if not problems:
+                ok = True
+                return results
+            raise AssertionError(_report(ranks, target, backend, world_size, elapsed,
+                                         "ranks exited 0 but reported problems: " + "; ".join(problems)))
+
+        # Failure path: kill everything first, then collect what we can.
+        _kill_all(ranks)
+        if failed_first is not None and _looks_like_port_clash(ranks) and elapsed < 30:
+            raise _PortClash(_report(ranks, target, backend, world_size, elapsed,
+                                     f"MASTER_PORT {port} was taken"))
+        why = (f"hard timeout of {timeout:.0f}s reached" if timed_out
+               else f"rank {failed_first} failed first")
+        raise AssertionError(_report(ranks, target, backend, world_size, elapsed, why))
+    finally:
+        _kill_all(ranks)  # also reaps stragglers after success (e.g. forked helpers)
+        if ok and not keep_logs:
+            for name in os.listdir(workdir):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(workdir, name))
+            with contextlib.suppress(OSError):
+                os.rmdir(workdir)
+
+
+def _report(ranks, target, backend, world_size, elapsed, why) -> str:
+    parts = [f"multi-process job {target} (backend={backend}, world_size={world_size}) "
+             f"failed after {elapsed:.1f}s: {why}"]
+    for r in ranks:
+        code = r.proc.returncode if r.proc.returncode is not None else r.proc.poll()
+        parts.append(f"--- rank {r.rank}: {_describe_exit(code)}")
+        res = _read_result(r.result_path)
+        tail_lines = _STDERR_TAIL_LINES
+        if res is not None and not res.get("ok", True):
+            parts.append(f"    error: {res.get('error')}")
+            tb = res.get("traceback")
+            if tb:
+                parts.append("    traceback:\n" + _indent(tb.rstrip()))
+                tail_lines = 12  # the traceback is also at the end of stderr
+        tail = _tail(r.err_path, tail_lines)
+        if tail.strip():
+            parts.append(f"    stderr tail ({r.err_path}):\n" + _indent(tail))
+    return "\n".join(parts)
+
+
+def _indent(text: str, prefix: str = "      ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+# --------------------------------------------------------------------------
+# child side
+# --------------------------------------------------------------------------
+
+def expect_raises(fn: Callable[[], Any], exc: type | tuple = Exception,
+                  what: str = "") -> str:
+    """Call ``fn``; it must raise ``exc``. Returns the exception's message.
+
+    Meant for targets run with ``expect_failure=True``. Raises AssertionError
+    when ``fn`` returns normally (or raises something not in ``exc``, which
+    then propagates as the test failure).
+    """
+    try:
+        fn()
+    except exc as e:  # noqa: PERF203
+        msg = f"{type(e).__name__}: {e}"
+        return msg if str(e) else f"{type(e).__name__}: <empty message>"
+    raise AssertionError(f"expected {exc} to be raised{' by ' + what if what else ''}, "
+                         "but the call returned normally")
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _child_main() -> None:
+    import faulthandler
+    import importlib
+
+    with open(os.environ[_SPEC_ENV]) as f:
+        spec = json.load(f)
+    rank, world = spec["rank"], spec["world_size"]
+    result_path = spec["result_path"]
+    for p in spec["sys_path"]:
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    # In-tree torch_smddp (where CMake drops _C) is found last, after any
+    # installed copy.
+    if spec["repo_root"] not in sys.path:
+        sys.path.append(spec["repo_root"])
+
+    faulthandler.enable()
+    # Dump every thread's Python stack shortly before the parent's deadline so
+    # a hang shows where it is stuck in the stderr tail.
+    faulthandler.dump_traceback_later(max(1.0, spec["job_timeout"] - 4.0), exit=False)
+
+    stage = "import torch"
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        backend = spec["backend"]
+        if needs_smddp(backend):
+            stage = "import torch_smddp"
+            import torch_smddp  # registers the backend
+
+            if "smddp" not in dist.Backend.backend_list:
+                where = getattr(torch_smddp, "__file__", None) or list(getattr(torch_smddp, "__path__", []))
+                raise RuntimeError(f"torch_smddp was imported from {where} but did not register the "
+                                   "'smddp' backend (is the extension built?)")
+        stage = "import target"
+        mod_name, fn_name = spec["target"].split(":", 1)
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+        stage = "init_process_group"
+        dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=spec["pg_timeout"]))
+        stage = "target"
+        value = fn(rank, world, *spec["args"])
+        json.dumps(value)  # must be serialisable; fail here with a traceback otherwise
+        if spec["expect_failure"]:
+            if value in (None, "", [], {}):
+                raise AssertionError("expect_failure target returned no message(s)")
+        else:
+            stage = "destroy_process_group"
+            dist.destroy_process_group()
+        _write_json_atomic(result_path, {"ok": True, "value": value})
+    except BaseException as e:  # noqa: BLE001 - report everything, then exit non-zero
+        tb = traceback.format_exc()
+        with contextlib.suppress(Exception):
+            _write_json_atomic(result_path, {"ok": False, "error": f"during {stage}: "
+                                             f"{type(e).__name__}: {e}"[:4000],
+                                             "traceback": tb[-20000:]})
+        sys.stderr.write(f"[rank {rank}] failed during {stage}\n{tb}")
+        sys.stderr.flush()
+        os._exit(_EXIT_TARGET_FAILED)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if spec["expect_failure"]:
+        # A backend that has just reported errors need not shut down cleanly;
+        # the messages are on disk, so skip interpreter teardown.
+        os._exit(0)
+    # Normal mode: a clean interpreter exit is part of what is tested (a
+    # crash in the backend's destructors shows up as a signal exit status; a
+    # hang runs into the parent's deadline, with stacks dumped just before).
