@@ -1,0 +1,279 @@
+#include "backend/process_group.h"
+
+#include <c10/util/Exception.h>
+
+#include "backend/store_bootstrap.h"
+#include "backend/work.h"
+#include "common/error.h"
+
+namespace c10d_smddp {
+
+using smddp::Buffer;
+using smddp::DataType;
+
+namespace {
+
+DataType toDataType(const at::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kBool: return DataType::kBool;
+    default:
+      TORCH_CHECK_TYPE(false, "smddp ", op, " does not support dtype ", t.scalar_type(),
+                       ": supported dtypes are float32, float64, float16, bfloat16, int8, "
+                       "uint8, int32, int64 and bool");
+  }
+}
+
+smddp::ReduceOp toReduceOp(const c10d::ReduceOp& op, DataType dt, const char* coll) {
+  smddp::ReduceOp r;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: r = smddp::ReduceOp::kSum; break;
+    case c10d::ReduceOp::AVG: r = smddp::ReduceOp::kAvg; break;
+    case c10d::ReduceOp::PRODUCT: r = smddp::ReduceOp::kProduct; break;
+    case c10d::ReduceOp::MIN: r = smddp::ReduceOp::kMin; break;
+    case c10d::ReduceOp::MAX: r = smddp::ReduceOp::kMax; break;
+    case c10d::ReduceOp::BAND: r = smddp::ReduceOp::kBand; break;
+    case c10d::ReduceOp::BOR: r = smddp::ReduceOp::kBor; break;
+    case c10d::ReduceOp::BXOR: r = smddp::ReduceOp::kBxor; break;
+    default:
+      TORCH_CHECK_VALUE(false, "smddp ", coll, " does not support reduce op ",
+                        static_cast<int>(op.op_), " (PREMUL_SUM is not implemented)");
+  }
+  std::string why;
+  TORCH_CHECK_VALUE(smddp::isSupported(r, dt, &why), "smddp ", coll, ": ", smddp::toString(r),
+                    " on ", smddp::toString(dt), " is not supported: ", why);
+  return r;
+}
+
+void checkTensor(const at::Tensor& t, const char* op) {
+  TORCH_CHECK_VALUE(t.defined(), "smddp ", op, ": undefined tensor");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "smddp ", op, ": only CPU tensors are supported (got ",
+                    t.device(), "); build with SMDDP_WITH_CUDA for the GPU path");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "smddp ", op,
+                    ": only dense (strided) tensors are supported, got layout ", t.layout());
+}
+
+// Non-contiguous tensors are handled through a contiguous staging copy; the
+// result is copied back before the Work completes.
+struct Staging {
+  std::vector<at::Tensor> work;  // contiguous tensors the engine sees
+  std::vector<std::pair<at::Tensor, at::Tensor>> copyBack;  // (user, staged)
+
+  at::Tensor stage(const at::Tensor& t, bool isOutput) {
+    if (t.is_contiguous()) {
+      work.push_back(t);
+      return t;
+    }
+    at::Tensor c = t.contiguous();
+    work.push_back(c);
+    if (isOutput) copyBack.emplace_back(t, c);
+    return c;
+  }
+  std::function<void()> finisher() {
+    if (copyBack.empty()) return nullptr;
+    return [pairs = copyBack] {
+      for (const auto& [user, staged] : pairs) user.copy_(staged);
+    };
+  }
+};
+
+Buffer bufferOf(const at::Tensor& t) {
+  return Buffer{t.data_ptr(), static_cast<uint64_t>(t.numel())};
+}
+
+// Wraps the engine call: the callback keeps the Work alive until done.
+template <typename Start>
+c10::intrusive_ptr<c10d::Work> launch(int rank, c10d::OpType type, const char* title,
+                                      std::vector<at::Tensor> outputs,
+                                      const std::vector<at::Tensor>& inputs, Staging& staging,
+                                      Start start) {
+  auto work = c10::make_intrusive<WorkSmddp>(rank, type, title, std::move(outputs), inputs);
+  work->setFinisher(staging.finisher());
+  // The staged tensors must outlive the engine's use of their memory.
+  auto keep = std::make_shared<std::vector<at::Tensor>>(staging.work);
+  uint64_t seq = start([work, keep](std::exception_ptr e) { work->complete(e); });
+  work->setSequence(seq);
+  return work;
+}
+
+// Engine errors raised before anything was queued (e.g. shut down).
+[[noreturn]] void rethrowAsTorch(const smddp::Error& e) {
+  C10_THROW_ERROR(DistBackendError, e.what());
+}
+
+}  // namespace
+
+ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                     int size, std::chrono::milliseconds timeout,
+                                     std::string groupName)
+    : c10d::Backend(rank, size), groupName_(std::move(groupName)) {
+  StoreBootstrap boot(store);
+  smddp::CommOptions opts;
+  opts.rank = rank;
+  opts.size = size;
+  opts.timeout = timeout;
+  opts.name = groupName_;
+  try {
+    comm_ = std::make_unique<smddp::Communicator>(boot, opts);
+  } catch (const smddp::Error& e) {
+    if (e.kind() == smddp::ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
+    rethrowAsTorch(e);
+  }
+}
+
+ProcessGroupSmddp::~ProcessGroupSmddp() { shutdown(); }
+
+void ProcessGroupSmddp::shutdown() {
+  if (comm_) comm_->shutdown();
+}
+
+void ProcessGroupSmddp::setTimeout(std::chrono::milliseconds timeout) {
+  if (comm_) comm_->setTimeout(timeout);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "smddp all_reduce takes exactly one tensor per call, got ",
+                    tensors.size(), " (use all_reduce_coalesced for several)");
+  checkTensor(tensors[0], "all_reduce");
+  DataType dt = toDataType(tensors[0], "all_reduce");
+  auto op = toReduceOp(opts.reduceOp, dt, "all_reduce");
+  Staging staging;
+  at::Tensor t = staging.stage(tensors[0], true);
+  try {
+    return launch(rank_, c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, staging,
+                  [&](smddp::Communicator::Done done) {
+                    return comm_->allreduce({bufferOf(t)}, dt, op, std::move(done));
+                  });
+  } catch (const smddp::Error& e) {
+    rethrowAsTorch(e);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "smddp all_reduce_coalesced: no tensors given");
+  DataType dt = toDataType(tensors[0], "all_reduce_coalesced");
+  for (const auto& t : tensors) {
+    checkTensor(t, "all_reduce_coalesced");
+    TORCH_CHECK_TYPE(t.scalar_type() == tensors[0].scalar_type(),
+                     "smddp all_reduce_coalesced: all tensors must have the same dtype (got ",
+                     tensors[0].scalar_type(), " and ", t.scalar_type(), ")");
+  }
+  auto op = toReduceOp(opts.reduceOp, dt, "all_reduce_coalesced");
+  Staging staging;
+  std::vector<Buffer> bufs;
+  for (const auto& t : tensors) bufs.push_back(bufferOf(staging.stage(t, true)));
+  try {
+    return launch(rank_, c10d::OpType::ALLREDUCE_COALESCED, "smddp:all_reduce_coalesced", tensors,
+                  tensors, staging, [&](smddp::Communicator::Done done) {
+                    return comm_->allreduce(bufs, dt, op, std::move(done));
+                  });
+  } catch (const smddp::Error& e) {
+    rethrowAsTorch(e);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "smddp broadcast takes exactly one tensor per call, got ",
+                    tensors.size());
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "smddp broadcast: root rank ",
+                    opts.rootRank, " is outside the group of size ", size_);
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "smddp broadcast: rootTensor must be 0");
+  checkTensor(tensors[0], "broadcast");
+  DataType dt = toDataType(tensors[0], "broadcast");
+  Staging staging;
+  at::Tensor t = staging.stage(tensors[0], true);
+  int root = static_cast<int>(opts.rootRank);
+  try {
+    return launch(rank_, c10d::OpType::BROADCAST, "smddp:broadcast", tensors, tensors, staging,
+                  [&](smddp::Communicator::Done done) {
+                    return comm_->broadcast({bufferOf(t)}, dt, root, std::move(done));
+                  });
+  } catch (const smddp::Error& e) {
+    rethrowAsTorch(e);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1,
+                    "smddp all_gather takes one input tensor and one output list");
+  TORCH_CHECK_VALUE(static_cast<int>(outputs[0].size()) == size_, "smddp all_gather: the output "
+                    "list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
+  const at::Tensor& in = inputs[0];
+  checkTensor(in, "all_gather");
+  DataType dt = toDataType(in, "all_gather");
+  Staging staging;
+  at::Tensor inC = staging.stage(in, false);
+  std::vector<Buffer> outs;
+  for (const auto& o : outputs[0]) {
+    checkTensor(o, "all_gather");
+    TORCH_CHECK_TYPE(o.scalar_type() == in.scalar_type(), "smddp all_gather: output dtype ",
+                     o.scalar_type(), " differs from input dtype ", in.scalar_type());
+    TORCH_CHECK_VALUE(o.numel() == in.numel(), "smddp all_gather: output tensor has ", o.numel(),
+                      " elements but the input has ", in.numel());
+    outs.push_back(bufferOf(staging.stage(o, true)));
+  }
+  try {
+    return launch(rank_, c10d::OpType::ALLGATHER, "smddp:all_gather", outputs[0], inputs, staging,
+                  [&](smddp::Communicator::Done done) {
+                    return comm_->allgather(bufferOf(inC), outs, dt, std::move(done));
+                  });
+  } catch (const smddp::Error& e) {
+    rethrowAsTorch(e);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  checkTensor(input, "all_gather_into_tensor");
+  checkTensor(output, "all_gather_into_tensor");
+  DataType dt = toDataType(input, "all_gather_into_tensor");
+  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(),
+                   "smddp all_gather_into_tensor: output dtype ", output.scalar_type(),
+                   " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_,
+                    "smddp all_gather_into_tensor: output has ", output.numel(),
+                    " elements but needs world size (", size_, ") x input (", input.numel(), ")");
+  Staging staging;
+  at::Tensor inC = staging.stage(input, false);
+  at::Tensor outC = staging.stage(output, true);
+  std::vector<Buffer> outs;
+  auto* base = static_cast<uint8_t*>(outC.data_ptr());
+  size_t es = outC.element_size();
+  for (int r = 0; r < size_; ++r) {
+    outs.push_back(Buffer{base + r * input.numel() * es, static_cast<uint64_t>(input.numel())});
+  }
+  std::vector<at::Tensor> outputs{output};
+  std::vector<at::Tensor> inputs{input};
+  try {
+    return launch(rank_, c10d::OpType::_ALLGATHER_BASE, "smddp:all_gather_into_tensor", outputs,
+                  inputs, staging, [&](smddp::Communicator::Done done) {
+                    return comm_->allgather(bufferOf(inC), outs, dt, std::move(done));
+                  });
+  } catch (const smddp::Error& e) {
+    rethrowAsTorch(e);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOptions& opts) {
+  Staging staging;
+  try {
+    return launch(rank_, c10d::OpType::BARRIER, "smddp:barrier", {}, {}, staging,
+                  [&](smddp::Communicator::Done done) { return comm_->barrier(std::move(done)); });
+  } catch (const smddp::Error& e) {
+    rethrowAsTorch(e);
+  }
+}
+
+}  // namespace c10d_smddp

@@ -1,0 +1,53 @@
+// The c10d::Backend registered as "smddp". It validates each call, maps
+// tensors onto engine Buffers, hands the call to the Communicator (which
+// returns at once) and gives back a WorkSmddp whose future completes when
+// the engine is done. This is the only layer that knows about torch.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <memory>
+#include <string>
+
+#include "engine/communicator.h"
+
+namespace c10d_smddp {
+
+class ProcessGroupSmddp : public c10d::Backend {
+ public:
+  ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout, std::string groupName);
+  ~ProcessGroupSmddp() override;
+
+  const std::string getBackendName() const override { return "smddp"; }
+  bool supportsCoalescing() const override { return false; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  uint64_t getSequenceNumberForGroup() override { return comm_ ? comm_->nextSequence() : 0; }
+  void setSequenceNumberForGroup() override {}
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void abort() override { shutdown(); }
+  void shutdown() override;
+
+  smddp::Stats stats() const { return comm_ ? comm_->stats() : smddp::Stats{}; }
+  std::string provider() const { return comm_ ? comm_->provider() : ""; }
+
+ private:
+  std::unique_ptr<smddp::Communicator> comm_;
+  std::string groupName_;
+};
+
+}  // namespace c10d_smddp

@@ -1,0 +1,60 @@
+#include "backend/work.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include "common/error.h"
+
+namespace c10d_smddp {
+
+WorkSmddp::WorkSmddp(int rank, c10d::OpType opType, const char* profilingTitle,
+                     std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs)
+    : c10d::Work(rank, opType, profilingTitle, inputs),
+      outputs_(std::move(outputs)),
+      inputsKeptAlive_(inputs),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))) {}
+
+namespace {
+
+// Engine errors become c10d's DistBackendError (Python:
+// torch.distributed.DistBackendError, a RuntimeError), message intact.
+std::exception_ptr toTorchError(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error&) {
+    return e;
+  } catch (const std::exception& ex) {
+    try {
+      C10_THROW_ERROR(DistBackendError, ex.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (...) {
+    return e;
+  }
+  return e;
+}
+
+}  // namespace
+
+void WorkSmddp::complete(std::exception_ptr error) {
+  if (!error && finisher_) {
+    try {
+      finisher_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) {
+    error = toTorchError(error);
+    future_->setError(error);
+    finish(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+    finish();
+  }
+  inputsKeptAlive_.clear();
+}
+
+}  // namespace c10d_smddp

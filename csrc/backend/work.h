@@ -1,0 +1,38 @@
+// The Work a collective returns at once. The engine's worker thread
+// completes it: the future is marked with the output tensors (DDP's reducer
+// reads results through getFuture()) or set to the error.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <exception>
+#include <functional>
+#include <vector>
+
+namespace c10d_smddp {
+
+class WorkSmddp : public c10d::Work {
+ public:
+  WorkSmddp(int rank, c10d::OpType opType, const char* profilingTitle,
+            std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs);
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  void setSequence(uint64_t seq) { seq_ = seq; }
+  // Runs after a successful collective, before the future completes: copies
+  // results out of staging buffers into non-contiguous user tensors.
+  void setFinisher(std::function<void()> f) { finisher_ = std::move(f); }
+  // Called once, from the engine's worker thread.
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> inputsKeptAlive_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::function<void()> finisher_;
+  uint64_t seq_ = 0;
+};
+
+}  // namespace c10d_smddp

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine: Debian packages, then a .venv with
+# the pinned CPU build of torch. Fast when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(libfabric-dev libfabric-bin catch2 cmake g++ make procps)
+TORCH_PIN="torch==2.13.0"
+PY_PACKAGES=(pytest numpy matplotlib)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing Debian packages: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.smddp-deps
+want="$TORCH_PIN ${PY_PACKAGES[*]}"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "bootstrap: installing $want into .venv"
+  # Pin torch explicitly: an unpinned torch would pull a multi-GB CUDA build.
+  .venv/bin/pip install -q --disable-pip-version-check "$TORCH_PIN" "${PY_PACKAGES[@]}"
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,44 @@
+"""pip install . -- builds torch_smddp._C by driving the same CMakeLists.txt
+the Makefile uses (one build graph), against the torch installed in the
+environment doing the install."""
+
+import os
+import subprocess
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        src = os.path.abspath(os.path.dirname(__file__))
+        out_dir = os.path.abspath(os.path.dirname(self.get_ext_fullpath(ext.name)))
+        build_dir = os.path.join(os.path.abspath(self.build_temp), "cmake")
+        os.makedirs(build_dir, exist_ok=True)
+        subprocess.check_call([
+            "cmake", "-S", src, "-B", build_dir,
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            "-DSMDDP_BUILD_TESTS=OFF",
+            f"-DSMDDP_EXT_OUTPUT_DIR={out_dir}",
+            "-DCMAKE_BUILD_TYPE=Release",
+        ])
+        subprocess.check_call(["cmake", "--build", build_dir, "--target", "_C", "-j",
+                               os.environ.get("SMDDP_BUILD_JOBS", "2")])
+
+
+setup(
+    name="torch-smddp",
+    version="0.1.0",
+    description="SageMaker-style distributed data parallel backend (smddp) for PyTorch c10d",
+    packages=find_packages(include=["torch_smddp", "torch_smddp.*"]),
+    ext_modules=[CMakeExtension("torch_smddp._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.10",
+    install_requires=["torch==2.13.0"],
+)

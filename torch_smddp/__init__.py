@@ -1,0 +1,51 @@
+"""torch-smddp: a SageMaker-style data-parallel communication backend for PyTorch.
+
+``import torch_smddp`` registers the c10d backend ``"smddp"``::
+
+    import torch_smddp
+    torch.distributed.init_process_group(backend="smddp")
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _C  # noqa: E402  (needs torch.distributed's pybind types first)
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "stats", "ProcessGroupSmddp"]
+
+ProcessGroupSmddp = _C.ProcessGroupSmddp
+
+
+def _create_backend(dist_backend_opts, backend_options=None):
+    opts = dist_backend_opts
+    name = str(getattr(opts, "group_id", "default"))
+    return _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name)
+
+
+def _register() -> None:
+    if "smddp" in dist.Backend.backend_list:
+        return  # importing twice is harmless
+    dist.Backend.register_backend("smddp", _create_backend, extended_api=True, devices=["cpu"])
+
+
+_register()
+
+
+def _backend_of(group=None):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    if not isinstance(backend, _C.ProcessGroupSmddp):
+        raise ValueError(f"group {pg} does not use the smddp backend on CPU")
+    return backend
+
+
+def stats(group=None) -> dict:
+    """Engine counters of ``group`` (default: the world group).
+
+    bytes sent and received, fusion buffers flushed and their mean fill,
+    chunks in flight, server reduce time, rejected frames and errors.
+    """
+    return _backend_of(group).stats()
