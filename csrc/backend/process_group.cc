@@ -209,7 +209,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
   TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1,
                     "smddp all_gather takes one input tensor and one output list");
   TORCH_CHECK_VALUE(static_cast<int>(outputs[0].size()) == size_, "smddp all_gather: the output "
-                    "list has ", outputs[0].size(), " tensors but the group has ", size_, " ranks");
+                    "list has length ", outputs[0].size(), " but the world size is ", size_);
   const at::Tensor& in = inputs[0];
   checkTensor(in, "all_gather");
   DataType dt = toDataType(in, "all_gather");
@@ -220,8 +220,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
     checkTensor(o, "all_gather");
     TORCH_CHECK_TYPE(o.scalar_type() == in.scalar_type(), "smddp all_gather: output dtype ",
                      o.scalar_type(), " differs from input dtype ", in.scalar_type());
-    TORCH_CHECK_VALUE(o.numel() == in.numel(), "smddp all_gather: output tensor has ", o.numel(),
-                      " elements but the input has ", in.numel());
+    TORCH_CHECK_VALUE(o.numel() == in.numel(), "smddp all_gather: output tensor size (", o.numel(),
+                      " elements) differs from the input size (", in.numel(), " elements)");
     outs.push_back(bufferOf(staging.stage(o, true)));
   }
   try {
@@ -243,8 +243,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
                    "smddp all_gather_into_tensor: output dtype ", output.scalar_type(),
                    " differs from input dtype ", input.scalar_type());
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_,
-                    "smddp all_gather_into_tensor: output has ", output.numel(),
-                    " elements but needs world size (", size_, ") x input (", input.numel(), ")");
+                    "smddp all_gather_into_tensor: output size is ", output.numel(),
+                    " elements but must be world size (", size_, ") x input size (", input.numel(), ")");
   Staging staging;
   at::Tensor inC = staging.stage(input, false);
   at::Tensor outC = staging.stage(output, true);

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 
 #include "common/error.h"
 #include "engine/algorithms.h"
@@ -29,49 +30,52 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
                                    comm.config().chunkBytes);
   Exchange ex(comm, seq, sig);
 
+  // Server side. Peers' chunks land in a small ring of slots per peer
+  // (ringDepth chunks each), so what arrives is still in cache when it is
+  // reduced; a slot is re-armed for chunk k+depth once chunk k is reduced.
+  // The result is written straight into this rank's own buffer and sent
+  // from there: no staging copy on the way in or out.
   const Shard* mine = plan.shardFor(rank);
-  uint8_t* slots = nullptr;  // one shard-sized slot per rank; slot[rank] holds results
-  size_t slotBytes = 0;
+  const size_t depth = static_cast<size_t>(comm.config().ringDepth);
+  const size_t slotBytes = comm.config().chunkBytes;
+  uint8_t* ring = nullptr;
   std::vector<int> remaining;
-  if (mine) {
-    slotBytes = mine->elemCount * es;
-    slots = comm.scratch(slotBytes * n);
+  if (mine && n > 1) {
+    ring = comm.scratch(slotBytes * depth * n);
     remaining.assign(mine->chunks.size(), n - 1);
   }
-  auto slot = [&](int p) { return slots + slotBytes * p; };
+  auto slot = [&](int peer, size_t k) { return ring + slotBytes * (depth * peer + k % depth); };
 
-  // Server side: combine chunk k once every worker's copy has arrived.
+  std::function<void(size_t)> armChunk;
   auto reduceAndReturn = [&](size_t k) {
     const Chunk& c = mine->chunks[k];
-    size_t rel = (c.elemOffset - mine->elemOffset) * es;
+    uint8_t* own = data + c.elemOffset * es;
     size_t bytes = c.elemCount * es;
     std::vector<const void*> inputs(n);
-    for (int p = 0; p < n; ++p) {
-      inputs[p] = p == rank ? data + c.elemOffset * es : slot(p) + rel;
-    }
-    uint8_t* out = slot(rank) + rel;
+    for (int p = 0; p < n; ++p) inputs[p] = p == rank ? own : slot(p, k);
     auto t0 = std::chrono::steady_clock::now();
-    reduceOrdered(out, inputs.data(), n, c.elemCount, sig.dtype, sig.op, n);
+    reduceOrdered(own, inputs.data(), n, c.elemCount, sig.dtype, sig.op, n);
     comm.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                           std::chrono::steady_clock::now() - t0).count();
-    if (bytes) std::memcpy(data + c.elemOffset * es, out, bytes);
     for (int p = 0; p < n; ++p) {
-      if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * es, out, bytes);
+      if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * es, own, bytes);
+    }
+    if (k + depth < mine->chunks.size()) armChunk(k + depth);
+  };
+  // Receive chunk k of this rank's shard from every peer into the ring.
+  armChunk = [&](size_t k) {
+    const Chunk& c = mine->chunks[k];
+    for (int p = 0; p < n; ++p) {
+      if (p == rank) continue;
+      ex.recv(p, kPhaseToServer, c.index, slot(p, k), c.elemCount * es, [&, k] {
+        if (--remaining[k] == 0) reduceAndReturn(k);
+      });
     }
   };
 
   // Receives first (so frames land in place), then sends.
-  if (mine) {
-    for (size_t k = 0; k < mine->chunks.size(); ++k) {
-      const Chunk& c = mine->chunks[k];
-      size_t rel = (c.elemOffset - mine->elemOffset) * es;
-      for (int p = 0; p < n; ++p) {
-        if (p == rank) continue;
-        ex.recv(p, kPhaseToServer, c.index, slot(p) + rel, c.elemCount * es, [&, k] {
-          if (--remaining[k] == 0) reduceAndReturn(k);
-        });
-      }
-    }
+  if (mine && n > 1) {
+    for (size_t k = 0; k < std::min(depth, mine->chunks.size()); ++k) armChunk(k);
   }
   for (const Shard& s : plan.shards()) {
     if (s.server == rank) continue;
@@ -79,15 +83,19 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
       ex.recv(s.server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es);
     }
   }
-  for (const Shard& s : plan.shards()) {
-    if (s.server == rank) continue;
-    for (const Chunk& c : s.chunks) {
-      ex.send(s.server, kPhaseToServer, c.index, c.elemOffset * es, data + c.elemOffset * es,
+  // Worker side: send every other server its shard. Interleave the servers
+  // chunk by chunk so all of them can start reducing at once.
+  size_t maxChunks = 0;
+  for (const Shard& s : plan.shards()) maxChunks = std::max(maxChunks, s.chunks.size());
+  for (size_t k = 0; k < maxChunks; ++k) {
+    for (int i = 1; i < n + 1; ++i) {
+      // Start with the next rank so servers are not all hit by rank 0 first.
+      const Shard* s = plan.shardFor((rank + i) % n);
+      if (!s || s->server == rank || k >= s->chunks.size()) continue;
+      const Chunk& c = s->chunks[k];
+      ex.send(s->server, kPhaseToServer, c.index, c.elemOffset * es, data + c.elemOffset * es,
               c.elemCount * es);
     }
-  }
-  if (mine && n == 1) {
-    for (size_t k = 0; k < mine->chunks.size(); ++k) reduceAndReturn(k);
   }
   ex.run();
 }

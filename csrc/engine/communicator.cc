@@ -2,6 +2,7 @@
 
 #include <rdma/fi_errno.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -18,10 +19,12 @@
 
 namespace smddp {
 
-SMDDP_PARAM_BYTES(paramChunkBytes, "SMDDP_CHUNK_BYTES", 1 << 20, 4096, 1LL << 30,
+SMDDP_PARAM_BYTES(paramChunkBytes, "SMDDP_CHUNK_BYTES", 256 << 10, 4096, 1LL << 30,
                   "largest message on the wire; bigger shards are pipelined in chunks of this size")
 SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16 << 10, 1, 1LL << 30,
                   "a call smaller than servers x this goes whole to one server (round-robin)")
+SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 4, 1, 1024,
+                "chunks per peer a reduction server keeps in flight (cache-resident receive ring)")
 SMDDP_PARAM_INT(paramSpinUs, "SMDDP_SPIN_US", 50, 0, 1000000,
                 "microseconds a waiting engine thread polls before it starts to sleep")
 SMDDP_PARAM_INT(paramSleepUs, "SMDDP_SLEEP_US", 100, 1, 100000,
@@ -34,6 +37,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   EngineConfig c;
   c.chunkBytes = static_cast<uint64_t>(paramChunkBytes());
   c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
+  c.ringDepth = paramRingDepth();
   c.spinUs = paramSpinUs();
   c.sleepUs = paramSleepUs();
   return c;
@@ -198,13 +202,29 @@ void Communicator::handleErrorFrame(Request* r, const Completion& c) {
     return;
   }
   const FrameHeader& h = r->header;
+  const bool probe = h.kind == static_cast<uint8_t>(FrameKind::kProbe);
   bool ok = c.err == 0 && c.len >= sizeof(FrameHeader) && h.magic == kFrameMagic &&
-            h.version == kFrameVersion && h.kind == static_cast<uint8_t>(FrameKind::kError) &&
+            h.version == kFrameVersion &&
+            (h.kind == static_cast<uint8_t>(FrameKind::kError) || probe) &&
             h.jobSecret == jobSecret_ && h.srcRank < static_cast<uint32_t>(opts_.size) &&
             h.length == c.len - sizeof(FrameHeader) && h.length <= r->text.size();
   // (a longer frame spilled into the sink: rejected above by the length check)
+  if (ok && probe) {
+    ok = h.length == 0 && h.dtype < static_cast<uint8_t>(DataType::kCount) &&
+         h.op < static_cast<uint8_t>(ReduceOp::kCount) &&
+         h.fingerprint == signatureOf(h).fingerprint(h.seq);
+  }
   if (!ok) {
     stats_.framesRejected++;
+  } else if (probe) {
+    CollectiveSignature theirs = signatureOf(h);
+    int src = static_cast<int>(h.srcRank);
+    auto done = history_.find(h.seq);
+    if (done == history_.end()) {
+      probes_[h.seq][src] = theirs;  // this rank is in, or not yet at, that call
+    } else if (!(done->second == theirs) && h.chunk != 1) {
+      sendProbe(src, h.seq, done->second, /*reply=*/true);  // never answer a reply
+    }
   } else {
     std::string text(r->text.data(), h.length);
     auto& slot = remoteErrors_[h.seq];
@@ -246,6 +266,46 @@ void Communicator::broadcastError(uint64_t seq, const std::string& text) {
   }
 }
 
+void Communicator::sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply) {
+  if (peer == opts_.rank || peer < 0 || peer >= opts_.size) return;
+  Request* r = newRequest();
+  r->type = Request::Type::kErrorSend;
+  r->peer = peer;
+  r->header = makeHeader(FrameKind::kProbe, jobSecret_, seq, opts_.rank, reply ? 1 : 0, 0, 0, sig);
+  iovec iov[1] = {{&r->header, sizeof(FrameHeader)}};
+  int rc = endpoint_->postSend(peerAddrs_[peer], makeTag(TagClass::kError, seq, 0, 0), iov, 1,
+                               &r->ctx);
+  if (rc != 0) releaseRequest(r);  // best effort, like error frames
+}
+
+bool Communicator::probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why) {
+  probes_.erase(probes_.begin(), probes_.lower_bound(seq));
+  auto it = probes_.find(seq);
+  if (it == probes_.end()) return false;
+  for (const auto& [src, theirs] : it->second) {
+    if (theirs == mine) continue;
+    *why = "rank " + std::to_string(src) + " called " + theirs.describe() + " at sequence " +
+           std::to_string(seq) + " but this rank called " + mine.describe() + " at sequence " +
+           std::to_string(seq);
+    return true;
+  }
+  return false;
+}
+
+void Communicator::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
+  history_[seq] = sig;
+  while (history_.size() > 64) history_.erase(history_.begin());
+  auto it = probes_.find(seq);
+  if (it != probes_.end()) {
+    // Probes that came in while this call ran but that it never looked at:
+    // tell those senders what this rank called.
+    for (const auto& [src, theirs] : it->second) {
+      if (!(theirs == sig)) sendProbe(src, seq, sig, /*reply=*/true);
+    }
+  }
+  probes_.erase(probes_.begin(), probes_.upper_bound(seq));
+}
+
 void Communicator::checkPeersAlive(const std::string& during) {
   const std::string& myHost = peers_[opts_.rank].host;
   for (int p = 0; p < opts_.size; ++p) {
@@ -282,6 +342,9 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
 }
 
 void Communicator::workerLoop() {
+  // Sleeps between polls are short; the default 50 us timer slack would
+  // dominate them.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   while (true) {
     Task task;
     {

@@ -43,6 +43,7 @@ struct Buffer {
 struct EngineConfig {
   uint64_t chunkBytes;
   uint64_t minShardBytes;
+  int64_t ringDepth;
   int64_t spinUs;
   int64_t sleepUs;
   static EngineConfig fromEnvironment();
@@ -103,6 +104,18 @@ class Communicator {
   bool remoteErrorFor(uint64_t seq, std::string* text);
   // Tells every peer that `seq` failed here, so nobody waits for us.
   void broadcastError(uint64_t seq, const std::string& text);
+  // Stall probes. Ranks that disagree on a call may all sit in receives
+  // that no peer will ever send to (e.g. an allreduce server and a
+  // broadcast receiver), so no data frame can reveal the mismatch. An
+  // Exchange stalled for a moment sends its signature to every peer; a peer
+  // in that call compares it there (probeMismatch), a peer already past it
+  // answers with what it called instead (noteSignature keeps a short
+  // history), so the stalled rank fails with a mismatch, not a timeout.
+  void sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply);
+  // A probe from a peer whose call at `seq` differs from `mine`.
+  bool probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why);
+  // Records what this rank called at `seq` (an Exchange does, when it ends).
+  void noteSignature(uint64_t seq, const CollectiveSignature& sig);
   // Scratch memory reused across collectives (worker thread only).
   uint8_t* scratch(size_t bytes);
   uint8_t* fusionBuffer(size_t bytes);
@@ -140,6 +153,8 @@ class Communicator {
   std::unordered_map<Request*, std::unique_ptr<Request>> requests_;  // worker thread only
   std::vector<std::unique_ptr<Request>> freeRequests_;               // worker thread only
   std::map<uint64_t, std::string> remoteErrors_;                     // worker thread only
+  std::map<uint64_t, std::map<int, CollectiveSignature>> probes_;   // worker thread only
+  std::map<uint64_t, CollectiveSignature> history_;                  // worker thread only
   std::vector<uint8_t> scratch_;                                     // worker thread only
   std::vector<uint8_t> fusion_;                                      // worker thread only
   std::string brokenReason_;                                         // worker thread only

@@ -2,6 +2,8 @@
 
 #include <rdma/fi_errno.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -13,7 +15,13 @@ Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& 
     : comm_(comm), seq_(seq), sig_(sig),
       deadline_(std::chrono::steady_clock::now() + comm.timeout()) {}
 
-Exchange::~Exchange() { abandonOutstanding(); }
+Exchange::~Exchange() {
+  abandonOutstanding();
+  try {
+    comm_.noteSignature(seq_, sig_);
+  } catch (...) {
+  }
+}
 
 void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t bytes,
                     std::function<void()> onArrive) {
@@ -100,6 +108,7 @@ void Exchange::complete(Request* r, const Completion& c) {
                          r->payloadBytes, sig_};
       FrameVerdict v = validateFrame(r->header, c.len, e, &why);
       if (v != FrameVerdict::kOk) {
+        if (r->header.seq != seq_) fprintf(stderr, "DEBUGX rank %d seq %lu peer %d rtag %lx ctag %lx hseq %lu len %zu\n", comm_.rank(), (unsigned long)seq_, r->peer, (unsigned long)r->tag, (unsigned long)c.tag, (unsigned long)r->header.seq, (size_t)c.len);  // DEBUGX
         comm_.counters().framesRejected++;
         failed_ = true;
         errorKind_ = v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol;
@@ -167,6 +176,10 @@ void Exchange::run() {
   const auto maxSleep = std::chrono::microseconds(comm_.config().sleepUs);
   auto idleSince = clock::now();
   auto nextLivenessCheck = idleSince + std::chrono::milliseconds(200);
+  // A call still waiting after this long tells its peers what it is (see
+  // Communicator::sendProbe): one header per peer, once per call.
+  const auto probeAt = idleSince + std::chrono::milliseconds(200);
+  bool probed = false;
   auto sleep = std::chrono::microseconds(1);
   const std::string what = sig_.describe() + " at sequence " + std::to_string(seq_);
   while (pending_ > 0 && !failed_) {
@@ -183,6 +196,13 @@ void Exchange::run() {
     if (comm_.remoteErrorFor(seq_, &remote)) {
       fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
     }
+    if (comm_.probeMismatch(seq_, sig_, &remote)) {
+      fail(ErrorKind::kMismatch, "smddp: " + what + ": " + remote);
+    }
+    if (!probed && now > probeAt) {
+      probed = true;
+      for (int p = 0; p < comm_.size(); ++p) comm_.sendProbe(p, seq_, sig_, /*reply=*/false);
+    }
     if (now > deadline_) {
       fail(ErrorKind::kTimeout, "smddp: " + what + " timed out after " +
                                     std::to_string(comm_.timeout().count()) +
@@ -197,11 +217,32 @@ void Exchange::run() {
         throw;
       }
     }
-    if (now - idleSince < spin) continue;
+    if (now - idleSince < spin) {
+      // Polling, but let a runnable compute thread have the core.
+      sched_yield();
+      continue;
+    }
     // Idle past the spin budget: back off so we never steal a core that
     // compute needs, capped so latency stays bounded.
     std::this_thread::sleep_for(sleep);
     sleep = std::min(maxSleep, sleep * 2);
+  }
+  if (failed_ && errorKind_ == ErrorKind::kPeerLost) {
+    // A send or receive that failed with a live peer usually means the peer
+    // gave up on this call first (e.g. the shm provider reports EIO when it
+    // reads a buffer the peer has already released). The peer posts its own
+    // account of the failure before it returns to its caller, so look for
+    // it briefly: it names both sides, and a mismatch must not leave the
+    // group marked unusable the way a lost peer does.
+    const auto until = clock::now() + std::chrono::milliseconds(100);
+    std::string remote;
+    do {
+      comm_.progress();
+      if (comm_.remoteErrorFor(seq_, &remote)) {
+        fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    } while (clock::now() < until);
   }
   if (failed_) fail(errorKind_, "smddp: " + what + ": " + error_);
 }

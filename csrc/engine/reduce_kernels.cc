@@ -163,11 +163,17 @@ void runTiles(const TileKernels& k, size_t elemSize, void* out, const void* cons
               size_t count, bool divide, double divisor) {
   // Only f16/bf16 need it; uninitialised on purpose (load fills it).
   float staging[kTileElems];
+  // When `out` is also a later input (a server reducing into its own
+  // buffer), accumulate each tile aside so that input is read intact.
+  bool outIsLaterInput = false;
+  for (size_t j = 1; j < n; ++j) outIsLaterInput = outIsLaterInput || inputs[j] == out;
+  alignas(64) std::byte aside[kTileElems * sizeof(double)];
   for (size_t off = 0; off < count; off += kTileElems) {
     const size_t len = std::min(kTileElems, count - off);
     const size_t byteOff = off * elemSize;
     void* dst = static_cast<std::byte*>(out) + byteOff;
-    void* acc = k.store ? static_cast<void*>(staging) : dst;
+    void* acc = k.store ? static_cast<void*>(staging)
+                        : (outIsLaterInput ? static_cast<void*>(aside) : dst);
     // Stream each input through the tile once, strictly left to right, so
     // the order of operations per element never depends on tiling or ISA.
     k.load(acc, static_cast<const std::byte*>(inputs[0]) + byteOff, len);
@@ -176,6 +182,7 @@ void runTiles(const TileKernels& k, size_t elemSize, void* out, const void* cons
     }
     if (divide) k.divide(acc, len, divisor);
     if (k.store) k.store(dst, acc, len);
+    else if (acc != dst) std::memcpy(dst, acc, len * elemSize);
   }
 }
 

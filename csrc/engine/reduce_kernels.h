@@ -12,8 +12,9 @@ namespace smddp {
 
 // out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[n-1][i], evaluated
 // strictly left to right. For AVG the sum is divided by `avgDivisor` at the
-// end (in the accumulation precision). `out` may alias inputs[0] but no
-// other input. n >= 1. Throws smddp::Error for an unsupported (op, dtype).
+// end (in the accumulation precision). `out` may be exactly any one of the
+// inputs (same base pointer); partial overlaps are not supported. n >= 1.
+// Throws smddp::Error for an unsupported (op, dtype).
 void reduceOrdered(void* out, const void* const* inputs, size_t n, size_t count,
                    DataType dtype, ReduceOp op, double avgDivisor = 1.0);
 

@@ -17,13 +17,21 @@ ShardPlan ShardPlan::make(uint64_t numel, size_t elemSize, int numServers, uint6
   if (!split) {
     plan.shards_.push_back({static_cast<int>(seq % static_cast<uint64_t>(numServers)), 0, numel, {}});
   } else {
-    // ceil(numel / S) per shard keeps every shard within one "row" of the
-    // others; the last shard takes the remainder (possibly smaller).
-    uint64_t per = (numel + numServers - 1) / numServers;
+    // floor(numel / S) each, and the numel % S leftover elements one each
+    // to a run of servers. The run starts where the previous sequence's run
+    // ended (seq * leftover mod S), so repeated calls deal the leftovers
+    // round-robin instead of always loading the same servers: shards differ
+    // by at most one element, and running totals by at most one too.
+    const uint64_t S = static_cast<uint64_t>(numServers);
+    const uint64_t base = numel / S;
+    const uint64_t leftover = numel % S;
+    const uint64_t first = (seq % S) * leftover % S;
+    uint64_t off = 0;
     for (int s = 0; s < numServers; ++s) {
-      uint64_t off = std::min<uint64_t>(numel, per * s);
-      uint64_t cnt = std::min<uint64_t>(per, numel - off);
+      uint64_t fromFirst = (static_cast<uint64_t>(s) + S - first) % S;
+      uint64_t cnt = base + (fromFirst < leftover ? 1 : 0);
       plan.shards_.push_back({s, off, cnt, {}});
+      off += cnt;
     }
   }
   uint64_t chunkElems = std::max<uint64_t>(1, chunkBytes / elemSize);

@@ -19,6 +19,9 @@ constexpr uint16_t kFrameVersion = 1;
 enum class FrameKind : uint8_t {
   kData = 1,    // a payload chunk of a collective
   kError = 2,   // a rank failed this sequence; payload is UTF-8 text
+  kProbe = 3,   // stall probe on the error channel: header only, carries the
+                // sender's signature for `seq`; chunk == 1 marks a reply.
+                // Never valid on a data receive (validateFrame rejects it).
 };
 
 enum class CollectiveType : uint8_t {
