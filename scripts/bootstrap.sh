@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(libfabric-dev libfabric-bin catch2 cmake g++ make procps)
 TORCH_PIN="torch==2.13.0"
-PY_PACKAGES=(pytest numpy matplotlib)
+PY_PACKAGES=(pytest numpy matplotlib expecttest)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

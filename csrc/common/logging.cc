@@ -1,5 +1,7 @@
 #include "common/logging.h"
 
+#include "common/param.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -7,6 +9,9 @@
 #include <cstring>
 
 namespace smddp {
+
+static const ParamRegistrar kLogLevelParam{"SMDDP_LOG_LEVEL", "string", "warn",
+                                           "log threshold: error, warn, info or debug"};
 
 LogLevel logThreshold() {
   // Read once: a logging knob must never throw, so unknown values mean warn.

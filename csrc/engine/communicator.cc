@@ -19,9 +19,9 @@
 
 namespace smddp {
 
-SMDDP_PARAM_BYTES(paramChunkBytes, "SMDDP_CHUNK_BYTES", 256 << 10, 4096, 1LL << 30,
+SMDDP_PARAM_BYTES(paramChunkBytes, "SMDDP_CHUNK_BYTES", 262144, 4096, 1LL << 30,
                   "largest message on the wire; bigger shards are pipelined in chunks of this size")
-SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16 << 10, 1, 1LL << 30,
+SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16384, 1, 1LL << 30,
                   "a call smaller than servers x this goes whole to one server (round-robin)")
 SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 4, 1, 1024,
                 "chunks per peer a reduction server keeps in flight (cache-resident receive ring)")
@@ -177,6 +177,7 @@ size_t Communicator::progress() {
     } else if (r->type == Request::Type::kErrorRecv) {
       handleErrorFrame(r, batch[i]);
     } else {
+      if (r->type == Request::Type::kRecv) fprintf(stderr, "DEBUGX orphan r=%p tag %lx ctag %lx err %d\n", (void*)r, (unsigned long)r->tag, (unsigned long)batch[i].tag, batch[i].err);  // DEBUGX
       releaseRequest(r);  // orphaned, cancelled, or a fire-and-forget error send
     }
   }

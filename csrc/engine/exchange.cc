@@ -71,6 +71,7 @@ void Exchange::postPending() {
       rc = comm_.endpoint().postRecv(comm_.peerAddr(r->peer), r->tag, 0, iov, n, &r->ctx);
     }
     if (rc == -FI_EAGAIN) return;  // queue full: progress first
+    if (r->type != Request::Type::kSend) fprintf(stderr, "DEBUGX post r=%p seq %lu peer %d tag %lx\n", (void*)r, (unsigned long)seq_, r->peer, (unsigned long)r->tag);  // DEBUGX
     r->posted = true;
     toPost_.pop_front();
     outstanding_.push_back(r);
@@ -78,6 +79,7 @@ void Exchange::postPending() {
 }
 
 void Exchange::complete(Request* r, const Completion& c) {
+  if (r->type != Request::Type::kSend) fprintf(stderr, "DEBUGX done r=%p seq %lu tag %lx ctag %lx err %d len %zu\n", (void*)r, (unsigned long)seq_, (unsigned long)r->tag, (unsigned long)c.tag, c.err, (size_t)c.len);  // DEBUGX
   auto it = std::find(outstanding_.begin(), outstanding_.end(), r);
   if (it != outstanding_.end()) outstanding_.erase(it);
   --pending_;
@@ -162,7 +164,7 @@ void Exchange::abandonOutstanding() {
   for (Request* r : outstanding_) {
     r->owner = nullptr;
     r->onArrive = nullptr;
-    if (r->type == Request::Type::kRecv) comm_.endpoint().cancel(&r->ctx);
+    if (r->type == Request::Type::kRecv) { fprintf(stderr, "DEBUGX cancel r=%p seq %lu tag %lx\n", (void*)r, (unsigned long)seq_, (unsigned long)r->tag); comm_.endpoint().cancel(&r->ctx); }  // DEBUGX
   }
   outstanding_.clear();
   for (Request* r : toPost_) comm_.releaseRequest(r);

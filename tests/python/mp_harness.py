@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -187,6 +187,7 @@ def run_world(
     expect_failure: bool = False,
     pg_timeout: float | None = None,
     keep_logs: bool = False,
+    allow_exit: Iterable[int] = (),
 ) -> list[Any]:
     """Run ``target(rank, world_size, *args)`` on ``world_size`` fresh ranks.
 
@@ -208,6 +209,14 @@ def run_world(
     reported an error need not survive. A target that does not raise is the
     target's job to report (``expect_raises`` raises AssertionError).
 
+    ``allow_exit`` names ranks that may end at any moment, with any status
+    (a signal included), without failing the job: for tests in which a rank
+    dies on purpose. Such a rank's entry in the returned list is its result
+    when it exited 0 after writing one, else an ``ExitedRank(rank,
+    returncode)`` (returncode < 0: killed by that signal), so the test can
+    check that the death really happened. Everything else is unchanged: the
+    other ranks must succeed, the hard deadline still kills everyone.
+
     Returns the list of per-rank results. Raises AssertionError on any
     failure, timeout included.
     """
@@ -218,13 +227,18 @@ def run_world(
     json.dumps(list(args))  # fail early, in the parent, on unserialisable args
     if pg_timeout is None:
         pg_timeout = max(5.0, min(timeout - 10.0, timeout * 0.8))
+    allowed = frozenset(int(r) for r in allow_exit)
+    if not allowed <= set(range(world_size)):
+        raise ValueError(f"allow_exit {sorted(allowed)} names ranks outside 0..{world_size - 1}")
+    if len(allowed) == world_size:
+        raise ValueError("allow_exit must leave at least one rank whose success is checked")
 
     last_error: AssertionError | None = None
     for attempt in range(3):  # retry only when the picked port was stolen
         port = find_free_port()
         try:
             return _run_once(world_size, target, timeout, backend, env, list(args),
-                             expect_failure, pg_timeout, port, keep_logs)
+                             expect_failure, pg_timeout, port, keep_logs, allowed)
         except _PortClash as e:
             last_error = AssertionError(str(e))
             continue
@@ -236,8 +250,14 @@ class _PortClash(Exception):
     pass
 
 
+class ExitedRank(NamedTuple):
+    """run_world's entry for an ``allow_exit`` rank that ended without a result."""
+    rank: int
+    returncode: int
+
+
 def _run_once(world_size, target, timeout, backend, env, args, expect_failure, pg_timeout,
-              port, keep_logs):
+              port, keep_logs, allowed=frozenset()):
     workdir = tempfile.mkdtemp(prefix="smddp-mp-")
     base_env = dict(os.environ)
     base_env.update({
@@ -280,6 +300,11 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
             with open(spec_path, "w") as f:
                 json.dump(spec, f)
             child_env = dict(base_env)
+            # A callable env value is evaluated per rank (e.g. SMDDP_HOST_ID
+            # to split one machine into pretend hosts).
+            for key, value in (env or {}).items():
+                if callable(value):
+                    child_env[key] = str(value(rank))
             child_env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), _SPEC_ENV: spec_path})
             out_path = os.path.join(workdir, f"stdout.{rank}")
             err_path = os.path.join(workdir, f"stderr.{rank}")
@@ -297,9 +322,9 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
         timed_out = False
         while True:
             codes = [r.proc.poll() for r in ranks]
-            if all(c == 0 for c in codes):
+            if all(c == 0 or (i in allowed and c is not None) for i, c in enumerate(codes)):
                 break
-            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            bad = [i for i, c in enumerate(codes) if c not in (None, 0) and i not in allowed]
             if bad:
                 failed_first = bad[0]
                 # Give the others a moment to finish writing their own error
@@ -319,6 +344,13 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
             problems = []
             for r in ranks:
                 res = _read_result(r.result_path)
+                if r.rank in allowed:
+                    code = r.proc.returncode
+                    if code == 0 and res is not None and res.get("ok"):
+                        results.append(res["value"])
+                    else:
+                        results.append(ExitedRank(r.rank, code))
+                    continue
                 if res is None or "ok" not in res:
                     problems.append(f"rank {r.rank}: exited 0 but wrote no result")
                 elif not res["ok"]:

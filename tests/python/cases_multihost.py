@@ -1,0 +1,18 @@
+"""Child-side cases for ranks split into pretend hosts with SMDDP_HOST_ID."""
+
+import torch
+import torch.distributed as dist
+
+import torch_smddp
+from cases_collectives import collectives_vs_gloo
+
+
+def provider_and_collectives(rank, world):
+    backend = torch_smddp._backend_of()
+    # Closed form first: sum of (rank + 1) * i over ranks.
+    t = torch.arange(1000, dtype=torch.float64) * (rank + 1)
+    dist.all_reduce(t)
+    expect = torch.arange(1000, dtype=torch.float64) * (world * (world + 1) // 2)
+    closed_form_ok = torch.equal(t, expect)
+    res = collectives_vs_gloo(rank, world, quick=True)
+    return {"provider": backend.provider, "closed_form_ok": closed_form_ok, **res}
