@@ -20,6 +20,18 @@ void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& b
 void runAllgather(Communicator& comm, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                   DataType dtype);
 void runBarrier(Communicator& comm, uint64_t seq);
+// ins[r] is the block destined for rank r; out receives this rank's reduced block.
+void runReduceScatter(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins,
+                      Buffer out, DataType dtype, ReduceOp op);
+void runReduce(Communicator& comm, uint64_t seq, Buffer buf, DataType dtype, ReduceOp op,
+               int root);
+void runGather(Communicator& comm, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
+               DataType dtype, int root);
+void runScatter(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins, Buffer out,
+                DataType dtype, int root);
+// ins[r] goes to rank r, outs[r] comes from rank r (sizes may differ).
+void runAlltoall(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins,
+                 const std::vector<Buffer>& outs, DataType dtype);
 
 // Cuts [0, numel) into chunks of at most chunkBytes (at least one chunk,
 // possibly empty), numbering them from `firstIndex`.

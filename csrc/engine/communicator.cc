@@ -177,7 +177,6 @@ size_t Communicator::progress() {
     } else if (r->type == Request::Type::kErrorRecv) {
       handleErrorFrame(r, batch[i]);
     } else {
-      if (r->type == Request::Type::kRecv) fprintf(stderr, "DEBUGX orphan r=%p tag %lx ctag %lx err %d\n", (void*)r, (unsigned long)r->tag, (unsigned long)batch[i].tag, batch[i].err);  // DEBUGX
       releaseRequest(r);  // orphaned, cancelled, or a fire-and-forget error send
     }
   }
@@ -411,6 +410,40 @@ uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType d
 
 uint64_t Communicator::barrier(Done done) {
   return enqueue("barrier", [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
+}
+
+uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,
+                                     ReduceOp op, Done done) {
+  return enqueue("reduce_scatter", [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
+    runReduceScatter(*this, seq, ins, out, dtype, op);
+  }, std::move(done));
+}
+
+uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done) {
+  return enqueue("reduce", [this, buf, dtype, op, root](uint64_t seq) {
+    runReduce(*this, seq, buf, dtype, op, root);
+  }, std::move(done));
+}
+
+uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root,
+                              Done done) {
+  return enqueue("gather", [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
+    runGather(*this, seq, in, outs, dtype, root);
+  }, std::move(done));
+}
+
+uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root,
+                               Done done) {
+  return enqueue("scatter", [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
+    runScatter(*this, seq, ins, out, dtype, root);
+  }, std::move(done));
+}
+
+uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs,
+                                DataType dtype, Done done) {
+  return enqueue("alltoall", [this, ins = std::move(ins), outs = std::move(outs),
+                              dtype](uint64_t seq) { runAlltoall(*this, seq, ins, outs, dtype); },
+                 std::move(done));
 }
 
 void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op) {

@@ -81,6 +81,12 @@ class Communicator {
   // outs[r] receives rank r's `in`; outs[rank] may alias `in`.
   uint64_t allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done);
   uint64_t barrier(Done done);
+  uint64_t reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype, ReduceOp op,
+                         Done done);
+  uint64_t reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done);
+  uint64_t gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root, Done done);
+  uint64_t scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root, Done done);
+  uint64_t alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs, DataType dtype, Done done);
 
   // Blocking convenience wrappers (tests, benchmarks).
   void allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op);

@@ -1,0 +1,166 @@
+// Shared by the backend's collectives: argument validation that names the
+// collective, dtype/op mapping onto the engine's enums, contiguous staging
+// for non-contiguous tensors, and the glue that turns an engine callback
+// into a completed WorkSmddp.
+#pragma once
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backend/work.h"
+#include "common/error.h"
+#include "engine/communicator.h"
+
+namespace c10d_smddp {
+
+using smddp::Buffer;
+using smddp::DataType;
+
+
+inline DataType toDataType(const at::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kBool: return DataType::kBool;
+    default:
+      TORCH_CHECK_TYPE(false, "smddp ", op, " does not support dtype ", t.scalar_type(),
+                       ": supported dtypes are float32, float64, float16, bfloat16, int8, "
+                       "uint8, int32, int64 and bool");
+  }
+}
+
+inline smddp::ReduceOp toReduceOp(const c10d::ReduceOp& op, DataType dt, const char* coll) {
+  smddp::ReduceOp r;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: r = smddp::ReduceOp::kSum; break;
+    case c10d::ReduceOp::AVG: r = smddp::ReduceOp::kAvg; break;
+    case c10d::ReduceOp::PRODUCT: r = smddp::ReduceOp::kProduct; break;
+    case c10d::ReduceOp::MIN: r = smddp::ReduceOp::kMin; break;
+    case c10d::ReduceOp::MAX: r = smddp::ReduceOp::kMax; break;
+    case c10d::ReduceOp::BAND: r = smddp::ReduceOp::kBand; break;
+    case c10d::ReduceOp::BOR: r = smddp::ReduceOp::kBor; break;
+    case c10d::ReduceOp::BXOR: r = smddp::ReduceOp::kBxor; break;
+    default:
+      TORCH_CHECK_VALUE(false, "smddp ", coll, " does not support reduce op ",
+                        static_cast<int>(op.op_), " (PREMUL_SUM is not implemented)");
+  }
+  std::string why;
+  TORCH_CHECK_VALUE(smddp::isSupported(r, dt, &why), "smddp ", coll, ": ", smddp::toString(r),
+                    " on ", smddp::toString(dt), " is not supported: ", why);
+  return r;
+}
+
+inline void checkTensor(const at::Tensor& t, const char* op) {
+  TORCH_CHECK_VALUE(t.defined(), "smddp ", op, ": undefined tensor");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "smddp ", op, ": only CPU tensors are supported (got ",
+                    t.device(), "); build with SMDDP_WITH_CUDA for the GPU path");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "smddp ", op,
+                    ": only dense (strided) tensors are supported, got layout ", t.layout());
+}
+
+// Non-contiguous tensors are handled through a contiguous staging copy; the
+// result is copied back before the Work completes.
+struct Staging {
+  std::vector<at::Tensor> work;  // contiguous tensors the engine sees
+  std::vector<std::pair<at::Tensor, at::Tensor>> copyBack;  // (user, staged)
+
+  at::Tensor stage(const at::Tensor& t, bool isOutput) {
+    if (t.is_contiguous()) {
+      work.push_back(t);
+      return t;
+    }
+    at::Tensor c = t.contiguous();
+    work.push_back(c);
+    if (isOutput) copyBack.emplace_back(t, c);
+    return c;
+  }
+  std::function<void()> finisher() {
+    if (copyBack.empty()) return nullptr;
+    return [pairs = copyBack] {
+      for (const auto& [user, staged] : pairs) user.copy_(staged);
+    };
+  }
+};
+
+inline Buffer bufferOf(const at::Tensor& t) {
+  return Buffer{t.data_ptr(), static_cast<uint64_t>(t.numel())};
+}
+
+// Wraps the engine call: the callback keeps the Work alive until done.
+template <typename Start>
+c10::intrusive_ptr<c10d::Work> launch(int rank, c10d::OpType type, const char* title,
+                                      std::vector<at::Tensor> outputs,
+                                      const std::vector<at::Tensor>& inputs, Staging& staging,
+                                      Start start) {
+  auto work = c10::make_intrusive<WorkSmddp>(rank, type, title, std::move(outputs), inputs);
+  work->setFinisher(staging.finisher());
+  // The staged tensors must outlive the engine's use of their memory.
+  auto keep = std::make_shared<std::vector<at::Tensor>>(staging.work);
+  uint64_t seq = start([work, keep](std::exception_ptr e) { work->complete(e); });
+  work->setSequence(seq);
+  return work;
+}
+
+// Engine errors raised before anything was queued (e.g. shut down).
+[[noreturn]] inline void rethrowAsTorch(const smddp::Error& e) {
+  C10_THROW_ERROR(DistBackendError, e.what());
+}
+
+
+// Several engine collectives behind one Work: it completes when the last
+// one does, with the first error if any failed (the coalesced variants).
+class Countdown {
+ public:
+  Countdown(c10::intrusive_ptr<WorkSmddp> work, int count) : work_(std::move(work)), left_(count) {}
+  void done(std::exception_ptr e) {
+    std::exception_ptr finalError;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (e && !error_) error_ = e;
+      if (--left_ > 0) return;
+      finalError = error_;
+    }
+    work_->complete(finalError);
+  }
+
+ private:
+  c10::intrusive_ptr<WorkSmddp> work_;
+  std::mutex mu_;
+  int left_;                   // guarded by mu_
+  std::exception_ptr error_;   // guarded by mu_
+};
+
+template <typename StartEach>
+c10::intrusive_ptr<c10d::Work> launchMany(int rank, c10d::OpType type, const char* title,
+                                          std::vector<at::Tensor> outputs,
+                                          const std::vector<at::Tensor>& inputs,
+                                          Staging& staging, int count, StartEach startEach) {
+  auto work = c10::make_intrusive<WorkSmddp>(rank, type, title, std::move(outputs), inputs);
+  work->setFinisher(staging.finisher());
+  if (count == 0) {
+    work->complete(nullptr);
+    return work;
+  }
+  auto keep = std::make_shared<std::vector<at::Tensor>>(staging.work);
+  auto countdown = std::make_shared<Countdown>(work, count);
+  uint64_t seq = 0;
+  for (int i = 0; i < count; ++i) {
+    seq = startEach(i, [countdown, keep](std::exception_ptr e) { countdown->done(e); });
+  }
+  work->setSequence(seq);
+  return work;
+}
+
+}  // namespace c10d_smddp
