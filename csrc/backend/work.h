@@ -19,6 +19,8 @@ class WorkSmddp : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
   uint64_t getSequencenumber() const override { return seq_; }
+  int sourceRank() const override { return sourceRank_; }
+  void setSourceRank(int r) { sourceRank_ = r; }
 
   void setSequence(uint64_t seq) { seq_ = seq; }
   // Runs after a successful collective, before the future completes: copies
@@ -33,6 +35,7 @@ class WorkSmddp : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::function<void()> finisher_;
   uint64_t seq_ = 0;
+  int sourceRank_ = -1;
 };
 
 }  // namespace c10d_smddp

@@ -20,6 +20,9 @@ void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& b
 void runAllgather(Communicator& comm, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                   DataType dtype);
 void runBarrier(Communicator& comm, uint64_t seq);
+// A barrier served by rank 0 with its own timeout: rank 0's error names
+// every rank that had not arrived.
+void runMonitoredBarrier(Communicator& comm, uint64_t seq, std::chrono::milliseconds timeout);
 // ins[r] is the block destined for rank r; out receives this rank's reduced block.
 void runReduceScatter(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins,
                       Buffer out, DataType dtype, ReduceOp op);

@@ -22,13 +22,13 @@ namespace smddp {
 namespace {
 
 void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
-                   uint8_t* data) {
+                   uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout) {
   const int rank = comm.rank();
   const int n = comm.size();
   const size_t es = elementSize(sig.dtype);
-  ShardPlan plan = ShardPlan::make(sig.numel, es, n, seq, comm.config().minShardBytes,
+  ShardPlan plan = ShardPlan::make(sig.numel, es, n, planSeq, comm.config().minShardBytes,
                                    comm.config().chunkBytes);
-  Exchange ex(comm, seq, sig);
+  Exchange ex(comm, seq, sig, timeout);
 
   // Server side. Peers' chunks land in a small ring of slots per peer
   // (ringDepth chunks each), so what arrives is still in cache when it is
@@ -113,7 +113,7 @@ void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& b
   CollectiveSignature sig{CollectiveType::kAllreduce, dtype, op, total, -1};
   if (comm.size() == 1) return;  // one rank: every op is the identity (AVG divides by 1)
   if (bufs.size() == 1) {
-    allreduceCore(comm, seq, sig, static_cast<uint8_t*>(bufs[0].data));
+    allreduceCore(comm, seq, sig, static_cast<uint8_t*>(bufs[0].data), seq, comm.timeout());
     return;
   }
   // Several tensors: fuse them into one buffer, reduce once, scatter back.
@@ -125,7 +125,7 @@ void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& b
   }
   comm.counters().fusionFlushes++;
   comm.counters().fusionBytes += total * es;
-  allreduceCore(comm, seq, sig, fused);
+  allreduceCore(comm, seq, sig, fused, seq, comm.timeout());
   off = 0;
   for (const auto& b : bufs) {
     if (b.numel) std::memcpy(b.data, fused + off * es, b.numel * es);
@@ -137,7 +137,12 @@ void runBarrier(Communicator& comm, uint64_t seq) {
   // A zero-byte allreduce: everyone checks in with one server, which
   // releases everyone once all have arrived.
   CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, -1};
-  allreduceCore(comm, seq, sig, nullptr);
+  allreduceCore(comm, seq, sig, nullptr, seq, comm.timeout());
+}
+
+void runMonitoredBarrier(Communicator& comm, uint64_t seq, std::chrono::milliseconds timeout) {
+  CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0};
+  allreduceCore(comm, seq, sig, nullptr, /*planSeq: server 0*/ 0, timeout);
 }
 
 }  // namespace smddp

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <future>
 #include <random>
+#include <thread>
 #include <sstream>
 
 #include "common/error.h"
@@ -64,6 +65,16 @@ bool processExited(int64_t pid) {
   char state = line[p + 2];
   return state == 'Z' || state == 'X';
 }
+
+// Error and probe frames all travel under this one tag (their sequence
+// number is in the header), and their receives are posted with an ignore
+// mask of 0. Posting receives with ignore bits set breaks tag matching in
+// the shm provider of libfabric 1.17: an unexpected message is queued in a
+// receive entry recycled without resetting its `ignore` field
+// (smr_get_tag), and a later receive is matched against the queued entry
+// with that stale mask (smr_match_tagged), so once an error receive had
+// completed, data frames could be delivered to receives of another tag.
+uint64_t errorTag() { return makeTag(TagClass::kError, 0, 0, 0); }
 
 uint64_t randomSecret() {
   std::random_device rd;
@@ -134,6 +145,22 @@ void Communicator::shutdown() {
     }
   }
   if (worker_.joinable()) worker_.join();
+  // Point-to-point operations still posted get an "aborted" completion.
+  std::vector<Request*> p2p;
+  for (auto& [raw, owned] : requests_) {
+    if (raw->onComplete) p2p.push_back(raw);
+  }
+  for (Request* r : p2p) {
+    Completion c;
+    c.err = FI_ECANCELED;
+    c.errText = "the process group was shut down";
+    auto onComplete = std::move(r->onComplete);
+    r->onComplete = nullptr;
+    try {
+      onComplete(r, c);
+    } catch (...) {
+    }
+  }
   // Closing the endpoint discards whatever is still posted; only then may
   // the requests' memory go.
   endpoint_.reset();
@@ -174,6 +201,12 @@ size_t Communicator::progress() {
     if (!r || requests_.find(r) == requests_.end()) continue;
     if (r->owner) {
       r->owner->complete(r, batch[i]);
+    } else if (r->onComplete) {
+      auto onComplete = std::move(r->onComplete);
+      r->onComplete = nullptr;
+      --p2pInFlight_;
+      onComplete(r, batch[i]);
+      releaseRequest(r);
     } else if (r->type == Request::Type::kErrorRecv) {
       handleErrorFrame(r, batch[i]);
     } else {
@@ -190,8 +223,7 @@ void Communicator::postErrorReceives() {
     r->text.resize(4096);
     iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
                     overflowSink()};
-    int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, makeTag(TagClass::kError, 0, 0, 0),
-                                 kErrorTagIgnore, iov, 3, &r->ctx);
+    int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, errorTag(), 0, iov, 3, &r->ctx);
     SMDDP_CHECK(rc == 0, kTransport, "could not post error-frame receives");
   }
 }
@@ -233,8 +265,7 @@ void Communicator::handleErrorFrame(Request* r, const Completion& c) {
   // Re-arm the same receive.
   iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
                   overflowSink()};
-  int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, makeTag(TagClass::kError, 0, 0, 0),
-                               kErrorTagIgnore, iov, 3, &r->ctx);
+  int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, errorTag(), 0, iov, 3, &r->ctx);
   if (rc != 0) releaseRequest(r);
 }
 
@@ -260,7 +291,7 @@ void Communicator::broadcastError(uint64_t seq, const std::string& text) {
     CollectiveSignature sig;
     r->header = makeHeader(FrameKind::kError, jobSecret_, seq, opts_.rank, 0, 0, body.size(), sig);
     iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
-    int rc = endpoint_->postSend(peerAddrs_[p], makeTag(TagClass::kError, seq, 0, 0), iov,
+    int rc = endpoint_->postSend(peerAddrs_[p], errorTag(), iov,
                                  body.empty() ? 1 : 2, &r->ctx);
     if (rc != 0) releaseRequest(r);  // best effort: the peer's timeout still bounds it
   }
@@ -273,7 +304,7 @@ void Communicator::sendProbe(int peer, uint64_t seq, const CollectiveSignature& 
   r->peer = peer;
   r->header = makeHeader(FrameKind::kProbe, jobSecret_, seq, opts_.rank, reply ? 1 : 0, 0, 0, sig);
   iovec iov[1] = {{&r->header, sizeof(FrameHeader)}};
-  int rc = endpoint_->postSend(peerAddrs_[peer], makeTag(TagClass::kError, seq, 0, 0), iov, 1,
+  int rc = endpoint_->postSend(peerAddrs_[peer], errorTag(), iov, 1,
                                &r->ctx);
   if (rc != 0) releaseRequest(r);  // best effort, like error frames
 }
@@ -341,6 +372,19 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
   return seq;
 }
 
+void Communicator::enqueueP2P(std::string what, std::function<void(uint64_t)> body) {
+  std::unique_lock<std::mutex> lock(queueMu_);
+  if (stopping_) {
+    throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
+                                        opts_.name + "' was shut down");
+  }
+  Task t{0, std::move(what), std::move(body), nullptr};
+  t.p2p = true;
+  queue_.push_back(std::move(t));
+  lock.unlock();
+  queueCv_.notify_one();
+}
+
 void Communicator::workerLoop() {
   // Sleeps between polls are short; the default 50 us timer slack would
   // dominate them.
@@ -349,10 +393,25 @@ void Communicator::workerLoop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(queueMu_);
-      queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping
+      if (p2pInFlight_ == 0) {
+        queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      }
+      if (queue_.empty()) {
+        if (stopping_) return;
+        // Point-to-point operations are in flight: keep them moving.
+        lock.unlock();
+        if (progress() == 0) {
+          expireP2P();
+          std::this_thread::sleep_for(std::chrono::microseconds(std::min<int64_t>(config_.sleepUs, 20)));
+        }
+        continue;
+      }
       task = std::move(queue_.front());
       queue_.pop_front();
+    }
+    if (task.p2p) {
+      task.body(task.seq);  // posts and returns; completion comes from progress()
+      continue;
     }
     std::exception_ptr eptr;
     if (!brokenReason_.empty()) {
@@ -410,6 +469,12 @@ uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType d
 
 uint64_t Communicator::barrier(Done done) {
   return enqueue("barrier", [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
+}
+
+uint64_t Communicator::monitoredBarrier(std::chrono::milliseconds timeout, Done done) {
+  return enqueue("monitored_barrier", [this, timeout](uint64_t seq) {
+    runMonitoredBarrier(*this, seq, timeout);
+  }, std::move(done));
 }
 
 uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,

@@ -87,6 +87,15 @@ class Communicator {
   uint64_t gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root, Done done);
   uint64_t scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root, Done done);
   uint64_t alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs, DataType dtype, Done done);
+  // Point-to-point (p2p.cc). They take no sequence number and never block
+  // the queue: they are posted in call order and complete in the
+  // background. `srcRank` < 0 receives from any rank; `done` gets the
+  // sender's rank.
+  using P2PDone = std::function<void(std::exception_ptr, int srcRank)>;
+  void send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDone done);
+  void recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDone done);
+  // A barrier whose server is rank 0, so a timeout names every missing rank.
+  uint64_t monitoredBarrier(std::chrono::milliseconds timeout, Done done);
 
   // Blocking convenience wrappers (tests, benchmarks).
   void allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op);
@@ -138,12 +147,18 @@ class Communicator {
     std::string what;
     std::function<void(uint64_t seq)> body;
     Done done;
+    bool p2p = false;  // posted at once; completes in the background
   };
 
   uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done);
+  void enqueueP2P(std::string what, std::function<void(uint64_t)> body);
   void workerLoop();
   void postErrorReceives();
   void handleErrorFrame(Request* r, const Completion& c);
+  void postP2P(Request* r);
+  void expireP2P();
+
+  size_t p2pInFlight_ = 0;  // worker thread only
 
   CommOptions opts_;
   EngineConfig config_;

@@ -12,9 +12,11 @@
 
 namespace smddp {
 
-Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig)
+Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
+                   std::chrono::milliseconds timeout)
     : comm_(comm), seq_(seq), sig_(sig),
-      deadline_(std::chrono::steady_clock::now() + comm.timeout()) {}
+      timeout_(timeout.count() > 0 ? timeout : comm.timeout()),
+      deadline_(std::chrono::steady_clock::now() + timeout_) {}
 
 Exchange::~Exchange() {
   abandonOutstanding();
@@ -227,7 +229,7 @@ void Exchange::run() {
     }
     if (now > deadline_) {
       fail(ErrorKind::kTimeout, "smddp: " + what + " timed out after " +
-                                    std::to_string(comm_.timeout().count()) +
+                                    std::to_string(timeout_.count()) +
                                     " ms waiting for " + waitingOn());
     }
     if (now > nextLivenessCheck) {

@@ -19,7 +19,9 @@ namespace smddp {
 
 class Exchange {
  public:
-  Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig);
+  // `timeout` 0 means the group's timeout.
+  Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
+           std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   ~Exchange();
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
@@ -49,6 +51,7 @@ class Exchange {
   Communicator& comm_;
   uint64_t seq_;
   CollectiveSignature sig_;
+  std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
   std::deque<Request*> toPost_;        // created, not yet accepted by the provider
   std::vector<Request*> outstanding_;  // posted, completion not yet seen

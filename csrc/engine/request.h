@@ -6,9 +6,11 @@
 
 #include <rdma/fabric.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 
+#include "transport/endpoint.h"
 #include "transport/frame.h"
 
 namespace smddp {
@@ -29,6 +31,10 @@ struct Request {
   size_t payloadBytes = 0;
   std::string text;                 // error-frame text (send or receive buffer)
   std::function<void()> onArrive;   // receives: runs after validation
+  // Communicator-level operations (point-to-point): called with the raw
+  // completion; the request is released afterwards.
+  std::function<void(Request*, const Completion&)> onComplete;
+  std::chrono::steady_clock::time_point deadline{};
 };
 
 }  // namespace smddp

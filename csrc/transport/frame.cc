@@ -139,6 +139,11 @@ FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExp
   return FrameVerdict::kOk;
 }
 
+uint64_t makeP2PTag(int32_t userTag) {
+  return (static_cast<uint64_t>(TagClass::kP2P) << 60) |
+         (static_cast<uint64_t>(static_cast<uint32_t>(userTag)) << 28);
+}
+
 uint64_t makeTag(TagClass cls, uint64_t seq, uint32_t phase, uint32_t chunk) {
   return (static_cast<uint64_t>(cls) << 60) | ((seq & 0xffffffffULL) << 28) |
          (static_cast<uint64_t>(phase & 0xf) << 24) | (chunk & 0xffffffu);

@@ -102,9 +102,16 @@ FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExp
                            std::string* why);
 
 // 64-bit tags: [63:60] class, [59:28] sequence (mod 2^32), [27:24] phase,
-// [23:0] chunk. Error frames use class 1 and are matched by a wildcard.
-enum class TagClass : uint8_t { kData = 0, kError = 1 };
+// [23:0] chunk. Error and probe frames use class 1 with seq/phase/chunk 0
+// and exact matching (see errorTag() in engine/communicator.cc).
+enum class TagClass : uint8_t { kData = 0, kError = 1, kP2P = 2 };
+// Point-to-point: [63:60] class, [59:28] the user's tag; per-pair order is
+// the provider's send-after-send ordering, so no counters are needed.
+uint64_t makeP2PTag(int32_t userTag);
+constexpr uint64_t kP2PAnySourceIgnore = 0;
 uint64_t makeTag(TagClass cls, uint64_t seq, uint32_t phase, uint32_t chunk);
+// Matches every class-1 tag. Not used for posted receives: ignore bits
+// break libfabric 1.17's shm tag matching (see engine/communicator.cc).
 constexpr uint64_t kErrorTagIgnore = (1ULL << 60) - 1;
 constexpr uint32_t kMaxChunksPerPhase = 1u << 24;
 

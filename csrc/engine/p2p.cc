@@ -1,0 +1,150 @@
+// Point-to-point send/recv. Unlike collectives they take no sequence number
+// (ranks outside the pair must not fall out of step) and never block the
+// queue: each is posted in call order and completes in the background, so
+// rings of isend/irecv (batch_isend_irecv) cannot deadlock the worker.
+// Matching is by (peer, user tag) in posting order, which the provider's
+// send-after-send ordering guarantees.
+
+#include <rdma/fi_errno.h>
+
+#include <thread>
+
+#include "common/error.h"
+#include "engine/communicator.h"
+
+namespace smddp {
+
+namespace {
+
+std::exception_ptr p2pError(ErrorKind kind, const std::string& msg) {
+  return std::make_exception_ptr(Error(kind, "smddp: " + msg));
+}
+
+}  // namespace
+
+void Communicator::postP2P(Request* r) {
+  iovec iov[3];
+  size_t n = 0;
+  iov[n++] = {&r->header, sizeof(FrameHeader)};
+  if (r->payloadBytes) iov[n++] = {r->payload, r->payloadBytes};
+  fi_addr_t addr = r->peer >= 0 ? peerAddrs_[r->peer] : FI_ADDR_UNSPEC;
+  r->deadline = std::chrono::steady_clock::now() + opts_.timeout;
+  while (true) {
+    int rc;
+    if (r->type == Request::Type::kSend) {
+      rc = endpoint_->postSend(addr, r->tag, iov, n, &r->ctx);
+    } else {
+      iov[n] = overflowSink();
+      rc = endpoint_->postRecv(addr, r->tag, kP2PAnySourceIgnore, iov, n + 1, &r->ctx);
+    }
+    if (rc == 0) break;
+    progress();  // queue full: make room
+    if (std::chrono::steady_clock::now() > r->deadline) {
+      throwError(ErrorKind::kTimeout, "could not post a point-to-point operation within the timeout");
+    }
+  }
+  r->posted = true;
+  ++p2pInFlight_;
+}
+
+void Communicator::expireP2P() {
+  auto now = std::chrono::steady_clock::now();
+  for (auto& [raw, owned] : requests_) {
+    if (raw->onComplete && raw->posted && raw->deadline < now && raw->text.empty()) {
+      raw->text = "timed out";
+      endpoint_->cancel(&raw->ctx);
+    }
+  }
+}
+
+void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDone done) {
+  SMDDP_CHECK(dst >= 0 && dst < opts_.size && dst != opts_.rank, kInvalidArgument,
+              "send: invalid destination rank " + std::to_string(dst));
+  auto body = [this, buf, dtype, dst, tag, done](uint64_t) {
+    Request* r = newRequest();
+    r->type = Request::Type::kSend;
+    r->peer = dst;
+    r->tag = makeP2PTag(tag);
+    CollectiveSignature sig{CollectiveType::kSendRecv, dtype, ReduceOp::kSum, buf.numel, -1};
+    size_t bytes = buf.numel * elementSize(dtype);
+    r->header = makeHeader(FrameKind::kData, jobSecret_, static_cast<uint32_t>(tag), opts_.rank, 0,
+                           0, bytes, sig);
+    r->payload = buf.data;
+    r->payloadBytes = bytes;
+    r->onComplete = [this, done, dst, tag, bytes](Request* req, const Completion& c) {
+      if (c.err == 0) {
+        stats_.bytesSent += bytes;
+        done(nullptr, dst);
+      } else {
+        std::string why = req->text == "timed out"
+                              ? "timed out after " + std::to_string(opts_.timeout.count()) + " ms"
+                              : c.errText;
+        done(p2pError(req->text == "timed out" ? ErrorKind::kTimeout : ErrorKind::kPeerLost,
+                      "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) +
+                          ") failed: " + why),
+             dst);
+      }
+    };
+    try {
+      postP2P(r);
+    } catch (const Error& e) {
+      r->onComplete = nullptr;
+      releaseRequest(r);
+      done(std::current_exception(), dst);
+    }
+  };
+  enqueueP2P("send", std::move(body));
+}
+
+void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDone done) {
+  SMDDP_CHECK(src < opts_.size && src != opts_.rank, kInvalidArgument,
+              "recv: invalid source rank " + std::to_string(src));
+  auto body = [this, buf, dtype, src, tag, done](uint64_t) {
+    Request* r = newRequest();
+    r->type = Request::Type::kRecv;
+    r->peer = src;  // -1: any source
+    r->tag = makeP2PTag(tag);
+    r->payload = buf.data;
+    r->payloadBytes = buf.numel * elementSize(dtype);
+    CollectiveSignature sig{CollectiveType::kSendRecv, dtype, ReduceOp::kSum, buf.numel, -1};
+    r->onComplete = [this, done, src, tag, sig](Request* req, const Completion& c) {
+      const std::string what = std::string("recv from ") +
+                               (src >= 0 ? "rank " + std::to_string(src) : "any rank") + " (tag " +
+                               std::to_string(tag) + ")";
+      if (c.err != 0) {
+        bool timedOut = req->text == "timed out";
+        done(p2pError(timedOut ? ErrorKind::kTimeout : ErrorKind::kPeerLost,
+                      what + (timedOut ? " timed out after " + std::to_string(opts_.timeout.count()) + " ms"
+                                       : " failed: " + c.errText)),
+             src);
+        return;
+      }
+      const FrameHeader& h = req->header;
+      int from = src >= 0 ? src : (h.srcRank < static_cast<uint32_t>(opts_.size) ? h.srcRank : 0);
+      std::string why;
+      FrameExpectation e{jobSecret_, static_cast<uint32_t>(tag), static_cast<uint32_t>(from),
+                         static_cast<uint32_t>(opts_.size), req->payloadBytes, req->payloadBytes,
+                         sig};
+      FrameVerdict v = validateFrame(h, c.len, e, &why);
+      if (v != FrameVerdict::kOk) {
+        stats_.framesRejected++;
+        done(p2pError(v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol,
+                      what + ": " + why),
+             from);
+        return;
+      }
+      stats_.bytesReceived += req->payloadBytes;
+      done(nullptr, from);
+    };
+    try {
+      postP2P(r);
+    } catch (const Error& e) {
+      r->onComplete = nullptr;
+      releaseRequest(r);
+      done(std::current_exception(), src);
+    }
+  };
+  enqueueP2P("recv", std::move(body));
+}
+
+}  // namespace smddp
