@@ -8,8 +8,15 @@
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+import os
+
+# Debian's libfabric loads libinfinipath (psm provider), whose fatal-signal
+# handler calls exit() inside the handler and writes *.btr files; with our
+# engine thread running that turns a torchrun SIGTERM into a crash or hang.
+os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 from . import _C  # noqa: E402  (needs torch.distributed's pybind types first)
 

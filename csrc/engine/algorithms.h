@@ -36,6 +36,12 @@ void runScatter(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins
 void runAlltoall(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins,
                  const std::vector<Buffer>& outs, DataType dtype);
 
+// At most this many chunks per peer stream: providers hold a bounded number
+// of posted and unexpected messages (shm stalls past ~1000 outstanding), so
+// a huge call uses bigger chunks rather than more of them.
+constexpr uint64_t kMaxChunksPerStream = 128;
+uint64_t effectiveChunkBytes(uint64_t numel, size_t elemSize, uint64_t chunkBytes);
+
 // Cuts [0, numel) into chunks of at most chunkBytes (at least one chunk,
 // possibly empty), numbering them from `firstIndex`.
 std::vector<Chunk> splitChunks(uint64_t numel, size_t elemSize, uint64_t chunkBytes,

@@ -26,8 +26,9 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
   const int rank = comm.rank();
   const int n = comm.size();
   const size_t es = elementSize(sig.dtype);
+  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / n + 1, es, comm.config().chunkBytes);
   ShardPlan plan = ShardPlan::make(sig.numel, es, n, planSeq, comm.config().minShardBytes,
-                                   comm.config().chunkBytes);
+                                   chunkBytes);
   Exchange ex(comm, seq, sig, timeout);
 
   // Server side. Peers' chunks land in a small ring of slots per peer
@@ -37,7 +38,7 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
   // from there: no staging copy on the way in or out.
   const Shard* mine = plan.shardFor(rank);
   const size_t depth = static_cast<size_t>(comm.config().ringDepth);
-  const size_t slotBytes = comm.config().chunkBytes;
+  const size_t slotBytes = chunkBytes;
   uint8_t* ring = nullptr;
   std::vector<int> remaining;
   if (mine && n > 1) {
@@ -69,7 +70,7 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
       if (p == rank) continue;
       ex.recv(p, kPhaseToServer, c.index, slot(p, k), c.elemCount * es, [&, k] {
         if (--remaining[k] == 0) reduceAndReturn(k);
-      });
+      }, /*urgent=*/true);
     }
   };
 

@@ -10,9 +10,15 @@
 
 namespace smddp {
 
+uint64_t effectiveChunkBytes(uint64_t numel, size_t elemSize, uint64_t chunkBytes) {
+  uint64_t perChunk = (numel + kMaxChunksPerStream - 1) / kMaxChunksPerStream;
+  return std::max<uint64_t>(chunkBytes, perChunk * elemSize);
+}
+
 std::vector<Chunk> splitChunks(uint64_t numel, size_t elemSize, uint64_t chunkBytes,
                                uint32_t firstIndex) {
   std::vector<Chunk> out;
+  chunkBytes = effectiveChunkBytes(numel, elemSize, chunkBytes);
   uint64_t per = std::max<uint64_t>(1, chunkBytes / elemSize);
   uint64_t done = 0;
   uint32_t index = firstIndex;

@@ -26,6 +26,8 @@ SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16384, 1, 1LL << 
                   "a call smaller than servers x this goes whole to one server (round-robin)")
 SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 4, 1, 1024,
                 "chunks per peer a reduction server keeps in flight (cache-resident receive ring)")
+SMDDP_PARAM_INT(paramMaxPostedRecvs, "SMDDP_MAX_POSTED_RECVS", 256, 8, 100000,
+                "receives one collective keeps posted at once (shm holds about 1024 in all)")
 SMDDP_PARAM_INT(paramSpinUs, "SMDDP_SPIN_US", 50, 0, 1000000,
                 "microseconds a waiting engine thread polls before it starts to sleep")
 SMDDP_PARAM_INT(paramSleepUs, "SMDDP_SLEEP_US", 100, 1, 100000,
@@ -39,6 +41,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.chunkBytes = static_cast<uint64_t>(paramChunkBytes());
   c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
   c.ringDepth = paramRingDepth();
+  c.maxPostedRecvs = paramMaxPostedRecvs();
   c.spinUs = paramSpinUs();
   c.sleepUs = paramSleepUs();
   return c;

@@ -44,6 +44,7 @@ struct EngineConfig {
   uint64_t chunkBytes;
   uint64_t minShardBytes;
   int64_t ringDepth;
+  int64_t maxPostedRecvs;
   int64_t spinUs;
   int64_t sleepUs;
   static EngineConfig fromEnvironment();

@@ -27,7 +27,7 @@ Exchange::~Exchange() {
 }
 
 void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t bytes,
-                    std::function<void()> onArrive) {
+                    std::function<void()> onArrive, bool urgent) {
   Request* r = comm_.newRequest();
   r->type = Request::Type::kRecv;
   r->owner = this;
@@ -38,7 +38,8 @@ void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t 
   r->payload = dst;
   r->payloadBytes = bytes;
   r->onArrive = std::move(onArrive);
-  toPost_.push_back(r);
+  if (urgent) recvsToPost_.push_front(r);
+  else recvsToPost_.push_back(r);
   ++pending_;
 }
 
@@ -55,13 +56,11 @@ void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, c
                          bytes, sig_);
   r->payload = const_cast<void*>(src);
   r->payloadBytes = bytes;
-  toPost_.push_back(r);
+  sendsToPost_.push_back(r);
   ++pending_;
 }
 
-void Exchange::postPending() {
-  while (!toPost_.empty()) {
-    Request* r = toPost_.front();
+bool Exchange::postOne(Request* r) {
     iovec iov[3];
     size_t n = 0;
     iov[n++] = {&r->header, sizeof(FrameHeader)};
@@ -73,10 +72,26 @@ void Exchange::postPending() {
       iov[n++] = comm_.overflowSink();
       rc = comm_.endpoint().postRecv(comm_.peerAddr(r->peer), r->tag, 0, iov, n, &r->ctx);
     }
-    if (rc == -FI_EAGAIN) return;  // queue full: progress first
+    if (rc == -FI_EAGAIN) return false;  // queue full: progress first
     r->posted = true;
-    toPost_.pop_front();
     outstanding_.push_back(r);
+    if (r->type == Request::Type::kRecv) ++postedRecvs_;
+    return true;
+}
+
+void Exchange::postPending() {
+  // Receives are capped: providers hold a bounded number (shm refuses more
+  // than ~1024), and a message whose receive is not posted yet simply waits
+  // at the receiver as unexpected. Sends have their own queue so a capped
+  // receive queue can never hold them back (that would deadlock the ranks).
+  const size_t cap = static_cast<size_t>(comm_.config().maxPostedRecvs);
+  while (!recvsToPost_.empty() && postedRecvs_ < cap) {
+    if (!postOne(recvsToPost_.front())) break;
+    recvsToPost_.pop_front();
+  }
+  while (!sendsToPost_.empty()) {
+    if (!postOne(sendsToPost_.front())) break;
+    sendsToPost_.pop_front();
   }
 }
 
@@ -85,6 +100,7 @@ void Exchange::complete(Request* r, const Completion& c) {
   if (it != outstanding_.end()) outstanding_.erase(it);
   --pending_;
   bool isRecv = r->type == Request::Type::kRecv;
+  if (isRecv && r->posted && postedRecvs_ > 0) --postedRecvs_;
   if (!failed_) {
     if (c.err == FI_ETRUNC && isRecv) {
       // The peer sent more than this rank expects: the header still landed.
@@ -189,8 +205,11 @@ void Exchange::abandonOutstanding() {
     if (r->type == Request::Type::kRecv) comm_.endpoint().cancel(&r->ctx);
   }
   outstanding_.clear();
-  for (Request* r : toPost_) comm_.releaseRequest(r);
-  toPost_.clear();
+  for (Request* r : recvsToPost_) comm_.releaseRequest(r);
+  for (Request* r : sendsToPost_) comm_.releaseRequest(r);
+  recvsToPost_.clear();
+  sendsToPost_.clear();
+  postedRecvs_ = 0;
   pending_ = 0;
 }
 
@@ -228,9 +247,9 @@ void Exchange::run() {
       for (int p = 0; p < comm_.size(); ++p) comm_.sendProbe(p, seq_, sig_, /*reply=*/false);
     }
     if (now > deadline_) {
-      fail(ErrorKind::kTimeout, "smddp: " + what + " timed out after " +
+      fail(ErrorKind::kTimeout, "smddp: " + what + " timed out: timeout of " +
                                     std::to_string(timeout_.count()) +
-                                    " ms waiting for " + waitingOn());
+                                    " ms expired while waiting for " + waitingOn());
     }
     if (now > nextLivenessCheck) {
       nextLivenessCheck = now + std::chrono::milliseconds(200);

@@ -27,9 +27,11 @@ class Exchange {
   Exchange& operator=(const Exchange&) = delete;
 
   // Receive `bytes` from `peer` into `dst`; `onArrive` runs once the frame
-  // is validated (it may call send()).
+  // is validated (it may call send()). `urgent` receives jump the queue of
+  // not-yet-posted receives: a server re-arming its ring must never wait
+  // behind result receives, or two servers can wait on each other.
   void recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t bytes,
-            std::function<void()> onArrive = nullptr);
+            std::function<void()> onArrive = nullptr, bool urgent = false);
   void send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, const void* src,
             size_t bytes);
 
@@ -44,6 +46,7 @@ class Exchange {
 
  private:
   void postPending();
+  bool postOne(Request* r);
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
   void abandonOutstanding();
   std::string waitingOn() const;
@@ -53,7 +56,9 @@ class Exchange {
   CollectiveSignature sig_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
-  std::deque<Request*> toPost_;        // created, not yet accepted by the provider
+  std::deque<Request*> recvsToPost_;   // created, not yet accepted by the provider
+  std::deque<Request*> sendsToPost_;
+  size_t postedRecvs_ = 0;             // receives posted, completion not yet seen
   std::vector<Request*> outstanding_;  // posted, completion not yet seen
   size_t pending_ = 0;                 // toPost_ + posted-but-incomplete
   bool failed_ = false;

@@ -6,6 +6,18 @@
 
 #include "common/error.h"
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
 namespace smddp {
 
 namespace {
@@ -29,10 +41,47 @@ FidPtr<fid_cq> openCq(fid_domain* domain) {
   return FidPtr<fid_cq>(cq);
 }
 
-FidPtr<fid_ep> openEndpoint(fid_domain* domain, fi_info* info, fid_av* av, fid_cq* cq) {
+// shm names its shared-memory region after the endpoint, by default
+// "<pid>:<n>:<n>". A process that dies without closing leaves that region in
+// /dev/shm, and a later process with the same pid then fails in fi_enable
+// (EBUSY). A unique name avoids the clash; regions of dead smddp processes
+// are removed before a new one is made.
+constexpr const char* kShmPrefix = "smddp-";
+
+void sweepDeadShmRegions() {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name.rfind(kShmPrefix, 0) != 0) continue;
+    long pid = std::strtol(name.c_str() + std::strlen(kShmPrefix), nullptr, 10);
+    if (pid <= 0 || pid == getpid()) continue;
+    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      shm_unlink(("/" + name).c_str());
+    }
+  }
+  closedir(d);
+}
+
+std::string uniqueShmName() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%s%d-%llu-%08x", kShmPrefix, static_cast<int>(getpid()),
+                static_cast<unsigned long long>(counter++), rd());
+  return buf;
+}
+
+FidPtr<fid_ep> openEndpoint(fid_domain* domain, fi_info* info, fid_av* av, fid_cq* cq,
+                            bool shm) {
   fid_ep* ep = nullptr;
   checkFi(fi_endpoint(domain, info, &ep, nullptr), "fi_endpoint");
   FidPtr<fid_ep> owned(ep);
+  if (shm) {
+    sweepDeadShmRegions();
+    std::string name = uniqueShmName();
+    checkFi(fi_setname(&ep->fid, name.data(), name.size() + 1), "fi_setname");
+  }
   checkFi(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)");
   checkFi(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
   checkFi(fi_enable(ep), "fi_enable");
@@ -44,7 +93,8 @@ FidPtr<fid_ep> openEndpoint(fid_domain* domain, fi_info* info, fid_av* av, fid_c
 Endpoint::Endpoint(std::shared_ptr<Fabric> fabric) : fabric_(std::move(fabric)) {
   av_ = openAv(fabric_->domain(), 64);
   cq_ = openCq(fabric_->domain());
-  ep_ = openEndpoint(fabric_->domain(), fabric_->info(), av_.get(), cq_.get());
+  ep_ = openEndpoint(fabric_->domain(), fabric_->info(), av_.get(), cq_.get(),
+                     fabric_->provider() == "shm");
   maxMsgSize_ = fabric_->info()->ep_attr->max_msg_size;
 }
 
@@ -78,7 +128,8 @@ int Endpoint::postSend(fi_addr_t dest, uint64_t tag, const iovec* iov, size_t io
 int Endpoint::postRecv(fi_addr_t src, uint64_t tag, uint64_t ignore, const iovec* iov,
                        size_t iovCount, void* ctx) {
   ssize_t rc = fi_trecvv(ep_.get(), iov, nullptr, iovCount, src, tag, ignore, ctx);
-  if (rc == -FI_EAGAIN) return -FI_EAGAIN;
+  // shm reports a full receive queue as -FI_ENOMEM: retryable, like EAGAIN.
+  if (rc == -FI_EAGAIN || rc == -FI_ENOMEM) return -FI_EAGAIN;
   checkFi(static_cast<int>(rc), "fi_trecvv");
   return 0;
 }
