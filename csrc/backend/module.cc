@@ -23,6 +23,8 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["fusion_buffers_flushed"] = s.fusionFlushes;
   d["fusion_bytes"] = s.fusionBytes;
   d["fusion_mean_fill_bytes"] = s.fusionFlushes ? double(s.fusionBytes) / s.fusionFlushes : 0.0;
+  d["fused_calls"] = s.fusedCalls;
+  d["fused_calls_per_buffer"] = s.fusionFlushes ? double(s.fusedCalls) / s.fusionFlushes : 0.0;
   d["chunks_in_flight_max"] = s.chunksInFlightMax;
   d["server_reduce_seconds"] = s.serverReduceNs / 1e9;
   d["frames_rejected"] = s.framesRejected;
@@ -43,7 +45,12 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("group_name") = "default", py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](const ProcessGroupSmddp& pg) { return statsToDict(pg.stats()); })
+      .def("stats", [](const ProcessGroupSmddp& pg) {
+        py::dict d = statsToDict(pg.stats());
+        d["allreduce_path"] = pg.allreducePath();
+        d["reduction_servers"] = pg.reductionServers();
+        return d;
+      })
       .def_property_readonly("provider", &ProcessGroupSmddp::provider);
 
   m.def("params", [] {

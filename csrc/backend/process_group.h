@@ -81,6 +81,12 @@ class ProcessGroupSmddp : public c10d::Backend {
 
   smddp::Stats stats() const { return comm_ ? comm_->stats() : smddp::Stats{}; }
   std::string provider() const { return comm_ ? comm_->provider() : ""; }
+  // "shared-memory" when allreduce runs through the host segment, else the
+  // libfabric provider.
+  std::string allreducePath() const {
+    return comm_ && comm_->usesHostPath() ? "shared-memory" : provider();
+  }
+  int reductionServers() const { return comm_ ? comm_->reductionServers() : 0; }
 
  private:
   c10::intrusive_ptr<c10d::Work> pointToPoint(std::vector<at::Tensor>& tensors, int peer, int tag,

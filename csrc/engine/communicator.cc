@@ -17,6 +17,8 @@
 #include "common/param.h"
 #include "engine/algorithms.h"
 #include "engine/exchange.h"
+#include "engine/fusion_scheduler.h"
+#include "engine/host_segment.h"
 
 namespace smddp {
 
@@ -32,6 +34,17 @@ SMDDP_PARAM_INT(paramSpinUs, "SMDDP_SPIN_US", 50, 0, 1000000,
                 "microseconds a waiting engine thread polls before it starts to sleep")
 SMDDP_PARAM_INT(paramSleepUs, "SMDDP_SLEEP_US", 100, 1, 100000,
                 "longest sleep between polls of an idle engine thread, in microseconds")
+SMDDP_PARAM_BOOL(paramHostPath, "SMDDP_SHM_ALLREDUCE", true,
+                 "allreduce through one shared-memory segment when every rank is on one host "
+                 "(fusion buffers, reduction-server threads on each rank)")
+SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
+                  "queued allreduce calls are fused up to this many bytes (0: no fusion)")
+SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 131072, 4096, 1LL << 28,
+                  "bytes of one shard per pipeline step in the shared-memory segment")
+SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 4, 1, 64,
+                "pipeline steps the shared-memory allreduce keeps in flight")
+SMDDP_PARAM_INT(paramServersPerNode, "SMDDP_SERVERS_PER_NODE", 0, 0, 64,
+                "reduction servers per host (0: one per rank, the bandwidth-optimal default)")
 SMDDP_PARAM_STRING(paramHostId, "SMDDP_HOST_ID", "",
                    "host identity this rank reports (default: the hostname); splits one machine "
                    "into pretend hosts")
@@ -44,6 +57,11 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.maxPostedRecvs = paramMaxPostedRecvs();
   c.spinUs = paramSpinUs();
   c.sleepUs = paramSleepUs();
+  c.hostPath = paramHostPath();
+  c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
+  c.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
+  c.shmDepth = paramShmDepth();
+  c.serversPerNode = paramServersPerNode();
   return c;
 }
 
@@ -123,6 +141,25 @@ Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
                                   endpoint_->name(), opts_.timeout);
   peerAddrs_ = endpoint_->insertPeers(names);
   postErrorReceives();
+  // 5. Every rank on one host: allreduce goes through a shared segment.
+  if (oneHost && opts_.size > 1 && opts_.size <= kHostMaxRanks && config_.hostPath) {
+    int servers = opts_.size;
+    if (config_.serversPerNode > 0) servers = std::min<int>(opts_.size, config_.serversPerNode);
+    char unique[64];
+    snprintf(unique, sizeof(unique), "%lld-%016llx", static_cast<long long>(peers_[0].pid),
+             static_cast<unsigned long long>(jobSecret_));
+    try {
+      auto seg = std::make_unique<HostSegment>(bootstrap, opts_.rank, opts_.size, servers,
+                                               config_.shmSlotBytes, config_.shmDepth, unique,
+                                               opts_.timeout);
+      scheduler_ = std::make_unique<FusionBufferScheduler>(*this, std::move(seg),
+                                                        config_.fusionBytes);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kTransport) throw;
+      SMDDP_LOG(kWarn) << "group '" << opts_.name << "': " << e.what()
+                       << "; allreduce stays on " << provider_;
+    }
+  }
   worker_ = std::thread([this] { workerLoop(); });
   SMDDP_LOG(kInfo) << "group '" << opts_.name << "' rank " << opts_.rank << "/" << opts_.size
                    << " using provider " << provider_ << " (" << providerReason_ << ")";
@@ -136,6 +173,7 @@ void Communicator::shutdown() {
     std::lock_guard<std::mutex> lock(queueMu_);
     if (stopping_ && !worker_.joinable()) return;
     stopping_ = true;
+    stopRequested_ = true;
     leftover.swap(queue_);
   }
   queueCv_.notify_all();
@@ -148,6 +186,7 @@ void Communicator::shutdown() {
     }
   }
   if (worker_.joinable()) worker_.join();
+  scheduler_.reset();
   // Point-to-point operations still posted get an "aborted" completion.
   std::vector<Request*> p2p;
   for (auto& [raw, owned] : requests_) {
@@ -172,6 +211,10 @@ void Communicator::shutdown() {
   freeRequests_.clear();
   if (sink_ && sink_ != MAP_FAILED) munmap(sink_, kSinkBytes);
   sink_ = nullptr;
+}
+
+int Communicator::reductionServers() const {
+  return scheduler_ ? scheduler_->segment().servers() : opts_.size;
 }
 
 Request* Communicator::newRequest() {
@@ -362,14 +405,18 @@ uint8_t* Communicator::fusionBuffer(size_t bytes) {
   return fusion_.data();
 }
 
-uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> body, Done done) {
+uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
+                               std::shared_ptr<FusibleCall> fusible) {
   std::unique_lock<std::mutex> lock(queueMu_);
   if (stopping_) {
     throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
                                         opts_.name + "' was shut down");
   }
   uint64_t seq = nextSeq_++;
-  queue_.push_back(Task{seq, std::move(what), std::move(body), std::move(done)});
+  if (fusible) fusible->seq = seq;
+  Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr};
+  t.fusible = std::move(fusible);
+  queue_.push_back(std::move(t));
   lock.unlock();
   queueCv_.notify_one();
   return seq;
@@ -381,7 +428,7 @@ void Communicator::enqueueP2P(std::string what, std::function<void(uint64_t)> bo
     throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
                                         opts_.name + "' was shut down");
   }
-  Task t{0, std::move(what), std::move(body), nullptr};
+  Task t{0, std::move(what), std::move(body), nullptr, true, nullptr};
   t.p2p = true;
   queue_.push_back(std::move(t));
   lock.unlock();
@@ -416,36 +463,72 @@ void Communicator::workerLoop() {
       task.body(task.seq);  // posts and returns; completion comes from progress()
       continue;
     }
-    std::exception_ptr eptr;
-    if (!brokenReason_.empty()) {
-      eptr = std::make_exception_ptr(Error(
-          ErrorKind::kAborted, "smddp: " + task.what + " at sequence " + std::to_string(task.seq) +
-                                   " refused: the group is unusable after an earlier failure: " +
-                                   brokenReason_));
-    } else {
-      try {
-        task.body(task.seq);
-      } catch (const Error& e) {
-        eptr = std::current_exception();
-        stats_.errors++;
-        std::string msg = e.what();
-        if (msg.find("failed on another rank") == std::string::npos) broadcastError(task.seq, msg);
-        if (e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
-            e.kind() == ErrorKind::kTransport) {
-          brokenReason_ = msg;
-        }
-      } catch (const std::exception& e) {
-        eptr = std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));
-        broadcastError(task.seq, e.what());
+    std::vector<Task> tasks;
+    tasks.push_back(std::move(task));
+    runTasks(tasks);
+  }
+}
+
+void Communicator::runTasks(std::vector<Task>& tasks) {
+  std::exception_ptr eptr;
+  const Task& first = tasks[0];
+  if (!brokenReason_.empty()) {
+    eptr = std::make_exception_ptr(Error(
+        ErrorKind::kAborted, "smddp: " + first.what + " at sequence " + std::to_string(first.seq) +
+                                 " refused: the group is unusable after an earlier failure: " +
+                                 brokenReason_));
+  } else {
+    try {
+      if (first.fusible && scheduler_) {
+        // The scheduler pulls the calls it fuses straight from the queue.
+        std::vector<FusibleCall*> calls{first.fusible.get()};
+        auto takeNext = [&](std::chrono::microseconds wait,
+                            const std::function<bool(const FusibleCall&)>& accept,
+                            FusibleCall** out) {
+          std::unique_lock<std::mutex> lock(queueMu_);
+          if (queue_.empty() && wait.count() > 0) {
+            queueCv_.wait_for(lock, wait, [&] { return stopping_ || !queue_.empty(); });
+          }
+          if (stopping_) {
+            throwError(ErrorKind::kAborted, "smddp: " + first.what + " at sequence " +
+                                                std::to_string(first.seq) +
+                                                ": the process group was shut down");
+          }
+          if (queue_.empty()) return FusionBufferScheduler::Take::kEmpty;
+          Task& next = queue_.front();
+          if (!next.fusible || next.p2p) return FusionBufferScheduler::Take::kOther;
+          if (!accept(*next.fusible)) return FusionBufferScheduler::Take::kOther;
+          *out = next.fusible.get();
+          tasks.push_back(std::move(next));
+          queue_.pop_front();
+          return FusionBufferScheduler::Take::kTaken;
+        };
+        scheduler_->run(calls, takeNext);
+      } else {
+        first.body(first.seq);
       }
+    } catch (const Error& e) {
+      eptr = std::current_exception();
+      stats_.errors++;
+      std::string msg = e.what();
+      if (msg.find("failed on another rank") == std::string::npos) broadcastError(first.seq, msg);
+      if (e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
+          e.kind() == ErrorKind::kTransport) {
+        brokenReason_ = msg;
+      }
+    } catch (const std::exception& e) {
+      eptr = std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));
+      broadcastError(first.seq, e.what());
     }
+  }
+  for (Task& t : tasks) {
     stats_.collectives++;
     try {
-      task.done(eptr);
+      t.done(eptr);
     } catch (const std::exception& e) {
-      SMDDP_LOG(kError) << "completion callback of " << task.what << " threw: " << e.what();
+      SMDDP_LOG(kError) << "completion callback of " << t.what << " threw: " << e.what();
     } catch (...) {
-      SMDDP_LOG(kError) << "completion callback of " << task.what << " threw";
+      SMDDP_LOG(kError) << "completion callback of " << t.what << " threw";
     }
   }
 }
@@ -453,9 +536,18 @@ void Communicator::workerLoop() {
 // ---- collectives: enqueue the algorithms of algorithms.h ------------------
 
 uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done) {
+  std::shared_ptr<FusibleCall> fusible;
+  if (scheduler_ && isSupported(op, dtype)) {
+    // Unsupported combinations take the plain path, which reports them.
+    fusible = std::make_shared<FusibleCall>();
+    fusible->bufs = bufs;
+    fusible->dtype = dtype;
+    fusible->op = op;
+    for (const auto& b : bufs) fusible->numel += b.numel;
+  }
   return enqueue("allreduce", [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
     runAllreduce(*this, seq, bufs, dtype, op);
-  }, std::move(done));
+  }, std::move(done), std::move(fusible));
 }
 
 uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done) {

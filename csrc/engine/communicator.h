@@ -27,6 +27,9 @@
 
 namespace smddp {
 
+class FusionBufferScheduler;
+struct FusibleCall;
+
 struct CommOptions {
   int rank = 0;
   int size = 1;
@@ -47,6 +50,11 @@ struct EngineConfig {
   int64_t maxPostedRecvs;
   int64_t spinUs;
   int64_t sleepUs;
+  bool hostPath;          // allreduce through the host's shared memory segment
+  uint64_t fusionBytes;   // fusion buffer budget
+  uint64_t shmSlotBytes;  // one pipeline step of one shard
+  int64_t shmDepth;       // pipeline steps in flight
+  int64_t serversPerNode; // reduction servers per host; 0 = every rank
   static EngineConfig fromEnvironment();
 };
 
@@ -70,10 +78,16 @@ class Communicator {
   int size() const { return opts_.size; }
   const std::string& provider() const { return provider_; }
   const std::string& providerReason() const { return providerReason_; }
+  // True when allreduce runs through the fusion-buffer scheduler over the
+  // host's shared memory (every rank on one host).
+  bool usesHostPath() const { return scheduler_ != nullptr; }
+  int reductionServers() const;
   const EngineConfig& config() const { return config_; }
   std::chrono::milliseconds timeout() const { return opts_.timeout; }
   void setTimeout(std::chrono::milliseconds t) { opts_.timeout = t; }
   uint64_t nextSequence() const { return nextSeq_.load(); }
+  // Set once shutdown() starts: long waits give up.
+  bool stopRequested() const { return stopRequested_.load(); }
 
   // Collectives. Buffers must stay valid until `done` runs. Each returns
   // the sequence number it was given.
@@ -149,9 +163,14 @@ class Communicator {
     std::function<void(uint64_t seq)> body;
     Done done;
     bool p2p = false;  // posted at once; completes in the background
+    std::shared_ptr<FusibleCall> fusible;  // an allreduce the scheduler may fuse
   };
 
-  uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done);
+  uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
+                   std::shared_ptr<FusibleCall> fusible = nullptr);
+  // Runs one task (or, for a fusible allreduce, one fusion batch) and
+  // completes it; errors become the tasks' exceptions.
+  void runTasks(std::vector<Task>& tasks);
   void enqueueP2P(std::string what, std::function<void(uint64_t)> body);
   void workerLoop();
   void postErrorReceives();
@@ -183,12 +202,14 @@ class Communicator {
   void* sink_ = nullptr;
 
   std::atomic<uint64_t> nextSeq_{0};
+  std::atomic<bool> stopRequested_{false};
   std::mutex queueMu_;
   std::condition_variable queueCv_;
   std::deque<Task> queue_;  // guarded by queueMu_
   bool stopping_ = false;   // guarded by queueMu_
   std::thread worker_;
   StatsCounters stats_;
+  std::unique_ptr<FusionBufferScheduler> scheduler_;  // worker thread only (after construction)
 };
 
 }  // namespace smddp

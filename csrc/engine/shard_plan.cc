@@ -7,6 +7,24 @@
 
 namespace smddp {
 
+Range balancedShard(uint64_t numel, int servers, int server, uint64_t rotation) {
+  const uint64_t S = static_cast<uint64_t>(servers);
+  const uint64_t base = numel / S;
+  const uint64_t leftover = numel % S;
+  const uint64_t first = (rotation % S) * leftover % S;
+  // Servers first, first+1, ... (mod S) get one extra element each.
+  auto extra = [&](uint64_t s) { return (s + S - first) % S < leftover ? 1u : 0u; };
+  // Extras before `server`: count the run's members below it.
+  uint64_t before = 0;
+  const uint64_t sv = static_cast<uint64_t>(server);
+  if (leftover) {
+    uint64_t runEnd = first + leftover;  // exclusive, may pass S
+    before = std::min(sv, runEnd) > first ? std::min(sv, runEnd) - first : 0;
+    if (runEnd > S) before += std::min(sv, runEnd - S);
+  }
+  return {sv * base + before, base + extra(sv)};
+}
+
 ShardPlan ShardPlan::make(uint64_t numel, size_t elemSize, int numServers, uint64_t seq,
                           uint64_t minShardBytes, uint64_t chunkBytes) {
   SMDDP_CHECK(numServers >= 1 && elemSize >= 1, kInternal, "bad shard plan arguments");
@@ -17,21 +35,9 @@ ShardPlan ShardPlan::make(uint64_t numel, size_t elemSize, int numServers, uint6
   if (!split) {
     plan.shards_.push_back({static_cast<int>(seq % static_cast<uint64_t>(numServers)), 0, numel, {}});
   } else {
-    // floor(numel / S) each, and the numel % S leftover elements one each
-    // to a run of servers. The run starts where the previous sequence's run
-    // ended (seq * leftover mod S), so repeated calls deal the leftovers
-    // round-robin instead of always loading the same servers: shards differ
-    // by at most one element, and running totals by at most one too.
-    const uint64_t S = static_cast<uint64_t>(numServers);
-    const uint64_t base = numel / S;
-    const uint64_t leftover = numel % S;
-    const uint64_t first = (seq % S) * leftover % S;
-    uint64_t off = 0;
     for (int s = 0; s < numServers; ++s) {
-      uint64_t fromFirst = (static_cast<uint64_t>(s) + S - first) % S;
-      uint64_t cnt = base + (fromFirst < leftover ? 1 : 0);
-      plan.shards_.push_back({s, off, cnt, {}});
-      off += cnt;
+      Range r = balancedShard(numel, numServers, s, seq);
+      plan.shards_.push_back({s, r.offset, r.count, {}});
     }
   }
   uint64_t chunkElems = std::max<uint64_t>(1, chunkBytes / elemSize);

@@ -23,6 +23,16 @@ struct Shard {
   std::vector<Chunk> chunks;
 };
 
+// Server `server`'s share of an even split of `numel` elements over `servers`:
+// floor(numel / S) each, the numel % S leftovers one each to a run of servers
+// starting at (rotation * leftover) % S, so successive calls (rotation = seq
+// or batch index) spread the leftovers round-robin. Returns {offset, count}.
+struct Range {
+  uint64_t offset;
+  uint64_t count;
+};
+Range balancedShard(uint64_t numel, int servers, int server, uint64_t rotation);
+
 class ShardPlan {
  public:
   // `minShardBytes`: below numServers * minShardBytes the call is not split.

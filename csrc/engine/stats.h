@@ -13,6 +13,7 @@ struct Stats {
   uint64_t collectives = 0;
   uint64_t fusionFlushes = 0;
   uint64_t fusionBytes = 0;       // total bytes fused (mean fill = fusionBytes/flushes)
+  uint64_t fusedCalls = 0;        // allreduce calls that rode in those buffers
   uint64_t chunksInFlightMax = 0;
   uint64_t serverReduceNs = 0;
   uint64_t framesRejected = 0;
@@ -25,6 +26,7 @@ struct StatsCounters {
   std::atomic<uint64_t> collectives{0};
   std::atomic<uint64_t> fusionFlushes{0};
   std::atomic<uint64_t> fusionBytes{0};
+  std::atomic<uint64_t> fusedCalls{0};
   std::atomic<uint64_t> chunksInFlightMax{0};
   std::atomic<uint64_t> serverReduceNs{0};
   std::atomic<uint64_t> framesRejected{0};
@@ -37,6 +39,7 @@ struct StatsCounters {
     s.collectives = collectives.load();
     s.fusionFlushes = fusionFlushes.load();
     s.fusionBytes = fusionBytes.load();
+    s.fusedCalls = fusedCalls.load();
     s.chunksInFlightMax = chunksInFlightMax.load();
     s.serverReduceNs = serverReduceNs.load();
     s.framesRejected = framesRejected.load();

@@ -1,0 +1,507 @@
+#include "engine/fusion_scheduler.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/communicator.h"
+#include "engine/reduce_kernels.h"
+#include "engine/shard_plan.h"
+
+namespace smddp {
+
+CollectiveSignature FusibleCall::signature() const {
+  return CollectiveSignature{CollectiveType::kAllreduce, dtype, op, numel, -1};
+}
+
+namespace {
+
+// The calls of a batch seen as one buffer: element ranges of the fused
+// buffer map onto pieces of the callers' tensors.
+class FusedView {
+ public:
+  FusedView(const std::vector<FusibleCall*>& calls, size_t elemSize) : es_(elemSize) {
+    uint64_t off = 0;
+    for (const FusibleCall* c : calls) {
+      for (const Buffer& b : c->bufs) {
+        if (b.numel == 0) continue;
+        parts_.push_back({static_cast<uint8_t*>(b.data), off, b.numel});
+        off += b.numel;
+      }
+    }
+  }
+  // Copies elements [off, off + count) of the fused buffer to `dst`.
+  void read(uint64_t off, uint64_t count, uint8_t* dst) const {
+    visit(off, count, [&](uint8_t* p, uint64_t n) {
+      std::memcpy(dst, p, n * es_);
+      dst += n * es_;
+    });
+  }
+  // Copies `src` over elements [off, off + count) of the fused buffer.
+  void write(uint64_t off, uint64_t count, const uint8_t* src) const {
+    visit(off, count, [&](uint8_t* p, uint64_t n) {
+      std::memcpy(p, src, n * es_);
+      src += n * es_;
+    });
+  }
+
+ private:
+  struct Part {
+    uint8_t* data;
+    uint64_t start;
+    uint64_t numel;
+  };
+  template <typename F>
+  void visit(uint64_t off, uint64_t count, F&& f) const {
+    auto it = std::upper_bound(parts_.begin(), parts_.end(), off,
+                               [](uint64_t o, const Part& p) { return o < p.start; });
+    if (it != parts_.begin()) --it;
+    while (count > 0 && it != parts_.end()) {
+      uint64_t in = off - it->start;
+      uint64_t n = std::min(count, it->numel - in);
+      f(it->data + in * es_, n);
+      off += n;
+      count -= n;
+      ++it;
+    }
+  }
+  size_t es_;
+  std::vector<Part> parts_;
+};
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return "rank(s) " + s;
+}
+
+}  // namespace
+
+struct FusionBufferScheduler::Batch {
+  uint64_t index = 0;
+  FusionPlan* plan = nullptr;
+  uint64_t firstSeq = 0;
+  uint64_t firstStep = 0;
+  uint64_t steps = 0;
+  uint64_t totalNumel = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  std::vector<CollectiveSignature> sigs;  // what this rank called, by position
+  bool joined = false;                    // this rank published arrived
+  std::string what;                       // for messages: the first call
+  std::chrono::steady_clock::time_point start, deadline, idleSince, nextLiveness;
+  bool probed = false;
+  bool probeNow = false;
+};
+
+FusionBufferScheduler::FusionBufferScheduler(Communicator& comm,
+                                             std::unique_ptr<HostSegment> segment,
+                                             uint64_t fusionBytes)
+    : comm_(comm), segment_(std::move(segment)), fusionBytes_(fusionBytes) {}
+
+FusionBufferScheduler::~FusionBufferScheduler() = default;
+
+void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext) {
+  using clock = std::chrono::steady_clock;
+  Batch b;
+  b.index = nextBatch_;
+  b.plan = &segment_->ctl().plans[b.index % kPlanDepth];
+  b.firstSeq = calls[0]->seq;
+  b.what = calls[0]->signature().describe() + " at sequence " + std::to_string(b.firstSeq);
+  b.start = b.idleSince = clock::now();
+  b.deadline = b.start + comm_.timeout();
+  b.nextLiveness = b.start + std::chrono::milliseconds(200);
+  b.sigs.push_back(calls[0]->signature());
+  try {
+    if (comm_.rank() == 0) lead(b, calls, takeNext);
+    else follow(b, calls, takeNext);
+    stream(b, calls);
+    // Every rank has joined (mismatches found at plan time are recorded
+    // before a rank joins), so an abort is visible now or never.
+    auto& ctl = segment_->ctl();
+    while (true) {
+      uint32_t seen = segment_->wakeValue();
+      std::vector<int> missing;
+      for (int p = 0; p < comm_.size(); ++p) {
+        if (ctl.arrived[p].value.load() < b.index + 1) missing.push_back(p);
+      }
+      if (b.plan->aborted.load() == b.index + 1) idle(b, seen, [] { return std::string(); });
+      if (missing.empty()) break;
+      idle(b, seen, [&] { return rankList(missing); });
+    }
+  } catch (const Error& e) {
+    if (b.joined) {
+      abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + e.what());
+      // Release everyone who waits on this rank's part of the batch.
+      auto& ctl = segment_->ctl();
+      const uint64_t end = b.firstStep + b.steps;
+      for (SharedCounter* c : {&ctl.written[comm_.rank()], &ctl.reduced[comm_.rank()],
+                               &ctl.consumed[comm_.rank()]}) {
+        if (c->value.load() < end) c->value.store(end);
+      }
+      if (ctl.arrived[comm_.rank()].value.load() < b.index + 1) {
+        ctl.arrived[comm_.rank()].value.store(b.index + 1);
+      }
+      segment_->wakeAll();
+    }
+    for (size_t i = 0; i < calls.size(); ++i) {
+      comm_.noteSignature(calls[i]->seq, calls[i]->signature());
+    }
+    throw;
+  }
+  for (FusibleCall* c : calls) comm_.noteSignature(c->seq, c->signature());
+  auto& st = comm_.counters();
+  st.fusionFlushes++;
+  uint64_t bytes = b.totalNumel * elementSize(b.dtype);
+  st.fusionBytes += bytes;
+  st.fusedCalls += calls.size();
+}
+
+void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
+                                 const TakeNext& takeNext) {
+  const FusibleCall& first = *calls[0];
+  const size_t es = elementSize(first.dtype);
+  uint64_t bytes = first.numel * es;
+  // Fuse what is queued now: same dtype and op, consecutive, within budget.
+  // Never wait for more: the plan is the leader's to make, not to delay.
+  while (calls.size() < static_cast<size_t>(kMaxFusedCalls) && bytes < fusionBytes_) {
+    FusibleCall* next = nullptr;
+    auto accept = [&](const FusibleCall& c) {
+      return c.dtype == first.dtype && c.op == first.op && c.seq == calls.back()->seq + 1 &&
+             bytes + c.numel * es <= fusionBytes_;
+    };
+    if (takeNext(std::chrono::microseconds(0), accept, &next) != Take::kTaken) break;
+    calls.push_back(next);
+    b.sigs.push_back(next->signature());
+    bytes += next->numel * es;
+  }
+  uint64_t total = 0;
+  for (const FusibleCall* c : calls) total += c->numel;
+  const int S = segment_->servers();
+  const uint64_t chunkElems = std::max<uint64_t>(1, segment_->slotBytes() / es);
+  const uint64_t maxShard = (total + S - 1) / S;
+  b.firstStep = nextStep_;
+  b.steps = (maxShard + chunkElems - 1) / chunkElems;
+  b.totalNumel = total;
+  b.dtype = first.dtype;
+  b.op = first.op;
+
+  // The plan slot is free once every rank has joined the batch that used
+  // it kPlanDepth batches ago, and so has finished the one before.
+  auto& ctl = segment_->ctl();
+  if (b.index + 2 > static_cast<uint64_t>(kPlanDepth)) {
+    const uint64_t need = b.index + 2 - kPlanDepth;
+    while (true) {
+      uint32_t seen = segment_->wakeValue();
+      std::vector<int> behind;
+      for (int p = 0; p < comm_.size(); ++p) {
+        if (ctl.arrived[p].value.load() < need) behind.push_back(p);
+      }
+      if (behind.empty()) break;
+      idle(b, seen, [&] { return rankList(behind); });
+    }
+  }
+  FusionPlan& plan = *b.plan;
+  plan.firstSeq = b.firstSeq;
+  plan.firstStep = b.firstStep;
+  plan.steps = b.steps;
+  plan.totalNumel = total;
+  plan.count = static_cast<uint32_t>(calls.size());
+  plan.dtype = static_cast<uint8_t>(b.dtype);
+  plan.op = static_cast<uint8_t>(b.op);
+  for (size_t i = 0; i < calls.size(); ++i) plan.numel[i] = calls[i]->numel;
+  plan.aborted.store(0);
+  plan.abortLock.store(0);
+  plan.abortText[0] = 0;
+  plan.published.store(b.index + 1, std::memory_order_release);
+  nextBatch_ = b.index + 1;
+  nextStep_ = b.firstStep + b.steps;
+  b.joined = true;
+  segment_->publish(ctl.arrived[0], b.index + 1);
+}
+
+void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
+                                   const TakeNext& takeNext) {
+  auto& ctl = segment_->ctl();
+  const uint64_t mySeq = calls[0]->seq;
+  while (true) {
+    FusionPlan& p = *b.plan;
+    while (p.published.load(std::memory_order_acquire) != b.index + 1) {
+      uint32_t seen = segment_->wakeValue();
+      if (p.published.load(std::memory_order_acquire) == b.index + 1) break;
+      idle(b, seen, [] { return rankList({0}); });
+    }
+    if (p.firstSeq > mySeq) {
+      // The leader made another collective at this rank's sequence (it is
+      // past it). Ask it what, through a stall probe; idle() raises the
+      // mismatch when the answer comes. The plan stays for the next call.
+      b.probeNow = true;
+      while (true) {
+        uint32_t seen = segment_->wakeValue();
+        idle(b, seen, [&] { return "rank 0's answer to what it called at sequence " +
+                                   std::to_string(mySeq); });
+      }
+    }
+    if (p.firstSeq + p.count <= mySeq) {
+      // A batch this rank has no part in: its call at that sequence was
+      // another collective (which has failed or will). Release the leader.
+      skipBatch(b, "rank " + std::to_string(comm_.rank()) + " did not call " +
+                       CollectiveSignature{CollectiveType::kAllreduce,
+                                           static_cast<DataType>(p.dtype),
+                                           static_cast<ReduceOp>(p.op), p.numel[0], -1}
+                           .describe() +
+                       " at sequence " + std::to_string(p.firstSeq) +
+                       " (it made another collective there)");
+      continue;
+    }
+    break;
+  }
+  FusionPlan& plan = *b.plan;
+  b.firstStep = plan.firstStep;
+  b.steps = plan.steps;
+  b.totalNumel = plan.totalNumel;
+  b.dtype = static_cast<DataType>(plan.dtype);
+  b.op = static_cast<ReduceOp>(plan.op);
+  nextBatch_ = b.index + 1;
+  nextStep_ = b.firstStep + b.steps;
+  b.joined = true;  // from here on, a failure must abort the batch for all
+
+  auto leaderCall = [&](uint32_t i) {
+    return CollectiveSignature{CollectiveType::kAllreduce, b.dtype, b.op, plan.numel[i], -1};
+  };
+  auto check = [&](uint32_t i, const FusibleCall& mine) {
+    uint64_t seq = plan.firstSeq + i;
+    CollectiveSignature theirs = leaderCall(i);
+    if (mine.seq != seq || !(mine.signature() == theirs)) {
+      failMismatch(b, "rank 0 called " + theirs.describe() + " at sequence " + std::to_string(seq) +
+                          " but this rank called " + mine.signature().describe() + " at sequence " +
+                          std::to_string(mine.seq));
+    }
+  };
+  if (plan.firstSeq != mySeq) {
+    failMismatch(b, "rank 0 fused the allreduce calls from sequence " +
+                        std::to_string(plan.firstSeq) +
+                        " but this rank called another collective there (mismatch) and is at " +
+                        std::to_string(mySeq));
+  }
+  check(0, *calls[0]);
+  // Take the rest of the leader's batch from this rank's queue, waiting for
+  // the caller to issue them (bounded by the timeout like any other wait).
+  for (uint32_t i = 1; i < plan.count; ++i) {
+    FusibleCall* next = nullptr;
+    while (true) {
+      uint32_t seen = segment_->wakeValue();
+      Take t = takeNext(std::chrono::microseconds(200), [](const FusibleCall&) { return true; },
+                        &next);
+      if (t == Take::kTaken) break;
+      if (t == Take::kOther) {
+        failMismatch(b, "rank 0 called " + leaderCall(i).describe() + " at sequence " +
+                            std::to_string(plan.firstSeq + i) +
+                            " but this rank called another collective at that sequence");
+      }
+      idle(b, seen, [&] {
+        return "this rank's own call at sequence " + std::to_string(plan.firstSeq + i) +
+               " (the caller has not issued it)";
+      });
+    }
+    calls.push_back(next);
+    b.sigs.push_back(next->signature());
+    check(i, *next);
+  }
+  segment_->publish(ctl.arrived[comm_.rank()], b.index + 1);
+}
+
+void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& calls) {
+  auto& ctl = segment_->ctl();
+  HostSegment& seg = *segment_;
+  const int rank = comm_.rank();
+  const int n = comm_.size();
+  const int S = seg.servers();
+  const size_t es = elementSize(b.dtype);
+  const uint64_t chunkElems = std::max<uint64_t>(1, seg.slotBytes() / es);
+  const uint64_t depth = seg.depth();
+  const uint64_t f = b.firstStep;
+  const uint64_t end = b.firstStep + b.steps;
+  const int myServer = seg.serverIndexOf(rank);
+  const FusedView view(calls, es);
+  // Balanced: shards differ by at most one element, and the leftovers
+  // rotate with the batch index so no server is favoured over a run.
+  std::vector<Range> shards(S);
+  for (int s = 0; s < S; ++s) shards[s] = balancedShard(b.totalNumel, S, s, b.index);
+  auto shardOff = [&](int s) { return shards[s].offset; };
+  auto shardLen = [&](int s) { return shards[s].count; };
+  // Step t carries chunk (t - f) of every shard.
+  auto chunkOf = [&](int s, uint64_t t, uint64_t* off) {
+    uint64_t k = (t - f) * chunkElems;
+    uint64_t len = shardLen(s);
+    *off = shardOff(s) + std::min(k, len);
+    return k >= len ? 0 : std::min(chunkElems, len - k);
+  };
+  auto minOver = [&](SharedCounter* cs, bool serversOnly) {
+    uint64_t m = UINT64_MAX;
+    if (serversOnly) {
+      for (int s = 0; s < S; ++s) m = std::min(m, cs[seg.serverRank(s)].value.load());
+    } else {
+      for (int p = 0; p < n; ++p) m = std::min(m, cs[p].value.load());
+    }
+    return m;
+  };
+  auto lagging = [&](SharedCounter* cs, uint64_t need, bool serversOnly) {
+    std::vector<int> ranks;
+    for (int p = 0; p < n; ++p) {
+      if (serversOnly && seg.serverIndexOf(p) < 0) continue;
+      if (cs[p].value.load() < need) ranks.push_back(p);
+    }
+    return rankList(ranks);
+  };
+
+  std::vector<const void*> inputs(n);
+  auto& st = comm_.counters();
+  uint64_t w = f, r = f, c = f;
+  if (myServer < 0) r = end;
+  while (c < end) {
+    const uint32_t seen = seg.wakeValue();
+    bool moved = false;
+    // 1. Copy this rank's part of step w into every server's slot. The slot
+    //    is free once every rank has copied out step w - depth.
+    while (w < end && (w < depth || minOver(ctl.consumed, false) >= w - depth + 1)) {
+      for (int s = 0; s < S; ++s) {
+        uint64_t off;
+        uint64_t len = chunkOf(s, w, &off);
+        if (len) view.read(off, len, seg.contribution(s, rank, w));
+        if (seg.serverRank(s) != rank) st.bytesSent += len * es;
+      }
+      ++w;
+      seg.publish(ctl.written[rank], w);
+      moved = true;
+    }
+    // 2. As a server: once every rank wrote step r, combine the parts in
+    //    rank order (bitwise reproducible) into the result slot.
+    while (r < end && minOver(ctl.written, false) >= r + 1) {
+      uint64_t off;
+      uint64_t len = chunkOf(myServer, r, &off);
+      if (len) {
+        for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(myServer, p, r);
+        auto t0 = std::chrono::steady_clock::now();
+        reduceOrdered(seg.result(myServer, r), inputs.data(), n, len, b.dtype, b.op, n);
+        st.serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - t0).count();
+      }
+      ++r;
+      seg.publish(ctl.reduced[rank], r);
+      moved = true;
+    }
+    // 3. Once every server reduced step c, copy the results out.
+    while (c < end && minOver(ctl.reduced, true) >= c + 1) {
+      for (int s = 0; s < S; ++s) {
+        uint64_t off;
+        uint64_t len = chunkOf(s, c, &off);
+        if (len) view.write(off, len, seg.result(s, c));
+        if (seg.serverRank(s) != rank) st.bytesReceived += len * es;
+      }
+      ++c;
+      seg.publish(ctl.consumed[rank], c);
+      moved = true;
+    }
+    if (w - c > st.chunksInFlightMax.load()) st.chunksInFlightMax = w - c;
+    if (b.plan->aborted.load() == b.index + 1) idle(b, seen, [] { return std::string(); });
+    if (moved) {
+      b.idleSince = std::chrono::steady_clock::now();
+      continue;
+    }
+    idle(b, seen, [&] {
+      if (c < w && r < end && minOver(ctl.written, false) < r + 1) {
+        return lagging(ctl.written, r + 1, false);
+      }
+      if (c < w) return lagging(ctl.reduced, c + 1, true);
+      return lagging(ctl.consumed, w - depth + 1, false);
+    });
+  }
+}
+
+void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
+                                 const std::function<std::string()>& waitingOn) {
+  using clock = std::chrono::steady_clock;
+  if (b.joined && b.plan->aborted.load(std::memory_order_acquire) == b.index + 1) {
+    std::string text(b.plan->abortText, strnlen(b.plan->abortText, kAbortTextBytes));
+    throwError(ErrorKind::kMismatch, "smddp: " + b.what + " failed on another rank: " + text);
+  }
+  if (comm_.stopRequested()) {
+    throwError(ErrorKind::kAborted, "smddp: " + b.what + ": the process group was shut down");
+  }
+  auto now = clock::now();
+  // The network side: error frames and stall probes from ranks that are in
+  // another collective (they cannot see this segment's plan).
+  comm_.progress();
+  std::string remote;
+  for (size_t i = 0; i < std::max<size_t>(1, b.sigs.size()); ++i) {
+    uint64_t seq = b.firstSeq + i;
+    const CollectiveSignature& sig = b.sigs[std::min(i, b.sigs.size() - 1)];
+    if (comm_.remoteErrorFor(seq, &remote)) {
+      throwError(ErrorKind::kMismatch, "smddp: " + b.what + " failed on another rank: " + remote);
+    }
+    if (comm_.probeMismatch(seq, sig, &remote)) {
+      throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": " + remote);
+    }
+  }
+  if (!b.probed && (b.probeNow || now - b.start > std::chrono::milliseconds(200))) {
+    b.probed = true;
+    for (int p = 0; p < comm_.size(); ++p) comm_.sendProbe(p, b.firstSeq, b.sigs[0], false);
+  }
+  if (now > b.deadline) {
+    throwError(ErrorKind::kTimeout,
+               "smddp: " + b.what + " timed out: timeout of " +
+                   std::to_string(comm_.timeout().count()) + " ms expired while waiting for " +
+                   waitingOn());
+  }
+  if (now > b.nextLiveness) {
+    b.nextLiveness = now + std::chrono::milliseconds(200);
+    comm_.checkPeersAlive(b.what);
+  }
+  if (now - b.idleSince < std::chrono::microseconds(comm_.config().spinUs)) {
+    sched_yield();  // polling, but let a runnable compute thread have the core
+    return;
+  }
+  // Past the spin budget: sleep on the segment's futex until someone
+  // publishes (bounded so the checks above keep running).
+  segment_->sleep(seenWake, std::chrono::microseconds(2000));
+}
+
+void FusionBufferScheduler::skipBatch(Batch& b, const std::string& why) {
+  auto& ctl = segment_->ctl();
+  FusionPlan& p = *b.plan;
+  if (p.aborted.load() != b.index + 1) abortBatch(b, why);
+  const uint64_t end = p.firstStep + p.steps;
+  const int me = comm_.rank();
+  for (SharedCounter* c : {&ctl.written[me], &ctl.reduced[me], &ctl.consumed[me]}) {
+    if (c->value.load() < end) c->value.store(end);
+  }
+  segment_->publish(ctl.arrived[me], b.index + 1);
+  nextBatch_ = b.index + 1;
+  nextStep_ = end;
+  b.index = nextBatch_;
+  b.plan = &ctl.plans[b.index % kPlanDepth];
+}
+
+void FusionBufferScheduler::abortBatch(Batch& b, const std::string& why) {
+  FusionPlan& plan = *b.plan;
+  uint32_t expected = 0;
+  if (plan.abortLock.compare_exchange_strong(expected, 1)) {
+    size_t n = std::min(why.size(), kAbortTextBytes - 1);
+    std::memcpy(plan.abortText, why.data(), n);
+    plan.abortText[n] = 0;
+    plan.aborted.store(b.index + 1, std::memory_order_release);
+  }
+  segment_->wakeAll();
+}
+
+void FusionBufferScheduler::failMismatch(Batch& b, const std::string& why) {
+  std::string msg = "smddp: " + b.what + ": " + why;
+  abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + why);
+  throwError(ErrorKind::kMismatch, msg);
+}
+
+}  // namespace smddp

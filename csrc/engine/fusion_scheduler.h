@@ -1,0 +1,77 @@
+// Balanced fusion buffers on one host (DESIGN.md, "The allreduce path").
+// The group's leader (rank 0) fuses the allreduce calls it has queued into
+// one buffer and publishes the cut as a plan in the host segment; the other
+// ranks follow the plan, so every rank fuses the same calls whatever the
+// timing. The fused buffer is split into S equal, element-aligned shards,
+// one per reduction server, and streamed through the segment in steps so
+// that copying in, reducing (in rank order) and copying out overlap.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "engine/host_segment.h"
+#include "transport/frame.h"
+
+namespace smddp {
+
+class Communicator;
+struct Buffer;
+
+// One queued allreduce that may ride in a fusion buffer.
+struct FusibleCall {
+  uint64_t seq = 0;
+  std::vector<Buffer> bufs;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t numel = 0;
+  CollectiveSignature signature() const;
+};
+
+class FusionBufferScheduler {
+ public:
+  enum class Take { kTaken, kEmpty, kOther };
+  // Removes the next queued call from the queue if it is fusible and
+  // `accept` agrees; waits up to `wait` for one to be queued.
+  using TakeNext = std::function<Take(std::chrono::microseconds wait,
+                                      const std::function<bool(const FusibleCall&)>& accept,
+                                      FusibleCall** out)>;
+
+  FusionBufferScheduler(Communicator& comm, std::unique_ptr<HostSegment> segment,
+                        uint64_t fusionBytes);
+  ~FusionBufferScheduler();
+
+  // Runs `calls[0]` together with the calls it fuses with (appended to
+  // `calls`). Throws smddp::Error on failure; the whole batch then fails.
+  void run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+
+  uint64_t fusionBytes() const { return fusionBytes_; }
+  HostSegment& segment() const { return *segment_; }
+
+ private:
+  struct Batch;
+  void lead(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  void follow(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  void stream(Batch& b, const std::vector<FusibleCall*>& calls);
+  // Blocks briefly when nothing could progress; throws on abort, timeout,
+  // a lost peer or a mismatch another rank reported.
+  void idle(Batch& b, uint32_t seenWake, const std::function<std::string()>& waitingOn);
+  void abortBatch(Batch& b, const std::string& why);
+  // Marks batch b done for this rank without running it (aborting it for
+  // the others), and moves on to the next plan.
+  void skipBatch(Batch& b, const std::string& why);
+  [[noreturn]] void failMismatch(Batch& b, const std::string& why);
+
+  Communicator& comm_;
+  std::unique_ptr<HostSegment> segment_;
+  uint64_t fusionBytes_;
+  uint64_t nextBatch_ = 0;  // worker thread only
+  uint64_t nextStep_ = 0;   // worker thread only
+};
+
+}  // namespace smddp

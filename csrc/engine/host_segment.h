@@ -1,0 +1,107 @@
+// The shared-memory segment of a process group whose ranks all live on one
+// host. It carries the fusion plans the leader publishes, each rank's
+// progress counters, and the reduction servers' receive and result slots.
+// Ranks synchronise through atomics in it and sleep on a futex in it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "transport/bootstrap.h"
+
+namespace smddp {
+
+constexpr int kHostMaxRanks = 64;
+constexpr int kPlanDepth = 4;
+constexpr int kMaxFusedCalls = 256;
+constexpr size_t kAbortTextBytes = 2048;
+
+// A counter on its own cache line: written by one rank, read by all.
+struct alignas(64) SharedCounter {
+  std::atomic<uint64_t> value{0};
+};
+
+// One fusion buffer as the leader cut it: which calls, and where its steps
+// fall in the group's global step count. Slot b % kPlanDepth holds batch b.
+struct alignas(64) FusionPlan {
+  std::atomic<uint64_t> published{0};  // batch + 1 once the fields below are valid
+  uint64_t firstSeq = 0;
+  uint64_t firstStep = 0;
+  uint64_t steps = 0;
+  uint64_t totalNumel = 0;
+  uint32_t count = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint64_t numel[kMaxFusedCalls] = {};
+  // Any rank that cannot run this batch (mismatch, timeout, lost peer)
+  // records why; every rank checks before it returns success.
+  std::atomic<uint64_t> aborted{0};  // batch + 1 when aborted
+  std::atomic<uint32_t> abortLock{0};
+  char abortText[kAbortTextBytes] = {};
+};
+
+struct SegmentControl {
+  uint64_t magic;
+  uint32_t ranks;
+  uint32_t servers;
+  uint64_t slotBytes;
+  uint64_t depth;
+  uint64_t totalBytes;
+  std::atomic<uint32_t> wake{0};      // futex word: bumped on every publish
+  std::atomic<uint32_t> sleepers{0};  // ranks inside futex wait
+  FusionPlan plans[kPlanDepth];
+  SharedCounter arrived[kHostMaxRanks];   // batches this rank has joined
+  SharedCounter written[kHostMaxRanks];   // steps whose contributions it wrote
+  SharedCounter reduced[kHostMaxRanks];   // steps it reduced as a server
+  SharedCounter consumed[kHostMaxRanks];  // steps whose results it copied out
+};
+
+class HostSegment {
+ public:
+  // Rank 0 creates the segment and publishes its name through `bootstrap`;
+  // the others map it. Once every rank has mapped it, the name is unlinked,
+  // so nothing outlives the processes. Throws when shared memory is
+  // unavailable (the caller then keeps the network path).
+  HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers, uint64_t slotBytes,
+              int depth, const std::string& uniqueName, std::chrono::milliseconds timeout);
+  ~HostSegment();
+  HostSegment(const HostSegment&) = delete;
+  HostSegment& operator=(const HostSegment&) = delete;
+
+  SegmentControl& ctl() { return *ctl_; }
+  int ranks() const { return ranks_; }
+  int servers() const { return servers_; }
+  int serverRank(int server) const { return server * ranks_ / servers_; }
+  // The server index rank `rank` runs, or -1.
+  int serverIndexOf(int rank) const;
+  uint64_t slotBytes() const { return slotBytes_; }
+  uint64_t depth() const { return depth_; }
+
+  // Where rank `rank` puts its part of step `step` for server `server`.
+  uint8_t* contribution(int server, int rank, uint64_t step) const;
+  // Where server `server` puts the reduced result of step `step`.
+  uint8_t* result(int server, uint64_t step) const;
+
+  // Stores `v` and wakes sleepers.
+  void publish(SharedCounter& c, uint64_t v);
+  void wakeAll();
+  uint32_t wakeValue() const { return ctl_->wake.load(std::memory_order_seq_cst); }
+  // Sleeps until the wake word differs from `seen`, at most `maxWait`.
+  void sleep(uint32_t seen, std::chrono::microseconds maxWait);
+
+ private:
+  int rank_;
+  int ranks_;
+  int servers_;
+  uint64_t slotBytes_;
+  uint64_t depth_;
+  size_t bytes_ = 0;
+  void* base_ = nullptr;
+  SegmentControl* ctl_ = nullptr;
+  uint8_t* data_ = nullptr;
+};
+
+}  // namespace smddp

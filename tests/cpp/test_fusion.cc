@@ -1,0 +1,232 @@
+// The fusion-buffer scheduler and the host (shared-memory) reduction
+// servers, between forked ranks: results against closed forms while ranks
+// are deliberately skewed in time, bitwise reproducibility across runs,
+// SMDDP_SERVERS_PER_NODE, and the balance of the shard split.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/communicator.h"
+#include "engine/shard_plan.h"
+#include "world.h"
+
+using namespace smddp;
+using smddp::test::runWorld;
+using smddp::test::ScopedEnv;
+
+namespace {
+
+// Call i of the job: its size, dtype and op are the same on every rank.
+struct CallShape {
+  uint64_t numel;
+  DataType dtype;
+  ReduceOp op;
+};
+
+CallShape shapeOf(uint64_t i) {
+  std::mt19937_64 rng(1000 + i);
+  static const uint64_t sizes[] = {0, 1, 3, 17, 255, 1024, 4099, 40000, 150001};
+  CallShape c;
+  c.numel = sizes[rng() % 9];
+  c.dtype = rng() % 2 ? DataType::kFloat32 : DataType::kInt32;
+  static const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
+  c.op = ops[rng() % 3];
+  return c;
+}
+
+// Rank r's element j of call i, and the closed forms over n ranks.
+int64_t inputOf(uint64_t i, uint64_t j, int r) { return static_cast<int64_t>((i * 7 + j) % 13) + r; }
+int64_t expectedOf(const CallShape& c, uint64_t i, uint64_t j, int n) {
+  int64_t base = static_cast<int64_t>((i * 7 + j) % 13);
+  switch (c.op) {
+    case ReduceOp::kSum: return n * base + n * (n - 1) / 2;
+    case ReduceOp::kMax: return base + n - 1;
+    default: return base;
+  }
+}
+
+// Issues `calls` allreduces asynchronously, sleeping a random time between
+// some of them (a different pattern on every rank), then checks each result.
+std::string skewedJob(Communicator& comm, int calls, bool leaderBursts) {
+  const int r = comm.rank();
+  const int n = comm.size();
+  std::mt19937 rng(77 + 13 * r);
+  std::vector<std::vector<float>> f(calls);
+  std::vector<std::vector<int32_t>> in(calls);
+  std::atomic<int> done{0};
+  std::mutex mu;
+  std::string firstError;
+  for (int i = 0; i < calls; ++i) {
+    CallShape c = shapeOf(i);
+    Buffer buf;
+    if (c.dtype == DataType::kFloat32) {
+      f[i].resize(c.numel);
+      for (uint64_t j = 0; j < c.numel; ++j) f[i][j] = static_cast<float>(inputOf(i, j, r));
+      buf = {f[i].data(), c.numel};
+    } else {
+      in[i].resize(c.numel);
+      for (uint64_t j = 0; j < c.numel; ++j) in[i][j] = static_cast<int32_t>(inputOf(i, j, r));
+      buf = {in[i].data(), c.numel};
+    }
+    comm.allreduce({buf}, c.dtype, c.op, [&](std::exception_ptr e) {
+      if (e) {
+        std::lock_guard<std::mutex> lock(mu);
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          if (firstError.empty()) firstError = ex.what();
+        }
+      }
+      done++;
+    });
+    // Rank 0 (the leader) issues in bursts so calls queue up and fuse;
+    // the others arrive at random moments, in a different rhythm each.
+    bool sleep = leaderBursts && r == 0 ? (i % 10 == 9) : (rng() % 3 == 0);
+    if (sleep) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  while (done.load() < calls && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (done.load() < calls) return "only " + std::to_string(done.load()) + " calls completed";
+  if (!firstError.empty()) return "a call failed: " + firstError;
+  for (int i = 0; i < calls; ++i) {
+    CallShape c = shapeOf(i);
+    for (uint64_t j = 0; j < c.numel; ++j) {
+      int64_t got = c.dtype == DataType::kFloat32 ? static_cast<int64_t>(f[i][j]) : in[i][j];
+      if (got != expectedOf(c, i, j, n)) {
+        return "rank " + std::to_string(r) + " call " + std::to_string(i) + " element " +
+               std::to_string(j) + " = " + std::to_string(got) + ", expected " +
+               std::to_string(expectedOf(c, i, j, n));
+      }
+    }
+  }
+  Stats s = comm.stats();
+  if (leaderBursts && r == 0 && comm.usesHostPath() && s.fusedCalls <= s.fusionFlushes) {
+    return "no call was fused: " + std::to_string(s.fusedCalls) + " calls in " +
+           std::to_string(s.fusionFlushes) + " buffers";
+  }
+  return "";
+}
+
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("skewed ranks fuse differently-timed calls without deadlock or wrong results",
+          "[fusion]") {
+  ScopedEnv slot("SMDDP_SHM_SLOT_BYTES", "16K");  // many pipeline steps per call
+  for (int n : {2, 3, 4}) {
+    auto results = runWorld(n, [](Communicator& comm) { return skewedJob(comm, 120, true); },
+                            std::chrono::milliseconds(30000), std::chrono::seconds(90));
+    for (const auto& r : results) {
+      INFO("world " << n);
+      CHECK(r == "");
+    }
+  }
+}
+
+TEST_CASE("a tiny fusion budget and the network path give the same results", "[fusion]") {
+  SECTION("fusion buffer of one byte: every call alone") {
+    ScopedEnv fb("SMDDP_FUSION_BUFFER_BYTES", "1");
+    auto results = runWorld(3, [](Communicator& comm) { return skewedJob(comm, 40, false); });
+    for (const auto& r : results) CHECK(r == "");
+  }
+  SECTION("SMDDP_SHM_ALLREDUCE=0: reduction servers over libfabric") {
+    ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
+    auto results = runWorld(3, [](Communicator& comm) {
+      if (comm.usesHostPath()) return std::string("host path used although disabled");
+      return skewedJob(comm, 40, false);
+    });
+    for (const auto& r : results) CHECK(r == "");
+  }
+}
+
+TEST_CASE("results are bitwise identical on every rank and across repeated runs", "[fusion]") {
+  // Random floats: a different summation order would change the low bits.
+  const uint64_t numel = 300001;
+  auto job = [&](Communicator& comm) -> std::string {
+    std::mt19937 rng(5 + comm.rank());
+    std::uniform_real_distribution<float> d(-1e3f, 1e3f);
+    std::vector<float> v(numel);
+    for (auto& x : v) x = d(rng);
+    comm.allreduceSync({{v.data(), numel}}, DataType::kFloat32, ReduceOp::kSum);
+    return std::to_string(fnv1a(v.data(), v.size() * sizeof(float)));
+  };
+  std::vector<std::string> first;
+  for (int run = 0; run < 3; ++run) {
+    // Vary the pipelining between runs: the bytes must not change.
+    ScopedEnv slot("SMDDP_SHM_SLOT_BYTES", run == 1 ? "8K" : "128K");
+    auto results = runWorld(3, job);
+    INFO("run " << run);
+    for (const auto& r : results) CHECK(r == results[0]);
+    REQUIRE(results[0].find("threw") == std::string::npos);
+    if (run == 0) first = results;
+    else CHECK(results == first);
+  }
+}
+
+TEST_CASE("SMDDP_SERVERS_PER_NODE sets how many ranks reduce", "[fusion]") {
+  for (int servers : {1, 2, 4}) {
+    ScopedEnv sv("SMDDP_SERVERS_PER_NODE", std::to_string(servers));
+    auto results = runWorld(4, [servers](Communicator& comm) -> std::string {
+      if (comm.reductionServers() != servers) {
+        return "reductionServers() = " + std::to_string(comm.reductionServers());
+      }
+      std::string err = skewedJob(comm, 30, false);
+      if (!err.empty()) return err;
+      // Only the server ranks (r * 4 / S for r < S) spent time reducing.
+      bool isServer = false;
+      for (int s = 0; s < servers; ++s) isServer |= (s * 4 / servers) == comm.rank();
+      bool reduced = comm.stats().serverReduceNs > 0;
+      if (reduced != isServer) {
+        return "rank " + std::to_string(comm.rank()) + (reduced ? " reduced" : " did not reduce");
+      }
+      return "";
+    });
+    for (const auto& r : results) {
+      INFO("servers " << servers);
+      CHECK(r == "");
+    }
+  }
+}
+
+TEST_CASE("fusion-buffer shards keep every server's bytes within one shard", "[fusion]") {
+  // Property over random call sequences: each batch's split is exact and
+  // contiguous, and the servers' running totals never drift apart by more
+  // than one element (the leftovers rotate with the batch index).
+  std::mt19937_64 rng(0xf00d);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int S = 1 + static_cast<int>(rng() % 9);
+    std::vector<uint64_t> total(S, 0);
+    const int batches = 1 + static_cast<int>(rng() % 50);
+    const uint64_t repeat = rng() % 2 ? 1 + rng() % 100000 : 0;  // training loops repeat sizes
+    for (int b = 0; b < batches; ++b) {
+      uint64_t numel = repeat ? repeat : rng() % 100000;
+      uint64_t off = 0;
+      for (int s = 0; s < S; ++s) {
+        Range r = balancedShard(numel, S, s, static_cast<uint64_t>(b));
+        REQUIRE(r.offset == off);
+        REQUIRE((r.count == numel / S || r.count == numel / S + 1));
+        off += r.count;
+        total[s] += r.count;
+      }
+      REQUIRE(off == numel);
+      if (repeat) {
+        auto [lo, hi] = std::minmax_element(total.begin(), total.end());
+        INFO("S=" << S << " batch " << b << " numel " << numel);
+        REQUIRE(*hi - *lo <= 1);
+      }
+    }
+  }
+}
