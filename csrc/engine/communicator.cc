@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -141,23 +142,40 @@ Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
                                   endpoint_->name(), opts_.timeout);
   peerAddrs_ = endpoint_->insertPeers(names);
   postErrorReceives();
-  // 5. Every rank on one host: allreduce goes through a shared segment.
-  if (oneHost && opts_.size > 1 && opts_.size <= kHostMaxRanks && config_.hostPath) {
-    int servers = opts_.size;
-    if (config_.serversPerNode > 0) servers = std::min<int>(opts_.size, config_.serversPerNode);
+  // 5. Allreduce through each host's shared segment (and, across hosts,
+  //    between the hosts' servers) when every host has as many ranks.
+  std::vector<std::string> hosts;
+  for (const auto& p : peers_) hosts.push_back(p.host);
+  HostTopology topo = HostTopology::of(hosts, opts_.rank);
+  if (config_.hostPath && opts_.size > 1 && topo.uniform() &&
+      topo.localSize <= kHostMaxRanks) {
+    int servers = topo.localSize;
+    if (config_.serversPerNode > 0) servers = std::min<int>(servers, config_.serversPerNode);
+    const int leader = topo.ranksOfHost[topo.hostIndex][0];
     char unique[64];
-    snprintf(unique, sizeof(unique), "%lld-%016llx", static_cast<long long>(peers_[0].pid),
-             static_cast<unsigned long long>(jobSecret_));
+    snprintf(unique, sizeof(unique), "%lld-%016llx-%d", static_cast<long long>(peers_[leader].pid),
+             static_cast<unsigned long long>(jobSecret_), topo.hostIndex);
+    std::string status = "ok";
+    std::unique_ptr<HostSegment> seg;
     try {
-      auto seg = std::make_unique<HostSegment>(bootstrap, opts_.rank, opts_.size, servers,
-                                               config_.shmSlotBytes, config_.shmDepth, unique,
-                                               opts_.timeout);
-      scheduler_ = std::make_unique<FusionBufferScheduler>(*this, std::move(seg),
-                                                        config_.fusionBytes);
+      PrefixBootstrap local(bootstrap, "smddp/host" + std::to_string(topo.hostIndex) + "/");
+      seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers,
+                                          config_.shmSlotBytes, config_.shmDepth, unique,
+                                          opts_.timeout);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kTransport) throw;
-      SMDDP_LOG(kWarn) << "group '" << opts_.name << "': " << e.what()
-                       << "; allreduce stays on " << provider_;
+      status = e.what();
+    }
+    // Every host must take the same path.
+    auto all = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "smddp/hostpath", status,
+                                  opts_.timeout);
+    bool everywhere = std::all_of(all.begin(), all.end(), [](auto& s) { return s == "ok"; });
+    if (everywhere) {
+      scheduler_ = std::make_unique<FusionBufferScheduler>(*this, std::move(seg), topo,
+                                                           config_.fusionBytes);
+    } else {
+      SMDDP_LOG(kWarn) << "group '" << opts_.name << "': shared memory unavailable on some rank; "
+                       << "allreduce stays on " << provider_;
     }
   }
   worker_ = std::thread([this] { workerLoop(); });

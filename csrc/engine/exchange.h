@@ -69,5 +69,8 @@ class Exchange {
 // Phases of a tag: which step of an algorithm a message belongs to.
 constexpr uint32_t kPhaseToServer = 0;
 constexpr uint32_t kPhaseFromServer = 1;
+// Between hosts, after each host reduced through its shared segment.
+constexpr uint32_t kPhaseHostsToServer = 2;
+constexpr uint32_t kPhaseHostsReturn = 3;
 
 }  // namespace smddp

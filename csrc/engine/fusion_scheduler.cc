@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "engine/communicator.h"
+#include "engine/exchange.h"
 #include "engine/reduce_kernels.h"
 #include "engine/shard_plan.h"
 
@@ -97,10 +98,39 @@ struct FusionBufferScheduler::Batch {
   bool probeNow = false;
 };
 
+HostTopology HostTopology::of(const std::vector<std::string>& hostOfRank, int rank) {
+  HostTopology t;
+  std::vector<std::string> names;
+  for (int r = 0; r < static_cast<int>(hostOfRank.size()); ++r) {
+    auto it = std::find(names.begin(), names.end(), hostOfRank[r]);
+    size_t h = static_cast<size_t>(it - names.begin());
+    if (it == names.end()) {
+      names.push_back(hostOfRank[r]);
+      t.ranksOfHost.emplace_back();
+    }
+    if (r == rank) {
+      t.hostIndex = static_cast<int>(h);
+      t.localRank = static_cast<int>(t.ranksOfHost[h].size());
+    }
+    t.ranksOfHost[h].push_back(r);
+  }
+  t.localSize = static_cast<int>(t.ranksOfHost[t.hostIndex].size());
+  return t;
+}
+
+bool HostTopology::uniform() const {
+  for (const auto& h : ranksOfHost) {
+    if (h.size() != ranksOfHost[0].size()) return false;
+  }
+  return true;
+}
+
 FusionBufferScheduler::FusionBufferScheduler(Communicator& comm,
                                              std::unique_ptr<HostSegment> segment,
-                                             uint64_t fusionBytes)
-    : comm_(comm), segment_(std::move(segment)), fusionBytes_(fusionBytes) {}
+                                             HostTopology topo, uint64_t fusionBytes)
+    : comm_(comm), segment_(std::move(segment)), topo_(std::move(topo)),
+      me_(topo_.localRank), leader_(topo_.ranksOfHost[topo_.hostIndex][0]),
+      fusionBytes_(fusionBytes) {}
 
 FusionBufferScheduler::~FusionBufferScheduler() = default;
 
@@ -116,7 +146,7 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
   b.nextLiveness = b.start + std::chrono::milliseconds(200);
   b.sigs.push_back(calls[0]->signature());
   try {
-    if (comm_.rank() == 0) lead(b, calls, takeNext);
+    if (me_ == 0) lead(b, calls, takeNext);
     else follow(b, calls, takeNext);
     stream(b, calls);
     // Every rank has joined (mismatches found at plan time are recorded
@@ -125,8 +155,8 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
     while (true) {
       uint32_t seen = segment_->wakeValue();
       std::vector<int> missing;
-      for (int p = 0; p < comm_.size(); ++p) {
-        if (ctl.arrived[p].value.load() < b.index + 1) missing.push_back(p);
+      for (int p = 0; p < topo_.localSize; ++p) {
+        if (ctl.arrived[p].value.load() < b.index + 1) missing.push_back(globalRank(p));
       }
       if (b.plan->aborted.load() == b.index + 1) idle(b, seen, [] { return std::string(); });
       if (missing.empty()) break;
@@ -138,12 +168,11 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
       // Release everyone who waits on this rank's part of the batch.
       auto& ctl = segment_->ctl();
       const uint64_t end = b.firstStep + b.steps;
-      for (SharedCounter* c : {&ctl.written[comm_.rank()], &ctl.reduced[comm_.rank()],
-                               &ctl.consumed[comm_.rank()]}) {
+      for (SharedCounter* c : {&ctl.written[me_], &ctl.reduced[me_], &ctl.consumed[me_]}) {
         if (c->value.load() < end) c->value.store(end);
       }
-      if (ctl.arrived[comm_.rank()].value.load() < b.index + 1) {
-        ctl.arrived[comm_.rank()].value.store(b.index + 1);
+      if (ctl.arrived[me_].value.load() < b.index + 1) {
+        ctl.arrived[me_].value.store(b.index + 1);
       }
       segment_->wakeAll();
     }
@@ -167,7 +196,8 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
   uint64_t bytes = first.numel * es;
   // Fuse what is queued now: same dtype and op, consecutive, within budget.
   // Never wait for more: the plan is the leader's to make, not to delay.
-  while (calls.size() < static_cast<size_t>(kMaxFusedCalls) && bytes < fusionBytes_) {
+  while (topo_.hosts() == 1 && calls.size() < static_cast<size_t>(kMaxFusedCalls) &&
+         bytes < fusionBytes_) {
     FusibleCall* next = nullptr;
     auto accept = [&](const FusibleCall& c) {
       return c.dtype == first.dtype && c.op == first.op && c.seq == calls.back()->seq + 1 &&
@@ -197,8 +227,8 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
     while (true) {
       uint32_t seen = segment_->wakeValue();
       std::vector<int> behind;
-      for (int p = 0; p < comm_.size(); ++p) {
-        if (ctl.arrived[p].value.load() < need) behind.push_back(p);
+      for (int p = 0; p < topo_.localSize; ++p) {
+        if (ctl.arrived[p].value.load() < need) behind.push_back(globalRank(p));
       }
       if (behind.empty()) break;
       idle(b, seen, [&] { return rankList(behind); });
@@ -232,7 +262,7 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
     while (p.published.load(std::memory_order_acquire) != b.index + 1) {
       uint32_t seen = segment_->wakeValue();
       if (p.published.load(std::memory_order_acquire) == b.index + 1) break;
-      idle(b, seen, [] { return rankList({0}); });
+      idle(b, seen, [&] { return rankList({leader_}); });
     }
     if (p.firstSeq > mySeq) {
       // The leader made another collective at this rank's sequence (it is
@@ -241,7 +271,8 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
       b.probeNow = true;
       while (true) {
         uint32_t seen = segment_->wakeValue();
-        idle(b, seen, [&] { return "rank 0's answer to what it called at sequence " +
+        idle(b, seen, [&] { return "rank " + std::to_string(leader_) +
+                                   "'s answer to what it called at sequence " +
                                    std::to_string(mySeq); });
       }
     }
@@ -276,13 +307,13 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
     uint64_t seq = plan.firstSeq + i;
     CollectiveSignature theirs = leaderCall(i);
     if (mine.seq != seq || !(mine.signature() == theirs)) {
-      failMismatch(b, "rank 0 called " + theirs.describe() + " at sequence " + std::to_string(seq) +
+      failMismatch(b, "rank " + std::to_string(leader_) + " called " + theirs.describe() + " at sequence " + std::to_string(seq) +
                           " but this rank called " + mine.signature().describe() + " at sequence " +
                           std::to_string(mine.seq));
     }
   };
   if (plan.firstSeq != mySeq) {
-    failMismatch(b, "rank 0 fused the allreduce calls from sequence " +
+    failMismatch(b, "rank " + std::to_string(leader_) + " fused the allreduce calls from sequence " +
                         std::to_string(plan.firstSeq) +
                         " but this rank called another collective there (mismatch) and is at " +
                         std::to_string(mySeq));
@@ -298,7 +329,7 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
                         &next);
       if (t == Take::kTaken) break;
       if (t == Take::kOther) {
-        failMismatch(b, "rank 0 called " + leaderCall(i).describe() + " at sequence " +
+        failMismatch(b, "rank " + std::to_string(leader_) + " called " + leaderCall(i).describe() + " at sequence " +
                             std::to_string(plan.firstSeq + i) +
                             " but this rank called another collective at that sequence");
       }
@@ -311,14 +342,14 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
     b.sigs.push_back(next->signature());
     check(i, *next);
   }
-  segment_->publish(ctl.arrived[comm_.rank()], b.index + 1);
+  segment_->publish(ctl.arrived[me_], b.index + 1);
 }
 
 void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& calls) {
   auto& ctl = segment_->ctl();
   HostSegment& seg = *segment_;
-  const int rank = comm_.rank();
-  const int n = comm_.size();
+  const int rank = me_;
+  const int n = topo_.localSize;
   const int S = seg.servers();
   const size_t es = elementSize(b.dtype);
   const uint64_t chunkElems = std::max<uint64_t>(1, seg.slotBytes() / es);
@@ -326,6 +357,7 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
   const uint64_t f = b.firstStep;
   const uint64_t end = b.firstStep + b.steps;
   const int myServer = seg.serverIndexOf(rank);
+  const bool multiHost = topo_.hosts() > 1;
   const FusedView view(calls, es);
   // Balanced: shards differ by at most one element, and the leftovers
   // rotate with the batch index so no server is favoured over a run.
@@ -353,7 +385,7 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
     std::vector<int> ranks;
     for (int p = 0; p < n; ++p) {
       if (serversOnly && seg.serverIndexOf(p) < 0) continue;
-      if (cs[p].value.load() < need) ranks.push_back(p);
+      if (cs[p].value.load() < need) ranks.push_back(globalRank(p));
     }
     return rankList(ranks);
   };
@@ -386,10 +418,14 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       if (len) {
         for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(myServer, p, r);
         auto t0 = std::chrono::steady_clock::now();
-        reduceOrdered(seg.result(myServer, r), inputs.data(), n, len, b.dtype, b.op, n);
+        // Across hosts, AVG sums here and divides once at the end.
+        reduceOrdered(seg.result(myServer, r), inputs.data(), n, len, b.dtype,
+                      multiHost && b.op == ReduceOp::kAvg ? ReduceOp::kSum : b.op,
+                      multiHost ? 1.0 : n);
         st.serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::steady_clock::now() - t0).count();
       }
+      if (multiHost) reduceAcrossHosts(b, myServer, r - f, seg.result(myServer, r), len);
       ++r;
       seg.publish(ctl.reduced[rank], r);
       moved = true;
@@ -420,6 +456,56 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       return lagging(ctl.consumed, w - depth + 1, false);
     });
   }
+}
+
+void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chunk,
+                                              uint8_t* data, uint64_t len) {
+  // Reduction servers once more, between hosts: the chunk is cut into one
+  // piece per host; host h's server for this shard combines piece h of
+  // every host's partial, in host order (so every host gets the same
+  // bits), and returns it. Two network steps, 2(H-1)/H of the chunk each way.
+  const int H = topo_.hosts();
+  const int myHost = topo_.hostIndex;
+  const int local = segment_->serverRank(server);
+  auto peerOf = [&](int h) { return topo_.ranksOfHost[h][local]; };
+  const size_t es = elementSize(b.dtype);
+  std::vector<Range> piece(H);
+  for (int h = 0; h < H; ++h) piece[h] = balancedShard(len, H, h, chunk);
+  const Range mine = piece[myHost];
+  const size_t mineBytes = mine.count * es;
+  uint8_t* partials = comm_.scratch(H * mineBytes + 1);
+  const uint32_t tag = static_cast<uint32_t>(chunk);
+  Exchange ex(comm_, b.firstSeq, b.sigs[0]);
+  int remaining = H - 1;
+  auto reduceAndReturn = [&] {
+    std::vector<const void*> in(H);
+    for (int h = 0; h < H; ++h) in[h] = h == myHost ? data + mine.offset * es : partials + h * mineBytes;
+    auto t0 = std::chrono::steady_clock::now();
+    reduceOrdered(data + mine.offset * es, in.data(), H, mine.count, b.dtype, b.op,
+                  b.op == ReduceOp::kAvg ? static_cast<double>(comm_.size()) : 1.0);
+    comm_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           std::chrono::steady_clock::now() - t0).count();
+    for (int h = 0; h < H; ++h) {
+      if (h != myHost) {
+        ex.send(peerOf(h), kPhaseHostsReturn, tag, mine.offset * es, data + mine.offset * es,
+                mineBytes);
+      }
+    }
+  };
+  // Receives first, so frames land in place; then this host's pieces out.
+  for (int h = 0; h < H; ++h) {
+    if (h == myHost) continue;
+    ex.recv(peerOf(h), kPhaseHostsToServer, tag, partials + h * mineBytes, mineBytes, [&] {
+      if (--remaining == 0) reduceAndReturn();
+    });
+    ex.recv(peerOf(h), kPhaseHostsReturn, tag, data + piece[h].offset * es, piece[h].count * es);
+  }
+  for (int h = 0; h < H; ++h) {
+    if (h == myHost) continue;
+    ex.send(peerOf(h), kPhaseHostsToServer, tag, piece[h].offset * es,
+            data + piece[h].offset * es, piece[h].count * es);
+  }
+  ex.run();
 }
 
 void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
@@ -475,7 +561,7 @@ void FusionBufferScheduler::skipBatch(Batch& b, const std::string& why) {
   FusionPlan& p = *b.plan;
   if (p.aborted.load() != b.index + 1) abortBatch(b, why);
   const uint64_t end = p.firstStep + p.steps;
-  const int me = comm_.rank();
+  const int me = me_;
   for (SharedCounter* c : {&ctl.written[me], &ctl.reduced[me], &ctl.consumed[me]}) {
     if (c->value.load() < end) c->value.store(end);
   }

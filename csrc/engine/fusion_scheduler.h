@@ -33,6 +33,18 @@ struct FusibleCall {
   CollectiveSignature signature() const;
 };
 
+// Which ranks share a host. Hosts are numbered by their lowest rank.
+struct HostTopology {
+  int hostIndex = 0;
+  int localRank = 0;
+  int localSize = 1;
+  std::vector<std::vector<int>> ranksOfHost;  // global ranks, ascending
+  static HostTopology of(const std::vector<std::string>& hostOfRank, int rank);
+  int hosts() const { return static_cast<int>(ranksOfHost.size()); }
+  // Every host has the same number of ranks.
+  bool uniform() const;
+};
+
 class FusionBufferScheduler {
  public:
   enum class Take { kTaken, kEmpty, kOther };
@@ -42,8 +54,13 @@ class FusionBufferScheduler {
                                       const std::function<bool(const FusibleCall&)>& accept,
                                       FusibleCall** out)>;
 
+  // Several hosts: each host's servers reduce its ranks' parts, then the
+  // servers with the same index on every host reduce the host partials
+  // among themselves over the network (reduction servers again, in host
+  // order), and the result comes back through the segment. Calls are then
+  // not fused (hosts plan independently and must agree call by call).
   FusionBufferScheduler(Communicator& comm, std::unique_ptr<HostSegment> segment,
-                        uint64_t fusionBytes);
+                        HostTopology topo, uint64_t fusionBytes);
   ~FusionBufferScheduler();
 
   // Runs `calls[0]` together with the calls it fuses with (appended to
@@ -52,6 +69,7 @@ class FusionBufferScheduler {
 
   uint64_t fusionBytes() const { return fusionBytes_; }
   HostSegment& segment() const { return *segment_; }
+  const HostTopology& topology() const { return topo_; }
 
  private:
   struct Batch;
@@ -66,9 +84,17 @@ class FusionBufferScheduler {
   // the others), and moves on to the next plan.
   void skipBatch(Batch& b, const std::string& why);
   [[noreturn]] void failMismatch(Batch& b, const std::string& why);
+  // The network step of a multi-host batch: `data` holds this host's
+  // partial of chunk `chunk` of server `server`; on return, the reduction
+  // over every host.
+  void reduceAcrossHosts(Batch& b, int server, uint64_t chunk, uint8_t* data, uint64_t len);
+  int globalRank(int local) const { return topo_.ranksOfHost[topo_.hostIndex][local]; }
 
   Communicator& comm_;
   std::unique_ptr<HostSegment> segment_;
+  HostTopology topo_;
+  int me_;      // this rank in the segment (its local rank)
+  int leader_;  // global rank of this host's leader
   uint64_t fusionBytes_;
   uint64_t nextBatch_ = 0;  // worker thread only
   uint64_t nextStep_ = 0;   // worker thread only

@@ -37,6 +37,24 @@ class InMemoryBootstrap : public Bootstrap {
   std::shared_ptr<State> state_;
 };
 
+// A view of another Bootstrap whose keys all start with `prefix`: ranks of
+// one host meet in their own key space.
+class PrefixBootstrap : public Bootstrap {
+ public:
+  PrefixBootstrap(Bootstrap& inner, std::string prefix)
+      : inner_(inner), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::string& value) override {
+    inner_.set(prefix_ + key, value);
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return inner_.get(prefix_ + key, timeout);
+  }
+
+ private:
+  Bootstrap& inner_;
+  std::string prefix_;
+};
+
 // One file per key in a directory, for ranks that are separate processes.
 class FileBootstrap : public Bootstrap {
  public:

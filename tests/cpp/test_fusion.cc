@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cmath>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -227,6 +229,44 @@ TEST_CASE("fusion-buffer shards keep every server's bytes within one shard", "[f
         INFO("S=" << S << " batch " << b << " numel " << numel);
         REQUIRE(*hi - *lo <= 1);
       }
+    }
+  }
+}
+
+TEST_CASE("pretend hosts reduce through their segments, then between hosts", "[fusion][hosts]") {
+  // SMDDP_HOST_ID splits the ranks into hosts: each host reduces through its
+  // own segment and the hosts' servers combine the partials over tcp.
+  struct Layout {
+    int world;
+    int perHost;  // 0: uneven (the network path)
+  };
+  for (Layout l : {Layout{4, 2}, Layout{6, 2}, Layout{3, 1}, Layout{3, 0}}) {
+    auto hostOf = [l](int r) { return l.perHost ? r / l.perHost : (r == 2 ? 1 : 0); };
+    auto results = runWorld(
+        l.world,
+        [l](Communicator& comm) -> std::string {
+          if (comm.usesHostPath() != (l.perHost > 0)) {
+            return std::string("usesHostPath() = ") + (comm.usesHostPath() ? "true" : "false");
+          }
+          std::string err = skewedJob(comm, 40, false);
+          if (!err.empty()) return err;
+          // AVG across hosts divides once, by the world size.
+          std::vector<double> v(1001);
+          for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<double>(j + comm.rank());
+          comm.allreduceSync({{v.data(), v.size()}}, DataType::kFloat64, ReduceOp::kAvg);
+          for (size_t j = 0; j < v.size(); ++j) {
+            double want = static_cast<double>(j) + (comm.size() - 1) / 2.0;
+            if (std::abs(v[j] - want) > 1e-9) {
+              return "AVG element " + std::to_string(j) + " = " + std::to_string(v[j]);
+            }
+          }
+          return "";
+        },
+        std::chrono::milliseconds(30000), std::chrono::seconds(90),
+        [hostOf](int r) { setenv("SMDDP_HOST_ID", ("host" + std::to_string(hostOf(r))).c_str(), 1); });
+    for (const auto& r : results) {
+      INFO("world " << l.world << ", " << l.perHost << " ranks per host");
+      CHECK(r == "");
     }
   }
 }

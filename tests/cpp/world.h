@@ -50,7 +50,8 @@ class ScopedEnv {
 inline std::vector<std::string> runWorld(
     int size, const std::function<std::string(Communicator&)>& fn,
     std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
-    std::chrono::seconds hardDeadline = std::chrono::seconds(60)) {
+    std::chrono::seconds hardDeadline = std::chrono::seconds(60),
+    const std::function<void(int rank)>& beforeInit = nullptr) {
   char tmpl[] = "/tmp/smddp-world-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::vector<pid_t> pids;
@@ -59,6 +60,7 @@ inline std::vector<std::string> runWorld(
     if (pid == 0) {
       std::string result;
       try {
+        if (beforeInit) beforeInit(r);  // e.g. per-rank SMDDP_HOST_ID
         FileBootstrap boot(dir);
         CommOptions opts;
         opts.rank = r;

@@ -200,15 +200,33 @@ def oracle(op_name, dtype, xs, world):
     return val, torch.zeros_like(val)
 
 
+# Ranks grouped by host, when the job spans several (pretend) hosts with the
+# same number of ranks each: smddp then folds each host's ranks in rank order
+# through the host's segment, rounds to the dtype, and folds the host
+# partials in host order. None: one host (a plain rank-order fold).
+HOST_GROUPS = None
+
+
+def _ordered_fold(op_name, dtype, xs):
+    acc_t = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = xs[0].to(acc_t)
+    for x in xs[1:]:
+        acc = _FLOAT_FOLD[op_name](acc, x.to(acc_t))
+    return acc
+
+
 def rank_order_fold(op_name, dtype, xs, world):
     """smddp's documented semantics: left-to-right in rank order; f16/bf16
     (and f32) accumulate in float32, f64 in float64; AVG divides once."""
     if not dtype.is_floating_point:
         return oracle(op_name, dtype, xs, world)[0]
-    acc_t = torch.float64 if dtype == torch.float64 else torch.float32
-    acc = xs[0].to(acc_t)
-    for x in xs[1:]:
-        acc = _FLOAT_FOLD[op_name](acc, x.to(acc_t))
+    if HOST_GROUPS and len(HOST_GROUPS) > 1:
+        local_op = "SUM" if op_name == "AVG" else op_name
+        partials = [_ordered_fold(local_op, dtype, [xs[r] for r in g]).to(dtype)
+                    for g in HOST_GROUPS]
+        acc = _ordered_fold(local_op, dtype, partials)
+    else:
+        acc = _ordered_fold(op_name, dtype, xs)
     if op_name == "AVG":
         acc = acc / world
     return acc.to(dtype)

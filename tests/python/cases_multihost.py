@@ -3,6 +3,9 @@
 import torch
 import torch.distributed as dist
 
+import os
+
+import cases_collectives
 import torch_smddp
 from cases_collectives import collectives_vs_gloo
 
@@ -14,5 +17,13 @@ def provider_and_collectives(rank, world):
     dist.all_reduce(t)
     expect = torch.arange(1000, dtype=torch.float64) * (world * (world + 1) // 2)
     closed_form_ok = torch.equal(t, expect)
+    hosts = [None] * world
+    dist.all_gather_object(hosts, os.environ.get("SMDDP_HOST_ID", "local"))
+    groups = {}
+    for r, h in enumerate(hosts):
+        groups.setdefault(h, []).append(r)
+    if torch_smddp.stats()["allreduce_path"] == "shared-memory":
+        cases_collectives.HOST_GROUPS = list(groups.values())
     res = collectives_vs_gloo(rank, world, quick=True)
-    return {"provider": backend.provider, "closed_form_ok": closed_form_ok, **res}
+    return {"provider": backend.provider, "closed_form_ok": closed_form_ok,
+            "allreduce_path": torch_smddp.stats()["allreduce_path"], **res}

@@ -18,12 +18,27 @@ def test_pretend_hosts_use_tcp_and_match_gloo():
                         env={"SMDDP_HOST_ID": lambda rank: f"host{rank % 2}"})
     for rank, res in enumerate(results):
         assert res["provider"] == "tcp;ofi_rxm", (rank, res["provider"])
+        # hosts of 2 and 1 ranks: uneven, so allreduce takes the network path
+        assert res["allreduce_path"] == "tcp;ofi_rxm", (rank, res["allreduce_path"])
         assert res["closed_form_ok"], rank
         assert res["failures"] == [], (rank, res["failures"][:10])
         assert res["cases"] > 300, (rank, res["cases"])
 
 
+def test_two_pretend_hosts_reduce_hierarchically_and_match_gloo():
+    # 2 hosts x 2 ranks: each host reduces through its shared segment, then
+    # the hosts' reduction servers combine the partials over tcp;ofi_rxm.
+    results = run_world(4, "cases_multihost:provider_and_collectives", timeout=240,
+                        env={"SMDDP_HOST_ID": lambda rank: f"host{rank // 2}"})
+    for rank, res in enumerate(results):
+        assert res["provider"] == "tcp;ofi_rxm", (rank, res["provider"])
+        assert res["allreduce_path"] == "shared-memory", (rank, res["allreduce_path"])
+        assert res["closed_form_ok"], rank
+        assert res["failures"] == [], (rank, res["failures"][:10])
+
+
 def test_same_host_uses_shm():
     results = run_world(2, "cases_multihost:provider_and_collectives", timeout=240)
     assert [r["provider"] for r in results] == ["shm", "shm"]
+    assert [r["allreduce_path"] for r in results] == ["shared-memory"] * 2
     assert all(r["closed_form_ok"] and r["failures"] == [] for r in results)
