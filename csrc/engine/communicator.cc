@@ -46,6 +46,8 @@ SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 4, 1, 64,
                 "pipeline steps the shared-memory allreduce keeps in flight")
 SMDDP_PARAM_INT(paramServersPerNode, "SMDDP_SERVERS_PER_NODE", 0, 0, 64,
                 "reduction servers per host (0: one per rank, the bandwidth-optimal default)")
+SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
+                  "fusion buffers at least this large copy results out with non-temporal stores")
 SMDDP_PARAM_STRING(paramHostId, "SMDDP_HOST_ID", "",
                    "host identity this rank reports (default: the hostname); splits one machine "
                    "into pretend hosts")
@@ -63,6 +65,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
   c.shmDepth = paramShmDepth();
   c.serversPerNode = paramServersPerNode();
+  c.streamingBytes = static_cast<uint64_t>(paramStreamingBytes());
   return c;
 }
 

@@ -55,6 +55,7 @@ struct EngineConfig {
   uint64_t shmSlotBytes;  // one pipeline step of one shard
   int64_t shmDepth;       // pipeline steps in flight
   int64_t serversPerNode; // reduction servers per host; 0 = every rank
+  uint64_t streamingBytes; // batches this large write results with streaming stores
   static EngineConfig fromEnvironment();
 };
 

@@ -11,6 +11,7 @@
 #include "engine/exchange.h"
 #include "engine/reduce_kernels.h"
 #include "engine/shard_plan.h"
+#include "engine/stream_copy.h"
 
 namespace smddp {
 
@@ -42,9 +43,10 @@ class FusedView {
     });
   }
   // Copies `src` over elements [off, off + count) of the fused buffer.
-  void write(uint64_t off, uint64_t count, const uint8_t* src) const {
+  void write(uint64_t off, uint64_t count, const uint8_t* src, bool streaming) const {
     visit(off, count, [&](uint8_t* p, uint64_t n) {
-      std::memcpy(p, src, n * es_);
+      if (streaming) copyStreaming(p, src, n * es_);
+      else std::memcpy(p, src, n * es_);
       src += n * es_;
     });
   }
@@ -358,6 +360,7 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
   const uint64_t end = b.firstStep + b.steps;
   const int myServer = seg.serverIndexOf(rank);
   const bool multiHost = topo_.hosts() > 1;
+  const bool streaming = b.totalNumel * es >= comm_.config().streamingBytes;
   const FusedView view(calls, es);
   // Balanced: shards differ by at most one element, and the leftovers
   // rotate with the batch index so no server is favoured over a run.
@@ -435,10 +438,11 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       for (int s = 0; s < S; ++s) {
         uint64_t off;
         uint64_t len = chunkOf(s, c, &off);
-        if (len) view.write(off, len, seg.result(s, c));
+        if (len) view.write(off, len, seg.result(s, c), streaming);
         if (seg.serverRank(s) != rank) st.bytesReceived += len * es;
       }
       ++c;
+      if (streaming) streamingFence();
       seg.publish(ctl.consumed[rank], c);
       moved = true;
     }

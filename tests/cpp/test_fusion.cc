@@ -144,6 +144,11 @@ TEST_CASE("a tiny fusion budget and the network path give the same results", "[f
     auto results = runWorld(3, [](Communicator& comm) { return skewedJob(comm, 40, false); });
     for (const auto& r : results) CHECK(r == "");
   }
+  SECTION("streaming stores for every batch, odd alignments included") {
+    ScopedEnv nt("SMDDP_STREAMING_STORE_BYTES", "0");
+    auto results = runWorld(3, [](Communicator& comm) { return skewedJob(comm, 40, true); });
+    for (const auto& r : results) CHECK(r == "");
+  }
   SECTION("SMDDP_SHM_ALLREDUCE=0: reduction servers over libfabric") {
     ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
     auto results = runWorld(3, [](Communicator& comm) {
