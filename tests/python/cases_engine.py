@@ -1,0 +1,48 @@
+"""Child side of test_engine.py: the fusion-buffer engine seen through torch."""
+
+import hashlib
+import random
+import time
+
+import torch
+import torch.distributed as dist
+
+import torch_smddp
+
+
+def skew_and_stats(rank, world, calls=300):
+    """Async all_reduces of mixed sizes and ops, issued with a different random
+    rhythm on every rank (rank 0 in bursts, so calls queue and fuse); each
+    result is checked against its closed form."""
+    rng = random.Random(100 + rank)
+    sizes = [0, 1, 5, 64, 1000, 4097, 70000]
+    works, expected = [], []
+    for i in range(calls):
+        n = sizes[i % len(sizes)]
+        # runs of one op: only consecutive calls with the same dtype and op fuse
+        op = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.AVG][(i // 50) % 3]
+        base = torch.arange(n, dtype=torch.float32) % 11 + i % 5
+        t = base + rank
+        works.append((dist.all_reduce(t, op=op, async_op=True), t))
+        if op == dist.ReduceOp.SUM:
+            expected.append(base * world + world * (world - 1) / 2)
+        elif op == dist.ReduceOp.MAX:
+            expected.append(base + world - 1)
+        else:
+            expected.append(base + (world - 1) / 2)
+        if (rank == 0 and i % 25 == 24) or (rank != 0 and rng.random() < 0.3):
+            time.sleep(rng.random() * 0.004)
+    bad = []
+    for i, ((w, t), e) in enumerate(zip(works, expected)):
+        w.wait()
+        if not torch.equal(t, e):
+            bad.append(i)
+    return {"bad": bad, "stats": torch_smddp.stats()}
+
+
+def digest_of_sum(rank, world):
+    """A float32 SUM whose low bits depend on the summation order."""
+    g = torch.Generator().manual_seed(1234 + rank)
+    t = torch.randn(1 << 20, generator=g) * 1000
+    dist.all_reduce(t)
+    return {"digest": hashlib.sha256(t.numpy().tobytes()).hexdigest()}
