@@ -4,7 +4,9 @@ smddp against Gloo, world 2 by default, in one run on the same machine.
     .venv/bin/python benchmarks/ddp_step.py [--world 2] [--steps 12] [--warmup 3]
 
 Each backend runs in its own torchrun-style job (one process per rank);
-step time is the mean over the timed steps on rank 0 after a barrier.
+step time is the mean over the timed steps (max over ranks) after a
+barrier. The backends alternate for --rounds rounds and the median round
+is reported, so both see the same machine noise.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backends", nargs="+", default=["smddp", "gloo"])
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per backend (median)")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--backend")
     ap.add_argument("--out")
@@ -125,13 +128,19 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    results = {b: launch(b, args) for b in args.backends}
+    runs = {b: [] for b in args.backends}
+    for _ in range(args.rounds):
+        for b in args.backends:
+            runs[b].append(launch(b, args))
+    results = {b: sorted(rs, key=lambda r: r["step_s"])[len(rs) // 2] for b, rs in runs.items()}
     first = next(iter(results.values()))
     print(f"\n# DDP step, transformer {first['params'] / 1e6:.1f}M params, world {args.world}, "
-          f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} timed steps")
-    print(f"{'backend':>8} {'step ms':>10} {'samples/s':>10}")
+          f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} timed steps, "
+          f"median of {args.rounds} alternating rounds")
+    print(f"{'backend':>8} {'step ms':>10} {'samples/s':>10}   all rounds (ms)")
     for b, r in results.items():
-        print(f"{b:>8} {r['step_s'] * 1e3:>10.1f} {r['samples_per_s']:>10.2f}")
+        rounds = " ".join(f"{x['step_s'] * 1e3:.1f}" for x in runs[b])
+        print(f"{b:>8} {r['step_s'] * 1e3:>10.1f} {r['samples_per_s']:>10.2f}   {rounds}")
     if len(results) == 2:
         a, b = list(results)
         print(f"step time {a}/{b}: {results[a]['step_s'] / results[b]['step_s']:.3f}")

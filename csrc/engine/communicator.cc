@@ -36,8 +36,8 @@ SMDDP_PARAM_INT(paramSpinUs, "SMDDP_SPIN_US", 50, 0, 1000000,
 SMDDP_PARAM_INT(paramSleepUs, "SMDDP_SLEEP_US", 100, 1, 100000,
                 "longest sleep between polls of an idle engine thread, in microseconds")
 SMDDP_PARAM_BOOL(paramHostPath, "SMDDP_SHM_ALLREDUCE", true,
-                 "allreduce through one shared-memory segment when every rank is on one host "
-                 "(fusion buffers, reduction-server threads on each rank)")
+                 "allreduce through each host's shared-memory segment (fusion buffers, reduction "
+                 "servers on the ranks' engine threads; hosts combine over libfabric); 0 = network only")
 SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
                   "queued allreduce calls are fused up to this many bytes (0: no fusion)")
 SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 131072, 4096, 1LL << 28,
