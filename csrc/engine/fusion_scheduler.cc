@@ -335,10 +335,11 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
                             std::to_string(plan.firstSeq + i) +
                             " but this rank called another collective at that sequence");
       }
+      // takeNext already waited on the queue: only the checks, no sleep.
       idle(b, seen, [&] {
         return "this rank's own call at sequence " + std::to_string(plan.firstSeq + i) +
                " (the caller has not issued it)";
-      });
+      }, /*mayBlock=*/false);
     }
     calls.push_back(next);
     b.sigs.push_back(next->signature());
@@ -513,7 +514,7 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
 }
 
 void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
-                                 const std::function<std::string()>& waitingOn) {
+                                 const std::function<std::string()>& waitingOn, bool mayBlock) {
   using clock = std::chrono::steady_clock;
   if (b.joined && b.plan->aborted.load(std::memory_order_acquire) == b.index + 1) {
     std::string text(b.plan->abortText, strnlen(b.plan->abortText, kAbortTextBytes));
@@ -551,6 +552,7 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
     b.nextLiveness = now + std::chrono::milliseconds(200);
     comm_.checkPeersAlive(b.what);
   }
+  if (!mayBlock) return;
   if (now - b.idleSince < std::chrono::microseconds(comm_.config().spinUs)) {
     sched_yield();  // polling, but let a runnable compute thread have the core
     return;

@@ -78,7 +78,8 @@ class FusionBufferScheduler {
   void stream(Batch& b, const std::vector<FusibleCall*>& calls);
   // Blocks briefly when nothing could progress; throws on abort, timeout,
   // a lost peer or a mismatch another rank reported.
-  void idle(Batch& b, uint32_t seenWake, const std::function<std::string()>& waitingOn);
+  void idle(Batch& b, uint32_t seenWake, const std::function<std::string()>& waitingOn,
+            bool mayBlock = true);
   void abortBatch(Batch& b, const std::string& why);
   // Marks batch b done for this rank without running it (aborting it for
   // the others), and moves on to the next plan.
