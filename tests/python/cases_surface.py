@@ -13,7 +13,10 @@ in one job at world 4, every result checked against a closed form.
               world and on a sub-group; inputs are left untouched; integer
               dtypes are refused with an error naming the op;
   coalescing  _coalescing_manager(device=cpu) (startCoalescing/endCoalescing)
-              and batch_isend_irecv on the world and a sub-group.
+              and batch_isend_irecv on the world and a sub-group;
+  refusals    what smddp still refuses (sparse tensors, float8, misuse of
+              coalescing blocks) raises an error naming the op, and the group
+              keeps working.
 """
 
 import random
@@ -244,6 +247,29 @@ def check_coalescing(ck, rank, g, gid):
 
 
 # --------------------------------------------------------------------------
+# what is still refused must say so, naming the op
+# --------------------------------------------------------------------------
+
+def check_refusals(ck, rank):
+    pg = dist.group.WORLD
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+    ck.raises("sparse all_reduce refused", lambda: dist.all_reduce(sparse), "all_reduce", "dense")
+    ck.raises("float8 all_gather refused",
+              lambda: dist.all_gather_into_tensor(torch.empty(8, dtype=torch.float8_e4m3fn),
+                                                  torch.zeros(2, dtype=torch.float8_e4m3fn)),
+              "all_gather_into_tensor", "dtype")
+    ck.raises("endCoalescing without start", lambda: pg._end_coalescing(CPU), "endCoalescing")
+    pg._start_coalescing(CPU)
+    ck.raises("nested startCoalescing", lambda: pg._start_coalescing(CPU), "startCoalescing",
+              "nested")
+    pg._end_coalescing(CPU).wait()
+    # the group still works after the refusals
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t)
+    ck.same("all_reduce after refusals", t, torch.full((3,), 6.0))
+
+
+# --------------------------------------------------------------------------
 
 def run(rank, world):
     assert world == 4, world
@@ -278,5 +304,6 @@ def run(rank, world):
             check_premul(ck, rank, g12, 2)
         check_coalescing(ck, rank, dist.group.WORLD, 0)
         check_coalescing(ck, rank, enum, 4)
+        check_refusals(ck, rank)
     dist.barrier()
     return {"failures": ck.failures, "cases": ck.cases}
