@@ -35,11 +35,13 @@ void ProcessGroupSmddp::shutdown() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::track(c10::intrusive_ptr<c10d::Work> work) {
+  std::lock_guard<std::mutex> lock(coalesceMu_);
   if (coalescing_) coalesced_.push_back(work);
   return work;
 }
 
 void ProcessGroupSmddp::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalesceMu_);
   TORCH_CHECK(!coalescing_, "smddp startCoalescing: a coalescing block is already open on group ",
               groupName_, " (nested coalescing is not supported)");
   coalescing_ = true;
@@ -47,11 +49,14 @@ void ProcessGroupSmddp::startCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::endCoalescing() {
-  TORCH_CHECK(coalescing_, "smddp endCoalescing: no coalescing block is open on group ",
-              groupName_);
-  coalescing_ = false;
-  auto works = std::move(coalesced_);
-  coalesced_.clear();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(coalesceMu_);
+    TORCH_CHECK(coalescing_, "smddp endCoalescing: no coalescing block is open on group ",
+                groupName_);
+    coalescing_ = false;
+    works.swap(coalesced_);
+  }
   std::vector<at::Tensor> outputs;
   for (const auto& w : works) {
     for (auto& t : w->result()) outputs.push_back(t);

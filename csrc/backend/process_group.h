@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -110,10 +111,11 @@ class ProcessGroupSmddp : public c10d::Backend {
 
   std::unique_ptr<smddp::Communicator> comm_;
   std::string groupName_;
-  // Coalescing state: touched only from the calling thread, between
-  // startCoalescing and endCoalescing (as c10d requires for any backend).
-  bool coalescing_ = false;
-  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+  // Coalescing state. c10d opens and closes a block from one thread, but
+  // other threads (DDP hooks, say) may issue calls on the group meanwhile.
+  std::mutex coalesceMu_;
+  bool coalescing_ = false;                                  // guarded by coalesceMu_
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;    // guarded by coalesceMu_
 };
 
 }  // namespace c10d_smddp
