@@ -14,12 +14,17 @@ in one job at world 4, every result checked against a closed form.
               dtypes are refused with an error naming the op;
   coalescing  _coalescing_manager(device=cpu) (startCoalescing/endCoalescing)
               and batch_isend_irecv on the world and a sub-group;
+  monitored   ProcessGroup.monitored_barrier waits for a late rank, and names
+              a missing rank within its timeout;
   refusals    what smddp still refuses (sparse tensors, float8, misuse of
               coalescing blocks) raises an error naming the op, and the group
               keeps working.
 """
 
 import random
+import re
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -45,14 +50,15 @@ class Checker:
         if not cond:
             self.failures.append(f"rank {self.rank} {case}: {detail}")
 
-    def raises(self, case, fn, *words):
+    def raises(self, case, fn, *words, pattern=None):
         self.cases += 1
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - the message is what is checked
             msg = str(e)
-            if not all(w in msg for w in words):
-                self.failures.append(f"rank {self.rank} {case}: error lacks {words}: {msg[:200]}")
+            if not all(w in msg for w in words) or (pattern and not re.search(pattern, msg)):
+                self.failures.append(f"rank {self.rank} {case}: error lacks {words} "
+                                     f"/{pattern}/: {msg[:300]}")
             return
         self.failures.append(f"rank {self.rank} {case}: no error raised")
 
@@ -247,6 +253,41 @@ def check_coalescing(ck, rank, g, gid):
 
 
 # --------------------------------------------------------------------------
+# monitored barrier (c10d's dist.monitored_barrier accepts only Gloo, so it
+# is called on the ProcessGroup, as that function would)
+# --------------------------------------------------------------------------
+
+def check_monitored_barrier(ck, rank, world, gloo, g01):
+    # Success, with a late rank: nobody leaves before the last one entered.
+    late = 2
+    dist.barrier(group=gloo)
+    if rank == late:
+        time.sleep(0.3)
+    enter = time.time()
+    dist.group.WORLD.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
+    leave = time.time()
+    times = [None] * world
+    dist.all_gather_object(times, (enter, leave), group=gloo)
+    ck.true("monitored_barrier waits for the late rank",
+            min(t[1] for t in times) >= max(t[0] for t in times), str(times))
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t)  # the group still works, in sequence
+    ck.same("all_reduce after monitored_barrier", t, torch.full((2,), 6.0))
+    # Failure: rank 1 never enters on {0,1}; rank 0 must fail in time with an
+    # error naming rank 1. The group is not used again.
+    if rank == 0:
+        start = time.time()
+        ck.raises("monitored_barrier names the missing rank",
+                  lambda: g01.monitored_barrier(timeout=timedelta(seconds=1), wait_all_ranks=True),
+                  # the engine names it "barrier(... root 0)": the monitored
+                  # barrier is a barrier served by rank 0
+                  "barrier", "timed out", pattern=r"waiting for rank\(s\) 1\b")
+        ck.true("monitored_barrier fails within its timeout", time.time() - start < 15,
+                f"{time.time() - start:.1f}s")
+    dist.barrier(group=gloo)
+
+
+# --------------------------------------------------------------------------
 # what is still refused must say so, naming the op
 # --------------------------------------------------------------------------
 
@@ -276,6 +317,7 @@ def run(rank, world):
     ck = Checker(rank)
     # Every rank must call new_group/new_subgroups for every group, members or not.
     groups = {"world": dist.group.WORLD}
+    gloo = dist.new_group(backend="gloo")  # for timing exchanges only
     g01 = dist.new_group([0, 1])
     g12 = dist.new_group([1, 2])
     sub, _ = dist.new_subgroups(group_size=2)  # {0,1} {2,3}
@@ -305,5 +347,6 @@ def run(rank, world):
         check_coalescing(ck, rank, dist.group.WORLD, 0)
         check_coalescing(ck, rank, enum, 4)
         check_refusals(ck, rank)
+        check_monitored_barrier(ck, rank, world, gloo, g01)
     dist.barrier()
     return {"failures": ck.failures, "cases": ck.cases}
