@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "backend/work.h"
@@ -62,6 +63,32 @@ inline smddp::ReduceOp toReduceOp(const c10d::ReduceOp& op, DataType dt, const c
   return r;
 }
 
+// PREMUL_SUM(f) reduces f * x_i with SUM. The engine only sums, so the
+// backend scales a private copy of each input (Staging::stageScaled) and
+// hands kSum to the engine. Floating dtypes only, as in NCCL. Call sites that
+// do not scale use toReduceOp, which keeps refusing PREMUL_SUM, so no path can
+// silently drop the factor.
+inline smddp::ReduceOp toReduceOpScaled(const c10d::ReduceOp& op, DataType dt, const char* coll,
+                                        std::optional<double>* factor) {
+  factor->reset();
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return toReduceOp(op, dt, coll);
+  TORCH_CHECK_VALUE(dt == DataType::kFloat32 || dt == DataType::kFloat64 ||
+                        dt == DataType::kFloat16 || dt == DataType::kBFloat16,
+                    "smddp ", coll, ": PREMUL_SUM is only supported on floating dtypes, got ",
+                    smddp::toString(dt));
+  auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK_VALUE(sup != nullptr, "smddp ", coll, ": PREMUL_SUM without a factor");
+  if (sup->tensor_factor.defined()) {
+    TORCH_CHECK_VALUE(sup->tensor_factor.numel() == 1, "smddp ", coll,
+                      ": the PREMUL_SUM factor tensor must have one element, got ",
+                      sup->tensor_factor.numel());
+    *factor = sup->tensor_factor.to(at::kCPU).item<double>();
+  } else {
+    *factor = sup->double_factor;
+  }
+  return smddp::ReduceOp::kSum;
+}
+
 inline void checkTensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK_VALUE(t.defined(), "smddp ", op, ": undefined tensor");
   TORCH_CHECK_VALUE(t.device().is_cpu(), "smddp ", op, ": only CPU tensors are supported (got ",
@@ -85,6 +112,19 @@ struct Staging {
     work.push_back(c);
     if (isOutput) copyBack.emplace_back(t, c);
     return c;
+  }
+  // The engine reads factor * t, a fresh contiguous tensor; with
+  // copyBackTo the result lands in `user` (in-place collectives). The
+  // caller's input itself is never modified before the collective runs.
+  at::Tensor stageScaled(const at::Tensor& t, double factor, bool copyBackTo) {
+    at::Tensor c = t.mul(factor).contiguous();
+    work.push_back(c);
+    if (copyBackTo) copyBack.emplace_back(t, c);
+    return c;
+  }
+  // stage() or stageScaled(), depending on whether a PREMUL_SUM factor is set.
+  at::Tensor stageInput(const at::Tensor& t, const std::optional<double>& factor) {
+    return factor ? stageScaled(t, *factor, false) : stage(t, false);
   }
   std::function<void()> finisher() {
     if (copyBack.empty()) return nullptr;

@@ -34,6 +34,49 @@ void ProcessGroupSmddp::shutdown() {
   if (comm_) comm_->shutdown();
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::track(c10::intrusive_ptr<c10d::Work> work) {
+  std::lock_guard<std::mutex> lock(coalesceMu_);
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
+}
+
+void ProcessGroupSmddp::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalesceMu_);
+  TORCH_CHECK(!coalescing_, "smddp startCoalescing: a coalescing block is already open on group ",
+              groupName_, " (nested coalescing is not supported)");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::endCoalescing() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(coalesceMu_);
+    TORCH_CHECK(coalescing_, "smddp endCoalescing: no coalescing block is open on group ",
+                groupName_);
+    coalescing_ = false;
+    works.swap(coalesced_);
+  }
+  std::vector<at::Tensor> outputs;
+  for (const auto& w : works) {
+    for (auto& t : w->result()) outputs.push_back(t);
+  }
+  auto work = c10::make_intrusive<WorkSmddp>(rank_, c10d::OpType::COALESCED, "smddp:coalesced",
+                                             outputs, std::vector<at::Tensor>{});
+  if (!works.empty()) work->setSequence(works.back()->getSequencenumber());
+  if (works.empty()) {
+    work->complete(nullptr);
+    return work;
+  }
+  auto countdown = std::make_shared<Countdown>(work, static_cast<int>(works.size()));
+  for (const auto& w : works) {
+    w->getFuture()->addCallback([countdown](c10::ivalue::Future& f) {
+      countdown->done(f.hasError() ? f.exception_ptr() : nullptr);
+    });
+  }
+  return work;
+}
+
 void ProcessGroupSmddp::setTimeout(std::chrono::milliseconds timeout) {
   if (comm_) comm_->setTimeout(timeout);
 }
@@ -44,17 +87,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
                     tensors.size(), " (use all_reduce_coalesced for several)");
   checkTensor(tensors[0], "all_reduce");
   DataType dt = toDataType(tensors[0], "all_reduce");
-  auto op = toReduceOp(opts.reduceOp, dt, "all_reduce");
+  std::optional<double> factor;
+  auto op = toReduceOpScaled(opts.reduceOp, dt, "all_reduce", &factor);
   Staging staging;
-  at::Tensor t = staging.stage(tensors[0], true);
-  try {
+  at::Tensor t = factor ? staging.stageScaled(tensors[0], *factor, true)
+                        : staging.stage(tensors[0], true);
+  return guarded([&] {
     return launch(rank_, c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, staging,
                   [&](smddp::Communicator::Done done) {
                     return comm_->allreduce({bufferOf(t)}, dt, op, std::move(done));
                   });
-  } catch (const smddp::Error& e) {
-    rethrowAsTorch(e);
-  }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
@@ -67,18 +110,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
                      "smddp all_reduce_coalesced: all tensors must have the same dtype (got ",
                      tensors[0].scalar_type(), " and ", t.scalar_type(), ")");
   }
-  auto op = toReduceOp(opts.reduceOp, dt, "all_reduce_coalesced");
+  std::optional<double> factor;
+  auto op = toReduceOpScaled(opts.reduceOp, dt, "all_reduce_coalesced", &factor);
   Staging staging;
   std::vector<Buffer> bufs;
-  for (const auto& t : tensors) bufs.push_back(bufferOf(staging.stage(t, true)));
-  try {
+  for (const auto& t : tensors) {
+    bufs.push_back(bufferOf(factor ? staging.stageScaled(t, *factor, true) : staging.stage(t, true)));
+  }
+  return guarded([&] {
     return launch(rank_, c10d::OpType::ALLREDUCE_COALESCED, "smddp:all_reduce_coalesced", tensors,
                   tensors, staging, [&](smddp::Communicator::Done done) {
                     return comm_->allreduce(bufs, dt, op, std::move(done));
                   });
-  } catch (const smddp::Error& e) {
-    rethrowAsTorch(e);
-  }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tensor>& tensors,
@@ -93,14 +137,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tens
   Staging staging;
   at::Tensor t = staging.stage(tensors[0], true);
   int root = static_cast<int>(opts.rootRank);
-  try {
+  return guarded([&] {
     return launch(rank_, c10d::OpType::BROADCAST, "smddp:broadcast", tensors, tensors, staging,
                   [&](smddp::Communicator::Done done) {
                     return comm_->broadcast({bufferOf(t)}, dt, root, std::move(done));
                   });
-  } catch (const smddp::Error& e) {
-    rethrowAsTorch(e);
-  }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
@@ -124,14 +166,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
                       " elements) differs from the input size (", in.numel(), " elements)");
     outs.push_back(bufferOf(staging.stage(o, true)));
   }
-  try {
+  return guarded([&] {
     return launch(rank_, c10d::OpType::ALLGATHER, "smddp:all_gather", outputs[0], inputs, staging,
                   [&](smddp::Communicator::Done done) {
                     return comm_->allgather(bufferOf(inC), outs, dt, std::move(done));
                   });
-  } catch (const smddp::Error& e) {
-    rethrowAsTorch(e);
-  }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
@@ -156,24 +196,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
   }
   std::vector<at::Tensor> outputs{output};
   std::vector<at::Tensor> inputs{input};
-  try {
+  return guarded([&] {
     return launch(rank_, c10d::OpType::_ALLGATHER_BASE, "smddp:all_gather_into_tensor", outputs,
                   inputs, staging, [&](smddp::Communicator::Done done) {
                     return comm_->allgather(bufferOf(inC), outs, dt, std::move(done));
                   });
-  } catch (const smddp::Error& e) {
-    rethrowAsTorch(e);
-  }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOptions& opts) {
   Staging staging;
-  try {
+  return guarded([&] {
     return launch(rank_, c10d::OpType::BARRIER, "smddp:barrier", {}, {}, staging,
                   [&](smddp::Communicator::Done done) { return comm_->barrier(std::move(done)); });
-  } catch (const smddp::Error& e) {
-    rethrowAsTorch(e);
-  }
+  });
 }
 
 }  // namespace c10d_smddp

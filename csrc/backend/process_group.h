@@ -6,10 +6,14 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <c10/util/Exception.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "common/error.h"
 #include "engine/communicator.h"
 
 namespace c10d_smddp {
@@ -21,7 +25,13 @@ class ProcessGroupSmddp : public c10d::Backend {
   ~ProcessGroupSmddp() override;
 
   const std::string getBackendName() const override { return "smddp"; }
-  bool supportsCoalescing() const override { return false; }
+  // NCCL-style coalescing (`_coalescing_manager(device=...)`, and
+  // batch_isend_irecv): calls between start and end run as issued, since
+  // every Work here is already asynchronous; endCoalescing returns one Work
+  // that completes when all of them have, with the first error if any.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -92,12 +102,26 @@ class ProcessGroupSmddp : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> pointToPoint(std::vector<at::Tensor>& tensors, int peer, int tag,
                                               bool isSend);
   void checkRoot(int64_t root, const char* op) const;
-  // Engine errors raised while queueing become DistBackendError.
+  // Runs f (which queues one call and returns its Work): engine errors
+  // raised while queueing become DistBackendError, and the Work is recorded
+  // when a coalescing block is open.
   template <typename F>
-  c10::intrusive_ptr<c10d::Work> guarded(F&& f);
+  c10::intrusive_ptr<c10d::Work> guarded(F&& f) {
+    try {
+      return track(f());
+    } catch (const smddp::Error& e) {
+      C10_THROW_ERROR(DistBackendError, e.what());
+    }
+  }
+  c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
 
   std::unique_ptr<smddp::Communicator> comm_;
   std::string groupName_;
+  // Coalescing state. c10d opens and closes a block from one thread, but
+  // other threads (DDP hooks, say) may issue calls on the group meanwhile.
+  std::mutex coalesceMu_;
+  bool coalescing_ = false;                                  // guarded by coalesceMu_
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;    // guarded by coalesceMu_
 };
 
 }  // namespace c10d_smddp

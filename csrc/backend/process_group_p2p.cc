@@ -37,7 +37,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::pointToPoint(std::vector<at::T
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
     rethrowAsTorch(e);
   }
-  return work;
+  return track(work);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::send(std::vector<at::Tensor>& tensors,

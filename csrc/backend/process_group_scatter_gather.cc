@@ -32,15 +32,6 @@ void ProcessGroupSmddp::checkRoot(int64_t root, const char* op) const {
                     " is outside the group of size ", size_);
 }
 
-template <typename F>
-c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::guarded(F&& f) {
-  try {
-    return f();
-  } catch (const smddp::Error& e) {
-    rethrowAsTorch(e);
-  }
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
@@ -51,12 +42,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
   const at::Tensor& out = outputs[0];
   checkTensor(out, "reduce_scatter");
   DataType dt = toDataType(out, "reduce_scatter");
-  auto op = toReduceOp(opts.reduceOp, dt, "reduce_scatter");
+  std::optional<double> factor;
+  auto op = toReduceOpScaled(opts.reduceOp, dt, "reduce_scatter", &factor);
   Staging staging;
   std::vector<Buffer> ins;
   for (const auto& t : inputs[0]) {
     checkSame(t, out, "reduce_scatter", "input");
-    ins.push_back(bufferOf(staging.stage(t, false)));
+    ins.push_back(bufferOf(staging.stageInput(t, factor)));
   }
   Buffer o = bufferOf(staging.stage(out, true));
   return guarded([&] {
@@ -94,9 +86,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter_tensor_coalesce
     TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_, "smddp ", name,
                       ": input size is ", inputs[i].numel(), " elements but must be world size (",
                       size_, ") x output size (", outputs[i].numel(), ")");
-    ops.push_back(toReduceOp(opts.reduceOp, dt, name));
+    std::optional<double> factor;
+    ops.push_back(toReduceOpScaled(opts.reduceOp, dt, name, &factor));
     dts.push_back(dt);
-    at::Tensor in = staging.stage(inputs[i], false);
+    at::Tensor in = staging.stageInput(inputs[i], factor);
     ins.push_back(slices(in, size_, outputs[i].numel()));
     outs.push_back(bufferOf(staging.stage(outputs[i], true)));
   }
@@ -184,10 +177,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce(std::vector<at::Tensor>
   checkRoot(opts.rootRank, "reduce");
   checkTensor(tensors[0], "reduce");
   DataType dt = toDataType(tensors[0], "reduce");
-  auto op = toReduceOp(opts.reduceOp, dt, "reduce");
+  std::optional<double> factor;
+  auto op = toReduceOpScaled(opts.reduceOp, dt, "reduce", &factor);
   Staging staging;
-  Buffer b = bufferOf(staging.stage(tensors[0], true));
   int root = static_cast<int>(opts.rootRank);
+  // With PREMUL_SUM only the root gets the result back; other ranks' tensors
+  // stay as they were (the scaled copy is private).
+  Buffer b = bufferOf(factor ? staging.stageScaled(tensors[0], *factor, rank_ == root)
+                             : staging.stage(tensors[0], true));
   return guarded([&] {
     return launch(rank_, c10d::OpType::REDUCE, "smddp:reduce", tensors, tensors, staging,
                   [&](smddp::Communicator::Done done) {
