@@ -22,6 +22,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   opts.name = groupName_;
   try {
     comm_ = std::make_unique<smddp::Communicator>(boot, opts);
+    WorkSmddp::setDefaultSpin(std::chrono::microseconds(comm_->config().spinUs));
   } catch (const smddp::Error& e) {
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
     rethrowAsTorch(e);

@@ -2,10 +2,15 @@
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
+#include <sched.h>
 
 #include "common/error.h"
 
 namespace c10d_smddp {
+
+namespace {
+std::atomic<int64_t> gDefaultSpinUs{0};  // set by each new process group
+}  // namespace
 
 WorkSmddp::WorkSmddp(int rank, c10d::OpType opType, const char* profilingTitle,
                      std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs)
@@ -13,7 +18,8 @@ WorkSmddp::WorkSmddp(int rank, c10d::OpType opType, const char* profilingTitle,
       outputs_(std::move(outputs)),
       inputsKeptAlive_(inputs),
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+          c10::ListType::create(c10::TensorType::get()))),
+      spin_(gDefaultSpinUs.load()) {}
 
 namespace {
 
@@ -38,6 +44,19 @@ std::exception_ptr toTorchError(std::exception_ptr e) {
 
 }  // namespace
 
+void WorkSmddp::setDefaultSpin(std::chrono::microseconds spin) { gDefaultSpinUs = spin.count(); }
+
+bool WorkSmddp::wait(std::chrono::milliseconds timeout) {
+  if (spin_.count() > 0) {
+    const auto until = std::chrono::steady_clock::now() + spin_;
+    while (!engineDone_.load(std::memory_order_acquire) &&
+           std::chrono::steady_clock::now() < until) {
+      sched_yield();
+    }
+  }
+  return c10d::Work::wait(timeout);
+}
+
 void WorkSmddp::complete(std::exception_ptr error) {
   if (!error && finisher_) {
     try {
@@ -55,6 +74,7 @@ void WorkSmddp::complete(std::exception_ptr error) {
     finish();
   }
   inputsKeptAlive_.clear();
+  engineDone_.store(true, std::memory_order_release);
 }
 
 }  // namespace c10d_smddp

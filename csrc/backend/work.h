@@ -5,6 +5,8 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <vector>
@@ -17,6 +19,11 @@ class WorkSmddp : public c10d::Work {
             std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs);
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // Polls (yielding) for up to SMDDP_SPIN_US before it blocks: most small
+  // collectives finish within that, and a wake-up costs more than the poll.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // The poll budget of Works created from now on (the group's SMDDP_SPIN_US).
+  static void setDefaultSpin(std::chrono::microseconds spin);
   std::vector<at::Tensor> result() override { return outputs_; }
   uint64_t getSequencenumber() const override { return seq_; }
   int sourceRank() const override { return sourceRank_; }
@@ -36,6 +43,8 @@ class WorkSmddp : public c10d::Work {
   std::function<void()> finisher_;
   uint64_t seq_ = 0;
   int sourceRank_ = -1;
+  std::chrono::microseconds spin_{0};
+  std::atomic<bool> engineDone_{false};  // set last by complete()
 };
 
 }  // namespace c10d_smddp

@@ -1,6 +1,7 @@
 #include "engine/communicator.h"
 
 #include <rdma/fi_errno.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -196,6 +197,7 @@ void Communicator::shutdown() {
     stopping_ = true;
     stopRequested_ = true;
     leftover.swap(queue_);
+    queued_.store(0);
   }
   queueCv_.notify_all();
   for (auto& t : leftover) {
@@ -438,6 +440,7 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
   Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr};
   t.fusible = std::move(fusible);
   queue_.push_back(std::move(t));
+  queued_.store(queue_.size(), std::memory_order_release);
   lock.unlock();
   queueCv_.notify_one();
   return seq;
@@ -452,6 +455,7 @@ void Communicator::enqueueP2P(std::string what, std::function<void(uint64_t)> bo
   Task t{0, std::move(what), std::move(body), nullptr, true, nullptr};
   t.p2p = true;
   queue_.push_back(std::move(t));
+  queued_.store(queue_.size(), std::memory_order_release);
   lock.unlock();
   queueCv_.notify_one();
 }
@@ -464,7 +468,17 @@ void Communicator::workerLoop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(queueMu_);
-      if (p2pInFlight_ == 0) {
+      if (p2pInFlight_ == 0 && queue_.empty() && !stopping_) {
+        // Calls often come back to back (a step's buckets, a benchmark
+        // loop): poll for SMDDP_SPIN_US, yielding, before sleeping.
+        lock.unlock();
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::microseconds(config_.spinUs);
+        while (queued_.load(std::memory_order_acquire) == 0 &&
+               std::chrono::steady_clock::now() < until) {
+          sched_yield();
+        }
+        lock.lock();
         queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       }
       if (queue_.empty()) {
@@ -479,6 +493,7 @@ void Communicator::workerLoop() {
       }
       task = std::move(queue_.front());
       queue_.pop_front();
+      queued_.store(queue_.size(), std::memory_order_release);
     }
     if (task.p2p) {
       task.body(task.seq);  // posts and returns; completion comes from progress()
@@ -522,6 +537,7 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
           *out = next.fusible.get();
           tasks.push_back(std::move(next));
           queue_.pop_front();
+          queued_.store(queue_.size(), std::memory_order_release);
           return FusionBufferScheduler::Take::kTaken;
         };
         scheduler_->run(calls, takeNext);

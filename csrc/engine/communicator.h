@@ -147,6 +147,13 @@ class Communicator {
   bool probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why);
   // Records what this rank called at `seq` (an Exchange does, when it ends).
   void noteSignature(uint64_t seq, const CollectiveSignature& sig);
+  // What this rank called at `seq`, if it is still in the recent history.
+  bool calledAt(uint64_t seq, CollectiveSignature* sig) const {
+    auto it = history_.find(seq);
+    if (it == history_.end()) return false;
+    *sig = it->second;
+    return true;
+  }
   // Scratch memory reused across collectives (worker thread only).
   uint8_t* scratch(size_t bytes);
   uint8_t* fusionBuffer(size_t bytes);
@@ -207,6 +214,7 @@ class Communicator {
   std::mutex queueMu_;
   std::condition_variable queueCv_;
   std::deque<Task> queue_;  // guarded by queueMu_
+  std::atomic<size_t> queued_{0};  // queue_.size(), readable without queueMu_
   bool stopping_ = false;   // guarded by queueMu_
   std::thread worker_;
   StatsCounters stats_;

@@ -281,13 +281,15 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
     if (p.firstSeq + p.count <= mySeq) {
       // A batch this rank has no part in: its call at that sequence was
       // another collective (which has failed or will). Release the leader.
-      skipBatch(b, "rank " + std::to_string(comm_.rank()) + " did not call " +
-                       CollectiveSignature{CollectiveType::kAllreduce,
-                                           static_cast<DataType>(p.dtype),
-                                           static_cast<ReduceOp>(p.op), p.numel[0], -1}
-                           .describe() +
-                       " at sequence " + std::to_string(p.firstSeq) +
-                       " (it made another collective there)");
+      CollectiveSignature leaders{CollectiveType::kAllreduce, static_cast<DataType>(p.dtype),
+                                  static_cast<ReduceOp>(p.op), p.numel[0], -1};
+      CollectiveSignature mine;
+      std::string what = comm_.calledAt(p.firstSeq, &mine) ? mine.describe()
+                                                           : std::string("another collective");
+      skipBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: rank " +
+                       std::to_string(leader_) + " called " + leaders.describe() +
+                       " at sequence " + std::to_string(p.firstSeq) + " but this rank called " +
+                       what + " at sequence " + std::to_string(p.firstSeq));
       continue;
     }
     break;
@@ -543,10 +545,20 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
     for (int p = 0; p < comm_.size(); ++p) comm_.sendProbe(p, b.firstSeq, b.sigs[0], false);
   }
   if (now > b.deadline) {
+    // Who has not reached this batch at all (this host's ranks; a rank on
+    // another host shows up in the network step's own message).
+    std::vector<int> absent;
+    for (int p = 0; p < topo_.localSize; ++p) {
+      if (segment_->ctl().arrived[p].value.load() < b.index + 1 && p != me_) {
+        absent.push_back(globalRank(p));
+      }
+    }
     throwError(ErrorKind::kTimeout,
                "smddp: " + b.what + " timed out: timeout of " +
                    std::to_string(comm_.timeout().count()) + " ms expired while waiting for " +
-                   waitingOn());
+                   waitingOn() + "; " +
+                   (absent.empty() ? std::string("every rank of this host was seen at this call")
+                                   : "not seen at this call: " + rankList(absent)));
   }
   if (now > b.nextLiveness) {
     b.nextLiveness = now + std::chrono::milliseconds(200);
