@@ -41,10 +41,12 @@ SMDDP_PARAM_BOOL(paramHostPath, "SMDDP_SHM_ALLREDUCE", true,
                  "servers on the ranks' engine threads; hosts combine over libfabric); 0 = network only")
 SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
                   "queued allreduce calls are fused up to this many bytes (0: no fusion)")
-SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 131072, 4096, 1LL << 28,
-                  "bytes of one shard per pipeline step in the shared-memory segment")
-SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 4, 1, 64,
-                "pipeline steps the shared-memory allreduce keeps in flight")
+SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 0, 0, 1LL << 28,
+                  "bytes of one shard per pipeline step in the shared-memory segment "
+                  "(0: 128K, or 256K when a host has more ranks than cores)")
+SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 0, 0, 64,
+                "pipeline steps the shared-memory allreduce keeps in flight (0: 4, or 16 when a "
+                "host has more ranks than cores, so a rank's time slice covers more work)")
 SMDDP_PARAM_INT(paramServersPerNode, "SMDDP_SERVERS_PER_NODE", 0, 0, 64,
                 "reduction servers per host (0: one per rank, the bandwidth-optimal default)")
 SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
@@ -64,6 +66,10 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.hostPath = paramHostPath();
   c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
   c.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
+  if (paramShmSlotBytes() > 0 && c.shmSlotBytes < 4096) {
+    throwError(ErrorKind::kInvalidArgument,
+               "SMDDP_SHM_SLOT_BYTES must be 0 (automatic) or at least 4096");
+  }
   c.shmDepth = paramShmDepth();
   c.serversPerNode = paramServersPerNode();
   c.streamingBytes = static_cast<uint64_t>(paramStreamingBytes());
@@ -78,6 +84,12 @@ std::string hostIdentity() {
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
   return buf;
+}
+
+unsigned onlineCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 // True when /proc says the process is gone or a zombie.
@@ -159,13 +171,21 @@ Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
     char unique[64];
     snprintf(unique, sizeof(unique), "%lld-%016llx-%d", static_cast<long long>(peers_[leader].pid),
              static_cast<unsigned long long>(jobSecret_), topo.hostIndex);
+    // Oversubscribed hosts (more ranks than cores) get a deeper pipeline:
+    // a rank then runs in time slices and should cover more steps in each.
+    const bool oversubscribed = topo.localSize > static_cast<int>(onlineCores());
+    // The slot size sets the step size, which the hosts' servers must agree
+    // on (the network step pairs them by step): across hosts it is fixed.
+    const uint64_t slot = config_.shmSlotBytes ? config_.shmSlotBytes
+                          : (oversubscribed && topo.hosts() == 1 ? 262144 : 131072);
+    const int depth = config_.shmDepth ? static_cast<int>(config_.shmDepth)
+                                       : (oversubscribed ? 16 : 4);
     std::string status = "ok";
     std::unique_ptr<HostSegment> seg;
     try {
       PrefixBootstrap local(bootstrap, "smddp/host" + std::to_string(topo.hostIndex) + "/");
-      seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers,
-                                          config_.shmSlotBytes, config_.shmDepth, unique,
-                                          opts_.timeout);
+      seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers, slot,
+                                          depth, unique, opts_.timeout);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kTransport) throw;
       status = e.what();
