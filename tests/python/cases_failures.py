@@ -295,8 +295,9 @@ def async_future_error(rank: int, world: int) -> dict:
 DEATH_DELAY = 0.5  # the victim dies this long after the warm-up all_reduce
 
 
-def peer_death(rank: int, world: int, coll: str, victim: int, how: str) -> dict:
-    """``victim`` dies (``how``: "sigkill" or "exit") DEATH_DELAY s after a
+def peer_death(rank: int, world: int, coll: str, victim: int, how: str,
+               delay: float = DEATH_DELAY) -> dict:
+    """``victim`` dies (``how``: "sigkill" or "exit") ``delay`` s after a
     warm-up all_reduce; the survivors are by then inside ``coll``."""
     import torch
     import torch.distributed as dist
@@ -305,7 +306,7 @@ def peer_death(rank: int, world: int, coll: str, victim: int, how: str) -> dict:
     dist.all_reduce(warm)
     warm_ok = warm.tolist() == [world * (world + 1) / 2] * 4
     if rank == victim:
-        time.sleep(DEATH_DELAY)
+        time.sleep(delay)
         if how == "sigkill":
             os.kill(os.getpid(), 9)
         os._exit(3)
