@@ -168,9 +168,14 @@ def _intruder(ports, log, seed, deadline, passes=2):
                 try:
                     with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
                         rec["connected"] = True
+                        data, sent = _frame_bytes(kind, rng), 0
                         try:
-                            s.sendall(_frame_bytes(kind, rng))
-                            rec["sent"] = True
+                            while sent < len(data):
+                                k = s.send(data[sent:])
+                                if k <= 0:
+                                    break
+                                sent += k
+                                rec["sent"] = sent
                             s.settimeout(0.2)
                             rec["reply_bytes"] = len(s.recv(4096))  # 0: the peer closed on us
                         except (socket.timeout, OSError) as e:
@@ -199,7 +204,10 @@ def wire_intrusion(rank: int, world: int, rounds: int) -> dict:
     pids = [int(store.get(f"wire/pid/{r}").decode()) for r in range(world)]
     warm = torch.ones(4)
     dist.all_reduce(warm)  # endpoints exist and are connected
-    ports = listening_ports(pids)
+    # The harness's TCPStore (MASTER_PORT, in rank 0) is torch's, not ours.
+    store_port = int(os.environ["MASTER_PORT"])
+    ports = {pid: [p for p in pp if p != store_port]
+             for pid, pp in listening_ports(pids).items()}
     before = torch_smddp.stats()["frames_rejected"]
     log = []
     intruder = None
@@ -300,3 +308,73 @@ def run_death_trial(trial: dict, backend: str = "smddp", env: dict | None = None
             elif not re.search(rf"(?<![\w.-])rank {victim}\b", later["msg"]):
                 problems.append(f"{where}: {k} does not name rank {victim}: {later['msg']!r}")
     return {"problems": problems, "elapsed": elapsed}
+
+
+def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin: str) -> dict:
+    """Every rank starts a foreign libfabric process (smddp_wire_intruder)
+    aimed at its own endpoint: hostile frames on the error/probe tag and
+    forged data frames on the data tags (see tests/cpp/wire_intruder.cc).
+    Meanwhile the group runs allreduces checked against the closed form
+    until every intruder has sent everything and every rank has counted
+    every error-tag frame as rejected (or a deadline passes). The ranks
+    agree on when to stop through the group itself (MAX of flags)."""
+    import subprocess
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    import torch_smddp
+
+    # torch hands the backend PrefixStore("cpu/", <the default store>), and a
+    # PrefixStore joins its prefix and the key with a "/".
+    store = c10d._get_default_store()
+    warm = torch.ones(4)
+    dist.all_reduce(warm)
+    provider = torch_smddp._backend_of().provider
+    name = store.get(f"cpu//smddp/addr/{rank}")
+    secret = store.get("cpu//smddp/secret").decode()
+    before = torch_smddp.stats()["frames_rejected"]
+    proc = subprocess.Popen([intruder_bin, provider, name.hex(), str(per_kind), secret, str(world)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    os.set_blocking(proc.stdout.fileno(), False)
+    sent_line = ""
+    want = float(world * (world + 1) // 2)
+    wrong, calls = 0, 0
+    deadline = time.monotonic() + 60
+    expected = None
+    try:
+        while True:
+            if expected is None:
+                try:
+                    sent_line += os.read(proc.stdout.fileno(), 256).decode()
+                except BlockingIOError:
+                    pass
+                if "\n" in sent_line:
+                    expected = int(sent_line.split()[1])
+            delta = torch_smddp.stats()["frames_rejected"] - before
+            not_done = expected is None or delta < expected
+            flags = torch.tensor([1.0 if not_done else 0.0,
+                                  1.0 if time.monotonic() > deadline else 0.0])
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            if flags[0].item() == 0.0 or flags[1].item() == 1.0:
+                break
+            n = 7 if calls % 2 else 100_003
+            t = torch.full((n,), float(rank + 1))
+            dist.all_reduce(t)
+            wrong += int(not bool(torch.all(t == want)))
+            calls += 1
+        after = torch.full((300_001,), float(rank + 1))
+        dist.all_reduce(after)
+        wrong += int(not bool(torch.all(after == want)))
+        delta = torch_smddp.stats()["frames_rejected"] - before
+    finally:
+        proc.stdin.close()
+        try:
+            code = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    return {"provider": provider, "sent": sent_line.strip(), "expected_rejects": expected,
+            "rejected_delta": delta, "wrong": wrong, "calls": calls, "intruder_exit": code,
+            "errors": torch_smddp.stats()["errors"]}

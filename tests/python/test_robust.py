@@ -116,7 +116,41 @@ def test_foreign_bytes_on_the_tcp_ports_neither_crash_nor_corrupt():
     assert attacked == all_ports, f"ports attacked {sorted(attacked)} of {sorted(all_ports)}: {log}"
     kinds = {rec["kind"] for rec in log if rec.get("sent")}
     assert kinds == set(cr.INTRUSION_KINDS), kinds
-    closed = sum(1 for rec in log if rec.get("reply_bytes") == 0)
+    closed = sum(1 for rec in log if rec.get("reply_bytes") == 0 or rec.get("io_error"))
     print(f"\nports {sorted(all_ports)}; {len(log)} intrusions, {closed} closed by the peer; "
           f"frames_rejected deltas {[r['rejected_delta'] for r in results]}; "
           f"{results[0]['calls']} allreduces under fire, all correct")
+
+
+INTRUDER = os.path.join(os.environ.get("SMDDP_BUILD_DIR",
+                                       os.path.join(os.path.dirname(os.path.dirname(
+                                           os.path.dirname(os.path.abspath(__file__)))), "build")),
+                        "smddp_wire_intruder")
+
+
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "shm"])
+def test_foreign_libfabric_frames_are_rejected_and_counted(provider):
+    """A foreign libfabric process gets past the provider's protocol, so its
+    frames reach the smddp frame layer. Oracle: every frame it sends on the
+    error/probe tag is malformed, so each rank's frames_rejected must grow
+    by exactly that count; its forged data frames must match no receive
+    (FI_DIRECTED_RECV), so no collective fails and every allreduce equals
+    the closed form."""
+    if not os.path.exists(INTRUDER):
+        pytest.fail(f"{INTRUDER} is missing: build with `make build`")
+    env = {"SMDDP_FI_PROVIDER": provider}
+    if provider.startswith("tcp"):
+        env["FI_TCP_IFACE"] = "lo"
+    results = run_world(2, "cases_robust:wire_libfabric_intrusion", backend=BACKEND, timeout=120,
+                        env=env, args=(3, INTRUDER))
+    for rank, res in enumerate(results):
+        where = f"rank {rank} ({provider})"
+        assert res["provider"] == provider, (where, res)
+        assert res["intruder_exit"] == 0 and res["sent"].startswith("sent "), (where, res)
+        assert res["expected_rejects"] and res["expected_rejects"] > 0, (where, res)
+        assert res["rejected_delta"] == res["expected_rejects"], \
+            f"{where}: {res['rejected_delta']} frames rejected, {res['expected_rejects']} sent: {res}"
+        assert res["wrong"] == 0 and res["errors"] == 0, (where, res)
+    print(f"\n{provider}: " + "; ".join(
+        f"rank {r}: {res['sent']}, rejected {res['rejected_delta']}, {res['calls']} allreduces ok"
+        for r, res in enumerate(results)))
