@@ -383,6 +383,15 @@ bool Communicator::probeMismatch(uint64_t seq, const CollectiveSignature& mine, 
   return false;
 }
 
+std::vector<int> Communicator::probedAt(uint64_t seq) const {
+  std::vector<int> out;
+  auto it = probes_.find(seq);
+  if (it != probes_.end()) {
+    for (const auto& [src, sig] : it->second) out.push_back(src);
+  }
+  return out;
+}
+
 void Communicator::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
   history_[seq] = sig;
   while (history_.size() > 64) history_.erase(history_.begin());
