@@ -30,16 +30,26 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0, help="0: pick one and print it")
     ap.add_argument("--backend", default="smddp")
+    ap.add_argument("--pretend-hosts", action="store_true",
+                    help="one pretend host per rank (SMDDP_HOST_ID): tcp;ofi_rxm, no pid checks")
     a = ap.parse_args()
+    env = {"SMDDP_HOST_ID": lambda rank: f"host{rank}"} if a.pretend_hosts else None
+    # Across hosts a dead peer is noticed only by the group timeout (no
+    # process id to check; tcp;ofi_rxm reports no error for it), so that
+    # mode uses a short timeout and accepts a timeout error that names the
+    # lost rank among those it waited for / never saw.
+    pg_timeout = 5.0 if a.pretend_hosts else cr.TRIAL_PG_TIMEOUT
     seed = a.seed or random.SystemRandom().randrange(1, 2**31)
     rng = random.Random(seed)
-    print(f"seed {seed}, {a.trials} trials, group timeout {cr.TRIAL_PG_TIMEOUT:.0f} s")
+    print(f"seed {seed}, {a.trials} trials, group timeout {pg_timeout:.0f} s"
+          f"{', one pretend host per rank' if a.pretend_hosts else ''}")
     failures, worst = 0, 0.0
     t0 = time.monotonic()
     for i in range(a.trials):
         trial = cr.draw_trial(rng)
         try:
-            out = cr.run_death_trial(trial, backend=a.backend)
+            out = cr.run_death_trial(trial, backend=a.backend, env=env, pg_timeout=pg_timeout,
+                                     by_timeout_ok=a.pretend_hosts)
         except AssertionError as e:  # the harness: a hang or a crash of a survivor
             out = {"problems": [f"job failed: {e}"], "elapsed": {}}
         slowest = max(out["elapsed"].values(), default=0.0)

@@ -264,16 +264,32 @@ def draw_trial(rng: random.Random) -> dict:
             "delay": round(rng.uniform(0.1, 1.5), 3)}
 
 
-def run_death_trial(trial: dict, backend: str = "smddp", env: dict | None = None) -> dict:
+def _names_rank(msg: str, victim: int, by_timeout_ok: bool) -> bool:
+    if re.search(rf"(?<![\w.-])rank {victim}\b", msg):
+        return True
+    # A timeout names the ranks it waited for and those it never saw.
+    return by_timeout_ok and any(
+        victim in {int(x) for x in m.split(",")}
+        for m in re.findall(r"rank\(s\) ([\d, ]+)", msg))
+
+
+def run_death_trial(trial: dict, backend: str = "smddp", env: dict | None = None,
+                    pg_timeout: float = TRIAL_PG_TIMEOUT, by_timeout_ok: bool = False) -> dict:
     """Runs one trial; returns {"problems": [...], "elapsed": {rank: s}}. A
     problem is any survivor that returned normally, raised without naming
     the lost rank and the collective, or took longer than the group
-    timeout; and any later call that did not fail the same way."""
+    timeout; and any later call that did not fail the same way.
+
+    ``by_timeout_ok``: accept detection by the group timeout (an error that
+    names the victim among the ranks it waited for or never saw, at most
+    a second after the timeout). For ranks on different (pretend) hosts,
+    where no process id can be checked; see the report in
+    scripts/peer_death_trials.py."""
     from mp_harness import ExitedRank, run_world
 
     world, victim, coll = trial["world"], trial["victim"], trial["coll"]
     results = run_world(world, "cases_failures:peer_death", backend=backend,
-                        timeout=TRIAL_PG_TIMEOUT + 30, pg_timeout=TRIAL_PG_TIMEOUT,
+                        timeout=pg_timeout + 30, pg_timeout=pg_timeout,
                         expect_failure=True, allow_exit={victim}, env=env,
                         args=(coll, victim, trial["how"], trial["delay"]))
     problems, elapsed = [], {}
@@ -295,17 +311,17 @@ def run_death_trial(trial: dict, backend: str = "smddp", env: dict | None = None
         msg = first["msg"]
         if not first["is_dist_backend_error"]:
             problems.append(f"{where}: raised {first['type']}, not DistBackendError: {msg!r}")
-        if not re.search(rf"(?<![\w.-])rank {victim}\b", msg):
+        if not _names_rank(msg, victim, by_timeout_ok):
             problems.append(f"{where}: lost rank {victim} not named: {msg!r}")
         if ENGINE_NAME[coll] not in msg:
             problems.append(f"{where}: collective {ENGINE_NAME[coll]} not named: {msg!r}")
-        if first["elapsed"] >= TRIAL_PG_TIMEOUT:
+        if first["elapsed"] >= pg_timeout + (1.0 if by_timeout_ok else 0.0):
             problems.append(f"{where}: took {first['elapsed']:.1f}s, past the group timeout")
         for k in ("later", "later_async"):
             later = r[k]
             if not later["raised"]:
                 problems.append(f"{where}: a call after the death ({k}) returned normally")
-            elif not re.search(rf"(?<![\w.-])rank {victim}\b", later["msg"]):
+            elif not _names_rank(later["msg"], victim, by_timeout_ok):
                 problems.append(f"{where}: {k} does not name rank {victim}: {later['msg']!r}")
     return {"problems": problems, "elapsed": elapsed}
 
