@@ -10,6 +10,12 @@ import this module cheaply.
 * ``wire_intrusion``: with the tcp provider, a foreign thread connects to the
   library's listening TCP ports (127.0.0.1 only) and sends garbage while the
   job runs allreduces checked against the closed form.
+* ``wire_libfabric_intrusion``: a foreign libfabric process
+  (tests/cpp/wire_intruder.cc) sends hostile frames that reach the frame
+  layer.
+* ``run_death_trial`` (parent side): one randomized peer-death trial over
+  cases_failures.peer_death, shared by test_robust.py and
+  scripts/peer_death_trials.py.
 """
 
 from __future__ import annotations

@@ -1,21 +1,20 @@
 """Never hang, never corrupt (issue 5): resource leaks over init/destroy
-cycles, a foreign process on the library's TCP ports, and randomized peer
-death. Every job runs under mp_harness's hard deadline; the children report
-JSON (cases_robust.py, cases_failures.py) and the assertions are made here.
+cycles, foreign processes on the library's ports (raw TCP bytes, and a
+foreign libfabric endpoint whose frames reach the frame layer), and
+randomized peer death. Every job runs under mp_harness's hard deadline; the
+children report JSON (cases_robust.py, cases_failures.py) and the
+assertions are made here.
 """
 
 import os
 import random
-import re
 import sys
-import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cases_failures as cf  # noqa: E402  (torch-free at import time)
 import cases_robust as cr  # noqa: E402  (torch-free at import time)
-from mp_harness import ExitedRank, backend_under_test, run_world  # noqa: E402
+from mp_harness import backend_under_test, run_world  # noqa: E402
 
 BACKEND = backend_under_test()
 pytestmark = pytest.mark.skipif("smddp" not in BACKEND,
@@ -87,7 +86,9 @@ def test_random_peer_death_trials():
 # 2. a foreign process on the library's TCP ports
 # ---------------------------------------------------------------------------
 
-WIRE_ENV = {"SMDDP_FI_PROVIDER": "tcp;ofi_rxm", "FI_TCP_IFACE": "lo"}
+# One pretend host per rank: the allreduces' data then crosses the tcp
+# endpoints under attack (on one host it would go through shared memory).
+WIRE_ENV = {"SMDDP_HOST_ID": lambda rank: f"wirehost{rank}", "FI_TCP_IFACE": "lo"}
 
 
 def test_foreign_bytes_on_the_tcp_ports_neither_crash_nor_corrupt():
@@ -140,7 +141,8 @@ def test_foreign_libfabric_frames_are_rejected_and_counted(provider):
         pytest.fail(f"{INTRUDER} is missing: build with `make build`")
     env = {"SMDDP_FI_PROVIDER": provider}
     if provider.startswith("tcp"):
-        env["FI_TCP_IFACE"] = "lo"
+        # pretend hosts, so the allreduces also run over tcp
+        env = {"SMDDP_HOST_ID": lambda rank: f"wirehost{rank}", "FI_TCP_IFACE": "lo"}
     results = run_world(2, "cases_robust:wire_libfabric_intrusion", backend=BACKEND, timeout=120,
                         env=env, args=(3, INTRUDER))
     for rank, res in enumerate(results):
