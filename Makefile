@@ -8,7 +8,7 @@ NPROC     ?= 2
 CMAKE_ARGS ?=
 LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: all setup build demo test test-cpp test-py test-asan test-tsan bench info clean
+.PHONY: all setup build demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean
 
 all: build
 
@@ -29,6 +29,8 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
 	$(PY) -m pytest -q tests/python
+	$(MAKE) --no-print-directory test-asan-ci
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS_CI)
 
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
@@ -42,6 +44,24 @@ test-asan: setup
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 600
 
+# What `make test` runs under ASan/UBSan: the same build as test-asan, with
+# the Catch2 tests that are slow under ASan (ASAN_SLOW_TESTS) left out.
+ASAN_SLOW_TESTS ?=
+test-asan-ci: setup
+	cmake -S . -B build-asan -DSMDDP_BUILD_EXTENSION=OFF -DSMDDP_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug $(LAUNCHER)
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 600 $(if $(ASAN_SLOW_TESTS),-E '$(ASAN_SLOW_TESTS)')
+
+# libFuzzer on the frame validators (tests/fuzz). The corpus it grows is
+# kept in build-fuzz/corpus, so repeated runs start where the last ended.
+FUZZ_SECONDS ?= 20
+FUZZ_SECONDS_CI ?= 20
+fuzz: setup
+	cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DSMDDP_BUILD_FUZZERS=ON -DSMDDP_BUILD_TESTS=OFF -DSMDDP_BUILD_EXTENSION=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo $(LAUNCHER)
+	cmake --build build-fuzz --target fuzz_frame -j $(JOBS)
+	mkdir -p build-fuzz/corpus
+	build-fuzz/fuzz_frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 build-fuzz/corpus
+
 test-tsan: setup
 	cmake -S . -B build-tsan -DSMDDP_BUILD_EXTENSION=OFF -DSMDDP_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug $(LAUNCHER)
 	cmake --build build-tsan -j $(JOBS)
@@ -54,4 +74,4 @@ info: build
 	$(PY) -m torch_smddp.info
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan torch_smddp/_C*.so
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz torch_smddp/_C*.so

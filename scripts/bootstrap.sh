@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(libfabric-dev libfabric-bin catch2 cmake g++ make procps)
+APT_PACKAGES=(libfabric-dev libfabric-bin catch2 cmake g++ make procps clang libclang-rt-14-dev)
 TORCH_PIN="torch==2.13.0"
 PY_PACKAGES=(pytest numpy matplotlib expecttest)
 

@@ -324,17 +324,10 @@ void Communicator::handleErrorFrame(Request* r, const Completion& c) {
   }
   const FrameHeader& h = r->header;
   const bool probe = h.kind == static_cast<uint8_t>(FrameKind::kProbe);
-  bool ok = c.err == 0 && c.len >= sizeof(FrameHeader) && h.magic == kFrameMagic &&
-            h.version == kFrameVersion &&
-            (h.kind == static_cast<uint8_t>(FrameKind::kError) || probe) &&
-            h.jobSecret == jobSecret_ && h.srcRank < static_cast<uint32_t>(opts_.size) &&
-            h.length == c.len - sizeof(FrameHeader) && h.length <= r->text.size();
-  // (a longer frame spilled into the sink: rejected above by the length check)
-  if (ok && probe) {
-    ok = h.length == 0 && h.dtype < static_cast<uint8_t>(DataType::kCount) &&
-         h.op < static_cast<uint8_t>(ReduceOp::kCount) &&
-         h.fingerprint == signatureOf(h).fingerprint(h.seq);
-  }
+  // (a longer frame spilled into the sink: rejected by the length check)
+  bool ok = c.err == 0 &&
+            validateControlFrame(h, c.len, jobSecret_, static_cast<uint32_t>(opts_.size),
+                                 r->text.size(), nullptr) == FrameVerdict::kOk;
   if (!ok) {
     stats_.framesRejected++;
   } else if (probe) {
@@ -410,6 +403,15 @@ bool Communicator::probeMismatch(uint64_t seq, const CollectiveSignature& mine, 
     return true;
   }
   return false;
+}
+
+std::vector<int> Communicator::probedAt(uint64_t seq) const {
+  std::vector<int> out;
+  auto it = probes_.find(seq);
+  if (it != probes_.end()) {
+    for (const auto& [src, sig] : it->second) out.push_back(src);
+  }
+  return out;
 }
 
 void Communicator::noteSignature(uint64_t seq, const CollectiveSignature& sig) {

@@ -145,6 +145,8 @@ class Communicator {
   void sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply);
   // A probe from a peer whose call at `seq` differs from `mine`.
   bool probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why);
+  // Ranks whose stall probe for `seq` arrived here (they reached that call).
+  std::vector<int> probedAt(uint64_t seq) const;
   // Records what this rank called at `seq` (an Exchange does, when it ends).
   void noteSignature(uint64_t seq, const CollectiveSignature& sig);
   // What this rank called at `seq`, if it is still in the recent history.

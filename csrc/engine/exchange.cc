@@ -16,7 +16,8 @@ Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& 
                    std::chrono::milliseconds timeout)
     : comm_(comm), seq_(seq), sig_(sig),
       timeout_(timeout.count() > 0 ? timeout : comm.timeout()),
-      deadline_(std::chrono::steady_clock::now() + timeout_) {}
+      deadline_(std::chrono::steady_clock::now() + timeout_),
+      heardFrom_(static_cast<size_t>(comm.size()), false) {}
 
 Exchange::~Exchange() {
   abandonOutstanding();
@@ -154,6 +155,7 @@ void Exchange::complete(Request* r, const Completion& c) {
         errorKind_ = v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol;
         error_ = why;
       } else {
+        heardFrom_[static_cast<size_t>(r->peer)] = true;
         comm_.counters().bytesReceived += r->payloadBytes;
         if (r->onArrive) {
           try {
@@ -188,6 +190,23 @@ std::string Exchange::waitingOn() const {
   std::string s;
   for (int x : ranks) s += (s.empty() ? "" : ", ") + std::to_string(x);
   return s.empty() ? "(sends still in flight)" : "rank(s) " + s;
+}
+
+std::string Exchange::notSeen() const {
+  // A rank has reached this call if one of its frames for it arrived here,
+  // or if it sent a stall probe for this sequence number. A rank this call
+  // never hears from directly (a small allreduce goes only to its server)
+  // can still be told apart: the server stalls too, and probes everyone.
+  std::vector<bool> seen = heardFrom_;
+  seen[static_cast<size_t>(comm_.rank())] = true;
+  for (int p : comm_.probedAt(seq_)) {
+    if (p >= 0 && p < comm_.size()) seen[static_cast<size_t>(p)] = true;
+  }
+  std::string s;
+  for (int p = 0; p < comm_.size(); ++p) {
+    if (!seen[static_cast<size_t>(p)]) s += (s.empty() ? "" : ", ") + std::to_string(p);
+  }
+  return s.empty() ? "every rank was seen at this call" : "not seen at this call: rank(s) " + s;
 }
 
 void Exchange::fail(ErrorKind kind, const std::string& msg) {
@@ -249,7 +268,8 @@ void Exchange::run() {
     if (now > deadline_) {
       fail(ErrorKind::kTimeout, "smddp: " + what + " timed out: timeout of " +
                                     std::to_string(timeout_.count()) +
-                                    " ms expired while waiting for " + waitingOn());
+                                    " ms expired while waiting for " + waitingOn() + "; " +
+                                    notSeen());
     }
     if (now > nextLivenessCheck) {
       nextLivenessCheck = now + std::chrono::milliseconds(200);

@@ -50,6 +50,7 @@ class Exchange {
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
   void abandonOutstanding();
   std::string waitingOn() const;
+  std::string notSeen() const;
 
   Communicator& comm_;
   uint64_t seq_;
@@ -61,6 +62,7 @@ class Exchange {
   size_t postedRecvs_ = 0;             // receives posted, completion not yet seen
   std::vector<Request*> outstanding_;  // posted, completion not yet seen
   size_t pending_ = 0;                 // toPost_ + posted-but-incomplete
+  std::vector<bool> heardFrom_;        // a valid frame of this call came from rank i
   bool failed_ = false;
   ErrorKind errorKind_ = ErrorKind::kInternal;
   std::string error_;

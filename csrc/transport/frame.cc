@@ -139,6 +139,35 @@ FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExp
   return FrameVerdict::kOk;
 }
 
+FrameVerdict validateControlFrame(const FrameHeader& h, size_t received, uint64_t jobSecret,
+                                  uint32_t worldSize, uint64_t maxText, std::string* why) {
+  auto fail = [&](FrameVerdict v, const char* msg) {
+    if (why) *why = msg;
+    return v;
+  };
+  const bool probe = h.kind == static_cast<uint8_t>(FrameKind::kProbe);
+  if (received < sizeof(FrameHeader)) {
+    return fail(FrameVerdict::kMalformed, "control frame shorter than its header");
+  }
+  if (h.magic != kFrameMagic || h.version != kFrameVersion ||
+      !(probe || h.kind == static_cast<uint8_t>(FrameKind::kError))) {
+    return fail(FrameVerdict::kMalformed, "bad control frame magic, version or kind");
+  }
+  if (h.jobSecret != jobSecret || h.srcRank >= worldSize) {
+    return fail(FrameVerdict::kForeign, "control frame from another job or an unknown rank");
+  }
+  // No wrap: received >= sizeof(FrameHeader) was checked above.
+  if (h.length != received - sizeof(FrameHeader) || h.length > maxText) {
+    return fail(FrameVerdict::kMalformed, "control frame length does not match what arrived");
+  }
+  if (probe && (h.length != 0 || h.dtype >= static_cast<uint8_t>(DataType::kCount) ||
+                h.op >= static_cast<uint8_t>(ReduceOp::kCount) ||
+                h.fingerprint != signatureOf(h).fingerprint(h.seq))) {
+    return fail(FrameVerdict::kMalformed, "malformed stall probe");
+  }
+  return FrameVerdict::kOk;
+}
+
 uint64_t makeP2PTag(int32_t userTag) {
   return (static_cast<uint64_t>(TagClass::kP2P) << 60) |
          (static_cast<uint64_t>(static_cast<uint32_t>(userTag)) << 28);

@@ -101,6 +101,13 @@ enum class FrameVerdict {
 FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExpectation& e,
                            std::string* why);
 
+// Validates an error or probe frame (the error channel, FrameKind kError or
+// kProbe) from any rank of a `worldSize` group whose text buffer holds
+// `maxText` bytes. A probe must carry no payload and a self-consistent
+// fingerprint. Like validateFrame, it never reads payload memory.
+FrameVerdict validateControlFrame(const FrameHeader& h, size_t received, uint64_t jobSecret,
+                                  uint32_t worldSize, uint64_t maxText, std::string* why);
+
 // 64-bit tags: [63:60] class, [59:28] sequence (mod 2^32), [27:24] phase,
 // [23:0] chunk. Error and probe frames use class 1 with seq/phase/chunk 0
 // and exact matching (see errorTag() in engine/communicator.cc).

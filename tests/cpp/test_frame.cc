@@ -431,3 +431,42 @@ TEST_CASE("one error receive matches every error tag and no data tag", "[frame][
     }
   }
 }
+
+TEST_CASE("validateControlFrame accepts error and probe frames and nothing else", "[frame]") {
+  constexpr uint64_t kText = 4096;
+  CollectiveSignature sig = allreduceSig();
+  auto probe = makeHeader(FrameKind::kProbe, kSecret, kSeq, kSrc, 0, 0, 0, sig);
+  auto error = makeHeader(FrameKind::kError, kSecret, kSeq, kSrc, 0, 0, 10, CollectiveSignature{});
+  auto data = makeHeader(FrameKind::kData, kSecret, kSeq, kSrc, 0, 0, 10, sig);
+  std::string why;
+  CHECK(validateControlFrame(probe, kHdr, kSecret, kWorld, kText, &why) == FrameVerdict::kOk);
+  CHECK(validateControlFrame(error, kHdr + 10, kSecret, kWorld, kText, &why) == FrameVerdict::kOk);
+  CHECK(validateControlFrame(data, kHdr + 10, kSecret, kWorld, kText, &why) ==
+        FrameVerdict::kMalformed);
+  // Shorter than a header, and lengths that disagree with what arrived.
+  for (size_t received : {size_t{0}, size_t{1}, kHdr - 1}) {
+    CHECK(validateControlFrame(error, received, kSecret, kWorld, kText, &why) ==
+          FrameVerdict::kMalformed);
+  }
+  CHECK(validateControlFrame(error, kHdr + 9, kSecret, kWorld, kText, &why) ==
+        FrameVerdict::kMalformed);
+  CHECK(validateControlFrame(error, kHdr + 10, kSecret, kWorld, 9, &why) ==
+        FrameVerdict::kMalformed);  // longer than the text buffer: it spilled into the sink
+  auto huge = error;
+  huge.length = std::numeric_limits<uint64_t>::max();
+  CHECK(validateControlFrame(huge, kHdr - 1, kSecret, kWorld, kText, &why) ==
+        FrameVerdict::kMalformed);  // kHdr - 1 - kHdr would wrap to this very value
+  CHECK(validateControlFrame(error, kHdr + 10, kSecret ^ 1, kWorld, kText, &why) ==
+        FrameVerdict::kForeign);
+  CHECK(validateControlFrame(error, kHdr + 10, kSecret, kSrc, kText, &why) ==
+        FrameVerdict::kForeign);  // source rank outside the group
+  // A probe with a payload, or whose fingerprint does not match its fields.
+  auto fat = makeHeader(FrameKind::kProbe, kSecret, kSeq, kSrc, 0, 0, 4, sig);
+  CHECK(validateControlFrame(fat, kHdr + 4, kSecret, kWorld, kText, &why) ==
+        FrameVerdict::kMalformed);
+  auto forged = probe;
+  forged.numel += 1;
+  CHECK(validateControlFrame(forged, kHdr, kSecret, kWorld, kText, &why) ==
+        FrameVerdict::kMalformed);
+  CHECK(!why.empty());
+}

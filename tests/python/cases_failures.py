@@ -295,8 +295,9 @@ def async_future_error(rank: int, world: int) -> dict:
 DEATH_DELAY = 0.5  # the victim dies this long after the warm-up all_reduce
 
 
-def peer_death(rank: int, world: int, coll: str, victim: int, how: str) -> dict:
-    """``victim`` dies (``how``: "sigkill" or "exit") DEATH_DELAY s after a
+def peer_death(rank: int, world: int, coll: str, victim: int, how: str,
+               delay: float = DEATH_DELAY) -> dict:
+    """``victim`` dies (``how``: "sigkill" or "exit") ``delay`` s after a
     warm-up all_reduce; the survivors are by then inside ``coll``."""
     import torch
     import torch.distributed as dist
@@ -305,7 +306,7 @@ def peer_death(rank: int, world: int, coll: str, victim: int, how: str) -> dict:
     dist.all_reduce(warm)
     warm_ok = warm.tolist() == [world * (world + 1) / 2] * 4
     if rank == victim:
-        time.sleep(DEATH_DELAY)
+        time.sleep(delay)
         if how == "sigkill":
             os.kill(os.getpid(), 9)
         os._exit(3)
@@ -343,25 +344,27 @@ def peer_death(rank: int, world: int, coll: str, victim: int, how: str) -> dict:
 LATE_SLEEP = 6.0
 
 
-def timeout_case(rank: int, world: int) -> dict:
-    """Group timeout 2 s (set by the parent); rank 1 joins LATE_SLEEP s late."""
+def timeout_case(rank: int, world: int, late: int = 1) -> dict:
+    """Group timeout 2 s (set by the parent); rank ``late`` joins LATE_SLEEP s
+    late. The timed-out call is the group's second (sequence 1)."""
     import torch
     import torch.distributed as dist
 
+    s = float(world * (world + 1) // 2)
     warm = torch.full((4,), float(rank + 1))
     dist.all_reduce(warm)
-    rec = {"warm_ok": warm.tolist() == [3.0] * 4}
-    if rank == 1:
+    rec = {"warm_ok": warm.tolist() == [s] * 4}
+    if rank == late:
         time.sleep(LATE_SLEEP)
     t = torch.full((100,), float(rank + 1))
     first = _attempt(lambda: dist.all_reduce(t))
     rec["first"] = {k: first[k] for k in ("raised", "type", "msg", "elapsed",
                                           "is_runtime_error", "is_dist_backend_error")}
     # a rank that returned normally must hold the right sum
-    rec["first"]["value_ok"] = t.tolist() == [3.0] * 100 if not first["raised"] else None
+    rec["first"]["value_ok"] = t.tolist() == [s] * 100 if not first["raised"] else None
     second = _attempt(lambda: dist.all_reduce(torch.ones(3)))
     rec["second"] = {k: second[k] for k in ("raised", "type", "msg", "elapsed")}
-    _survivor_barrier(rank, [0, 1], "timeout-done", timeout=30)
+    _survivor_barrier(rank, list(range(world)), "timeout-done", timeout=30)
     return rec
 
 

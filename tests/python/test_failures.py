@@ -185,7 +185,7 @@ def test_timeout_names_the_late_rank_and_poisons_the_group():
     first = r0["first"]
     assert first["raised"], "rank 0 did not time out although rank 1 was 6 s late"
     assert first["is_dist_backend_error"], first["type"]
-    for needle in ("timed out", "allreduce", "rank(s) 1"):
+    for needle in ("timed out", "allreduce", "at sequence 1", "rank(s) 1"):
         assert needle in first["msg"], f"rank 0's error lacks {needle!r}: {first['msg']!r}"
     assert 1.5 <= first["elapsed"] <= 5.0, f"rank 0 failed after {first['elapsed']:.1f}s"
     # after a timeout the group is unusable on that rank: immediate, and the
@@ -207,6 +207,38 @@ def test_timeout_names_the_late_rank_and_poisons_the_group():
     assert _has_token(s1["msg"], "rank 0") or "rank(s) 0" in s1["msg"], s1["msg"]
     assert s1["elapsed"] < 5.0, s1
     assert elapsed < 35, elapsed
+
+
+@smddp_only
+@pytest.mark.parametrize("path", ["shared-memory", "network"])
+def test_timeout_names_the_collective_sequence_and_missing_rank_at_world_3(path):
+    """Rank 2 is late for the second call (sequence 1: a small all_reduce,
+    served whole by rank 1 on the network path). There rank 0 only waits
+    for rank 1's reply, yet the rank that has not arrived is 2: every rank
+    that times out must name the
+    collective, the sequence number and rank 2 as the one not seen, and
+    must not call rank 1 (which arrived) missing."""
+    env = {"SMDDP_SHM_ALLREDUCE": "0"} if path == "network" else None
+    results = run_world(3, "cases_failures:timeout_case", backend=BACKEND, timeout=45,
+                        pg_timeout=2.0, expect_failure=True, args=(2,), env=env)
+    for rank in (0, 1):
+        r = results[rank]
+        assert r["warm_ok"], rank
+        first = r["first"]
+        assert first["raised"], f"rank {rank} did not time out although rank 2 was 6 s late"
+        msg = first["msg"]
+        for needle in ("timed out", "allreduce", "at sequence 1"):
+            assert needle in msg, f"rank {rank}'s error lacks {needle!r}: {msg!r}"
+        # The ranks named as missing: "not seen at this call" when the
+        # message has it (network path: the rank waited on may be a server
+        # that did arrive), else the ranks waited for (the shared-memory
+        # path counts arrivals, so those are exactly the late ones).
+        m = re.search(r"not seen at this call: rank\(s\) ([\d, ]+)", msg)
+        if path == "shared-memory":
+            m = m or re.search(r"waiting for rank\(s\) ([\d, ]+)", msg)
+        assert m, f"rank {rank}'s error does not say who had not arrived: {msg!r}"
+        assert {int(x) for x in m.group(1).split(",")} == {2}, (rank, msg)
+        assert 1.5 <= first["elapsed"] <= 5.0, (rank, first["elapsed"])
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,159 @@
+// A foreign libfabric process for tests/python/test_robust.py: it opens its
+// own endpoint on the job's provider, inserts one rank's address and sends
+// that rank hostile messages that get past the provider's own protocol, so
+// they reach the smddp frame layer:
+//   - on the error/probe tag (receives posted from any source): garbage,
+//     truncated headers, forged headers with a wrong secret, and, when it is
+//     given the group's secret, frames with the right secret that are still
+//     malformed (length lies, oversized payload, bad probe fingerprint,
+//     source rank outside the group). Every one must be rejected and
+//     counted in framesRejected; none may change a result.
+//   - on the data tags of the next sequence numbers (receives posted for
+//     one peer's address only): forged data frames that must never match.
+//
+//   smddp_wire_intruder <provider> <hex endpoint name> <per kind> [secret] [world]
+//
+// Prints "sent <error-tag frames> <data-tag frames>" once every send has
+// completed, then stays connected until stdin closes (at most 120 s), so the
+// messages are not torn down with the connection before they are read.
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "transport/endpoint.h"
+#include "transport/fabric.h"
+#include "transport/frame.h"
+
+using namespace smddp;
+
+namespace {
+
+std::string unhex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+struct Message {
+  uint64_t tag;
+  std::vector<uint8_t> bytes;
+};
+
+std::vector<uint8_t> bytesOf(const FrameHeader& h, size_t keep, size_t extra, std::mt19937_64& rng) {
+  std::vector<uint8_t> b(sizeof(h) + extra);
+  std::memcpy(b.data(), &h, sizeof(h));
+  for (size_t i = sizeof(h); i < b.size(); ++i) b[i] = static_cast<uint8_t>(rng());
+  b.resize(keep == 0 ? b.size() : keep);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s <provider> <hex endpoint name> <per kind> [secret] [world]\n",
+            argv[0]);
+    return 2;
+  }
+  const std::string provider = argv[1];
+  const std::string target = unhex(argv[2]);
+  const int perKind = std::atoi(argv[3]);
+  const bool haveSecret = argc > 4;
+  const uint64_t secret = haveSecret ? std::stoull(argv[4]) : 0;
+  const uint32_t world = argc > 5 ? static_cast<uint32_t>(std::atoi(argv[5])) : 2;
+
+  auto fabric = std::make_shared<Fabric>(provider);
+  Endpoint ep(fabric);
+  fi_addr_t dest = ep.insertPeers({target})[0];
+
+  std::mt19937_64 rng(42);
+  const uint64_t errTag = makeTag(TagClass::kError, 0, 0, 0);
+  CollectiveSignature sig{CollectiveType::kAllreduce, DataType::kFloat32, ReduceOp::kSum, 7, -1};
+  std::vector<Message> msgs;
+  size_t errorFrames = 0;
+  auto add = [&](uint64_t tag, std::vector<uint8_t> b) {
+    if (tag == errTag) ++errorFrames;
+    msgs.push_back({tag, std::move(b)});
+  };
+  for (int i = 0; i < perKind; ++i) {
+    // Garbage of every size around the header's.
+    std::vector<uint8_t> g(1 + rng() % (sizeof(FrameHeader) * 3));
+    for (auto& x : g) x = static_cast<uint8_t>(rng());
+    add(errTag, g);
+    uint64_t wrong = rng() | 1;
+    if (haveSecret && wrong == secret) wrong ^= 2;
+    // Truncated error header; a forged one with a wrong secret.
+    FrameHeader e = makeHeader(FrameKind::kError, wrong, i, 0, 0, 0, 16, CollectiveSignature{});
+    add(errTag, bytesOf(e, 1 + rng() % (sizeof(FrameHeader) - 1), 16, rng));
+    add(errTag, bytesOf(e, 0, 16, rng));
+    // A header that claims an absurd length.
+    FrameHeader huge = e;
+    huge.length = std::numeric_limits<uint64_t>::max() - i;
+    add(errTag, bytesOf(huge, 0, 0, rng));
+    if (haveSecret) {
+      // The right secret, still malformed in one field each.
+      FrameHeader lie = makeHeader(FrameKind::kError, secret, i, 0, 0, 0, 100, CollectiveSignature{});
+      add(errTag, bytesOf(lie, 0, 16, rng));  // says 100 bytes, carries 16
+      FrameHeader big = makeHeader(FrameKind::kError, secret, i, 0, 0, 0, 16, CollectiveSignature{});
+      add(errTag, bytesOf(big, 0, 64 * 1024, rng));  // oversized: spills past the text buffer
+      FrameHeader probe = makeHeader(FrameKind::kProbe, secret, i, 0, 0, 0, 0, sig);
+      probe.fingerprint ^= 1;
+      add(errTag, bytesOf(probe, 0, 0, rng));
+      FrameHeader stranger = makeHeader(FrameKind::kError, secret, i, world + 3, 0, 0, 0,
+                                        CollectiveSignature{});
+      add(errTag, bytesOf(stranger, 0, 0, rng));
+    }
+    // Forged data frames for the sequence numbers the job is about to use.
+    for (uint64_t seq = 0; seq < 4; ++seq) {
+      FrameHeader d = makeHeader(FrameKind::kData, wrong, seq, 0, 0, 0, 28, sig);
+      add(makeTag(TagClass::kData, seq + i, rng() % 2, 0), bytesOf(d, 0, 28, rng));
+    }
+  }
+
+  // One send at a time, each waited for: bounded, and no queue to size.
+  std::vector<uint8_t> context(64);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (auto& m : msgs) {
+    iovec iov{m.bytes.data(), m.bytes.size()};
+    while (ep.postSend(dest, m.tag, &iov, 1, context.data()) != 0) {
+      Completion c[4];
+      ep.poll(c, 4);
+      if (std::chrono::steady_clock::now() > deadline) return 3;
+    }
+    for (;;) {
+      Completion c[4];
+      size_t n = ep.poll(c, 4);
+      if (n > 0) {
+        if (c[0].err) fprintf(stderr, "send failed: %s\n", c[0].errText.c_str());
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return 3;
+      usleep(100);
+    }
+  }
+  printf("sent %zu %zu\n", errorFrames, msgs.size() - errorFrames);
+  fflush(stdout);
+  // Stay connected (and keep progressing) until the test is done with us.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{0, POLLIN, 0};
+    if (poll(&p, 1, 1) > 0) {
+      char buf[64];
+      if (read(0, buf, sizeof(buf)) <= 0) break;
+    }
+    Completion c[4];
+    ep.poll(c, 4);
+  }
+  return 0;
+}
