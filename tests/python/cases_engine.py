@@ -46,3 +46,18 @@ def digest_of_sum(rank, world):
     t = torch.randn(1 << 20, generator=g) * 1000
     dist.all_reduce(t)
     return {"digest": hashlib.sha256(t.numpy().tobytes()).hexdigest()}
+
+
+def large_tensors(rank, world, mib=256):
+    """A 256 MiB float32 allreduce and broadcast against closed forms."""
+    n = mib * (1 << 20) // 4
+    pattern = (torch.arange(n, dtype=torch.int32) % 1000).to(torch.float32)
+    t = pattern + rank
+    dist.all_reduce(t)
+    sum_ok = bool(torch.equal(t, pattern * world + world * (world - 1) / 2))
+    del t
+    b = pattern + rank
+    dist.broadcast(b, src=world - 1)
+    bcast_ok = bool(torch.equal(b, pattern + (world - 1)))
+    return {"sum_ok": sum_ok, "bcast_ok": bcast_ok,
+            "path": torch_smddp.stats()["allreduce_path"]}

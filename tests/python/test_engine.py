@@ -37,3 +37,12 @@ def test_same_job_three_times_gives_the_same_bytes():
         assert len({r["digest"] for r in res}) == 1, "ranks disagree bitwise"
         digests.append(res[0]["digest"])
     assert len(set(digests)) == 1, digests
+
+
+@pytest.mark.parametrize("path", ["shared-memory", "network"])
+def test_256_mib_tensors(path):
+    env = {} if path == "shared-memory" else {"SMDDP_SHM_ALLREDUCE": "0"}
+    results = run_world(2, "cases_engine:large_tensors", timeout=180, env=env)
+    for rank, res in enumerate(results):
+        assert res["sum_ok"] and res["bcast_ok"], (rank, res)
+        assert (res["path"] == "shared-memory") == (path == "shared-memory"), res
