@@ -34,6 +34,10 @@ SMDDP_PARAM_INT(paramMaxPostedRecvs, "SMDDP_MAX_POSTED_RECVS", 256, 8, 100000,
                 "receives one collective keeps posted at once (shm holds about 1024 in all)")
 SMDDP_PARAM_INT(paramSpinUs, "SMDDP_SPIN_US", 50, 0, 1000000,
                 "microseconds a waiting engine thread polls before it starts to sleep")
+SMDDP_PARAM_INT(paramStreamSpinUs, "SMDDP_STREAM_SPIN_US", 500, 0, 1000000,
+                "microseconds a rank polls inside a shared-memory allreduce's data steps, where "
+                "its peers are working on the same call, before it sleeps (hosts with more ranks "
+                "than cores use SMDDP_SPIN_US instead)")
 SMDDP_PARAM_INT(paramSleepUs, "SMDDP_SLEEP_US", 100, 1, 100000,
                 "longest sleep between polls of an idle engine thread, in microseconds")
 SMDDP_PARAM_BOOL(paramHostPath, "SMDDP_SHM_ALLREDUCE", true,
@@ -62,6 +66,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.ringDepth = paramRingDepth();
   c.maxPostedRecvs = paramMaxPostedRecvs();
   c.spinUs = paramSpinUs();
+  c.streamSpinUs = paramStreamSpinUs();
   c.sleepUs = paramSleepUs();
   c.hostPath = paramHostPath();
   c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
@@ -174,6 +179,7 @@ Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
     // Oversubscribed hosts (more ranks than cores) get a deeper pipeline:
     // a rank then runs in time slices and should cover more steps in each.
     const bool oversubscribed = topo.localSize > static_cast<int>(onlineCores());
+    topo.oversubscribed = oversubscribed;
     // The slot size sets the step size, which the hosts' servers must agree
     // on (the network step pairs them by step): across hosts it is fixed.
     const uint64_t slot = config_.shmSlotBytes ? config_.shmSlotBytes

@@ -49,6 +49,7 @@ struct EngineConfig {
   int64_t ringDepth;
   int64_t maxPostedRecvs;
   int64_t spinUs;
+  int64_t streamSpinUs;  // polling inside a shared-memory batch's data steps
   int64_t sleepUs;
   bool hostPath;          // allreduce through the host's shared memory segment
   uint64_t fusionBytes;   // fusion buffer budget

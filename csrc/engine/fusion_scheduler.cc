@@ -98,6 +98,7 @@ struct FusionBufferScheduler::Batch {
   std::chrono::steady_clock::time_point start, deadline, idleSince, nextLiveness;
   bool probed = false;
   bool probeNow = false;
+  bool streaming = false;  // in the data steps: every peer is in this call too
 };
 
 HostTopology HostTopology::of(const std::vector<std::string>& hostOfRank, int rank) {
@@ -132,7 +133,12 @@ FusionBufferScheduler::FusionBufferScheduler(Communicator& comm,
                                              HostTopology topo, uint64_t fusionBytes)
     : comm_(comm), segment_(std::move(segment)), topo_(std::move(topo)),
       me_(topo_.localRank), leader_(topo_.ranksOfHost[topo_.hostIndex][0]),
-      fusionBytes_(fusionBytes) {}
+      fusionBytes_(fusionBytes) {
+  // With more ranks than cores a polling rank holds a core its peer needs.
+  streamSpinUs_ = topo_.oversubscribed ? comm.config().spinUs
+                                        : std::max<int64_t>(comm.config().spinUs,
+                                                            comm.config().streamSpinUs);
+}
 
 FusionBufferScheduler::~FusionBufferScheduler() = default;
 
@@ -398,6 +404,8 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
 
   std::vector<const void*> inputs(n);
   auto& st = comm_.counters();
+  b.streaming = true;
+  b.idleSince = std::chrono::steady_clock::now();
   uint64_t w = f, r = f, c = f;
   if (myServer < 0) r = end;
   while (c < end) {
@@ -565,7 +573,11 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
     comm_.checkPeersAlive(b.what);
   }
   if (!mayBlock) return;
-  if (now - b.idleSince < std::chrono::microseconds(comm_.config().spinUs)) {
+  // Mid-stream, the awaited peer is working on this very call and its next
+  // publish is microseconds away: a futex sleep there costs a wake-up per
+  // step. Elsewhere a peer may be computing, so polling stays short.
+  const int64_t spinUs = b.streaming ? streamSpinUs_ : comm_.config().spinUs;
+  if (now - b.idleSince < std::chrono::microseconds(spinUs)) {
     sched_yield();  // polling, but let a runnable compute thread have the core
     return;
   }

@@ -39,6 +39,7 @@ struct HostTopology {
   int localRank = 0;
   int localSize = 1;
   std::vector<std::vector<int>> ranksOfHost;  // global ranks, ascending
+  bool oversubscribed = false;                // this host has more ranks than cores
   static HostTopology of(const std::vector<std::string>& hostOfRank, int rank);
   int hosts() const { return static_cast<int>(ranksOfHost.size()); }
   // Every host has the same number of ranks.
@@ -97,6 +98,7 @@ class FusionBufferScheduler {
   int me_;      // this rank in the segment (its local rank)
   int leader_;  // global rank of this host's leader
   uint64_t fusionBytes_;
+  int64_t streamSpinUs_ = 0;  // polling budget inside a batch's data steps
   uint64_t nextBatch_ = 0;  // worker thread only
   uint64_t nextStep_ = 0;   // worker thread only
 };
