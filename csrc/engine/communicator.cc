@@ -20,7 +20,7 @@
 #include "engine/algorithms.h"
 #include "engine/exchange.h"
 #include "engine/fusion_scheduler.h"
-#include "engine/host_segment.h"
+#include "engine/host_path.h"
 
 namespace smddp {
 
@@ -91,12 +91,6 @@ std::string hostIdentity() {
   return buf;
 }
 
-unsigned onlineCores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 // True when /proc says the process is gone or a zombie.
 bool processExited(int64_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -163,50 +157,15 @@ Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
                                   endpoint_->name(), opts_.timeout);
   peerAddrs_ = endpoint_->insertPeers(names);
   postErrorReceives();
-  // 5. Allreduce through each host's shared segment (and, across hosts,
-  //    between the hosts' servers) when every host has as many ranks.
-  std::vector<std::string> hosts;
-  for (const auto& p : peers_) hosts.push_back(p.host);
-  HostTopology topo = HostTopology::of(hosts, opts_.rank);
-  if (config_.hostPath && opts_.size > 1 && topo.uniform() &&
-      topo.localSize <= kHostMaxRanks) {
-    int servers = topo.localSize;
-    if (config_.serversPerNode > 0) servers = std::min<int>(servers, config_.serversPerNode);
-    const int leader = topo.ranksOfHost[topo.hostIndex][0];
-    char unique[64];
-    snprintf(unique, sizeof(unique), "%lld-%016llx-%d", static_cast<long long>(peers_[leader].pid),
-             static_cast<unsigned long long>(jobSecret_), topo.hostIndex);
-    // Oversubscribed hosts (more ranks than cores) get a deeper pipeline:
-    // a rank then runs in time slices and should cover more steps in each.
-    const bool oversubscribed = topo.localSize > static_cast<int>(onlineCores());
-    topo.oversubscribed = oversubscribed;
-    // The slot size sets the step size, which the hosts' servers must agree
-    // on (the network step pairs them by step): across hosts it is fixed.
-    const uint64_t slot = config_.shmSlotBytes ? config_.shmSlotBytes
-                          : (oversubscribed && topo.hosts() == 1 ? 262144 : 131072);
-    const int depth = config_.shmDepth ? static_cast<int>(config_.shmDepth)
-                                       : (oversubscribed ? 16 : 4);
-    std::string status = "ok";
-    std::unique_ptr<HostSegment> seg;
-    try {
-      PrefixBootstrap local(bootstrap, "smddp/host" + std::to_string(topo.hostIndex) + "/");
-      seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers, slot,
-                                          depth, unique, opts_.timeout);
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::kTransport) throw;
-      status = e.what();
+  // 5. Allreduce through each host's shared segment when the layout allows.
+  if (config_.hostPath && opts_.size > 1) {
+    std::vector<std::string> hosts;
+    std::vector<int64_t> pids;
+    for (const auto& p : peers_) {
+      hosts.push_back(p.host);
+      pids.push_back(p.pid);
     }
-    // Every host must take the same path.
-    auto all = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "smddp/hostpath", status,
-                                  opts_.timeout);
-    bool everywhere = std::all_of(all.begin(), all.end(), [](auto& s) { return s == "ok"; });
-    if (everywhere) {
-      scheduler_ = std::make_unique<FusionBufferScheduler>(*this, std::move(seg), topo,
-                                                           config_.fusionBytes);
-    } else {
-      SMDDP_LOG(kWarn) << "group '" << opts_.name << "': shared memory unavailable on some rank; "
-                       << "allreduce stays on " << provider_;
-    }
+    scheduler_ = openHostPath(*this, bootstrap, hosts, pids);
   }
   worker_ = std::thread([this] { workerLoop(); });
   SMDDP_LOG(kInfo) << "group '" << opts_.name << "' rank " << opts_.rank << "/" << opts_.size
@@ -596,89 +555,6 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
       SMDDP_LOG(kError) << "completion callback of " << t.what << " threw";
     }
   }
-}
-
-// ---- collectives: enqueue the algorithms of algorithms.h ------------------
-
-uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done) {
-  std::shared_ptr<FusibleCall> fusible;
-  if (scheduler_ && isSupported(op, dtype)) {
-    // Unsupported combinations take the plain path, which reports them.
-    fusible = std::make_shared<FusibleCall>();
-    fusible->bufs = bufs;
-    fusible->dtype = dtype;
-    fusible->op = op;
-    for (const auto& b : bufs) fusible->numel += b.numel;
-  }
-  return enqueue("allreduce", [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
-    runAllreduce(*this, seq, bufs, dtype, op);
-  }, std::move(done), std::move(fusible));
-}
-
-uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done) {
-  return enqueue("broadcast", [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
-    runBroadcast(*this, seq, bufs, dtype, root);
-  }, std::move(done));
-}
-
-uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done) {
-  return enqueue("allgather", [this, in, outs = std::move(outs), dtype](uint64_t seq) {
-    runAllgather(*this, seq, in, outs, dtype);
-  }, std::move(done));
-}
-
-uint64_t Communicator::barrier(Done done) {
-  return enqueue("barrier", [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
-}
-
-uint64_t Communicator::monitoredBarrier(std::chrono::milliseconds timeout, Done done) {
-  return enqueue("monitored_barrier", [this, timeout](uint64_t seq) {
-    runMonitoredBarrier(*this, seq, timeout);
-  }, std::move(done));
-}
-
-uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,
-                                     ReduceOp op, Done done) {
-  return enqueue("reduce_scatter", [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
-    runReduceScatter(*this, seq, ins, out, dtype, op);
-  }, std::move(done));
-}
-
-uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done) {
-  return enqueue("reduce", [this, buf, dtype, op, root](uint64_t seq) {
-    runReduce(*this, seq, buf, dtype, op, root);
-  }, std::move(done));
-}
-
-uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root,
-                              Done done) {
-  return enqueue("gather", [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
-    runGather(*this, seq, in, outs, dtype, root);
-  }, std::move(done));
-}
-
-uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root,
-                               Done done) {
-  return enqueue("scatter", [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
-    runScatter(*this, seq, ins, out, dtype, root);
-  }, std::move(done));
-}
-
-uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs,
-                                DataType dtype, Done done) {
-  return enqueue("alltoall", [this, ins = std::move(ins), outs = std::move(outs),
-                              dtype](uint64_t seq) { runAlltoall(*this, seq, ins, outs, dtype); },
-                 std::move(done));
-}
-
-void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op) {
-  std::promise<void> p;
-  auto f = p.get_future();
-  allreduce(std::move(bufs), dtype, op, [&p](std::exception_ptr e) {
-    if (e) p.set_exception(e);
-    else p.set_value();
-  });
-  f.get();
 }
 
 }  // namespace smddp

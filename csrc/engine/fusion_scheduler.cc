@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "engine/communicator.h"
 #include "engine/exchange.h"
+#include "engine/fused_view.h"
 #include "engine/reduce_kernels.h"
 #include "engine/shard_plan.h"
 #include "engine/stream_copy.h"
@@ -20,60 +21,6 @@ CollectiveSignature FusibleCall::signature() const {
 }
 
 namespace {
-
-// The calls of a batch seen as one buffer: element ranges of the fused
-// buffer map onto pieces of the callers' tensors.
-class FusedView {
- public:
-  FusedView(const std::vector<FusibleCall*>& calls, size_t elemSize) : es_(elemSize) {
-    uint64_t off = 0;
-    for (const FusibleCall* c : calls) {
-      for (const Buffer& b : c->bufs) {
-        if (b.numel == 0) continue;
-        parts_.push_back({static_cast<uint8_t*>(b.data), off, b.numel});
-        off += b.numel;
-      }
-    }
-  }
-  // Copies elements [off, off + count) of the fused buffer to `dst`.
-  void read(uint64_t off, uint64_t count, uint8_t* dst) const {
-    visit(off, count, [&](uint8_t* p, uint64_t n) {
-      std::memcpy(dst, p, n * es_);
-      dst += n * es_;
-    });
-  }
-  // Copies `src` over elements [off, off + count) of the fused buffer.
-  void write(uint64_t off, uint64_t count, const uint8_t* src, bool streaming) const {
-    visit(off, count, [&](uint8_t* p, uint64_t n) {
-      if (streaming) copyStreaming(p, src, n * es_);
-      else std::memcpy(p, src, n * es_);
-      src += n * es_;
-    });
-  }
-
- private:
-  struct Part {
-    uint8_t* data;
-    uint64_t start;
-    uint64_t numel;
-  };
-  template <typename F>
-  void visit(uint64_t off, uint64_t count, F&& f) const {
-    auto it = std::upper_bound(parts_.begin(), parts_.end(), off,
-                               [](uint64_t o, const Part& p) { return o < p.start; });
-    if (it != parts_.begin()) --it;
-    while (count > 0 && it != parts_.end()) {
-      uint64_t in = off - it->start;
-      uint64_t n = std::min(count, it->numel - in);
-      f(it->data + in * es_, n);
-      off += n;
-      count -= n;
-      ++it;
-    }
-  }
-  size_t es_;
-  std::vector<Part> parts_;
-};
 
 std::string rankList(const std::vector<int>& ranks) {
   std::string s;
@@ -99,34 +46,8 @@ struct FusionBufferScheduler::Batch {
   bool probed = false;
   bool probeNow = false;
   bool streaming = false;  // in the data steps: every peer is in this call too
+  std::chrono::steady_clock::time_point nextNetworkCheck{};
 };
-
-HostTopology HostTopology::of(const std::vector<std::string>& hostOfRank, int rank) {
-  HostTopology t;
-  std::vector<std::string> names;
-  for (int r = 0; r < static_cast<int>(hostOfRank.size()); ++r) {
-    auto it = std::find(names.begin(), names.end(), hostOfRank[r]);
-    size_t h = static_cast<size_t>(it - names.begin());
-    if (it == names.end()) {
-      names.push_back(hostOfRank[r]);
-      t.ranksOfHost.emplace_back();
-    }
-    if (r == rank) {
-      t.hostIndex = static_cast<int>(h);
-      t.localRank = static_cast<int>(t.ranksOfHost[h].size());
-    }
-    t.ranksOfHost[h].push_back(r);
-  }
-  t.localSize = static_cast<int>(t.ranksOfHost[t.hostIndex].size());
-  return t;
-}
-
-bool HostTopology::uniform() const {
-  for (const auto& h : ranksOfHost) {
-    if (h.size() != ranksOfHost[0].size()) return false;
-  }
-  return true;
-}
 
 FusionBufferScheduler::FusionBufferScheduler(Communicator& comm,
                                              std::unique_ptr<HostSegment> segment,
@@ -173,16 +94,7 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
   } catch (const Error& e) {
     if (b.joined) {
       abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + e.what());
-      // Release everyone who waits on this rank's part of the batch.
-      auto& ctl = segment_->ctl();
-      const uint64_t end = b.firstStep + b.steps;
-      for (SharedCounter* c : {&ctl.written[me_], &ctl.reduced[me_], &ctl.consumed[me_]}) {
-        if (c->value.load() < end) c->value.store(end);
-      }
-      if (ctl.arrived[me_].value.load() < b.index + 1) {
-        ctl.arrived[me_].value.store(b.index + 1);
-      }
-      segment_->wakeAll();
+      releaseBatch(b, b.firstStep + b.steps);
     }
     for (size_t i = 0; i < calls.size(); ++i) {
       comm_.noteSignature(calls[i]->seq, calls[i]->signature());
@@ -535,18 +447,11 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
   }
   auto now = clock::now();
   // The network side: error frames and stall probes from ranks that are in
-  // another collective (they cannot see this segment's plan).
-  comm_.progress();
-  std::string remote;
-  for (size_t i = 0; i < std::max<size_t>(1, b.sigs.size()); ++i) {
-    uint64_t seq = b.firstSeq + i;
-    const CollectiveSignature& sig = b.sigs[std::min(i, b.sigs.size() - 1)];
-    if (comm_.remoteErrorFor(seq, &remote)) {
-      throwError(ErrorKind::kMismatch, "smddp: " + b.what + " failed on another rank: " + remote);
-    }
-    if (comm_.probeMismatch(seq, sig, &remote)) {
-      throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": " + remote);
-    }
+  // another collective (they cannot see this segment's plan). Those are
+  // slow paths, so they are looked at every 100 us, not on every poll.
+  if (now >= b.nextNetworkCheck) {
+    b.nextNetworkCheck = now + std::chrono::microseconds(100);
+    checkNetwork(b);
   }
   if (!b.probed && (b.probeNow || now - b.start > std::chrono::milliseconds(200))) {
     b.probed = true;
@@ -591,15 +496,37 @@ void FusionBufferScheduler::skipBatch(Batch& b, const std::string& why) {
   FusionPlan& p = *b.plan;
   if (p.aborted.load() != b.index + 1) abortBatch(b, why);
   const uint64_t end = p.firstStep + p.steps;
-  const int me = me_;
-  for (SharedCounter* c : {&ctl.written[me], &ctl.reduced[me], &ctl.consumed[me]}) {
-    if (c->value.load() < end) c->value.store(end);
-  }
-  segment_->publish(ctl.arrived[me], b.index + 1);
+  releaseBatch(b, end);
   nextBatch_ = b.index + 1;
   nextStep_ = end;
   b.index = nextBatch_;
   b.plan = &ctl.plans[b.index % kPlanDepth];
+}
+
+void FusionBufferScheduler::checkNetwork(Batch& b) {
+  comm_.progress();
+  std::string remote;
+  for (size_t i = 0; i < std::max<size_t>(1, b.sigs.size()); ++i) {
+    uint64_t seq = b.firstSeq + i;
+    const CollectiveSignature& sig = b.sigs[std::min(i, b.sigs.size() - 1)];
+    if (comm_.remoteErrorFor(seq, &remote)) {
+      throwError(ErrorKind::kMismatch, "smddp: " + b.what + " failed on another rank: " + remote);
+    }
+    if (comm_.probeMismatch(seq, sig, &remote)) {
+      throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": " + remote);
+    }
+  }
+}
+
+void FusionBufferScheduler::releaseBatch(Batch& b, uint64_t endStep) {
+  // Mark this rank's part of batch b done (without doing it), so nobody
+  // waits on it here or when the slots come round again.
+  auto& ctl = segment_->ctl();
+  for (SharedCounter* c : {&ctl.written[me_], &ctl.reduced[me_], &ctl.consumed[me_]}) {
+    if (c->value.load() < endStep) c->value.store(endStep);
+  }
+  if (ctl.arrived[me_].value.load() < b.index + 1) ctl.arrived[me_].value.store(b.index + 1);
+  segment_->wakeAll();
 }
 
 void FusionBufferScheduler::abortBatch(Batch& b, const std::string& why) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "engine/host_path.h"
 #include "engine/host_segment.h"
 #include "transport/frame.h"
 
@@ -31,19 +32,6 @@ struct FusibleCall {
   ReduceOp op = ReduceOp::kSum;
   uint64_t numel = 0;
   CollectiveSignature signature() const;
-};
-
-// Which ranks share a host. Hosts are numbered by their lowest rank.
-struct HostTopology {
-  int hostIndex = 0;
-  int localRank = 0;
-  int localSize = 1;
-  std::vector<std::vector<int>> ranksOfHost;  // global ranks, ascending
-  bool oversubscribed = false;                // this host has more ranks than cores
-  static HostTopology of(const std::vector<std::string>& hostOfRank, int rank);
-  int hosts() const { return static_cast<int>(ranksOfHost.size()); }
-  // Every host has the same number of ranks.
-  bool uniform() const;
 };
 
 class FusionBufferScheduler {
@@ -82,6 +70,10 @@ class FusionBufferScheduler {
   void idle(Batch& b, uint32_t seenWake, const std::function<std::string()>& waitingOn,
             bool mayBlock = true);
   void abortBatch(Batch& b, const std::string& why);
+  // Error frames and stall probes that name this batch's calls.
+  void checkNetwork(Batch& b);
+  // Marks this rank's part of batch b (steps up to endStep) as done.
+  void releaseBatch(Batch& b, uint64_t endStep);
   // Marks batch b done for this rank without running it (aborting it for
   // the others), and moves on to the next plan.
   void skipBatch(Batch& b, const std::string& why);

@@ -1,0 +1,93 @@
+// The Communicator's collective entry points: each queues its algorithm
+// (algorithms.h) with the caller's completion; allreduce also offers itself
+// to the fusion-buffer scheduler when the host path is open.
+#include <future>
+
+#include "engine/algorithms.h"
+#include "engine/communicator.h"
+#include "engine/fusion_scheduler.h"
+
+namespace smddp {
+
+uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done) {
+  std::shared_ptr<FusibleCall> fusible;
+  if (scheduler_ && isSupported(op, dtype)) {
+    // Unsupported combinations take the plain path, which reports them.
+    fusible = std::make_shared<FusibleCall>();
+    fusible->bufs = bufs;
+    fusible->dtype = dtype;
+    fusible->op = op;
+    for (const auto& b : bufs) fusible->numel += b.numel;
+  }
+  return enqueue("allreduce", [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
+    runAllreduce(*this, seq, bufs, dtype, op);
+  }, std::move(done), std::move(fusible));
+}
+
+uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done) {
+  return enqueue("broadcast", [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
+    runBroadcast(*this, seq, bufs, dtype, root);
+  }, std::move(done));
+}
+
+uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done) {
+  return enqueue("allgather", [this, in, outs = std::move(outs), dtype](uint64_t seq) {
+    runAllgather(*this, seq, in, outs, dtype);
+  }, std::move(done));
+}
+
+uint64_t Communicator::barrier(Done done) {
+  return enqueue("barrier", [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
+}
+
+uint64_t Communicator::monitoredBarrier(std::chrono::milliseconds timeout, Done done) {
+  return enqueue("monitored_barrier", [this, timeout](uint64_t seq) {
+    runMonitoredBarrier(*this, seq, timeout);
+  }, std::move(done));
+}
+
+uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,
+                                     ReduceOp op, Done done) {
+  return enqueue("reduce_scatter", [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
+    runReduceScatter(*this, seq, ins, out, dtype, op);
+  }, std::move(done));
+}
+
+uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done) {
+  return enqueue("reduce", [this, buf, dtype, op, root](uint64_t seq) {
+    runReduce(*this, seq, buf, dtype, op, root);
+  }, std::move(done));
+}
+
+uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root,
+                              Done done) {
+  return enqueue("gather", [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
+    runGather(*this, seq, in, outs, dtype, root);
+  }, std::move(done));
+}
+
+uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root,
+                               Done done) {
+  return enqueue("scatter", [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
+    runScatter(*this, seq, ins, out, dtype, root);
+  }, std::move(done));
+}
+
+uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs,
+                                DataType dtype, Done done) {
+  return enqueue("alltoall", [this, ins = std::move(ins), outs = std::move(outs),
+                              dtype](uint64_t seq) { runAlltoall(*this, seq, ins, outs, dtype); },
+                 std::move(done));
+}
+
+void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op) {
+  std::promise<void> p;
+  auto f = p.get_future();
+  allreduce(std::move(bufs), dtype, op, [&p](std::exception_ptr e) {
+    if (e) p.set_exception(e);
+    else p.set_value();
+  });
+  f.get();
+}
+
+}  // namespace smddp

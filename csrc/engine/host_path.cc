@@ -1,0 +1,97 @@
+#include "engine/host_path.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "engine/communicator.h"
+#include "engine/fusion_scheduler.h"
+#include "engine/host_segment.h"
+
+namespace smddp {
+
+namespace {
+
+unsigned onlineCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+HostTopology HostTopology::of(const std::vector<std::string>& hostOfRank, int rank) {
+  HostTopology t;
+  std::vector<std::string> names;
+  for (int r = 0; r < static_cast<int>(hostOfRank.size()); ++r) {
+    auto it = std::find(names.begin(), names.end(), hostOfRank[r]);
+    size_t h = static_cast<size_t>(it - names.begin());
+    if (it == names.end()) {
+      names.push_back(hostOfRank[r]);
+      t.ranksOfHost.emplace_back();
+    }
+    if (r == rank) {
+      t.hostIndex = static_cast<int>(h);
+      t.localRank = static_cast<int>(t.ranksOfHost[h].size());
+    }
+    t.ranksOfHost[h].push_back(r);
+  }
+  t.localSize = static_cast<int>(t.ranksOfHost[t.hostIndex].size());
+  return t;
+}
+
+bool HostTopology::uniform() const {
+  for (const auto& h : ranksOfHost) {
+    if (h.size() != ranksOfHost[0].size()) return false;
+  }
+  return true;
+}
+
+std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstrap& bootstrap,
+                                                    const std::vector<std::string>& hostOfRank,
+                                                    const std::vector<int64_t>& pidOfRank) {
+  const EngineConfig& config = comm.config();
+  HostTopology topo = HostTopology::of(hostOfRank, comm.rank());
+  if (!topo.uniform() || topo.localSize > kHostMaxRanks) return nullptr;
+  int servers = topo.localSize;
+  if (config.serversPerNode > 0) servers = std::min<int>(servers, config.serversPerNode);
+  const int leader = topo.ranksOfHost[topo.hostIndex][0];
+  char unique[64];
+  snprintf(unique, sizeof(unique), "%lld-%016llx-%d", static_cast<long long>(pidOfRank[leader]),
+           static_cast<unsigned long long>(comm.jobSecret()), topo.hostIndex);
+  // Oversubscribed hosts (more ranks than cores) get a deeper pipeline: a
+  // rank then runs in time slices and should cover more steps in each.
+  topo.oversubscribed = topo.localSize > static_cast<int>(onlineCores());
+  // The slot size sets the step size, which the hosts' servers must agree
+  // on (the network step pairs them by step): across hosts it is fixed.
+  const uint64_t slot = config.shmSlotBytes ? config.shmSlotBytes
+                        : (topo.oversubscribed && topo.hosts() == 1 ? 262144 : 131072);
+  const int depth = config.shmDepth ? static_cast<int>(config.shmDepth)
+                                    : (topo.oversubscribed ? 16 : 4);
+  std::string status = "ok";
+  std::unique_ptr<HostSegment> seg;
+  try {
+    PrefixBootstrap local(bootstrap, "smddp/host" + std::to_string(topo.hostIndex) + "/");
+    seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers, slot, depth,
+                                        unique, comm.timeout());
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kTransport) throw;
+    status = e.what();
+  }
+  // Every host must take the same path.
+  auto all = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "smddp/hostpath", status,
+                                comm.timeout());
+  if (!std::all_of(all.begin(), all.end(), [](const std::string& s) { return s == "ok"; })) {
+    SMDDP_LOG(kWarn) << "shared memory unavailable on some rank; allreduce stays on "
+                     << comm.provider();
+    return nullptr;
+  }
+  return std::make_unique<FusionBufferScheduler>(comm, std::move(seg), std::move(topo),
+                                                 config.fusionBytes);
+}
+
+}  // namespace smddp

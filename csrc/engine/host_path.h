@@ -1,0 +1,41 @@
+// Where a group's ranks live, and the set-up of the shared-memory
+// allreduce path: one segment per host, opened only when every host holds
+// the same number of ranks and every rank could map its host's segment.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/bootstrap.h"
+
+namespace smddp {
+
+class Communicator;
+class FusionBufferScheduler;
+
+// Which ranks share a host. Hosts are numbered by their lowest rank.
+struct HostTopology {
+  int hostIndex = 0;
+  int localRank = 0;
+  int localSize = 1;
+  std::vector<std::vector<int>> ranksOfHost;  // global ranks, ascending
+  bool oversubscribed = false;                // this host has more ranks than cores
+  static HostTopology of(const std::vector<std::string>& hostOfRank, int rank);
+  int hosts() const { return static_cast<int>(ranksOfHost.size()); }
+  // Every host has the same number of ranks.
+  bool uniform() const;
+};
+
+
+// Opens each host's segment (through `bootstrap`, bounded by the group
+// timeout) and returns the scheduler that runs allreduce over it, or null
+// when the layout or some rank's shared memory does not allow it; every
+// rank reaches the same answer. `hostOfRank` and `pidOfRank` come from the
+// group's peer exchange.
+std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstrap& bootstrap,
+                                                    const std::vector<std::string>& hostOfRank,
+                                                    const std::vector<int64_t>& pidOfRank);
+
+}  // namespace smddp
