@@ -33,6 +33,18 @@ class FusedView {
       dst += n * es_;
     });
   }
+  // The caller's own memory for elements [off, off + count) when they lie
+  // in one tensor (a server reads its own part there, not from a slot);
+  // nullptr when the range spans tensors.
+  const uint8_t* direct(uint64_t off, uint64_t count) const {
+    const uint8_t* out = nullptr;
+    uint64_t pieces = 0;
+    visit(off, count, [&](uint8_t* p, uint64_t) {
+      out = p;
+      ++pieces;
+    });
+    return pieces == 1 ? out : nullptr;
+  }
   // Copies `src` over elements [off, off + count) of the fused buffer.
   void write(uint64_t off, uint64_t count, const uint8_t* src, bool streaming) const {
     visit(off, count, [&](uint8_t* p, uint64_t n) {

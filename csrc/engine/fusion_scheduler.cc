@@ -329,6 +329,9 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       for (int s = 0; s < S; ++s) {
         uint64_t off;
         uint64_t len = chunkOf(s, w, &off);
+        // A server's own part stays in the caller's tensor (step 2 reads it
+        // there): one copy fewer per byte it serves.
+        if (s == myServer && view.direct(off, len)) continue;
         if (len) view.read(off, len, seg.contribution(s, rank, w));
         if (seg.serverRank(s) != rank) st.bytesSent += len * es;
       }
@@ -343,6 +346,7 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       uint64_t len = chunkOf(myServer, r, &off);
       if (len) {
         for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(myServer, p, r);
+        if (const uint8_t* own = view.direct(off, len)) inputs[rank] = own;
         auto t0 = std::chrono::steady_clock::now();
         // Across hosts, AVG sums here and divides once at the end.
         reduceOrdered(seg.result(myServer, r), inputs.data(), n, len, b.dtype,
