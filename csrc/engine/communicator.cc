@@ -20,6 +20,7 @@
 #include "engine/algorithms.h"
 #include "engine/exchange.h"
 #include "engine/fusion_scheduler.h"
+#include "engine/host_segment.h"
 #include "engine/host_path.h"
 
 namespace smddp {
@@ -250,6 +251,11 @@ void Communicator::releaseRequest(Request* r) {
 size_t Communicator::progress() {
   Completion batch[16];
   size_t n = endpoint_->poll(batch, 16);
+  progressing_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{progressing_};
   for (size_t i = 0; i < n; ++i) {
     Request* r = static_cast<Request*>(batch[i].context);
     if (!r || requests_.find(r) == requests_.end()) continue;
@@ -307,7 +313,12 @@ void Communicator::handleErrorFrame(Request* r, const Completion& c) {
   } else {
     std::string text(r->text.data(), h.length);
     auto& slot = remoteErrors_[h.seq];
-    if (slot.empty()) slot = "rank " + std::to_string(h.srcRank) + " reported: " + text;
+    if (slot.text.empty()) {
+      slot.text = "rank " + std::to_string(h.srcRank) + " reported: " + text;
+      // offset: how many calls from h.seq on the report covers (a batch).
+      const uint64_t count = std::clamp<uint64_t>(h.offset, 1, kMaxFusedCalls);
+      slot.last = h.seq + count - 1;
+    }
   }
   // Re-arm the same receive.
   iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
@@ -319,15 +330,21 @@ void Communicator::handleErrorFrame(Request* r, const Completion& c) {
 bool Communicator::remoteErrorFor(uint64_t seq, std::string* text) {
   // Reports for sequences this rank already finished are stale: every rank
   // that saw the failure raised it then. Reports for later sequences wait.
-  remoteErrors_.erase(remoteErrors_.begin(), remoteErrors_.lower_bound(seq));
-  auto it = remoteErrors_.find(seq);
-  if (it == remoteErrors_.end()) return false;
-  *text = it->second;
-  remoteErrors_.erase(it);
-  return true;
+  // A report covers the calls of the reporter's failed batch (a fusion
+  // batch fails as a whole), so it answers every sequence in that range.
+  for (auto it = remoteErrors_.begin(); it != remoteErrors_.end() && it->first <= seq;) {
+    if (it->second.last < seq) {
+      it = remoteErrors_.erase(it);
+      continue;
+    }
+    *text = it->second.text;
+    if (it->second.last == seq) remoteErrors_.erase(it);
+    return true;
+  }
+  return false;
 }
 
-void Communicator::broadcastError(uint64_t seq, const std::string& text) {
+void Communicator::broadcastError(uint64_t seq, const std::string& text, uint64_t count) {
   std::string body = text.substr(0, 4000);
   for (int p = 0; p < opts_.size; ++p) {
     if (p == opts_.rank) continue;
@@ -336,12 +353,32 @@ void Communicator::broadcastError(uint64_t seq, const std::string& text) {
     r->peer = p;
     r->text = body;
     CollectiveSignature sig;
-    r->header = makeHeader(FrameKind::kError, jobSecret_, seq, opts_.rank, 0, 0, body.size(), sig);
+    r->header = makeHeader(FrameKind::kError, jobSecret_, seq, opts_.rank, 0, count, body.size(),
+                           sig);
     iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
-    int rc = endpoint_->postSend(peerAddrs_[p], errorTag(), iov,
-                                 body.empty() ? 1 : 2, &r->ctx);
-    if (rc != 0) releaseRequest(r);  // best effort: the peer's timeout still bounds it
+    postControl(r, iov, body.empty() ? 1 : 2);
   }
+}
+
+void Communicator::postControl(Request* r, const iovec* iov, size_t n) {
+  // A first send to a peer this rank never talked to waits for the
+  // connection (-FI_EAGAIN): progress and retry for a while rather than
+  // drop the frame (the peers would then only learn at their timeout).
+  // Inside progress() (a probe answered from a completion) there is no
+  // retry: progress is not re-entered.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (true) {
+    int rc = -1;
+    try {
+      rc = endpoint_->postSend(peerAddrs_[r->peer], errorTag(), iov, n, &r->ctx);
+    } catch (const Error&) {
+      break;  // a broken endpoint: the caller is already reporting a failure
+    }
+    if (rc == 0) return;
+    if (progressing_ || std::chrono::steady_clock::now() > deadline) break;
+    progress();
+  }
+  releaseRequest(r);  // best effort: the peer's timeout still bounds it
 }
 
 void Communicator::sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply) {
@@ -351,9 +388,7 @@ void Communicator::sendProbe(int peer, uint64_t seq, const CollectiveSignature& 
   r->peer = peer;
   r->header = makeHeader(FrameKind::kProbe, jobSecret_, seq, opts_.rank, reply ? 1 : 0, 0, 0, sig);
   iovec iov[1] = {{&r->header, sizeof(FrameHeader)}};
-  int rc = endpoint_->postSend(peerAddrs_[peer], errorTag(), iov, 1,
-                               &r->ctx);
-  if (rc != 0) releaseRequest(r);  // best effort, like error frames
+  postControl(r, iov, 1);  // best effort, like error frames
 }
 
 bool Communicator::probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why) {
@@ -428,6 +463,7 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
   t.fusible = std::move(fusible);
   queue_.push_back(std::move(t));
   queued_.store(queue_.size(), std::memory_order_release);
+  if (scheduler_) scheduler_->noteIssued(seq + 1);  // under queueMu_, before shutdown
   lock.unlock();
   queueCv_.notify_one();
   return seq;
@@ -494,17 +530,19 @@ void Communicator::workerLoop() {
 
 void Communicator::runTasks(std::vector<Task>& tasks) {
   std::exception_ptr eptr;
-  const Task& first = tasks[0];
+  // By value: the scheduler's takeNext appends to `tasks`, which moves them.
+  const uint64_t firstSeq = tasks[0].seq;
+  const std::string firstWhat = tasks[0].what;
   if (!brokenReason_.empty()) {
     eptr = std::make_exception_ptr(Error(
-        ErrorKind::kAborted, "smddp: " + first.what + " at sequence " + std::to_string(first.seq) +
+        ErrorKind::kAborted, "smddp: " + firstWhat + " at sequence " + std::to_string(firstSeq) +
                                  " refused: the group is unusable after an earlier failure: " +
                                  brokenReason_));
   } else {
     try {
-      if (first.fusible && scheduler_) {
+      if (tasks[0].fusible && scheduler_) {
         // The scheduler pulls the calls it fuses straight from the queue.
-        std::vector<FusibleCall*> calls{first.fusible.get()};
+        std::vector<FusibleCall*> calls{tasks[0].fusible.get()};
         auto takeNext = [&](std::chrono::microseconds wait,
                             const std::function<bool(const FusibleCall&)>& accept,
                             FusibleCall** out) {
@@ -513,8 +551,8 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
             queueCv_.wait_for(lock, wait, [&] { return stopping_ || !queue_.empty(); });
           }
           if (stopping_) {
-            throwError(ErrorKind::kAborted, "smddp: " + first.what + " at sequence " +
-                                                std::to_string(first.seq) +
+            throwError(ErrorKind::kAborted, "smddp: " + firstWhat + " at sequence " +
+                                                std::to_string(firstSeq) +
                                                 ": the process group was shut down");
           }
           if (queue_.empty()) return FusionBufferScheduler::Take::kEmpty;
@@ -529,20 +567,22 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
         };
         scheduler_->run(calls, takeNext);
       } else {
-        first.body(first.seq);
+        tasks[0].body(firstSeq);
       }
     } catch (const Error& e) {
       eptr = std::current_exception();
       stats_.errors++;
       std::string msg = e.what();
-      if (msg.find("failed on another rank") == std::string::npos) broadcastError(first.seq, msg);
+      if (msg.find("failed on another rank") == std::string::npos) {
+        broadcastError(firstSeq, msg, tasks.size());
+      }
       if (e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
           e.kind() == ErrorKind::kTransport) {
         brokenReason_ = msg;
       }
     } catch (const std::exception& e) {
       eptr = std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));
-      broadcastError(first.seq, e.what());
+      broadcastError(firstSeq, e.what(), tasks.size());
     }
   }
   for (Task& t : tasks) {

@@ -135,7 +135,10 @@ class Communicator {
   // The first error another rank reported for a sequence <= seq, if any.
   bool remoteErrorFor(uint64_t seq, std::string* text);
   // Tells every peer that `seq` failed here, so nobody waits for us.
-  void broadcastError(uint64_t seq, const std::string& text);
+  // Tells every peer that calls seq .. seq + count - 1 failed here.
+  void broadcastError(uint64_t seq, const std::string& text, uint64_t count = 1);
+  // Posts an error or probe frame to r->peer, retrying a busy endpoint.
+  void postControl(Request* r, const iovec* iov, size_t n);
   // Stall probes. Ranks that disagree on a call may all sit in receives
   // that no peer will ever send to (e.g. an allreduce server and a
   // broadcast receiver), so no data frame can reveal the mismatch. An
@@ -190,6 +193,7 @@ class Communicator {
   void expireP2P();
 
   size_t p2pInFlight_ = 0;  // worker thread only
+  bool progressing_ = false;  // inside progress(): worker thread only
 
   CommOptions opts_;
   EngineConfig config_;
@@ -204,7 +208,11 @@ class Communicator {
   // Request pool: every posted Request lives here until its completion.
   std::unordered_map<Request*, std::unique_ptr<Request>> requests_;  // worker thread only
   std::vector<std::unique_ptr<Request>> freeRequests_;               // worker thread only
-  std::map<uint64_t, std::string> remoteErrors_;                     // worker thread only
+  struct RemoteError {
+    uint64_t last = 0;  // the report covers sequences first .. last
+    std::string text;
+  };
+  std::map<uint64_t, RemoteError> remoteErrors_;                     // worker thread only
   std::map<uint64_t, std::map<int, CollectiveSignature>> probes_;   // worker thread only
   std::map<uint64_t, CollectiveSignature> history_;                  // worker thread only
   std::vector<uint8_t> scratch_;                                     // worker thread only

@@ -74,5 +74,7 @@ constexpr uint32_t kPhaseFromServer = 1;
 // Between hosts, after each host reduced through its shared segment.
 constexpr uint32_t kPhaseHostsToServer = 2;
 constexpr uint32_t kPhaseHostsReturn = 3;
+// Rank 0's cut of a fusion batch, to the other hosts' leaders.
+constexpr uint32_t kPhasePlan = 4;
 
 }  // namespace smddp

@@ -114,20 +114,32 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
   const FusibleCall& first = *calls[0];
   const size_t es = elementSize(first.dtype);
   uint64_t bytes = first.numel * es;
-  // Fuse what is queued now: same dtype and op, consecutive, within budget.
+  // Across hosts the group's rank 0 (host 0's leader) cuts every batch and
+  // the other hosts' leaders take the same cut.
+  const bool planner = topo_.hostIndex == 0;
+  uint64_t limit = 0;  // fuse only sequences below this: issued on every rank
+  if (planner) {
+    limit = issuedOnHost(b.firstSeq);
+    if (topo_.hosts() > 1) limit = std::min(limit, gatherIssued(b));
+  } else {
+    takeRemotePlan(b, calls, takeNext);
+  }
+  // Fuse what is queued now: same dtype and op, consecutive, within budget,
+  // and issued everywhere (Horovod's rule: a rank whose caller waits on
+  // call k before issuing k + 1 must never be asked for k + 1 to finish k).
   // Never wait for more: the plan is the leader's to make, not to delay.
-  while (topo_.hosts() == 1 && calls.size() < static_cast<size_t>(kMaxFusedCalls) &&
-         bytes < fusionBytes_) {
+  while (planner && calls.size() < static_cast<size_t>(kMaxFusedCalls) && bytes < fusionBytes_) {
     FusibleCall* next = nullptr;
     auto accept = [&](const FusibleCall& c) {
       return c.dtype == first.dtype && c.op == first.op && c.seq == calls.back()->seq + 1 &&
-             bytes + c.numel * es <= fusionBytes_;
+             c.seq < limit && bytes + c.numel * es <= fusionBytes_;
     };
     if (takeNext(std::chrono::microseconds(0), accept, &next) != Take::kTaken) break;
     calls.push_back(next);
     b.sigs.push_back(next->signature());
     bytes += next->numel * es;
   }
+  if (planner && topo_.hosts() > 1) sendPlan(b, calls);
   uint64_t total = 0;
   for (const FusibleCall* c : calls) total += c->numel;
   const int S = segment_->servers();
@@ -171,6 +183,142 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
   nextStep_ = b.firstStep + b.steps;
   b.joined = true;
   segment_->publish(ctl.arrived[0], b.index + 1);
+}
+
+namespace {
+
+// A batch's cut as rank 0 sends it to the other hosts' leaders.
+struct WirePlan {
+  uint32_t count;
+  uint8_t dtype;
+  uint8_t op;
+  uint8_t pad[2];
+  uint64_t numel[kMaxFusedCalls];
+};
+
+}  // namespace
+
+void FusionBufferScheduler::noteIssued(uint64_t next) {
+  segment_->ctl().issued[me_].value.store(next, std::memory_order_release);
+}
+
+uint64_t FusionBufferScheduler::issuedOnHost(uint64_t firstSeq) const {
+  uint64_t m = UINT64_MAX;
+  for (int p = 0; p < topo_.localSize; ++p) {
+    m = std::min(m, segment_->ctl().issued[p].value.load(std::memory_order_acquire));
+  }
+  return std::max(m, firstSeq + 1);
+}
+
+uint64_t FusionBufferScheduler::gatherIssued(Batch& b) {
+  // Every other host's leader reports what its host has issued.
+  std::vector<uint64_t> issued(topo_.hosts(), UINT64_MAX);
+  Exchange ex(comm_, b.firstSeq, b.sigs[0]);
+  for (int h = 1; h < topo_.hosts(); ++h) {
+    ex.recv(topo_.ranksOfHost[h][0], kPhasePlan, 1, &issued[h], sizeof(uint64_t));
+  }
+  ex.run();
+  uint64_t m = *std::min_element(issued.begin(), issued.end());
+  return std::max(m, b.firstSeq + 1);
+}
+
+void FusionBufferScheduler::takeRestOfCut(Batch& b, std::vector<FusibleCall*>& calls,
+                                          uint32_t count, const TakeNext& takeNext) {
+  try {
+    while (calls.size() < count) {
+      FusibleCall* next = nullptr;
+      uint32_t seen = segment_->wakeValue();
+      Take t = takeNext(std::chrono::microseconds(200), [](const FusibleCall&) { return true; },
+                        &next);
+      if (t == Take::kOther) return;
+      if (t == Take::kTaken) {
+        calls.push_back(next);
+        b.sigs.push_back(next->signature());
+        continue;
+      }
+      idle(b, seen, [&] { return std::string("this rank's own calls"); }, /*mayBlock=*/false);
+    }
+  } catch (const Error&) {
+    // The caller is raising a mismatch; that is the error to report.
+  }
+}
+
+void FusionBufferScheduler::sendPlan(Batch& b, const std::vector<FusibleCall*>& calls) {
+  WirePlan wp{};
+  wp.count = static_cast<uint32_t>(calls.size());
+  wp.dtype = static_cast<uint8_t>(calls[0]->dtype);
+  wp.op = static_cast<uint8_t>(calls[0]->op);
+  for (size_t i = 0; i < calls.size(); ++i) wp.numel[i] = calls[i]->numel;
+  Exchange ex(comm_, b.firstSeq, b.sigs[0]);
+  for (int h = 1; h < topo_.hosts(); ++h) {
+    ex.send(topo_.ranksOfHost[h][0], kPhasePlan, 0, 0, &wp, sizeof(wp));
+  }
+  ex.run();
+}
+
+void FusionBufferScheduler::takeRemotePlan(Batch& b, std::vector<FusibleCall*>& calls,
+                                           const TakeNext& takeNext) {
+  WirePlan wp{};
+  const int planner = topo_.ranksOfHost[0][0];
+  {
+    // What this host has issued goes to rank 0; the cut comes back.
+    const uint64_t issued = issuedOnHost(b.firstSeq);
+    Exchange ex(comm_, b.firstSeq, b.sigs[0]);
+    ex.recv(planner, kPhasePlan, 0, &wp, sizeof(wp));
+    ex.send(planner, kPhasePlan, 1, 0, &issued, sizeof(issued));
+    ex.run();
+  }
+  if (wp.count < 1 || wp.count > static_cast<uint32_t>(kMaxFusedCalls) ||
+      wp.dtype != static_cast<uint8_t>(calls[0]->dtype) ||
+      wp.op != static_cast<uint8_t>(calls[0]->op) || wp.numel[0] != calls[0]->numel) {
+    CollectiveSignature theirs{CollectiveType::kAllreduce, static_cast<DataType>(wp.dtype),
+                               static_cast<ReduceOp>(wp.op), wp.numel[0], -1};
+    if (wp.count >= 1 && wp.count <= static_cast<uint32_t>(kMaxFusedCalls)) {
+      takeRestOfCut(b, calls, wp.count, takeNext);
+    }
+    throwError(ErrorKind::kMismatch,
+               "smddp: " + b.what + ": rank " + std::to_string(planner) + " called " +
+                   (wp.count >= 1 && wp.count <= static_cast<uint32_t>(kMaxFusedCalls)
+                        ? theirs.describe()
+                        : std::string("an unreadable plan")) +
+                   " at sequence " + std::to_string(b.firstSeq) + " but this rank called " +
+                   calls[0]->signature().describe() + " at sequence " +
+                   std::to_string(b.firstSeq));
+  }
+  // The rest of the cut comes from this rank's own queue, as on a follower.
+  for (uint32_t i = 1; i < wp.count; ++i) {
+    const uint64_t seq = b.firstSeq + i;
+    const CollectiveSignature theirs{CollectiveType::kAllreduce, static_cast<DataType>(wp.dtype),
+                                     static_cast<ReduceOp>(wp.op), wp.numel[i], -1};
+    FusibleCall* next = nullptr;
+    while (true) {
+      uint32_t seen = segment_->wakeValue();
+      Take t = takeNext(std::chrono::microseconds(200), [](const FusibleCall&) { return true; },
+                        &next);
+      if (t == Take::kTaken) break;
+      if (t == Take::kOther) {
+        throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": rank " +
+                                             std::to_string(planner) + " called " +
+                                             theirs.describe() + " at sequence " +
+                                             std::to_string(seq) +
+                                             " but this rank called another collective there");
+      }
+      idle(b, seen, [&] {
+        return "this rank's own call at sequence " + std::to_string(seq) +
+               " (the caller has not issued it)";
+      }, /*mayBlock=*/false);
+    }
+    calls.push_back(next);
+    b.sigs.push_back(next->signature());
+    if (next->seq != seq || !(next->signature() == theirs)) {
+      takeRestOfCut(b, calls, wp.count, takeNext);
+      throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": rank " + std::to_string(planner) +
+                                           " called " + theirs.describe() + " at sequence " +
+                                           std::to_string(seq) + " but this rank called " +
+                                           next->signature().describe() + " at sequence " +
+                                           std::to_string(next->seq));
+    }
+  }
 }
 
 void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
@@ -229,6 +377,7 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
     uint64_t seq = plan.firstSeq + i;
     CollectiveSignature theirs = leaderCall(i);
     if (mine.seq != seq || !(mine.signature() == theirs)) {
+      takeRestOfCut(b, calls, plan.count, takeNext);
       failMismatch(b, "rank " + std::to_string(leader_) + " called " + theirs.describe() + " at sequence " + std::to_string(seq) +
                           " but this rank called " + mine.signature().describe() + " at sequence " +
                           std::to_string(mine.seq));

@@ -46,8 +46,8 @@ class FusionBufferScheduler {
   // Several hosts: each host's servers reduce its ranks' parts, then the
   // servers with the same index on every host reduce the host partials
   // among themselves over the network (reduction servers again, in host
-  // order), and the result comes back through the segment. Calls are then
-  // not fused (hosts plan independently and must agree call by call).
+  // order), and the result comes back through the segment. Rank 0 cuts
+  // the batches for every host (see sendPlan).
   FusionBufferScheduler(Communicator& comm, std::unique_ptr<HostSegment> segment,
                         HostTopology topo, uint64_t fusionBytes);
   ~FusionBufferScheduler();
@@ -56,6 +56,9 @@ class FusionBufferScheduler {
   // `calls`). Throws smddp::Error on failure; the whole batch then fails.
   void run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
 
+  // The caller has issued every collective below `next` (caller thread).
+  void noteIssued(uint64_t next);
+
   uint64_t fusionBytes() const { return fusionBytes_; }
   HostSegment& segment() const { return *segment_; }
   const HostTopology& topology() const { return topo_; }
@@ -63,6 +66,21 @@ class FusionBufferScheduler {
  private:
   struct Batch;
   void lead(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  // Across hosts: rank 0 sends each batch's cut to the other hosts'
+  // leaders, which take the same calls from their queues (or fail naming
+  // both sides when theirs differ).
+  void sendPlan(Batch& b, const std::vector<FusibleCall*>& calls);
+  void takeRemotePlan(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  // Sequences below the result are issued on every rank of this host (at
+  // least calls[0]: this rank holds it, the others will issue it).
+  uint64_t issuedOnHost(uint64_t firstSeq) const;
+  // Rank 0: the least of what every host has issued (one message each).
+  uint64_t gatherIssued(Batch& b);
+  // Takes calls firstSeq + have .. firstSeq + count - 1 from the queue so
+  // a batch that fails still spans the same calls on every rank; stops at
+  // a call of another kind.
+  void takeRestOfCut(Batch& b, std::vector<FusibleCall*>& calls, uint32_t count,
+                     const TakeNext& takeNext);
   void follow(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
   void stream(Batch& b, const std::vector<FusibleCall*>& calls);
   // Blocks briefly when nothing could progress; throws on abort, timeout,

@@ -57,6 +57,10 @@ struct SegmentControl {
   SharedCounter written[kHostMaxRanks];   // steps whose contributions it wrote
   SharedCounter reduced[kHostMaxRanks];   // steps it reduced as a server
   SharedCounter consumed[kHostMaxRanks];  // steps whose results it copied out
+  // Collectives this rank's caller has issued (its next sequence number).
+  // A batch only fuses calls every rank has issued: a rank whose caller
+  // waits on call k before issuing k + 1 is never asked for k + 1 early.
+  SharedCounter issued[kHostMaxRanks];
 };
 
 class HostSegment {

@@ -89,7 +89,10 @@ std::string skewedJob(Communicator& comm, int calls, bool leaderBursts) {
     });
     // Rank 0 (the leader) issues in bursts so calls queue up and fuse;
     // the others arrive at random moments, in a different rhythm each.
+    // A batch only fuses calls issued on every rank, so with leaderBursts
+    // the last 16 calls come in one burst on every rank.
     bool sleep = leaderBursts && r == 0 ? (i % 10 == 9) : (rng() % 3 == 0);
+    if (leaderBursts && i >= calls - 17) sleep = false;
     if (sleep) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
@@ -109,10 +112,12 @@ std::string skewedJob(Communicator& comm, int calls, bool leaderBursts) {
       }
     }
   }
+  // Every rank follows rank 0's cut (on its host or, across hosts, as its
+  // host's leader took it), so every rank must have fused.
   Stats s = comm.stats();
-  if (leaderBursts && r == 0 && comm.usesHostPath() && s.fusedCalls <= s.fusionFlushes) {
-    return "no call was fused: " + std::to_string(s.fusedCalls) + " calls in " +
-           std::to_string(s.fusionFlushes) + " buffers";
+  if (leaderBursts && comm.usesHostPath() && s.fusedCalls <= s.fusionFlushes) {
+    return "rank " + std::to_string(r) + ": no call was fused: " + std::to_string(s.fusedCalls) +
+           " calls in " + std::to_string(s.fusionFlushes) + " buffers";
   }
   return "";
 }
@@ -253,7 +258,9 @@ TEST_CASE("pretend hosts reduce through their segments, then between hosts", "[f
           if (comm.usesHostPath() != (l.perHost > 0)) {
             return std::string("usesHostPath() = ") + (comm.usesHostPath() ? "true" : "false");
           }
-          std::string err = skewedJob(comm, 40, false);
+          // Rank 0 issues in bursts: its cut holds several calls, and
+          // every other host's leader must take the same cut.
+          std::string err = skewedJob(comm, 60, true);
           if (!err.empty()) return err;
           // AVG across hosts divides once, by the world size.
           std::vector<double> v(1001);
@@ -273,5 +280,119 @@ TEST_CASE("pretend hosts reduce through their segments, then between hosts", "[f
       INFO("world " << l.world << ", " << l.perHost << " ranks per host");
       CHECK(r == "");
     }
+  }
+}
+
+TEST_CASE("across pretend hosts, a call that differs inside a fused batch fails on every rank",
+          "[fusion][hosts][errors]") {
+  // Rank 0 queues a burst so its cut holds calls 0..7; host 1's ranks issue
+  // a different size at call 3. Host 1's leader finds it when it takes
+  // rank 0's cut; every rank must fail with both sizes named, none hang.
+  auto results = runWorld(
+      4,
+      [](Communicator& comm) -> std::string {
+        const bool odd = comm.rank() >= 2;
+        std::vector<std::vector<float>> v(8);
+        std::atomic<int> done{0};
+        std::mutex mu;
+        std::string err;
+        for (int i = 0; i < 8; ++i) {
+          uint64_t numel = (i == 3 && odd) ? 5001 : 5000;
+          v[i].assign(numel, 1.0f);
+          comm.allreduce({{v[i].data(), numel}}, DataType::kFloat32, ReduceOp::kSum,
+                         [&](std::exception_ptr e) {
+                           if (e) {
+                             try {
+                               std::rethrow_exception(e);
+                             } catch (const std::exception& ex) {
+                               std::lock_guard<std::mutex> lock(mu);
+                               if (err.empty()) err = ex.what();
+                             }
+                           }
+                           done++;
+                         });
+        }
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (done.load() < 8 && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (done.load() < 8) return "only " + std::to_string(done.load()) + " calls completed";
+        return err.empty() ? std::string("no error") : err;
+      },
+      std::chrono::milliseconds(8000), std::chrono::seconds(60),
+      [](int r) { setenv("SMDDP_HOST_ID", r < 2 ? "hostA" : "hostB", 1); });
+  for (const auto& r : results) {
+    INFO(r);
+    CHECK(r.find("5000 elements") != std::string::npos);
+    CHECK(r.find("5001 elements") != std::string::npos);
+  }
+}
+
+namespace {
+
+// Rank 0 issues every call at once and waits at the end; the other ranks
+// wait for each call before issuing the next. A batch that fused calls the
+// waiting ranks have not issued yet could never finish (a deadlock until
+// the timeout): the cut must hold only calls issued everywhere.
+std::string syncAgainstAsyncJob(Communicator& comm, int calls) {
+  const int r = comm.rank();
+  const int n = comm.size();
+  std::vector<std::vector<float>> v(calls);
+  for (int i = 0; i < calls; ++i) v[i].assign(1000 + 37 * i, static_cast<float>(i + r));
+  const auto start = std::chrono::steady_clock::now();
+  if (r == 0) {
+    std::atomic<int> done{0};
+    std::atomic<int> failed{0};
+    for (int i = 0; i < calls; ++i) {
+      comm.allreduce({{v[i].data(), v[i].size()}}, DataType::kFloat32, ReduceOp::kSum,
+                     [&](std::exception_ptr e) {
+                       if (e) failed++;
+                       done++;
+                     });
+    }
+    while (done.load() < calls &&
+           std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (done.load() < calls) return "only " + std::to_string(done.load()) + " calls completed";
+    if (failed.load()) return std::to_string(failed.load()) + " calls failed";
+  } else {
+    for (int i = 0; i < calls; ++i) {
+      try {
+        comm.allreduceSync({{v[i].data(), v[i].size()}}, DataType::kFloat32, ReduceOp::kSum);
+      } catch (const Error& e) {
+        return "call " + std::to_string(i) + ": " + e.what();
+      }
+    }
+  }
+  for (int i = 0; i < calls; ++i) {
+    const float want = static_cast<float>(n * i + n * (n - 1) / 2);
+    for (float x : v[i]) {
+      if (x != want) return "call " + std::to_string(i) + ": " + std::to_string(x);
+    }
+  }
+  // Far below the 5 s timeout: nobody waited for a call not yet issued.
+  auto took = std::chrono::steady_clock::now() - start;
+  if (took > std::chrono::seconds(3)) {
+    return "took " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a rank that waits on each call while rank 0 queues them all never deadlocks",
+          "[fusion]") {
+  SECTION("one host, world 3") {
+    auto results = runWorld(3, [](Communicator& comm) { return syncAgainstAsyncJob(comm, 30); },
+                            std::chrono::milliseconds(5000), std::chrono::seconds(60));
+    for (const auto& r : results) CHECK(r == "");
+  }
+  SECTION("two pretend hosts of two ranks") {
+    auto results = runWorld(
+        4, [](Communicator& comm) { return syncAgainstAsyncJob(comm, 30); },
+        std::chrono::milliseconds(5000), std::chrono::seconds(60),
+        [](int r) { setenv("SMDDP_HOST_ID", r < 2 ? "hostA" : "hostB", 1); });
+    for (const auto& r : results) CHECK(r == "");
   }
 }
