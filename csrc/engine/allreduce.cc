@@ -1,6 +1,7 @@
 // Allreduce through reduction servers (DESIGN.md, "The allreduce path").
 //
-// Every rank hosts one server. The buffer is cut into one shard per server
+// Every rank hosts one server (or SMDDP_SERVERS_PER_NODE ranks per host
+// do: Communicator::networkServers). The buffer is cut into one shard per server
 // (or goes whole to one server when small). Each rank sends shard s to
 // server s; server s waits for shard s from every rank, combines them in rank
 // order (bitwise reproducible), and returns the result to every rank. Shards
@@ -25,9 +26,15 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
                    uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout) {
   const int rank = comm.rank();
   const int n = comm.size();
+  const std::vector<int>& servers = comm.networkServers();
+  const int S = static_cast<int>(servers.size());
+  int myServer = -1;  // this rank's server index
+  for (int i = 0; i < S; ++i) {
+    if (servers[i] == rank) myServer = i;
+  }
   const size_t es = elementSize(sig.dtype);
-  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / n + 1, es, comm.config().chunkBytes);
-  ShardPlan plan = ShardPlan::make(sig.numel, es, n, planSeq, comm.config().minShardBytes,
+  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, comm.config().chunkBytes);
+  ShardPlan plan = ShardPlan::make(sig.numel, es, S, planSeq, comm.config().minShardBytes,
                                    chunkBytes);
   Exchange ex(comm, seq, sig, timeout);
 
@@ -36,7 +43,7 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
   // reduced; a slot is re-armed for chunk k+depth once chunk k is reduced.
   // The result is written straight into this rank's own buffer and sent
   // from there: no staging copy on the way in or out.
-  const Shard* mine = plan.shardFor(rank);
+  const Shard* mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
   const size_t depth = static_cast<size_t>(comm.config().ringDepth);
   const size_t slotBytes = chunkBytes;
   uint8_t* ring = nullptr;
@@ -79,9 +86,10 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
     for (size_t k = 0; k < std::min(depth, mine->chunks.size()); ++k) armChunk(k);
   }
   for (const Shard& s : plan.shards()) {
-    if (s.server == rank) continue;
+    const int server = servers[s.server];
+    if (server == rank) continue;
     for (const Chunk& c : s.chunks) {
-      ex.recv(s.server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es);
+      ex.recv(server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es);
     }
   }
   // Worker side: send every other server its shard. Interleave the servers
@@ -89,13 +97,14 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
   size_t maxChunks = 0;
   for (const Shard& s : plan.shards()) maxChunks = std::max(maxChunks, s.chunks.size());
   for (size_t k = 0; k < maxChunks; ++k) {
-    for (int i = 1; i < n + 1; ++i) {
-      // Start with the next rank so servers are not all hit by rank 0 first.
-      const Shard* s = plan.shardFor((rank + i) % n);
-      if (!s || s->server == rank || k >= s->chunks.size()) continue;
+    for (int i = 1; i < S + 1; ++i) {
+      // Start with a different server on every rank so servers are not all
+      // hit by rank 0 first.
+      const Shard* s = plan.shardFor((rank + i) % S);
+      if (!s || servers[s->server] == rank || k >= s->chunks.size()) continue;
       const Chunk& c = s->chunks[k];
-      ex.send(s->server, kPhaseToServer, c.index, c.elemOffset * es, data + c.elemOffset * es,
-              c.elemCount * es);
+      ex.send(servers[s->server], kPhaseToServer, c.index, c.elemOffset * es,
+              data + c.elemOffset * es, c.elemCount * es);
     }
   }
   ex.run();

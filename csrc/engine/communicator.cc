@@ -139,6 +139,29 @@ Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
     oneHost = oneHost && p.host == hostIdentity();
     peers_.push_back(p);
   }
+  // Network-path reduction servers: every rank, or SMDDP_SERVERS_PER_NODE
+  // ranks per host spread over its ranks (as on the shared-memory path).
+  {
+    std::vector<std::string> hostNames;
+    std::vector<std::vector<int>> ranksOf;
+    for (int r = 0; r < opts_.size; ++r) {
+      auto it = std::find(hostNames.begin(), hostNames.end(), peers_[r].host);
+      if (it == hostNames.end()) {
+        hostNames.push_back(peers_[r].host);
+        ranksOf.emplace_back();
+        it = hostNames.end() - 1;
+      }
+      ranksOf[it - hostNames.begin()].push_back(r);
+    }
+    for (const auto& ranks : ranksOf) {
+      const int local = static_cast<int>(ranks.size());
+      const int k = config_.serversPerNode > 0
+                        ? std::min<int>(local, static_cast<int>(config_.serversPerNode))
+                        : local;
+      for (int s = 0; s < k; ++s) netServers_.push_back(ranks[s * local / k]);
+    }
+    std::sort(netServers_.begin(), netServers_.end());
+  }
   // 2. The same provider on every rank (everyone saw the same host list).
   provider_ = chooseProvider(oneHost, &providerReason_);
   // 3. A per-group secret: frames without it are dropped.
@@ -223,7 +246,7 @@ void Communicator::shutdown() {
 }
 
 int Communicator::reductionServers() const {
-  return scheduler_ ? scheduler_->segment().servers() : opts_.size;
+  return scheduler_ ? scheduler_->segment().servers() : static_cast<int>(netServers_.size());
 }
 
 Request* Communicator::newRequest() {

@@ -84,6 +84,9 @@ class Communicator {
   // host's shared memory (every rank on one host).
   bool usesHostPath() const { return scheduler_ != nullptr; }
   int reductionServers() const;
+  // The ranks that run reduction servers on the network path, ascending
+  // (server index i is rank networkServers()[i]).
+  const std::vector<int>& networkServers() const { return netServers_; }
   const EngineConfig& config() const { return config_; }
   std::chrono::milliseconds timeout() const { return opts_.timeout; }
   void setTimeout(std::chrono::milliseconds t) { opts_.timeout = t; }
@@ -201,6 +204,7 @@ class Communicator {
   std::string providerReason_;
   uint64_t jobSecret_ = 0;
   std::vector<PeerInfo> peers_;
+  std::vector<int> netServers_;
   std::shared_ptr<Fabric> fabric_;
   std::unique_ptr<Endpoint> endpoint_;
   std::vector<fi_addr_t> peerAddrs_;

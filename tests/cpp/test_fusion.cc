@@ -4,6 +4,7 @@
 // SMDDP_SERVERS_PER_NODE, and the balance of the shard split.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -208,6 +209,53 @@ TEST_CASE("SMDDP_SERVERS_PER_NODE sets how many ranks reduce", "[fusion]") {
     });
     for (const auto& r : results) {
       INFO("servers " << servers);
+      CHECK(r == "");
+    }
+  }
+}
+
+TEST_CASE("SMDDP_SERVERS_PER_NODE on the network path", "[fusion][hosts]") {
+  // The libfabric reduction servers (no shared segment) take the setting
+  // too: per host, that many ranks spread over its ranks serve.
+  struct Layout {
+    const char* shm;
+    int servers;
+    std::vector<int> hostOf;       // host of each rank
+    std::vector<int> serverRanks;  // expected
+  };
+  for (const Layout& l : {Layout{"0", 1, {0, 0, 0, 0}, {0}},
+                          Layout{"0", 2, {0, 0, 0, 0}, {0, 2}},
+                          Layout{"1", 1, {0, 0, 1}, {0, 2}},    // uneven hosts
+                          Layout{"1", 2, {0, 1, 0, 0}, {0, 1, 2}}}) {
+    ScopedEnv sv("SMDDP_SERVERS_PER_NODE", std::to_string(l.servers));
+    ScopedEnv shm("SMDDP_SHM_ALLREDUCE", l.shm);
+    const int n = static_cast<int>(l.hostOf.size());
+    auto results = runWorld(
+        n,
+        [&l](Communicator& comm) -> std::string {
+          if (comm.usesHostPath()) return "the shared-memory path was used";
+          if (comm.networkServers() != l.serverRanks) {
+            std::string got;
+            for (int r : comm.networkServers()) got += std::to_string(r) + " ";
+            return "networkServers() = " + got;
+          }
+          std::string err = skewedJob(comm, 30, false);
+          if (!err.empty()) return err;
+          const bool isServer = std::count(l.serverRanks.begin(), l.serverRanks.end(),
+                                           comm.rank()) > 0;
+          const bool reduced = comm.stats().serverReduceNs > 0;
+          if (reduced != isServer) {
+            return "rank " + std::to_string(comm.rank()) +
+                   (reduced ? " reduced" : " did not reduce");
+          }
+          return "";
+        },
+        std::chrono::milliseconds(30000), std::chrono::seconds(90),
+        [&l](int r) {
+          setenv("SMDDP_HOST_ID", ("nethost" + std::to_string(l.hostOf[r])).c_str(), 1);
+        });
+    for (const auto& r : results) {
+      INFO("servers " << l.servers << ", SMDDP_SHM_ALLREDUCE=" << l.shm);
       CHECK(r == "");
     }
   }
