@@ -61,3 +61,27 @@ def large_tensors(rank, world, mib=256):
     bcast_ok = bool(torch.equal(b, pattern + (world - 1)))
     return {"sum_ok": sum_ok, "bcast_ok": bcast_ok,
             "path": torch_smddp.stats()["allreduce_path"]}
+
+
+def sync_against_async(rank, world, calls=40):
+    """Rank 0 issues every all_reduce async and waits at the end; the other
+    ranks wait() on each call before issuing the next. A fusion buffer that
+    held calls they had not issued yet could never complete."""
+    start = time.monotonic()
+    ts = [torch.full((1000 + 37 * i,), float(i + rank)) for i in range(calls)]
+    if rank == 0:
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        for w in works:
+            w.wait()
+    else:
+        for t in ts:
+            dist.all_reduce(t, async_op=True).wait()
+    bad = [i for i, t in enumerate(ts)
+           if not torch.equal(t, torch.full_like(t, world * i + world * (world - 1) / 2))]
+    return {"bad": bad, "seconds": time.monotonic() - start}
+
+
+def engine_across_hosts(rank, world):
+    """The engine's skew job and the sync-against-async job in one spawn."""
+    return {"skew": skew_and_stats(rank, world, calls=200),
+            "sync_async": sync_against_async(rank, world)}

@@ -37,6 +37,25 @@ def test_two_pretend_hosts_reduce_hierarchically_and_match_gloo():
         assert res["failures"] == [], (rank, res["failures"][:10])
 
 
+def test_calls_fuse_across_pretend_hosts_without_deadlock():
+    # 2 hosts x 2 ranks: rank 0 cuts every fusion buffer for both hosts, and
+    # only from calls every rank has issued. Skewed async calls must fuse on
+    # every rank and match closed forms; ranks that wait on each call while
+    # rank 0 queues them all must finish (timeout 30 s, far above the ~1 s
+    # the job takes).
+    results = run_world(4, "cases_engine:engine_across_hosts", timeout=120, pg_timeout=30,
+                        env={"SMDDP_HOST_ID": lambda rank: f"host{rank // 2}"})
+    for rank, res in enumerate(results):
+        skew = res["skew"]
+        assert skew["bad"] == [], (rank, skew["bad"][:10])
+        st = skew["stats"]
+        assert st["allreduce_path"] == "shared-memory", st
+        assert st["fused_calls"] > st["fusion_buffers_flushed"], (rank, st)
+        sa = res["sync_async"]
+        assert sa["bad"] == [], (rank, sa["bad"][:10])
+        assert sa["seconds"] < 20, (rank, sa["seconds"])
+
+
 def test_same_host_uses_shm():
     results = run_world(2, "cases_multihost:provider_and_collectives", timeout=240)
     assert [r["provider"] for r in results] == ["shm", "shm"]
