@@ -46,7 +46,7 @@ def sizes_between(lo: int, hi: int) -> list[int]:
 
 
 def _iters_for(nbytes: int, budget_bytes: int) -> int:
-    return max(3, min(200, budget_bytes // max(nbytes, 1)))
+    return max(8, min(200, budget_bytes // max(nbytes, 1)))
 
 
 def worker(args) -> None:
