@@ -16,7 +16,7 @@ Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& 
                    std::chrono::milliseconds timeout)
     : comm_(comm), seq_(seq), sig_(sig),
       timeout_(timeout.count() > 0 ? timeout : comm.timeout()),
-      deadline_(std::chrono::steady_clock::now() + timeout_),
+      watch_(comm, sig.describe() + " at sequence " + std::to_string(seq), timeout_),
       heardFrom_(static_cast<size_t>(comm.size()), false) {}
 
 Exchange::~Exchange() {
@@ -237,13 +237,8 @@ void Exchange::run() {
   const auto spin = std::chrono::microseconds(comm_.config().spinUs);
   const auto maxSleep = std::chrono::microseconds(comm_.config().sleepUs);
   auto idleSince = clock::now();
-  auto nextLivenessCheck = idleSince + std::chrono::milliseconds(200);
-  // A call still waiting after this long tells its peers what it is (see
-  // Communicator::sendProbe): one header per peer, once per call.
-  const auto probeAt = idleSince + std::chrono::milliseconds(200);
-  bool probed = false;
   auto sleep = std::chrono::microseconds(1);
-  const std::string what = sig_.describe() + " at sequence " + std::to_string(seq_);
+  const std::string& what = watch_.what();
   while (pending_ > 0 && !failed_) {
     postPending();
     size_t n = comm_.progress();
@@ -253,33 +248,13 @@ void Exchange::run() {
       sleep = std::chrono::microseconds(1);
       continue;
     }
+    try {
+      watch_.check(seq_, &sig_, 1, [&] { return waitingOn(); }, [&] { return notSeen(); });
+    } catch (...) {
+      abandonOutstanding();
+      throw;
+    }
     auto now = clock::now();
-    std::string remote;
-    if (comm_.remoteErrorFor(seq_, &remote)) {
-      fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
-    }
-    if (comm_.probeMismatch(seq_, sig_, &remote)) {
-      fail(ErrorKind::kMismatch, "smddp: " + what + ": " + remote);
-    }
-    if (!probed && now > probeAt) {
-      probed = true;
-      for (int p = 0; p < comm_.size(); ++p) comm_.sendProbe(p, seq_, sig_, /*reply=*/false);
-    }
-    if (now > deadline_) {
-      fail(ErrorKind::kTimeout, "smddp: " + what + " timed out: timeout of " +
-                                    std::to_string(timeout_.count()) +
-                                    " ms expired while waiting for " + waitingOn() + "; " +
-                                    notSeen());
-    }
-    if (now > nextLivenessCheck) {
-      nextLivenessCheck = now + std::chrono::milliseconds(200);
-      try {
-        comm_.checkPeersAlive(what);
-      } catch (...) {
-        abandonOutstanding();
-        throw;
-      }
-    }
     if (now - idleSince < spin) {
       // Polling, but let a runnable compute thread have the core.
       sched_yield();

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "engine/communicator.h"
+#include "engine/stall_watch.h"
 
 namespace smddp {
 
@@ -56,7 +57,7 @@ class Exchange {
   uint64_t seq_;
   CollectiveSignature sig_;
   std::chrono::milliseconds timeout_;
-  std::chrono::steady_clock::time_point deadline_;
+  StallWatch watch_;  // remote errors, probes, deadline, liveness
   std::deque<Request*> recvsToPost_;   // created, not yet accepted by the provider
   std::deque<Request*> sendsToPost_;
   size_t postedRecvs_ = 0;             // receives posted, completion not yet seen

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -12,6 +13,7 @@
 #include "engine/fused_view.h"
 #include "engine/reduce_kernels.h"
 #include "engine/shard_plan.h"
+#include "engine/stall_watch.h"
 #include "engine/stream_copy.h"
 
 namespace smddp {
@@ -42,9 +44,8 @@ struct FusionBufferScheduler::Batch {
   std::vector<CollectiveSignature> sigs;  // what this rank called, by position
   bool joined = false;                    // this rank published arrived
   std::string what;                       // for messages: the first call
-  std::chrono::steady_clock::time_point start, deadline, idleSince, nextLiveness;
-  bool probed = false;
-  bool probeNow = false;
+  std::optional<StallWatch> watch;        // errors, probes, deadline, liveness
+  std::chrono::steady_clock::time_point idleSince;
   bool streaming = false;  // in the data steps: every peer is in this call too
   std::chrono::steady_clock::time_point nextNetworkCheck{};
 };
@@ -70,9 +71,8 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
   b.plan = &segment_->ctl().plans[b.index % kPlanDepth];
   b.firstSeq = calls[0]->seq;
   b.what = calls[0]->signature().describe() + " at sequence " + std::to_string(b.firstSeq);
-  b.start = b.idleSince = clock::now();
-  b.deadline = b.start + comm_.timeout();
-  b.nextLiveness = b.start + std::chrono::milliseconds(200);
+  b.idleSince = clock::now();
+  b.watch.emplace(comm_, b.what, comm_.timeout());
   b.sigs.push_back(calls[0]->signature());
   try {
     if (me_ == 0) lead(b, calls, takeNext);
@@ -336,7 +336,7 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
       // The leader made another collective at this rank's sequence (it is
       // past it). Ask it what, through a stall probe; idle() raises the
       // mismatch when the answer comes. The plan stays for the next call.
-      b.probeNow = true;
+      b.watch->probeNow();
       while (true) {
         uint32_t seen = segment_->wakeValue();
         idle(b, seen, [&] { return "rank " + std::to_string(leader_) +
@@ -599,36 +599,23 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
     throwError(ErrorKind::kAborted, "smddp: " + b.what + ": the process group was shut down");
   }
   auto now = clock::now();
-  // The network side: error frames and stall probes from ranks that are in
-  // another collective (they cannot see this segment's plan). Those are
-  // slow paths, so they are looked at every 100 us, not on every poll.
+  // Error frames, stall probes, the deadline and liveness: slow paths, so
+  // looked at every 100 us, not on every poll.
   if (now >= b.nextNetworkCheck) {
     b.nextNetworkCheck = now + std::chrono::microseconds(100);
-    checkNetwork(b);
-  }
-  if (!b.probed && (b.probeNow || now - b.start > std::chrono::milliseconds(200))) {
-    b.probed = true;
-    for (int p = 0; p < comm_.size(); ++p) comm_.sendProbe(p, b.firstSeq, b.sigs[0], false);
-  }
-  if (now > b.deadline) {
-    // Who has not reached this batch at all (this host's ranks; a rank on
-    // another host shows up in the network step's own message).
-    std::vector<int> absent;
-    for (int p = 0; p < topo_.localSize; ++p) {
-      if (segment_->ctl().arrived[p].value.load() < b.index + 1 && p != me_) {
-        absent.push_back(globalRank(p));
+    comm_.progress();
+    b.watch->check(b.firstSeq, b.sigs.data(), b.sigs.size(), waitingOn, [&] {
+      // Who has not reached this batch at all (this host's ranks; a rank on
+      // another host shows up in the network step's own message).
+      std::vector<int> absent;
+      for (int p = 0; p < topo_.localSize; ++p) {
+        if (segment_->ctl().arrived[p].value.load() < b.index + 1 && p != me_) {
+          absent.push_back(globalRank(p));
+        }
       }
-    }
-    throwError(ErrorKind::kTimeout,
-               "smddp: " + b.what + " timed out: timeout of " +
-                   std::to_string(comm_.timeout().count()) + " ms expired while waiting for " +
-                   waitingOn() + "; " +
-                   (absent.empty() ? std::string("every rank of this host was seen at this call")
-                                   : "not seen at this call: " + rankList(absent)));
-  }
-  if (now > b.nextLiveness) {
-    b.nextLiveness = now + std::chrono::milliseconds(200);
-    comm_.checkPeersAlive(b.what);
+      return absent.empty() ? std::string("every rank of this host was seen at this call")
+                            : "not seen at this call: " + rankList(absent);
+    });
   }
   if (!mayBlock) return;
   // Mid-stream, the awaited peer is working on this very call and its next
@@ -654,21 +641,6 @@ void FusionBufferScheduler::skipBatch(Batch& b, const std::string& why) {
   nextStep_ = end;
   b.index = nextBatch_;
   b.plan = &ctl.plans[b.index % kPlanDepth];
-}
-
-void FusionBufferScheduler::checkNetwork(Batch& b) {
-  comm_.progress();
-  std::string remote;
-  for (size_t i = 0; i < std::max<size_t>(1, b.sigs.size()); ++i) {
-    uint64_t seq = b.firstSeq + i;
-    const CollectiveSignature& sig = b.sigs[std::min(i, b.sigs.size() - 1)];
-    if (comm_.remoteErrorFor(seq, &remote)) {
-      throwError(ErrorKind::kMismatch, "smddp: " + b.what + " failed on another rank: " + remote);
-    }
-    if (comm_.probeMismatch(seq, sig, &remote)) {
-      throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": " + remote);
-    }
-  }
 }
 
 void FusionBufferScheduler::releaseBatch(Batch& b, uint64_t endStep) {

@@ -88,8 +88,6 @@ class FusionBufferScheduler {
   void idle(Batch& b, uint32_t seenWake, const std::function<std::string()>& waitingOn,
             bool mayBlock = true);
   void abortBatch(Batch& b, const std::string& why);
-  // Error frames and stall probes that name this batch's calls.
-  void checkNetwork(Batch& b);
   // Marks this rank's part of batch b (steps up to endStep) as done.
   void releaseBatch(Batch& b, uint64_t endStep);
   // Marks batch b done for this rank without running it (aborting it for

@@ -1,0 +1,44 @@
+#include "engine/stall_watch.h"
+
+#include "common/error.h"
+#include "engine/communicator.h"
+
+namespace smddp {
+
+StallWatch::StallWatch(Communicator& comm, std::string what, std::chrono::milliseconds timeout)
+    : comm_(comm), what_(std::move(what)), timeout_(timeout),
+      start_(std::chrono::steady_clock::now()), deadline_(start_ + timeout),
+      nextLiveness_(start_ + std::chrono::milliseconds(200)) {}
+
+void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_t count,
+                       const std::function<std::string()>& waitingOn,
+                       const std::function<std::string()>& notSeen) {
+  std::string remote;
+  for (size_t i = 0; i < count; ++i) {
+    if (comm_.remoteErrorFor(firstSeq + i, &remote)) {
+      throwError(ErrorKind::kMismatch, "smddp: " + what_ + " failed on another rank: " + remote);
+    }
+    if (comm_.probeMismatch(firstSeq + i, sigs[i], &remote)) {
+      throwError(ErrorKind::kMismatch, "smddp: " + what_ + ": " + remote);
+    }
+  }
+  const auto now = std::chrono::steady_clock::now();
+  // A call still waiting after 200 ms tells its peers what it is (see
+  // Communicator::sendProbe): one header per peer, once per call.
+  if (!probed_ && (probeNow_ || now - start_ > std::chrono::milliseconds(200))) {
+    probed_ = true;
+    for (int p = 0; p < comm_.size(); ++p) comm_.sendProbe(p, firstSeq, sigs[0], false);
+  }
+  if (now > deadline_) {
+    throwError(ErrorKind::kTimeout, "smddp: " + what_ + " timed out: timeout of " +
+                                        std::to_string(timeout_.count()) +
+                                        " ms expired while waiting for " + waitingOn() + "; " +
+                                        notSeen());
+  }
+  if (now > nextLiveness_) {
+    nextLiveness_ = now + std::chrono::milliseconds(200);
+    comm_.checkPeersAlive(what_);
+  }
+}
+
+}  // namespace smddp

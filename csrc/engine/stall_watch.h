@@ -1,0 +1,46 @@
+// What every waiting collective checks while it waits, in one place: error
+// frames from ranks that failed the same calls, stall probes that show a
+// peer made a different call, this rank's own probe once the wait is long,
+// the deadline (group timeout) and the liveness of peers on this host.
+// Used by Exchange::run (network waits) and by the fusion scheduler's
+// shared-memory waits, so both fail the same way with the same messages.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "transport/frame.h"
+
+namespace smddp {
+
+class Communicator;
+
+class StallWatch {
+ public:
+  // `what` names the call in messages ("allreduce(...) at sequence 7").
+  StallWatch(Communicator& comm, std::string what, std::chrono::milliseconds timeout);
+
+  // Throws smddp::Error when the wait must end. The calls waited on are
+  // sequences firstSeq .. firstSeq + count - 1 with signatures sigs[0..count).
+  // `waitingOn` and `notSeen` build the timeout message ("rank(s) 1",
+  // "not seen at this call: rank(s) 2"); they run only on timeout.
+  void check(uint64_t firstSeq, const CollectiveSignature* sigs, size_t count,
+             const std::function<std::string()>& waitingOn,
+             const std::function<std::string()>& notSeen);
+  // Send the stall probe at the next check rather than after 200 ms.
+  void probeNow() { probeNow_ = true; }
+  const std::string& what() const { return what_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  Communicator& comm_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point start_, deadline_, nextLiveness_;
+  bool probed_ = false;
+  bool probeNow_ = false;
+};
+
+}  // namespace smddp
