@@ -9,6 +9,7 @@ that could be behind it. Every iteration does, on every rank and in turn:
 1. an smddp allreduce of --size bytes, with the schedstat of the rank's
    busiest non-main thread (the engine thread) around it: time running and
    time runnable but waiting for a CPU;
+   and the time its reduction server spent combining (stats());
 2. a Gloo allreduce of the same tensor, for comparison;
 3. a private copy of the same number of bytes (no other rank involved).
 
@@ -30,7 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import torch_smddp  # noqa: F401
+import torch_smddp
 
 
 def parse_size(s: str) -> int:
@@ -71,11 +72,13 @@ def main() -> None:
     for _ in range(args.iters):
         x.fill_(1.0)
         dist.barrier(group=gloo)
+        r0 = torch_smddp.stats()["server_reduce_seconds"]
         s0 = schedstat()
         t0 = time.perf_counter()
         dist.all_reduce(x)
         t1 = time.perf_counter()
         s1 = schedstat()
+        reduce = torch_smddp.stats()["server_reduce_seconds"] - r0
         busiest = max((t for t in s1 if t != main_tid and t in s0),
                       key=lambda t: s1[t][0] - s0[t][0])
         run = (s1[busiest][0] - s0[busiest][0]) / 1e9
@@ -88,7 +91,8 @@ def main() -> None:
         t4 = time.perf_counter()
         y.copy_(x)
         t5 = time.perf_counter()
-        rows.append({"smddp": t1 - t0, "run": run, "wait": wait, "gloo": t3 - t2, "copy": t5 - t4})
+        rows.append({"smddp": t1 - t0, "run": run, "wait": wait, "reduce": reduce,
+                     "gloo": t3 - t2, "copy": t5 - t4})
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, rows)
     if rank == 0:
@@ -100,26 +104,27 @@ def report(everyone, args) -> None:
     rows = everyone[0]
     ms = lambda v: f"{v * 1e3:7.1f}"  # noqa: E731
     print(f"# {args.size} float32 SUM, world {len(everyone)}, rank 0; times in ms, mean per window of 10")
-    print(f"{'iters':>9} {'smddp':>7} {'engine run':>10} {'cpu wait':>8} {'gloo':>7} {'copy':>7}")
+    print(f"{'iters':>9} {'smddp':>7} {'engine run':>10} {'cpu wait':>8} {'reduce':>7} {'gloo':>7} "
+          f"{'copy':>7}")
     for i in range(0, len(rows), 10):
         w = rows[i:i + 10]
         mean = lambda k: sum(r[k] for r in w) / len(w)  # noqa: E731
         print(f"{i:>4}-{i + len(w) - 1:<4} {ms(mean('smddp'))} {ms(mean('run')):>10} "
-              f"{ms(mean('wait')):>8} {ms(mean('gloo'))} {ms(mean('copy'))}")
+              f"{ms(mean('wait')):>8} {ms(mean('reduce'))} {ms(mean('gloo'))} {ms(mean('copy'))}")
     med = {k: statistics.median(r[k] for r in rows) for k in ("smddp", "gloo", "copy")}
     slow = [r for r in rows if r["smddp"] > 2 * med["smddp"]]
     usual = [r for r in rows if r["smddp"] <= 2 * med["smddp"]]
     print(f"\n# slow = smddp above twice its median ({ms(med['smddp']).strip()} ms): "
           f"{len(slow)} of {len(rows)} iterations")
     print(f"{'':>8} {'smddp ms':>9} {'engine running':>15} {'waiting for cpu':>16} "
-          f"{'gloo / median':>14} {'copy / median':>14}")
+          f"{'reduce ms':>10} {'gloo / median':>14} {'copy / median':>14}")
     for name, group in (("usual", usual), ("slow", slow)):
         if not group:
             continue
         m = lambda k: statistics.median(r[k] for r in group)  # noqa: E731
         frac = statistics.median(r["run"] / r["smddp"] for r in group)
         wfrac = statistics.median(r["wait"] / r["smddp"] for r in group)
-        print(f"{name:>8} {ms(m('smddp')):>9} {frac:>14.0%} {wfrac:>16.0%} "
+        print(f"{name:>8} {ms(m('smddp')):>9} {frac:>14.0%} {wfrac:>16.0%} {ms(m('reduce')):>10} "
               f"{m('gloo') / med['gloo']:>14.2f} {m('copy') / med['copy']:>14.2f}")
 
 
