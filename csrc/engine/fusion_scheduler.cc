@@ -222,25 +222,46 @@ uint64_t FusionBufferScheduler::gatherIssued(Batch& b) {
   return std::max(m, b.firstSeq + 1);
 }
 
-void FusionBufferScheduler::takeRestOfCut(Batch& b, std::vector<FusibleCall*>& calls,
-                                          uint32_t count, const TakeNext& takeNext) {
+std::string FusionBufferScheduler::takeCut(
+    Batch& b, std::vector<FusibleCall*>& calls, uint32_t count, int planner,
+    const std::function<CollectiveSignature(uint32_t)>& theirs, std::string mismatch,
+    const TakeNext& takeNext) {
+  // Every call of the cut is issued on this rank (the cut holds only
+  // those), so it is queued or about to be; takeNext waits for it.
+  auto differs = [&](uint32_t i, const std::string& mine) {
+    return "rank " + std::to_string(planner) + " called " + theirs(i).describe() +
+           " at sequence " + std::to_string(b.firstSeq + i) + " but this rank called " + mine;
+  };
   try {
-    while (calls.size() < count) {
+    for (uint32_t i = static_cast<uint32_t>(calls.size()); i < count; ++i) {
       FusibleCall* next = nullptr;
-      uint32_t seen = segment_->wakeValue();
-      Take t = takeNext(std::chrono::microseconds(200), [](const FusibleCall&) { return true; },
-                        &next);
-      if (t == Take::kOther) return;
-      if (t == Take::kTaken) {
-        calls.push_back(next);
-        b.sigs.push_back(next->signature());
-        continue;
+      while (true) {
+        uint32_t seen = segment_->wakeValue();
+        Take t = takeNext(std::chrono::microseconds(200), [](const FusibleCall&) { return true; },
+                          &next);
+        if (t == Take::kTaken) break;
+        if (t == Take::kOther) {
+          return mismatch.empty() ? differs(i, "another collective at that sequence") : mismatch;
+        }
+        // takeNext already waited on the queue: only the checks, no sleep.
+        idle(b, seen, [&] {
+          return "this rank's own call at sequence " + std::to_string(b.firstSeq + i) +
+                 " (the caller has not issued it)";
+        }, /*mayBlock=*/false);
       }
-      idle(b, seen, [&] { return std::string("this rank's own calls"); }, /*mayBlock=*/false);
+      calls.push_back(next);
+      b.sigs.push_back(next->signature());
+      if (mismatch.empty() && (next->seq != b.firstSeq + i || !(next->signature() == theirs(i)))) {
+        mismatch = differs(i, next->signature().describe() + " at sequence " +
+                                  std::to_string(next->seq));
+      }
     }
   } catch (const Error&) {
-    // The caller is raising a mismatch; that is the error to report.
+    if (mismatch.empty()) throw;
+    // Still taking the rest of a batch that fails anyway: the mismatch is
+    // the error to report.
   }
+  return mismatch;
 }
 
 void FusionBufferScheduler::sendPlan(Batch& b, const std::vector<FusibleCall*>& calls) {
@@ -269,56 +290,25 @@ void FusionBufferScheduler::takeRemotePlan(Batch& b, std::vector<FusibleCall*>& 
     ex.run();
   }
   if (wp.count < 1 || wp.count > static_cast<uint32_t>(kMaxFusedCalls) ||
-      wp.dtype != static_cast<uint8_t>(calls[0]->dtype) ||
-      wp.op != static_cast<uint8_t>(calls[0]->op) || wp.numel[0] != calls[0]->numel) {
-    CollectiveSignature theirs{CollectiveType::kAllreduce, static_cast<DataType>(wp.dtype),
-                               static_cast<ReduceOp>(wp.op), wp.numel[0], -1};
-    if (wp.count >= 1 && wp.count <= static_cast<uint32_t>(kMaxFusedCalls)) {
-      takeRestOfCut(b, calls, wp.count, takeNext);
-    }
-    throwError(ErrorKind::kMismatch,
-               "smddp: " + b.what + ": rank " + std::to_string(planner) + " called " +
-                   (wp.count >= 1 && wp.count <= static_cast<uint32_t>(kMaxFusedCalls)
-                        ? theirs.describe()
-                        : std::string("an unreadable plan")) +
-                   " at sequence " + std::to_string(b.firstSeq) + " but this rank called " +
-                   calls[0]->signature().describe() + " at sequence " +
-                   std::to_string(b.firstSeq));
+      wp.dtype >= static_cast<uint8_t>(DataType::kCount) ||
+      wp.op >= static_cast<uint8_t>(ReduceOp::kCount)) {
+    throwError(ErrorKind::kProtocol, "smddp: " + b.what + ": rank " + std::to_string(planner) +
+                                         " sent an unreadable fusion plan (" +
+                                         std::to_string(wp.count) + " calls)");
+  }
+  auto theirs = [&](uint32_t i) {
+    return CollectiveSignature{CollectiveType::kAllreduce, static_cast<DataType>(wp.dtype),
+                               static_cast<ReduceOp>(wp.op), wp.numel[i], -1};
+  };
+  std::string first;
+  if (!(calls[0]->signature() == theirs(0))) {
+    first = "rank " + std::to_string(planner) + " called " + theirs(0).describe() +
+            " at sequence " + std::to_string(b.firstSeq) + " but this rank called " +
+            calls[0]->signature().describe() + " at sequence " + std::to_string(b.firstSeq);
   }
   // The rest of the cut comes from this rank's own queue, as on a follower.
-  for (uint32_t i = 1; i < wp.count; ++i) {
-    const uint64_t seq = b.firstSeq + i;
-    const CollectiveSignature theirs{CollectiveType::kAllreduce, static_cast<DataType>(wp.dtype),
-                                     static_cast<ReduceOp>(wp.op), wp.numel[i], -1};
-    FusibleCall* next = nullptr;
-    while (true) {
-      uint32_t seen = segment_->wakeValue();
-      Take t = takeNext(std::chrono::microseconds(200), [](const FusibleCall&) { return true; },
-                        &next);
-      if (t == Take::kTaken) break;
-      if (t == Take::kOther) {
-        throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": rank " +
-                                             std::to_string(planner) + " called " +
-                                             theirs.describe() + " at sequence " +
-                                             std::to_string(seq) +
-                                             " but this rank called another collective there");
-      }
-      idle(b, seen, [&] {
-        return "this rank's own call at sequence " + std::to_string(seq) +
-               " (the caller has not issued it)";
-      }, /*mayBlock=*/false);
-    }
-    calls.push_back(next);
-    b.sigs.push_back(next->signature());
-    if (next->seq != seq || !(next->signature() == theirs)) {
-      takeRestOfCut(b, calls, wp.count, takeNext);
-      throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": rank " + std::to_string(planner) +
-                                           " called " + theirs.describe() + " at sequence " +
-                                           std::to_string(seq) + " but this rank called " +
-                                           next->signature().describe() + " at sequence " +
-                                           std::to_string(next->seq));
-    }
-  }
+  std::string why = takeCut(b, calls, wp.count, planner, theirs, first, takeNext);
+  if (!why.empty()) throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": " + why);
 }
 
 void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
@@ -373,47 +363,21 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
   auto leaderCall = [&](uint32_t i) {
     return CollectiveSignature{CollectiveType::kAllreduce, b.dtype, b.op, plan.numel[i], -1};
   };
-  auto check = [&](uint32_t i, const FusibleCall& mine) {
-    uint64_t seq = plan.firstSeq + i;
-    CollectiveSignature theirs = leaderCall(i);
-    if (mine.seq != seq || !(mine.signature() == theirs)) {
-      takeRestOfCut(b, calls, plan.count, takeNext);
-      failMismatch(b, "rank " + std::to_string(leader_) + " called " + theirs.describe() + " at sequence " + std::to_string(seq) +
-                          " but this rank called " + mine.signature().describe() + " at sequence " +
-                          std::to_string(mine.seq));
-    }
-  };
   if (plan.firstSeq != mySeq) {
     failMismatch(b, "rank " + std::to_string(leader_) + " fused the allreduce calls from sequence " +
                         std::to_string(plan.firstSeq) +
                         " but this rank called another collective there (mismatch) and is at " +
                         std::to_string(mySeq));
   }
-  check(0, *calls[0]);
-  // Take the rest of the leader's batch from this rank's queue, waiting for
-  // the caller to issue them (bounded by the timeout like any other wait).
-  for (uint32_t i = 1; i < plan.count; ++i) {
-    FusibleCall* next = nullptr;
-    while (true) {
-      uint32_t seen = segment_->wakeValue();
-      Take t = takeNext(std::chrono::microseconds(200), [](const FusibleCall&) { return true; },
-                        &next);
-      if (t == Take::kTaken) break;
-      if (t == Take::kOther) {
-        failMismatch(b, "rank " + std::to_string(leader_) + " called " + leaderCall(i).describe() + " at sequence " +
-                            std::to_string(plan.firstSeq + i) +
-                            " but this rank called another collective at that sequence");
-      }
-      // takeNext already waited on the queue: only the checks, no sleep.
-      idle(b, seen, [&] {
-        return "this rank's own call at sequence " + std::to_string(plan.firstSeq + i) +
-               " (the caller has not issued it)";
-      }, /*mayBlock=*/false);
-    }
-    calls.push_back(next);
-    b.sigs.push_back(next->signature());
-    check(i, *next);
+  std::string first;
+  if (!(calls[0]->signature() == leaderCall(0))) {
+    first = "rank " + std::to_string(leader_) + " called " + leaderCall(0).describe() +
+            " at sequence " + std::to_string(mySeq) + " but this rank called " +
+            calls[0]->signature().describe() + " at sequence " + std::to_string(mySeq);
   }
+  // The rest of the leader's batch from this rank's queue.
+  std::string why = takeCut(b, calls, plan.count, leader_, leaderCall, first, takeNext);
+  if (!why.empty()) failMismatch(b, why);
   segment_->publish(ctl.arrived[me_], b.index + 1);
 }
 
