@@ -10,18 +10,22 @@
 namespace smddp {
 
 uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done) {
-  std::shared_ptr<FusibleCall> fusible;
   if (scheduler_ && isSupported(op, dtype)) {
     // Unsupported combinations take the plain path, which reports them.
-    fusible = std::make_shared<FusibleCall>();
-    fusible->bufs = bufs;
+    // The scheduler runs fusible calls; the body (the same buffers, kept
+    // once in the FusibleCall) is only a fallback.
+    auto fusible = std::make_shared<FusibleCall>();
+    fusible->bufs = std::move(bufs);
     fusible->dtype = dtype;
     fusible->op = op;
-    for (const auto& b : bufs) fusible->numel += b.numel;
+    for (const auto& b : fusible->bufs) fusible->numel += b.numel;
+    return enqueue("allreduce", [this, f = fusible](uint64_t seq) {
+      runAllreduce(*this, seq, f->bufs, f->dtype, f->op);
+    }, std::move(done), fusible);
   }
   return enqueue("allreduce", [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
     runAllreduce(*this, seq, bufs, dtype, op);
-  }, std::move(done), std::move(fusible));
+  }, std::move(done));
 }
 
 uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done) {
