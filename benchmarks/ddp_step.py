@@ -2,16 +2,26 @@
 smddp against Gloo, world 2 by default, in one run on the same machine.
 
     .venv/bin/python benchmarks/ddp_step.py [--world 2] [--steps 12] [--warmup 3]
+    .venv/bin/python benchmarks/ddp_step.py --paired [--steps 20]
 
 Each backend runs in its own torchrun-style job (one process per rank);
 step time is the mean over the timed steps (max over ranks) after a
 barrier. The backends alternate for --rounds rounds and the median round
 is reported, so both see the same machine noise.
+
+--paired runs both backends in the same processes instead: two DDP copies
+of the model (one on the smddp default group, one on a Gloo group) and a
+"compute only" step (the smddp copy under no_sync(): no allreduce) take
+turns, rotating who goes first, and the median of the per-round ratios is
+reported, with compute only / Gloo as the best any backend could reach.
+Both backends then see the same machine state step by step, which makes
+the ratio far less noisy on a shared VM than separate jobs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -84,6 +94,73 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
+def paired_worker(args) -> None:
+    """smddp and Gloo in the same processes, step by step: two DDP copies of
+    the same model, one on the default (smddp) group and one on a Gloo
+    group, alternating in ABBA order so both see the same machine state."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_smddp  # noqa: F401
+    torch.set_num_threads(max(1, args.threads))
+    dist.init_process_group("smddp")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    models = {}
+    for name, pg in (("smddp", None), ("gloo", gloo)):
+        torch.manual_seed(0)
+        m = build_model(torch, seq=args.seq)
+        ddp = DDP(m, process_group=pg)
+        models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+    nparams = sum(p.numel() for p in models["smddp"][0].parameters())
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
+    y = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(name):
+        # "compute only": the smddp copy under no_sync(), so no allreduce at
+        # all; the floor that no backend can beat.
+        ddp, opt = models["smddp" if name == "compute only" else name]
+        opt.zero_grad(set_to_none=True)
+        with ddp.no_sync() if name == "compute only" else contextlib.nullcontext():
+            out = ddp(x)
+            loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            loss.backward()
+        opt.step()
+        return loss.item()
+
+    names = ("smddp", "gloo", "compute only")
+    for _ in range(args.warmup):
+        for name in names:
+            step(name)
+    times = {name: [] for name in names}
+    for i in range(args.steps):
+        order = names[i % 3:] + names[:i % 3]  # rotate who goes first
+        for name in order:
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            step(name)
+            times[name].append(time.perf_counter() - t0)
+    # The slowest rank defines each step.
+    for name in times:
+        t = torch.tensor(times[name], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+        times[name] = t.tolist()
+    if rank == 0:
+        ratios = [a / b for a, b in zip(times["smddp"], times["gloo"])]
+        floor = [a / b for a, b in zip(times["compute only"], times["gloo"])]
+        with open(args.out, "w") as f:
+            json.dump({"params": nparams, "world": world, "times": times,
+                       "median": {k: statistics.median(v) for k, v in times.items()},
+                       "ratio": statistics.median(ratios),
+                       "floor_ratio": statistics.median(floor)}, f)
+    dist.destroy_process_group()
+
+
 def launch(backend: str, args) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -121,12 +198,30 @@ def main() -> int:
     ap.add_argument("--backends", nargs="+", default=["smddp", "gloo"])
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per backend (median)")
+    ap.add_argument("--paired", action="store_true",
+                    help="one job: smddp and Gloo DDP copies alternating step by step")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--backend")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.worker:
-        worker(args)
+        if args.backend == "paired":
+            paired_worker(args)
+        else:
+            worker(args)
+        return 0
+    if args.paired:
+        res = launch("paired", args)
+        print(f"\n# DDP step, transformer {res['params'] / 1e6:.1f}M params, world {args.world}, "
+              f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} rounds of steps, "
+              f"smddp, Gloo and no allreduce taking turns in the same processes")
+        print(f"{'backend':>12} {'median step ms':>15} {'samples/s':>10}   steps (ms)")
+        for b in ("smddp", "gloo", "compute only"):
+            m = res["median"][b]
+            steps = " ".join(f"{x * 1e3:.0f}" for x in res["times"][b])
+            print(f"{b:>12} {m * 1e3:>15.1f} {args.batch * args.world / m:>10.2f}   {steps}")
+        print(f"median of per-pair step time smddp/gloo: {res['ratio']:.3f}; "
+              f"best possible (compute only/gloo): {res['floor_ratio']:.3f}")
         return 0
     runs = {b: [] for b in args.backends}
     for _ in range(args.rounds):

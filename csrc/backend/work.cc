@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <sched.h>
 
+#include "common/caller_waiting.h"
 #include "common/error.h"
 
 namespace c10d_smddp {
@@ -47,6 +48,7 @@ std::exception_ptr toTorchError(std::exception_ptr e) {
 void WorkSmddp::setDefaultSpin(std::chrono::microseconds spin) { gDefaultSpinUs = spin.count(); }
 
 bool WorkSmddp::wait(std::chrono::milliseconds timeout) {
+  smddp::CallerWaiting waiting;  // the engine may poll meanwhile
   if (spin_.count() > 0) {
     const auto until = std::chrono::steady_clock::now() + spin_;
     while (!engineDone_.load(std::memory_order_acquire) &&

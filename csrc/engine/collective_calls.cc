@@ -3,6 +3,7 @@
 // to the fusion-buffer scheduler when the host path is open.
 #include <future>
 
+#include "common/caller_waiting.h"
 #include "engine/algorithms.h"
 #include "engine/communicator.h"
 #include "engine/fusion_scheduler.h"
@@ -91,6 +92,7 @@ void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, Reduc
     if (e) p.set_exception(e);
     else p.set_value();
   });
+  CallerWaiting waiting;
   f.get();
 }
 

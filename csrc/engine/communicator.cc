@@ -14,6 +14,7 @@
 #include <thread>
 #include <sstream>
 
+#include "common/caller_waiting.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
@@ -515,11 +516,12 @@ void Communicator::workerLoop() {
     {
       std::unique_lock<std::mutex> lock(queueMu_);
       if (p2pInFlight_ == 0 && queue_.empty() && !stopping_) {
-        // Calls often come back to back (a step's buckets, a benchmark
-        // loop): poll for SMDDP_SPIN_US, yielding, before sleeping.
+        // Calls often come back to back (a benchmark loop, a caller that
+        // waits on each call): poll for SMDDP_SPIN_US, yielding, before
+        // sleeping, but only while a caller is waiting, not computing.
         lock.unlock();
         const auto until = std::chrono::steady_clock::now() +
-                           std::chrono::microseconds(config_.spinUs);
+                           std::chrono::microseconds(aCallerIsWaiting() ? config_.spinUs : 0);
         while (queued_.load(std::memory_order_acquire) == 0 &&
                std::chrono::steady_clock::now() < until) {
           sched_yield();

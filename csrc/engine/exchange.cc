@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "common/caller_waiting.h"
 #include "common/error.h"
 
 namespace smddp {
@@ -255,7 +256,7 @@ void Exchange::run() {
       throw;
     }
     auto now = clock::now();
-    if (now - idleSince < spin) {
+    if (now - idleSince < spin && aCallerIsWaiting()) {
       // Polling, but let a runnable compute thread have the core.
       sched_yield();
       continue;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/caller_waiting.h"
 #include "common/error.h"
 #include "engine/communicator.h"
 #include "engine/exchange.h"
@@ -584,8 +585,12 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
   if (!mayBlock) return;
   // Mid-stream, the awaited peer is working on this very call and its next
   // publish is microseconds away: a futex sleep there costs a wake-up per
-  // step. Elsewhere a peer may be computing, so polling stays short.
-  const int64_t spinUs = b.streaming ? streamSpinUs_ : comm_.config().spinUs;
+  // step. Elsewhere a peer may be computing, so polling stays short. And
+  // only while this rank's caller waits: if it computes (DDP's backward),
+  // polling would take its core, so sleep at once.
+  const int64_t spinUs = !aCallerIsWaiting() ? 0
+                         : b.streaming     ? streamSpinUs_
+                                           : comm_.config().spinUs;
   if (now - b.idleSince < std::chrono::microseconds(spinUs)) {
     sched_yield();  // polling, but let a runnable compute thread have the core
     return;
