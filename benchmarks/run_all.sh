@@ -10,7 +10,13 @@ PY=.venv/bin/python
 echo "## allreduce, world 2 and 4 (plot: benchmarks/allreduce_busbw.png)"
 $PY -m torch_smddp.bench --world 2 4 --min 4K --max 256M --plot benchmarks/allreduce_busbw.png
 
-echo "## DDP step, world 2"
+echo "## the world-2 episodes"
+.venv/bin/torchrun --nproc-per-node 2 benchmarks/episodes.py --size 64M --iters 300
+
+echo "## DDP step, world 2 (paired: smddp, Gloo and compute only in the same processes)"
+$PY benchmarks/ddp_step.py --paired --steps 20 --batch 1
+$PY benchmarks/ddp_step.py --paired --steps 16 --batch 4
+echo "## DDP step, world 2 (separate jobs, median of rounds)"
 $PY benchmarks/ddp_step.py --world 2 --batch 4
 $PY benchmarks/ddp_step.py --world 2 --batch 1
 
@@ -18,5 +24,5 @@ echo "## what polling costs: SMDDP_SPIN_US (allreduce latency, DDP step)"
 for spin in 0 50 1000; do
   echo "### SMDDP_SPIN_US=$spin"
   SMDDP_SPIN_US=$spin $PY -m torch_smddp.bench --world 2 --min 4K --max 64K --budget 67108864
-  SMDDP_SPIN_US=$spin $PY benchmarks/ddp_step.py --world 2 --batch 1 --backends smddp --rounds 1
+  SMDDP_SPIN_US=$spin $PY benchmarks/ddp_step.py --paired --steps 12 --batch 1
 done
