@@ -21,7 +21,6 @@
 #include "engine/algorithms.h"
 #include "engine/exchange.h"
 #include "engine/fusion_scheduler.h"
-#include "engine/host_segment.h"
 #include "engine/host_path.h"
 
 namespace smddp {
@@ -113,8 +112,6 @@ bool processExited(int64_t pid) {
 // (smr_get_tag), and a later receive is matched against the queued entry
 // with that stale mask (smr_match_tagged), so once an error receive had
 // completed, data frames could be delivered to receives of another tag.
-uint64_t errorTag() { return makeTag(TagClass::kError, 0, 0, 0); }
-
 uint64_t randomSecret() {
   std::random_device rd;
   uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -298,144 +295,6 @@ size_t Communicator::progress() {
     }
   }
   return n;
-}
-
-void Communicator::postErrorReceives() {
-  for (int i = 0; i < 4; ++i) {
-    Request* r = newRequest();
-    r->type = Request::Type::kErrorRecv;
-    r->text.resize(4096);
-    iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
-                    overflowSink()};
-    int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, errorTag(), 0, iov, 3, &r->ctx);
-    SMDDP_CHECK(rc == 0, kTransport, "could not post error-frame receives");
-  }
-}
-
-void Communicator::handleErrorFrame(Request* r, const Completion& c) {
-  if (c.err == FI_ECANCELED) {
-    releaseRequest(r);
-    return;
-  }
-  const FrameHeader& h = r->header;
-  const bool probe = h.kind == static_cast<uint8_t>(FrameKind::kProbe);
-  // (a longer frame spilled into the sink: rejected by the length check)
-  bool ok = c.err == 0 &&
-            validateControlFrame(h, c.len, jobSecret_, static_cast<uint32_t>(opts_.size),
-                                 r->text.size(), nullptr) == FrameVerdict::kOk;
-  if (!ok) {
-    stats_.framesRejected++;
-  } else if (probe) {
-    CollectiveSignature theirs = signatureOf(h);
-    int src = static_cast<int>(h.srcRank);
-    auto done = history_.find(h.seq);
-    if (done == history_.end()) {
-      probes_[h.seq][src] = theirs;  // this rank is in, or not yet at, that call
-    } else if (!(done->second == theirs) && h.chunk != 1) {
-      sendProbe(src, h.seq, done->second, /*reply=*/true);  // never answer a reply
-    }
-  } else {
-    std::string text(r->text.data(), h.length);
-    auto& slot = remoteErrors_[h.seq];
-    if (slot.text.empty()) {
-      slot.text = "rank " + std::to_string(h.srcRank) + " reported: " + text;
-      // offset: how many calls from h.seq on the report covers (a batch).
-      const uint64_t count = std::clamp<uint64_t>(h.offset, 1, kMaxFusedCalls);
-      slot.last = h.seq + count - 1;
-    }
-  }
-  // Re-arm the same receive.
-  iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
-                  overflowSink()};
-  int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, errorTag(), 0, iov, 3, &r->ctx);
-  if (rc != 0) releaseRequest(r);
-}
-
-bool Communicator::remoteErrorFor(uint64_t seq, std::string* text) {
-  // Reports for sequences this rank already finished are stale: every rank
-  // that saw the failure raised it then. Reports for later sequences wait.
-  // A report covers the calls of the reporter's failed batch (a fusion
-  // batch fails as a whole), so it answers every sequence in that range.
-  for (auto it = remoteErrors_.begin(); it != remoteErrors_.end() && it->first <= seq;) {
-    if (it->second.last < seq) {
-      it = remoteErrors_.erase(it);
-      continue;
-    }
-    *text = it->second.text;
-    if (it->second.last == seq) remoteErrors_.erase(it);
-    return true;
-  }
-  return false;
-}
-
-void Communicator::broadcastError(uint64_t seq, const std::string& text, uint64_t count) {
-  std::string body = text.substr(0, 4000);
-  for (int p = 0; p < opts_.size; ++p) {
-    if (p == opts_.rank) continue;
-    Request* r = newRequest();
-    r->type = Request::Type::kErrorSend;
-    r->peer = p;
-    r->text = body;
-    CollectiveSignature sig;
-    r->header = makeHeader(FrameKind::kError, jobSecret_, seq, opts_.rank, 0, count, body.size(),
-                           sig);
-    iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
-    postControl(r, iov, body.empty() ? 1 : 2);
-  }
-}
-
-void Communicator::postControl(Request* r, const iovec* iov, size_t n) {
-  // A first send to a peer this rank never talked to waits for the
-  // connection (-FI_EAGAIN): progress and retry for a while rather than
-  // drop the frame (the peers would then only learn at their timeout).
-  // Inside progress() (a probe answered from a completion) there is no
-  // retry: progress is not re-entered.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  while (true) {
-    int rc = -1;
-    try {
-      rc = endpoint_->postSend(peerAddrs_[r->peer], errorTag(), iov, n, &r->ctx);
-    } catch (const Error&) {
-      break;  // a broken endpoint: the caller is already reporting a failure
-    }
-    if (rc == 0) return;
-    if (progressing_ || std::chrono::steady_clock::now() > deadline) break;
-    progress();
-  }
-  releaseRequest(r);  // best effort: the peer's timeout still bounds it
-}
-
-void Communicator::sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply) {
-  if (peer == opts_.rank || peer < 0 || peer >= opts_.size) return;
-  Request* r = newRequest();
-  r->type = Request::Type::kErrorSend;
-  r->peer = peer;
-  r->header = makeHeader(FrameKind::kProbe, jobSecret_, seq, opts_.rank, reply ? 1 : 0, 0, 0, sig);
-  iovec iov[1] = {{&r->header, sizeof(FrameHeader)}};
-  postControl(r, iov, 1);  // best effort, like error frames
-}
-
-bool Communicator::probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why) {
-  probes_.erase(probes_.begin(), probes_.lower_bound(seq));
-  auto it = probes_.find(seq);
-  if (it == probes_.end()) return false;
-  for (const auto& [src, theirs] : it->second) {
-    if (theirs == mine) continue;
-    *why = "rank " + std::to_string(src) + " called " + theirs.describe() + " at sequence " +
-           std::to_string(seq) + " but this rank called " + mine.describe() + " at sequence " +
-           std::to_string(seq);
-    return true;
-  }
-  return false;
-}
-
-std::vector<int> Communicator::probedAt(uint64_t seq) const {
-  std::vector<int> out;
-  auto it = probes_.find(seq);
-  if (it != probes_.end()) {
-    for (const auto& [src, sig] : it->second) out.push_back(src);
-  }
-  return out;
 }
 
 void Communicator::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
