@@ -28,6 +28,16 @@ import threading
 import time
 
 
+def _sum_is_wrong(n, rank, want):
+    """All-reduces n copies of rank + 1; 1 if any element differs from want."""
+    import torch  # lazily, like the rest of this module
+    import torch.distributed as dist
+
+    t = torch.full((n,), float(rank + 1))
+    dist.all_reduce(t)
+    return int(not bool(torch.all(t == want)))
+
+
 # --------------------------------------------------------------------------
 # process resources
 # --------------------------------------------------------------------------
@@ -234,16 +244,11 @@ def wire_intrusion(rank: int, world: int, rounds: int) -> dict:
         dist.all_reduce(busy, op=dist.ReduceOp.MAX)
         if i >= rounds and busy.item() == 0.0:
             break
-        n = 7 if i % 2 else 300_001
-        t = torch.full((n,), float(rank + 1))
-        dist.all_reduce(t)
-        wrong += int(not bool(torch.all(t == want)))
+        wrong += _sum_is_wrong(7 if i % 2 else 300_001, rank, want)
         i += 1
     if intruder is not None:
         intruder.join(timeout=10)
-    after_t = torch.full((300_001,), float(rank + 1))
-    dist.all_reduce(after_t)
-    wrong += int(not bool(torch.all(after_t == want)))
+    wrong += _sum_is_wrong(300_001, rank, want)
     return {"provider": torch_smddp._backend_of().provider, "ports": ports[os.getpid()],
             "calls": i, "wrong": wrong, "rejected_delta": torch_smddp.stats()["frames_rejected"] - before,
             "log": log}
@@ -381,14 +386,9 @@ def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             if flags[0].item() == 0.0 or flags[1].item() == 1.0:
                 break
-            n = 7 if calls % 2 else 100_003
-            t = torch.full((n,), float(rank + 1))
-            dist.all_reduce(t)
-            wrong += int(not bool(torch.all(t == want)))
+            wrong += _sum_is_wrong(7 if calls % 2 else 100_003, rank, want)
             calls += 1
-        after = torch.full((300_001,), float(rank + 1))
-        dist.all_reduce(after)
-        wrong += int(not bool(torch.all(after == want)))
+        wrong += _sum_is_wrong(300_001, rank, want)
         delta = torch_smddp.stats()["frames_rejected"] - before
     finally:
         proc.stdin.close()
