@@ -128,14 +128,20 @@ uint64_t FusionBufferScheduler::gatherIssued(Batch& b) {
 
 std::string FusionBufferScheduler::takeCut(
     Batch& b, std::vector<FusibleCall*>& calls, uint32_t count, int planner,
-    const std::function<CollectiveSignature(uint32_t)>& theirs, std::string mismatch,
-    const TakeNext& takeNext) {
+    const std::function<CollectiveSignature(uint32_t)>& theirs, const TakeNext& takeNext) {
   // Every call of the cut is issued on this rank (the cut holds only
   // those), so it is queued or about to be; takeNext waits for it.
   auto differs = [&](uint32_t i, const std::string& mine) {
     return "rank " + std::to_string(planner) + " called " + theirs(i).describe() +
            " at sequence " + std::to_string(b.firstSeq + i) + " but this rank called " + mine;
   };
+  auto check = [&](uint32_t i, const FusibleCall& c, std::string* mismatch) {
+    if (mismatch->empty() && (c.seq != b.firstSeq + i || !(c.signature() == theirs(i)))) {
+      *mismatch = differs(i, c.signature().describe() + " at sequence " + std::to_string(c.seq));
+    }
+  };
+  std::string mismatch;
+  for (uint32_t i = 0; i < calls.size(); ++i) check(i, *calls[i], &mismatch);
   try {
     for (uint32_t i = static_cast<uint32_t>(calls.size()); i < count; ++i) {
       FusibleCall* next = nullptr;
@@ -155,10 +161,7 @@ std::string FusionBufferScheduler::takeCut(
       }
       calls.push_back(next);
       b.sigs.push_back(next->signature());
-      if (mismatch.empty() && (next->seq != b.firstSeq + i || !(next->signature() == theirs(i)))) {
-        mismatch = differs(i, next->signature().describe() + " at sequence " +
-                                  std::to_string(next->seq));
-      }
+      check(i, *next, &mismatch);
     }
   } catch (const Error&) {
     if (mismatch.empty()) throw;
@@ -204,14 +207,8 @@ void FusionBufferScheduler::takeRemotePlan(Batch& b, std::vector<FusibleCall*>& 
     return CollectiveSignature{CollectiveType::kAllreduce, static_cast<DataType>(wp.dtype),
                                static_cast<ReduceOp>(wp.op), wp.numel[i], -1};
   };
-  std::string first;
-  if (!(calls[0]->signature() == theirs(0))) {
-    first = "rank " + std::to_string(planner) + " called " + theirs(0).describe() +
-            " at sequence " + std::to_string(b.firstSeq) + " but this rank called " +
-            calls[0]->signature().describe() + " at sequence " + std::to_string(b.firstSeq);
-  }
   // The rest of the cut comes from this rank's own queue, as on a follower.
-  std::string why = takeCut(b, calls, wp.count, planner, theirs, first, takeNext);
+  std::string why = takeCut(b, calls, wp.count, planner, theirs, takeNext);
   if (!why.empty()) throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": " + why);
 }
 
@@ -273,14 +270,8 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
                         " but this rank called another collective there (mismatch) and is at " +
                         std::to_string(mySeq));
   }
-  std::string first;
-  if (!(calls[0]->signature() == leaderCall(0))) {
-    first = "rank " + std::to_string(leader_) + " called " + leaderCall(0).describe() +
-            " at sequence " + std::to_string(mySeq) + " but this rank called " +
-            calls[0]->signature().describe() + " at sequence " + std::to_string(mySeq);
-  }
   // The rest of the leader's batch from this rank's queue.
-  std::string why = takeCut(b, calls, plan.count, leader_, leaderCall, first, takeNext);
+  std::string why = takeCut(b, calls, plan.count, leader_, leaderCall, takeNext);
   if (!why.empty()) failMismatch(b, why);
   segment_->publish(ctl.arrived[me_], b.index + 1);
 }

@@ -76,14 +76,14 @@ class FusionBufferScheduler {
   uint64_t issuedOnHost(uint64_t firstSeq) const;
   // Rank 0: the least of what every host has issued (one message each).
   uint64_t gatherIssued(Batch& b);
-  // Takes calls calls.size() .. count - 1 of a cut made by `planner` from
-  // this rank's queue and checks each against theirs(i). A call that
-  // differs is recorded (the first one, after `mismatch` if that is set)
-  // and the rest of the cut is still taken, so a failing batch spans the
-  // same calls on every rank. Returns the mismatch text, or "".
+  // Checks the calls already taken and takes calls calls.size() .. count - 1
+  // of a cut made by `planner` from this rank's queue, each against
+  // theirs(i). The first call that differs is recorded and the rest of the
+  // cut is still taken, so a failing batch spans the same calls on every
+  // rank. Returns the mismatch text, or "".
   std::string takeCut(Batch& b, std::vector<FusibleCall*>& calls, uint32_t count, int planner,
                       const std::function<CollectiveSignature(uint32_t)>& theirs,
-                      std::string mismatch, const TakeNext& takeNext);
+                      const TakeNext& takeNext);
   void follow(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
   void stream(Batch& b, const std::vector<FusibleCall*>& calls);
   // Blocks briefly when nothing could progress; throws on abort, timeout,
