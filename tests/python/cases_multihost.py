@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 import os
 
-import cases_collectives
+import collective_oracle
 import torch_smddp
 from cases_collectives import collectives_vs_gloo
 
@@ -23,7 +23,7 @@ def provider_and_collectives(rank, world):
     for r, h in enumerate(hosts):
         groups.setdefault(h, []).append(r)
     if torch_smddp.stats()["allreduce_path"] == "shared-memory":
-        cases_collectives.HOST_GROUPS = list(groups.values())
+        collective_oracle.HOST_GROUPS = list(groups.values())
     res = collectives_vs_gloo(rank, world, quick=True)
     return {"provider": backend.provider, "closed_form_ok": closed_form_ok,
             "allreduce_path": torch_smddp.stats()["allreduce_path"], **res}
