@@ -1,4 +1,4 @@
-// Allreduce through reduction servers (DESIGN.md, "The allreduce path").
+// Allreduce through reduction servers (docs/design.md, "The allreduce path").
 //
 // Every rank hosts one server (or SMDDP_SERVERS_PER_NODE ranks per host
 // do: Communicator::networkServers). The buffer is cut into one shard per server

@@ -1,4 +1,4 @@
-// The Communicator's control frames (DESIGN.md, "Frames and safety"):
+// The Communicator's control frames (docs/design.md, "Wire format and validation"):
 // error frames that tell every peer a call failed here, and the stall
 // probes that let a waiting rank learn which call a peer is in. Both ride
 // on one tag class, received into a few always-posted receives.

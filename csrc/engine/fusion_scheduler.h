@@ -1,4 +1,4 @@
-// Balanced fusion buffers on one host (DESIGN.md, "The allreduce path").
+// Balanced fusion buffers on one host (docs/design.md, "The allreduce path").
 // The group's leader (rank 0) fuses the allreduce calls it has queued into
 // one buffer and publishes the cut as a plan in the host segment; the other
 // ranks follow the plan, so every rank fuses the same calls whatever the

@@ -2,7 +2,7 @@
 // calls: shards partition the buffer, chunks partition each shard within
 // the chunk size, a split call gives every server the same bytes give or
 // take one element, and a run of calls keeps the servers' running totals
-// within one shard of each other (DESIGN.md, "Shard").
+// within one shard of each other (docs/design.md, "The allreduce path", step 3).
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 // path that error messages take through a hostile header.
 //
 // Oracle: besides "no crash, no sanitizer report", every frame a validator
-// accepts is re-checked here against the rules of DESIGN.md ("Transport")
+// accepts is re-checked here against the rules of docs/design.md ("Wire format and validation")
 // written out independently; an accepted frame that breaks one aborts.
 //
 // Build: cmake -DSMDDP_BUILD_FUZZERS=ON -DCMAKE_CXX_COMPILER=clang++ (see

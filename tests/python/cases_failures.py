@@ -6,7 +6,7 @@ test_failures.py (the parent) asserts on it. The case tables below are plain
 data so the parent can import this module without importing torch (torch is
 imported inside the functions).
 
-Scenarios (DESIGN.md, "Failure behaviour"):
+Scenarios (docs/design.md, "Failure model"):
 
 * ``mismatches``: ranks disagree on a collective (element count, dtype, op,
   which collective). Every rank whose call cannot complete correctly must
@@ -39,7 +39,7 @@ import time
 # rank that raises (they tell the two calls apart). ``may_complete`` names
 # the ranks allowed to return normally: a broadcast root only sends, and
 # when all its sends completed it cannot know that a receiver disagreed
-# (KNOWN LIMITATION, see DESIGN.md/the report: only receivers detect it). A
+# (KNOWN LIMITATION, see docs/design.md: only receivers detect it). A
 # rank that returns normally must hold exactly what a correct call would
 # have left there (a root: its own input, unchanged).
 #

@@ -1,4 +1,4 @@
-"""Failure behaviour of the smddp backend (DESIGN.md, "Failure behaviour").
+"""Failure behaviour of the smddp backend (docs/design.md, "Failure model").
 
 Every scenario is one multi-process job with a hard deadline (mp_harness);
 the children report what each rank raised and when (cases_failures.py) and
@@ -33,7 +33,7 @@ from mp_harness import ExitedRank, backend_under_test, run_world  # noqa: E402
 
 BACKEND = backend_under_test()
 smddp_only = pytest.mark.skipif("smddp" not in BACKEND,
-                                reason="these failure semantics are smddp's (DESIGN.md)")
+                                reason="these failure semantics are smddp's (docs/design.md)")
 
 ENGINE_NAME = {"all_reduce": "allreduce", "broadcast": "broadcast",
                "all_gather": "allgather", "barrier": "barrier"}
