@@ -13,12 +13,24 @@
 #include <functional>
 
 #include "common/error.h"
+#include "common/param.h"
 #include "engine/algorithms.h"
 #include "engine/exchange.h"
 #include "engine/reduce_kernels.h"
 #include "engine/shard_plan.h"
 
 namespace smddp {
+
+SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16384, 1, 1LL << 30,
+                  "a call smaller than servers x this goes whole to one server (round-robin)")
+SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 4, 1, 1024,
+                "chunks per peer a reduction server keeps in flight (cache-resident receive ring)")
+
+void readAllreduceParams(EngineConfig& c) {
+  c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
+  c.ringDepth = paramRingDepth();
+}
+
 
 namespace {
 

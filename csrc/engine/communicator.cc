@@ -25,60 +25,31 @@
 
 namespace smddp {
 
-SMDDP_PARAM_BYTES(paramChunkBytes, "SMDDP_CHUNK_BYTES", 262144, 4096, 1LL << 30,
-                  "largest message on the wire; bigger shards are pipelined in chunks of this size")
-SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16384, 1, 1LL << 30,
-                  "a call smaller than servers x this goes whole to one server (round-robin)")
-SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 4, 1, 1024,
-                "chunks per peer a reduction server keeps in flight (cache-resident receive ring)")
-SMDDP_PARAM_INT(paramMaxPostedRecvs, "SMDDP_MAX_POSTED_RECVS", 256, 8, 100000,
-                "receives one collective keeps posted at once (shm holds about 1024 in all)")
 SMDDP_PARAM_INT(paramSpinUs, "SMDDP_SPIN_US", 50, 0, 1000000,
                 "microseconds a waiting engine thread polls before it starts to sleep")
-SMDDP_PARAM_INT(paramStreamSpinUs, "SMDDP_STREAM_SPIN_US", 500, 0, 1000000,
-                "microseconds a rank polls inside a shared-memory allreduce's data steps, where "
-                "its peers are working on the same call, before it sleeps (hosts with more ranks "
-                "than cores use SMDDP_SPIN_US instead)")
 SMDDP_PARAM_INT(paramSleepUs, "SMDDP_SLEEP_US", 100, 1, 100000,
                 "longest sleep between polls of an idle engine thread, in microseconds")
 SMDDP_PARAM_BOOL(paramHostPath, "SMDDP_SHM_ALLREDUCE", true,
                  "allreduce through each host's shared-memory segment (fusion buffers, reduction "
                  "servers on the ranks' engine threads; hosts combine over libfabric); 0 = network only")
-SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
-                  "queued allreduce calls are fused up to this many bytes (0: no fusion)")
-SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 0, 0, 1LL << 28,
-                  "bytes of one shard per pipeline step in the shared-memory segment "
-                  "(0: 128K, or 256K when a host has more ranks than cores)")
-SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 0, 0, 64,
-                "pipeline steps the shared-memory allreduce keeps in flight (0: 4, or 16 when a "
-                "host has more ranks than cores, so a rank's time slice covers more work)")
 SMDDP_PARAM_INT(paramServersPerNode, "SMDDP_SERVERS_PER_NODE", 0, 0, 64,
                 "reduction servers per host (0: one per rank, the bandwidth-optimal default)")
-SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
-                  "fusion buffers at least this large copy results out with non-temporal stores")
 SMDDP_PARAM_STRING(paramHostId, "SMDDP_HOST_ID", "",
                    "host identity this rank reports (default: the hostname); splits one machine "
                    "into pretend hosts")
 
 EngineConfig EngineConfig::fromEnvironment() {
+  // Each part is read next to the code that uses it (its SMDDP_PARAM_*
+  // declarations sit there too).
   EngineConfig c;
-  c.chunkBytes = static_cast<uint64_t>(paramChunkBytes());
-  c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
-  c.ringDepth = paramRingDepth();
-  c.maxPostedRecvs = paramMaxPostedRecvs();
   c.spinUs = paramSpinUs();
-  c.streamSpinUs = paramStreamSpinUs();
   c.sleepUs = paramSleepUs();
   c.hostPath = paramHostPath();
-  c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
-  c.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
-  if (paramShmSlotBytes() > 0 && c.shmSlotBytes < 4096) {
-    throwError(ErrorKind::kInvalidArgument,
-               "SMDDP_SHM_SLOT_BYTES must be 0 (automatic) or at least 4096");
-  }
-  c.shmDepth = paramShmDepth();
   c.serversPerNode = paramServersPerNode();
-  c.streamingBytes = static_cast<uint64_t>(paramStreamingBytes());
+  readExchangeParams(c);
+  readAllreduceParams(c);
+  readHostPathParams(c);
+  readFusionParams(c);
   return c;
 }
 

@@ -59,6 +59,12 @@ struct EngineConfig {
   uint64_t streamingBytes; // batches this large write results with streaming stores
   static EngineConfig fromEnvironment();
 };
+// The readers of the parameters each engine file declares next to the code
+// that uses them (the NCCL_PARAM pattern); fromEnvironment calls them all.
+void readExchangeParams(EngineConfig& c);   // exchange.cc: wire chunking, posted receives
+void readAllreduceParams(EngineConfig& c);  // allreduce.cc: network-path shards
+void readHostPathParams(EngineConfig& c);   // host_path.cc: segment geometry, fusion size
+void readFusionParams(EngineConfig& c);     // fusion_scheduler.cc: data-step polling, stores
 
 struct PeerInfo {
   std::string host;

@@ -10,8 +10,20 @@
 
 #include "common/caller_waiting.h"
 #include "common/error.h"
+#include "common/param.h"
 
 namespace smddp {
+
+SMDDP_PARAM_BYTES(paramChunkBytes, "SMDDP_CHUNK_BYTES", 262144, 4096, 1LL << 30,
+                  "largest message on the wire; bigger shards are pipelined in chunks of this size")
+SMDDP_PARAM_INT(paramMaxPostedRecvs, "SMDDP_MAX_POSTED_RECVS", 256, 8, 100000,
+                "receives one collective keeps posted at once (shm holds about 1024 in all)")
+
+void readExchangeParams(EngineConfig& c) {
+  c.chunkBytes = static_cast<uint64_t>(paramChunkBytes());
+  c.maxPostedRecvs = paramMaxPostedRecvs();
+}
+
 
 Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
                    std::chrono::milliseconds timeout)

@@ -9,6 +9,7 @@
 
 #include "common/caller_waiting.h"
 #include "common/error.h"
+#include "common/param.h"
 #include "engine/communicator.h"
 #include "engine/exchange.h"
 #include "engine/fused_view.h"
@@ -19,6 +20,19 @@
 #include "engine/stream_copy.h"
 
 namespace smddp {
+
+SMDDP_PARAM_INT(paramStreamSpinUs, "SMDDP_STREAM_SPIN_US", 500, 0, 1000000,
+                "microseconds a rank polls inside a shared-memory allreduce's data steps, where "
+                "its peers are working on the same call, before it sleeps (hosts with more ranks "
+                "than cores use SMDDP_SPIN_US instead)")
+SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
+                  "fusion buffers at least this large copy results out with non-temporal stores")
+
+void readFusionParams(EngineConfig& c) {
+  c.streamSpinUs = paramStreamSpinUs();
+  c.streamingBytes = static_cast<uint64_t>(paramStreamingBytes());
+}
+
 
 CollectiveSignature FusibleCall::signature() const {
   return CollectiveSignature{CollectiveType::kAllreduce, dtype, op, numel, -1};

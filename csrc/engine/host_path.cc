@@ -7,12 +7,33 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/param.h"
 #include "common/logging.h"
 #include "engine/communicator.h"
 #include "engine/fusion_scheduler.h"
 #include "engine/host_segment.h"
 
 namespace smddp {
+
+SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 0, 0, 1LL << 28,
+                  "bytes of one shard per pipeline step in the shared-memory segment "
+                  "(0: 128K, or 256K when a host has more ranks than cores)")
+SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 0, 0, 64,
+                "pipeline steps the shared-memory allreduce keeps in flight (0: 4, or 16 when a "
+                "host has more ranks than cores, so a rank's time slice covers more work)")
+SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
+                  "queued allreduce calls are fused up to this many bytes (0: no fusion)")
+
+void readHostPathParams(EngineConfig& c) {
+  c.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
+  if (paramShmSlotBytes() > 0 && c.shmSlotBytes < 4096) {
+    throwError(ErrorKind::kInvalidArgument,
+               "SMDDP_SHM_SLOT_BYTES must be 0 (automatic) or at least 4096");
+  }
+  c.shmDepth = paramShmDepth();
+  c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
+}
+
 
 namespace {
 
