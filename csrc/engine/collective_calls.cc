@@ -10,6 +10,23 @@
 
 namespace smddp {
 
+namespace {
+
+// What a call is, for messages and the debug log: "allreduce(SUM, float32,
+// 1024 elements)".
+std::string describe(CollectiveType c, DataType dtype, uint64_t numel, ReduceOp op = ReduceOp::kSum,
+                     int root = -1) {
+  return CollectiveSignature{c, dtype, op, numel, root}.describe();
+}
+
+uint64_t total(const std::vector<Buffer>& bufs) {
+  uint64_t n = 0;
+  for (const auto& b : bufs) n += b.numel;
+  return n;
+}
+
+}  // namespace
+
 uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done) {
   if (scheduler_ && isSupported(op, dtype)) {
     // Unsupported combinations take the plain path, which reports them.
@@ -20,23 +37,26 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
     fusible->dtype = dtype;
     fusible->op = op;
     for (const auto& b : fusible->bufs) fusible->numel += b.numel;
-    return enqueue("allreduce", [this, f = fusible](uint64_t seq) {
+    return enqueue(describe(CollectiveType::kAllreduce, dtype, fusible->numel, op),
+                   [this, f = fusible](uint64_t seq) {
       runAllreduce(*this, seq, f->bufs, f->dtype, f->op);
     }, std::move(done), fusible);
   }
-  return enqueue("allreduce", [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
+  std::string what = describe(CollectiveType::kAllreduce, dtype, total(bufs), op);
+  return enqueue(std::move(what), [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
     runAllreduce(*this, seq, bufs, dtype, op);
   }, std::move(done));
 }
 
 uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done) {
-  return enqueue("broadcast", [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
+  std::string what = describe(CollectiveType::kBroadcast, dtype, total(bufs), ReduceOp::kSum, root);
+  return enqueue(std::move(what), [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
     runBroadcast(*this, seq, bufs, dtype, root);
   }, std::move(done));
 }
 
 uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done) {
-  return enqueue("allgather", [this, in, outs = std::move(outs), dtype](uint64_t seq) {
+  return enqueue(describe(CollectiveType::kAllgather, dtype, in.numel), [this, in, outs = std::move(outs), dtype](uint64_t seq) {
     runAllgather(*this, seq, in, outs, dtype);
   }, std::move(done));
 }
@@ -53,34 +73,37 @@ uint64_t Communicator::monitoredBarrier(std::chrono::milliseconds timeout, Done 
 
 uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,
                                      ReduceOp op, Done done) {
-  return enqueue("reduce_scatter", [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
+  return enqueue(describe(CollectiveType::kReduceScatter, dtype, out.numel, op), [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
     runReduceScatter(*this, seq, ins, out, dtype, op);
   }, std::move(done));
 }
 
 uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done) {
-  return enqueue("reduce", [this, buf, dtype, op, root](uint64_t seq) {
+  return enqueue(describe(CollectiveType::kReduce, dtype, buf.numel, op, root), [this, buf, dtype, op, root](uint64_t seq) {
     runReduce(*this, seq, buf, dtype, op, root);
   }, std::move(done));
 }
 
 uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root,
                               Done done) {
-  return enqueue("gather", [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
+  return enqueue(describe(CollectiveType::kGather, dtype, in.numel, ReduceOp::kSum, root),
+                 [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
     runGather(*this, seq, in, outs, dtype, root);
   }, std::move(done));
 }
 
 uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root,
                                Done done) {
-  return enqueue("scatter", [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
+  return enqueue(describe(CollectiveType::kScatter, dtype, out.numel, ReduceOp::kSum, root),
+                 [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
     runScatter(*this, seq, ins, out, dtype, root);
   }, std::move(done));
 }
 
 uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs,
                                 DataType dtype, Done done) {
-  return enqueue("alltoall", [this, ins = std::move(ins), outs = std::move(outs),
+  std::string what = describe(CollectiveType::kAlltoall, dtype, total(ins));
+  return enqueue(std::move(what), [this, ins = std::move(ins), outs = std::move(outs),
                               dtype](uint64_t seq) { runAlltoall(*this, seq, ins, outs, dtype); },
                  std::move(done));
 }

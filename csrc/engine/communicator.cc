@@ -22,6 +22,7 @@
 #include "engine/exchange.h"
 #include "engine/fusion_scheduler.h"
 #include "engine/host_path.h"
+#include "engine/host_segment.h"
 
 namespace smddp {
 
@@ -161,8 +162,43 @@ Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
     scheduler_ = openHostPath(*this, bootstrap, hosts, pids);
   }
   worker_ = std::thread([this] { workerLoop(); });
-  SMDDP_LOG(kInfo) << "group '" << opts_.name << "' rank " << opts_.rank << "/" << opts_.size
-                   << " using provider " << provider_ << " (" << providerReason_ << ")";
+  SMDDP_LOG(kInfo) << describeGroup();
+}
+
+std::string Communicator::describeGroup() const {
+  std::vector<std::string> hostNames;
+  for (const auto& p : peers_) {
+    if (std::find(hostNames.begin(), hostNames.end(), p.host) == hostNames.end()) {
+      hostNames.push_back(p.host);
+    }
+  }
+  auto kib = [](uint64_t b) { return std::to_string(b >> 10) + " KiB"; };
+  std::ostringstream o;
+  o << "[rank " << opts_.rank << "] group '" << opts_.name << "': " << opts_.size << " rank(s) on "
+    << hostNames.size() << " host(s); provider " << provider_ << " (" << providerReason_
+    << "); allreduce ";
+  if (scheduler_) {
+    const HostSegment& seg = scheduler_->segment();
+    o << "through each host's shared-memory segment" << (hostNames.size() > 1
+                                                             ? ", then across hosts over libfabric"
+                                                             : "")
+      << ": " << seg.servers() << " reduction server(s) per host, slot " << kib(seg.slotBytes())
+      << " x depth " << seg.depth() << ", fusion buffer " << kib(scheduler_->fusionBytes());
+  } else {
+    std::string why = !config_.hostPath  ? "SMDDP_SHM_ALLREDUCE=0"
+                      : opts_.size == 1 ? "one rank"
+                      : !HostTopology::of([&] {
+                           std::vector<std::string> h;
+                           for (const auto& p : peers_) h.push_back(p.host);
+                           return h;
+                         }(), opts_.rank).uniform()
+                          ? "the hosts hold different numbers of ranks"
+                          : "shared memory is unavailable on some rank";
+    o << "over libfabric only (" << why << "): " << netServers_.size()
+      << " reduction server(s), chunk " << kib(config_.chunkBytes) << ", ring depth "
+      << config_.ringDepth << ", no fusion";
+  }
+  return o.str();
 }
 
 Communicator::~Communicator() { shutdown(); }
@@ -315,6 +351,7 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
   if (fusible) fusible->seq = seq;
   Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr};
   t.fusible = std::move(fusible);
+  t.queuedAt = std::chrono::steady_clock::now();
   queue_.push_back(std::move(t));
   queued_.store(queue_.size(), std::memory_order_release);
   if (scheduler_) scheduler_->noteIssued(seq + 1);  // under queueMu_, before shutdown
@@ -383,7 +420,36 @@ void Communicator::workerLoop() {
   }
 }
 
+void Communicator::logCompleted(const std::vector<Task>& tasks, std::exception_ptr eptr,
+                                std::chrono::steady_clock::time_point started) const {
+  const auto now = std::chrono::steady_clock::now();
+  auto ms = [](auto d) {
+    char b[32];
+    snprintf(b, sizeof(b), "%.3f ms", std::chrono::duration<double, std::milli>(d).count());
+    return std::string(b);
+  };
+  std::string outcome = "ok";
+  if (eptr) {
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const std::exception& e) {
+      outcome = std::string("failed: ") + e.what();
+    }
+  }
+  const bool fused = tasks[0].fusible && scheduler_;
+  for (const Task& t : tasks) {
+    SMDDP_LOG(kDebug) << "[rank " << opts_.rank << "] group '" << opts_.name << "' seq " << t.seq
+                      << " " << t.what << " via "
+                      << (fused ? "shared memory, batch of " + std::to_string(tasks.size()) +
+                                      " call(s) from seq " + std::to_string(tasks[0].seq)
+                                : std::string("libfabric"))
+                      << ": queued " << ms(started - t.queuedAt) << ", ran " << ms(now - started)
+                      << ", " << outcome;
+  }
+}
+
 void Communicator::runTasks(std::vector<Task>& tasks) {
+  const auto started = std::chrono::steady_clock::now();
   std::exception_ptr eptr;
   // By value: the scheduler's takeNext appends to `tasks`, which moves them.
   const uint64_t firstSeq = tasks[0].seq;
@@ -440,6 +506,7 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
       broadcastError(firstSeq, e.what(), tasks.size());
     }
   }
+  if (logThreshold() >= LogLevel::kDebug) logCompleted(tasks, eptr, started);
   for (Task& t : tasks) {
     stats_.collectives++;
     try {

@@ -187,6 +187,7 @@ class Communicator {
     Done done;
     bool p2p = false;  // posted at once; completes in the background
     std::shared_ptr<FusibleCall> fusible;  // an allreduce the scheduler may fuse
+    std::chrono::steady_clock::time_point queuedAt{};  // for the debug log
   };
 
   uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
@@ -194,6 +195,13 @@ class Communicator {
   // Runs one task (or, for a fusible allreduce, one fusion batch) and
   // completes it; errors become the tasks' exceptions.
   void runTasks(std::vector<Task>& tasks);
+  // SMDDP_LOG_LEVEL=debug: one line per finished call (sequence, size,
+  // path, time queued and running, outcome).
+  void logCompleted(const std::vector<Task>& tasks, std::exception_ptr eptr,
+                    std::chrono::steady_clock::time_point started) const;
+  // SMDDP_LOG_LEVEL=info, once per group: hosts, provider, the allreduce
+  // path and its geometry, and why that path.
+  std::string describeGroup() const;
   void enqueueP2P(std::string what, std::function<void(uint64_t)> body);
   void workerLoop();
   void postErrorReceives();

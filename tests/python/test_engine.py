@@ -46,3 +46,29 @@ def test_256_mib_tensors(path):
     for rank, res in enumerate(results):
         assert res["sum_ok"] and res["bcast_ok"], (rank, res)
         assert (res["path"] == "shared-memory") == (path == "shared-memory"), res
+
+
+def test_log_levels_describe_the_group_and_each_call():
+    world = 2
+    results = run_world(world, "cases_engine:debug_log", timeout=60,
+                        env={"SMDDP_LOG_LEVEL": "debug"})
+    for rank, res in enumerate(results):
+        assert res["ok"], rank
+        lines = res["lines"]
+        groups = [l for l in lines if "INFO" in l and f"[rank {rank}] group" in l]
+        assert len(groups) == 1, lines
+        g = groups[0]
+        for token in (f"{world} rank(s) on 1 host(s)", "provider shm",
+                      "shared-memory segment", f"{world} reduction server(s) per host",
+                      "slot ", "fusion buffer"):
+            assert token in g, (token, g)
+        calls = [l for l in lines if "DEBUG" in l and f"[rank {rank}] group" in l]
+        # One line per call: the three allreduces (through shared memory, the
+        # batches' calls named by their first sequence) and the broadcast.
+        for n in (3, 5, 7):
+            mine = [l for l in calls if f"allreduce(SUM, float32, {n} elements)" in l]
+            assert len(mine) == 1, (n, calls)
+            assert "via shared memory, batch of" in mine[0] and mine[0].endswith(", ok"), mine
+            assert " queued " in mine[0] and " ran " in mine[0], mine
+        bc = [l for l in calls if "broadcast(float32, 11 elements, root 0)" in l]
+        assert len(bc) == 1 and "via libfabric" in bc[0], calls
