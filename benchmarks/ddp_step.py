@@ -6,16 +6,21 @@ smddp against Gloo, world 2 by default, in one run on the same machine.
 
 Each backend runs in its own torchrun-style job (one process per rank);
 step time is the mean over the timed steps (max over ranks) after a
-barrier. The backends alternate for --rounds rounds and the median round
-is reported, so both see the same machine noise.
+barrier. The backends take turns for --rounds rounds in ABBA order (round
+0 runs them as listed, round 1 in reverse, and so on: A B, B A, A B, ...)
+and the median round is reported, so both see the same machine noise and
+neither always goes first.
 
 --paired runs both backends in the same processes instead: two DDP copies
 of the model (one on the smddp default group, one on a Gloo group) and a
 "compute only" step (the smddp copy under no_sync(): no allreduce) take
-turns, rotating who goes first, and the median of the per-round ratios is
-reported, with compute only / Gloo as the best any backend could reach.
-Both backends then see the same machine state step by step, which makes
-the ratio far less noisy on a shared VM than separate jobs.
+turns in the same ABBA order (smddp, gloo, compute only; then compute only,
+gloo, smddp; ...), and the median of the per-round ratios is reported, with
+compute only / Gloo as the best any backend could reach. Both backends then
+see the same machine state step by step, which makes the ratio far less
+noisy on a shared VM than separate jobs. Reversing every other round cancels
+a drift that is linear in time (warming caches, a neighbour's load ramping
+up) out of each pair of rounds, which a plain rotation does not.
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+def abba_order(names, round_index: int) -> list:
+    """The order of round ``round_index``: ``names`` as given in even rounds,
+    reversed in odd ones (A B, B A, A B, ... for two; A B C, C B A, ... for
+    three)."""
+    names = list(names)
+    return names if round_index % 2 == 0 else names[::-1]
 
 
 def build_model(torch, vocab=8192, d=384, layers=8, heads=6, seq=128):
@@ -97,7 +110,8 @@ def worker(args) -> None:
 def paired_worker(args) -> None:
     """smddp and Gloo in the same processes, step by step: two DDP copies of
     the same model, one on the default (smddp) group and one on a Gloo
-    group, alternating in ABBA order so both see the same machine state."""
+    group, plus the compute-only step, taking turns in ABBA order
+    (abba_order) so both see the same machine state."""
     import statistics
 
     import torch
@@ -139,8 +153,7 @@ def paired_worker(args) -> None:
             step(name)
     times = {name: [] for name in names}
     for i in range(args.steps):
-        order = names[i % 3:] + names[:i % 3]  # rotate who goes first
-        for name in order:
+        for name in abba_order(names, i):
             dist.barrier(group=gloo)
             t0 = time.perf_counter()
             step(name)
@@ -197,9 +210,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backends", nargs="+", default=["smddp", "gloo"])
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per backend (median)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per backend, in ABBA order (median)")
     ap.add_argument("--paired", action="store_true",
-                    help="one job: smddp and Gloo DDP copies alternating step by step")
+                    help="one job: smddp and Gloo DDP copies taking turns step by step, in ABBA order")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--backend")
     ap.add_argument("--out")
@@ -224,14 +237,14 @@ def main() -> int:
               f"best possible (compute only/gloo): {res['floor_ratio']:.3f}")
         return 0
     runs = {b: [] for b in args.backends}
-    for _ in range(args.rounds):
-        for b in args.backends:
+    for i in range(args.rounds):
+        for b in abba_order(args.backends, i):
             runs[b].append(launch(b, args))
     results = {b: sorted(rs, key=lambda r: r["step_s"])[len(rs) // 2] for b, rs in runs.items()}
     first = next(iter(results.values()))
     print(f"\n# DDP step, transformer {first['params'] / 1e6:.1f}M params, world {args.world}, "
           f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} timed steps, "
-          f"median of {args.rounds} alternating rounds")
+          f"median of {args.rounds} rounds in ABBA order")
     print(f"{'backend':>8} {'step ms':>10} {'samples/s':>10}   all rounds (ms)")
     for b, r in results.items():
         rounds = " ".join(f"{x['step_s'] * 1e3:.1f}" for x in runs[b])

@@ -7,6 +7,15 @@ and a Gloo group over the same ranks. For every size both backends run in
 the same processes, alternating, so they see the same machine noise.
 time = mean seconds per allreduce (max over ranks); algbw = bytes / time;
 busbw = algbw * 2(n-1)/n, the nccl-tests definition for allreduce.
+
+Every timed result is checked against the closed form: rank r contributes
+r + 1 in every element, so each allreduce must leave n(n+1)/2 everywhere
+(exact in float32 for any world size here). Each call is timed on its own;
+the check and the refill of the input happen between calls, outside the
+timed region, so a repeated in-place allreduce never grows (or overflows)
+its values and every result is checkable. A mismatch on any rank, for any
+backend, size or iteration, fails the run on every rank with the first bad
+element.
 """
 
 from __future__ import annotations
@@ -49,6 +58,33 @@ def _iters_for(nbytes: int, budget_bytes: int) -> int:
     return max(8, min(200, budget_bytes // max(nbytes, 1)))
 
 
+def closed_form_sum(world: int) -> float:
+    """What SUM over ranks leaves in every element when rank r holds r + 1."""
+    return world * (world + 1) / 2
+
+
+def timed_checked_calls(call, t, rank: int, expected: float, iters: int) -> tuple[float, str]:
+    """Runs ``call()`` (an in-place allreduce of ``t``) ``iters`` times and
+    returns (mean seconds per call, "" or the first mismatch). Only the call
+    itself is inside the timed region: refilling ``t`` with this rank's
+    input (rank + 1) and comparing the result with ``expected`` happen
+    between calls."""
+    total = 0.0
+    problem = ""
+    for i in range(iters):
+        t.fill_(rank + 1.0)
+        t0 = time.perf_counter()
+        call()
+        total += time.perf_counter() - t0
+        if not problem:
+            bad = (t != expected).nonzero()
+            if bad.numel():
+                j = int(bad[0, 0]) if bad.dim() > 1 else int(bad[0])
+                problem = (f"iteration {i}: element {j} of {t.numel()} is {t.view(-1)[j].item()!r}, "
+                           f"expected {expected!r} ({bad.shape[0]} elements differ)")
+    return total / max(iters, 1), problem
+
+
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
@@ -61,25 +97,32 @@ def worker(args) -> None:
     gloo = dist.new_group(backend="gloo")
     groups = {"smddp": None, "gloo": gloo}
     results = []
+    expected = closed_form_sum(world)
     for nbytes in args.sizes:
         numel = max(1, nbytes // 4)
-        t = torch.ones(numel, dtype=torch.float32)
+        t = torch.empty(numel, dtype=torch.float32)
         iters = _iters_for(nbytes, args.budget)
         row = {"bytes": numel * 4, "iters": iters}
         for name in args.backends:
             g = groups[name]
-            for _ in range(args.warmup):
+
+            def call():
                 dist.all_reduce(t, group=g)
+
+            _, warm_problem = timed_checked_calls(call, t, rank, expected, args.warmup)
             dist.barrier(group=gloo)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(t, group=g)
-            dt = (time.perf_counter() - t0) / iters
-            # The slowest rank defines the collective's time.
-            tt = torch.tensor([dt], dtype=torch.float64)
+            dt, problem = timed_checked_calls(call, t, rank, expected, iters)
+            problem = problem or warm_problem
+            # The slowest rank defines the collective's time; any rank's
+            # wrong result fails the run on every rank (no one is left
+            # waiting in the next collective).
+            tt = torch.tensor([dt, 1.0 if problem else 0.0], dtype=torch.float64)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX, group=gloo)
-            row[name] = tt.item()
-            t.fill_(1.0)
+            if tt[1].item():
+                where = f"{name} allreduce of {fmt_size(numel * 4)} at world {world}"
+                raise SystemExit(f"torch_smddp.bench: WRONG RESULT: {where}, rank {rank}: "
+                                 + (problem or "correct here, wrong on another rank"))
+            row[name] = tt[0].item()
         results.append(row)
     if rank == 0:
         with open(args.out, "w") as f:

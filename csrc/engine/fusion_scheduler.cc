@@ -234,7 +234,7 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
   const Range mine = piece[myHost];
   const size_t mineBytes = mine.count * es;
   uint8_t* partials = comm_.scratch(H * mineBytes + 1);
-  const uint32_t tag = static_cast<uint32_t>(chunk);
+  const uint32_t tag = crossHostStepChunk(chunk);  // wraps past 2^24 steps, safely (frame.h)
   Exchange ex(comm_, b.firstSeq, b.sigs[0]);
   int remaining = H - 1;
   auto reduceAndReturn = [&] {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/error.h"
+
 namespace smddp {
 
 const char* toString(CollectiveType c) {
@@ -98,12 +100,28 @@ FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExp
     return fail(FrameVerdict::kMalformed,
                 "frame of " + std::to_string(received) + " bytes is shorter than its header");
   }
+  // The length first, whatever the kind claims. No wrap: received >=
+  // sizeof(FrameHeader) was checked above.
+  const size_t payload = received - sizeof(FrameHeader);
+  if (h.length != payload) {
+    return fail(FrameVerdict::kMalformed, "frame says " + std::to_string(h.length) +
+                                              " payload bytes but carried " +
+                                              std::to_string(payload));
+  }
   if (h.magic != kFrameMagic) return fail(FrameVerdict::kMalformed, "bad frame magic");
   if (h.version != kFrameVersion) {
     return fail(FrameVerdict::kMalformed, "unsupported frame version " + std::to_string(h.version));
   }
-  if (h.kind != static_cast<uint8_t>(FrameKind::kData) &&
-      h.kind != static_cast<uint8_t>(FrameKind::kError)) {
+  // Error and probe frames travel on the control tag (validateControlFrame).
+  // Accepted here, one would be taken for this call's payload.
+  if (h.kind == static_cast<uint8_t>(FrameKind::kError) ||
+      h.kind == static_cast<uint8_t>(FrameKind::kProbe)) {
+    return fail(FrameVerdict::kMalformed,
+                std::string(h.kind == static_cast<uint8_t>(FrameKind::kError) ? "an error frame"
+                                                                              : "a stall probe") +
+                    " arrived on a data receive");
+  }
+  if (h.kind != static_cast<uint8_t>(FrameKind::kData)) {
     return fail(FrameVerdict::kMalformed, "unknown frame kind " + std::to_string(h.kind));
   }
   if (h.jobSecret != e.jobSecret) return fail(FrameVerdict::kForeign, "frame from another job");
@@ -111,14 +129,10 @@ FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExp
     return fail(FrameVerdict::kForeign, "frame claims source rank " + std::to_string(h.srcRank) +
                                             " but came from rank " + std::to_string(e.srcRank));
   }
-  // Lengths: compare without arithmetic that can wrap.
-  size_t payload = received - sizeof(FrameHeader);
-  if (h.length != payload) {
-    return fail(FrameVerdict::kMalformed, "frame says " + std::to_string(h.length) +
-                                              " payload bytes but carried " +
-                                              std::to_string(payload));
-  }
-  if (h.kind == static_cast<uint8_t>(FrameKind::kError)) return FrameVerdict::kOk;
+  // The payload's fit in the posted buffer is checked after the signature,
+  // so that a different call is reported as that call rather than as a
+  // size; neither check reads the payload, and nothing is accepted before
+  // both pass.
   if (h.dtype >= static_cast<uint8_t>(DataType::kCount) ||
       h.op >= static_cast<uint8_t>(ReduceOp::kCount)) {
     return fail(FrameVerdict::kMalformed, "frame names an unknown dtype or op");
@@ -174,6 +188,13 @@ uint64_t makeP2PTag(int32_t userTag) {
 }
 
 uint64_t makeTag(TagClass cls, uint64_t seq, uint32_t phase, uint32_t chunk) {
+  // A phase or chunk masked into its field would alias another message's
+  // tag without a trace; a caller whose counter can outgrow the field wraps
+  // it on purpose (crossHostStepChunk) where that is provably safe.
+  SMDDP_CHECK(phase < 16 && chunk < kMaxChunksPerPhase, kInternal,
+              "tag field overflow: phase " + std::to_string(phase) + ", chunk " +
+                  std::to_string(chunk) + " (at most 15 and " +
+                  std::to_string(kMaxChunksPerPhase - 1) + ")");
   return (static_cast<uint64_t>(cls) << 60) | ((seq & 0xffffffffULL) << 28) |
          (static_cast<uint64_t>(phase & 0xf) << 24) | (chunk & 0xffffffu);
 }

@@ -96,8 +96,10 @@ enum class FrameVerdict {
   kMismatch,   // a well-formed frame for a different collective call
 };
 
-// Validates `h` given `received` bytes in total (header + payload). Never
-// reads payload memory. On failure `why` says what did not match.
+// Validates `h` given `received` bytes in total (header + payload) on a
+// data receive: only data frames pass; the length is checked before
+// anything else. Never reads payload memory. On failure `why` says what
+// did not match.
 FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExpectation& e,
                            std::string* why);
 
@@ -116,10 +118,20 @@ enum class TagClass : uint8_t { kData = 0, kError = 1, kP2P = 2 };
 // the provider's send-after-send ordering, so no counters are needed.
 uint64_t makeP2PTag(int32_t userTag);
 constexpr uint64_t kP2PAnySourceIgnore = 0;
+// Throws (kInternal) when phase or chunk does not fit its field.
 uint64_t makeTag(TagClass cls, uint64_t seq, uint32_t phase, uint32_t chunk);
 // Matches every class-1 tag. Not used for posted receives: ignore bits
 // break libfabric 1.17's shm tag matching (see engine/communicator.cc).
 constexpr uint64_t kErrorTagIgnore = (1ULL << 60) - 1;
 constexpr uint32_t kMaxChunksPerPhase = 1u << 24;
+// The chunk field of the network step of a multi-host batch: the step
+// number within the batch, modulo 2^24, since a batch can have more steps.
+// The wrap is safe because two servers are never more than one step apart
+// (a server finishes step s only once every other host's server has sent
+// its step-s piece), so only steps s and s + 1 can be in flight between
+// them, and no two steps less than 2^24 apart share a tag.
+constexpr uint32_t crossHostStepChunk(uint64_t step) {
+  return static_cast<uint32_t>(step % kMaxChunksPerPhase);
+}
 
 }  // namespace smddp

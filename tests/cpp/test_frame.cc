@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "transport/frame.h"
 
 namespace {
@@ -227,7 +228,6 @@ TEST_CASE("the length field must equal the bytes carried", "[frame]") {
   }
   SECTION("an error frame's length is checked too") {
     FrameHeader h = makeHeader(FrameKind::kError, kSecret, kSeq, kSrc, 0, 0, 10, sig);
-    CHECK(check(h, kHdr + 10, e).verdict == FrameVerdict::kOk);
     CHECK(check(h, kHdr + 11, e).verdict == FrameVerdict::kMalformed);
     CHECK(check(h, kHdr - 1, e).verdict == FrameVerdict::kMalformed);
   }
@@ -304,14 +304,35 @@ TEST_CASE("a different collective call is a mismatch naming both sides", "[frame
   }
 }
 
-TEST_CASE("an error frame skips the signature check", "[frame]") {
-  // Its payload is text; the sender may have failed before agreeing on a call.
-  CollectiveSignature other{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, -1};
-  FrameHeader h = makeHeader(FrameKind::kError, kSecret, kSeq + 5, kSrc, 0, 0, 12, other);
-  CHECK(check(h, kHdr + 12, expectFor(allreduceSig(), 64)).verdict == FrameVerdict::kOk);
-  // ...but not the job secret.
-  h.jobSecret ^= 1;
-  CHECK(check(h, kHdr + 12, expectFor(allreduceSig(), 64)).verdict == FrameVerdict::kForeign);
+TEST_CASE("a data receive accepts no error frame, whatever its length", "[frame]") {
+  // Error frames travel on the control tag (validateControlFrame). One that
+  // lands in a data receive would be taken for this call's payload: its text
+  // reduced as numbers. Its length is checked first, as for any frame.
+  const CollectiveSignature sig = allreduceSig();
+  const FrameExpectation e = expectFor(sig, 64);
+  SECTION("longer than the posted buffer (the rest spilled into the sink)") {
+    FrameHeader h = makeHeader(FrameKind::kError, kSecret, kSeq, kSrc, 0, 0, 100, sig);
+    Outcome r = check(h, kHdr + 100, e);
+    CHECK(r.verdict == FrameVerdict::kMalformed);
+    CHECK(r.why != "<untouched>");
+  }
+  SECTION("a length that disagrees with the bytes carried") {
+    FrameHeader h = makeHeader(FrameKind::kError, kSecret, kSeq, kSrc, 0, 0, 64, sig);
+    Outcome r = check(h, kHdr + 10, e);
+    CHECK(r.verdict == FrameVerdict::kMalformed);
+    CHECK_THAT(r.why, Catch::Contains("says 64 payload bytes but carried 10"));
+  }
+  SECTION("exactly the expected length, for this very call") {
+    FrameHeader h = makeHeader(FrameKind::kError, kSecret, kSeq, kSrc, 0, 0, 64, sig);
+    Outcome r = check(h, kHdr + 64, e);
+    CHECK(r.verdict == FrameVerdict::kMalformed);
+    CHECK_THAT(r.why, Catch::Contains("error frame"));
+  }
+  SECTION("another call's error text") {
+    CollectiveSignature other{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, -1};
+    FrameHeader h = makeHeader(FrameKind::kError, kSecret, kSeq + 5, kSrc, 0, 0, 12, other);
+    CHECK(check(h, kHdr + 12, e).verdict == FrameVerdict::kMalformed);
+  }
 }
 
 TEST_CASE("the payload must fit the posted buffer and match the expected length", "[frame]") {
@@ -408,13 +429,46 @@ TEST_CASE("makeTag packs class, sequence, phase and chunk into disjoint bits", "
   CHECK(tags.size() == count);
 }
 
-TEST_CASE("makeTag keeps out-of-range inputs inside their own fields", "[frame][tag]") {
-  // The sequence wraps modulo 2^32; phase and chunk never spill upwards.
+TEST_CASE("makeTag wraps the sequence and refuses a phase or chunk its field cannot hold",
+          "[frame][tag]") {
+  // The sequence wraps modulo 2^32 by design (see frame.h).
   CHECK(makeTag(TagClass::kData, 5 + (1ULL << 32), 1, 2) == makeTag(TagClass::kData, 5, 1, 2));
   CHECK(makeTag(TagClass::kData, 0xffffffffULL, 0, 0) >> 60 == 0);
-  CHECK(makeTag(TagClass::kData, 7, 16, 0) >> 28 == 7);
-  CHECK(makeTag(TagClass::kData, 7, 0, kMaxChunksPerPhase) >> 24 == (7ULL << 4));
-  CHECK(makeTag(TagClass::kData, 7, 0xffffffffu, 0xffffffffu) >> 28 == 7);
+  // A phase or chunk past its field would alias another message's tag.
+  CHECK_THROWS_AS(makeTag(TagClass::kData, 7, 16, 0), smddp::Error);
+  CHECK_THROWS_AS(makeTag(TagClass::kData, 7, 0, kMaxChunksPerPhase), smddp::Error);
+  CHECK_THROWS_AS(makeTag(TagClass::kData, 7, 0xffffffffu, 0xffffffffu), smddp::Error);
+  CHECK_NOTHROW(makeTag(TagClass::kData, 7, 15, kMaxChunksPerPhase - 1));
+}
+
+TEST_CASE("cross-host step numbers past 2^24 get tags no step in flight shares",
+          "[frame][tag]") {
+  // The network step of a multi-host batch tags its messages with the step
+  // number, which can pass the 24-bit chunk field. Between two servers only
+  // steps s and s + 1 can be in flight at once (a server finishes step s
+  // only after every other host's server sent its step-s piece), so any
+  // window of 2^24 consecutive steps must map to distinct tags, and the
+  // class, sequence and phase bits must stay intact.
+  constexpr uint64_t k24 = uint64_t{1} << 24;
+  constexpr uint32_t kPhase = 2;  // engine's kPhaseHostsToServer
+  for (uint64_t first : {k24 - 3, k24, 3 * k24 - 1, (uint64_t{1} << 32) - 2, (uint64_t{1} << 40) + 5,
+                         std::numeric_limits<uint64_t>::max() - 4}) {
+    std::set<uint64_t> window;
+    for (uint64_t step = first; step < first + 4; ++step) {
+      INFO("step " << step);
+      uint64_t t = 0;
+      REQUIRE_NOTHROW(t = makeTag(TagClass::kData, kSeq, kPhase, crossHostStepChunk(step)));
+      CHECK((t >> 60) == static_cast<uint64_t>(TagClass::kData));
+      CHECK(((t >> 28) & 0xffffffffULL) == kSeq);
+      CHECK(((t >> 24) & 0xf) == kPhase);
+      CHECK((t & 0xffffff) == step % k24);
+      window.insert(t);
+    }
+    CHECK(window.size() == 4);
+  }
+  // The two ends of a full window differ; one step past it aliases the first.
+  CHECK(crossHostStepChunk(k24 + 7) != crossHostStepChunk(2 * k24 + 6));
+  CHECK(crossHostStepChunk(k24 + 7) == crossHostStepChunk(2 * k24 + 7));
 }
 
 TEST_CASE("one error receive matches every error tag and no data tag", "[frame][tag]") {

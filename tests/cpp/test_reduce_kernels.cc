@@ -4,6 +4,9 @@
 // values. Every check runs on both the AVX2 and the forced-scalar path.
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "reduce_reference.h"
 
 using namespace reduce_ref;
@@ -50,8 +53,14 @@ TEST_CASE("every supported dtype x op matches the reference", "[reduce]") {
 TEST_CASE("AVX2 and forced-scalar paths agree bit for bit", "[reduce]") {
   {
     ScopedIsa isa(false);
-    if (std::string(smddp::reduceKernelIsa()) != "avx2") {
-      WARN("CPU lacks AVX2/F16C; only the scalar path exists here");
+    // Without AVX2 there is nothing to compare. Catch2 v2 has no SKIP, so
+    // the test prints the marker that ctest's SKIP_REGULAR_EXPRESSION
+    // (CMakeLists.txt) reports as a skip, never as a pass.
+    // SMDDP_TEST_HIDE_AVX2=1 takes this path on an AVX2 machine, to check it.
+    const char* hide = std::getenv("SMDDP_TEST_HIDE_AVX2");
+    if (std::string(smddp::reduceKernelIsa()) != "avx2" || (hide && *hide && *hide != '0')) {
+      std::printf("SMDDP_TEST_SKIPPED: the CPU lacks AVX2/F16C, only the scalar path exists\n");
+      std::fflush(stdout);
       return;
     }
   }

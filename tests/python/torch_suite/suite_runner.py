@@ -12,9 +12,10 @@ the multiprocessing forkserver and every rank can be SIGKILLed as a unit).
 The child logs each test's start and end to a JSON-lines file; the parent
 watches that file, and when a test outlives its hard timeout, or the child
 dies, or the overall budget runs out, it kills the whole session, records the
-in-flight test as failed ("hard timeout" / "driver died") and starts a new
-child for the tests that are left (tests left when the budget is gone are
-reported as not run).
+in-flight test as failed ("hard timeout" / "driver died" / "budget exhausted
+while the test was running") and starts a new child for the tests that are
+left (tests that never started before the budget ran out are reported as not
+run). ``gate_problems`` is the pass rule: every selected test must pass.
 """
 
 from __future__ import annotations
@@ -311,8 +312,12 @@ def run_tests(
         if proc.poll() is None:
             _kill_session(proc)
         if killed_reason and current is not None:
-            status = "not_run" if killed_reason.startswith("budget") else "failed"
-            o = Outcome(current, status, f"{killed_reason}\n--- driver log tail ---\n{_log_tail(log_path)}",
+            # A test still running when the budget ran out did not pass: it
+            # may be the very hang the budget exists to stop. It counts as a
+            # failure, never as "not run", so it cannot drop out of the count.
+            if killed_reason.startswith("budget"):
+                killed_reason = "budget exhausted while the test was running (killed)"
+            o = Outcome(current, "failed", f"{killed_reason}\n--- driver log tail ---\n{_log_tail(log_path)}",
                         round(time.time() - current_since, 2))
             outcomes[current] = o
             if current in remaining:
@@ -338,6 +343,28 @@ def run_tests(
         o.world = world_size
     return Report(backend, world_size, start, ordered, round(time.time() - t_start, 1), inventory,
                   log_path, swept)
+
+
+def gate_problems(report: Report, names) -> list:
+    """Why ``report`` does not pass the gate for the selected ``names``: one
+    line per selected test that did not pass (failed, including a test killed
+    by the budget; not run; skipped at run time; or missing), empty when every
+    selected test passed."""
+    by_name = {o.test: o for o in report.outcomes}
+    problems = []
+    for name in names:
+        o = by_name.get(name)
+        if o is None:
+            problems.append(f"{name}: no outcome recorded")
+        elif o.status == "failed":
+            problems.append(f"{name}: failed: {o.summary}")
+        elif o.status == "not_run":
+            problems.append(f"{name}: not run ({o.message})")
+        elif o.status != "passed":
+            problems.append(f"{name}: {o.status} at run time: {o.message}")
+    if not names:
+        problems.append("no test was selected")
+    return problems
 
 
 def default_log_dir(backend: str) -> str:
@@ -509,7 +536,7 @@ def main(argv=None) -> int:
                        "inventory": report.inventory,
                        "outcomes": [dict(asdict(o), summary=o.summary) for o in report.outcomes]},
                       f, indent=1)
-    return 0 if report.count("failed") == 0 and report.ran else 1
+    return 0 if not gate_problems(report, names) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+"""The benchmarks' own logic: torch_smddp.bench checks every timed result
+against the closed form (and says which one was wrong), and
+benchmarks/ddp_step.py takes turns in the ABBA order its docstring states.
+The end-to-end run is bounded by a hard timeout."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_smddp import bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def fake_allreduce(t, world, wrong_at=None):
+    """An in-place SUM over `world` ranks that each hold r + 1, as a closure
+    that counts its calls. It sums what each rank would hold only if `t`
+    still holds this rank's input, so it also proves the input is refilled
+    before every call; on call `wrong_at` it corrupts element 5."""
+    calls = {"n": 0}
+
+    def call():
+        i = calls["n"]
+        calls["n"] += 1
+        mine = t.clone()
+        total = sum(float(r + 1) for r in range(world))
+        t.copy_(mine * 0 + total if bool((mine == 1.0).all()) else mine * world)
+        if i == wrong_at:
+            t[5] = -1.0
+
+    return call, calls
+
+
+def test_closed_form_is_the_sum_of_rank_plus_one():
+    for world in (1, 2, 3, 4, 8):
+        assert bench.closed_form_sum(world) == sum(r + 1 for r in range(world))
+
+
+def test_every_timed_call_is_checked_and_starts_from_the_input():
+    t = torch.empty(64, dtype=torch.float32)
+    call, calls = fake_allreduce(t, world=3)
+    seconds, problem = bench.timed_checked_calls(call, t, rank=0, expected=6.0, iters=10)
+    assert calls["n"] == 10
+    assert problem == ""
+    assert seconds >= 0.0
+
+
+@pytest.mark.parametrize("wrong_at", [0, 6, 9])
+def test_a_wrong_result_on_any_iteration_is_reported(wrong_at):
+    t = torch.empty(64, dtype=torch.float32)
+    call, _ = fake_allreduce(t, world=3, wrong_at=wrong_at)
+    _, problem = bench.timed_checked_calls(call, t, rank=0, expected=6.0, iters=10)
+    assert problem.startswith(f"iteration {wrong_at}: element 5 of 64 is -1.0, expected 6.0"), problem
+
+
+def test_ddp_step_takes_turns_in_abba_order():
+    spec = importlib.util.spec_from_file_location("ddp_step", os.path.join(REPO, "benchmarks", "ddp_step.py"))
+    ddp_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ddp_step)
+    two = [ddp_step.abba_order(["A", "B"], i) for i in range(4)]
+    assert sum(two, []) == list("ABBAABBA")
+    three = [ddp_step.abba_order(["smddp", "gloo", "compute only"], i) for i in range(2)]
+    assert three == [["smddp", "gloo", "compute only"], ["compute only", "gloo", "smddp"]]
+
+
+def test_bench_runs_and_checks_real_results():
+    # Both backends at world 2 on two small sizes: every result is checked
+    # inside the benchmark, which exits non-zero on a mismatch.
+    cmd = [sys.executable, "-m", "torch_smddp.bench", "--world", "2", "--min", "4K", "--max", "16K",
+           "--budget", "65536", "--timeout", "150"]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert "WRONG RESULT" not in p.stdout + p.stderr
+    assert "allreduce, float32, SUM, world 2" in p.stdout
