@@ -18,6 +18,8 @@
 
 namespace c10d_smddp {
 
+struct EngineCall;
+
 class ProcessGroupSmddp : public c10d::Backend {
  public:
   ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -46,13 +48,14 @@ class ProcessGroupSmddp : public c10d::Backend {
                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-  // process_group_scatter_gather.cc
+  // process_group_allgather_coalesced.cc
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override;
+  // process_group_reduce_scatter.cc
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override;
@@ -61,6 +64,7 @@ class ProcessGroupSmddp : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
+  // process_group_rooted.cc
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -69,19 +73,21 @@ class ProcessGroupSmddp : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
+  // process_group_alltoall.cc
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& outputSplits,
                                                std::vector<int64_t>& inputSplits,
                                                const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  // process_group_p2p.cc
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
-                                          std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override;
 
   uint64_t getSequenceNumberForGroup() override { return comm_ ? comm_->nextSequence() : 0; }
   void setSequenceNumberForGroup() override {}
@@ -102,6 +108,10 @@ class ProcessGroupSmddp : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> pointToPoint(std::vector<at::Tensor>& tensors, int peer, int tag,
                                               bool isSend);
   void checkRoot(int64_t root, const char* op) const;
+  // Queues the parts of a checked call behind one Work (engine_call.h).
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title,
+                                        std::vector<at::Tensor> outputs,
+                                        const std::vector<at::Tensor>& inputs, EngineCall& call);
   // Runs f (which queues one call and returns its Work): engine errors
   // raised while queueing become DistBackendError, and the Work is recorded
   // when a coalescing block is open.

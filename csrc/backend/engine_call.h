@@ -1,0 +1,80 @@
+// The one path the collectives outside process_group.cc take from checked
+// arguments to a Work: each fills an EngineCall (its staged tensors and one
+// engine start per part) and hands it to ProcessGroupSmddp::submit(). Also
+// the argument checks those collectives share, so each message is written
+// once and names the collective.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "backend/call_support.h"
+#include "backend/process_group.h"
+
+namespace c10d_smddp {
+
+// One call as the engine will see it. A plain collective has one part; a
+// coalesced variant has one per tensor, all behind one Work.
+struct EngineCall {
+  Staging staging;
+  std::vector<std::function<uint64_t(smddp::Communicator::Done)>> parts;
+};
+
+// The parts run here, before submit() returns, so they may capture the
+// caller's locals by reference.
+inline c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::submit(
+    c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+    const std::vector<at::Tensor>& inputs, EngineCall& call) {
+  return guarded([&] {
+    return launchMany(rank_, type, title, std::move(outputs), inputs, call.staging,
+                      static_cast<int>(call.parts.size()),
+                      [&](int i, smddp::Communicator::Done done) {
+                        return call.parts[i](std::move(done));
+                      });
+  });
+}
+
+// A tensor the engine can take (defined, CPU, dense) and its engine dtype.
+inline DataType checkedDataType(const at::Tensor& t, const char* op) {
+  checkTensor(t, op);
+  return toDataType(t, op);
+}
+
+// `a` must be usable and match `ref` in dtype and element count.
+inline void checkSame(const at::Tensor& a, const at::Tensor& ref, const char* op,
+                      const char* what) {
+  checkTensor(a, op);
+  TORCH_CHECK_TYPE(a.scalar_type() == ref.scalar_type(), "smddp ", op, ": ", what, " dtype ",
+                   a.scalar_type(), " differs from ", ref.scalar_type());
+  TORCH_CHECK_VALUE(a.numel() == ref.numel(), "smddp ", op, ": ", what, " size (", a.numel(),
+                    " elements) differs from the expected size (", ref.numel(), " elements)");
+}
+
+// One (output, input) pair of a *_tensor collective: both usable, one dtype,
+// and the side that holds every rank's part (the output of an all-gather,
+// the input of a reduce-scatter) is world x the other. Returns the dtype.
+inline DataType checkWholeAndPart(const at::Tensor& output, const at::Tensor& input,
+                                  bool outputIsWhole, int world, const char* op) {
+  checkTensor(output, op);
+  checkTensor(input, op);
+  DataType dt = toDataType(input, op);
+  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "smddp ", op, ": output dtype ",
+                   output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  const at::Tensor& whole = outputIsWhole ? output : input;
+  const at::Tensor& part = outputIsWhole ? input : output;
+  TORCH_CHECK_VALUE(whole.numel() == part.numel() * world, "smddp ", op, ": ",
+                    outputIsWhole ? "output" : "input", " size is ", whole.numel(),
+                    " elements but must be world size (", world, ") x ",
+                    outputIsWhole ? "input" : "output", " size (", part.numel(), ")");
+  return dt;
+}
+
+// Byte-offset views of one contiguous tensor, `count` elements each.
+inline std::vector<Buffer> slices(const at::Tensor& t, int parts, uint64_t count) {
+  std::vector<Buffer> out;
+  auto* base = static_cast<uint8_t*>(t.data_ptr());
+  for (int r = 0; r < parts; ++r) out.push_back(Buffer{base + r * count * t.element_size(), count});
+  return out;
+}
+
+}  // namespace c10d_smddp

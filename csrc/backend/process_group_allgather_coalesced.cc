@@ -1,0 +1,62 @@
+// The coalesced all-gathers: all_gather_into_tensor_coalesced (one flat
+// output per input) and allgather_coalesced (one output list per rank).
+// Each input is its own engine allgather, all behind one Work. The plain
+// allgather forms live in process_group.cc.
+#include "backend/engine_call.h"
+
+namespace c10d_smddp {
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* name = "all_gather_into_tensor";
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "smddp ", name, ": ", outputs.size(),
+                    " outputs but ", inputs.size(), " inputs");
+  EngineCall call;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    DataType dt = checkWholeAndPart(outputs[i], inputs[i], /*outputIsWhole=*/true, size_, name);
+    Buffer in = bufferOf(call.staging.stage(inputs[i], false));
+    std::vector<Buffer> outs = slices(call.staging.stage(outputs[i], true), size_, inputs[i].numel());
+    call.parts.push_back([this, in, outs, dt](smddp::Communicator::Done done) {
+      return comm_->allgather(in, outs, dt, std::move(done));
+    });
+  }
+  return submit(c10d::OpType::COALESCED, "smddp:all_gather_into_tensor_coalesced", outputs, inputs,
+                call);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* name = "all_gather_coalesced";
+  TORCH_CHECK_VALUE(outputLists.size() == static_cast<size_t>(size_), "smddp ", name,
+                    ": expected one output list per rank (", size_, "), got ", outputLists.size());
+  EngineCall call;
+  std::vector<Buffer> ins;
+  std::vector<DataType> dts;
+  for (const auto& in : inputs) {
+    dts.push_back(checkedDataType(in, name));
+    ins.push_back(bufferOf(call.staging.stage(in, false)));
+  }
+  std::vector<std::vector<Buffer>> outs(inputs.size());
+  std::vector<at::Tensor> flatOutputs;
+  for (int r = 0; r < size_; ++r) {
+    TORCH_CHECK_VALUE(outputLists[r].size() == inputs.size(), "smddp ", name, ": output list ",
+                      r, " has length ", outputLists[r].size(), " but there are ", inputs.size(),
+                      " inputs");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkSame(outputLists[r][i], inputs[i], name, "output");
+      outs[i].push_back(bufferOf(call.staging.stage(outputLists[r][i], true)));
+      flatOutputs.push_back(outputLists[r][i]);
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    call.parts.push_back([&, i](smddp::Communicator::Done done) {
+      return comm_->allgather(ins[i], outs[i], dts[i], std::move(done));
+    });
+  }
+  return submit(c10d::OpType::ALLGATHER_COALESCED, "smddp:all_gather_coalesced", flatOutputs,
+                inputs, call);
+}
+
+}  // namespace c10d_smddp
