@@ -102,6 +102,7 @@ inline void checkTensor(const at::Tensor& t, const char* op) {
 struct Staging {
   std::vector<at::Tensor> work;  // contiguous tensors the engine sees
   std::vector<std::pair<at::Tensor, at::Tensor>> copyBack;  // (user, staged)
+  std::vector<std::function<void()>> copyIn;                // deferred fills (stageAllreduce)
 
   at::Tensor stage(const at::Tensor& t, bool isOutput) {
     if (t.is_contiguous()) {
@@ -122,6 +123,29 @@ struct Staging {
     if (copyBackTo) copyBack.emplace_back(t, c);
     return c;
   }
+  // For an in-place allreduce: the engine reads the tensor, or a private
+  // contiguous (or PREMUL_SUM-scaled) copy filled by preparer() on the
+  // engine's worker just before the call runs, after every earlier call has
+  // completed and copied its result back. So a call on a tensor that an
+  // earlier queued call writes reads that call's result, as in call order.
+  at::Tensor stageAllreduce(const at::Tensor& t, const std::optional<double>& factor) {
+    if (!factor && t.is_contiguous()) {
+      work.push_back(t);
+      return t;
+    }
+    at::Tensor c = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+    work.push_back(c);
+    if (factor) copyIn.push_back([c, t, f = *factor]() mutable { c.copy_(t.mul(f)); });
+    else copyIn.push_back([c, t]() mutable { c.copy_(t); });
+    copyBack.emplace_back(t, c);
+    return c;
+  }
+  std::function<void()> preparer() {
+    if (copyIn.empty()) return nullptr;
+    return [fills = copyIn] {
+      for (const auto& fill : fills) fill();
+    };
+  }
   // stage() or stageScaled(), depending on whether a PREMUL_SUM factor is set.
   at::Tensor stageInput(const at::Tensor& t, const std::optional<double>& factor) {
     return factor ? stageScaled(t, *factor, false) : stage(t, false);
@@ -133,6 +157,16 @@ struct Staging {
     };
   }
 };
+
+// The bytes of storage a (strided, never negatively) view spans: what the
+// engine compares to keep calls on overlapping tensors in call order.
+inline smddp::MemRange extentOf(const at::Tensor& t) {
+  if (t.numel() == 0) return {};
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * t.element_size())};
+}
 
 inline Buffer bufferOf(const at::Tensor& t) {
   return Buffer{t.data_ptr(), static_cast<uint64_t>(t.numel())};

@@ -91,12 +91,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
   std::optional<double> factor;
   auto op = toReduceOpScaled(opts.reduceOp, dt, "all_reduce", &factor);
   Staging staging;
-  at::Tensor t = factor ? staging.stageScaled(tensors[0], *factor, true)
-                        : staging.stage(tensors[0], true);
+  at::Tensor t = staging.stageAllreduce(tensors[0], factor);
+  smddp::CallHooks hooks{{extentOf(tensors[0])}, staging.preparer()};
   return guarded([&] {
     return launch(rank_, c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, staging,
                   [&](smddp::Communicator::Done done) {
-                    return comm_->allreduce({bufferOf(t)}, dt, op, std::move(done));
+                    return comm_->allreduce({bufferOf(t)}, dt, op, std::move(done),
+                                            std::move(hooks));
                   });
   });
 }
@@ -113,16 +114,37 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
   }
   std::optional<double> factor;
   auto op = toReduceOpScaled(opts.reduceOp, dt, "all_reduce_coalesced", &factor);
-  Staging staging;
-  std::vector<Buffer> bufs;
-  for (const auto& t : tensors) {
-    bufs.push_back(bufferOf(factor ? staging.stageScaled(t, *factor, true) : staging.stage(t, true)));
-  }
+  // One engine call per tensor, in list order: the same tensor (or two
+  // views of one storage) listed twice is reduced twice, as by two
+  // all_reduce calls, and the engine still fuses the calls into one batch
+  // wherever they do not overlap. Each call copies its staged result back
+  // when it completes, before a later call on that memory reads it.
+  auto work = c10::make_intrusive<WorkSmddp>(rank_, c10d::OpType::ALLREDUCE_COALESCED,
+                                             "smddp:all_reduce_coalesced", tensors, tensors);
+  auto countdown = std::make_shared<Countdown>(work, static_cast<int>(tensors.size()));
   return guarded([&] {
-    return launch(rank_, c10d::OpType::ALLREDUCE_COALESCED, "smddp:all_reduce_coalesced", tensors,
-                  tensors, staging, [&](smddp::Communicator::Done done) {
-                    return comm_->allreduce(bufs, dt, op, std::move(done));
-                  });
+    uint64_t seq = 0;
+    for (const auto& user : tensors) {
+      Staging staging;
+      at::Tensor t = staging.stageAllreduce(user, factor);
+      smddp::CallHooks hooks{{extentOf(user)}, staging.preparer()};
+      auto keep = std::make_shared<std::vector<at::Tensor>>(staging.work);
+      seq = comm_->allreduce(
+          {bufferOf(t)}, dt, op,
+          [countdown, keep, finish = staging.finisher()](std::exception_ptr e) {
+            if (!e && finish) {
+              try {
+                finish();
+              } catch (...) {
+                e = std::current_exception();
+              }
+            }
+            countdown->done(e);
+          },
+          std::move(hooks));
+    }
+    work->setSequence(seq);
+    return c10::intrusive_ptr<c10d::Work>(work);
   });
 }
 

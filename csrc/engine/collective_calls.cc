@@ -27,7 +27,15 @@ uint64_t total(const std::vector<Buffer>& bufs) {
 
 }  // namespace
 
-uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done) {
+uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done,
+                                 CallHooks hooks) {
+  if (hooks.touches.empty()) {
+    const size_t es = elementSize(dtype);
+    for (const auto& b : bufs) {
+      auto p = reinterpret_cast<uintptr_t>(b.data);
+      if (b.numel) hooks.touches.push_back({p, p + b.numel * es});
+    }
+  }
   if (scheduler_ && isSupported(op, dtype)) {
     // Unsupported combinations take the plain path, which reports them.
     // The scheduler runs fusible calls; the body (the same buffers, kept
@@ -40,12 +48,12 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
     return enqueue(describe(CollectiveType::kAllreduce, dtype, fusible->numel, op),
                    [this, f = fusible](uint64_t seq) {
       runAllreduce(*this, seq, f->bufs, f->dtype, f->op);
-    }, std::move(done), fusible);
+    }, std::move(done), fusible, std::move(hooks));
   }
   std::string what = describe(CollectiveType::kAllreduce, dtype, total(bufs), op);
   return enqueue(std::move(what), [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
     runAllreduce(*this, seq, bufs, dtype, op);
-  }, std::move(done));
+  }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done) {

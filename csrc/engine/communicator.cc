@@ -341,7 +341,7 @@ uint8_t* Communicator::fusionBuffer(size_t bytes) {
 }
 
 uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
-                               std::shared_ptr<FusibleCall> fusible) {
+                               std::shared_ptr<FusibleCall> fusible, CallHooks hooks) {
   std::unique_lock<std::mutex> lock(queueMu_);
   if (stopping_) {
     throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
@@ -349,15 +349,51 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
   }
   uint64_t seq = nextSeq_++;
   if (fusible) fusible->seq = seq;
-  Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr};
+  if (scheduler_) {
+    if (fusible) {
+      // Calls already cut into a batch can no longer share one with this
+      // call; a batch holds at most kMaxFusedCalls consecutive calls.
+      std::erase_if(openCalls_, [&](const OpenCall& c) { return c.seq < cutEnd_; });
+      if (openCalls_.size() >= static_cast<size_t>(kMaxFusedCalls)) {
+        openCalls_.erase(openCalls_.begin());
+      }
+      bool overlaps = false;
+      for (const OpenCall& c : openCalls_) {
+        for (const MemRange& a : c.touches) {
+          for (const MemRange& b : hooks.touches) overlaps = overlaps || a.overlaps(b);
+        }
+      }
+      if (overlaps) {
+        fences_.push_back(seq);
+        openCalls_.clear();
+      }
+      openCalls_.push_back({seq, hooks.touches});
+    } else {
+      openCalls_.clear();  // no batch spans another collective
+    }
+  }
+  Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr, {}, nullptr};
   t.fusible = std::move(fusible);
   t.queuedAt = std::chrono::steady_clock::now();
+  t.prepare = std::move(hooks.prepare);
   queue_.push_back(std::move(t));
   queued_.store(queue_.size(), std::memory_order_release);
-  if (scheduler_) scheduler_->noteIssued(seq + 1);  // under queueMu_, before shutdown
+  if (scheduler_) publishIssuedLocked();  // under queueMu_, before shutdown
   lock.unlock();
   queueCv_.notify_one();
   return seq;
+}
+
+void Communicator::publishIssuedLocked() {
+  scheduler_->noteIssued(fences_.empty() ? nextSeq_.load() : fences_.front());
+}
+
+void Communicator::noteBatchCut(uint64_t next) {
+  std::lock_guard<std::mutex> lock(queueMu_);
+  if (next <= cutEnd_) return;
+  cutEnd_ = next;
+  while (!fences_.empty() && fences_.front() <= next) fences_.pop_front();
+  if (scheduler_ && !stopping_) publishIssuedLocked();
 }
 
 void Communicator::enqueueP2P(std::string what, std::function<void(uint64_t)> body) {
@@ -366,7 +402,7 @@ void Communicator::enqueueP2P(std::string what, std::function<void(uint64_t)> bo
     throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
                                         opts_.name + "' was shut down");
   }
-  Task t{0, std::move(what), std::move(body), nullptr, true, nullptr};
+  Task t{0, std::move(what), std::move(body), nullptr, true, nullptr, {}, nullptr};
   t.p2p = true;
   queue_.push_back(std::move(t));
   queued_.store(queue_.size(), std::memory_order_release);
@@ -461,6 +497,7 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
                                  brokenReason_));
   } else {
     try {
+      if (tasks[0].prepare) tasks[0].prepare();
       if (tasks[0].fusible && scheduler_) {
         // The scheduler pulls the calls it fuses straight from the queue.
         std::vector<FusibleCall*> calls{tasks[0].fusible.get()};
@@ -484,6 +521,10 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
           tasks.push_back(std::move(next));
           queue_.pop_front();
           queued_.store(queue_.size(), std::memory_order_release);
+          lock.unlock();
+          // Every call before it has completed or rides in this batch,
+          // which touches none of its memory (fences_).
+          if (tasks.back().prepare) tasks.back().prepare();
           return FusionBufferScheduler::Take::kTaken;
         };
         scheduler_->run(calls, takeNext);
@@ -507,6 +548,9 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
     }
   }
   if (logThreshold() >= LogLevel::kDebug) logCompleted(tasks, eptr, started);
+  // The calls run: a fence behind them is spent even if the batch failed
+  // before its cut.
+  if (scheduler_) noteBatchCut(tasks.back().seq + 1);
   for (Task& t : tasks) {
     stats_.collectives++;
     try {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -40,6 +41,25 @@ struct CommOptions {
 struct Buffer {
   void* data = nullptr;
   uint64_t numel = 0;
+};
+
+// Bytes [begin, end) of the caller's memory that a call reads or writes.
+struct MemRange {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  bool overlaps(const MemRange& o) const { return begin < o.end && o.begin < end; }
+};
+
+// What a caller may add to an allreduce. The torch backend hands the engine
+// private staging copies of non-contiguous (or pre-scaled) tensors, so the
+// engine cannot see from the buffers alone that two calls touch the same
+// storage: `touches` names the caller's memory instead (empty: the
+// buffers). `prepare` runs on the worker thread just before the call's
+// buffers are first read, after every earlier call has completed, so a
+// staging copy-in sees the results of the calls before it.
+struct CallHooks {
+  std::vector<MemRange> touches;
+  std::function<void()> prepare;
 };
 
 // Tunables read once per communicator from SMDDP_* variables.
@@ -102,7 +122,13 @@ class Communicator {
 
   // Collectives. Buffers must stay valid until `done` runs. Each returns
   // the sequence number it was given.
-  uint64_t allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done);
+  // Calls keep call order: an allreduce that touches memory an earlier
+  // queued allreduce touches is never fused with it (it starts a new
+  // batch), so it reads that call's result. The buffers of one call must
+  // not overlap each other (one call reads all of them before it writes
+  // any); the backend issues overlapping tensors as separate calls.
+  uint64_t allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done,
+                     CallHooks hooks = {});
   uint64_t broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done);
   // outs[r] receives rank r's `in`; outs[rank] may alias `in`.
   uint64_t allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done);
@@ -169,6 +195,9 @@ class Communicator {
     *sig = it->second;
     return true;
   }
+  // This rank has cut a fusion batch ending below `next` (the next batch
+  // starts there): overlap fences at or below it are spent.
+  void noteBatchCut(uint64_t next);
   // Scratch memory reused across collectives (worker thread only).
   uint8_t* scratch(size_t bytes);
   uint8_t* fusionBuffer(size_t bytes);
@@ -188,10 +217,18 @@ class Communicator {
     bool p2p = false;  // posted at once; completes in the background
     std::shared_ptr<FusibleCall> fusible;  // an allreduce the scheduler may fuse
     std::chrono::steady_clock::time_point queuedAt{};  // for the debug log
+    std::function<void()> prepare;         // CallHooks::prepare, or null
+  };
+  // A queued allreduce the next batch may still fuse (see fences_).
+  struct OpenCall {
+    uint64_t seq;
+    std::vector<MemRange> touches;
   };
 
   uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
-                   std::shared_ptr<FusibleCall> fusible = nullptr);
+                   std::shared_ptr<FusibleCall> fusible = nullptr, CallHooks hooks = {});
+  // Under queueMu_: the issued count the fusion leader may fuse below.
+  void publishIssuedLocked();
   // Runs one task (or, for a fusible allreduce, one fusion batch) and
   // completes it; errors become the tasks' exceptions.
   void runTasks(std::vector<Task>& tasks);
@@ -243,6 +280,14 @@ class Communicator {
   std::mutex queueMu_;
   std::condition_variable queueCv_;
   std::deque<Task> queue_;  // guarded by queueMu_
+  // Overlap fences. A batch only fuses calls below every rank's published
+  // issued count, so a call that touches memory a call it could be fused
+  // with touches is published as not yet issued (a fence) until this rank
+  // has cut the batch before it: the call then starts a batch of its own
+  // and reads the earlier result, on every rank, whoever overlaps.
+  std::vector<OpenCall> openCalls_;  // guarded by queueMu_: since the last fence or cut
+  std::deque<uint64_t> fences_;      // guarded by queueMu_: ascending sequences
+  uint64_t cutEnd_ = 0;              // guarded by queueMu_: first sequence in no cut batch
   std::atomic<size_t> queued_{0};  // queue_.size(), readable without queueMu_
   bool stopping_ = false;   // guarded by queueMu_
   std::thread worker_;

@@ -47,7 +47,7 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
   uint64_t total = 0;
   for (const FusibleCall* c : calls) total += c->numel;
   const int S = segment_->servers();
-  const uint64_t chunkElems = std::max<uint64_t>(1, segment_->slotBytes() / es);
+  const uint64_t chunkElems = this->chunkElems(first.dtype);
   const uint64_t maxShard = (total + S - 1) / S;
   b.firstStep = nextStep_;
   b.steps = (maxShard + chunkElems - 1) / chunkElems;
@@ -86,6 +86,9 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
   nextBatch_ = b.index + 1;
   nextStep_ = b.firstStep + b.steps;
   b.joined = true;
+  // Before this rank counts as arrived, so the next cut sees its fences
+  // past this batch gone.
+  comm_.noteBatchCut(calls.back()->seq + 1);
   segment_->publish(ctl.arrived[0], b.index + 1);
 }
 
@@ -273,6 +276,7 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
   // The rest of the leader's batch from this rank's queue.
   std::string why = takeCut(b, calls, plan.count, leader_, leaderCall, takeNext);
   if (!why.empty()) failMismatch(b, why);
+  comm_.noteBatchCut(calls.back()->seq + 1);  // before arrived: see lead()
   segment_->publish(ctl.arrived[me_], b.index + 1);
 }
 

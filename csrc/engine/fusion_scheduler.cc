@@ -97,6 +97,11 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
   st.fusedCalls += calls.size();
 }
 
+uint64_t FusionBufferScheduler::chunkElems(DataType dt) const {
+  const size_t slotElemBytes = widePartials(dt) ? sizeof(float) : elementSize(dt);
+  return std::max<uint64_t>(1, segment_->slotBytes() / slotElemBytes);
+}
+
 void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& calls) {
   auto& ctl = segment_->ctl();
   HostSegment& seg = *segment_;
@@ -104,7 +109,8 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
   const int n = topo_.localSize;
   const int S = seg.servers();
   const size_t es = elementSize(b.dtype);
-  const uint64_t chunkElems = std::max<uint64_t>(1, seg.slotBytes() / es);
+  const uint64_t chunkElems = this->chunkElems(b.dtype);
+  const bool wide = widePartials(b.dtype);
   const uint64_t depth = seg.depth();
   const uint64_t f = b.firstStep;
   const uint64_t end = b.firstStep + b.steps;
@@ -177,10 +183,16 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
         for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(myServer, p, r);
         if (const uint8_t* own = view.direct(off, len)) inputs[rank] = own;
         auto t0 = std::chrono::steady_clock::now();
-        // Across hosts, AVG sums here and divides once at the end.
-        reduceOrdered(seg.result(myServer, r), inputs.data(), n, len, b.dtype,
-                      multiHost && b.op == ReduceOp::kAvg ? ReduceOp::kSum : b.op,
-                      multiHost ? 1.0 : n);
+        // Across hosts, AVG sums here and divides once at the end, and
+        // f16/bf16 partials stay in f32 until then (one rounding in all).
+        const ReduceOp hostOp = multiHost && b.op == ReduceOp::kAvg ? ReduceOp::kSum : b.op;
+        if (wide) {
+          reduceOrderedToFloat(reinterpret_cast<float*>(seg.result(myServer, r)), inputs.data(),
+                               n, len, b.dtype, hostOp);
+        } else {
+          reduceOrdered(seg.result(myServer, r), inputs.data(), n, len, b.dtype, hostOp,
+                        multiHost ? 1.0 : n);
+        }
         st.serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::steady_clock::now() - t0).count();
       }
@@ -228,7 +240,11 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
   const int myHost = topo_.hostIndex;
   const int local = segment_->serverRank(server);
   auto peerOf = [&](int h) { return topo_.ranksOfHost[h][local]; };
-  const size_t es = elementSize(b.dtype);
+  // f16/bf16 partials arrive in f32 (widePartials): reduce and return
+  // them in f32 and round once at the end, the same bits on every host.
+  const bool wide = widePartials(b.dtype);
+  const DataType acc = wide ? DataType::kFloat32 : b.dtype;
+  const size_t es = elementSize(acc);
   std::vector<Range> piece(H);
   for (int h = 0; h < H; ++h) piece[h] = balancedShard(len, H, h, chunk);
   const Range mine = piece[myHost];
@@ -241,7 +257,7 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
     std::vector<const void*> in(H);
     for (int h = 0; h < H; ++h) in[h] = h == myHost ? data + mine.offset * es : partials + h * mineBytes;
     auto t0 = std::chrono::steady_clock::now();
-    reduceOrdered(data + mine.offset * es, in.data(), H, mine.count, b.dtype, b.op,
+    reduceOrdered(data + mine.offset * es, in.data(), H, mine.count, acc, b.op,
                   b.op == ReduceOp::kAvg ? static_cast<double>(comm_.size()) : 1.0);
     comm_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                            std::chrono::steady_clock::now() - t0).count();
@@ -266,6 +282,7 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
             data + piece[h].offset * es, piece[h].count * es);
   }
   ex.run();
+  if (wide) narrowFromFloat(data, reinterpret_cast<const float*>(data), len, b.dtype);
 }
 
 void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,

@@ -102,6 +102,13 @@ class FusionBufferScheduler {
   // over every host.
   void reduceAcrossHosts(Batch& b, int server, uint64_t chunk, uint8_t* data, uint64_t len);
   int globalRank(int local) const { return topo_.ranksOfHost[topo_.hostIndex][local]; }
+  // Across hosts, f16/bf16 host partials stay in f32 (in the result slots
+  // and on the wire) and are rounded once, after the last host's part.
+  bool widePartials(DataType dt) const {
+    return topo_.hosts() > 1 && (dt == DataType::kFloat16 || dt == DataType::kBFloat16);
+  }
+  // Elements of one shard per pipeline step: what a result slot holds.
+  uint64_t chunkElems(DataType dt) const;
 
   Communicator& comm_;
   std::unique_ptr<HostSegment> segment_;

@@ -159,8 +159,10 @@ TileKernels selectKernels(const char* caller, DataType t, ReduceOp op) {
 
 // out = in[0] op in[1] op ... op in[n-1] (then / divisor when `divide`),
 // one tile at a time.
-void runTiles(const TileKernels& k, size_t elemSize, void* out, const void* const* inputs, size_t n,
-              size_t count, bool divide, double divisor) {
+// `outSize` differs from `inSize` only when the f32 accumulator itself is
+// the output (reduceOrderedToFloat).
+void runTiles(const TileKernels& k, size_t inSize, size_t outSize, void* out,
+              const void* const* inputs, size_t n, size_t count, bool divide, double divisor) {
   // Only f16/bf16 need it; uninitialised on purpose (load fills it).
   float staging[kTileElems];
   // When `out` is also a later input (a server reducing into its own
@@ -170,8 +172,8 @@ void runTiles(const TileKernels& k, size_t elemSize, void* out, const void* cons
   alignas(64) std::byte aside[kTileElems * sizeof(double)];
   for (size_t off = 0; off < count; off += kTileElems) {
     const size_t len = std::min(kTileElems, count - off);
-    const size_t byteOff = off * elemSize;
-    void* dst = static_cast<std::byte*>(out) + byteOff;
+    const size_t byteOff = off * inSize;
+    void* dst = static_cast<std::byte*>(out) + off * outSize;
     void* acc = k.store ? static_cast<void*>(staging)
                         : (outIsLaterInput ? static_cast<void*>(aside) : dst);
     // Stream each input through the tile once, strictly left to right, so
@@ -182,7 +184,7 @@ void runTiles(const TileKernels& k, size_t elemSize, void* out, const void* cons
     }
     if (divide) k.divide(acc, len, divisor);
     if (k.store) k.store(dst, acc, len);
-    else if (acc != dst) std::memcpy(dst, acc, len * elemSize);
+    else if (acc != dst) std::memcpy(dst, acc, len * outSize);
   }
 }
 
@@ -192,19 +194,47 @@ void reduceOrdered(void* out, const void* const* inputs, size_t n, size_t count,
                    ReduceOp op, double avgDivisor) {
   const TileKernels k = selectKernels("reduceOrdered", dtype, op);
   SMDDP_CHECK(n >= 1, kInvalidArgument, "reduceOrdered: needs at least one input");
-  runTiles(k, elementSize(dtype), out, inputs, n, count, op == ReduceOp::kAvg, avgDivisor);
+  runTiles(k, elementSize(dtype), elementSize(dtype), out, inputs, n, count, op == ReduceOp::kAvg,
+           avgDivisor);
 }
 
 void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
   const TileKernels k = selectKernels("reduceInto", dtype, op);
   const void* inputs[2] = {dst, src};
-  runTiles(k, elementSize(dtype), dst, inputs, 2, count, false, 1.0);
+  runTiles(k, elementSize(dtype), elementSize(dtype), dst, inputs, 2, count, false, 1.0);
 }
 
 void finishAverage(void* data, size_t count, DataType dtype, double divisor) {
   const TileKernels k = selectKernels("finishAverage", dtype, ReduceOp::kAvg);
   const void* inputs[1] = {data};
-  runTiles(k, elementSize(dtype), data, inputs, 1, count, true, divisor);
+  runTiles(k, elementSize(dtype), elementSize(dtype), data, inputs, 1, count, true, divisor);
+}
+
+void reduceOrderedToFloat(float* out, const void* const* inputs, size_t n, size_t count,
+                          DataType dtype, ReduceOp op) {
+  SMDDP_CHECK(dtype == DataType::kFloat16 || dtype == DataType::kBFloat16, kInvalidArgument,
+              std::string("reduceOrderedToFloat: f16/bf16 only, got ") + toString(dtype));
+  SMDDP_CHECK(n >= 1, kInvalidArgument, "reduceOrderedToFloat: needs at least one input");
+  TileKernels k = selectKernels("reduceOrderedToFloat", dtype, op);
+  // The f32 tile goes out as it is: no rounding.
+  k.store = [](void* dst, const void* acc, size_t len) { std::memcpy(dst, acc, len * 4); };
+  runTiles(k, elementSize(dtype), sizeof(float), out, inputs, n, count, false, 1.0);
+}
+
+void narrowFromFloat(void* out, const float* in, size_t count, DataType dtype) {
+  SMDDP_CHECK(dtype == DataType::kFloat16 || dtype == DataType::kBFloat16, kInvalidArgument,
+              std::string("narrowFromFloat: f16/bf16 only, got ") + toString(dtype));
+  const StoreFn store = selectKernels("narrowFromFloat", dtype, ReduceOp::kSum).store;
+  // Front to back, one tile at a time, each read whole before it is
+  // written: the narrow output of a tile only covers f32 elements at or
+  // below that tile, so `out` may be `in` itself.
+  float tile[kTileElems];
+  const size_t es = elementSize(dtype);
+  for (size_t off = 0; off < count; off += kTileElems) {
+    const size_t len = std::min(kTileElems, count - off);
+    std::memcpy(tile, in + off, len * sizeof(float));
+    store(static_cast<std::byte*>(out) + off * es, tile, len);
+  }
 }
 
 const char* reduceKernelIsa() { return useAvx2() ? "avx2" : "scalar"; }

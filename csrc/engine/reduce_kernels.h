@@ -25,6 +25,15 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
 // data[i] = data[i] / divisor, for AVG on floating-point dtypes.
 void finishAverage(void* data, size_t count, DataType dtype, double divisor);
 
+// f16/bf16 only: reduceOrdered's f32 accumulator, written to `out` without
+// rounding (AVG sums here; the caller divides once). For partials that are
+// reduced again (across hosts) before the one rounding at the end.
+void reduceOrderedToFloat(float* out, const void* const* inputs, size_t n, size_t count,
+                          DataType dtype, ReduceOp op);
+// f16/bf16 only: out[i] = round(in[i]) (nearest, ties to even); `out` may be
+// `in` itself (narrowing in place).
+void narrowFromFloat(void* out, const float* in, size_t count, DataType dtype);
+
 // Which implementation reduceOrdered dispatches to ("avx2" or "scalar").
 const char* reduceKernelIsa();
 // Force the scalar path (tests compare the two); returns the previous value.

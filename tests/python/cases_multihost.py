@@ -7,6 +7,7 @@ import os
 
 import collective_oracle
 import torch_smddp
+from cases_call_order import half_sums, overlapping_calls
 from cases_collectives import collectives_vs_gloo
 
 
@@ -26,4 +27,6 @@ def provider_and_collectives(rank, world):
         collective_oracle.HOST_GROUPS = list(groups.values())
     res = collectives_vs_gloo(rank, world, quick=True)
     return {"provider": backend.provider, "closed_form_ok": closed_form_ok,
-            "allreduce_path": torch_smddp.stats()["allreduce_path"], **res}
+            "allreduce_path": torch_smddp.stats()["allreduce_path"],
+            "call_order_bad": overlapping_calls(rank, world),
+            "half": half_sums(rank, world, list(groups.values())), **res}

@@ -23,6 +23,9 @@ def test_pretend_hosts_use_tcp_and_match_gloo():
         assert res["closed_form_ok"], rank
         assert res["failures"] == [], (rank, res["failures"][:10])
         assert res["cases"] > 300, (rank, res["cases"])
+        # Overlapping async calls in call order; f16/bf16 rounded once.
+        assert res["call_order_bad"] == [], (rank, res["call_order_bad"])
+        assert res["half"]["bad"] == [], (rank, res["half"])
 
 
 def test_two_pretend_hosts_reduce_hierarchically_and_match_gloo():
@@ -35,6 +38,12 @@ def test_two_pretend_hosts_reduce_hierarchically_and_match_gloo():
         assert res["allreduce_path"] == "shared-memory", (rank, res["allreduce_path"])
         assert res["closed_form_ok"], rank
         assert res["failures"] == [], (rank, res["failures"][:10])
+        # Overlapping async calls, fused across hosts, keep call order.
+        assert res["call_order_bad"] == [], (rank, res["call_order_bad"])
+        # Host partials stay f32: one rounding, which these inputs tell
+        # apart from rounding each host's partial.
+        assert res["half"]["bad"] == [], (rank, res["half"])
+        assert all(d > 0 for d in res["half"]["double_rounding_differs"].values()), res["half"]
 
 
 def test_calls_fuse_across_pretend_hosts_without_deadlock():
@@ -61,3 +70,7 @@ def test_same_host_uses_shm():
     assert [r["provider"] for r in results] == ["shm", "shm"]
     assert [r["allreduce_path"] for r in results] == ["shared-memory"] * 2
     assert all(r["closed_form_ok"] and r["failures"] == [] for r in results)
+    for rank, res in enumerate(results):
+        # Overlapping async calls fused on one host keep call order.
+        assert res["call_order_bad"] == [], (rank, res["call_order_bad"])
+        assert res["half"]["bad"] == [], (rank, res["half"])
