@@ -184,9 +184,10 @@ def rank_order_fold(op_name, dtype, xs, world):
     if not dtype.is_floating_point:
         return oracle(op_name, dtype, xs, world)[0]
     if HOST_GROUPS and len(HOST_GROUPS) > 1:
+        # Each host's partial stays in the accumulation type (f16/bf16 too)
+        # and the hosts' partials are folded in host order: one rounding.
         local_op = "SUM" if op_name == "AVG" else op_name
-        partials = [_ordered_fold(local_op, dtype, [xs[r] for r in g]).to(dtype)
-                    for g in HOST_GROUPS]
+        partials = [_ordered_fold(local_op, dtype, [xs[r] for r in g]) for g in HOST_GROUPS]
         acc = _ordered_fold(local_op, dtype, partials)
     else:
         acc = _ordered_fold(op_name, dtype, xs)
