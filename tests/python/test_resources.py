@@ -26,6 +26,9 @@ BACKEND = backend_under_test()
 smddp_only = pytest.mark.skipif("smddp" not in BACKEND, reason="smddp's own resources")
 
 PIDNS = ["unshare", "-p", "-f", "--mount-proc", "--kill-child"]
+# A rank under this prefix is pid 2 of its namespace, below a shell: pid 1
+# (init) would ignore even its own SIGKILL.
+PIDNS_RANK = PIDNS + ["sh", "-c", '"$@"; exit $?', "sh"]
 
 
 def _unshare_works() -> str:
@@ -135,7 +138,7 @@ def test_rank_in_another_pid_namespace_works_and_its_death_is_seen(ns_rank):
     world, victim = 2, 1
     results = run_world(world, "cases_resources:pid_namespaces", backend=BACKEND, timeout=60,
                         pg_timeout=30, args=(victim,), expect_failure=True,
-                        allow_exit={victim}, wrap={ns_rank: PIDNS})
+                        allow_exit={victim}, wrap={ns_rank: PIDNS_RANK})
     assert isinstance(results[victim], ExitedRank), results[victim]
     r = results[0]
     assert r["wrong"] == [], r
