@@ -51,7 +51,9 @@ PYBIND11_MODULE(_C, m) {
         d["reduction_servers"] = pg.reductionServers();
         return d;
       })
-      .def_property_readonly("provider", &ProcessGroupSmddp::provider);
+      .def_property_readonly("provider", &ProcessGroupSmddp::provider)
+      // Where this group instance's keys live in its store (tests read them).
+      .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix);
 
   m.def("params", [] {
     py::list out;

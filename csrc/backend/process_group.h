@@ -103,6 +103,7 @@ class ProcessGroupSmddp : public c10d::Backend {
     return comm_ && comm_->usesHostPath() ? "shared-memory" : provider();
   }
   int reductionServers() const { return comm_ ? comm_->reductionServers() : 0; }
+  std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
 
  private:
   c10::intrusive_ptr<c10d::Work> pointToPoint(std::vector<at::Tensor>& tensors, int peer, int tag,

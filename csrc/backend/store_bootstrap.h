@@ -19,6 +19,12 @@ class StoreBootstrap : public smddp::Bootstrap {
     auto v = store_->get(key);
     return std::string(v.begin(), v.end());
   }
+  bool tryGet(const std::string& key, std::string* value) override {
+    if (!store_->check({key})) return false;
+    auto v = store_->get(key);
+    value->assign(v.begin(), v.end());
+    return true;
+  }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -23,6 +23,7 @@
 #include "engine/fusion_scheduler.h"
 #include "engine/host_path.h"
 #include "engine/host_segment.h"
+#include "transport/shm_owner.h"
 
 namespace smddp {
 
@@ -36,8 +37,8 @@ SMDDP_PARAM_BOOL(paramHostPath, "SMDDP_SHM_ALLREDUCE", true,
 SMDDP_PARAM_INT(paramServersPerNode, "SMDDP_SERVERS_PER_NODE", 0, 0, 64,
                 "reduction servers per host (0: one per rank, the bandwidth-optimal default)")
 SMDDP_PARAM_STRING(paramHostId, "SMDDP_HOST_ID", "",
-                   "host identity this rank reports (default: the hostname); splits one machine "
-                   "into pretend hosts")
+                   "host identity this rank reports (default: the hostname; the boot_id is "
+                   "added); splits one machine into pretend hosts")
 
 EngineConfig EngineConfig::fromEnvironment() {
   // Each part is read next to the code that uses it (its SMDDP_PARAM_*
@@ -56,15 +57,36 @@ EngineConfig EngineConfig::fromEnvironment() {
 
 namespace {
 
-std::string hostIdentity() {
-  std::string forced = paramHostId();
-  if (!forced.empty()) return forced;
-  char buf[256] = {0};
-  gethostname(buf, sizeof(buf) - 1);
-  return buf;
+std::string firstLine(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
 }
 
-// True when /proc says the process is gone or a zombie.
+// A host is its host id (SMDDP_HOST_ID, else the hostname) and its boot:
+// two machines that share a hostname ("localhost" in some clusters) are
+// never taken for one, while containers on one machine with --ipc=host
+// (same kernel, same boot_id, same /dev/shm) are.
+std::string hostIdentity() {
+  std::string id = paramHostId();
+  if (id.empty()) {
+    char buf[256] = {0};
+    gethostname(buf, sizeof(buf) - 1);
+    id = buf;
+  }
+  std::string boot = firstLine("/proc/sys/kernel/random/boot_id");
+  return boot.empty() ? id : id + "/" + boot;
+}
+
+// "pid:[4026531836]": pids compare only within one PID namespace.
+std::string pidNamespace() {
+  char buf[64];
+  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+// True when /proc says the process is gone or a zombie (same PID namespace only).
 bool processExited(int64_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   if (!f.good()) return true;
@@ -92,21 +114,34 @@ uint64_t randomSecret() {
 
 }  // namespace
 
-Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
+Communicator::Communicator(Bootstrap& store, CommOptions opts)
     : opts_(std::move(opts)), config_(EngineConfig::fromEnvironment()) {
   SMDDP_CHECK(opts_.size >= 1 && opts_.rank >= 0 && opts_.rank < opts_.size, kInvalidArgument,
               "invalid rank " + std::to_string(opts_.rank) + " for world size " +
                   std::to_string(opts_.size));
-  // 1. Who is where: host identity and pid of every rank.
-  std::string me = hostIdentity() + "\n" + std::to_string(getpid());
-  auto all = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "smddp/peer", me, opts_.timeout);
+  // 0. This group instance's own key space: a store reused by a later
+  //    group (or a restarted job) still holds the keys of earlier ones.
+  storePrefix_ =
+      "smddp/" + joinGroupInstance(store, opts_.rank, opts_.size, opts_.timeout, opts_.name) + "/";
+  PrefixBootstrap bootstrap(store, storePrefix_);
+  // Before anything is named after it: peers watch this owner's lock.
+  owner_ = ShmOwner::acquire();
+  // 1. Who is where: host identity, pid, PID namespace and shm owner of every rank.
+  const std::string myHost = hostIdentity();
+  std::string me = myHost + "\n" + std::to_string(getpid()) + "\n" + pidNamespace() + "\n" +
+                   (owner_ ? owner_->tag() : "");
+  auto all = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "peer", me, opts_.timeout);
   bool oneHost = true;
   for (const auto& s : all) {
     PeerInfo p;
-    size_t nl = s.find('\n');
-    p.host = s.substr(0, nl);
-    p.pid = nl == std::string::npos ? 0 : std::stoll(s.substr(nl + 1));
-    oneHost = oneHost && p.host == hostIdentity();
+    std::istringstream fields(s);
+    std::string pid;
+    std::getline(fields, p.host);
+    std::getline(fields, pid);
+    std::getline(fields, p.pidNamespace);
+    std::getline(fields, p.owner);
+    p.pid = pid.empty() ? 0 : std::stoll(pid);
+    oneHost = oneHost && p.host == myHost;
     peers_.push_back(p);
   }
   // Network-path reduction servers: every rank, or SMDDP_SERVERS_PER_NODE
@@ -137,29 +172,79 @@ Communicator::Communicator(Bootstrap& bootstrap, CommOptions opts)
   // 3. A per-group secret: frames without it are dropped.
   if (opts_.rank == 0) {
     jobSecret_ = randomSecret();
-    bootstrap.set("smddp/secret", std::to_string(jobSecret_));
+    bootstrap.set("secret", std::to_string(jobSecret_));
   } else {
-    jobSecret_ = std::stoull(bootstrap.get("smddp/secret", opts_.timeout));
+    jobSecret_ = std::stoull(bootstrap.get("secret", opts_.timeout));
   }
-  sink_ = mmap(nullptr, kSinkBytes, PROT_READ | PROT_WRITE,
-               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  SMDDP_CHECK(sink_ != MAP_FAILED, kInternal, "cannot reserve the overflow sink");
-  // 4. Endpoint and addresses.
-  fabric_ = std::make_shared<Fabric>(provider_);
-  endpoint_ = std::make_unique<Endpoint>(fabric_);
-  auto names = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "smddp/addr",
+  sink_.reserve();
+  // 4. Endpoint and addresses. libfabric's shm provider refuses a /dev/shm
+  //    it finds too small, and its region may not fit: then every rank of
+  //    the one-host job takes tcp instead (never one rank alone).
+  std::vector<std::string> shmTrouble;  // why shared memory was given up, per path
+  const bool forced = providerReason_.rfind("SMDDP_FI_PROVIDER", 0) == 0;
+  std::string shmStatus = "ok";
+  try {
+    fabric_ = std::make_shared<Fabric>(provider_);
+    endpoint_ = std::make_unique<Endpoint>(fabric_);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kTransport || provider_ != "shm" || forced) throw;
+    shmStatus = e.what();
+    endpoint_.reset();
+    fabric_.reset();
+  }
+  if (provider_ == "shm" && !forced) {
+    auto verdicts = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "shmprovider",
+                                       shmStatus, opts_.timeout);
+    auto bad = std::find_if(verdicts.begin(), verdicts.end(),
+                            [](const std::string& v) { return v != "ok"; });
+    if (bad != verdicts.end()) {
+      // libfabric refuses shm when /dev/shm has less free space than its
+      // region size times the cores, and our reservation may not fit.
+      shmTrouble.push_back("libfabric's shm provider is unusable on rank " +
+                           std::to_string(bad - verdicts.begin()) + " (" + *bad +
+                           "; it wants its region size per core free in /dev/shm)");
+      provider_ = "tcp;ofi_rxm";
+      providerReason_ = "one host, but the shm provider is unusable on some rank";
+      endpoint_.reset();
+      fabric_.reset();
+    }
+  }
+  if (!endpoint_) {
+    fabric_ = std::make_shared<Fabric>(provider_);
+    endpoint_ = std::make_unique<Endpoint>(fabric_);
+  }
+  auto names = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "addr",
                                   endpoint_->name(), opts_.timeout);
   peerAddrs_ = endpoint_->insertPeers(names);
+  // Every peer's owner lock exists by now (it was taken before "peer").
+  peerLocks_.resize(opts_.size);
+  for (int p = 0; p < opts_.size; ++p) {
+    if (p != opts_.rank && peers_[p].host == myHost && !peers_[p].owner.empty()) {
+      peerLocks_[p] = std::make_unique<OwnerLock>(peers_[p].owner);
+    }
+  }
   postErrorReceives();
   // 5. Allreduce through each host's shared segment when the layout allows.
   if (config_.hostPath && opts_.size > 1) {
     std::vector<std::string> hosts;
-    std::vector<int64_t> pids;
+    std::vector<std::string> owners;
     for (const auto& p : peers_) {
       hosts.push_back(p.host);
-      pids.push_back(p.pid);
+      owners.push_back(p.owner);
     }
-    scheduler_ = openHostPath(*this, bootstrap, hosts, pids);
+    std::string whyNot;
+    scheduler_ = openHostPath(*this, bootstrap, hosts, owners, &whyNot);
+    if (!whyNot.empty()) shmTrouble.push_back(whyNot);
+  }
+  if (!shmTrouble.empty()) {
+    // Every rank reached the same verdicts; one of them says so, once.
+    std::string text;
+    for (const auto& t : shmTrouble) text += (text.empty() ? "" : "; ") + t;
+    text += ". Collectives use " + provider_ +
+            " on every rank instead. A container's /dev/shm is 64 MiB unless it is started "
+            "with a larger --shm-size (e.g. docker run --shm-size=1g)";
+    if (opts_.rank == 0) SMDDP_LOG(kWarn) << text;
+    else SMDDP_LOG(kDebug) << text;
   }
   worker_ = std::thread([this] { workerLoop(); });
   SMDDP_LOG(kInfo) << describeGroup();
@@ -246,8 +331,20 @@ void Communicator::shutdown() {
   fabric_.reset();
   requests_.clear();
   freeRequests_.clear();
-  if (sink_ && sink_ != MAP_FAILED) munmap(sink_, kSinkBytes);
-  sink_ = nullptr;
+  sink_.release();
+  peerLocks_.clear();
+}
+
+void Communicator::Sink::reserve() {
+  void* p = mmap(nullptr, kSinkBytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  SMDDP_CHECK(p != MAP_FAILED, kInternal, "cannot reserve the overflow sink");
+  base = p;
+}
+
+void Communicator::Sink::release() {
+  if (base) munmap(base, kSinkBytes);
+  base = nullptr;
 }
 
 int Communicator::reductionServers() const {
@@ -319,13 +416,23 @@ void Communicator::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
 }
 
 void Communicator::checkPeersAlive(const std::string& during) {
-  const std::string& myHost = peers_[opts_.rank].host;
+  // A peer's owner lock is released by the kernel when it dies, whatever
+  // PID namespace it runs in; a busy or stopped peer keeps it. /proc is
+  // consulted only for a peer in this PID namespace whose lock could not
+  // be opened (another /dev/shm).
+  const PeerInfo& self = peers_[opts_.rank];
   for (int p = 0; p < opts_.size; ++p) {
-    if (p == opts_.rank || peers_[p].host != myHost || peers_[p].pid <= 0) continue;
-    if (processExited(peers_[p].pid)) {
-      throwError(ErrorKind::kPeerLost, "smddp: rank " + std::to_string(p) + " (pid " +
-                                           std::to_string(peers_[p].pid) + ") exited during " +
-                                           during);
+    if (p == opts_.rank || peers_[p].host != self.host) continue;
+    const bool sameNs = peers_[p].pidNamespace == self.pidNamespace;
+    const OwnerLock* lock = peerLocks_.size() > static_cast<size_t>(p) ? peerLocks_[p].get()
+                                                                       : nullptr;
+    bool gone = false;
+    if (lock && lock->valid()) gone = lock->ownerGone();
+    else if (sameNs && peers_[p].pid > 0) gone = processExited(peers_[p].pid);
+    if (gone) {
+      throwError(ErrorKind::kPeerLost,
+                 "smddp: rank " + std::to_string(p) + " (pid " + std::to_string(peers_[p].pid) +
+                     (sameNs ? "" : " in another PID namespace") + ") exited during " + during);
     }
   }
 }

@@ -25,6 +25,7 @@
 #include "transport/bootstrap.h"
 #include "transport/endpoint.h"
 #include "transport/frame.h"
+#include "transport/shm_owner.h"
 
 namespace smddp {
 
@@ -87,8 +88,10 @@ void readHostPathParams(EngineConfig& c);   // host_path.cc: segment geometry, f
 void readFusionParams(EngineConfig& c);     // fusion_scheduler.cc: data-step polling, stores
 
 struct PeerInfo {
-  std::string host;
-  int64_t pid = 0;
+  std::string host;          // host id and boot_id (communicator.cc, hostIdentity)
+  int64_t pid = 0;           // in the peer's own PID namespace
+  std::string pidNamespace;  // pids compare only when these match
+  std::string owner;         // its shm owner tag: a lock that says it lives
 };
 
 class Communicator {
@@ -160,12 +163,15 @@ class Communicator {
   Endpoint& endpoint() { return *endpoint_; }
   fi_addr_t peerAddr(int rank) const { return peerAddrs_[rank]; }
   uint64_t jobSecret() const { return jobSecret_; }
+  // "smddp/<nonce>/": where this group instance's keys live in the store.
+  const std::string& storePrefix() const { return storePrefix_; }
   StatsCounters& counters() { return stats_; }
   Request* newRequest();
   void releaseRequest(Request* r);
   // Reads completions and dispatches them; returns how many were read.
   size_t progress();
-  // Throws PeerLost if a same-host peer process has exited.
+  // Throws PeerLost if a same-host peer process has exited (its shm owner
+  // lock is free; see transport/shm_owner.h).
   void checkPeersAlive(const std::string& during);
   // The first error another rank reported for a sequence <= seq, if any.
   bool remoteErrorFor(uint64_t seq, std::string* text);
@@ -205,7 +211,7 @@ class Communicator {
   // (a mismatched call) spills here instead of truncating, so the frame's
   // header can still be read and reported. Virtual memory, never touched
   // by a well-behaved job.
-  iovec overflowSink() const { return {sink_, kSinkBytes}; }
+  iovec overflowSink() const { return {sink_.base, kSinkBytes}; }
   static constexpr size_t kSinkBytes = 1ull << 30;
 
  private:
@@ -254,6 +260,7 @@ class Communicator {
   std::string provider_;
   std::string providerReason_;
   uint64_t jobSecret_ = 0;
+  std::string storePrefix_;
   std::vector<PeerInfo> peers_;
   std::vector<int> netServers_;
   std::shared_ptr<Fabric> fabric_;
@@ -273,7 +280,17 @@ class Communicator {
   std::vector<uint8_t> scratch_;                                     // worker thread only
   std::vector<uint8_t> fusion_;                                      // worker thread only
   std::string brokenReason_;                                         // worker thread only
-  void* sink_ = nullptr;
+  // The overflow sink's reservation, unmapped by its destructor too, so a
+  // constructor that throws after reserving it leaks nothing.
+  struct Sink {
+    void* base = nullptr;
+    void reserve();
+    void release();
+    ~Sink() { release(); }
+  };
+  Sink sink_;
+  std::shared_ptr<ShmOwner> owner_;                   // this rank's liveness lock
+  std::vector<std::unique_ptr<OwnerLock>> peerLocks_;  // same-host peers' locks, by rank
 
   std::atomic<uint64_t> nextSeq_{0};
   std::atomic<bool> stopRequested_{false};

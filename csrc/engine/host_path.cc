@@ -74,15 +74,19 @@ bool HostTopology::uniform() const {
 
 std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstrap& bootstrap,
                                                     const std::vector<std::string>& hostOfRank,
-                                                    const std::vector<int64_t>& pidOfRank) {
+                                                    const std::vector<std::string>& ownerOfRank,
+                                                    std::string* whyNot) {
   const EngineConfig& config = comm.config();
   HostTopology topo = HostTopology::of(hostOfRank, comm.rank());
   if (!topo.uniform() || topo.localSize > kHostMaxRanks) return nullptr;
   int servers = topo.localSize;
   if (config.serversPerNode > 0) servers = std::min<int>(servers, config.serversPerNode);
   const int leader = topo.ranksOfHost[topo.hostIndex][0];
-  char unique[64];
-  snprintf(unique, sizeof(unique), "%lld-%016llx-%d", static_cast<long long>(pidOfRank[leader]),
+  // Named after the leader's shm owner (see transport/shm_owner.h), which
+  // creates it, so that the sweeper knows whose it is.
+  char unique[96];
+  snprintf(unique, sizeof(unique), "%s-seg-%016llx-%d",
+           ownerOfRank[leader].empty() ? "x" : ownerOfRank[leader].c_str(),
            static_cast<unsigned long long>(comm.jobSecret()), topo.hostIndex);
   // Oversubscribed hosts (more ranks than cores) get a deeper pipeline: a
   // rank then runs in time slices and should cover more steps in each.
@@ -96,7 +100,7 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
   std::string status = "ok";
   std::unique_ptr<HostSegment> seg;
   try {
-    PrefixBootstrap local(bootstrap, "smddp/host" + std::to_string(topo.hostIndex) + "/");
+    PrefixBootstrap local(bootstrap, "host" + std::to_string(topo.hostIndex) + "/");
     seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers, slot, depth,
                                         unique, comm.timeout());
   } catch (const Error& e) {
@@ -104,11 +108,15 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
     status = e.what();
   }
   // Every host must take the same path.
-  auto all = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "smddp/hostpath", status,
+  auto all = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "hostpath", status,
                                 comm.timeout());
-  if (!std::all_of(all.begin(), all.end(), [](const std::string& s) { return s == "ok"; })) {
-    SMDDP_LOG(kWarn) << "shared memory unavailable on some rank; allreduce stays on "
-                     << comm.provider();
+  auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return s != "ok"; });
+  if (bad != all.end()) {
+    *whyNot = "the host segment is unavailable on rank " + std::to_string(bad - all.begin()) +
+              " (" + *bad + ")";
+    if (bad->find(kNoRoomText) != std::string::npos) {
+      *whyNot += "; SMDDP_SHM_SLOT_BYTES and SMDDP_SHM_DEPTH shrink it";
+    }
     return nullptr;
   }
   return std::make_unique<FusionBufferScheduler>(comm, std::move(seg), std::move(topo),

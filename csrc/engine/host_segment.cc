@@ -31,6 +31,29 @@ std::string errnoText(const char* what) { return std::string(what) + ": " + std:
 
 }  // namespace
 
+namespace {
+
+// Owns a mapping and, on rank 0, the segment's name until the constructor
+// succeeds: whatever throws on the way (a peer that never maps, a timeout)
+// leaves neither a name in /dev/shm nor an address range behind.
+struct SegmentGuard {
+  std::string name;  // unlinked on destruction while non-empty
+  void* base = nullptr;
+  size_t bytes = 0;
+  ~SegmentGuard() {
+    if (base) munmap(base, bytes);
+    if (!name.empty()) shm_unlink(name.c_str());
+  }
+};
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
 HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
                          uint64_t slotBytes, int depth, const std::string& uniqueName,
                          std::chrono::milliseconds timeout)
@@ -42,33 +65,45 @@ HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
               kInternal, "bad shared-memory segment geometry");
   bytes_ = segmentBytes(ranks, servers, slotBytes, depth_);
   const std::string name = "/smddp-" + uniqueName;
+  SegmentGuard guard;
+  guard.bytes = bytes_;
 
-  // 1. Rank 0 creates and sizes the segment; everyone learns whether it could.
+  // 1. Rank 0 creates the segment and reserves its pages; everyone learns
+  //    whether it could. Without the reservation a /dev/shm too small (64 MiB
+  //    in a default Docker container) would let ftruncate succeed and then
+  //    SIGBUS the first write past the end of the free space.
   std::string status = "ok";
   int fd = -1;
   if (rank == 0) {
     shm_unlink(name.c_str());  // a stale one from a crashed job of the same name
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) status = errnoText("shm_open");
-    else if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) status = errnoText("ftruncate");
-    bootstrap.set("smddp/hostseg/created", status);
+    if (fd < 0) {
+      status = errnoText("shm_open");
+    } else {
+      guard.name = name;
+      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+        status = errnoText("ftruncate");
+      } else if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes_)); rc != 0) {
+        status = std::string(kNoRoomText) + mib(bytes_) + " shared-memory segment (" +
+                 std::strerror(rc) + ")";
+      }
+    }
+    bootstrap.set("hostseg/created", status);
   } else {
-    status = bootstrap.get("smddp/hostseg/created", timeout);
+    status = bootstrap.get("hostseg/created", timeout);
     if (status == "ok") {
       fd = shm_open(name.c_str(), O_RDWR, 0600);
       if (fd < 0) status = errnoText("shm_open");
     }
   }
   if (fd >= 0 && status == "ok") {
-    base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base_ == MAP_FAILED) {
-      base_ = nullptr;
-      status = errnoText("mmap");
-    }
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) status = errnoText("mmap");
+    else guard.base = p;
   }
   if (fd >= 0) close(fd);
-  ctl_ = static_cast<SegmentControl*>(base_);
-  if (rank == 0 && base_) {
+  ctl_ = static_cast<SegmentControl*>(guard.base);
+  if (rank == 0 && guard.base) {
     new (ctl_) SegmentControl();
     ctl_->ranks = ranks;
     ctl_->servers = servers;
@@ -79,12 +114,13 @@ HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
     ctl_->magic = kSegmentMagic;
   }
   // 2. Everyone has mapped it (or failed to): the name can go.
-  auto all = bootstrapAllGather(bootstrap, rank, ranks, "smddp/hostseg/mapped", status, timeout);
-  if (rank == 0) shm_unlink(name.c_str());
+  auto all = bootstrapAllGather(bootstrap, rank, ranks, "hostseg/mapped", status, timeout);
+  if (rank == 0) {
+    shm_unlink(name.c_str());
+    guard.name.clear();
+  }
   for (int r = 0; r < ranks; ++r) {
     if (all[r] != "ok") {
-      if (base_) munmap(base_, bytes_);
-      base_ = nullptr;
       throwError(ErrorKind::kTransport,
                  "shared-memory segment unavailable on rank " + std::to_string(r) + ": " + all[r]);
     }
@@ -92,6 +128,8 @@ HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
   std::atomic_thread_fence(std::memory_order_acquire);
   SMDDP_CHECK(ctl_->magic == kSegmentMagic && ctl_->totalBytes == bytes_, kInternal,
               "shared-memory segment has an unexpected layout");
+  base_ = guard.base;
+  guard.base = nullptr;  // the segment owns the mapping from here on
   data_ = static_cast<uint8_t*>(base_) + controlBytes();
 }
 

@@ -18,6 +18,9 @@ constexpr int kHostMaxRanks = 64;
 constexpr int kPlanDepth = 4;
 constexpr int kMaxFusedCalls = 256;
 constexpr size_t kAbortTextBytes = 2048;
+// How a rank's status starts when /dev/shm cannot hold the segment (the
+// caller then tells the user about --shm-size).
+constexpr const char* kNoRoomText = "no room in /dev/shm for the ";
 
 // A counter on its own cache line: written by one rank, read by all.
 struct alignas(64) SharedCounter {
@@ -67,8 +70,10 @@ class HostSegment {
  public:
   // Rank 0 creates the segment and publishes its name through `bootstrap`;
   // the others map it. Once every rank has mapped it, the name is unlinked,
-  // so nothing outlives the processes. Throws when shared memory is
-  // unavailable (the caller then keeps the network path).
+  // so nothing outlives the processes. Rank 0 reserves every page up front
+  // (posix_fallocate). Throws when shared memory is unavailable or too
+  // small (the caller then keeps the network path); a throw leaves neither
+  // the name nor a mapping behind. The name is "/smddp-" + uniqueName.
   HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers, uint64_t slotBytes,
               int depth, const std::string& uniqueName, std::chrono::milliseconds timeout);
   ~HostSegment();

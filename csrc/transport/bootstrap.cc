@@ -1,5 +1,6 @@
 #include "transport/bootstrap.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <fstream>
 #include <map>
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include <cstdio>
+#include <random>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -23,6 +25,65 @@ std::vector<std::string> bootstrapAllGather(Bootstrap& b, int rank, int size,
     out[r] = (r == rank) ? value : b.get(key + "/" + std::to_string(r), timeout);
   }
   return out;
+}
+
+namespace {
+
+std::string randomHex() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
+  return buf;
+}
+
+}  // namespace
+
+// Rank 0 names the instance with a random nonce. Every other rank posts a
+// fresh random token under its hello key and waits for a welcome keyed by
+// that token: a key no earlier instance can have written, so a rank can
+// never pick up an old nonce. Rank 0 answers whatever hello it reads (an old
+// token's welcome is never waited on) until every rank has confirmed under
+// the new nonce.
+std::string joinGroupInstance(Bootstrap& b, int rank, int size,
+                              std::chrono::milliseconds timeout, const std::string& group) {
+  if (size == 1) return randomHex();
+  if (rank != 0) {
+    const std::string token = randomHex();
+    b.set("smddp/hello/" + std::to_string(rank), token);
+    std::string nonce = b.get("smddp/welcome/" + token, timeout);
+    b.set("smddp/" + nonce + "/joined/" + std::to_string(rank), "1");
+    return nonce;
+  }
+  const std::string nonce = randomHex();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<std::string> answered(size);
+  std::vector<bool> joined(size, false);
+  joined[0] = true;
+  auto pause = std::chrono::microseconds(200);
+  while (true) {
+    std::string missing;
+    for (int r = 1; r < size; ++r) {
+      if (joined[r]) continue;
+      std::string v;
+      if (b.tryGet("smddp/" + nonce + "/joined/" + std::to_string(r), &v)) {
+        joined[r] = true;
+        continue;
+      }
+      if (b.tryGet("smddp/hello/" + std::to_string(r), &v) && v != answered[r]) {
+        b.set("smddp/welcome/" + v, nonce);
+        answered[r] = v;
+      }
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (missing.empty()) return nonce;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throwError(ErrorKind::kTimeout, "smddp: group '" + group + "' timed out after " +
+                                          std::to_string(timeout.count()) +
+                                          " ms waiting for rank(s) " + missing + " to join");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+  }
 }
 
 struct InMemoryBootstrap::State {
@@ -49,6 +110,14 @@ std::string InMemoryBootstrap::get(const std::string& key, std::chrono::millisec
   return state_->kv[key];
 }
 
+bool InMemoryBootstrap::tryGet(const std::string& key, std::string* value) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->kv.find(key);
+  if (it == state_->kv.end()) return false;
+  *value = it->second;
+  return true;
+}
+
 FileBootstrap::FileBootstrap(std::string dir) : dir_(std::move(dir)) {}
 
 namespace {
@@ -72,6 +141,15 @@ void FileBootstrap::set(const std::string& key, const std::string& value) {
   }
   SMDDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, kInternal,
               "cannot rename bootstrap file " + tmp);
+}
+
+bool FileBootstrap::tryGet(const std::string& key, std::string* value) {
+  std::ifstream f(fileNameFor(dir_, key), std::ios::binary);
+  if (!f.good()) return false;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *value = ss.str();
+  return true;
 }
 
 std::string FileBootstrap::get(const std::string& key, std::chrono::milliseconds timeout) {

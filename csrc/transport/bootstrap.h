@@ -16,7 +16,16 @@ class Bootstrap {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Waits for `key` to exist; throws kTimeout naming the key after `timeout`.
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // The value of `key` if it exists now; never waits.
+  virtual bool tryGet(const std::string& key, std::string* value) = 0;
 };
+
+// Joins this instance of a group and returns its nonce, which prefixes
+// every other key the group uses: a store that earlier instances used (a
+// second group over the same store, an elastic restart) still holds their
+// keys, and those must never be read. Bounded by `timeout`.
+std::string joinGroupInstance(Bootstrap& b, int rank, int size, std::chrono::milliseconds timeout,
+                              const std::string& group);
 
 // Every rank publishes `value` under `key`; returns all ranks' values.
 std::vector<std::string> bootstrapAllGather(Bootstrap& b, int rank, int size,
@@ -32,6 +41,7 @@ class InMemoryBootstrap : public Bootstrap {
   std::shared_ptr<State> state() const { return state_; }
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+  bool tryGet(const std::string& key, std::string* value) override;
 
  private:
   std::shared_ptr<State> state_;
@@ -49,6 +59,9 @@ class PrefixBootstrap : public Bootstrap {
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     return inner_.get(prefix_ + key, timeout);
   }
+  bool tryGet(const std::string& key, std::string* value) override {
+    return inner_.tryGet(prefix_ + key, value);
+  }
 
  private:
   Bootstrap& inner_;
@@ -61,6 +74,7 @@ class FileBootstrap : public Bootstrap {
   explicit FileBootstrap(std::string dir);
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+  bool tryGet(const std::string& key, std::string* value) override;
 
  private:
   std::string dir_;

@@ -5,8 +5,11 @@
 #include <rdma/fi_errno.h>
 
 #include "common/error.h"
+#include "transport/shm_owner.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -44,47 +47,54 @@ FidPtr<fid_cq> openCq(fid_domain* domain) {
 // shm names its shared-memory region after the endpoint, by default
 // "<pid>:<n>:<n>". A process that dies without closing leaves that region in
 // /dev/shm, and a later process with the same pid then fails in fi_enable
-// (EBUSY). A unique name avoids the clash; regions of dead smddp processes
-// are removed before a new one is made.
-constexpr const char* kShmPrefix = "smddp-";
-
-void sweepDeadShmRegions() {
-  DIR* d = opendir("/dev/shm");
-  if (!d) return;
-  while (dirent* e = readdir(d)) {
-    std::string name = e->d_name;
-    if (name.rfind(kShmPrefix, 0) != 0) continue;
-    long pid = std::strtol(name.c_str() + std::strlen(kShmPrefix), nullptr, 10);
-    if (pid <= 0 || pid == getpid()) continue;
-    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-      shm_unlink(("/" + name).c_str());
-    }
-  }
-  closedir(d);
-}
-
-std::string uniqueShmName() {
+// (EBUSY); pids also repeat across PID namespaces. So the region is named
+// after this process's shm owner (transport/shm_owner.h), whose lock tells
+// the sweeper, run first, which regions belong to dead processes.
+std::string uniqueShmName(const ShmOwner* owner) {
   static std::atomic<uint64_t> counter{0};
   std::random_device rd;
-  char buf[96];
-  std::snprintf(buf, sizeof(buf), "%s%d-%llu-%08x", kShmPrefix, static_cast<int>(getpid()),
-                static_cast<unsigned long long>(counter++), rd());
-  return buf;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "ep%llu-%08x", static_cast<unsigned long long>(counter++),
+                rd());
+  // Without an owner (no writable /dev/shm) shm cannot work anyway; the
+  // name then only has to be unique.
+  return owner ? owner->objectName(buf).substr(1)
+               : "smddp-p" + std::to_string(getpid()) + "-" + buf;
+}
+
+// libfabric's shm provider sizes its region with ftruncate alone, so a
+// /dev/shm that fills up later (our host segment, another job) SIGBUSes it
+// mid-transfer. Reserving the pages now turns that into an error at set-up,
+// while the caller can still choose another provider.
+void reserveShmRegion(const std::string& name) {
+  int fd = open(("/dev/shm/" + name).c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;  // not where we expect it: nothing we can reserve
+  struct stat st{};
+  int rc = fstat(fd, &st) == 0 ? posix_fallocate(fd, 0, st.st_size) : errno;
+  close(fd);
+  if (rc != 0) {
+    char size[32];
+    std::snprintf(size, sizeof(size), "%.1f MiB", static_cast<double>(st.st_size) / 1048576.0);
+    throwError(ErrorKind::kTransport, std::string("no room in /dev/shm for libfabric's ") + size +
+                                          " shm region (" + std::strerror(rc) + ")");
+  }
 }
 
 FidPtr<fid_ep> openEndpoint(fid_domain* domain, fi_info* info, fid_av* av, fid_cq* cq,
-                            bool shm) {
+                            bool shm, const ShmOwner* shmOwner) {
   fid_ep* ep = nullptr;
   checkFi(fi_endpoint(domain, info, &ep, nullptr), "fi_endpoint");
   FidPtr<fid_ep> owned(ep);
+  std::string name;
   if (shm) {
-    sweepDeadShmRegions();
-    std::string name = uniqueShmName();
+    sweepDeadShmObjects();
+    name = uniqueShmName(shmOwner);
     checkFi(fi_setname(&ep->fid, name.data(), name.size() + 1), "fi_setname");
   }
   checkFi(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)");
   checkFi(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
   checkFi(fi_enable(ep), "fi_enable");
+  if (shm) reserveShmRegion(name);
   return owned;
 }
 
@@ -93,8 +103,9 @@ FidPtr<fid_ep> openEndpoint(fid_domain* domain, fi_info* info, fid_av* av, fid_c
 Endpoint::Endpoint(std::shared_ptr<Fabric> fabric) : fabric_(std::move(fabric)) {
   av_ = openAv(fabric_->domain(), 64);
   cq_ = openCq(fabric_->domain());
+  if (fabric_->provider() == "shm") shmOwner_ = ShmOwner::acquire();
   ep_ = openEndpoint(fabric_->domain(), fabric_->info(), av_.get(), cq_.get(),
-                     fabric_->provider() == "shm");
+                     fabric_->provider() == "shm", shmOwner_.get());
   maxMsgSize_ = fabric_->info()->ep_attr->max_msg_size;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "transport/fabric.h"
+#include "transport/shm_owner.h"
 
 namespace smddp {
 
@@ -50,6 +51,7 @@ class Endpoint {
 
  private:
   std::shared_ptr<Fabric> fabric_;
+  std::shared_ptr<ShmOwner> shmOwner_;  // names the shm region; outlives ep_
   FidPtr<fid_av> av_;
   FidPtr<fid_cq> cq_;
   FidPtr<fid_ep> ep_;

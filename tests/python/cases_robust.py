@@ -50,12 +50,17 @@ def proc_sample() -> dict:
             if key in ("VmRSS", "VmSize"):
                 status[key] = int(rest.split()[0]) * 1024
     with open("/proc/self/maps") as f:
-        maps = sum(1 for _ in f)
-    pid = str(os.getpid())
-    try:  # shared-memory regions this process created (shm provider)
-        shm = sum(1 for n in os.listdir("/dev/shm") if pid in n)
-    except OSError:
-        shm = -1
+        lines = f.readlines()
+    maps = len(lines)
+    # smddp's /dev/shm objects this process still maps or holds open (its
+    # names carry an owner tag, not the pid; test_resources checks that no
+    # name outlives its jobs).
+    shm = sum(1 for ln in lines if "/dev/shm/smddp-" in ln)
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            shm += os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/shm/smddp-")
+        except OSError:
+            pass
     return {"threads": len(os.listdir("/proc/self/task")), "fds": len(os.listdir("/proc/self/fd")),
             "maps": maps, "rss": status.get("VmRSS", 0), "vsize": status.get("VmSize", 0),
             "shm": shm}
@@ -359,8 +364,9 @@ def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin:
     warm = torch.ones(4)
     dist.all_reduce(warm)
     provider = torch_smddp._backend_of().provider
-    name = store.get(f"cpu//smddp/addr/{rank}")
-    secret = store.get("cpu//smddp/secret").decode()
+    prefix = torch_smddp._backend_of().store_prefix  # this group instance's keys
+    name = store.get(f"cpu//{prefix}addr/{rank}")
+    secret = store.get(f"cpu//{prefix}secret").decode()
     before = torch_smddp.stats()["frames_rejected"]
     proc = subprocess.Popen([intruder_bin, provider, name.hex(), str(per_kind), secret, str(world)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -188,6 +188,7 @@ def run_world(
     pg_timeout: float | None = None,
     keep_logs: bool = False,
     allow_exit: Iterable[int] = (),
+    wrap: dict | None = None,
 ) -> list[Any]:
     """Run ``target(rank, world_size, *args)`` on ``world_size`` fresh ranks.
 
@@ -217,6 +218,10 @@ def run_world(
     check that the death really happened. Everything else is unchanged: the
     other ranks must succeed, the hard deadline still kills everyone.
 
+    ``wrap`` maps a rank to a command prefix its interpreter runs under
+    (e.g. ``["unshare", "-p", "-f", "--mount-proc", "--kill-child"]`` to put
+    that rank in a PID namespace of its own).
+
     Returns the list of per-rank results. Raises AssertionError on any
     failure, timeout included.
     """
@@ -238,7 +243,7 @@ def run_world(
         port = find_free_port()
         try:
             return _run_once(world_size, target, timeout, backend, env, list(args),
-                             expect_failure, pg_timeout, port, keep_logs, allowed)
+                             expect_failure, pg_timeout, port, keep_logs, allowed, wrap or {})
         except _PortClash as e:
             last_error = AssertionError(str(e))
             continue
@@ -257,7 +262,7 @@ class ExitedRank(NamedTuple):
 
 
 def _run_once(world_size, target, timeout, backend, env, args, expect_failure, pg_timeout,
-              port, keep_logs, allowed=frozenset()):
+              port, keep_logs, allowed=frozenset(), wrap=None):
     workdir = tempfile.mkdtemp(prefix="smddp-mp-")
     base_env = dict(os.environ)
     base_env.update({
@@ -310,7 +315,7 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
             err_path = os.path.join(workdir, f"stderr.{rank}")
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
                 proc = subprocess.Popen(
-                    [sys.executable, "-c",
+                    [*(wrap or {}).get(rank, []), sys.executable, "-c",
                      f"import sys; sys.path.insert(0, {HERE!r}); "
                      "import mp_harness; mp_harness._child_main()"],
                     env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
