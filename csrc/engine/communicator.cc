@@ -115,7 +115,8 @@ uint64_t randomSecret() {
 }  // namespace
 
 Communicator::Communicator(Bootstrap& store, CommOptions opts)
-    : opts_(std::move(opts)), config_(EngineConfig::fromEnvironment()) {
+    : opts_(std::move(opts)), timeoutMs_(opts_.timeout.count()),
+      config_(EngineConfig::fromEnvironment()) {
   SMDDP_CHECK(opts_.size >= 1 && opts_.rank >= 0 && opts_.rank < opts_.size, kInvalidArgument,
               "invalid rank " + std::to_string(opts_.rank) + " for world size " +
                   std::to_string(opts_.size));
@@ -310,21 +311,7 @@ void Communicator::shutdown() {
   if (worker_.joinable()) worker_.join();
   scheduler_.reset();
   // Point-to-point operations still posted get an "aborted" completion.
-  std::vector<Request*> p2p;
-  for (auto& [raw, owned] : requests_) {
-    if (raw->onComplete) p2p.push_back(raw);
-  }
-  for (Request* r : p2p) {
-    Completion c;
-    c.err = FI_ECANCELED;
-    c.errText = "the process group was shut down";
-    auto onComplete = std::move(r->onComplete);
-    r->onComplete = nullptr;
-    try {
-      onComplete(r, c);
-    } catch (...) {
-    }
-  }
+  failP2P("the process group was shut down", false);
   // Closing the endpoint discards whatever is still posted; only then may
   // the requests' memory go.
   endpoint_.reset();
@@ -374,6 +361,7 @@ void Communicator::releaseRequest(Request* r) {
 }
 
 size_t Communicator::progress() {
+  if (quarantined_) return 0;
   Completion batch[16];
   size_t n = endpoint_->poll(batch, 16);
   progressing_ = true;
@@ -544,7 +532,7 @@ void Communicator::workerLoop() {
         // Point-to-point operations are in flight: keep them moving.
         lock.unlock();
         if (progress() == 0) {
-          expireP2P();
+          superviseP2P();
           std::this_thread::sleep_for(std::chrono::microseconds(std::min<int64_t>(config_.sleepUs, 20)));
         }
         continue;
@@ -560,6 +548,7 @@ void Communicator::workerLoop() {
     std::vector<Task> tasks;
     tasks.push_back(std::move(task));
     runTasks(tasks);
+    if (p2pInFlight_ > 0) superviseP2P();  // their deadlines pass during collectives too
   }
 }
 
@@ -642,12 +631,14 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
       eptr = std::current_exception();
       stats_.errors++;
       std::string msg = e.what();
+      // Timeouts and lost peers leave the group unusable (so did a
+      // quarantine during this call): every peer is told, so that their
+      // next call fails at once with this cause instead of waiting for us.
+      const bool breaks = e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
+                          e.kind() == ErrorKind::kTransport || !brokenReason_.empty();
+      if (breaks && brokenReason_.empty()) brokenReason_ = msg;
       if (msg.find("failed on another rank") == std::string::npos) {
-        broadcastError(firstSeq, msg, tasks.size());
-      }
-      if (e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
-          e.kind() == ErrorKind::kTransport) {
-        brokenReason_ = msg;
+        broadcastError(firstSeq, msg, tasks.size(), breaks);
       }
     } catch (const std::exception& e) {
       eptr = std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/error.h"
 #include "engine/request.h"
 #include "engine/stats.h"
 #include "transport/bootstrap.h"
@@ -117,8 +118,15 @@ class Communicator {
   // (server index i is rank networkServers()[i]).
   const std::vector<int>& networkServers() const { return netServers_; }
   const EngineConfig& config() const { return config_; }
-  std::chrono::milliseconds timeout() const { return opts_.timeout; }
-  void setTimeout(std::chrono::milliseconds t) { opts_.timeout = t; }
+  // The group timeout. Any thread may change it (c10d's setTimeout) while
+  // the worker reads it, hence the atomic; a call already waiting keeps the
+  // deadline it started with.
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
+  }
+  void setTimeout(std::chrono::milliseconds t) {
+    timeoutMs_.store(t.count(), std::memory_order_relaxed);
+  }
   uint64_t nextSequence() const { return nextSeq_.load(); }
   // Set once shutdown() starts: long waits give up.
   bool stopRequested() const { return stopRequested_.load(); }
@@ -173,11 +181,26 @@ class Communicator {
   // Throws PeerLost if a same-host peer process has exited (its shm owner
   // lock is free; see transport/shm_owner.h).
   void checkPeersAlive(const std::string& during);
+  // Set when a peer reported that the group is unusable (a timeout or a
+  // lost peer there): the reason, and the current call fails with it.
+  bool brokenByPeer(std::string* why) const {
+    if (!brokenByPeer_) return false;
+    *why = brokenReason_;
+    return true;
+  }
+  // The endpoint may still write into memory that was handed back (a
+  // receive whose cancellation was never confirmed): stop polling it for
+  // good, fail the point-to-point operations in flight and mark the group
+  // unusable with `why`. Only shutdown touches the endpoint afterwards.
+  void quarantine(const std::string& why);
   // The first error another rank reported for a sequence <= seq, if any.
   bool remoteErrorFor(uint64_t seq, std::string* text);
-  // Tells every peer that `seq` failed here, so nobody waits for us.
-  // Tells every peer that calls seq .. seq + count - 1 failed here.
-  void broadcastError(uint64_t seq, const std::string& text, uint64_t count = 1);
+  // Tells every peer that calls seq .. seq + count - 1 failed here, so
+  // nobody waits for us. `broken`: the group is unusable here (timeout,
+  // lost peer), and so, from their next call, everywhere; count 0 then
+  // names no call.
+  void broadcastError(uint64_t seq, const std::string& text, uint64_t count = 1,
+                      bool broken = false);
   // Posts an error or probe frame to r->peer, retrying a busy endpoint.
   void postControl(Request* r, const iovec* iov, size_t n);
   // Stall probes. Ranks that disagree on a call may all sit in receives
@@ -250,12 +273,22 @@ class Communicator {
   void postErrorReceives();
   void handleErrorFrame(Request* r, const Completion& c);
   void postP2P(Request* r);
-  void expireP2P();
+  // Point-to-point deadlines and peer liveness, checked while operations
+  // are in flight; a failure there breaks the group (breakP2P).
+  void superviseP2P();
+  void breakP2P(ErrorKind kind, const std::string& why);
+  // Completes every point-to-point operation in flight with `why`; their
+  // requests stay pooled until the endpoint's completion or close.
+  void failP2P(const std::string& why, bool timedOut);
 
   size_t p2pInFlight_ = 0;  // worker thread only
   bool progressing_ = false;  // inside progress(): worker thread only
+  bool quarantined_ = false;  // never poll the endpoint again: worker thread only
+  bool brokenByPeer_ = false;  // brokenReason_ came from a peer: worker thread only
+  std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only
 
-  CommOptions opts_;
+  CommOptions opts_;  // opts_.timeout is the initial value only: see timeoutMs_
+  std::atomic<int64_t> timeoutMs_;
   EngineConfig config_;
   std::string provider_;
   std::string providerReason_;

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "engine/communicator.h"
 #include "engine/host_segment.h"
 
@@ -54,13 +55,24 @@ void Communicator::handleErrorFrame(Request* r, const Completion& c) {
       sendProbe(src, h.seq, done->second, /*reply=*/true);  // never answer a reply
     }
   } else {
-    std::string text(r->text.data(), h.length);
-    auto& slot = remoteErrors_[h.seq];
-    if (slot.text.empty()) {
-      slot.text = "rank " + std::to_string(h.srcRank) + " reported: " + text;
-      // offset: how many calls from h.seq on the report covers (a batch).
-      const uint64_t count = std::clamp<uint64_t>(h.offset, 1, kMaxFusedCalls);
-      slot.last = h.seq + count - 1;
+    std::string text = "rank " + std::to_string(h.srcRank) + " reported: " +
+                       std::string(r->text.data(), h.length);
+    // chunk == kErrorBroken: the group is unusable there, so it is here:
+    // every later call fails at once with that rank's cause.
+    const bool broken = h.chunk == kErrorBroken;
+    if (broken && brokenReason_.empty()) {
+      brokenReason_ = text;
+      brokenByPeer_ = true;
+    }
+    // offset: how many calls from h.seq on the report covers (a batch);
+    // a broken group's report may name none.
+    if (h.offset > 0 || !broken) {
+      auto& slot = remoteErrors_[h.seq];
+      if (slot.text.empty()) {
+        slot.text = text;
+        const uint64_t count = std::clamp<uint64_t>(h.offset, 1, kMaxFusedCalls);
+        slot.last = h.seq + count - 1;
+      }
     }
   }
   // Re-arm the same receive.
@@ -87,7 +99,8 @@ bool Communicator::remoteErrorFor(uint64_t seq, std::string* text) {
   return false;
 }
 
-void Communicator::broadcastError(uint64_t seq, const std::string& text, uint64_t count) {
+void Communicator::broadcastError(uint64_t seq, const std::string& text, uint64_t count,
+                                  bool broken) {
   std::string body = text.substr(0, 4000);
   for (int p = 0; p < opts_.size; ++p) {
     if (p == opts_.rank) continue;
@@ -96,8 +109,8 @@ void Communicator::broadcastError(uint64_t seq, const std::string& text, uint64_
     r->peer = p;
     r->text = body;
     CollectiveSignature sig;
-    r->header = makeHeader(FrameKind::kError, jobSecret_, seq, opts_.rank, 0, count, body.size(),
-                           sig);
+    r->header = makeHeader(FrameKind::kError, jobSecret_, seq, opts_.rank,
+                           broken ? kErrorBroken : 0, count, body.size(), sig);
     iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
     postControl(r, iov, body.empty() ? 1 : 2);
   }
@@ -118,10 +131,25 @@ void Communicator::postControl(Request* r, const iovec* iov, size_t n) {
       break;  // a broken endpoint: the caller is already reporting a failure
     }
     if (rc == 0) return;
-    if (progressing_ || std::chrono::steady_clock::now() > deadline) break;
+    // No retries inside progress(), once the endpoint is quarantined, or
+    // while shutting down (a stopped peer's full queue must not hold
+    // abort): the peer's own timeout still bounds its wait.
+    if (progressing_ || quarantined_ || stopRequested() ||
+        std::chrono::steady_clock::now() > deadline) {
+      break;
+    }
     progress();
   }
   releaseRequest(r);  // best effort: the peer's timeout still bounds it
+}
+
+void Communicator::quarantine(const std::string& why) {
+  if (quarantined_) return;
+  quarantined_ = true;
+  if (brokenReason_.empty()) brokenReason_ = why;
+  SMDDP_LOG(kWarn) << "group '" << opts_.name << "' rank " << opts_.rank
+                   << " stops using its endpoint: " << why;
+  failP2P(why, false);
 }
 
 void Communicator::sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply) {

@@ -115,7 +115,7 @@ void Exchange::complete(Request* r, const Completion& c) {
   --pending_;
   bool isRecv = r->type == Request::Type::kRecv;
   if (isRecv && r->posted && postedRecvs_ > 0) --postedRecvs_;
-  if (!failed_) {
+  if (!failed_ && !abandoning_) {
     if (c.err == FI_ETRUNC && isRecv) {
       // The peer sent more than this rank expects: the header still landed.
       std::string why;
@@ -228,21 +228,58 @@ void Exchange::fail(ErrorKind kind, const std::string& msg) {
 }
 
 void Exchange::abandonOutstanding() {
-  // Receives are cancelled so no late frame lands in memory the caller may
-  // free; every request stays in the communicator's pool until its
-  // completion (or the endpoint's close) so libfabric never sees freed memory.
+  // Receives are cancelled, and this returns only once each one's
+  // completion (the cancel's, or the message's if the provider had already
+  // matched it) has been read: the caller releases or reuses the memory
+  // they point into as soon as this call fails. Sends cannot be cancelled
+  // (shm, rxm): they are orphaned to the communicator's pool, which keeps
+  // each request until its completion or the endpoint's close.
+  abandoning_ = true;
+  std::vector<Request*> recvs;
   for (Request* r : outstanding_) {
-    r->owner = nullptr;
     r->onArrive = nullptr;
-    if (r->type == Request::Type::kRecv) comm_.endpoint().cancel(&r->ctx);
+    if (r->type != Request::Type::kRecv) {
+      r->owner = nullptr;
+      continue;
+    }
+    // 0, or -FI_ENOENT when it was already matched: the completion still
+    // comes. Any other code is a provider that cannot cancel; the message
+    // that matches it then completes it, so the wait is the same.
+    const int rc = comm_.endpoint().cancel(&r->ctx);
+    if (rc != 0 && rc != -FI_ENOENT) cancelRefused_ = rc;
+    recvs.push_back(r);
   }
-  outstanding_.clear();
+  outstanding_ = std::move(recvs);
   for (Request* r : recvsToPost_) comm_.releaseRequest(r);
   for (Request* r : sendsToPost_) comm_.releaseRequest(r);
   recvsToPost_.clear();
   sendsToPost_.clear();
   postedRecvs_ = 0;
   pending_ = 0;
+  awaitCancelled();
+}
+
+void Exchange::awaitCancelled() {
+  // A live peer finishes a matched transfer within moments; a stopped or
+  // dead one may never. Bounded (and cut short by shutdown, which closes
+  // the endpoint before anything polls it again); past the bound the
+  // communicator stops polling its endpoint altogether, so a late
+  // completion can never write into memory that has been handed back.
+  using clock = std::chrono::steady_clock;
+  const auto until = clock::now() + std::min<std::chrono::milliseconds>(
+                                        timeout_, std::chrono::milliseconds(2000));
+  while (!outstanding_.empty() && !comm_.stopRequested() && clock::now() < until) {
+    if (comm_.progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (outstanding_.empty()) return;
+  const int peer = outstanding_.front()->peer;
+  for (Request* r : outstanding_) r->owner = nullptr;
+  outstanding_.clear();
+  comm_.quarantine("smddp: " + watch_.what() + ": a receive from rank " + std::to_string(peer) +
+                   " could not be confirmed cancelled" +
+                   (cancelRefused_ ? std::string(" (fi_cancel: ") + fi_strerror(-cancelRefused_) + ")"
+                                   : std::string()) +
+                   (comm_.stopRequested() ? ": the process group was shut down" : ""));
 }
 
 void Exchange::run() {
@@ -253,6 +290,10 @@ void Exchange::run() {
   auto sleep = std::chrono::microseconds(1);
   const std::string& what = watch_.what();
   while (pending_ > 0 && !failed_) {
+    // Shutdown and abort must not wait out a call stuck on a lost peer.
+    if (comm_.stopRequested()) {
+      fail(ErrorKind::kAborted, "smddp: " + what + ": the process group was shut down");
+    }
     postPending();
     size_t n = comm_.progress();
     if (failed_) break;
@@ -288,6 +329,7 @@ void Exchange::run() {
     const auto until = clock::now() + std::chrono::milliseconds(100);
     std::string remote;
     do {
+      if (comm_.stopRequested()) break;
       comm_.progress();
       if (comm_.remoteErrorFor(seq_, &remote)) {
         fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);

@@ -49,7 +49,10 @@ class Exchange {
   void postPending();
   bool postOne(Request* r);
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
+  // Cancels what is posted and waits (bounded) until no receive of this
+  // call can write its memory any more.
   void abandonOutstanding();
+  void awaitCancelled();
   std::string waitingOn() const;
   std::string notSeen() const;
 
@@ -65,6 +68,8 @@ class Exchange {
   size_t pending_ = 0;                 // toPost_ + posted-but-incomplete
   std::vector<bool> heardFrom_;        // a valid frame of this call came from rank i
   bool failed_ = false;
+  bool abandoning_ = false;  // completions now only settle cancelled requests
+  int cancelRefused_ = 0;    // an fi_cancel code other than 0 / -FI_ENOENT
   ErrorKind errorKind_ = ErrorKind::kInternal;
   std::string error_;
 };

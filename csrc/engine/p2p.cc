@@ -3,7 +3,9 @@
 // queue: each is posted in call order and completes in the background, so
 // rings of isend/irecv (batch_isend_irecv) cannot deadlock the worker.
 // Matching is by (peer, user tag) in posting order, which the provider's
-// send-after-send ordering guarantees.
+// send-after-send ordering guarantees. Like a collective's, every operation
+// is bounded by the group timeout and watched for lost peers; either
+// failure leaves the group unusable, as it does for collectives.
 
 #include <rdma/fi_errno.h>
 
@@ -23,12 +25,16 @@ std::exception_ptr p2pError(ErrorKind kind, const std::string& msg) {
 }  // namespace
 
 void Communicator::postP2P(Request* r) {
+  if (!brokenReason_.empty()) {
+    throwError(ErrorKind::kAborted,
+               "the group is unusable after an earlier failure: " + brokenReason_);
+  }
   iovec iov[3];
   size_t n = 0;
   iov[n++] = {&r->header, sizeof(FrameHeader)};
   if (r->payloadBytes) iov[n++] = {r->payload, r->payloadBytes};
   fi_addr_t addr = r->peer >= 0 ? peerAddrs_[r->peer] : FI_ADDR_UNSPEC;
-  r->deadline = std::chrono::steady_clock::now() + opts_.timeout;
+  r->deadline = std::chrono::steady_clock::now() + timeout();
   while (true) {
     int rc;
     if (r->type == Request::Type::kSend) {
@@ -39,6 +45,7 @@ void Communicator::postP2P(Request* r) {
     }
     if (rc == 0) break;
     progress();  // queue full: make room
+    if (stopRequested()) throwError(ErrorKind::kAborted, "the process group was shut down");
     if (std::chrono::steady_clock::now() > r->deadline) {
       throwError(ErrorKind::kTimeout, "could not post a point-to-point operation within the timeout");
     }
@@ -47,12 +54,53 @@ void Communicator::postP2P(Request* r) {
   ++p2pInFlight_;
 }
 
-void Communicator::expireP2P() {
-  auto now = std::chrono::steady_clock::now();
+void Communicator::superviseP2P() {
+  const auto now = std::chrono::steady_clock::now();
   for (auto& [raw, owned] : requests_) {
-    if (raw->onComplete && raw->posted && raw->deadline < now && raw->text.empty()) {
-      raw->text = "timed out";
-      endpoint_->cancel(&raw->ctx);
+    if (raw->onComplete && raw->posted && raw->deadline < now) {
+      // A send cannot be cancelled (shm, rxm), and a receive the provider
+      // already matched may never complete: fail them all here.
+      breakP2P(ErrorKind::kTimeout, "timed out after " + std::to_string(timeout().count()) +
+                                        " ms");
+      return;
+    }
+  }
+  if (now < nextP2PLiveness_) return;
+  nextP2PLiveness_ = now + std::chrono::milliseconds(200);
+  try {
+    checkPeersAlive("point-to-point send/recv");
+  } catch (const Error& e) {
+    breakP2P(ErrorKind::kPeerLost, e.what());
+  }
+}
+
+void Communicator::breakP2P(ErrorKind kind, const std::string& why) {
+  // Nothing in flight can be trusted to complete or to stay out of its
+  // buffers: stop polling the endpoint (which fails what is in flight with
+  // `why`), and tell the peers so their next call fails too.
+  const std::string reason = std::string("smddp: point-to-point ") +
+                             (kind == ErrorKind::kTimeout ? "operation " : "") + why;
+  failP2P(why, kind == ErrorKind::kTimeout);
+  quarantine(reason);
+  broadcastError(nextSeq_.load(), reason, 0, /*broken=*/true);
+}
+
+void Communicator::failP2P(const std::string& why, bool timedOut) {
+  std::vector<Request*> p2p;
+  for (auto& [raw, owned] : requests_) {
+    if (raw->onComplete) p2p.push_back(raw);
+  }
+  for (Request* r : p2p) {
+    Completion c;
+    c.err = FI_ECANCELED;
+    c.errText = why;
+    if (timedOut) r->text = "timed out";
+    auto onComplete = std::move(r->onComplete);
+    r->onComplete = nullptr;
+    if (r->posted && p2pInFlight_ > 0) --p2pInFlight_;
+    try {
+      onComplete(r, c);
+    } catch (...) {
     }
   }
 }
@@ -76,9 +124,7 @@ void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDon
         stats_.bytesSent += bytes;
         done(nullptr, dst);
       } else {
-        std::string why = req->text == "timed out"
-                              ? "timed out after " + std::to_string(opts_.timeout.count()) + " ms"
-                              : c.errText;
+        std::string why = c.errText;
         done(p2pError(req->text == "timed out" ? ErrorKind::kTimeout : ErrorKind::kPeerLost,
                       "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) +
                           ") failed: " + why),
@@ -90,7 +136,9 @@ void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDon
     } catch (const Error& e) {
       r->onComplete = nullptr;
       releaseRequest(r);
-      done(std::current_exception(), dst);
+      done(p2pError(e.kind(), "send to rank " + std::to_string(dst) + " (tag " +
+                                  std::to_string(tag) + ") refused: " + e.what()),
+           dst);
     }
   };
   enqueueP2P("send", std::move(body));
@@ -114,8 +162,7 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
       if (c.err != 0) {
         bool timedOut = req->text == "timed out";
         done(p2pError(timedOut ? ErrorKind::kTimeout : ErrorKind::kPeerLost,
-                      what + (timedOut ? " timed out after " + std::to_string(opts_.timeout.count()) + " ms"
-                                       : " failed: " + c.errText)),
+                      what + (timedOut ? " " : " failed: ") + c.errText),
              src);
         return;
       }
@@ -141,7 +188,10 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
     } catch (const Error& e) {
       r->onComplete = nullptr;
       releaseRequest(r);
-      done(std::current_exception(), src);
+      done(p2pError(e.kind(), std::string("recv from ") +
+                                  (src >= 0 ? "rank " + std::to_string(src) : "any rank") +
+                                  " (tag " + std::to_string(tag) + ") refused: " + e.what()),
+           src);
     }
   };
   enqueueP2P("recv", std::move(body));

@@ -22,6 +22,10 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
       throwError(ErrorKind::kMismatch, "smddp: " + what_ + ": " + remote);
     }
   }
+  // A peer timed out or lost a rank: this call cannot complete either.
+  if (comm_.brokenByPeer(&remote)) {
+    throwError(ErrorKind::kAborted, "smddp: " + what_ + " failed on another rank: " + remote);
+  }
   const auto now = std::chrono::steady_clock::now();
   // A call still waiting after 200 ms tells its peers what it is (see
   // Communicator::sendProbe): one header per peer, once per call.

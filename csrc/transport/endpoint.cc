@@ -145,7 +145,10 @@ int Endpoint::postRecv(fi_addr_t src, uint64_t tag, uint64_t ignore, const iovec
   return 0;
 }
 
-void Endpoint::cancel(void* ctx) { fi_cancel(&ep_->fid, ctx); }
+int Endpoint::cancel(void* ctx) {
+  ssize_t rc = fi_cancel(&ep_->fid, ctx);
+  return rc < 0 ? static_cast<int>(rc) : 0;
+}
 
 size_t Endpoint::poll(Completion* out, size_t max) {
   fi_cq_tagged_entry entries[16];

@@ -42,8 +42,13 @@ class Endpoint {
   int postSend(fi_addr_t dest, uint64_t tag, const iovec* iov, size_t iovCount, void* ctx);
   int postRecv(fi_addr_t src, uint64_t tag, uint64_t ignore, const iovec* iov, size_t iovCount,
                void* ctx);
-  // Cancels a posted receive; its completion comes back with FI_ECANCELED.
-  void cancel(void* ctx);
+  // Asks the provider to cancel a posted receive: 0 when the request was
+  // accepted, else the negative fi_cancel code. Either way the receive's
+  // buffer stays in use until its completion is read: FI_ECANCELED if the
+  // cancel took, or the matching message's completion if the provider had
+  // already matched it (shm, rxm then finish the transfer). Sends cannot be
+  // cancelled on shm or rxm; never ask.
+  int cancel(void* ctx);
   // Reads up to `max` completions, error entries included. Never blocks.
   size_t poll(Completion* out, size_t max);
 

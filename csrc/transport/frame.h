@@ -18,11 +18,15 @@ constexpr uint16_t kFrameVersion = 1;
 
 enum class FrameKind : uint8_t {
   kData = 1,    // a payload chunk of a collective
-  kError = 2,   // a rank failed this sequence; payload is UTF-8 text
+  kError = 2,   // a rank failed this sequence; payload is UTF-8 text.
+                // chunk == kErrorBroken: the group is unusable at the sender
+                // (offset, the count of calls covered, may then be 0)
   kProbe = 3,   // stall probe on the error channel: header only, carries the
                 // sender's signature for `seq`; chunk == 1 marks a reply.
                 // Never valid on a data receive (validateFrame rejects it).
 };
+
+constexpr uint32_t kErrorBroken = 1;
 
 enum class CollectiveType : uint8_t {
   kAllreduce = 1,

@@ -174,11 +174,20 @@ def test_peer_death_fails_survivors_fast_naming_the_rank(coll, how):
 # 3. timeout
 # ---------------------------------------------------------------------------
 
+# KNOWN GAP (issue 11, "a rank that times out marks only itself broken"):
+# on the shared-memory path the late rank's next call still waits a full
+# timeout; the broken-state error frame does not reach it (the network path
+# passes). Strict, so the mark must go once it is fixed.
+SHM_BROKEN_GAP = pytest.mark.xfail(
+    strict=True, reason="shared-memory path: the broken state does not reach the late rank yet")
+
+
 @smddp_only
+@SHM_BROKEN_GAP
 def test_timeout_names_the_late_rank_and_poisons_the_group():
     t0 = time.monotonic()
     results = run_world(2, "cases_failures:timeout_case", backend=BACKEND, timeout=40,
-                        pg_timeout=2.0, expect_failure=True)
+                        pg_timeout=TIMEOUT_S, expect_failure=True)
     elapsed = time.monotonic() - t0
     r0, r1 = results
     assert r0["warm_ok"] and r1["warm_ok"]
@@ -187,30 +196,42 @@ def test_timeout_names_the_late_rank_and_poisons_the_group():
     assert first["is_dist_backend_error"], first["type"]
     for needle in ("timed out", "allreduce", "at sequence 1", "rank(s) 1"):
         assert needle in first["msg"], f"rank 0's error lacks {needle!r}: {first['msg']!r}"
-    assert 1.5 <= first["elapsed"] <= 5.0, f"rank 0 failed after {first['elapsed']:.1f}s"
-    # after a timeout the group is unusable on that rank: immediate, and the
-    # message carries the original cause
-    second = r0["second"]
-    assert second["raised"], "rank 0: the group still worked after a timeout"
-    assert "timed out" in second["msg"] and second["elapsed"] < 1.0, second
+    assert 1.5 <= first["elapsed"] < 2 * TIMEOUT_S, f"rank 0 failed after {first['elapsed']:.1f}s"
+    # after a timeout the group is unusable on every rank: the next call
+    # fails at once, and its message carries the original cause
+    _check_next_call_fails_at_once(results)
     # Rank 1 (late): whatever it does is bounded, and never a wrong answer. It
     # may complete its first call (rank 0's data was already waiting for it
     # when it was that call's reduction server) or get rank 0's error.
     f1 = r1["first"]
-    assert f1["elapsed"] < 4.0, f1
     if f1["raised"]:
         assert re.search(r"rank 0|timed out", f1["msg"]), f1["msg"]
     else:
         assert f1["value_ok"], "rank 1 returned normally with a wrong sum"
     s1 = r1["second"]  # rank 0 refuses every later call
-    assert s1["raised"], "rank 1 completed a collective that rank 0 refused"
     assert _has_token(s1["msg"], "rank 0") or "rank(s) 0" in s1["msg"], s1["msg"]
-    assert s1["elapsed"] < 5.0, s1
     assert elapsed < 35, elapsed
 
 
+TIMEOUT_S = 2.0  # the group timeout of the timeout tests
+
+
+def _check_next_call_fails_at_once(results):
+    """Whichever rank timed out, every rank's next call fails at once with
+    the original cause (the broken state is broadcast), and no rank spends
+    2 x the timeout in its two calls (the late rank counted from when it
+    started calling)."""
+    for rank, r in enumerate(results):
+        first, second = r["first"], r["second"]
+        assert second["raised"], f"rank {rank}: the group still worked after a timeout: {second}"
+        assert "timed out" in second["msg"], f"rank {rank}: original cause lost: {second['msg']!r}"
+        assert second["elapsed"] < TIMEOUT_S / 2, (
+            f"rank {rank}: the call after the timeout took {second['elapsed']:.2f}s: {second}")
+        assert first["elapsed"] + second["elapsed"] < 2 * TIMEOUT_S, (rank, first, second)
+
+
 @smddp_only
-@pytest.mark.parametrize("path", ["shared-memory", "network"])
+@pytest.mark.parametrize("path", [pytest.param("shared-memory", marks=SHM_BROKEN_GAP), "network"])
 def test_timeout_names_the_collective_sequence_and_missing_rank_at_world_3(path):
     """Rank 2 is late for the second call (sequence 1: a small all_reduce,
     served whole by rank 1 on the network path). There rank 0 only waits
@@ -220,7 +241,7 @@ def test_timeout_names_the_collective_sequence_and_missing_rank_at_world_3(path)
     must not call rank 1 (which arrived) missing."""
     env = {"SMDDP_SHM_ALLREDUCE": "0"} if path == "network" else None
     results = run_world(3, "cases_failures:timeout_case", backend=BACKEND, timeout=45,
-                        pg_timeout=2.0, expect_failure=True, args=(2,), env=env)
+                        pg_timeout=TIMEOUT_S, expect_failure=True, args=(2,), env=env)
     for rank in (0, 1):
         r = results[rank]
         assert r["warm_ok"], rank
@@ -238,7 +259,8 @@ def test_timeout_names_the_collective_sequence_and_missing_rank_at_world_3(path)
             m = m or re.search(r"waiting for rank\(s\) ([\d, ]+)", msg)
         assert m, f"rank {rank}'s error does not say who had not arrived: {msg!r}"
         assert {int(x) for x in m.group(1).split(",")} == {2}, (rank, msg)
-        assert 1.5 <= first["elapsed"] <= 5.0, (rank, first["elapsed"])
+        assert 1.5 <= first["elapsed"] < 2 * TIMEOUT_S, (rank, first["elapsed"])
+    _check_next_call_fails_at_once(results)
 
 
 # ---------------------------------------------------------------------------
