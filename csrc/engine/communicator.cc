@@ -316,6 +316,7 @@ void Communicator::shutdown() {
   // the requests' memory go.
   endpoint_.reset();
   fabric_.reset();
+  pendingControl_.clear();  // their requests go with requests_
   requests_.clear();
   freeRequests_.clear();
   sink_.release();
@@ -369,6 +370,7 @@ size_t Communicator::progress() {
     bool& flag;
     ~Reset() { flag = false; }
   } reset{progressing_};
+  if (!pendingControl_.empty()) retryPendingControl();
   for (size_t i = 0; i < n; ++i) {
     Request* r = static_cast<Request*>(batch[i].context);
     if (!r || requests_.find(r) == requests_.end()) continue;
@@ -513,7 +515,7 @@ void Communicator::workerLoop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(queueMu_);
-      if (p2pInFlight_ == 0 && queue_.empty() && !stopping_) {
+      if (p2pInFlight_ == 0 && pendingControl_.empty() && queue_.empty() && !stopping_) {
         // Calls often come back to back (a benchmark loop, a caller that
         // waits on each call): poll for SMDDP_SPIN_US, yielding, before
         // sleeping, but only while a caller is waiting, not computing.
@@ -529,11 +531,17 @@ void Communicator::workerLoop() {
       }
       if (queue_.empty()) {
         if (stopping_) return;
-        // Point-to-point operations are in flight: keep them moving.
+        // Point-to-point operations are in flight, or control frames wait
+        // for their peer (postControl): keep them moving.
         lock.unlock();
         if (progress() == 0) {
-          superviseP2P();
-          std::this_thread::sleep_for(std::chrono::microseconds(std::min<int64_t>(config_.sleepUs, 20)));
+          if (p2pInFlight_ > 0) {
+            superviseP2P();
+            std::this_thread::sleep_for(
+                std::chrono::microseconds(std::min<int64_t>(config_.sleepUs, 20)));
+          } else {
+            std::this_thread::sleep_for(std::chrono::microseconds(config_.sleepUs));
+          }
         }
         continue;
       }

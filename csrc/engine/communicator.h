@@ -284,6 +284,14 @@ class Communicator {
   size_t p2pInFlight_ = 0;  // worker thread only
   bool progressing_ = false;  // inside progress(): worker thread only
   bool quarantined_ = false;  // never poll the endpoint again: worker thread only
+  // Control frames whose peer could not take them yet (postControl),
+  // retried by progress() until they post or their deadline passes.
+  struct PendingControl {
+    Request* request;
+    std::chrono::steady_clock::time_point giveUp;
+  };
+  std::vector<PendingControl> pendingControl_;  // worker thread only
+  void retryPendingControl();
   bool brokenByPeer_ = false;  // brokenReason_ came from a peer: worker thread only
   std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only
 

@@ -140,7 +140,39 @@ void Communicator::postControl(Request* r, const iovec* iov, size_t n) {
     }
     progress();
   }
+  // Not sent yet. The usual reason is a peer this rank never exchanged a
+  // message with: the shm provider connects on first send and needs the
+  // peer to progress, which a peer busy in compute (or asleep) does not.
+  // Dropping the frame would leave that peer to find out at its timeout,
+  // so the frame waits in pendingControl_, retried on every progress()
+  // (the engine keeps polling, every SMDDP_SLEEP_US, while any wait) for
+  // ten group timeouts, at least a minute: a late peer is often late by
+  // more than one timeout, which is what broke the group. Not while
+  // stopping or quarantined: nothing is polled then.
+  if (!quarantined_ && !stopRequested()) {
+    const auto keep = std::max<std::chrono::milliseconds>(10 * timeout(), std::chrono::minutes(1));
+    pendingControl_.push_back({r, std::chrono::steady_clock::now() + keep});
+    return;
+  }
   releaseRequest(r);  // best effort: the peer's timeout still bounds it
+}
+
+void Communicator::retryPendingControl() {
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(pendingControl_, [&](const PendingControl& pc) {
+    Request* r = pc.request;
+    iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
+    int rc = -1;
+    try {
+      rc = endpoint_->postSend(peerAddrs_[r->peer], errorTag(), iov, r->text.empty() ? 1 : 2,
+                               &r->ctx);
+    } catch (const Error&) {
+    }
+    if (rc == 0) return true;  // posted: its completion releases it
+    if (now < pc.giveUp && rc == -FI_EAGAIN) return false;
+    releaseRequest(r);
+    return true;
+  });
 }
 
 void Communicator::quarantine(const std::string& why) {

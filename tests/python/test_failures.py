@@ -174,16 +174,9 @@ def test_peer_death_fails_survivors_fast_naming_the_rank(coll, how):
 # 3. timeout
 # ---------------------------------------------------------------------------
 
-# KNOWN GAP (issue 11, "a rank that times out marks only itself broken"):
-# on the shared-memory path the late rank's next call still waits a full
-# timeout; the broken-state error frame does not reach it (the network path
-# passes). Strict, so the mark must go once it is fixed.
-SHM_BROKEN_GAP = pytest.mark.xfail(
-    strict=True, reason="shared-memory path: the broken state does not reach the late rank yet")
 
 
 @smddp_only
-@SHM_BROKEN_GAP
 def test_timeout_names_the_late_rank_and_poisons_the_group():
     t0 = time.monotonic()
     results = run_world(2, "cases_failures:timeout_case", backend=BACKEND, timeout=40,
@@ -231,7 +224,7 @@ def _check_next_call_fails_at_once(results):
 
 
 @smddp_only
-@pytest.mark.parametrize("path", [pytest.param("shared-memory", marks=SHM_BROKEN_GAP), "network"])
+@pytest.mark.parametrize("path", ["shared-memory", "network"])
 def test_timeout_names_the_collective_sequence_and_missing_rank_at_world_3(path):
     """Rank 2 is late for the second call (sequence 1: a small all_reduce,
     served whole by rank 1 on the network path). There rank 0 only waits
