@@ -140,7 +140,16 @@ namespace {
 // of random sign. Sums of four such values are exact in f32, so the oracle
 // does not depend on how the f32 additions are grouped.
 uint16_t halfInput(DataType dt, int r, size_t j) {
-  std::mt19937 rng(static_cast<uint32_t>(j * 131 + r * 7 + 1));
+  // A splitmix64 stream per (rank, element): cheap to start, unlike an
+  // mt19937 seeded per element, which made this test take minutes under
+  // ASan (the oracle asks for every input a dozen times).
+  uint64_t state = j * 131 + static_cast<uint64_t>(r) * 7 + 1;
+  auto rng = [&state]() -> uint32_t {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return static_cast<uint32_t>((z ^ (z >> 31)) >> 32);
+  };
   const uint32_t sign = rng() & 1u;
   if (dt == DataType::kFloat16) {
     return static_cast<uint16_t>(sign << 15 | (13 + rng() % 12) << 10 | (rng() & 0x3ffu));
