@@ -1,0 +1,253 @@
+// The Communicator's queue and worker thread: callers enqueue collectives
+// (each gets the group's next sequence number at once), and the one engine
+// thread runs them in order, handing allreduce runs to the fusion-buffer
+// scheduler, and completes each with its outcome. Split from
+// communicator.cc, which sets the group up and owns its endpoint.
+#include <sched.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "common/caller_waiting.h"
+#include "common/error.h"
+#include "common/logging.h"
+#include "engine/communicator.h"
+#include "engine/fusion_scheduler.h"
+
+namespace smddp {
+
+uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
+                               std::shared_ptr<FusibleCall> fusible, CallHooks hooks) {
+  std::unique_lock<std::mutex> lock(queueMu_);
+  if (stopping_) {
+    throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
+                                        opts_.name + "' was shut down");
+  }
+  uint64_t seq = nextSeq_++;
+  if (fusible) fusible->seq = seq;
+  if (scheduler_) {
+    if (fusible) {
+      // Calls already cut into a batch can no longer share one with this
+      // call; a batch holds at most kMaxFusedCalls consecutive calls.
+      std::erase_if(openCalls_, [&](const OpenCall& c) { return c.seq < cutEnd_; });
+      if (openCalls_.size() >= static_cast<size_t>(kMaxFusedCalls)) {
+        openCalls_.erase(openCalls_.begin());
+      }
+      bool overlaps = false;
+      for (const OpenCall& c : openCalls_) {
+        for (const MemRange& a : c.touches) {
+          for (const MemRange& b : hooks.touches) overlaps = overlaps || a.overlaps(b);
+        }
+      }
+      if (overlaps) {
+        fences_.push_back(seq);
+        openCalls_.clear();
+      }
+      openCalls_.push_back({seq, hooks.touches});
+    } else {
+      openCalls_.clear();  // no batch spans another collective
+    }
+  }
+  Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr, {}, nullptr};
+  t.fusible = std::move(fusible);
+  t.queuedAt = std::chrono::steady_clock::now();
+  t.prepare = std::move(hooks.prepare);
+  queue_.push_back(std::move(t));
+  queued_.store(queue_.size(), std::memory_order_release);
+  if (scheduler_) publishIssuedLocked();  // under queueMu_, before shutdown
+  lock.unlock();
+  queueCv_.notify_one();
+  return seq;
+}
+
+void Communicator::publishIssuedLocked() {
+  scheduler_->noteIssued(fences_.empty() ? nextSeq_.load() : fences_.front());
+}
+
+void Communicator::noteBatchCut(uint64_t next) {
+  std::lock_guard<std::mutex> lock(queueMu_);
+  if (next <= cutEnd_) return;
+  cutEnd_ = next;
+  while (!fences_.empty() && fences_.front() <= next) fences_.pop_front();
+  if (scheduler_ && !stopping_) publishIssuedLocked();
+}
+
+void Communicator::enqueueP2P(std::string what, std::function<void(uint64_t)> body) {
+  std::unique_lock<std::mutex> lock(queueMu_);
+  if (stopping_) {
+    throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
+                                        opts_.name + "' was shut down");
+  }
+  Task t{0, std::move(what), std::move(body), nullptr, true, nullptr, {}, nullptr};
+  t.p2p = true;
+  queue_.push_back(std::move(t));
+  queued_.store(queue_.size(), std::memory_order_release);
+  lock.unlock();
+  queueCv_.notify_one();
+}
+
+void Communicator::workerLoop() {
+  // Sleeps between polls are short; the default 50 us timer slack would
+  // dominate them.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  while (true) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(queueMu_);
+      if (p2pInFlight_ == 0 && pendingControl_.empty() && queue_.empty() && !stopping_) {
+        // Calls often come back to back (a benchmark loop, a caller that
+        // waits on each call): poll for SMDDP_SPIN_US, yielding, before
+        // sleeping, but only while a caller is waiting, not computing.
+        lock.unlock();
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::microseconds(aCallerIsWaiting() ? config_.spinUs : 0);
+        while (queued_.load(std::memory_order_acquire) == 0 &&
+               std::chrono::steady_clock::now() < until) {
+          sched_yield();
+        }
+        lock.lock();
+        queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      }
+      if (queue_.empty()) {
+        if (stopping_) return;
+        // Point-to-point operations are in flight, or control frames wait
+        // for their peer (postControl): keep them moving.
+        lock.unlock();
+        if (progress() == 0) {
+          if (p2pInFlight_ > 0) {
+            superviseP2P();
+            std::this_thread::sleep_for(
+                std::chrono::microseconds(std::min<int64_t>(config_.sleepUs, 20)));
+          } else {
+            std::this_thread::sleep_for(std::chrono::microseconds(config_.sleepUs));
+          }
+        }
+        continue;
+      }
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      queued_.store(queue_.size(), std::memory_order_release);
+    }
+    if (task.p2p) {
+      task.body(task.seq);  // posts and returns; completion comes from progress()
+      continue;
+    }
+    std::vector<Task> tasks;
+    tasks.push_back(std::move(task));
+    runTasks(tasks);
+    if (p2pInFlight_ > 0) superviseP2P();  // their deadlines pass during collectives too
+  }
+}
+
+void Communicator::logCompleted(const std::vector<Task>& tasks, std::exception_ptr eptr,
+                                std::chrono::steady_clock::time_point started) const {
+  const auto now = std::chrono::steady_clock::now();
+  auto ms = [](auto d) {
+    char b[32];
+    snprintf(b, sizeof(b), "%.3f ms", std::chrono::duration<double, std::milli>(d).count());
+    return std::string(b);
+  };
+  std::string outcome = "ok";
+  if (eptr) {
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const std::exception& e) {
+      outcome = std::string("failed: ") + e.what();
+    }
+  }
+  const bool fused = tasks[0].fusible && scheduler_;
+  for (const Task& t : tasks) {
+    SMDDP_LOG(kDebug) << "[rank " << opts_.rank << "] group '" << opts_.name << "' seq " << t.seq
+                      << " " << t.what << " via "
+                      << (fused ? "shared memory, batch of " + std::to_string(tasks.size()) +
+                                      " call(s) from seq " + std::to_string(tasks[0].seq)
+                                : std::string("libfabric"))
+                      << ": queued " << ms(started - t.queuedAt) << ", ran " << ms(now - started)
+                      << ", " << outcome;
+  }
+}
+
+void Communicator::runTasks(std::vector<Task>& tasks) {
+  const auto started = std::chrono::steady_clock::now();
+  std::exception_ptr eptr;
+  // By value: the scheduler's takeNext appends to `tasks`, which moves them.
+  const uint64_t firstSeq = tasks[0].seq;
+  const std::string firstWhat = tasks[0].what;
+  if (!brokenReason_.empty()) {
+    eptr = std::make_exception_ptr(Error(
+        ErrorKind::kAborted, "smddp: " + firstWhat + " at sequence " + std::to_string(firstSeq) +
+                                 " refused: the group is unusable after an earlier failure: " +
+                                 brokenReason_));
+  } else {
+    try {
+      if (tasks[0].prepare) tasks[0].prepare();
+      if (tasks[0].fusible && scheduler_) {
+        // The scheduler pulls the calls it fuses straight from the queue.
+        std::vector<FusibleCall*> calls{tasks[0].fusible.get()};
+        auto takeNext = [&](std::chrono::microseconds wait,
+                            const std::function<bool(const FusibleCall&)>& accept,
+                            FusibleCall** out) {
+          std::unique_lock<std::mutex> lock(queueMu_);
+          if (queue_.empty() && wait.count() > 0) {
+            queueCv_.wait_for(lock, wait, [&] { return stopping_ || !queue_.empty(); });
+          }
+          if (stopping_) {
+            throwError(ErrorKind::kAborted, "smddp: " + firstWhat + " at sequence " +
+                                                std::to_string(firstSeq) +
+                                                ": the process group was shut down");
+          }
+          if (queue_.empty()) return FusionBufferScheduler::Take::kEmpty;
+          Task& next = queue_.front();
+          if (!next.fusible || next.p2p) return FusionBufferScheduler::Take::kOther;
+          if (!accept(*next.fusible)) return FusionBufferScheduler::Take::kOther;
+          *out = next.fusible.get();
+          tasks.push_back(std::move(next));
+          queue_.pop_front();
+          queued_.store(queue_.size(), std::memory_order_release);
+          lock.unlock();
+          // Every call before it has completed or rides in this batch,
+          // which touches none of its memory (fences_).
+          if (tasks.back().prepare) tasks.back().prepare();
+          return FusionBufferScheduler::Take::kTaken;
+        };
+        scheduler_->run(calls, takeNext);
+      } else {
+        tasks[0].body(firstSeq);
+      }
+    } catch (const Error& e) {
+      eptr = std::current_exception();
+      stats_.errors++;
+      std::string msg = e.what();
+      // Timeouts and lost peers leave the group unusable (so did a
+      // quarantine during this call): every peer is told, so that their
+      // next call fails at once with this cause instead of waiting for us.
+      const bool breaks = e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
+                          e.kind() == ErrorKind::kTransport || !brokenReason_.empty();
+      if (breaks && brokenReason_.empty()) brokenReason_ = msg;
+      if (msg.find("failed on another rank") == std::string::npos) {
+        broadcastError(firstSeq, msg, tasks.size(), breaks);
+      }
+    } catch (const std::exception& e) {
+      eptr = std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));
+      broadcastError(firstSeq, e.what(), tasks.size());
+    }
+  }
+  if (logThreshold() >= LogLevel::kDebug) logCompleted(tasks, eptr, started);
+  // The calls run: a fence behind them is spent even if the batch failed
+  // before its cut.
+  if (scheduler_) noteBatchCut(tasks.back().seq + 1);
+  for (Task& t : tasks) {
+    stats_.collectives++;
+    try {
+      t.done(eptr);
+    } catch (const std::exception& e) {
+      SMDDP_LOG(kError) << "completion callback of " << t.what << " threw: " << e.what();
+    } catch (...) {
+      SMDDP_LOG(kError) << "completion callback of " << t.what << " threw";
+    }
+  }
+}
+
+}  // namespace smddp
