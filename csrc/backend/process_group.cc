@@ -29,7 +29,11 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   }
 }
 
-ProcessGroupSmddp::~ProcessGroupSmddp() { shutdown(); }
+ProcessGroupSmddp::~ProcessGroupSmddp() {
+  shutdown();
+  // Its engine thread got stuck in the transport and still uses it: leak it.
+  if (comm_ && comm_->stuck()) (void)comm_.release();
+}
 
 void ProcessGroupSmddp::shutdown() {
   if (comm_) comm_->shutdown();

@@ -285,7 +285,24 @@ std::string Communicator::describeGroup() const {
   return o.str();
 }
 
-Communicator::~Communicator() { shutdown(); }
+Communicator::~Communicator() {
+  shutdown();
+  if (!stuck_) return;
+  // The owner should have leaked a Communicator whose worker is stuck in
+  // the provider (stuck()); destroying it under the running thread would
+  // free memory that thread still uses. Give the thread the group timeout
+  // to come back, then stop the process rather than corrupt it.
+  {
+    std::unique_lock<std::mutex> lock(queueMu_);
+    if (!exitedCv_.wait_for(lock, timeout(), [&] { return workerExited_; })) {
+      SMDDP_LOG(kError) << "group '" << opts_.name << "' rank " << opts_.rank
+                        << ": destroyed while its engine thread is still stuck inside libfabric; "
+                           "aborting the process instead of freeing memory that thread uses";
+      std::abort();
+    }
+  }
+  releaseResources();
+}
 
 void Communicator::shutdown() {
   std::deque<Task> leftover;
@@ -296,6 +313,7 @@ void Communicator::shutdown() {
     stopRequested_ = true;
     leftover.swap(queue_);
     queued_.store(0);
+    for (const Task& t : leftover) unfinished_.erase(t.seq);
   }
   queueCv_.notify_all();
   for (auto& t : leftover) {
@@ -306,7 +324,52 @@ void Communicator::shutdown() {
     } catch (...) {
     }
   }
-  if (worker_.joinable()) worker_.join();
+  if (worker_.joinable()) {
+    // Every wait of the engine honours stop within about 100 ms. A call
+    // into the provider cannot be interrupted, though: libfabric's shm
+    // send spins on the peer region's lock, which a peer stopped (SIGSTOP)
+    // inside its own progress holds until it runs again. Then give up on
+    // the worker: fail its calls as aborted and leave it, and everything
+    // it may still touch, allocated (stuck() tells the owner to leak this
+    // object), rather than hold abort and destroy for as long as the peer
+    // stays stopped.
+    bool exited;
+    {
+      std::unique_lock<std::mutex> lock(queueMu_);
+      exited = exitedCv_.wait_for(lock, std::chrono::milliseconds(500),
+                                  [&] { return workerExited_; });
+    }
+    if (!exited) {
+      worker_.detach();
+      stuck_ = true;
+      std::map<uint64_t, Done> unfinished;
+      {
+        std::lock_guard<std::mutex> lock(queueMu_);
+        unfinished.swap(unfinished_);
+      }
+      SMDDP_LOG(kWarn) << "group '" << opts_.name << "' rank " << opts_.rank
+                       << ": the engine thread is stuck inside libfabric (a peer stopped "
+                          "while holding its shared-memory lock?); its "
+                       << unfinished.size()
+                       << " unfinished call(s) fail as aborted and the group's resources are "
+                          "left allocated";
+      for (auto& [seq, done] : unfinished) {
+        try {
+          done(std::make_exception_ptr(Error(
+              ErrorKind::kAborted, "smddp: the call at sequence " + std::to_string(seq) +
+                                       " was aborted: the process group was shut down while "
+                                       "it was stuck in the transport")));
+        } catch (...) {
+        }
+      }
+      return;
+    }
+    worker_.join();
+  }
+  releaseResources();
+}
+
+void Communicator::releaseResources() {
   scheduler_.reset();
   // Point-to-point operations still posted get an "aborted" completion.
   failP2P("the process group was shut down", false);

@@ -165,6 +165,9 @@ class Communicator {
 
   // Fails queued work, joins the worker, closes the endpoint. Idempotent.
   void shutdown();
+  // After shutdown(): the engine thread was stuck in the provider and still
+  // runs, so this object must be leaked, never destroyed.
+  bool stuck() const { return stuck_.load(); }
   Stats stats() const { return stats_.snapshot(); }
 
   // --- used by Exchange and the algorithms (worker thread only) ---
@@ -254,6 +257,9 @@ class Communicator {
     std::vector<MemRange> touches;
   };
 
+  // The end of shutdown(), once the worker has exited: the scheduler,
+  // point-to-point operations, endpoint, requests and sink.
+  void releaseResources();
   uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
                    std::shared_ptr<FusibleCall> fusible = nullptr, CallHooks hooks = {});
   // Under queueMu_: the issued count the fusion leader may fuse below.
@@ -348,6 +354,12 @@ class Communicator {
   uint64_t cutEnd_ = 0;              // guarded by queueMu_: first sequence in no cut batch
   std::atomic<size_t> queued_{0};  // queue_.size(), readable without queueMu_
   bool stopping_ = false;   // guarded by queueMu_
+  // Collectives queued or running, by sequence: what a shutdown that gives
+  // up on a stuck worker still has to complete.
+  std::map<uint64_t, Done> unfinished_;  // guarded by queueMu_
+  bool workerExited_ = false;            // guarded by queueMu_
+  std::condition_variable exitedCv_;     // signals workerExited_
+  std::atomic<bool> stuck_{false};
   std::thread worker_;
   StatsCounters stats_;
   std::unique_ptr<FusionBufferScheduler> scheduler_;  // worker thread only (after construction)

@@ -50,6 +50,13 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
       openCalls_.clear();  // no batch spans another collective
     }
   }
+  // Completed once, whoever gets there first: the worker, or a shutdown
+  // that had to give up on a worker stuck inside the provider.
+  done = [once = std::make_shared<std::atomic<bool>>(false), d = std::move(done)](
+             std::exception_ptr e) {
+    if (!once->exchange(true)) d(e);
+  };
+  unfinished_.emplace(seq, done);
   Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr, {}, nullptr};
   t.fusible = std::move(fusible);
   t.queuedAt = std::chrono::steady_clock::now();
@@ -89,6 +96,14 @@ void Communicator::enqueueP2P(std::string what, std::function<void(uint64_t)> bo
 }
 
 void Communicator::workerLoop() {
+  struct Exited {
+    Communicator& c;
+    ~Exited() {
+      std::lock_guard<std::mutex> lock(c.queueMu_);
+      c.workerExited_ = true;
+      c.exitedCv_.notify_all();
+    }
+  } exited{*this};
   // Sleeps between polls are short; the default 50 us timer slack would
   // dominate them.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
@@ -238,6 +253,10 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
   // The calls run: a fence behind them is spent even if the batch failed
   // before its cut.
   if (scheduler_) noteBatchCut(tasks.back().seq + 1);
+  {
+    std::lock_guard<std::mutex> lock(queueMu_);
+    for (const Task& t : tasks) unfinished_.erase(t.seq);
+  }
   for (Task& t : tasks) {
     stats_.collectives++;
     try {

@@ -190,3 +190,52 @@ TEST_CASE("setTimeout while the worker runs collectives, and the new timeout hol
   CHECK(results[0] == "");
   CHECK(results[1] == "");
 }
+
+TEST_CASE("shutdown gives up on an engine thread stuck in a call it cannot interrupt",
+          "[stuck]") {
+  // A provider call cannot be interrupted (libfabric's shm send spins on
+  // the region lock of a peer stopped while it holds it). The prepare hook
+  // stands in for it: it ignores stop and holds the engine thread for 3 s.
+  // shutdown() must return long before that, with the stuck call and a
+  // call queued behind it failed as aborted, each exactly once; destroying
+  // the Communicator afterwards waits for the thread to come back.
+  auto results = runWorld(1, [&](Communicator& comm) -> std::string {
+    std::atomic<bool> entered{false};
+    float a = 1.0f, b = 2.0f;
+    std::atomic<int> doneA{0}, doneB{0};
+    std::string whyA, whyB;
+    CallHooks hooks;
+    hooks.prepare = [&] {
+      entered = true;
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+    };
+    auto reason = [](std::exception_ptr e) -> std::string {
+      if (!e) return "ok";
+      try {
+        std::rethrow_exception(e);
+      } catch (const Error& ex) {
+        return ex.kind() == ErrorKind::kAborted ? "aborted" : ex.what();
+      } catch (...) {
+        return "other";
+      }
+    };
+    comm.allreduce({Buffer{&a, 1}}, DataType::kFloat32, ReduceOp::kSum,
+                   [&](std::exception_ptr e) { whyA = reason(e); doneA++; }, hooks);
+    comm.allreduce({Buffer{&b, 1}}, DataType::kFloat32, ReduceOp::kSum,
+                   [&](std::exception_ptr e) { whyB = reason(e); doneB++; });
+    while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto t0 = std::chrono::steady_clock::now();
+    comm.shutdown();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    // Let the thread come back and try to complete the call a second time.
+    std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+    std::string out;
+    if (ms > 1500) out += "shutdown took " + std::to_string(ms) + " ms; ";
+    if (!comm.stuck()) out += "not reported stuck; ";
+    if (doneA != 1 || whyA != "aborted") out += "stuck call: " + std::to_string(doneA.load()) + " completions, " + whyA + "; ";
+    if (doneB != 1 || whyB != "aborted") out += "queued call: " + std::to_string(doneB.load()) + " completions, " + whyB + "; ";
+    return out;
+  });
+  CHECK(results[0] == "");
+}
