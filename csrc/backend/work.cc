@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include "common/caller_waiting.h"
+#include "common/completion_pool.h"
 #include "common/error.h"
 
 namespace c10d_smddp {
@@ -59,16 +60,18 @@ bool WorkSmddp::wait(std::chrono::milliseconds timeout) {
   return c10d::Work::wait(timeout);
 }
 
-void WorkSmddp::complete(std::exception_ptr error) {
-  if (!error && finisher_) {
-    try {
-      finisher_();
-    } catch (...) {
-      error = std::current_exception();
-    }
+c10::intrusive_ptr<c10::ivalue::Future> WorkSmddp::getFuture() {
+  int state = kUntaken;
+  if (!futureState_.compare_exchange_strong(state, kTaken) && state == kInline) {
+    // complete() is marking it on the engine thread, with no callbacks to
+    // run: a moment. Callbacks added afterwards run on the caller's thread.
+    while (futureState_.load(std::memory_order_acquire) != kMarked) sched_yield();
   }
+  return future_;
+}
+
+void WorkSmddp::completeFuture(std::exception_ptr error) {
   if (error) {
-    error = toTorchError(error);
     future_->setError(error);
     finish(error);
   } else {
@@ -77,6 +80,32 @@ void WorkSmddp::complete(std::exception_ptr error) {
   }
   inputsKeptAlive_.clear();
   engineDone_.store(true, std::memory_order_release);
+}
+
+void WorkSmddp::complete(std::exception_ptr error) {
+  if (!error && finisher_) {
+    try {
+      finisher_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) error = toTorchError(error);
+  int state = kUntaken;
+  if (futureState_.compare_exchange_strong(state, kInline)) {
+    // Nobody holds the future, so no callback can run here.
+    completeFuture(error);
+    futureState_.store(kMarked, std::memory_order_release);
+    return;
+  }
+  // The future is out: its callbacks (DDP's comm hooks, user `then`s) may
+  // issue a collective and wait for it, which this engine thread would have
+  // to run. The Work completes with its future, so wait() then value() on
+  // the future stays valid.
+  smddp::CompletionPool::instance().post(
+      [self = c10::intrusive_ptr<WorkSmddp>::reclaim_copy(this), error] {
+        self->completeFuture(error);
+      });
 }
 
 }  // namespace c10d_smddp

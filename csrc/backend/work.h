@@ -1,6 +1,8 @@
 // The Work a collective returns at once. The engine's worker thread
 // completes it: the future is marked with the output tensors (DDP's reducer
-// reads results through getFuture()) or set to the error.
+// reads results through getFuture()) or set to the error. A future someone
+// took is marked on the completion pool, so its callbacks never run on the
+// engine thread.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -18,7 +20,10 @@ class WorkSmddp : public c10d::Work {
   WorkSmddp(int rank, c10d::OpType opType, const char* profilingTitle,
             std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs);
 
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // Once taken, the future is completed on the completion pool, never on
+  // the engine thread: its callbacks are user code that may wait for
+  // another collective (common/completion_pool.h).
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   // Polls (yielding) for up to SMDDP_SPIN_US before it blocks: most small
   // collectives finish within that, and a wake-up costs more than the poll.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
@@ -45,6 +50,12 @@ class WorkSmddp : public c10d::Work {
   int sourceRank_ = -1;
   std::chrono::microseconds spin_{0};
   std::atomic<bool> engineDone_{false};  // set last by complete()
+  // The future's owner: kUntaken until getFuture() (callbacks impossible,
+  // so complete() marks it inline), kTaken after (marked on the pool), or
+  // kInline/kMarked while and after complete() marks an untaken one.
+  enum FutureState : int { kUntaken, kTaken, kInline, kMarked };
+  std::atomic<int> futureState_{kUntaken};
+  void completeFuture(std::exception_ptr error);
 };
 
 }  // namespace c10d_smddp

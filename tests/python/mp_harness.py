@@ -414,6 +414,44 @@ def _indent(text: str, prefix: str = "      ") -> str:
 # child side
 # --------------------------------------------------------------------------
 
+# --------------------------------------------------------------------------
+# a launcher (torchrun) under a deadline
+
+def _kill_tree(proc):
+    """torchrun starts each worker in a session of its own, so killing
+    torchrun's process group is not enough: snapshot the tree, let torchrun
+    tear its workers down (SIGTERM), then SIGKILL whatever is left."""
+    tree = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    for pid in [proc.pid] + tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # no-op unless pid leads a group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_with_deadline(cmd, timeout, env):
+    """Run cmd in its own session with a hard deadline; returns
+    (exit code, timed out?, combined output). Nothing it started survives."""
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=REPO_ROOT, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill_tree(proc)
+        out.seek(0)
+        text = out.read().decode("utf-8", "replace")
+    return proc.returncode, timed_out, text
+
+
 def expect_raises(fn: Callable[[], Any], exc: type | tuple = Exception,
                   what: str = "") -> str:
     """Call ``fn``; it must raise ``exc``. Returns the exception's message.

@@ -5,20 +5,16 @@ the real torchrun.
     SMDDP_TEST_BACKEND=gloo pytest tests/python/test_ddp.py
 """
 
-import contextlib
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mp_harness import REPO_ROOT, backend_under_test, descendants, run_world  # noqa: E402
+from mp_harness import REPO_ROOT, backend_under_test, run_with_deadline, run_world  # noqa: E402
 
 BACKEND = backend_under_test()
 DEMO = os.path.join(REPO_ROOT, "examples", "train_ddp.py")
@@ -35,41 +31,6 @@ def test_ddp_matches_gloo(world):
             assert len(tr["tested"]) == 20, variant
 
 
-def _kill_tree(proc):
-    """torchrun starts each worker in a session of its own, so killing
-    torchrun's process group is not enough: snapshot the tree, let torchrun
-    tear its workers down (SIGTERM), then SIGKILL whatever is left."""
-    tree = descendants(proc.pid)
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-    for pid in [proc.pid] + tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)  # no-op unless pid leads a group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
-
-
-def _run_with_deadline(cmd, timeout, env):
-    """Run cmd in its own session with a hard deadline; returns
-    (exit code, timed out?, combined output). Nothing it started survives."""
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=REPO_ROOT, start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_tree(proc)
-        out.seek(0)
-        text = out.read().decode("utf-8", "replace")
-    return proc.returncode, timed_out, text
-
-
 def test_demo_under_torchrun_loss_falls():
     steps, log_every = 60, 10
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -79,7 +40,7 @@ def test_demo_under_torchrun_loss_falls():
     if "smddp" in BACKEND:  # in-tree build of torch_smddp, after any installed one
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), REPO_ROOT]))
     t0 = time.monotonic()
-    code, timed_out, text = _run_with_deadline(cmd, timeout=150, env=env)
+    code, timed_out, text = run_with_deadline(cmd, timeout=150, env=env)
     elapsed = time.monotonic() - t0
     tail = "\n".join(text.splitlines()[-40:])
     assert not timed_out, f"demo hung (killed after {elapsed:.0f}s):\n{tail}"
