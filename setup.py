@@ -1,8 +1,11 @@
-"""pip install . -- builds torch_smddp._C by driving the same CMakeLists.txt
-the Makefile uses (one build graph), against the torch installed in the
-environment doing the install."""
+"""pip install . (or python -m build --wheel) -- builds torch_smddp._C by
+driving the same CMakeLists.txt the Makefile uses (one build graph), against
+the torch of the build environment: pyproject.toml pins torch==2.13.0 for
+pip's isolated build, and `pip install --no-build-isolation .` uses the
+torch already installed."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +23,15 @@ class CMakeBuild(build_ext):
         src = os.path.abspath(os.path.dirname(__file__))
         out_dir = os.path.abspath(os.path.dirname(self.get_ext_fullpath(ext.name)))
         build_dir = os.path.join(os.path.abspath(self.build_temp), "cmake")
+        # pip's isolated builds each get a new environment: a CMake cache
+        # left by another one points at a torch that no longer exists.
+        cache = os.path.join(build_dir, "CMakeCache.txt")
+        if os.path.exists(cache):
+            with open(cache) as f:
+                same = any(line.startswith("Python3_EXECUTABLE:") and
+                           line.rstrip("\n").split("=", 1)[1] == sys.executable for line in f)
+            if not same:
+                shutil.rmtree(build_dir)
         os.makedirs(build_dir, exist_ok=True)
         subprocess.check_call([
             "cmake", "-S", src, "-B", build_dir,
@@ -27,7 +39,7 @@ class CMakeBuild(build_ext):
             "-DSMDDP_BUILD_TESTS=OFF",
             f"-DSMDDP_EXT_OUTPUT_DIR={out_dir}",
             "-DCMAKE_BUILD_TYPE=Release",
-        ])
+        ] + (["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []))
         subprocess.check_call(["cmake", "--build", build_dir, "--target", "_C", "-j",
                                os.environ.get("SMDDP_BUILD_JOBS", "2")])
 

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(libfabric-dev libfabric-bin catch2 cmake g++ make procps clang libclang-rt-14-dev)
 TORCH_PIN="torch==2.13.0"
-PY_PACKAGES=(pytest numpy matplotlib expecttest)
+PY_PACKAGES=(pytest numpy matplotlib expecttest build)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -434,12 +434,12 @@ def _kill_tree(proc):
     proc.wait()
 
 
-def run_with_deadline(cmd, timeout, env):
-    """Run cmd in its own session with a hard deadline; returns
+def run_with_deadline(cmd, timeout, env, cwd=REPO_ROOT):
+    """Run cmd (in cwd) in its own session with a hard deadline; returns
     (exit code, timed out?, combined output). Nothing it started survives."""
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=REPO_ROOT, start_new_session=True)
+                                env=env, cwd=cwd, start_new_session=True)
         timed_out = False
         try:
             proc.wait(timeout=timeout)

@@ -1,0 +1,62 @@
+"""Installing like any torch extension: `python -m build --wheel` builds a
+wheel in pip's isolated build environment (pyproject.toml pins torch), and
+that wheel, installed into a fresh venv that has nothing but torch, runs a
+world-2 allreduce from outside the source tree (checked against the closed
+form). Costs a full compile of the extension (a few minutes)."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mp_harness import REPO_ROOT, run_with_deadline  # noqa: E402
+
+SCRIPT = r'''
+import os, torch, torch.distributed as dist
+import torch_smddp
+dist.init_process_group("smddp")
+r, w = dist.get_rank(), dist.get_world_size()
+t = torch.arange(1000, dtype=torch.float32) * (r + 1)
+dist.all_reduce(t)
+assert torch.equal(t, torch.arange(1000, dtype=torch.float32) * (w * (w + 1) // 2)), t[:4]
+if r == 0:
+    print("INSTALLED-OK", torch_smddp.__file__, flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_wheel_builds_in_isolation_and_runs_from_a_fresh_venv():
+    with tempfile.TemporaryDirectory(prefix="smddp-install-") as tmp:
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        dist_dir = os.path.join(tmp, "dist")
+        code, timed_out, text = run_with_deadline(
+            [sys.executable, "-m", "build", "--wheel", "--outdir", dist_dir, REPO_ROOT],
+            timeout=1200, env=env)
+        assert not timed_out and code == 0, "python -m build --wheel failed:\n" + text[-4000:]
+        wheels = [f for f in os.listdir(dist_dir) if f.endswith(".whl")]
+        assert len(wheels) == 1, wheels
+
+        venv = os.path.join(tmp, "venv")
+        subprocess.run(["python3", "-m", "venv", venv], check=True, timeout=120)
+        py = os.path.join(venv, "bin", "python")
+        # The wheel requires torch==2.13.0 (the CPU build, from local disk).
+        code, timed_out, text = run_with_deadline(
+            [py, "-m", "pip", "install", "-q", os.path.join(dist_dir, wheels[0])],
+            timeout=600, env=env)
+        assert not timed_out and code == 0, "pip install of the wheel failed:\n" + text[-4000:]
+
+        run_dir = os.path.join(tmp, "elsewhere")
+        os.makedirs(run_dir)
+        script = os.path.join(run_dir, "allreduce.py")
+        with open(script, "w") as f:
+            f.write(SCRIPT)
+        env["OMP_NUM_THREADS"] = "1"
+        code, timed_out, text = run_with_deadline(
+            [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script],
+            timeout=120, env=env, cwd=run_dir)
+        tail = text[-3000:]
+        assert not timed_out and code == 0, tail
+        line = next(l for l in text.splitlines() if l.startswith("INSTALLED-OK"))
+        assert line.split()[1].startswith(venv), f"imported from outside the venv: {line}"
