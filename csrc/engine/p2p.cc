@@ -105,10 +105,22 @@ void Communicator::failP2P(const std::string& why, bool timedOut) {
   }
 }
 
-void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDone done) {
+void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDone done,
+                        CallHooks hooks) {
   SMDDP_CHECK(dst >= 0 && dst < opts_.size && dst != opts_.rank, kInvalidArgument,
               "send: invalid destination rank " + std::to_string(dst));
-  auto body = [this, buf, dtype, dst, tag, done](uint64_t) {
+  auto body = [this, buf, dtype, dst, tag, done, prepare = std::move(hooks.prepare)](uint64_t) {
+    // Fills the staging copy now, in call order (see CallHooks).
+    if (prepare) {
+      try {
+        prepare();
+      } catch (const std::exception& e) {
+        done(p2pError(ErrorKind::kInternal, "send to rank " + std::to_string(dst) + " (tag " +
+                                                std::to_string(tag) + "): " + e.what()),
+             dst);
+        return;
+      }
+    }
     Request* r = newRequest();
     r->type = Request::Type::kSend;
     r->peer = dst;
