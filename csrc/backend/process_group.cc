@@ -2,6 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <mutex>
+#include <set>
+
 #include "backend/call_support.h"
 #include "backend/engine_call.h"
 #include "backend/store_bootstrap.h"
@@ -10,6 +13,13 @@
 
 namespace c10d_smddp {
 
+namespace {
+
+// The live groups of this process, for shutdownAll.
+std::mutex gLiveMu;
+std::set<ProcessGroupSmddp*> gLive;  // guarded by gLiveMu
+
+}  // namespace
 
 ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout,
@@ -28,9 +38,22 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
     rethrowAsTorch(e);
   }
+  std::lock_guard<std::mutex> lock(gLiveMu);
+  gLive.insert(this);
 }
 
-ProcessGroupSmddp::~ProcessGroupSmddp() { shutdown(); }
+ProcessGroupSmddp::~ProcessGroupSmddp() {
+  {
+    std::lock_guard<std::mutex> lock(gLiveMu);
+    gLive.erase(this);
+  }
+  shutdown();
+}
+
+void ProcessGroupSmddp::shutdownAll() {
+  std::lock_guard<std::mutex> lock(gLiveMu);
+  for (ProcessGroupSmddp* pg : gLive) pg->shutdown();
+}
 
 void ProcessGroupSmddp::shutdown() {
   if (comm_) comm_->shutdown();

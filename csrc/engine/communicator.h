@@ -198,6 +198,11 @@ class Communicator {
     *why = brokenReason_;
     return true;
   }
+  // A send of the running call is still posted although the call gave up
+  // on it (Exchange::abandonOutstanding): the call's memory (its
+  // completions, once run, and the scratch buffers) is held until the send
+  // completes. Worker thread only.
+  void holdForSend(Request* r);
   // The endpoint may still write into memory that was handed back (a
   // receive whose cancellation was never confirmed): stop polling it for
   // good, fail the point-to-point operations in flight and mark the group
@@ -302,6 +307,9 @@ class Communicator {
   };
   std::vector<PendingControl> pendingControl_;  // worker thread only
   void retryPendingControl();
+  // What the running call's unconfirmed sends hold (holdForSend); runTasks
+  // fills it once the call's completions ran. Worker thread only.
+  std::shared_ptr<HeldMemory> callHeld_;
   bool brokenByPeer_ = false;  // brokenReason_ came from a peer: worker thread only
   std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only
 

@@ -102,6 +102,18 @@ void Communicator::failP2P(const std::string& why, bool timedOut) {
       onComplete(r, c);
     } catch (...) {
     }
+    if (r->posted) {
+      // The provider still holds the operation, and may still read (a send)
+      // or write (a receive) its buffer: the completion, which owns that
+      // buffer in the backend, stays with the request until the provider
+      // completes it or shutdown closes the endpoint.
+      r->held = std::make_shared<HeldMemory>();
+      r->held->owners.push_back([keep = std::move(onComplete)] {});
+      if (r->type == Request::Type::kSend) {
+        stats_.abandonedSends++;
+        stats_.abandonedSendsHeld++;
+      }
+    }
   }
 }
 
