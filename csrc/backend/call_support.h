@@ -97,62 +97,80 @@ inline void checkTensor(const at::Tensor& t, const char* op) {
                     ": only dense (strided) tensors are supported, got layout ", t.layout());
 }
 
-// Non-contiguous tensors are handled through a contiguous staging copy; the
-// result is copied back before the Work completes.
-struct Staging {
-  std::vector<at::Tensor> work;  // contiguous tensors the engine sees
-  std::vector<std::pair<at::Tensor, at::Tensor>> copyBack;  // (user, staged)
-  std::vector<std::function<void()>> copyIn;                // deferred fills (stageAllreduce)
+// How a call uses a tensor it is handed.
+enum class Use {
+  kIn,     // read only (a send buffer, an all-gather input)
+  kOut,    // written in full, never read (an all-gather output)
+  kInOut,  // read, then written (allreduce, broadcast, reduce)
+};
 
-  at::Tensor stage(const at::Tensor& t, bool isOutput) {
+// Non-contiguous tensors, and inputs a PREMUL_SUM factor scales, reach the
+// engine as private contiguous copies. A copy is filled (preparer) on the
+// engine's worker just before its engine call runs, after every earlier
+// call has completed and copied its own result back, and its result is
+// copied back (finisher) as soon as that engine call succeeds, before any
+// later call starts. So a call whose input is a view of memory that an
+// earlier queued call writes reads that call's result, for every
+// collective and for sends: call order, as NCCL and MPI keep. A coalesced
+// call is one engine call per part, each with its own copies: a part reads
+// what the parts before it wrote.
+struct Staging {
+  struct Part {
+    std::vector<std::function<void()>> copyIn;                // fills, in order
+    std::vector<std::pair<at::Tensor, at::Tensor>> copyBack;  // (user, staged)
+  };
+  std::vector<at::Tensor> work;  // the contiguous tensors the engine sees
+  std::vector<Part> parts;
+
+  Part& part(size_t i) {
+    if (parts.size() <= i) parts.resize(i + 1);
+    return parts[i];
+  }
+  at::Tensor stage(const at::Tensor& t, Use use, size_t partIndex = 0) {
     if (t.is_contiguous()) {
-      work.push_back(t);
-      return t;
-    }
-    at::Tensor c = t.contiguous();
-    work.push_back(c);
-    if (isOutput) copyBack.emplace_back(t, c);
-    return c;
-  }
-  // The engine reads factor * t, a fresh contiguous tensor; with
-  // copyBackTo the result lands in `user` (in-place collectives). The
-  // caller's input itself is never modified before the collective runs.
-  at::Tensor stageScaled(const at::Tensor& t, double factor, bool copyBackTo) {
-    at::Tensor c = t.mul(factor).contiguous();
-    work.push_back(c);
-    if (copyBackTo) copyBack.emplace_back(t, c);
-    return c;
-  }
-  // For an in-place allreduce: the engine reads the tensor, or a private
-  // contiguous (or PREMUL_SUM-scaled) copy filled by preparer() on the
-  // engine's worker just before the call runs, after every earlier call has
-  // completed and copied its result back. So a call on a tensor that an
-  // earlier queued call writes reads that call's result, as in call order.
-  at::Tensor stageAllreduce(const at::Tensor& t, const std::optional<double>& factor) {
-    if (!factor && t.is_contiguous()) {
       work.push_back(t);
       return t;
     }
     at::Tensor c = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
     work.push_back(c);
-    if (factor) copyIn.push_back([c, t, f = *factor]() mutable { c.copy_(t.mul(f)); });
-    else copyIn.push_back([c, t]() mutable { c.copy_(t); });
-    copyBack.emplace_back(t, c);
+    Part& p = part(partIndex);
+    if (use != Use::kOut) p.copyIn.push_back([c, t]() mutable { c.copy_(t); });
+    if (use != Use::kIn) p.copyBack.emplace_back(t, c);
     return c;
   }
-  std::function<void()> preparer() {
-    if (copyIn.empty()) return nullptr;
-    return [fills = copyIn] {
+  // The engine reads factor * t, a private contiguous tensor; with
+  // copyBackTo the result lands in `t` (in-place collectives). The caller's
+  // input itself is never modified before the collective runs.
+  at::Tensor stageScaled(const at::Tensor& t, double factor, bool copyBackTo,
+                         size_t partIndex = 0) {
+    at::Tensor c = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+    work.push_back(c);
+    Part& p = part(partIndex);
+    p.copyIn.push_back([c, t, factor]() mutable { c.copy_(t.mul(factor)); });
+    if (copyBackTo) p.copyBack.emplace_back(t, c);
+    return c;
+  }
+  // A read-only input, scaled when a PREMUL_SUM factor is set.
+  at::Tensor stageInput(const at::Tensor& t, const std::optional<double>& factor,
+                        size_t partIndex = 0) {
+    return factor ? stageScaled(t, *factor, false, partIndex) : stage(t, Use::kIn, partIndex);
+  }
+  // An in-place reduction's tensor (allreduce), scaled when a factor is set.
+  at::Tensor stageInPlace(const at::Tensor& t, const std::optional<double>& factor,
+                          size_t partIndex = 0) {
+    return factor ? stageScaled(t, *factor, true, partIndex) : stage(t, Use::kInOut, partIndex);
+  }
+  // Part i's copy-in, for CallHooks::prepare (null when there is none).
+  std::function<void()> preparer(size_t i) const {
+    if (i >= parts.size() || parts[i].copyIn.empty()) return nullptr;
+    return [fills = parts[i].copyIn] {
       for (const auto& fill : fills) fill();
     };
   }
-  // stage() or stageScaled(), depending on whether a PREMUL_SUM factor is set.
-  at::Tensor stageInput(const at::Tensor& t, const std::optional<double>& factor) {
-    return factor ? stageScaled(t, *factor, false) : stage(t, false);
-  }
-  std::function<void()> finisher() {
-    if (copyBack.empty()) return nullptr;
-    return [pairs = copyBack] {
+  // Part i's copy-back, run when its engine call succeeded (null: none).
+  std::function<void()> finisher(size_t i) const {
+    if (i >= parts.size() || parts[i].copyBack.empty()) return nullptr;
+    return [pairs = parts[i].copyBack] {
       for (const auto& [user, staged] : pairs) user.copy_(staged);
     };
   }
@@ -170,21 +188,6 @@ inline smddp::MemRange extentOf(const at::Tensor& t) {
 
 inline Buffer bufferOf(const at::Tensor& t) {
   return Buffer{t.data_ptr(), static_cast<uint64_t>(t.numel())};
-}
-
-// Wraps the engine call: the callback keeps the Work alive until done.
-template <typename Start>
-c10::intrusive_ptr<c10d::Work> launch(int rank, c10d::OpType type, const char* title,
-                                      std::vector<at::Tensor> outputs,
-                                      const std::vector<at::Tensor>& inputs, Staging& staging,
-                                      Start start) {
-  auto work = c10::make_intrusive<WorkSmddp>(rank, type, title, std::move(outputs), inputs);
-  work->setFinisher(staging.finisher());
-  // The staged tensors must outlive the engine's use of their memory.
-  auto keep = std::make_shared<std::vector<at::Tensor>>(staging.work);
-  uint64_t seq = start([work, keep](std::exception_ptr e) { work->complete(e); });
-  work->setSequence(seq);
-  return work;
 }
 
 // Engine errors raised before anything was queued (e.g. shut down).
@@ -216,13 +219,20 @@ class Countdown {
   std::exception_ptr error_;   // guarded by mu_
 };
 
-template <typename StartEach>
-c10::intrusive_ptr<c10d::Work> launchMany(int rank, c10d::OpType type, const char* title,
-                                          std::vector<at::Tensor> outputs,
-                                          const std::vector<at::Tensor>& inputs,
-                                          Staging& staging, int count, StartEach startEach) {
+// Queues `count` engine calls (the parts of one c10d call) behind one Work,
+// which completes when the last one does, with the first error if any.
+// startPart(i, done, hooks) queues part i and returns its sequence number;
+// hooks.prepare fills part i's staging copies on the worker. Each part's
+// completion copies its staged results back, then counts down. The
+// completions own the staged tensors: the engine keeps a completion (so
+// the memory) until nothing it posted can still touch that memory.
+template <typename StartPart>
+c10::intrusive_ptr<c10d::Work> launchParts(int rank, c10d::OpType type, const char* title,
+                                           std::vector<at::Tensor> outputs,
+                                           const std::vector<at::Tensor>& inputs,
+                                           const Staging& staging, int count,
+                                           StartPart startPart) {
   auto work = c10::make_intrusive<WorkSmddp>(rank, type, title, std::move(outputs), inputs);
-  work->setFinisher(staging.finisher());
   if (count == 0) {
     work->complete(nullptr);
     return work;
@@ -231,7 +241,20 @@ c10::intrusive_ptr<c10d::Work> launchMany(int rank, c10d::OpType type, const cha
   auto countdown = std::make_shared<Countdown>(work, count);
   uint64_t seq = 0;
   for (int i = 0; i < count; ++i) {
-    seq = startEach(i, [countdown, keep](std::exception_ptr e) { countdown->done(e); });
+    smddp::CallHooks hooks;
+    hooks.prepare = staging.preparer(static_cast<size_t>(i));
+    auto done = [countdown, keep, finish = staging.finisher(static_cast<size_t>(i))](
+                    std::exception_ptr e) {
+      if (!e && finish) {
+        try {
+          finish();
+        } catch (...) {
+          e = std::current_exception();
+        }
+      }
+      countdown->done(e);
+    };
+    seq = startPart(i, std::move(done), std::move(hooks));
   }
   work->setSequence(seq);
   return work;

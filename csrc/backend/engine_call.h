@@ -14,10 +14,12 @@
 namespace c10d_smddp {
 
 // One call as the engine will see it. A plain collective has one part; a
-// coalesced variant has one per tensor, all behind one Work.
+// coalesced variant has one per tensor, all behind one Work. Part i is
+// given its completion and its hooks (hooks.prepare fills the copies staged
+// for part i; see Staging) and returns its sequence number.
 struct EngineCall {
   Staging staging;
-  std::vector<std::function<uint64_t(smddp::Communicator::Done)>> parts;
+  std::vector<std::function<uint64_t(smddp::Communicator::Done, smddp::CallHooks)>> parts;
 };
 
 // The parts run here, before submit() returns, so they may capture the
@@ -26,11 +28,11 @@ inline c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::submit(
     c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs, EngineCall& call) {
   return guarded([&] {
-    return launchMany(rank_, type, title, std::move(outputs), inputs, call.staging,
-                      static_cast<int>(call.parts.size()),
-                      [&](int i, smddp::Communicator::Done done) {
-                        return call.parts[i](std::move(done));
-                      });
+    return launchParts(rank_, type, title, std::move(outputs), inputs, call.staging,
+                       static_cast<int>(call.parts.size()),
+                       [&](int i, smddp::Communicator::Done done, smddp::CallHooks hooks) {
+                         return call.parts[i](std::move(done), std::move(hooks));
+                       });
   });
 }
 

@@ -15,6 +15,49 @@ using c10d_smddp::ProcessGroupSmddp;
 
 namespace {
 
+// pybind's holder for the backend: it drops its reference with the GIL
+// released. The last reference runs ~ProcessGroupSmddp, which joins the
+// engine thread, and that thread may need the GIL right then: it frees the
+// Works and tensors of the calls it ran, and freeing a tensor whose Python
+// object has already gone decrefs that object (torch keeps it alive for the
+// C++ side), which takes the GIL. Joining with the GIL held deadlocked
+// `del pg` on a directly constructed group. torch binds its own backends
+// the same way (IntrusivePtrNoGilDestructor, torch/csrc/distributed/c10d/
+// init.cpp); this holder has the same layout, one intrusive_ptr, so torch
+// code that takes the object as a c10d::Backend reads it alike.
+template <typename T>
+class NoGilHolder {
+ public:
+  NoGilHolder() = default;
+  NoGilHolder(const NoGilHolder&) = default;
+  NoGilHolder(NoGilHolder&&) noexcept = default;
+  NoGilHolder& operator=(const NoGilHolder&) = default;
+  NoGilHolder& operator=(NoGilHolder&&) noexcept = default;
+  NoGilHolder(c10::intrusive_ptr<T> impl) : impl_(std::move(impl)) {}  // NOLINT: implicit on purpose
+  explicit NoGilHolder(T* impl) : impl_(c10::intrusive_ptr<T>::unsafe_steal_from_new(impl)) {}
+  ~NoGilHolder() {
+    if (!impl_) return;
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      impl_.reset();
+    } else {
+      impl_.reset();
+    }
+  }
+  T& operator*() const noexcept { return *impl_; }
+  T* operator->() const noexcept { return impl_.get(); }
+  T* get() const noexcept { return impl_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> impl_;
+};
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilHolder<T>, true)
+
+namespace {
+
 py::dict statsToDict(const smddp::Stats& s) {
   py::dict d;
   d["bytes_sent"] = s.bytesSent;
@@ -29,6 +72,9 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["server_reduce_seconds"] = s.serverReduceNs / 1e9;
   d["frames_rejected"] = s.framesRejected;
   d["errors"] = s.errors;
+  d["abandoned_sends"] = s.abandonedSends;
+  d["abandoned_sends_confirmed"] = s.abandonedSendsConfirmed;
+  d["abandoned_sends_held"] = s.abandonedSendsHeld;
   return d;
 }
 
@@ -36,15 +82,18 @@ py::dict statsToDict(const smddp::Stats& s) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-smddp native extension";
-  py::class_<ProcessGroupSmddp, c10d::Backend, c10::intrusive_ptr<ProcessGroupSmddp>>(
+  py::class_<ProcessGroupSmddp, c10d::Backend, NoGilHolder<ProcessGroupSmddp>>(
       m, "ProcessGroupSmddp")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::string name) {
-             return c10::make_intrusive<ProcessGroupSmddp>(store, rank, size, timeout,
-                                                           std::move(name));
+             return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
+                 store, rank, size, timeout, std::move(name)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("group_name") = "default", py::call_guard<py::gil_scoped_release>())
+      // Both join the engine thread, which may need the GIL (see NoGilHolder).
+      .def("shutdown", &ProcessGroupSmddp::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("abort", &ProcessGroupSmddp::abort, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const ProcessGroupSmddp& pg) {
         py::dict d = statsToDict(pg.stats());
         d["allreduce_path"] = pg.allreducePath();
@@ -54,6 +103,14 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
       // Where this group instance's keys live in its store (tests read them).
       .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix);
+
+  // A group still alive when Python finalizes is freed late in
+  // finalization, when no other thread may take the GIL any more: an engine
+  // thread that then frees a Python-owned tensor is ended by Python inside
+  // a C++ destructor (std::terminate). atexit hooks run while threads still
+  // can: stop every live group there, with the GIL released.
+  py::module_::import("atexit").attr("register")(py::cpp_function(
+      [] { ProcessGroupSmddp::shutdownAll(); }, py::call_guard<py::gil_scoped_release>()));
 
   m.def("params", [] {
     py::list out;

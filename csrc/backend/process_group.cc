@@ -2,13 +2,24 @@
 
 #include <c10/util/Exception.h>
 
+#include <mutex>
+#include <set>
+
 #include "backend/call_support.h"
+#include "backend/engine_call.h"
 #include "backend/store_bootstrap.h"
 #include "backend/work.h"
 #include "common/error.h"
 
 namespace c10d_smddp {
 
+namespace {
+
+// The live groups of this process, for shutdownAll.
+std::mutex gLiveMu;
+std::set<ProcessGroupSmddp*> gLive;  // guarded by gLiveMu
+
+}  // namespace
 
 ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout,
@@ -27,12 +38,23 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
     rethrowAsTorch(e);
   }
+  std::lock_guard<std::mutex> lock(gLiveMu);
+  gLive.insert(this);
 }
 
 ProcessGroupSmddp::~ProcessGroupSmddp() {
+  {
+    std::lock_guard<std::mutex> lock(gLiveMu);
+    gLive.erase(this);
+  }
   shutdown();
   // Its engine thread got stuck in the transport and still uses it: leak it.
   if (comm_ && comm_->stuck()) (void)comm_.release();
+}
+
+void ProcessGroupSmddp::shutdownAll() {
+  std::lock_guard<std::mutex> lock(gLiveMu);
+  for (ProcessGroupSmddp* pg : gLive) pg->shutdown();
 }
 
 void ProcessGroupSmddp::shutdown() {
@@ -94,16 +116,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
   DataType dt = toDataType(tensors[0], "all_reduce");
   std::optional<double> factor;
   auto op = toReduceOpScaled(opts.reduceOp, dt, "all_reduce", &factor);
-  Staging staging;
-  at::Tensor t = staging.stageAllreduce(tensors[0], factor);
-  smddp::CallHooks hooks{{extentOf(tensors[0])}, staging.preparer()};
-  return guarded([&] {
-    return launch(rank_, c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, staging,
-                  [&](smddp::Communicator::Done done) {
-                    return comm_->allreduce({bufferOf(t)}, dt, op, std::move(done),
-                                            std::move(hooks));
-                  });
+  EngineCall call;
+  Buffer b = bufferOf(call.staging.stageInPlace(tensors[0], factor));
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    hooks.touches = {extentOf(tensors[0])};  // the user's storage, not the staging copy
+    return comm_->allreduce({b}, dt, op, std::move(done), std::move(hooks));
   });
+  return submit(c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, call);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
@@ -121,35 +140,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
   // One engine call per tensor, in list order: the same tensor (or two
   // views of one storage) listed twice is reduced twice, as by two
   // all_reduce calls, and the engine still fuses the calls into one batch
-  // wherever they do not overlap. Each call copies its staged result back
-  // when it completes, before a later call on that memory reads it.
-  auto work = c10::make_intrusive<WorkSmddp>(rank_, c10d::OpType::ALLREDUCE_COALESCED,
-                                             "smddp:all_reduce_coalesced", tensors, tensors);
-  auto countdown = std::make_shared<Countdown>(work, static_cast<int>(tensors.size()));
-  return guarded([&] {
-    uint64_t seq = 0;
-    for (const auto& user : tensors) {
-      Staging staging;
-      at::Tensor t = staging.stageAllreduce(user, factor);
-      smddp::CallHooks hooks{{extentOf(user)}, staging.preparer()};
-      auto keep = std::make_shared<std::vector<at::Tensor>>(staging.work);
-      seq = comm_->allreduce(
-          {bufferOf(t)}, dt, op,
-          [countdown, keep, finish = staging.finisher()](std::exception_ptr e) {
-            if (!e && finish) {
-              try {
-                finish();
-              } catch (...) {
-                e = std::current_exception();
-              }
-            }
-            countdown->done(e);
-          },
-          std::move(hooks));
-    }
-    work->setSequence(seq);
-    return c10::intrusive_ptr<c10d::Work>(work);
-  });
+  // wherever they do not overlap. Each part copies its staged result back
+  // when it completes, before a later part on that memory reads it.
+  EngineCall call;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Buffer b = bufferOf(call.staging.stageInPlace(tensors[i], factor, i));
+    smddp::MemRange user = extentOf(tensors[i]);
+    call.parts.push_back([this, b, user, dt, op](smddp::Communicator::Done done,
+                                                 smddp::CallHooks hooks) {
+      hooks.touches = {user};
+      return comm_->allreduce({b}, dt, op, std::move(done), std::move(hooks));
+    });
+  }
+  return submit(c10d::OpType::ALLREDUCE_COALESCED, "smddp:all_reduce_coalesced", tensors, tensors,
+                call);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tensor>& tensors,
@@ -161,15 +165,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tens
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "smddp broadcast: rootTensor must be 0");
   checkTensor(tensors[0], "broadcast");
   DataType dt = toDataType(tensors[0], "broadcast");
-  Staging staging;
-  at::Tensor t = staging.stage(tensors[0], true);
-  int root = static_cast<int>(opts.rootRank);
-  return guarded([&] {
-    return launch(rank_, c10d::OpType::BROADCAST, "smddp:broadcast", tensors, tensors, staging,
-                  [&](smddp::Communicator::Done done) {
-                    return comm_->broadcast({bufferOf(t)}, dt, root, std::move(done));
-                  });
+  const int root = static_cast<int>(opts.rootRank);
+  EngineCall call;
+  // The root reads its tensor, the others write theirs.
+  Buffer b = bufferOf(call.staging.stage(tensors[0], rank_ == root ? Use::kIn : Use::kOut));
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->broadcast({b}, dt, root, std::move(done), std::move(hooks));
   });
+  return submit(c10d::OpType::BROADCAST, "smddp:broadcast", tensors, tensors, call);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
@@ -182,8 +185,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
   const at::Tensor& in = inputs[0];
   checkTensor(in, "all_gather");
   DataType dt = toDataType(in, "all_gather");
-  Staging staging;
-  at::Tensor inC = staging.stage(in, false);
+  EngineCall call;
+  Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
   std::vector<Buffer> outs;
   for (const auto& o : outputs[0]) {
     checkTensor(o, "all_gather");
@@ -191,52 +194,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
                      o.scalar_type(), " differs from input dtype ", in.scalar_type());
     TORCH_CHECK_VALUE(o.numel() == in.numel(), "smddp all_gather: output tensor size (", o.numel(),
                       " elements) differs from the input size (", in.numel(), " elements)");
-    outs.push_back(bufferOf(staging.stage(o, true)));
+    outs.push_back(bufferOf(call.staging.stage(o, Use::kOut)));
   }
-  return guarded([&] {
-    return launch(rank_, c10d::OpType::ALLGATHER, "smddp:all_gather", outputs[0], inputs, staging,
-                  [&](smddp::Communicator::Done done) {
-                    return comm_->allgather(bufferOf(inC), outs, dt, std::move(done));
-                  });
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->allgather(inB, outs, dt, std::move(done), std::move(hooks));
   });
+  return submit(c10d::OpType::ALLGATHER, "smddp:all_gather", outputs[0], inputs, call);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  checkTensor(input, "all_gather_into_tensor");
-  checkTensor(output, "all_gather_into_tensor");
-  DataType dt = toDataType(input, "all_gather_into_tensor");
-  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(),
-                   "smddp all_gather_into_tensor: output dtype ", output.scalar_type(),
-                   " differs from input dtype ", input.scalar_type());
-  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_,
-                    "smddp all_gather_into_tensor: output size is ", output.numel(),
-                    " elements but must be world size (", size_, ") x input size (", input.numel(), ")");
-  Staging staging;
-  at::Tensor inC = staging.stage(input, false);
-  at::Tensor outC = staging.stage(output, true);
-  std::vector<Buffer> outs;
-  auto* base = static_cast<uint8_t*>(outC.data_ptr());
-  size_t es = outC.element_size();
-  for (int r = 0; r < size_; ++r) {
-    outs.push_back(Buffer{base + r * input.numel() * es, static_cast<uint64_t>(input.numel())});
-  }
-  std::vector<at::Tensor> outputs{output};
-  std::vector<at::Tensor> inputs{input};
-  return guarded([&] {
-    return launch(rank_, c10d::OpType::_ALLGATHER_BASE, "smddp:all_gather_into_tensor", outputs,
-                  inputs, staging, [&](smddp::Communicator::Done done) {
-                    return comm_->allgather(bufferOf(inC), outs, dt, std::move(done));
-                  });
+  const char* name = "all_gather_into_tensor";
+  DataType dt = checkWholeAndPart(output, input, /*outputIsWhole=*/true, size_, name);
+  EngineCall call;
+  Buffer inB = bufferOf(call.staging.stage(input, Use::kIn));
+  std::vector<Buffer> outs = slices(call.staging.stage(output, Use::kOut), size_, input.numel());
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->allgather(inB, outs, dt, std::move(done), std::move(hooks));
   });
+  return submit(c10d::OpType::_ALLGATHER_BASE, "smddp:all_gather_into_tensor", {output}, {input},
+                call);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOptions& opts) {
-  Staging staging;
-  return guarded([&] {
-    return launch(rank_, c10d::OpType::BARRIER, "smddp:barrier", {}, {}, staging,
-                  [&](smddp::Communicator::Done done) { return comm_->barrier(std::move(done)); });
+  EngineCall call;
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks) {
+    return comm_->barrier(std::move(done));
   });
+  return submit(c10d::OpType::BARRIER, "smddp:barrier", {}, {}, call);
 }
 
 }  // namespace c10d_smddp

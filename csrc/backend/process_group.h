@@ -94,6 +94,9 @@ class ProcessGroupSmddp : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override { shutdown(); }
   void shutdown() override;
+  // Shuts down every group of this process that is still alive (the
+  // module's atexit hook: module.cc).
+  static void shutdownAll();
 
   smddp::Stats stats() const { return comm_ ? comm_->stats() : smddp::Stats{}; }
   std::string provider() const { return comm_ ? comm_->provider() : ""; }

@@ -15,10 +15,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_into_tensor_coalesce
   EngineCall call;
   for (size_t i = 0; i < outputs.size(); ++i) {
     DataType dt = checkWholeAndPart(outputs[i], inputs[i], /*outputIsWhole=*/true, size_, name);
-    Buffer in = bufferOf(call.staging.stage(inputs[i], false));
-    std::vector<Buffer> outs = slices(call.staging.stage(outputs[i], true), size_, inputs[i].numel());
-    call.parts.push_back([this, in, outs, dt](smddp::Communicator::Done done) {
-      return comm_->allgather(in, outs, dt, std::move(done));
+    Buffer in = bufferOf(call.staging.stage(inputs[i], Use::kIn, i));
+    std::vector<Buffer> outs =
+        slices(call.staging.stage(outputs[i], Use::kOut, i), size_, inputs[i].numel());
+    call.parts.push_back([this, in, outs, dt](smddp::Communicator::Done done,
+                                              smddp::CallHooks hooks) {
+      return comm_->allgather(in, outs, dt, std::move(done), std::move(hooks));
     });
   }
   return submit(c10d::OpType::COALESCED, "smddp:all_gather_into_tensor_coalesced", outputs, inputs,
@@ -34,9 +36,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_coalesced(
   EngineCall call;
   std::vector<Buffer> ins;
   std::vector<DataType> dts;
-  for (const auto& in : inputs) {
-    dts.push_back(checkedDataType(in, name));
-    ins.push_back(bufferOf(call.staging.stage(in, false)));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    dts.push_back(checkedDataType(inputs[i], name));
+    ins.push_back(bufferOf(call.staging.stage(inputs[i], Use::kIn, i)));
   }
   std::vector<std::vector<Buffer>> outs(inputs.size());
   std::vector<at::Tensor> flatOutputs;
@@ -46,13 +48,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_coalesced(
                       " inputs");
     for (size_t i = 0; i < inputs.size(); ++i) {
       checkSame(outputLists[r][i], inputs[i], name, "output");
-      outs[i].push_back(bufferOf(call.staging.stage(outputLists[r][i], true)));
+      outs[i].push_back(bufferOf(call.staging.stage(outputLists[r][i], Use::kOut, i)));
       flatOutputs.push_back(outputLists[r][i]);
     }
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
-    call.parts.push_back([&, i](smddp::Communicator::Done done) {
-      return comm_->allgather(ins[i], outs[i], dts[i], std::move(done));
+    call.parts.push_back([&, i](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+      return comm_->allgather(ins[i], outs[i], dts[i], std::move(done), std::move(hooks));
     });
   }
   return submit(c10d::OpType::ALLGATHER_COALESCED, "smddp:all_gather_coalesced", flatOutputs,

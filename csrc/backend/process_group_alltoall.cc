@@ -59,10 +59,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall_base(
   auto inCounts = splitCounts(input, inputSplits, size_, name, "input");
   auto outCounts = splitCounts(output, outputSplits, size_, name, "output");
   EngineCall call;
-  std::vector<Buffer> ins = splitViews(call.staging.stage(input, false), inCounts);
-  std::vector<Buffer> outs = splitViews(call.staging.stage(output, true), outCounts);
-  call.parts.push_back([&](smddp::Communicator::Done done) {
-    return comm_->alltoall(ins, outs, dt, std::move(done));
+  std::vector<Buffer> ins = splitViews(call.staging.stage(input, Use::kIn), inCounts);
+  std::vector<Buffer> outs = splitViews(call.staging.stage(output, Use::kOut), outCounts);
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->alltoall(ins, outs, dt, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::ALLTOALL_BASE, "smddp:all_to_all_single", {output}, {input}, call);
 }
@@ -84,11 +84,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall(std::vector<at::Tenso
     TORCH_CHECK_TYPE(inputs[r].scalar_type() == inputs[0].scalar_type() &&
                          outputs[r].scalar_type() == inputs[0].scalar_type(),
                      "smddp ", name, ": all tensors must have the same dtype");
-    ins.push_back(bufferOf(call.staging.stage(inputs[r], false)));
-    outs.push_back(bufferOf(call.staging.stage(outputs[r], true)));
+    ins.push_back(bufferOf(call.staging.stage(inputs[r], Use::kIn)));
+    outs.push_back(bufferOf(call.staging.stage(outputs[r], Use::kOut)));
   }
-  call.parts.push_back([&](smddp::Communicator::Done done) {
-    return comm_->alltoall(ins, outs, dt, std::move(done));
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->alltoall(ins, outs, dt, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::ALLTOALL, "smddp:all_to_all", outputs, inputs, call);
 }

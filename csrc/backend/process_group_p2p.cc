@@ -20,18 +20,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::pointToPoint(std::vector<at::T
   checkTensor(tensors[0], name);
   DataType dt = toDataType(tensors[0], name);
   Staging staging;
-  Buffer b = bufferOf(staging.stage(tensors[0], !isSend));
+  // A send's staging copy is filled on the worker just before it is posted,
+  // after the collectives queued before it (call order); a receive's is
+  // copied back when it completes.
+  Buffer b = bufferOf(staging.stage(tensors[0], isSend ? Use::kIn : Use::kOut));
   auto work = c10::make_intrusive<WorkSmddp>(
       rank_, isSend ? c10d::OpType::SEND : (peer < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV),
       isSend ? "smddp:send" : "smddp:recv", tensors, tensors);
-  work->setFinisher(staging.finisher());
+  work->setFinisher(staging.finisher(0));
   auto keep = std::make_shared<std::vector<at::Tensor>>(staging.work);
   auto done = [work, keep](std::exception_ptr e, int src) {
     work->setSourceRank(src);
     work->complete(e);
   };
   try {
-    if (isSend) comm_->send(b, dt, peer, tag, done);
+    if (isSend) comm_->send(b, dt, peer, tag, done, smddp::CallHooks{{}, staging.preparer(0)});
     else comm_->recv(b, dt, peer, tag, done);
   } catch (const smddp::Error& e) {
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());

@@ -23,9 +23,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
     checkSame(t, out, "reduce_scatter", "input");
     ins.push_back(bufferOf(call.staging.stageInput(t, factor)));
   }
-  Buffer o = bufferOf(call.staging.stage(out, true));
-  call.parts.push_back([&](smddp::Communicator::Done done) {
-    return comm_->reduceScatter(ins, o, dt, op, std::move(done));
+  Buffer o = bufferOf(call.staging.stage(out, Use::kOut));
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->reduceScatter(ins, o, dt, op, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::REDUCE_SCATTER, "smddp:reduce_scatter", outputs, inputs[0], call);
 }
@@ -47,11 +47,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter_tensor_coalesce
     DataType dt = checkWholeAndPart(outputs[i], inputs[i], /*outputIsWhole=*/false, size_, name);
     std::optional<double> factor;
     auto op = toReduceOpScaled(opts.reduceOp, dt, name, &factor);
-    at::Tensor in = call.staging.stageInput(inputs[i], factor);
+    at::Tensor in = call.staging.stageInput(inputs[i], factor, i);
     std::vector<Buffer> ins = slices(in, size_, outputs[i].numel());
-    Buffer o = bufferOf(call.staging.stage(outputs[i], true));
-    call.parts.push_back([this, ins, o, dt, op](smddp::Communicator::Done done) {
-      return comm_->reduceScatter(ins, o, dt, op, std::move(done));
+    Buffer o = bufferOf(call.staging.stage(outputs[i], Use::kOut, i));
+    call.parts.push_back([this, ins, o, dt, op](smddp::Communicator::Done done,
+                                                smddp::CallHooks hooks) {
+      return comm_->reduceScatter(ins, o, dt, op, std::move(done), std::move(hooks));
     });
   }
   return submit(c10d::OpType::_REDUCE_SCATTER_BASE, "smddp:reduce_scatter_tensor", outputs,

@@ -41,9 +41,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce(std::vector<at::Tensor>
   // With PREMUL_SUM only the root gets the result back; other ranks' tensors
   // stay as they were (the scaled copy is private).
   Buffer b = bufferOf(factor ? call.staging.stageScaled(tensors[0], *factor, rank_ == root)
-                             : call.staging.stage(tensors[0], true));
-  call.parts.push_back([&](smddp::Communicator::Done done) {
-    return comm_->reduce(b, dt, op, root, std::move(done));
+                             : call.staging.stage(tensors[0], Use::kInOut));
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->reduce(b, dt, op, root, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::REDUCE, "smddp:reduce", tensors, tensors, call);
 }
@@ -57,15 +57,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::gather(
   DataType dt = checkedDataType(in, "gather");
   const int root = static_cast<int>(opts.rootRank);
   EngineCall call;
-  Buffer inB = bufferOf(call.staging.stage(in, false));
+  Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
   std::vector<at::Tensor> outTensors = rootList(outputs, rank_ == root, size_, "gather", "output");
   std::vector<Buffer> outs;
   for (const auto& o : outTensors) {
     checkSame(o, in, "gather", "output");
-    outs.push_back(bufferOf(call.staging.stage(o, true)));
+    outs.push_back(bufferOf(call.staging.stage(o, Use::kOut)));
   }
-  call.parts.push_back([&](smddp::Communicator::Done done) {
-    return comm_->gather(inB, outs, dt, root, std::move(done));
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->gather(inB, outs, dt, root, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::GATHER, "smddp:gather", outTensors, inputs, call);
 }
@@ -83,11 +83,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::scatter(
   std::vector<Buffer> ins;
   for (const auto& t : inTensors) {
     checkSame(t, out, "scatter", "input");
-    ins.push_back(bufferOf(call.staging.stage(t, false)));
+    ins.push_back(bufferOf(call.staging.stage(t, Use::kIn)));
   }
-  Buffer o = bufferOf(call.staging.stage(out, true));
-  call.parts.push_back([&](smddp::Communicator::Done done) {
-    return comm_->scatter(ins, o, dt, root, std::move(done));
+  Buffer o = bufferOf(call.staging.stage(out, Use::kOut));
+  call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
+    return comm_->scatter(ins, o, dt, root, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::SCATTER, "smddp:scatter", outputs, inTensors, call);
 }

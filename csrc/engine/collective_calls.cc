@@ -56,17 +56,19 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
   }, std::move(done), nullptr, std::move(hooks));
 }
 
-uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done) {
+uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done,
+                                 CallHooks hooks) {
   std::string what = describe(CollectiveType::kBroadcast, dtype, total(bufs), ReduceOp::kSum, root);
   return enqueue(std::move(what), [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
     runBroadcast(*this, seq, bufs, dtype, root);
-  }, std::move(done));
+  }, std::move(done), nullptr, std::move(hooks));
 }
 
-uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done) {
+uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done,
+                                 CallHooks hooks) {
   return enqueue(describe(CollectiveType::kAllgather, dtype, in.numel), [this, in, outs = std::move(outs), dtype](uint64_t seq) {
     runAllgather(*this, seq, in, outs, dtype);
-  }, std::move(done));
+  }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::barrier(Done done) {
@@ -80,40 +82,41 @@ uint64_t Communicator::monitoredBarrier(std::chrono::milliseconds timeout, Done 
 }
 
 uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,
-                                     ReduceOp op, Done done) {
+                                     ReduceOp op, Done done, CallHooks hooks) {
   return enqueue(describe(CollectiveType::kReduceScatter, dtype, out.numel, op), [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
     runReduceScatter(*this, seq, ins, out, dtype, op);
-  }, std::move(done));
+  }, std::move(done), nullptr, std::move(hooks));
 }
 
-uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done) {
+uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done,
+                              CallHooks hooks) {
   return enqueue(describe(CollectiveType::kReduce, dtype, buf.numel, op, root), [this, buf, dtype, op, root](uint64_t seq) {
     runReduce(*this, seq, buf, dtype, op, root);
-  }, std::move(done));
+  }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root,
-                              Done done) {
+                              Done done, CallHooks hooks) {
   return enqueue(describe(CollectiveType::kGather, dtype, in.numel, ReduceOp::kSum, root),
                  [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
     runGather(*this, seq, in, outs, dtype, root);
-  }, std::move(done));
+  }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root,
-                               Done done) {
+                               Done done, CallHooks hooks) {
   return enqueue(describe(CollectiveType::kScatter, dtype, out.numel, ReduceOp::kSum, root),
                  [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
     runScatter(*this, seq, ins, out, dtype, root);
-  }, std::move(done));
+  }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs,
-                                DataType dtype, Done done) {
+                                DataType dtype, Done done, CallHooks hooks) {
   std::string what = describe(CollectiveType::kAlltoall, dtype, total(ins));
   return enqueue(std::move(what), [this, ins = std::move(ins), outs = std::move(outs),
                               dtype](uint64_t seq) { runAlltoall(*this, seq, ins, outs, dtype); },
-                 std::move(done));
+                 std::move(done), nullptr, std::move(hooks));
 }
 
 void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op) {

@@ -418,6 +418,7 @@ void Communicator::releaseRequest(Request* r) {
   auto it = requests_.find(r);
   if (it == requests_.end()) return;
   r->onArrive = nullptr;
+  r->held.reset();  // the last send holding it frees a failed call's memory
   if (freeRequests_.size() < 256) freeRequests_.push_back(std::move(it->second));
   requests_.erase(it);
 }
@@ -486,6 +487,12 @@ void Communicator::checkPeersAlive(const std::string& during) {
                      (sameNs ? "" : " in another PID namespace") + ") exited during " + during);
     }
   }
+}
+
+void Communicator::holdForSend(Request* r) {
+  if (!callHeld_) callHeld_ = std::make_shared<HeldMemory>();
+  r->held = callHeld_;
+  stats_.abandonedSendsHeld++;
 }
 
 uint8_t* Communicator::scratch(size_t bytes) {

@@ -52,13 +52,15 @@ struct MemRange {
   bool overlaps(const MemRange& o) const { return begin < o.end && o.begin < end; }
 };
 
-// What a caller may add to an allreduce. The torch backend hands the engine
+// What a caller may add to a call. The torch backend hands the engine
 // private staging copies of non-contiguous (or pre-scaled) tensors, so the
 // engine cannot see from the buffers alone that two calls touch the same
 // storage: `touches` names the caller's memory instead (empty: the
-// buffers). `prepare` runs on the worker thread just before the call's
-// buffers are first read, after every earlier call has completed, so a
-// staging copy-in sees the results of the calls before it.
+// buffers; only allreduce, which may be fused, looks at it). `prepare`
+// runs on the worker thread just before the call's buffers are first
+// read, after every earlier call has completed (and run its `done`), so a
+// staging copy-in sees the results of the calls before it: call order, for
+// every collective and for sends.
 struct CallHooks {
   std::vector<MemRange> touches;
   std::function<void()> prepare;
@@ -140,22 +142,30 @@ class Communicator {
   // any); the backend issues overlapping tensors as separate calls.
   uint64_t allreduce(std::vector<Buffer> bufs, DataType dtype, ReduceOp op, Done done,
                      CallHooks hooks = {});
-  uint64_t broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done);
+  uint64_t broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done,
+                     CallHooks hooks = {});
   // outs[r] receives rank r's `in`; outs[rank] may alias `in`.
-  uint64_t allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done);
+  uint64_t allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done,
+                     CallHooks hooks = {});
   uint64_t barrier(Done done);
   uint64_t reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype, ReduceOp op,
-                         Done done);
-  uint64_t reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done);
-  uint64_t gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root, Done done);
-  uint64_t scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root, Done done);
-  uint64_t alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs, DataType dtype, Done done);
+                         Done done, CallHooks hooks = {});
+  uint64_t reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done,
+                  CallHooks hooks = {});
+  uint64_t gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root, Done done,
+                  CallHooks hooks = {});
+  uint64_t scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root, Done done,
+                   CallHooks hooks = {});
+  uint64_t alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs, DataType dtype, Done done,
+                    CallHooks hooks = {});
   // Point-to-point (p2p.cc). They take no sequence number and never block
   // the queue: they are posted in call order and complete in the
   // background. `srcRank` < 0 receives from any rank; `done` gets the
-  // sender's rank.
+  // sender's rank. A send's hooks.prepare runs on the worker just before
+  // it is posted, after the collectives queued before it completed.
   using P2PDone = std::function<void(std::exception_ptr, int srcRank)>;
-  void send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDone done);
+  void send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDone done,
+            CallHooks hooks = {});
   void recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDone done);
   // A barrier whose server is rank 0, so a timeout names every missing rank.
   uint64_t monitoredBarrier(std::chrono::milliseconds timeout, Done done);
@@ -191,6 +201,11 @@ class Communicator {
     *why = brokenReason_;
     return true;
   }
+  // A send of the running call is still posted although the call gave up
+  // on it (Exchange::abandonOutstanding): the call's memory (its
+  // completions, once run, and the scratch buffers) is held until the send
+  // completes. Worker thread only.
+  void holdForSend(Request* r);
   // The endpoint may still write into memory that was handed back (a
   // receive whose cancellation was never confirmed): stop polling it for
   // good, fail the point-to-point operations in flight and mark the group
@@ -298,6 +313,9 @@ class Communicator {
   };
   std::vector<PendingControl> pendingControl_;  // worker thread only
   void retryPendingControl();
+  // What the running call's unconfirmed sends hold (holdForSend); runTasks
+  // fills it once the call's completions ran. Worker thread only.
+  std::shared_ptr<HeldMemory> callHeld_;
   bool brokenByPeer_ = false;  // brokenReason_ came from a peer: worker thread only
   std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only
 

@@ -228,18 +228,20 @@ void Exchange::fail(ErrorKind kind, const std::string& msg) {
 }
 
 void Exchange::abandonOutstanding() {
-  // Receives are cancelled, and this returns only once each one's
-  // completion (the cancel's, or the message's if the provider had already
-  // matched it) has been read: the caller releases or reuses the memory
-  // they point into as soon as this call fails. Sends cannot be cancelled
-  // (shm, rxm): they are orphaned to the communicator's pool, which keeps
-  // each request until its completion or the endpoint's close.
+  // The caller releases or reuses the memory this call's messages point
+  // into (its tensors, the communicator's scratch) as soon as the call
+  // fails, so nothing posted may still touch it by then. Receives are
+  // cancelled, and waited for until each one's completion (the cancel's,
+  // or the message's if the provider had already matched it) has been
+  // read. Sends cannot be cancelled (shm, rxm), and the provider may read
+  // their memory until they complete (rxm serves a rendezvous read from
+  // it, shm copies it through its bounce buffers): they are waited for too.
   abandoning_ = true;
-  std::vector<Request*> recvs;
   for (Request* r : outstanding_) {
     r->onArrive = nullptr;
     if (r->type != Request::Type::kRecv) {
-      r->owner = nullptr;
+      ++abandonedSends_;
+      comm_.counters().abandonedSends++;
       continue;
     }
     // 0, or -FI_ENOENT when it was already matched: the completion still
@@ -247,34 +249,56 @@ void Exchange::abandonOutstanding() {
     // that matches it then completes it, so the wait is the same.
     const int rc = comm_.endpoint().cancel(&r->ctx);
     if (rc != 0 && rc != -FI_ENOENT) cancelRefused_ = rc;
-    recvs.push_back(r);
   }
-  outstanding_ = std::move(recvs);
   for (Request* r : recvsToPost_) comm_.releaseRequest(r);
   for (Request* r : sendsToPost_) comm_.releaseRequest(r);
   recvsToPost_.clear();
   sendsToPost_.clear();
   postedRecvs_ = 0;
   pending_ = 0;
-  awaitCancelled();
+  awaitAbandoned();
 }
 
-void Exchange::awaitCancelled() {
+void Exchange::awaitAbandoned() {
   // A live peer finishes a matched transfer within moments; a stopped or
-  // dead one may never. Bounded (and cut short by shutdown, which closes
-  // the endpoint before anything polls it again); past the bound the
-  // communicator stops polling its endpoint altogether, so a late
-  // completion can never write into memory that has been handed back.
+  // dead one may never, and a send whose receive the peer cancelled never
+  // completes at all. Bounded (and cut short by shutdown, which closes the
+  // endpoint before anything polls it again): receives for up to 2 s,
+  // sends for a short while only. Past the bound, a receive still posted
+  // makes the communicator stop polling its endpoint altogether, so a late
+  // completion can never write into memory that has been handed back; a
+  // send still posted holds the call's memory (Communicator::holdForSend)
+  // until it completes or shutdown closes the endpoint: a leak, never a
+  // use after free.
   using clock = std::chrono::steady_clock;
-  const auto until = clock::now() + std::min<std::chrono::milliseconds>(
-                                        timeout_, std::chrono::milliseconds(2000));
-  while (!outstanding_.empty() && !comm_.stopRequested() && clock::now() < until) {
+  const auto start = clock::now();
+  const auto recvsUntil = start + std::min<std::chrono::milliseconds>(
+                                      timeout_, std::chrono::milliseconds(2000));
+  const auto sendsUntil = start + std::min<std::chrono::milliseconds>(
+                                      timeout_, std::chrono::milliseconds(250));
+  while (!outstanding_.empty() && !comm_.stopRequested()) {
+    bool recvs = false, sends = false;
+    for (Request* r : outstanding_) (r->type == Request::Type::kRecv ? recvs : sends) = true;
+    const auto now = clock::now();
+    if ((!recvs || now >= recvsUntil) && (!sends || now >= sendsUntil)) break;
     if (comm_.progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  if (outstanding_.empty()) return;
-  const int peer = outstanding_.front()->peer;
-  for (Request* r : outstanding_) r->owner = nullptr;
+  size_t sendsLeft = 0;
+  int recvPeer = -1;
+  for (Request* r : outstanding_) {
+    r->owner = nullptr;
+    if (r->type == Request::Type::kRecv) {
+      if (recvPeer < 0) recvPeer = r->peer;
+    } else {
+      comm_.holdForSend(r);
+      ++sendsLeft;
+    }
+  }
+  comm_.counters().abandonedSendsConfirmed += abandonedSends_ - sendsLeft;
+  abandonedSends_ = 0;
   outstanding_.clear();
+  if (recvPeer < 0) return;
+  const int peer = recvPeer;
   comm_.quarantine("smddp: " + watch_.what() + ": a receive from rank " + std::to_string(peer) +
                    " could not be confirmed cancelled" +
                    (cancelRefused_ ? std::string(" (fi_cancel: ") + fi_strerror(-cancelRefused_) + ")"

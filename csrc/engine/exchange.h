@@ -50,9 +50,9 @@ class Exchange {
   bool postOne(Request* r);
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
   // Cancels what is posted and waits (bounded) until no receive of this
-  // call can write its memory any more.
+  // call can write its memory any more, and (shorter) for its sends.
   void abandonOutstanding();
-  void awaitCancelled();
+  void awaitAbandoned();
   std::string waitingOn() const;
   std::string notSeen() const;
 
@@ -70,6 +70,7 @@ class Exchange {
   bool failed_ = false;
   bool abandoning_ = false;  // completions now only settle cancelled requests
   int cancelRefused_ = 0;    // an fi_cancel code other than 0 / -FI_ENOENT
+  size_t abandonedSends_ = 0;  // sends still posted when the call gave up
   ErrorKind errorKind_ = ErrorKind::kInternal;
   std::string error_;
 };

@@ -102,13 +102,37 @@ void Communicator::failP2P(const std::string& why, bool timedOut) {
       onComplete(r, c);
     } catch (...) {
     }
+    if (r->posted) {
+      // The provider still holds the operation, and may still read (a send)
+      // or write (a receive) its buffer: the completion, which owns that
+      // buffer in the backend, stays with the request until the provider
+      // completes it or shutdown closes the endpoint.
+      r->held = std::make_shared<HeldMemory>();
+      r->held->owners.push_back([keep = std::move(onComplete)] {});
+      if (r->type == Request::Type::kSend) {
+        stats_.abandonedSends++;
+        stats_.abandonedSendsHeld++;
+      }
+    }
   }
 }
 
-void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDone done) {
+void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDone done,
+                        CallHooks hooks) {
   SMDDP_CHECK(dst >= 0 && dst < opts_.size && dst != opts_.rank, kInvalidArgument,
               "send: invalid destination rank " + std::to_string(dst));
-  auto body = [this, buf, dtype, dst, tag, done](uint64_t) {
+  auto body = [this, buf, dtype, dst, tag, done, prepare = std::move(hooks.prepare)](uint64_t) {
+    // Fills the staging copy now, in call order (see CallHooks).
+    if (prepare) {
+      try {
+        prepare();
+      } catch (const std::exception& e) {
+        done(p2pError(ErrorKind::kInternal, "send to rank " + std::to_string(dst) + " (tag " +
+                                                std::to_string(tag) + "): " + e.what()),
+             dst);
+        return;
+      }
+    }
     Request* r = newRequest();
     r->type = Request::Type::kSend;
     r->peer = dst;

@@ -8,7 +8,9 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/endpoint.h"
 #include "transport/frame.h"
@@ -16,6 +18,18 @@
 namespace smddp {
 
 class Exchange;
+
+// Memory that a send still posted after its call failed may read: the
+// call's completions (which own its buffers, in the backend) and the
+// communicator's scratch as that call left it. Every such send holds it;
+// it is freed when the last of them completes, or when shutdown has closed
+// the endpoint. A send that never completes (a dead peer, a receive the
+// peer cancelled) keeps it until then: a leak, never a use after free.
+struct HeldMemory {
+  std::vector<std::function<void()>> owners;  // each captures what it keeps
+  std::vector<uint8_t> scratch;
+  std::vector<uint8_t> fusion;
+};
 
 struct Request {
   fi_context2 ctx;  // must stay the first member
@@ -35,6 +49,8 @@ struct Request {
   // completion; the request is released afterwards.
   std::function<void(Request*, const Completion&)> onComplete;
   std::chrono::steady_clock::time_point deadline{};
+  // A send abandoned by its failed call: what it may still read.
+  std::shared_ptr<HeldMemory> held;
 };
 
 }  // namespace smddp

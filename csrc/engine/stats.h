@@ -18,6 +18,13 @@ struct Stats {
   uint64_t serverReduceNs = 0;
   uint64_t framesRejected = 0;
   uint64_t errors = 0;
+  // Sends still posted when their call failed (or their point-to-point
+  // operation was failed): the provider may still read their memory.
+  // Each is either confirmed (its completion read within a short wait)
+  // or held (its call's memory kept until its completion or shutdown).
+  uint64_t abandonedSends = 0;
+  uint64_t abandonedSendsConfirmed = 0;
+  uint64_t abandonedSendsHeld = 0;
 };
 
 struct StatsCounters {
@@ -31,6 +38,9 @@ struct StatsCounters {
   std::atomic<uint64_t> serverReduceNs{0};
   std::atomic<uint64_t> framesRejected{0};
   std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> abandonedSends{0};
+  std::atomic<uint64_t> abandonedSendsConfirmed{0};
+  std::atomic<uint64_t> abandonedSendsHeld{0};
 
   Stats snapshot() const {
     Stats s;
@@ -44,6 +54,9 @@ struct StatsCounters {
     s.serverReduceNs = serverReduceNs.load();
     s.framesRejected = framesRejected.load();
     s.errors = errors.load();
+    s.abandonedSends = abandonedSends.load();
+    s.abandonedSendsConfirmed = abandonedSendsConfirmed.load();
+    s.abandonedSendsHeld = abandonedSendsHeld.load();
     return s;
   }
 };

@@ -267,6 +267,17 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
       SMDDP_LOG(kError) << "completion callback of " << t.what << " threw";
     }
   }
+  if (callHeld_) {
+    // Sends of this call are still posted (holdForSend): the completions
+    // own the call's buffers, so they are kept, not destroyed, and the
+    // scratch buffers go with them; the next call allocates new ones.
+    for (Task& t : tasks) {
+      if (t.done) callHeld_->owners.push_back([keep = std::move(t.done)] {});
+    }
+    callHeld_->scratch.swap(scratch_);
+    callHeld_->fusion.swap(fusion_);
+    callHeld_.reset();  // the sends hold it now
+  }
 }
 
 }  // namespace smddp

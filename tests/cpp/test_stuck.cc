@@ -9,10 +9,15 @@
 // owns the endpoint then.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <future>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -110,6 +115,115 @@ TEST_CASE("an exchange that gives up leaves no receive that can still write its 
     }
     return "";
   }, std::chrono::milliseconds(20000), std::chrono::seconds(60));
+  INFO("provider " << provider);
+  CHECK(results[0] == "");
+  CHECK(results[1] == "");
+}
+
+TEST_CASE("a failed call's memory outlives the sends it left posted", "[stuck][held]") {
+  // Rank 0 broadcasts 16 MiB from a buffer that only the call's completion
+  // owns, as the torch backend's staging does. Rank 1 reports a failure of
+  // that call before receiving anything, so rank 0's call fails with its
+  // sends posted: rxm waits for rank 1's rendezvous read, shm for rank 1
+  // to pull the data (CMA). Rank 1 then runs
+  // the same broadcast after all and reads every byte, while rank 0's
+  // engine serves it from the memory of the call that failed.
+  //
+  // Without the hold, rank 0 frees the buffer (16 MiB: unmapped) when the
+  // completion is destroyed: rank 1 then reads bytes that are not the
+  // pattern, or fails, or rank 0's provider faults (ASan: use after free).
+  // With it, the completion stays alive until the sends complete, and the
+  // counters say how each abandoned send was accounted for. What this
+  // cannot see: a provider that reads the buffer from inside fi_close.
+  //
+  // shm without CMA (bounce buffers, FI_SHM_DISABLE_CMA=1) is left out: with
+  // libfabric 1.17 the transfer of a send whose call failed before the
+  // receiver matched it never resumes once the receiver posts (rank 1's
+  // broadcast then times out), so there is nothing to read late; the
+  // memory stays held until shutdown there.
+  const std::string provider = GENERATE(std::string("shm"), std::string("tcp;ofi_rxm"));
+  ScopedEnv prov("SMDDP_FI_PROVIDER", provider);
+  ScopedEnv noShmPath("SMDDP_SHM_ALLREDUCE", "0");
+  constexpr size_t kBytes = 16 << 20;
+  auto pattern = [](size_t i) { return static_cast<uint8_t>((i * 131) ^ (i >> 11)); };
+  char tmpl[] = "/tmp/smddp-held-XXXXXX";
+  const std::string flags = mkdtemp(tmpl);
+  auto setFlag = [&](const std::string& f) { std::ofstream(flags + "/" + f) << "1"; };
+  auto waitFlag = [&](const std::string& f) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (access((flags + "/" + f).c_str(), F_OK) != 0) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  };
+  auto results = runWorld(2, [&](Communicator& comm) -> std::string {
+    if (comm.rank() == 1) {
+      // Rank 0's sends are posted by now; nothing is queued here, so this
+      // thread may use the endpoint.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      comm.broadcastError(0, "test: rank 1 gives up on this call", 1, false);
+      if (!waitFlag("failed")) return "rank 0 never reported its failed call";
+      std::vector<uint8_t> got(kBytes, 0);
+      std::promise<std::exception_ptr> p;
+      comm.broadcast({{got.data(), kBytes}}, DataType::kUInt8, 0,
+                     [&](std::exception_ptr e) { p.set_value(e); });
+      if (auto e = p.get_future().get()) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          return std::string("rank 1's broadcast failed: ") + ex.what();
+        }
+      }
+      for (size_t i = 0; i < kBytes; ++i) {
+        if (got[i] != pattern(i)) {
+          return "byte " + std::to_string(i) + " of what rank 0's failed call sent is not the "
+                 "pattern: its memory was released while the send was posted";
+        }
+      }
+      for (int i = 0; i < 5; ++i) {
+        std::string err = barrierSync(comm);
+        if (!err.empty()) return "barrier: " + err;
+      }
+      return "";
+    }
+    auto mem = std::make_shared<std::vector<uint8_t>>(kBytes);
+    for (size_t i = 0; i < kBytes; ++i) (*mem)[i] = pattern(i);
+    std::weak_ptr<std::vector<uint8_t>> watch = mem;
+    std::promise<std::exception_ptr> p;
+    uint8_t* data = mem->data();
+    comm.broadcast({{data, kBytes}}, DataType::kUInt8, 0,
+                   [&p, keep = std::move(mem)](std::exception_ptr e) { p.set_value(e); });
+    auto e = p.get_future().get();
+    if (!e) return "rank 0's broadcast succeeded although rank 1 reported a failure";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the worker moves on
+    const Stats s = comm.stats();
+    std::string why;
+    if (s.abandonedSends == 0) why = "no send was counted as abandoned";
+    else if (s.abandonedSendsConfirmed + s.abandonedSendsHeld != s.abandonedSends)
+      why = "abandoned sends " + std::to_string(s.abandonedSends) + " != confirmed " +
+            std::to_string(s.abandonedSendsConfirmed) + " + held " +
+            std::to_string(s.abandonedSendsHeld);
+    else if (s.abandonedSendsHeld == 0)
+      why = "every send was confirmed although rank 1 had not read anything";
+    else if (watch.expired())
+      why = "the failed call's memory was released while " +
+            std::to_string(s.abandonedSendsHeld) + " of its sends were posted";
+    setFlag("failed");
+    if (!why.empty()) return why;
+    // Rank 1 reads everything now; the barriers keep this engine polling
+    // (rank 1 joins them only once its broadcast is complete), so the held
+    // sends complete and release the memory: held, not leaked for good.
+    for (int i = 0; i < 5; ++i) {
+      std::string err = barrierSync(comm);
+      if (!err.empty()) return "barrier: " + err;
+    }
+    if (!watch.expired()) return "the memory was still held after its sends completed";
+    return "";
+  }, std::chrono::milliseconds(20000), std::chrono::seconds(90));
+  std::string cmd = "rm -rf '" + flags + "'";
+  if (std::system(cmd.c_str()) != 0) {
+  }
   INFO("provider " << provider);
   CHECK(results[0] == "");
   CHECK(results[1] == "");
