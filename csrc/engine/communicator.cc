@@ -157,7 +157,9 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
       }
       ranksOf[it - hostNames.begin()].push_back(r);
     }
+    hostCount_ = static_cast<int>(ranksOf.size());
     for (const auto& ranks : ranksOf) {
+      hostsUneven_ = hostsUneven_ || ranks.size() != ranksOf[0].size();
       const int local = static_cast<int>(ranks.size());
       const int k = config_.serversPerNode > 0
                         ? std::min<int>(local, static_cast<int>(config_.serversPerNode))
@@ -250,20 +252,14 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
 }
 
 std::string Communicator::describeGroup() const {
-  std::vector<std::string> hostNames;
-  for (const auto& p : peers_) {
-    if (std::find(hostNames.begin(), hostNames.end(), p.host) == hostNames.end()) {
-      hostNames.push_back(p.host);
-    }
-  }
   auto kib = [](uint64_t b) { return std::to_string(b >> 10) + " KiB"; };
   std::ostringstream o;
   o << "[rank " << opts_.rank << "] group '" << opts_.name << "': " << opts_.size << " rank(s) on "
-    << hostNames.size() << " host(s); provider " << provider_ << " (" << providerReason_
+    << hostCount_ << " host(s); provider " << provider_ << " (" << providerReason_
     << "); allreduce ";
   if (scheduler_) {
     const HostSegment& seg = scheduler_->segment();
-    o << "through each host's shared-memory segment" << (hostNames.size() > 1
+    o << "through each host's shared-memory segment" << (hostCount_ > 1
                                                              ? ", then across hosts over libfabric"
                                                              : "")
       << ": " << seg.servers() << " reduction server(s) per host, slot " << kib(seg.slotBytes())
@@ -271,12 +267,7 @@ std::string Communicator::describeGroup() const {
   } else {
     std::string why = !config_.hostPath  ? "SMDDP_SHM_ALLREDUCE=0"
                       : opts_.size == 1 ? "one rank"
-                      : !HostTopology::of([&] {
-                           std::vector<std::string> h;
-                           for (const auto& p : peers_) h.push_back(p.host);
-                           return h;
-                         }(), opts_.rank).uniform()
-                          ? "the hosts hold different numbers of ranks"
+                      : hostsUneven_ ? "the hosts hold different numbers of ranks"
                           : "shared memory is unavailable on some rank";
     o << "over libfabric only (" << why << "): " << netServers_.size()
       << " reduction server(s), chunk " << kib(config_.chunkBytes) << ", ring depth "

@@ -328,6 +328,9 @@ class Communicator {
   std::string storePrefix_;
   std::vector<PeerInfo> peers_;
   std::vector<int> netServers_;
+  // From the host list the constructor groups ranks by (describeGroup).
+  int hostCount_ = 0;
+  bool hostsUneven_ = false;  // the hosts hold different numbers of ranks
   std::shared_ptr<Fabric> fabric_;
   std::unique_ptr<Endpoint> endpoint_;
   std::vector<fi_addr_t> peerAddrs_;
