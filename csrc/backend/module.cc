@@ -29,6 +29,8 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["server_reduce_seconds"] = s.serverReduceNs / 1e9;
   d["frames_rejected"] = s.framesRejected;
   d["errors"] = s.errors;
+  d["calls_run_by_caller"] = s.callerRuns;
+  d["small_batches"] = s.smallBatches;
   return d;
 }
 

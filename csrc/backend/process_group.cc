@@ -93,6 +93,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
   Staging staging;
   at::Tensor t = staging.stageAllreduce(tensors[0], factor);
   smddp::CallHooks hooks{{extentOf(tensors[0])}, staging.preparer()};
+  // c10d's all_reduce(async_op=False) waits on the Work at once: the call
+  // may then run on this thread (CallHooks::callerWaits). Not inside a
+  // coalescing block, whose calls complete together.
+  hooks.callerWaits = !opts.asyncOp && !coalescingNow();
   return guarded([&] {
     return launch(rank_, c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, staging,
                   [&](smddp::Communicator::Done done) {

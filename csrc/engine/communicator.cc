@@ -306,6 +306,12 @@ void Communicator::shutdown() {
     } catch (...) {
     }
   }
+  {
+    // A caller running its own call (runOnCaller) sees stopRequested_ at
+    // its next wait and returns; nothing below may go before it has.
+    std::unique_lock<std::mutex> lock(queueMu_);
+    queueCv_.wait(lock, [&] { return !runningOnCaller_; });
+  }
   if (worker_.joinable()) worker_.join();
   scheduler_.reset();
   // Point-to-point operations still posted get an "aborted" completion.

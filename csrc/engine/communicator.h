@@ -59,9 +59,17 @@ struct MemRange {
 // buffers). `prepare` runs on the worker thread just before the call's
 // buffers are first read, after every earlier call has completed, so a
 // staging copy-in sees the results of the calls before it.
+// `callerWaits`: the caller blocks on this call as soon as it returns (a
+// synchronous call: c10d's async_op=False, allreduceSync). If the engine
+// thread is idle and nothing is queued, the call then runs on the caller's
+// thread, inside allreduce(), and `done` has run when it returns: no
+// handoff to the engine thread and back (docs/design.md, "The allreduce
+// path"). It runs exactly as the engine would run it (same plan, same
+// checks), so peers cannot tell which thread ran it.
 struct CallHooks {
   std::vector<MemRange> touches;
   std::function<void()> prepare;
+  bool callerWaits = false;
 };
 
 // Tunables read once per communicator from SMDDP_* variables.
@@ -79,6 +87,7 @@ struct EngineConfig {
   int64_t shmDepth;       // pipeline steps in flight
   int64_t serversPerNode; // reduction servers per host; 0 = every rank
   uint64_t streamingBytes; // batches this large write results with streaming stores
+  uint64_t smallBytes;     // batches up to this size: one step, every rank reduces all parts
   static EngineConfig fromEnvironment();
 };
 // The readers of the parameters each engine file declares next to the code
@@ -160,7 +169,8 @@ class Communicator {
   // A barrier whose server is rank 0, so a timeout names every missing rank.
   uint64_t monitoredBarrier(std::chrono::milliseconds timeout, Done done);
 
-  // Blocking convenience wrappers (tests, benchmarks).
+  // Blocking convenience wrappers (tests, benchmarks). allreduceSync runs
+  // on the caller's thread when the engine is idle (CallHooks::callerWaits).
   void allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op);
 
   // Fails queued work, joins the worker, closes the endpoint. Idempotent.
@@ -348,6 +358,19 @@ class Communicator {
   uint64_t cutEnd_ = 0;              // guarded by queueMu_: first sequence in no cut batch
   std::atomic<size_t> queued_{0};  // queue_.size(), readable without queueMu_
   bool stopping_ = false;   // guarded by queueMu_
+  // The engine thread waits for work with nothing in flight (no task, no
+  // point-to-point operation, no pending control frame): a caller that
+  // waits on its call may run it itself (CallHooks::callerWaits).
+  bool engineIdle_ = false;  // guarded by queueMu_
+  // A caller's thread is running a call: the engine thread takes no task
+  // meanwhile, and the "worker thread only" state belongs to that caller.
+  bool runningOnCaller_ = false;  // guarded by queueMu_
+  // A call run by a caller left control frames to retry: the engine
+  // thread must wake up and keep them moving.
+  bool engineKick_ = false;  // guarded by queueMu_
+  // Runs `t` on the calling thread (enqueue with callerWaits, under the
+  // conditions above); `lock` holds queueMu_ and is released.
+  void runOnCaller(Task t, std::unique_lock<std::mutex>& lock);
   std::thread worker_;
   StatsCounters stats_;
   std::unique_ptr<FusionBufferScheduler> scheduler_;  // worker thread only (after construction)

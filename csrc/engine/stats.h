@@ -18,6 +18,8 @@ struct Stats {
   uint64_t serverReduceNs = 0;
   uint64_t framesRejected = 0;
   uint64_t errors = 0;
+  uint64_t callerRuns = 0;    // calls run on their caller's thread (CallHooks::callerWaits)
+  uint64_t smallBatches = 0;  // fusion batches run as small ones (SMDDP_SMALL_BYTES)
 };
 
 struct StatsCounters {
@@ -31,6 +33,8 @@ struct StatsCounters {
   std::atomic<uint64_t> serverReduceNs{0};
   std::atomic<uint64_t> framesRejected{0};
   std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> callerRuns{0};
+  std::atomic<uint64_t> smallBatches{0};
 
   Stats snapshot() const {
     Stats s;
@@ -44,6 +48,8 @@ struct StatsCounters {
     s.serverReduceNs = serverReduceNs.load();
     s.framesRejected = framesRejected.load();
     s.errors = errors.load();
+    s.callerRuns = callerRuns.load();
+    s.smallBatches = smallBatches.load();
     return s;
   }
 };
