@@ -35,8 +35,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Appended, not prepended: a torch_smddp on PYTHONPATH (another build, to
+# compare) wins over this checkout's.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch_smddp.bench import fmt_size, parse_size, sizes_between  # noqa: E402
 
