@@ -235,7 +235,11 @@ def print_table(all_data: list[dict]) -> None:
 
 
 def plot(all_data: list[dict], path: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"\nno plot: matplotlib is not installed in {sys.prefix}")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
