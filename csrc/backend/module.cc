@@ -75,6 +75,8 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["abandoned_sends"] = s.abandonedSends;
   d["abandoned_sends_confirmed"] = s.abandonedSendsConfirmed;
   d["abandoned_sends_held"] = s.abandonedSendsHeld;
+  d["calls_run_by_caller"] = s.callerRuns;
+  d["small_batches"] = s.smallBatches;
   return d;
 }
 

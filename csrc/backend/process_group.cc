@@ -118,8 +118,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
   auto op = toReduceOpScaled(opts.reduceOp, dt, "all_reduce", &factor);
   EngineCall call;
   Buffer b = bufferOf(call.staging.stageInPlace(tensors[0], factor));
+  // c10d's all_reduce(async_op=False) waits on the Work at once: the call
+  // may then run on this thread (CallHooks::callerWaits). Not inside a
+  // coalescing block, whose calls complete together.
+  const bool callerWaits = !opts.asyncOp && !coalescingNow();
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
     hooks.touches = {extentOf(tensors[0])};  // the user's storage, not the staging copy
+    hooks.callerWaits = callerWaits;
     return comm_->allreduce({b}, dt, op, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, call);

@@ -128,6 +128,10 @@ class ProcessGroupSmddp : public c10d::Backend {
     }
   }
   c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);
+  bool coalescingNow() {
+    std::lock_guard<std::mutex> lock(coalesceMu_);
+    return coalescing_;
+  }
 
   std::unique_ptr<smddp::Communicator> comm_;
   std::string groupName_;

@@ -122,10 +122,12 @@ uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> out
 void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op) {
   std::promise<void> p;
   auto f = p.get_future();
+  CallHooks hooks;
+  hooks.callerWaits = true;
   allreduce(std::move(bufs), dtype, op, [&p](std::exception_ptr e) {
     if (e) p.set_exception(e);
     else p.set_value();
-  });
+  }, std::move(hooks));
   CallerWaiting waiting;
   f.get();
 }

@@ -285,7 +285,8 @@ Communicator::~Communicator() {
   // to come back, then stop the process rather than corrupt it.
   {
     std::unique_lock<std::mutex> lock(queueMu_);
-    if (!exitedCv_.wait_for(lock, timeout(), [&] { return workerExited_; })) {
+    if (!exitedCv_.wait_for(lock, timeout(),
+                            [&] { return workerExited_ && !runningOnCaller_; })) {
       SMDDP_LOG(kError) << "group '" << opts_.name << "' rank " << opts_.rank
                         << ": destroyed while its engine thread is still stuck inside libfabric; "
                            "aborting the process instead of freeing memory that thread uses";
@@ -315,47 +316,57 @@ void Communicator::shutdown() {
     } catch (...) {
     }
   }
+  // Every wait of the engine honours stop within about 100 ms. A call
+  // into the provider cannot be interrupted, though: libfabric's shm send
+  // spins on the peer region's lock, which a peer stopped (SIGSTOP) inside
+  // its own progress holds until it runs again. Then give up on the thread
+  // running the call (the worker, or a caller running its own call): fail
+  // the unfinished calls as aborted and leave the thread, and everything it
+  // may still touch, allocated (stuck() tells the owner to leak this
+  // object), rather than hold abort and destroy for as long as the peer
+  // stays stopped.
+  constexpr auto kGiveUp = std::chrono::milliseconds(500);
+  bool callerReturned, workerExited = true;
+  {
+    // A caller running its own call (runOnCaller) sees stopRequested_ at
+    // its next wait and returns; nothing below may go before it has.
+    std::unique_lock<std::mutex> lock(queueMu_);
+    callerReturned = queueCv_.wait_for(lock, kGiveUp, [&] { return !runningOnCaller_; });
+  }
   if (worker_.joinable()) {
-    // Every wait of the engine honours stop within about 100 ms. A call
-    // into the provider cannot be interrupted, though: libfabric's shm
-    // send spins on the peer region's lock, which a peer stopped (SIGSTOP)
-    // inside its own progress holds until it runs again. Then give up on
-    // the worker: fail its calls as aborted and leave it, and everything
-    // it may still touch, allocated (stuck() tells the owner to leak this
-    // object), rather than hold abort and destroy for as long as the peer
-    // stays stopped.
-    bool exited;
     {
       std::unique_lock<std::mutex> lock(queueMu_);
-      exited = exitedCv_.wait_for(lock, std::chrono::milliseconds(500),
-                                  [&] { return workerExited_; });
+      workerExited = exitedCv_.wait_for(lock, kGiveUp, [&] { return workerExited_; });
     }
-    if (!exited) {
+    if (workerExited) {
+      worker_.join();
+    } else {
       worker_.detach();
-      stuck_ = true;
-      std::map<uint64_t, Done> unfinished;
-      {
-        std::lock_guard<std::mutex> lock(queueMu_);
-        unfinished.swap(unfinished_);
-      }
-      SMDDP_LOG(kWarn) << "group '" << opts_.name << "' rank " << opts_.rank
-                       << ": the engine thread is stuck inside libfabric (a peer stopped "
-                          "while holding its shared-memory lock?); its "
-                       << unfinished.size()
-                       << " unfinished call(s) fail as aborted and the group's resources are "
-                          "left allocated";
-      for (auto& [seq, done] : unfinished) {
-        try {
-          done(std::make_exception_ptr(Error(
-              ErrorKind::kAborted, "smddp: the call at sequence " + std::to_string(seq) +
-                                       " was aborted: the process group was shut down while "
-                                       "it was stuck in the transport")));
-        } catch (...) {
-        }
-      }
-      return;
     }
-    worker_.join();
+  }
+  if (!callerReturned || !workerExited) {
+    stuck_ = true;
+    std::map<uint64_t, Done> unfinished;
+    {
+      std::lock_guard<std::mutex> lock(queueMu_);
+      unfinished.swap(unfinished_);
+    }
+    SMDDP_LOG(kWarn) << "group '" << opts_.name << "' rank " << opts_.rank
+                     << ": the thread running a call is stuck inside libfabric (a peer stopped "
+                        "while holding its shared-memory lock?); its "
+                     << unfinished.size()
+                     << " unfinished call(s) fail as aborted and the group's resources are "
+                        "left allocated";
+    for (auto& [seq, done] : unfinished) {
+      try {
+        done(std::make_exception_ptr(Error(
+            ErrorKind::kAborted, "smddp: the call at sequence " + std::to_string(seq) +
+                                     " was aborted: the process group was shut down while "
+                                     "it was stuck in the transport")));
+      } catch (...) {
+      }
+    }
+    return;
   }
   releaseResources();
 }

@@ -61,9 +61,17 @@ struct MemRange {
 // read, after every earlier call has completed (and run its `done`), so a
 // staging copy-in sees the results of the calls before it: call order, for
 // every collective and for sends.
+// `callerWaits`: the caller blocks on this call as soon as it returns (a
+// synchronous call: c10d's async_op=False, allreduceSync). If the engine
+// thread is idle and nothing is queued, the call then runs on the caller's
+// thread, inside allreduce(), and `done` has run when it returns: no
+// handoff to the engine thread and back (docs/design.md, "The allreduce
+// path"). It runs exactly as the engine would run it (same plan, same
+// checks), so peers cannot tell which thread ran it.
 struct CallHooks {
   std::vector<MemRange> touches;
   std::function<void()> prepare;
+  bool callerWaits = false;
 };
 
 // Tunables read once per communicator from SMDDP_* variables.
@@ -81,6 +89,7 @@ struct EngineConfig {
   int64_t shmDepth;       // pipeline steps in flight
   int64_t serversPerNode; // reduction servers per host; 0 = every rank
   uint64_t streamingBytes; // batches this large write results with streaming stores
+  uint64_t smallBytes;     // batches up to this size: one step, every rank reduces all parts
   static EngineConfig fromEnvironment();
 };
 // The readers of the parameters each engine file declares next to the code
@@ -170,7 +179,8 @@ class Communicator {
   // A barrier whose server is rank 0, so a timeout names every missing rank.
   uint64_t monitoredBarrier(std::chrono::milliseconds timeout, Done done);
 
-  // Blocking convenience wrappers (tests, benchmarks).
+  // Blocking convenience wrappers (tests, benchmarks). allreduceSync runs
+  // on the caller's thread when the engine is idle (CallHooks::callerWaits).
   void allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op);
 
   // Fails queued work, joins the worker, closes the endpoint. Idempotent.
@@ -381,6 +391,19 @@ class Communicator {
   bool workerExited_ = false;            // guarded by queueMu_
   std::condition_variable exitedCv_;     // signals workerExited_
   std::atomic<bool> stuck_{false};
+  // The engine thread waits for work with nothing in flight (no task, no
+  // point-to-point operation, no pending control frame): a caller that
+  // waits on its call may run it itself (CallHooks::callerWaits).
+  bool engineIdle_ = false;  // guarded by queueMu_
+  // A caller's thread is running a call: the engine thread takes no task
+  // meanwhile, and the "worker thread only" state belongs to that caller.
+  bool runningOnCaller_ = false;  // guarded by queueMu_
+  // A call run by a caller left control frames to retry: the engine
+  // thread must wake up and keep them moving.
+  bool engineKick_ = false;  // guarded by queueMu_
+  // Runs `t` on the calling thread (enqueue with callerWaits, under the
+  // conditions above); `lock` holds queueMu_ and is released.
+  void runOnCaller(Task t, std::unique_lock<std::mutex>& lock);
   std::thread worker_;
   StatsCounters stats_;
   std::unique_ptr<FusionBufferScheduler> scheduler_;  // worker thread only (after construction)

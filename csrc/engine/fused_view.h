@@ -36,8 +36,8 @@ class FusedView {
   // The caller's own memory for elements [off, off + count) when they lie
   // in one tensor (a server reads its own part there, not from a slot);
   // nullptr when the range spans tensors.
-  const uint8_t* direct(uint64_t off, uint64_t count) const {
-    const uint8_t* out = nullptr;
+  uint8_t* direct(uint64_t off, uint64_t count) const {
+    uint8_t* out = nullptr;
     uint64_t pieces = 0;
     visit(off, count, [&](uint8_t* p, uint64_t) {
       out = p;

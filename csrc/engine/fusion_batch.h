@@ -29,6 +29,7 @@ struct FusionBufferScheduler::Batch {
   std::optional<StallWatch> watch;        // errors, probes, deadline, liveness
   std::chrono::steady_clock::time_point idleSince;
   bool streaming = false;  // in the data steps: every peer is in this call too
+  bool small = false;      // the plan's small flag: see FusionBufferScheduler::streamSmall
   std::chrono::steady_clock::time_point nextNetworkCheck{};
 };
 

@@ -49,8 +49,9 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
   const int S = segment_->servers();
   const uint64_t chunkElems = this->chunkElems(first.dtype);
   const uint64_t maxShard = (total + S - 1) / S;
+  b.small = smallBatch(total, first.dtype);
   b.firstStep = nextStep_;
-  b.steps = (maxShard + chunkElems - 1) / chunkElems;
+  b.steps = b.small ? 1 : (maxShard + chunkElems - 1) / chunkElems;
   b.totalNumel = total;
   b.dtype = first.dtype;
   b.op = first.op;
@@ -78,6 +79,7 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
   plan.count = static_cast<uint32_t>(calls.size());
   plan.dtype = static_cast<uint8_t>(b.dtype);
   plan.op = static_cast<uint8_t>(b.op);
+  plan.small = b.small ? 1 : 0;
   for (size_t i = 0; i < calls.size(); ++i) plan.numel[i] = calls[i]->numel;
   plan.aborted.store(0);
   plan.abortLock.store(0);
@@ -260,6 +262,7 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
   b.totalNumel = plan.totalNumel;
   b.dtype = static_cast<DataType>(plan.dtype);
   b.op = static_cast<ReduceOp>(plan.op);
+  b.small = plan.small != 0;
   nextBatch_ = b.index + 1;
   nextStep_ = b.firstStep + b.steps;
   b.joined = true;  // from here on, a failure must abort the batch for all

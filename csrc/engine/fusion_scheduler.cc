@@ -25,12 +25,16 @@ SMDDP_PARAM_INT(paramStreamSpinUs, "SMDDP_STREAM_SPIN_US", 500, 0, 1000000,
                 "microseconds a rank polls inside a shared-memory allreduce's data steps, where "
                 "its peers are working on the same call, before it sleeps (hosts with more ranks "
                 "than cores use SMDDP_SPIN_US instead)")
+SMDDP_PARAM_BYTES(paramSmallBytes, "SMDDP_SMALL_BYTES", 65536, 0, 1LL << 28,
+                  "fusion batches up to this size (and at most one SMDDP_SHM_SLOT_BYTES slot) run "
+                  "in one step in which every rank reduces every rank's part (0: never)")
 SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
                   "fusion buffers at least this large copy results out with non-temporal stores")
 
 void readFusionParams(EngineConfig& c) {
   c.streamSpinUs = paramStreamSpinUs();
   c.streamingBytes = static_cast<uint64_t>(paramStreamingBytes());
+  c.smallBytes = static_cast<uint64_t>(paramSmallBytes());
 }
 
 
@@ -48,6 +52,7 @@ FusionBufferScheduler::FusionBufferScheduler(Communicator& comm,
   streamSpinUs_ = topo_.oversubscribed ? comm.config().spinUs
                                         : std::max<int64_t>(comm.config().spinUs,
                                                             comm.config().streamSpinUs);
+  smallBytes_ = std::min<uint64_t>(comm.config().smallBytes, segment_->slotBytes());
 }
 
 FusionBufferScheduler::~FusionBufferScheduler() = default;
@@ -153,6 +158,10 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
   auto& st = comm_.counters();
   b.streaming = true;
   b.idleSince = std::chrono::steady_clock::now();
+  if (b.small) {
+    streamSmall(b, calls);
+    return;
+  }
   uint64_t w = f, r = f, c = f;
   if (myServer < 0) r = end;
   while (c < end) {
@@ -228,6 +237,63 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       return lagging(ctl.consumed, w - depth + 1, false);
     });
   }
+}
+
+void FusionBufferScheduler::streamSmall(Batch& b, const std::vector<FusibleCall*>& calls) {
+  auto& ctl = segment_->ctl();
+  HostSegment& seg = *segment_;
+  const int n = topo_.localSize;
+  const int rank = me_;
+  const uint64_t w = b.firstStep;  // the batch's one step
+  const uint64_t depth = seg.depth();
+  const size_t es = elementSize(b.dtype);
+  const uint64_t count = b.totalNumel;
+  const FusedView view(calls, es);
+  auto minOver = [&](SharedCounter* cs) {
+    uint64_t m = UINT64_MAX;
+    for (int p = 0; p < n; ++p) m = std::min(m, cs[p].value.load());
+    return m;
+  };
+  auto waitAll = [&](SharedCounter* cs, uint64_t need) {
+    while (true) {
+      const uint32_t seen = seg.wakeValue();
+      if (minOver(cs) >= need) return;
+      // idle() raises an abort another rank recorded, the timeout, a lost
+      // peer; it polls, then sleeps until the next publish.
+      idle(b, seen, [&] {
+        std::vector<int> behind;
+        for (int p = 0; p < n; ++p) {
+          if (cs[p].value.load() < need) behind.push_back(globalRank(p));
+        }
+        return rankList(behind);
+      });
+    }
+  };
+  // 1. This rank's whole part into its own slot of step w, once every rank
+  //    has finished reading the step that used the slot before.
+  if (w >= depth) waitAll(ctl.consumed, w - depth + 1);
+  view.read(0, count, seg.contribution(0, rank, w));
+  seg.publish(ctl.written[rank], w + 1);
+  // 2. Once every rank's part is there, combine them all in rank order,
+  //    straight into the caller's tensor when the batch is one tensor (a
+  //    kernel's output may be one of its inputs: this rank's own part is
+  //    read from the tensor, the peers read its slot).
+  waitAll(ctl.written, w + 1);
+  std::vector<const void*> inputs(n);
+  for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(0, p, w);
+  uint8_t* out = view.direct(0, count);
+  if (out) inputs[rank] = out;
+  uint8_t* result = out ? out : comm_.scratch(count * es);
+  // Not a server's work: server_reduce_seconds stays the servers' own.
+  reduceOrdered(result, inputs.data(), n, count, b.dtype, b.op, n);
+  auto& st = comm_.counters();
+  if (!out) view.write(0, count, result, false);
+  st.smallBatches++;
+  st.bytesSent += count * es * (n - 1);
+  st.bytesReceived += count * es * (n - 1);
+  // 3. Done with the peers' slots: they may reuse them (step w + depth).
+  ctl.reduced[rank].value.store(w + 1);
+  seg.publish(ctl.consumed[rank], w + 1);
 }
 
 void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chunk,

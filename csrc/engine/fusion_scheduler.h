@@ -86,6 +86,16 @@ class FusionBufferScheduler {
                       const TakeNext& takeNext);
   void follow(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
   void stream(Batch& b, const std::vector<FusibleCall*>& calls);
+  // A batch of at most smallBytes_ on one host: one step in which every
+  // rank writes its whole part to its own slot and, once every part is
+  // there, combines them all in rank order itself. One round of flags
+  // instead of three (written, reduced, consumed) and no copy out; the
+  // same kernel and order as a server's, so the same bits on every rank.
+  void streamSmall(Batch& b, const std::vector<FusibleCall*>& calls);
+  // Whether the leader cuts a batch of `numel` elements as a small one.
+  bool smallBatch(uint64_t numel, DataType dt) const {
+    return topo_.hosts() == 1 && numel > 0 && numel * elementSize(dt) <= smallBytes_;
+  }
   // Blocks briefly when nothing could progress; throws on abort, timeout,
   // a lost peer or a mismatch another rank reported.
   void idle(Batch& b, uint32_t seenWake, const std::function<std::string()>& waitingOn,
@@ -117,6 +127,7 @@ class FusionBufferScheduler {
   int leader_;  // global rank of this host's leader
   uint64_t fusionBytes_;
   int64_t streamSpinUs_ = 0;  // polling budget inside a batch's data steps
+  uint64_t smallBytes_ = 0;   // SMDDP_SMALL_BYTES, at most one slot
   uint64_t nextBatch_ = 0;  // worker thread only
   uint64_t nextStep_ = 0;   // worker thread only
 };

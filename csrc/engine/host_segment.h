@@ -38,6 +38,7 @@ struct alignas(64) FusionPlan {
   uint32_t count = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
+  uint8_t small = 0;  // one step, every rank reduces every part (SMDDP_SMALL_BYTES)
   uint64_t numel[kMaxFusedCalls] = {};
   // Any rank that cannot run this batch (mismatch, timeout, lost peer)
   // records why; every rank checks before it returns success.

@@ -25,6 +25,8 @@ struct Stats {
   uint64_t abandonedSends = 0;
   uint64_t abandonedSendsConfirmed = 0;
   uint64_t abandonedSendsHeld = 0;
+  uint64_t callerRuns = 0;    // calls run on their caller's thread (CallHooks::callerWaits)
+  uint64_t smallBatches = 0;  // fusion batches run as small ones (SMDDP_SMALL_BYTES)
 };
 
 struct StatsCounters {
@@ -41,6 +43,8 @@ struct StatsCounters {
   std::atomic<uint64_t> abandonedSends{0};
   std::atomic<uint64_t> abandonedSendsConfirmed{0};
   std::atomic<uint64_t> abandonedSendsHeld{0};
+  std::atomic<uint64_t> callerRuns{0};
+  std::atomic<uint64_t> smallBatches{0};
 
   Stats snapshot() const {
     Stats s;
@@ -57,6 +61,8 @@ struct StatsCounters {
     s.abandonedSends = abandonedSends.load();
     s.abandonedSendsConfirmed = abandonedSendsConfirmed.load();
     s.abandonedSendsHeld = abandonedSendsHeld.load();
+    s.callerRuns = callerRuns.load();
+    s.smallBatches = smallBatches.load();
     return s;
   }
 };

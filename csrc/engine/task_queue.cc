@@ -59,14 +59,41 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
   unfinished_.emplace(seq, done);
   Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr, {}, nullptr};
   t.fusible = std::move(fusible);
+  const bool onCaller = hooks.callerWaits && t.fusible != nullptr && scheduler_ != nullptr &&
+                        engineIdle_ && !runningOnCaller_ && queue_.empty();
   t.queuedAt = std::chrono::steady_clock::now();
   t.prepare = std::move(hooks.prepare);
+  if (onCaller) {
+    runOnCaller(std::move(t), lock);
+    return seq;
+  }
   queue_.push_back(std::move(t));
   queued_.store(queue_.size(), std::memory_order_release);
   if (scheduler_) publishIssuedLocked();  // under queueMu_, before shutdown
   lock.unlock();
   queueCv_.notify_one();
   return seq;
+}
+
+void Communicator::runOnCaller(Task t, std::unique_lock<std::mutex>& lock) {
+  // The engine thread is parked (engineIdle_) and stays parked while
+  // runningOnCaller_ is set, so this thread has the worker's state to
+  // itself; queueMu_ orders the handover both ways.
+  runningOnCaller_ = true;
+  publishIssuedLocked();  // the call is issued: peers' cuts may hold it
+  lock.unlock();
+  std::vector<Task> tasks;
+  tasks.push_back(std::move(t));
+  stats_.callerRuns++;
+  {
+    CallerWaiting waiting;  // this thread waits for peers: poll before sleeping
+    runTasks(tasks);        // completes every task it ran, errors included
+  }
+  lock.lock();
+  runningOnCaller_ = false;
+  if (!pendingControl_.empty()) engineKick_ = true;
+  lock.unlock();
+  queueCv_.notify_all();
 }
 
 void Communicator::publishIssuedLocked() {
@@ -115,6 +142,8 @@ void Communicator::workerLoop() {
         // Calls often come back to back (a benchmark loop, a caller that
         // waits on each call): poll for SMDDP_SPIN_US, yielding, before
         // sleeping, but only while a caller is waiting, not computing.
+        // Meanwhile a caller that waits on its call may run it itself.
+        engineIdle_ = true;
         lock.unlock();
         const auto until = std::chrono::steady_clock::now() +
                            std::chrono::microseconds(aCallerIsWaiting() ? config_.spinUs : 0);
@@ -123,7 +152,11 @@ void Communicator::workerLoop() {
           sched_yield();
         }
         lock.lock();
-        queueCv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        queueCv_.wait(lock, [&] {
+          return stopping_ || ((!queue_.empty() || engineKick_) && !runningOnCaller_);
+        });
+        engineIdle_ = false;
+        engineKick_ = false;
       }
       if (queue_.empty()) {
         if (stopping_) return;
