@@ -52,6 +52,7 @@ PYBIND11_MODULE(_C, m) {
         return d;
       })
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
+      .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)
       // Where this group instance's keys live in its store (tests read them).
       .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix);
 

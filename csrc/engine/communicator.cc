@@ -449,6 +449,13 @@ void Communicator::checkPeersAlive(const std::string& during) {
   }
 }
 
+bool Communicator::peerLost(int p) const {
+  if (monitor_ && monitor_->lost(p)) return true;
+  const OwnerLock* lock = peerLocks_.size() > static_cast<size_t>(p) ? peerLocks_[p].get()
+                                                                     : nullptr;
+  return lock && lock->valid() && lock->ownerGone();
+}
+
 uint8_t* Communicator::scratch(size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return scratch_.data();

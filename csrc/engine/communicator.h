@@ -183,6 +183,9 @@ class Communicator {
   // lock is free; see transport/shm_owner.h), or a peer on another host
   // died or went silent (transport/peer_monitor.h).
   void checkPeersAlive(const std::string& during);
+  // Whether peer `p` is known to be gone: its owner lock is free (same
+  // host) or the liveness monitor lost it (another host).
+  bool peerLost(int p) const;
   // The liveness connections to ranks on other hosts; null on one host or
   // with SMDDP_PEER_TIMEOUT=0.
   const PeerMonitor* peerMonitor() const { return monitor_.get(); }

@@ -268,8 +268,18 @@ void Exchange::awaitCancelled() {
   using clock = std::chrono::steady_clock;
   const auto until = clock::now() + std::min<std::chrono::milliseconds>(
                                         timeout_, std::chrono::milliseconds(2000));
+  // Nor for receives whose peers are all known lost (dead, or on a silent
+  // host): a transfer the provider had matched can only finish if the link
+  // comes back, so quarantine at once, as when the bound passes.
+  auto allFromLostPeers = [&] {
+    return std::all_of(outstanding_.begin(), outstanding_.end(),
+                       [&](const Request* r) { return r->peer >= 0 && comm_.peerLost(r->peer); });
+  };
   while (!outstanding_.empty() && !comm_.stopRequested() && clock::now() < until) {
-    if (comm_.progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (comm_.progress() == 0) {
+      if (allFromLostPeers()) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
   if (outstanding_.empty()) return;
   const int peer = outstanding_.front()->peer;
@@ -325,7 +335,9 @@ void Exchange::run() {
     // reads a buffer the peer has already released). The peer posts its own
     // account of the failure before it returns to its caller, so look for
     // it briefly: it names both sides, and a mismatch must not leave the
-    // group marked unusable the way a lost peer does.
+    // group marked unusable the way a lost peer does. A peer that really
+    // died shows up in the liveness checks within the same moment (its
+    // sockets all close at once), and their error names it and its host.
     const auto until = clock::now() + std::chrono::milliseconds(100);
     std::string remote;
     do {
@@ -333,6 +345,11 @@ void Exchange::run() {
       comm_.progress();
       if (comm_.remoteErrorFor(seq_, &remote)) {
         fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
+      }
+      try {
+        comm_.checkPeersAlive(what);
+      } catch (const Error& e) {
+        fail(e.kind(), e.what());
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     } while (clock::now() < until);

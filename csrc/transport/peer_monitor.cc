@@ -248,7 +248,7 @@ std::unique_ptr<PeerMonitor> PeerMonitor::open(Bootstrap& bootstrap, PeerMonitor
 PeerMonitor::PeerMonitor(PeerMonitorOptions opts, int listenFd, std::vector<std::string> addresses,
                          std::vector<int> ports)
     : opts_(std::move(opts)), addresses_(std::move(addresses)), ports_(std::move(ports)),
-      listenFd_(listenFd), creatorPid_(getpid()), links_(opts_.size) {
+      listenFd_(listenFd), creatorPid_(getpid()), links_(opts_.size), lost_(opts_.size, 0) {
   // Several beats per silence window, so one late beat is never a loss.
   beatEvery_ = std::clamp(opts_.silence / 5, std::chrono::milliseconds(50),
                           std::chrono::milliseconds(1000));
@@ -396,6 +396,12 @@ bool PeerMonitor::failed(PeerFailure* out) const {
   return true;
 }
 
+bool PeerMonitor::lost(int rank) const {
+  if (!failed_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(failMu_);
+  return rank >= 0 && rank < static_cast<int>(lost_.size()) && lost_[rank];
+}
+
 std::vector<int> PeerMonitor::watchedRanks() const {
   std::vector<int> out;
   for (int p = 0; p < opts_.size; ++p) {
@@ -416,13 +422,14 @@ void PeerMonitor::fail(int peer, const char* what, const std::string& cause) {
   if (l.reported) return;
   l.reported = true;
   std::lock_guard<std::mutex> lock(failMu_);
+  lost_[peer] = 1;
   if (failed_.load()) return;
   failure_.rank = peer;
   failure_.who = describe(peer);
   failure_.what = what;
   failure_.cause = cause;
   failed_.store(true, std::memory_order_release);
-  SMDDP_LOG(kWarn) << "[rank " << opts_.rank << "] " << failure_.who << " " << what << ": "
+  SMDDP_LOG(kWarn) << " [rank " << opts_.rank << "] " << failure_.who << " " << what << ": "
                    << cause;
 }
 

@@ -62,6 +62,9 @@ class PeerMonitor {
 
   // The first peer this rank saw die or fall silent. Any thread; cheap.
   bool failed(PeerFailure* out) const;
+  // Whether `rank` died or fell silent (any thread): nothing sent to it can
+  // arrive, so there is no point waiting for its endpoint to take it.
+  bool lost(int rank) const;
   // Connections offered to the listener that did not open with a valid hello.
   uint64_t refusedConnections() const { return refused_.load(); }
   int listenPort() const { return listenPort_; }
@@ -147,6 +150,7 @@ class PeerMonitor {
 
   mutable std::mutex failMu_;
   PeerFailure failure_;            // guarded by failMu_
+  std::vector<char> lost_;         // by rank; guarded by failMu_
   std::atomic<bool> failed_{false};
   std::atomic<uint64_t> refused_{0};
   std::atomic<bool> stop_{false};
