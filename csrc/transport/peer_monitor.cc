@@ -219,7 +219,9 @@ std::unique_ptr<PeerMonitor> PeerMonitor::open(Bootstrap& bootstrap, PeerMonitor
   std::vector<std::string> all;
   try {
     all = bootstrapAllGather(bootstrap, opts.rank, opts.size, "liveness",
-                             on ? opts.address + " " + std::to_string(port) : "-",
+                             on ? opts.address + " " + std::to_string(port) + " " +
+                                      std::to_string(opts.silence.count())
+                                : "-",
                              opts.setupTimeout);
   } catch (...) {
     if (listenFd >= 0) close(listenFd);
@@ -228,11 +230,18 @@ std::unique_ptr<PeerMonitor> PeerMonitor::open(Bootstrap& bootstrap, PeerMonitor
   if (!on) return nullptr;
   std::vector<std::string> addresses(opts.size);
   std::vector<int> ports(opts.size, 0);
+  // Beats come often enough for the most impatient rank of the group
+  // (SMDDP_PEER_TIMEOUT may differ between ranks).
+  std::chrono::milliseconds shortest = opts.silence;
   for (int r = 0; r < opts.size; ++r) {
     std::istringstream f(all[r]);
-    f >> addresses[r] >> ports[r];
+    int64_t silenceMs = 0;
+    f >> addresses[r] >> ports[r] >> silenceMs;
     if (addresses[r] == "-" || ports[r] <= 0) addresses[r].clear();
+    if (silenceMs > 0) shortest = std::min(shortest, std::chrono::milliseconds(silenceMs));
   }
+  opts.beatEvery = std::clamp(shortest / 5, std::chrono::milliseconds(50),
+                              std::chrono::milliseconds(1000));
   registerOnce();
   auto m = std::make_unique<PeerMonitor>(std::move(opts), listenFd, std::move(addresses),
                                          std::move(ports));
@@ -249,9 +258,7 @@ PeerMonitor::PeerMonitor(PeerMonitorOptions opts, int listenFd, std::vector<std:
                          std::vector<int> ports)
     : opts_(std::move(opts)), addresses_(std::move(addresses)), ports_(std::move(ports)),
       listenFd_(listenFd), creatorPid_(getpid()), links_(opts_.size), lost_(opts_.size, 0) {
-  // Several beats per silence window, so one late beat is never a loss.
-  beatEvery_ = std::clamp(opts_.silence / 5, std::chrono::milliseconds(50),
-                          std::chrono::milliseconds(1000));
+  beatEvery_ = opts_.beatEvery;
   sockaddr_storage sa{};
   socklen_t len = sizeof(sa);
   if (getsockname(listenFd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {

@@ -30,6 +30,9 @@ struct PeerMonitorOptions {
   std::string address;             // numeric IP this rank listens on and connects from
   std::chrono::milliseconds silence{10000};          // SMDDP_PEER_TIMEOUT
   std::chrono::milliseconds setupTimeout{300000};    // bounds the connect phase
+  // Set by open(): a fifth of the shortest silence of any rank (at most
+  // 1 s), so one late beat is never a loss.
+  std::chrono::milliseconds beatEvery{1000};
 };
 
 // A peer on another host that died or went silent.

@@ -34,9 +34,10 @@ namespace {
 constexpr uint64_t kSecret = 0x5eC12e7;
 const std::string kBoot = "/0123456789abcdef0123456789abcdef0123";  // 36 characters
 
+// `silences` overrides `silence` per rank (0: liveness off there).
 std::vector<std::unique_ptr<PeerMonitor>> openAll(const std::vector<std::string>& hosts,
                                                   milliseconds silence,
-                                                  const std::vector<bool>& on = {}) {
+                                                  const std::vector<milliseconds>& silences = {}) {
   const int n = static_cast<int>(hosts.size());
   InMemoryBootstrap boot;
   std::vector<std::unique_ptr<PeerMonitor>> out(n);
@@ -52,7 +53,7 @@ std::vector<std::unique_ptr<PeerMonitor>> openAll(const std::vector<std::string>
         o.secret = kSecret;
         for (const auto& h : hosts) o.hosts.push_back(h + kBoot);
         o.address = "127.0.0.1";
-        o.silence = on.empty() || on[r] ? silence : milliseconds(0);
+        o.silence = silences.empty() ? silence : silences[r];
         o.setupTimeout = milliseconds(10000);
         out[r] = PeerMonitor::open(mine, o);
       } catch (const std::exception& e) {
@@ -202,7 +203,8 @@ TEST_CASE("peer monitor: garbage on the listener is refused and changes nothing"
 TEST_CASE("peer monitor: SMDDP_PEER_TIMEOUT=0 on a rank leaves it unwatched, and open still "
           "completes on every rank",
           "[liveness]") {
-  auto m = openAll({"h0", "h1", "h2"}, milliseconds(800), {true, false, true});
+  const milliseconds on(800), off(0);
+  auto m = openAll({"h0", "h1", "h2"}, on, {on, off, on});
   CHECK(m[1] == nullptr);
   CHECK(m[0]->watchedRanks() == std::vector<int>{2});
   CHECK(m[2]->watchedRanks() == std::vector<int>{0});
@@ -212,4 +214,14 @@ TEST_CASE("peer monitor: SMDDP_PEER_TIMEOUT=0 on a rank leaves it unwatched, and
   }
   smddp::test::ScopedEnv env("SMDDP_PEER_TIMEOUT", "3");
   CHECK(PeerMonitor::configuredSilence() == milliseconds(3000));
+}
+
+TEST_CASE("peer monitor: beats keep up with the most impatient rank's SMDDP_PEER_TIMEOUT",
+          "[liveness]") {
+  // Rank 0 alone would beat once a second; rank 1 gives up after 800 ms.
+  auto m = openAll({"h0", "h1"}, milliseconds(0), {milliseconds(5000), milliseconds(800)});
+  std::this_thread::sleep_for(milliseconds(2500));
+  PeerFailure f;
+  CHECK_FALSE(m[0]->failed(&f));
+  CHECK_FALSE(m[1]->failed(&f));
 }
