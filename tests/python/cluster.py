@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -44,6 +45,20 @@ def why_unavailable() -> str | None:
     return None
 
 
+def sweep_stale_clusters() -> None:
+    """Removes the clusters of test processes that died without their
+    teardown (SIGKILL): names carry the creator's pid."""
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    prefixes = set()
+    for line in r.stdout.splitlines():
+        m = re.match(r"^(smx-(\d+)-[0-9a-f]{4})-(hub|h\d+)\b", line)
+        if m and not os.path.exists(f"/proc/{m.group(2)}"):
+            prefixes.add(m.group(1))
+    for prefix in prefixes:
+        subprocess.run([SCRIPT, "down"], env=dict(os.environ, SMDDP_CLUSTER=prefix),
+                       capture_output=True, timeout=60)
+
+
 class Cluster:
     def __init__(self, hosts: int, rate: str = "2gbit"):
         self.hosts = hosts
@@ -55,6 +70,7 @@ class Cluster:
 
     # -- lifetime -----------------------------------------------------------
     def up(self) -> "Cluster":
+        sweep_stale_clusters()
         try:
             self._sh("up", str(self.hosts), self.rate)
             self._start_store()
