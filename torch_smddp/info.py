@@ -28,6 +28,15 @@ def main() -> int:
     print(f"host identity      {host}")
     print(f"provider (1 host)  {one}  [{why_one}]")
     print(f"provider (>1 host) {many}  [{why_many}]")
+    # Across hosts, tcp (and smddp's liveness connections, which follow the
+    # tcp endpoint's address) take this interface; FI_TCP_IFACE picks another.
+    try:
+        iface, addr = _C.provider_address("tcp;ofi_rxm")
+        chosen = "FI_TCP_IFACE" if os.environ.get("FI_TCP_IFACE") else "first usable"
+        print(f"tcp interface      {iface or '?'} {addr or '?'}  [{chosen}; set FI_TCP_IFACE to "
+              "choose another]")
+    except Exception as exc:  # no tcp provider in this libfabric
+        print(f"tcp interface      unavailable: {exc}")
     print(f"reduce kernels     {_C.reduce_kernel_isa()}")
     print()
     print("SMDDP_* settings (effective value, default, meaning):")

@@ -103,6 +103,7 @@ PYBIND11_MODULE(_C, m) {
         return d;
       })
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
+      .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)
       // Where this group instance's keys live in its store (tests read them).
       .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix);
 
@@ -127,6 +128,12 @@ PYBIND11_MODULE(_C, m) {
     std::string why;
     std::string p = smddp::chooseProvider(oneHost, &why);
     return py::make_tuple(p, why);
+  });
+  // The interface and address a provider would take here (info: which one
+  // tcp chose, and so where FI_TCP_IFACE must point when it is wrong).
+  m.def("provider_address", [](const std::string& provider) {
+    smddp::ProviderAddress a = smddp::providerAddress(provider);
+    return py::make_tuple(a.interface, a.address);
   });
   m.def("reduce_kernel_isa", &smddp::reduceKernelIsa);
   m.attr("built_with_torch") = SMDDP_BUILT_WITH_TORCH;

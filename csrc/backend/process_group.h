@@ -106,6 +106,11 @@ class ProcessGroupSmddp : public c10d::Backend {
     return comm_ && comm_->usesHostPath() ? "shared-memory" : provider();
   }
   int reductionServers() const { return comm_ ? comm_->reductionServers() : 0; }
+  // The ranks on other hosts this rank keeps liveness connections to.
+  std::vector<int> livenessPeers() const {
+    return comm_ && comm_->peerMonitor() ? comm_->peerMonitor()->watchedRanks()
+                                         : std::vector<int>{};
+  }
   std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
 
  private:

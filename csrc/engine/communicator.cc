@@ -224,6 +224,19 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
       peerLocks_[p] = std::make_unique<OwnerLock>(peers_[p].owner);
     }
   }
+  // Peers on other hosts have no owner lock here: a liveness connection to
+  // each tells this rank when one dies or its host falls silent.
+  if (!oneHost) {
+    PeerMonitorOptions m;
+    m.rank = opts_.rank;
+    m.size = opts_.size;
+    m.secret = jobSecret_;
+    for (const auto& p : peers_) m.hosts.push_back(p.host);
+    m.address = endpoint_->ipAddress();
+    m.silence = PeerMonitor::configuredSilence();
+    m.setupTimeout = opts_.timeout;
+    monitor_ = PeerMonitor::open(bootstrap, std::move(m));
+  }
   postErrorReceives();
   // 5. Allreduce through each host's shared segment when the layout allows.
   if (config_.hostPath && opts_.size > 1) {
@@ -272,6 +285,11 @@ std::string Communicator::describeGroup() const {
     o << "over libfabric only (" << why << "): " << netServers_.size()
       << " reduction server(s), chunk " << kib(config_.chunkBytes) << ", ring depth "
       << config_.ringDepth << ", no fusion";
+  }
+  if (monitor_) {
+    o << "; liveness connections to " << monitor_->watchedRanks().size()
+      << " rank(s) on other hosts (port " << monitor_->listenPort() << ", SMDDP_PEER_TIMEOUT "
+      << PeerMonitor::configuredSilence().count() / 1000 << " s)";
   }
   return o.str();
 }
@@ -372,6 +390,7 @@ void Communicator::shutdown() {
 }
 
 void Communicator::releaseResources() {
+  monitor_.reset();  // says goodbye: peers on other hosts do not take this for a death
   scheduler_.reset();
   // Point-to-point operations still posted get an "aborted" completion.
   failP2P("the process group was shut down", false);
@@ -470,6 +489,11 @@ void Communicator::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
 }
 
 void Communicator::checkPeersAlive(const std::string& during) {
+  PeerFailure f;
+  if (monitor_ && monitor_->failed(&f)) {
+    throwError(ErrorKind::kPeerLost, "smddp: " + f.who + " " + f.what + " during " + during +
+                                         ": " + f.cause);
+  }
   // A peer's owner lock is released by the kernel when it dies, whatever
   // PID namespace it runs in; a busy or stopped peer keeps it. /proc is
   // consulted only for a peer in this PID namespace whose lock could not
@@ -495,6 +519,13 @@ void Communicator::holdForSend(Request* r) {
   if (!callHeld_) callHeld_ = std::make_shared<HeldMemory>();
   r->held = callHeld_;
   stats_.abandonedSendsHeld++;
+}
+
+bool Communicator::peerLost(int p) const {
+  if (monitor_ && monitor_->lost(p)) return true;
+  const OwnerLock* lock = peerLocks_.size() > static_cast<size_t>(p) ? peerLocks_[p].get()
+                                                                     : nullptr;
+  return lock && lock->valid() && lock->ownerGone();
 }
 
 uint8_t* Communicator::scratch(size_t bytes) {

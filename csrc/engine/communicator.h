@@ -26,6 +26,7 @@
 #include "transport/bootstrap.h"
 #include "transport/endpoint.h"
 #include "transport/frame.h"
+#include "transport/peer_monitor.h"
 #include "transport/shm_owner.h"
 
 namespace smddp {
@@ -202,8 +203,15 @@ class Communicator {
   // Reads completions and dispatches them; returns how many were read.
   size_t progress();
   // Throws PeerLost if a same-host peer process has exited (its shm owner
-  // lock is free; see transport/shm_owner.h).
+  // lock is free; see transport/shm_owner.h), or a peer on another host
+  // died or went silent (transport/peer_monitor.h).
   void checkPeersAlive(const std::string& during);
+  // Whether peer `p` is known to be gone: its owner lock is free (same
+  // host) or the liveness monitor lost it (another host).
+  bool peerLost(int p) const;
+  // The liveness connections to ranks on other hosts; null on one host or
+  // with SMDDP_PEER_TIMEOUT=0.
+  const PeerMonitor* peerMonitor() const { return monitor_.get(); }
   // Set when a peer reported that the group is unusable (a timeout or a
   // lost peer there): the reason, and the current call fails with it.
   bool brokenByPeer(std::string* why) const {
@@ -369,6 +377,7 @@ class Communicator {
   Sink sink_;
   std::shared_ptr<ShmOwner> owner_;                   // this rank's liveness lock
   std::vector<std::unique_ptr<OwnerLock>> peerLocks_;  // same-host peers' locks, by rank
+  std::unique_ptr<PeerMonitor> monitor_;               // peers on other hosts
 
   std::atomic<uint64_t> nextSeq_{0};
   std::atomic<bool> stopRequested_{false};

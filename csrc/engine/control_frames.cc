@@ -103,7 +103,9 @@ void Communicator::broadcastError(uint64_t seq, const std::string& text, uint64_
                                   bool broken) {
   std::string body = text.substr(0, 4000);
   for (int p = 0; p < opts_.size; ++p) {
-    if (p == opts_.rank) continue;
+    // A peer known dead or silent can take nothing: trying would hold this
+    // rank's own error back from its caller (postControl retries).
+    if (p == opts_.rank || peerLost(p)) continue;
     Request* r = newRequest();
     r->type = Request::Type::kErrorSend;
     r->peer = p;
@@ -122,7 +124,12 @@ void Communicator::postControl(Request* r, const iovec* iov, size_t n) {
   // drop the frame (the peers would then only learn at their timeout).
   // Inside progress() (a probe answered from a completion) there is no
   // retry: progress is not re-entered.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  // Not for a peer on another host: the pending list below retries it just
+  // as well, and a lost host's peers would each hold this rank's own error
+  // back from its caller by the whole wait.
+  const bool remote = peers_[r->peer].host != peers_[opts_.rank].host;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(remote ? 0 : 500);
   while (true) {
     int rc = -1;
     try {
@@ -185,7 +192,7 @@ void Communicator::quarantine(const std::string& why) {
 }
 
 void Communicator::sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply) {
-  if (peer == opts_.rank || peer < 0 || peer >= opts_.size) return;
+  if (peer == opts_.rank || peer < 0 || peer >= opts_.size || peerLost(peer)) return;
   Request* r = newRequest();
   r->type = Request::Type::kErrorSend;
   r->peer = peer;

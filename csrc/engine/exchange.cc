@@ -276,12 +276,22 @@ void Exchange::awaitAbandoned() {
                                       timeout_, std::chrono::milliseconds(2000));
   const auto sendsUntil = start + std::min<std::chrono::milliseconds>(
                                       timeout_, std::chrono::milliseconds(250));
+  // Nor for operations whose peers are all known lost (dead, or on a
+  // silent host): a transfer the provider had matched can only finish if
+  // the link comes back, so stop waiting at once, as when the bounds pass.
+  auto allFromLostPeers = [&] {
+    return std::all_of(outstanding_.begin(), outstanding_.end(),
+                       [&](const Request* r) { return r->peer >= 0 && comm_.peerLost(r->peer); });
+  };
   while (!outstanding_.empty() && !comm_.stopRequested()) {
     bool recvs = false, sends = false;
     for (Request* r : outstanding_) (r->type == Request::Type::kRecv ? recvs : sends) = true;
     const auto now = clock::now();
     if ((!recvs || now >= recvsUntil) && (!sends || now >= sendsUntil)) break;
-    if (comm_.progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (comm_.progress() == 0) {
+      if (allFromLostPeers()) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
   size_t sendsLeft = 0;
   int recvPeer = -1;
@@ -349,7 +359,9 @@ void Exchange::run() {
     // reads a buffer the peer has already released). The peer posts its own
     // account of the failure before it returns to its caller, so look for
     // it briefly: it names both sides, and a mismatch must not leave the
-    // group marked unusable the way a lost peer does.
+    // group marked unusable the way a lost peer does. A peer that really
+    // died shows up in the liveness checks within the same moment (its
+    // sockets all close at once), and their error names it and its host.
     const auto until = clock::now() + std::chrono::milliseconds(100);
     std::string remote;
     do {
@@ -357,6 +369,11 @@ void Exchange::run() {
       comm_.progress();
       if (comm_.remoteErrorFor(seq_, &remote)) {
         fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
+      }
+      try {
+        comm_.checkPeersAlive(what);
+      } catch (const Error& e) {
+        fail(e.kind(), e.what());
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     } while (clock::now() < until);

@@ -27,6 +27,12 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
     throwError(ErrorKind::kAborted, "smddp: " + what_ + " failed on another rank: " + remote);
   }
   const auto now = std::chrono::steady_clock::now();
+  // Liveness before the probe: a probe to a peer that cannot take it may
+  // wait for its endpoint, and a dead peer is the better answer anyway.
+  if (now > nextLiveness_) {
+    nextLiveness_ = now + std::chrono::milliseconds(200);
+    comm_.checkPeersAlive(what_);
+  }
   // A call still waiting after 200 ms tells its peers what it is (see
   // Communicator::sendProbe): one header per peer, once per call.
   if (!probed_ && (probeNow_ || now - start_ > std::chrono::milliseconds(200))) {
@@ -38,10 +44,6 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
                                         std::to_string(timeout_.count()) +
                                         " ms expired while waiting for " + waitingOn() + "; " +
                                         notSeen());
-  }
-  if (now > nextLiveness_) {
-    nextLiveness_ = now + std::chrono::milliseconds(200);
-    comm_.checkPeersAlive(what_);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "transport/shm_owner.h"
+#include "transport/socket_address.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -114,6 +115,13 @@ std::string Endpoint::name() const {
   size_t len = sizeof(buf);
   checkFi(fi_getname(&ep_->fid, buf, &len), "fi_getname");
   return std::string(buf, len);
+}
+
+std::string Endpoint::ipAddress() const {
+  const uint32_t format = fabric_->info()->addr_format;
+  if (format != FI_SOCKADDR && format != FI_SOCKADDR_IN && format != FI_SOCKADDR_IN6) return "";
+  const std::string n = name();
+  return numericAddress(n.data(), n.size());
 }
 
 std::vector<fi_addr_t> Endpoint::insertPeers(const std::vector<std::string>& names) {

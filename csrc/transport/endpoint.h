@@ -36,6 +36,10 @@ class Endpoint {
   const std::string& provider() const { return fabric_->provider(); }
   // Opaque address bytes that peers insert into their AV.
   std::string name() const;
+  // The numeric IP in that name when the provider addresses by socket
+  // (tcp), else "": where this rank's liveness connections go
+  // (peer_monitor.h), so they take the data's interface.
+  std::string ipAddress() const;
   std::vector<fi_addr_t> insertPeers(const std::vector<std::string>& names);
 
   // 0 on success, -FI_EAGAIN when the queue is full; throws otherwise.

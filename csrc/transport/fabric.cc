@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/param.h"
+#include "transport/socket_address.h"
 
 namespace smddp {
 
@@ -93,6 +94,14 @@ std::vector<std::string> availableProviders() {
   for (fi_info* i = raw; i; i = i->next) {
     if (seen.insert(i->fabric_attr->prov_name).second) out.push_back(i->fabric_attr->prov_name);
   }
+  return out;
+}
+
+ProviderAddress providerAddress(const std::string& provider) {
+  ProviderAddress out;
+  FiInfoPtr info = getInfo(provider);
+  if (info->domain_attr && info->domain_attr->name) out.interface = info->domain_attr->name;
+  out.address = numericAddress(info->src_addr, info->src_addrlen);
   return out;
 }
 

@@ -34,6 +34,15 @@ void checkFi(int rc, const char* call);
 // how the choice was made.
 std::string chooseProvider(bool allRanksOnOneHost, std::string* why);
 
+// The interface and address a provider would use on this machine (its
+// first fi_info; FI_TCP_IFACE restricts tcp to one interface), for
+// `python -m torch_smddp.info`. Empty fields when it has none.
+struct ProviderAddress {
+  std::string interface;  // domain name: the interface for tcp
+  std::string address;    // numeric IP, when the provider uses sockets
+};
+ProviderAddress providerAddress(const std::string& provider);
+
 // Providers libfabric reports on this machine that can serve tagged RDM.
 std::vector<std::string> availableProviders();
 std::string libfabricVersion();

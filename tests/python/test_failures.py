@@ -170,6 +170,35 @@ def test_peer_death_fails_survivors_fast_naming_the_rank(coll, how):
             assert later["elapsed"] < 5.0, (rank, k, later["elapsed"], later["msg"])
 
 
+@smddp_only
+def test_peer_death_across_pretend_hosts_fails_survivors_fast_naming_rank_and_host():
+    """Every rank its own pretend host (SMDDP_HOST_ID, tcp;ofi_rxm over
+    loopback): no owner lock to watch, so the liveness connections
+    (transport/peer_monitor.h) must see the death, well within 1 s of it,
+    and the error names the host too."""
+    world, victim = 3, 2
+    results = run_world(world, "cases_failures:peer_death", backend=BACKEND, timeout=45,
+                        pg_timeout=DEATH_PG_TIMEOUT, expect_failure=True, allow_exit={victim},
+                        args=("all_reduce", victim, "sigkill"),
+                        env={"SMDDP_HOST_ID": lambda r: f"deathhost{r}", "FI_TCP_IFACE": "lo"})
+    assert isinstance(results[victim], ExitedRank) and results[victim].returncode == -9
+    for rank in range(world):
+        if rank == victim:
+            continue
+        first = results[rank]["first"]
+        where = f"rank {rank}, all_reduce while rank {victim} (host deathhost{victim}) died"
+        assert first["raised"] and first["is_dist_backend_error"], (where, first)
+        msg = first["msg"]
+        assert f"rank {victim} on host deathhost{victim}" in msg, f"{where}: {msg!r}"
+        assert "died" in msg and "allreduce" in msg, f"{where}: {msg!r}"
+        assert "timed out" not in msg, f"{where}: {msg!r}"
+        # The victim dies DEATH_DELAY after the warm-up; the issue's bound
+        # for noticing a dead process is 1 s.
+        assert 0.2 * cf.DEATH_DELAY < first["elapsed"] < cf.DEATH_DELAY + 1.0, (where, first)
+        later = results[rank]["later"]
+        assert later["raised"] and later["elapsed"] < 1.0, (where, later)
+
+
 # ---------------------------------------------------------------------------
 # 3. timeout
 # ---------------------------------------------------------------------------

@@ -56,10 +56,15 @@ def test_destroy_or_abort_does_not_wait_out_a_stuck_collective(path, how):
 
 
 @smddp_only
-def test_point_to_point_with_a_dead_peer_fails_naming_it():
+@pytest.mark.parametrize("path", ["one host", "hosts"])
+def test_point_to_point_with_a_dead_peer_fails_naming_it(path):
+    # "hosts": the peer is on another pretend host, watched through its
+    # liveness connection (transport/peer_monitor.h), not an owner lock.
     victim = 1
+    env = {"SMDDP_HOST_ID": lambda r: f"p2p-host-{r}", "FI_TCP_IFACE": "lo"} if path == "hosts" \
+        else None
     results = run_world(2, "cases_stuck:p2p_dead_peer", backend=BACKEND, timeout=60,
-                        pg_timeout=PG_TIMEOUT, expect_failure=True, allow_exit={victim})
+                        pg_timeout=PG_TIMEOUT, expect_failure=True, allow_exit={victim}, env=env)
     assert isinstance(results[victim], ExitedRank) and results[victim].returncode == 3
     r = results[0]
     assert r["warm_ok"], "the warm-up send/recv gave a wrong result"
@@ -71,3 +76,5 @@ def test_point_to_point_with_a_dead_peer_fails_naming_it():
         assert re.search(r"exited|lost|died", got["msg"]), f"{k}: cause not named: {got}"
         # A dead peer is seen by liveness checks, not by the group timeout.
         assert got["elapsed"] < 10.0, (k, got)
+        if path == "hosts":
+            assert "on host p2p-host-1" in got["msg"], f"{k}: the host is not named: {got}"

@@ -1,0 +1,659 @@
+#include "transport/peer_monitor.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "common/param.h"
+#include "transport/socket_address.h"
+
+namespace smddp {
+
+SMDDP_PARAM_INT(paramPeerTimeout, "SMDDP_PEER_TIMEOUT", 10, 0, 86400,
+                "seconds without a heartbeat after which a peer's host counts as lost "
+                "(ranks on other hosts only; 0 = no liveness connections)")
+
+namespace {
+
+// Every message on a liveness connection: fixed size, carrying the group's
+// secret, so bytes from anyone else are refused before they mean anything.
+enum : uint8_t { kHello = 1, kBeat = 2, kBye = 3 };
+constexpr uint32_t kMagic = 0x4C444D53;  // "SMDL"
+constexpr uint8_t kVersion = 1;
+
+struct Message {
+  uint32_t magic;
+  uint8_t version;
+  uint8_t type;
+  uint16_t reserved;
+  uint32_t from;    // sender's rank
+  uint32_t to;      // receiver's rank
+  uint64_t secret;  // the group's secret
+};
+static_assert(sizeof(Message) == 24, "liveness messages are 24 bytes");
+
+constexpr size_t kMaxPending = 64;     // accepted connections still owing a hello
+constexpr size_t kMaxOutbox = 4096;    // a peer this far behind gets no more beats
+constexpr auto kMaxPollWait = std::chrono::milliseconds(100);
+
+using Clock = std::chrono::steady_clock;
+
+std::string secondsText(std::chrono::milliseconds d) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.1f s", static_cast<double>(d.count()) / 1000.0);
+  return b;
+}
+
+bool parseAddress(const std::string& ip, int port, sockaddr_storage* out, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(ip.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) {
+    return false;
+  }
+  std::memcpy(out, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return true;
+}
+
+void setNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// A non-loopback IPv4 address of an interface that is up, else loopback:
+// where to listen when the provider's address is not an IP (efa, say).
+std::string fallbackAddress() {
+  ifaddrs* list = nullptr;
+  std::string found;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* i = list; i && found.empty(); i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+      if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+      found = numericAddress(i->ifa_addr, sizeof(sockaddr_in));
+    }
+    freeifaddrs(list);
+  }
+  return found.empty() ? "127.0.0.1" : found;
+}
+
+int listenOn(const std::string& ip, int* port) {
+  sockaddr_storage sa{};
+  socklen_t len = 0;
+  SMDDP_CHECK(parseAddress(ip, 0, &sa, &len), kTransport,
+              "liveness listener: '" + ip + "' is not a numeric address");
+  int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  SMDDP_CHECK(fd >= 0, kTransport, std::string("liveness listener: socket: ") + strerror(errno));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd, 128) != 0) {
+    const int e = errno;
+    close(fd);
+    throwError(ErrorKind::kTransport,
+               "liveness listener: cannot listen on " + ip + ": " + strerror(e));
+  }
+  len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  *port = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
+                                         : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
+  return fd;
+}
+
+// Connects from `fromIp` to ip:port, retrying refusals (the peer listens
+// before it publishes, so a refusal is a transient network state or a dead
+// peer) until `deadline`. Returns the fd or -1 with `why` set.
+int connectBefore(const std::string& fromIp, const std::string& ip, int port,
+                  Clock::time_point deadline, std::string* why) {
+  sockaddr_storage to{}, from{};
+  socklen_t toLen = 0, fromLen = 0;
+  if (!parseAddress(ip, port, &to, &toLen)) {
+    *why = "'" + ip + "' is not a numeric address";
+    return -1;
+  }
+  const bool bindSource = parseAddress(fromIp, 0, &from, &fromLen) && from.ss_family == to.ss_family;
+  while (true) {
+    int fd = socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      *why = std::string("socket: ") + strerror(errno);
+      return -1;
+    }
+    // From the provider's own address, so the liveness connection takes the
+    // interface the data takes (and dies with it).
+    if (bindSource) bind(fd, reinterpret_cast<sockaddr*>(&from), fromLen);
+    int rc = connect(fd, reinterpret_cast<sockaddr*>(&to), toLen);
+    int err = rc == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - Clock::now());
+      int n = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+      socklen_t l = sizeof(err);
+      if (n == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+      else err = ETIMEDOUT;
+    }
+    if (err == 0) {
+      setNoDelay(fd);
+      return fd;
+    }
+    close(fd);
+    if (Clock::now() >= deadline) {
+      *why = strerror(err);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Every live monitor of this process: its goodbye is said when the process
+// exits normally (a rank that returns from main without destroying its
+// group is not dead to its peers), and a forked child closes its copies of
+// the sockets (else the parent's death would go unseen while it lived).
+// Leaked on purpose: monitors may outlive static destructors.
+struct Registry {
+  std::mutex mu;
+  std::vector<PeerMonitor*> live;  // guarded by mu
+};
+Registry& registry() {
+  static Registry* r = std::make_unique<Registry>().release();
+  return *r;
+}
+void goodbyeAtExit() {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  for (PeerMonitor* m : registry().live) m->sayGoodbye();
+}
+void forkPrepare() { registry().mu.lock(); }
+void forkParent() { registry().mu.unlock(); }
+void forkChild() {
+  for (PeerMonitor* m : registry().live) m->closeInForkedChild();
+  registry().live.clear();
+  registry().mu.unlock();
+}
+void registerOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::atexit(goodbyeAtExit);
+    pthread_atfork(forkPrepare, forkParent, forkChild);
+  });
+}
+
+}  // namespace
+
+std::string hostDisplayName(const std::string& identity) {
+  // hostIdentity (communicator.cc) appends "/" and the 36-character boot id.
+  const size_t slash = identity.rfind('/');
+  if (slash != std::string::npos && identity.size() - slash - 1 == 36) {
+    return identity.substr(0, slash);
+  }
+  return identity;
+}
+
+std::chrono::milliseconds PeerMonitor::configuredSilence() {
+  return std::chrono::seconds(paramPeerTimeout());
+}
+
+std::unique_ptr<PeerMonitor> PeerMonitor::open(Bootstrap& bootstrap, PeerMonitorOptions opts) {
+  SMDDP_CHECK(static_cast<int>(opts.hosts.size()) == opts.size, kInternal,
+              "PeerMonitor: one host per rank");
+  const bool on = opts.silence.count() > 0;
+  if (opts.address.empty()) opts.address = fallbackAddress();
+  int listenFd = -1, port = 0;
+  if (on) listenFd = listenOn(opts.address, &port);
+  // Published after listen(): a peer that reads this address can connect.
+  std::vector<std::string> all;
+  try {
+    all = bootstrapAllGather(bootstrap, opts.rank, opts.size, "liveness",
+                             on ? opts.address + " " + std::to_string(port) + " " +
+                                      std::to_string(opts.silence.count())
+                                : "-",
+                             opts.setupTimeout);
+  } catch (...) {
+    if (listenFd >= 0) close(listenFd);
+    throw;
+  }
+  if (!on) return nullptr;
+  std::vector<std::string> addresses(opts.size);
+  std::vector<int> ports(opts.size, 0);
+  // Beats come often enough for the most impatient rank of the group
+  // (SMDDP_PEER_TIMEOUT may differ between ranks).
+  std::chrono::milliseconds shortest = opts.silence;
+  for (int r = 0; r < opts.size; ++r) {
+    std::istringstream f(all[r]);
+    int64_t silenceMs = 0;
+    f >> addresses[r] >> ports[r] >> silenceMs;
+    if (addresses[r] == "-" || ports[r] <= 0) addresses[r].clear();
+    if (silenceMs > 0) shortest = std::min(shortest, std::chrono::milliseconds(silenceMs));
+  }
+  opts.beatEvery = std::clamp(shortest / 5, std::chrono::milliseconds(50),
+                              std::chrono::milliseconds(1000));
+  registerOnce();
+  auto m = std::make_unique<PeerMonitor>(std::move(opts), listenFd, std::move(addresses),
+                                         std::move(ports));
+  m->connectToLowerPeers();
+  m->thread_ = std::thread([p = m.get()] { p->run(); });
+  {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    registry().live.push_back(m.get());
+  }
+  return m;
+}
+
+PeerMonitor::PeerMonitor(PeerMonitorOptions opts, int listenFd, std::vector<std::string> addresses,
+                         std::vector<int> ports)
+    : opts_(std::move(opts)), addresses_(std::move(addresses)), ports_(std::move(ports)),
+      listenFd_(listenFd), creatorPid_(getpid()), links_(opts_.size), lost_(opts_.size, 0) {
+  beatEvery_ = opts_.beatEvery;
+  sockaddr_storage sa{};
+  socklen_t len = sizeof(sa);
+  if (getsockname(listenFd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+    listenPort_ = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
+                                                 : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
+  }
+  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  started_ = Clock::now();
+  nextBeat_ = started_ + beatEvery_;
+  const std::string& mine = opts_.hosts[opts_.rank];
+  for (int p = 0; p < opts_.size; ++p) {
+    Link& l = links_[p];
+    l.watched = p != opts_.rank && opts_.hosts[p] != mine && !addresses_[p].empty();
+    l.lastHeard = started_;
+  }
+}
+
+void PeerMonitor::connectToLowerPeers() {
+  // Each pair has one connection: the higher rank connects, and says hello
+  // first; the lower one answers with its own once it has checked it.
+  const auto deadline = Clock::now() + opts_.setupTimeout;
+  for (int p = 0; p < opts_.rank; ++p) {
+    if (!links_[p].watched) continue;
+    std::string why;
+    int fd = connectBefore(opts_.address, addresses_[p], ports_[p], deadline, &why);
+    if (fd < 0) {
+      for (auto& l : links_) {
+        if (l.fd >= 0) close(l.fd);
+        l.fd = -1;
+      }
+      close(listenFd_);
+      close(wakeFd_);
+      listenFd_ = wakeFd_ = -1;
+      throwError(ErrorKind::kTransport, "smddp: cannot open the liveness connection to " +
+                                            describe(p) + " (port " + std::to_string(ports_[p]) +
+                                            "): " + why);
+    }
+    links_[p].fd = fd;
+    links_[p].lastHeard = Clock::now();
+    queueLocked(p, kHello);
+    flushLocked(p);
+  }
+}
+
+PeerMonitor::~PeerMonitor() {
+  if (getpid() != creatorPid_) {
+    // A forked child: its sockets are closed (forkChild) and the thread
+    // never existed here.
+    if (thread_.joinable()) thread_.detach();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    auto& live = registry().live;
+    live.erase(std::remove(live.begin(), live.end(), this), live.end());
+  }
+  stopThread();
+  sayGoodbye();
+  std::lock_guard<std::mutex> lock(ioMu_);
+  closeAllLocked();
+  if (wakeFd_ >= 0) close(wakeFd_);
+  wakeFd_ = -1;
+}
+
+void PeerMonitor::stopThread() {
+  stop_ = true;
+  uint64_t one = 1;
+  if (wakeFd_ >= 0 && write(wakeFd_, &one, sizeof(one)) < 0) {
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void PeerMonitor::closeAllLocked() {
+  for (auto& l : links_) {
+    if (l.fd < 0) continue;
+    // Read what the peer sent first: closing over unread bytes resets the
+    // connection, and a reset may overtake the goodbye.
+    uint8_t sink[256];
+    while (recv(l.fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+    }
+    close(l.fd);
+    l.fd = -1;
+  }
+  for (auto& p : pending_) close(p.fd);
+  pending_.clear();
+  if (listenFd_ >= 0) close(listenFd_);
+  listenFd_ = -1;
+}
+
+void PeerMonitor::closeInForkedChild() {
+  // Only this thread exists in the child; ioMu_ may be held by a thread
+  // that did not survive the fork, so it is not taken.
+  for (auto& l : links_) {
+    if (l.fd >= 0) close(l.fd);
+    l.fd = -1;
+  }
+  for (auto& p : pending_) close(p.fd);
+  pending_.clear();
+  if (listenFd_ >= 0) close(listenFd_);
+  if (wakeFd_ >= 0) close(wakeFd_);
+  listenFd_ = wakeFd_ = -1;
+}
+
+void PeerMonitor::sayGoodbye() {
+  std::lock_guard<std::mutex> lock(ioMu_);
+  if (goodbyeSaid_) return;
+  goodbyeSaid_ = true;
+  for (int p = 0; p < opts_.size; ++p) {
+    Link& l = links_[p];
+    if (l.fd < 0) continue;
+    queueLocked(p, kBye);
+    flushLocked(p);
+    if (l.fd >= 0) shutdown(l.fd, SHUT_WR);
+  }
+}
+
+void PeerMonitor::dropWithoutGoodbye() {
+  stopThread();
+  std::lock_guard<std::mutex> lock(ioMu_);
+  goodbyeSaid_ = true;  // nothing more is sent
+  for (auto& l : links_) {
+    if (l.fd >= 0) close(l.fd);
+    l.fd = -1;
+  }
+  for (auto& p : pending_) close(p.fd);
+  pending_.clear();
+  if (listenFd_ >= 0) close(listenFd_);
+  listenFd_ = -1;
+}
+
+void PeerMonitor::freezeForTest() {
+  stopThread();
+  std::lock_guard<std::mutex> lock(ioMu_);
+  frozen_ = true;
+  goodbyeSaid_ = true;  // a frozen process says nothing, not even goodbye
+}
+
+bool PeerMonitor::failed(PeerFailure* out) const {
+  if (!failed_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(failMu_);
+  *out = failure_;
+  return true;
+}
+
+bool PeerMonitor::lost(int rank) const {
+  if (!failed_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(failMu_);
+  return rank >= 0 && rank < static_cast<int>(lost_.size()) && lost_[rank];
+}
+
+std::vector<int> PeerMonitor::watchedRanks() const {
+  std::vector<int> out;
+  for (int p = 0; p < opts_.size; ++p) {
+    if (links_[p].watched) out.push_back(p);
+  }
+  return out;
+}
+
+std::string PeerMonitor::describe(int peer) const {
+  std::string s = "rank " + std::to_string(peer) + " on host " +
+                  hostDisplayName(opts_.hosts[peer]);
+  if (!addresses_[peer].empty()) s += " (" + addresses_[peer] + ")";
+  return s;
+}
+
+void PeerMonitor::fail(int peer, const char* what, const std::string& cause) {
+  Link& l = links_[peer];
+  if (l.reported) return;
+  l.reported = true;
+  std::lock_guard<std::mutex> lock(failMu_);
+  lost_[peer] = 1;
+  if (failed_.load()) return;
+  failure_.rank = peer;
+  failure_.who = describe(peer);
+  failure_.what = what;
+  failure_.cause = cause;
+  failed_.store(true, std::memory_order_release);
+  SMDDP_LOG(kWarn) << " [rank " << opts_.rank << "] " << failure_.who << " " << what << ": "
+                   << cause;
+}
+
+void PeerMonitor::run() {
+  std::vector<pollfd> fds;
+  std::vector<PollSlot> slots;
+  while (!stop_.load()) {
+    fds.clear();
+    slots.clear();
+    fds.push_back({wakeFd_, POLLIN, 0});
+    slots.push_back({0, 0});
+    {
+      std::lock_guard<std::mutex> lock(ioMu_);
+      if (listenFd_ >= 0) {
+        fds.push_back({listenFd_, POLLIN, 0});
+        slots.push_back({1, 0});
+      }
+      for (size_t i = 0; i < pending_.size(); ++i) {
+        fds.push_back({pending_[i].fd, POLLIN, 0});
+        slots.push_back({2, static_cast<int>(i)});
+      }
+      for (int p = 0; p < opts_.size; ++p) {
+        const Link& l = links_[p];
+        if (l.fd < 0) continue;
+        fds.push_back({l.fd, static_cast<short>(POLLIN | (l.tx.empty() ? 0 : POLLOUT)), 0});
+        slots.push_back({3, p});
+      }
+    }
+    const auto now = Clock::now();
+    auto wait = std::min<Clock::duration>(kMaxPollWait, nextBeat_ > now ? nextBeat_ - now
+                                                                          : Clock::duration(0));
+    int n = poll(fds.data(), fds.size(),
+                 static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(wait)
+                                      .count()));
+    if (stop_.load()) break;
+    std::lock_guard<std::mutex> lock(ioMu_);
+    if (goodbyeSaid_) continue;  // leaving: nothing more to watch or say
+    if (n > 0) {
+      // Pending connections are read before the listener adds to them (the
+      // slots' indices stay valid), and in reverse (readPending erases).
+      for (size_t i = fds.size(); i-- > 0;) {
+        if (!fds[i].revents || slots[i].kind != 2) continue;
+        readPendingLocked(static_cast<size_t>(slots[i].index));
+      }
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        const int peer = slots[i].index;
+        if (slots[i].kind == 0) {
+          uint64_t v;
+          if (read(wakeFd_, &v, sizeof(v)) < 0) {
+          }
+        } else if (slots[i].kind == 1) {
+          acceptLocked();
+        } else if (slots[i].kind == 3 && links_[peer].fd == fds[i].fd) {
+          if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) readLinkLocked(peer);
+          if (links_[peer].fd >= 0 && (fds[i].revents & POLLOUT)) flushLocked(peer);
+        }
+      }
+    }
+    checkDeadlinesLocked(Clock::now());
+  }
+}
+
+void PeerMonitor::acceptLocked() {
+  while (true) {
+    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN, or a connection that went away first
+    if (pending_.size() >= kMaxPending) {
+      close(fd);
+      ++refused_;
+      continue;
+    }
+    setNoDelay(fd);
+    Pending p;
+    p.fd = fd;
+    // A peer says hello as soon as it connects; anything slower is refused.
+    p.giveUp = Clock::now() + std::min<Clock::duration>(opts_.silence, std::chrono::seconds(5));
+    pending_.push_back(p);
+  }
+}
+
+bool PeerMonitor::readPendingLocked(size_t i) {
+  Pending& p = pending_[i];
+  ssize_t n = recv(p.fd, p.rx + p.have, kMessageBytes - p.have, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+  bool keep = false;
+  int from = -1;
+  if (n > 0) {
+    p.have += static_cast<size_t>(n);
+    if (p.have < kMessageBytes) return true;
+    Message m;
+    std::memcpy(&m, p.rx, sizeof(m));
+    from = static_cast<int>(m.from);
+    // Only a rank of this group, on another host, above this one (it
+    // connects here), not yet connected, with the group's secret.
+    keep = m.magic == kMagic && m.version == kVersion && m.type == kHello &&
+           m.secret == opts_.secret && m.to == static_cast<uint32_t>(opts_.rank) &&
+           m.from < static_cast<uint32_t>(opts_.size) && from > opts_.rank &&
+           links_[from].watched && links_[from].fd < 0 && !links_[from].greeted;
+  }
+  const int fd = p.fd;
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+  if (!keep) {
+    close(fd);
+    ++refused_;
+    return false;
+  }
+  Link& l = links_[from];
+  l.fd = fd;
+  l.greeted = true;
+  l.lastHeard = Clock::now();
+  queueLocked(from, kHello);
+  flushLocked(from);
+  if (l.fd >= 0) readLinkLocked(from);  // a beat may already follow the hello
+  return true;
+}
+
+void PeerMonitor::readLinkLocked(int peer) {
+  Link& l = links_[peer];
+  while (l.fd >= 0) {
+    ssize_t n = recv(l.fd, l.rx + l.have, kMessageBytes - l.have, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      linkClosedLocked(peer, n == 0 ? "its liveness connection closed"
+                                    : std::string("its liveness connection failed (") +
+                                          strerror(errno) + ")");
+      return;
+    }
+    l.have += static_cast<size_t>(n);
+    if (l.have < kMessageBytes) continue;
+    l.have = 0;
+    Message m;
+    std::memcpy(&m, l.rx, sizeof(m));
+    const bool valid = m.magic == kMagic && m.version == kVersion && m.secret == opts_.secret &&
+                       m.from == static_cast<uint32_t>(peer) &&
+                       m.to == static_cast<uint32_t>(opts_.rank) &&
+                       (l.greeted ? m.type == kBeat || m.type == kBye : m.type == kHello);
+    if (!valid) {
+      // Nobody else can write into an established connection: this is not
+      // the peer we connected to (its port reused after it died), or a bug.
+      close(l.fd);
+      l.fd = -1;
+      fail(peer, "was lost", "its liveness connection sent a message that is not the group's");
+      return;
+    }
+    l.lastHeard = Clock::now();
+    if (m.type == kHello) l.greeted = true;
+    if (m.type == kBye) l.departed = true;
+  }
+}
+
+void PeerMonitor::linkClosedLocked(int peer, const std::string& how) {
+  Link& l = links_[peer];
+  close(l.fd);
+  l.fd = -1;
+  if (l.departed) return;  // it left the group in order
+  // The kernel closes a dead process's sockets, and nothing else closes
+  // this one without the goodbye first.
+  fail(peer, "died", how + " without a goodbye: its process exited or was killed");
+}
+
+void PeerMonitor::queueLocked(int peer, uint8_t type) {
+  Link& l = links_[peer];
+  if (l.tx.size() + kMessageBytes > kMaxOutbox) return;  // not reading: its silence shows
+  Message m{kMagic, kVersion, type, 0, static_cast<uint32_t>(opts_.rank),
+            static_cast<uint32_t>(peer), opts_.secret};
+  l.tx.append(reinterpret_cast<const char*>(&m), sizeof(m));
+}
+
+void PeerMonitor::flushLocked(int peer) {
+  Link& l = links_[peer];
+  while (l.fd >= 0 && !l.tx.empty()) {
+    ssize_t n = send(l.fd, l.tx.data(), l.tx.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      l.tx.erase(0, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && errno == EINTR) continue;
+    // EPIPE, ECONNRESET: the reader sees the same end (and any goodbye first).
+    readLinkLocked(peer);
+    if (l.fd >= 0) linkClosedLocked(peer, std::string("its liveness connection failed (") +
+                                              strerror(errno) + ")");
+    return;
+  }
+}
+
+void PeerMonitor::checkDeadlinesLocked(Clock::time_point now) {
+  for (size_t i = pending_.size(); i-- > 0;) {
+    if (now > pending_[i].giveUp) {
+      close(pending_[i].fd);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      ++refused_;
+    }
+  }
+  const bool beat = now >= nextBeat_;
+  if (beat) nextBeat_ = now + beatEvery_;
+  for (int p = 0; p < opts_.size; ++p) {
+    Link& l = links_[p];
+    if (!l.watched || l.departed || l.reported) continue;
+    if (l.fd >= 0 && beat) {
+      queueLocked(p, kBeat);
+      flushLocked(p);
+    }
+    const auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - l.lastHeard);
+    if (l.fd >= 0 || (!l.greeted && p > opts_.rank)) {
+      if (quiet <= opts_.silence) continue;
+      const std::string host = hostDisplayName(opts_.hosts[p]);
+      fail(p, "was lost",
+           l.greeted || l.fd >= 0
+               ? "host " + host + " silent for " + secondsText(quiet) +
+                     ": no heartbeat on its liveness connection (SMDDP_PEER_TIMEOUT " +
+                     secondsText(opts_.silence) + "; link down, host down or stopped)"
+               : "it opened no liveness connection within " + secondsText(quiet));
+    }
+  }
+}
+
+}  // namespace smddp

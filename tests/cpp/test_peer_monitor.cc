@@ -1,0 +1,227 @@
+// The liveness connections between ranks on different hosts
+// (transport/peer_monitor.h), without libfabric: monitors on threads of
+// this process, meeting through an in-memory bootstrap, on 127.0.0.1. A
+// death is a connection closed without a goodbye (dropWithoutGoodbye does
+// what the kernel does for a killed process), a lost host is silence
+// (freezeForTest: the sockets stay open, nothing more is sent). The
+// engine's side (every wait consults the monitor) is tested through torch
+// and across network namespaces in tests/python/test_cluster.py.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "transport/bootstrap.h"
+#include "transport/peer_monitor.h"
+#include "world.h"
+
+using namespace smddp;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr uint64_t kSecret = 0x5eC12e7;
+const std::string kBoot = "/0123456789abcdef0123456789abcdef0123";  // 36 characters
+
+// `silences` overrides `silence` per rank (0: liveness off there).
+std::vector<std::unique_ptr<PeerMonitor>> openAll(const std::vector<std::string>& hosts,
+                                                  milliseconds silence,
+                                                  const std::vector<milliseconds>& silences = {}) {
+  const int n = static_cast<int>(hosts.size());
+  InMemoryBootstrap boot;
+  std::vector<std::unique_ptr<PeerMonitor>> out(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        InMemoryBootstrap mine(boot.state());
+        PeerMonitorOptions o;
+        o.rank = r;
+        o.size = n;
+        o.secret = kSecret;
+        for (const auto& h : hosts) o.hosts.push_back(h + kBoot);
+        o.address = "127.0.0.1";
+        o.silence = silences.empty() ? silence : silences[r];
+        o.setupTimeout = milliseconds(10000);
+        out[r] = PeerMonitor::open(mine, o);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) REQUIRE(errors[r] == "");
+  return out;
+}
+
+// Seconds until `m` reports a failure, or -1 after `limit`.
+double secondsUntilFailure(const PeerMonitor& m, milliseconds limit, PeerFailure* f) {
+  const auto t0 = Clock::now();
+  while (Clock::now() - t0 < limit) {
+    if (m.failed(f)) return std::chrono::duration<double>(Clock::now() - t0).count();
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return -1;
+}
+
+int connectTo(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  return fd;
+}
+
+// The bytes of a liveness message, as peer_monitor.cc lays them out.
+std::string message(uint8_t type, uint32_t from, uint32_t to, uint64_t secret) {
+  std::string m(24, '\0');
+  const uint32_t magic = 0x4C444D53;
+  std::memcpy(&m[0], &magic, 4);
+  m[4] = 1;
+  m[5] = static_cast<char>(type);
+  std::memcpy(&m[8], &from, 4);
+  std::memcpy(&m[12], &to, 4);
+  std::memcpy(&m[16], &secret, 8);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("peer monitor: ranks on the same host are not watched; a closed connection is a death "
+          "named with its host, within 1 s",
+          "[liveness]") {
+  // hosts: h0 = {0, 1}, h1 = {2}, h2 = {3}
+  auto m = openAll({"h0", "h0", "h1", "h2"}, milliseconds(5000));
+  CHECK(m[0]->watchedRanks() == std::vector<int>{2, 3});
+  CHECK(m[1]->watchedRanks() == std::vector<int>{2, 3});
+  CHECK(m[2]->watchedRanks() == std::vector<int>{0, 1, 3});
+  CHECK(m[3]->watchedRanks() == std::vector<int>{0, 1, 2});
+  std::this_thread::sleep_for(milliseconds(300));
+  PeerFailure f;
+  for (int r = 0; r < 4; ++r) CHECK_FALSE(m[r]->failed(&f));
+
+  m[3]->dropWithoutGoodbye();  // what the kernel does when rank 3 is killed
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    const double s = secondsUntilFailure(*m[r], milliseconds(3000), &f);
+    CHECK(s >= 0);
+    CHECK(s < 1.0);
+    CHECK(f.rank == 3);
+    CHECK(f.who == "rank 3 on host h2 (127.0.0.1)");
+    CHECK(f.what == "died");
+    CHECK(f.cause.find("closed without a goodbye") != std::string::npos);
+  }
+}
+
+TEST_CASE("peer monitor: a goodbye is no death, and a monitor closes within 100 ms",
+          "[liveness]") {
+  auto m = openAll({"h0", "h1", "h2"}, milliseconds(600));
+  const auto t0 = Clock::now();
+  m[2].reset();  // an orderly shutdown: goodbye, then close
+  const double closeS = std::chrono::duration<double>(Clock::now() - t0).count();
+  CHECK(closeS < 0.5);  // about 100 ms at most; margin for a loaded machine
+  PeerFailure f;
+  // Longer than the silence: a departed peer is not missed either.
+  CHECK(secondsUntilFailure(*m[0], milliseconds(1500), &f) < 0);
+  CHECK_FALSE(m[1]->failed(&f));
+}
+
+TEST_CASE("peer monitor: a host that falls silent is lost after SMDDP_PEER_TIMEOUT, not before",
+          "[liveness]") {
+  const milliseconds silence(800);
+  auto m = openAll({"h0", "h1"}, silence);
+  m[1]->freezeForTest();  // sockets open, no more heartbeats: a cut link
+  PeerFailure f;
+  const double s = secondsUntilFailure(*m[0], milliseconds(5000), &f);
+  CHECK(s >= 0.8 * 0.8);  // the last beat came up to one beat interval before the freeze
+  CHECK(s < 3.0);
+  CHECK(f.rank == 1);
+  CHECK(f.who == "rank 1 on host h1 (127.0.0.1)");
+  CHECK(f.what == "was lost");
+  CHECK(f.cause.find("host h1 silent for") != std::string::npos);
+}
+
+TEST_CASE("peer monitor: garbage on the listener is refused and changes nothing", "[liveness]") {
+  auto m = openAll({"h0", "h1"}, milliseconds(800));
+  const int port = m[0]->listenPort();
+  REQUIRE(port > 0);
+  const std::vector<std::string> attempts = {
+      "garbage, not a message at all",
+      message(1, 1, 0, kSecret).substr(0, 10),  // truncated, then closed
+      message(1, 1, 0, kSecret + 1),            // wrong secret
+      message(1, 7, 0, kSecret),                // a rank that does not exist
+      message(1, 1, 0, kSecret),                // rank 1 again: it is already connected
+      message(2, 1, 0, kSecret),                // a beat before any hello
+      std::string(1 << 20, 'x'),                // a blob
+  };
+  for (const auto& bytes : attempts) {
+    int fd = connectTo(port);
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;  // refused and reset mid-blob
+      sent += static_cast<size_t>(n);
+    }
+    // The monitor closes it (read returns 0 or a reset) once it has judged it.
+    char c;
+    timeval tv{3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    CHECK(recv(fd, &c, 1, 0) <= 0);
+    close(fd);
+  }
+  // A connection that never speaks is dropped after its grace period.
+  int silent = connectTo(port);
+  const auto t0 = Clock::now();
+  while (m[0]->refusedConnections() < attempts.size() + 1 &&
+         Clock::now() - t0 < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  close(silent);
+  CHECK(m[0]->refusedConnections() == attempts.size() + 1);
+  // The real link was never disturbed: heartbeats still flow both ways for
+  // longer than the silence.
+  std::this_thread::sleep_for(milliseconds(1200));
+  PeerFailure f;
+  CHECK_FALSE(m[0]->failed(&f));
+  CHECK_FALSE(m[1]->failed(&f));
+}
+
+TEST_CASE("peer monitor: SMDDP_PEER_TIMEOUT=0 on a rank leaves it unwatched, and open still "
+          "completes on every rank",
+          "[liveness]") {
+  const milliseconds on(800), off(0);
+  auto m = openAll({"h0", "h1", "h2"}, on, {on, off, on});
+  CHECK(m[1] == nullptr);
+  CHECK(m[0]->watchedRanks() == std::vector<int>{2});
+  CHECK(m[2]->watchedRanks() == std::vector<int>{0});
+  {
+    smddp::test::ScopedEnv env("SMDDP_PEER_TIMEOUT", "0");
+    CHECK(PeerMonitor::configuredSilence().count() == 0);
+  }
+  smddp::test::ScopedEnv env("SMDDP_PEER_TIMEOUT", "3");
+  CHECK(PeerMonitor::configuredSilence() == milliseconds(3000));
+}
+
+TEST_CASE("peer monitor: beats keep up with the most impatient rank's SMDDP_PEER_TIMEOUT",
+          "[liveness]") {
+  // Rank 0 alone would beat once a second; rank 1 gives up after 800 ms.
+  auto m = openAll({"h0", "h1"}, milliseconds(0), {milliseconds(5000), milliseconds(800)});
+  std::this_thread::sleep_for(milliseconds(2500));
+  PeerFailure f;
+  CHECK_FALSE(m[0]->failed(&f));
+  CHECK_FALSE(m[1]->failed(&f));
+}

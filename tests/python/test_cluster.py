@@ -1,0 +1,161 @@
+"""Failure across hosts, on a cluster of network namespaces (docs/design.md,
+"Failure model"; scripts/cluster.sh): 2 hosts of 2 ranks, each host with its
+own address and a 2gbit tbf link to the hub, each running its own torchrun
+against a rendezvous store in the hub.
+
+While every rank runs 4 MiB all_reduces back to back, the test kills a rank
+on host h1 (SIGKILL), or every process of host h1, or takes h1's link down.
+Oracles, independent of the backend: the parent's own record of what it did
+and when (wall clock, shared with the ranks), and which ranks live where.
+Every surviving rank must raise, naming a rank that really is on the lost
+host and that host, within the deadline: 1 s for a process the kernel
+closed (the issue's bound), SMDDP_PEER_TIMEOUT + 1 s for silence (beats and
+checks come at most 0.6 s + 0.3 s late); no rank may hang (the whole job has
+a hard deadline), the next call must fail at once, and destroy must return.
+
+Each job costs about 25 s on a loaded 2-core machine (torch imports); the
+three scenarios are one job each.
+"""
+
+import os
+import re
+import secrets
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster as cl  # noqa: E402  (torch-free)
+from mp_harness import backend_under_test  # noqa: E402
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif("smddp" not in backend_under_test(),
+                       reason="liveness across hosts is smddp's (docs/design.md)"),
+]
+
+HOSTS, NPROC = 2, 2
+WORLD = HOSTS * NPROC
+LOOP_S = 40.0        # a worker gives up looping after this (then the test fails)
+START_S = 150.0      # torchrun start-up, torch imports, rendezvous (loaded machine)
+DEATH_DEADLINE_S = 1.0
+PEER_TIMEOUT_S = 3   # SMDDP_PEER_TIMEOUT of the link-down job
+SILENCE_MARGIN_S = 1.0
+
+
+def host_of(rank: int) -> int:
+    return rank // NPROC
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    why = cl.why_unavailable()
+    if why:
+        pytest.skip(f"no cluster of network namespaces here: {why}")
+    c = cl.Cluster(HOSTS, "2gbit").up()
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def _logs(out_dir: str) -> str:
+    parts = []
+    for name in sorted(os.listdir(out_dir)):
+        if name.endswith(".log") or name.startswith("result."):
+            parts.append(f"--- {name}\n{cl.tail(os.path.join(out_dir, name))}")
+    return "\n".join(parts)
+
+
+def _run(cluster, out_dir, act, survivors, env=None, result_wait_s=20.0):
+    """Starts the job, checks the warm-up, does `act(infos)` once every rank
+    is in its loop, and returns (t_action, infos, results of `survivors`)."""
+    out_dir = str(out_dir)
+    try:
+        cluster.torchrun(f"job-{secrets.token_hex(4)}", [str(LOOP_S)], NPROC, out_dir, env)
+        ready = [os.path.join(out_dir, f"ready.{r}") for r in range(WORLD)]
+        assert cl.wait_for_files(ready, time.monotonic() + START_S, cluster.jobs_alive), (
+            "the ranks did not all start:\n" + _logs(out_dir))
+        infos = [cl.read_json(p) for p in ready]
+        for r, info in enumerate(infos):
+            assert info["host"] == f"h{host_of(r)}", (r, info)
+            assert info["provider"] == "tcp;ofi_rxm", (r, info)
+            assert info["allreduce_path"] == "shared-memory", (r, info)  # 2 x 2: hierarchical
+            assert info["closed_form_ok"], (r, info)
+            others = [p for p in range(WORLD) if host_of(p) != host_of(r)]
+            assert info["liveness_peers"] == others, (r, info)
+        time.sleep(0.5)  # well inside the all_reduce loop
+        t_action = time.time()
+        act(infos)
+        results = [os.path.join(out_dir, f"result.{r}") for r in survivors]
+        cl.wait_for_files(results, time.monotonic() + result_wait_s)
+        got = {r: cl.read_json(p) for r, p in zip(survivors, results)}
+        missing = [r for r, g in got.items() if g is None]
+        assert not missing, f"rank(s) {missing} hung or died:\n" + _logs(out_dir)
+        return t_action, infos, got
+    finally:
+        cluster.reset()
+
+
+def _check_survivor(rank, res, t_action, lost_host, lost_ranks, verb, deadline_s):
+    where = f"rank {rank} (host h{host_of(rank)})"
+    assert "crashed" not in res, (where, res)
+    assert res["raised"], f"{where}: its all_reduces went on after the failure: {res}"
+    msg = res["msg"]
+    named = {int(x) for x in re.findall(r"\brank (\d+) on host", msg)}
+    assert named and named <= set(lost_ranks), f"{where}: names no lost rank: {msg!r}"
+    assert f"host h{lost_host}" in msg, f"{where}: does not name host h{lost_host}: {msg!r}"
+    assert re.search(verb, msg), f"{where}: cause not named ({verb}): {msg!r}"
+    assert "allreduce" in msg, f"{where}: the call is not named: {msg!r}"
+    assert "timed out" not in msg, f"{where}: waited for the group timeout: {msg!r}"
+    latency = res["t"] - t_action
+    assert 0 <= latency < deadline_s, f"{where}: raised {latency:.2f} s after the failure: {msg!r}"
+    later = res["later"]
+    assert later["raised"] and later["elapsed"] < 1.0, (where, later)
+    assert res["destroy_s"] < 5.0, (where, res["destroy_s"])
+    return latency
+
+
+def test_sigkill_of_a_rank_on_another_host_fails_every_survivor_within_1s(cluster, tmp_path):
+    victim = 3  # on h1; its host's other rank is killed by its torchrun agent soon after
+
+    def act(infos):
+        os.kill(infos[victim]["pid"], 9)
+
+    t_action, _, got = _run(cluster, tmp_path, act, survivors=[0, 1])
+    lat = [_check_survivor(r, got[r], t_action, 1, [victim], r"died", DEATH_DEADLINE_S)
+           for r in (0, 1)]
+    for r in (0, 1):
+        assert "liveness connection closed" in got[r]["msg"], got[r]["msg"]
+    print(f"\nSIGKILL of rank {victim} on h1: ranks 0, 1 on h0 raised after "
+          f"{', '.join(f'{x:.3f}' for x in lat)} s")
+
+
+def test_a_whole_host_killed_fails_every_survivor_within_1s(cluster, tmp_path):
+    t_action, _, got = _run(cluster, tmp_path, lambda infos: cluster.kill_host(1),
+                            survivors=[0, 1])
+    lat = [_check_survivor(r, got[r], t_action, 1, [2, 3], r"died", DEATH_DEADLINE_S)
+           for r in (0, 1)]
+    print(f"\nhost h1 killed: ranks 0, 1 on h0 raised after "
+          f"{', '.join(f'{x:.3f}' for x in lat)} s")
+
+
+def test_a_link_taken_down_mid_allreduce_fails_every_rank_within_the_peer_timeout(
+        cluster, tmp_path):
+    t_action, _, got = _run(cluster, tmp_path, lambda infos: cluster.link(1, "down"),
+                            survivors=list(range(WORLD)),
+                            env={"SMDDP_PEER_TIMEOUT": PEER_TIMEOUT_S},
+                            result_wait_s=PEER_TIMEOUT_S + 30.0)
+    lat = []
+    for r in range(WORLD):
+        other = 1 - host_of(r)
+        lost = [p for p in range(WORLD) if host_of(p) == other]
+        lat.append(_check_survivor(r, got[r], t_action, other, lost, r"lost|silent",
+                                   PEER_TIMEOUT_S + SILENCE_MARGIN_S))
+        # The silence detector, not something faster by chance: the last
+        # beat came at most one beat interval (timeout / 5) before the cut.
+        assert lat[-1] > 0.7 * PEER_TIMEOUT_S, (r, lat[-1], got[r]["msg"])
+        assert "silent for" in got[r]["msg"], got[r]["msg"]
+    print(f"\nh1's link down (SMDDP_PEER_TIMEOUT={PEER_TIMEOUT_S}): ranks 0-3 raised after "
+          f"{', '.join(f'{x:.2f}' for x in lat)} s")
