@@ -29,11 +29,11 @@ import argparse
 import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from torch_smddp.bench import launch_ranks  # noqa: E402
 
 
 def abba_order(names, round_index: int) -> list:
@@ -175,29 +175,10 @@ def paired_worker(args) -> None:
 
 
 def launch(backend: str, args) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tempfile.mktemp(suffix=".json")
-    cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--out", out,
+    cmd = [sys.executable, __file__, "--worker", "--backend", backend,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
            "--seq", str(args.seq), "--threads", str(args.threads)]
-    procs = [subprocess.Popen(cmd, env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                             RANK=str(r), WORLD_SIZE=str(args.world), LOCAL_RANK=str(r)),
-                              start_new_session=True) for r in range(args.world)]
-    try:
-        for p in procs:
-            p.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise SystemExit(f"{backend} run exceeded {args.timeout} s")
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{backend} run failed: {[p.returncode for p in procs]}")
-    with open(out) as f:
-        res = json.load(f)
-    os.unlink(out)
-    return res
+    return launch_ranks(cmd, args.world, args.timeout, f"{backend} run")
 
 
 def main() -> int:

@@ -29,17 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 
 # Appended, not prepended: a torch_smddp on PYTHONPATH (another build, to
 # compare) wins over this checkout's.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from torch_smddp.bench import fmt_size, parse_size, sizes_between  # noqa: E402
+from torch_smddp.bench import fmt_size, launch_ranks, parse_size, sizes_between  # noqa: E402
 
 BACKENDS = ["smddp", "gloo", "deepspeed"]
 
@@ -143,39 +140,13 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(world: int, args) -> dict:
-    port = free_port()
-    out = tempfile.mktemp(prefix="smddp-peers-", suffix=".json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker",
            "--rounds", str(args.rounds), "--block-s", str(args.block_s),
            "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
            "--backends", *args.backends, "--sizes", *map(str, args.sizes)]
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_SIZE=str(world),
-                   OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
-    deadline = time.time() + args.timeout
-    try:
-        for p in procs:
-            p.wait(timeout=max(1, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise SystemExit(f"peers.py: world {world} exceeded {args.timeout} s")
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"peers.py: world {world} failed: exit codes {[p.returncode for p in procs]}")
-    with open(out) as f:
-        data = json.load(f)
-    os.unlink(out)
-    return data
+    return launch_ranks(cmd, world, args.timeout, f"peers.py: world {world}",
+                        env={"DS_ACCELERATOR": "cpu"})
 
 
 def median(xs):

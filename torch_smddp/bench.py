@@ -131,33 +131,43 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def run_world(world: int, args) -> dict:
+def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
+                 env: dict | None = None) -> dict:
+    """Runs `cmd --out FILE` as `world` local ranks on a free port and returns
+    the JSON that the ranks leave in FILE. The ranks get the torchrun
+    variables (and `env`); past `timeout` seconds all are killed. Shared by
+    the benchmarks in benchmarks/."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tempfile.mktemp(prefix="smddp-bench-", suffix=".json")
-    cmd = [sys.executable, "-m", "torch_smddp.bench", "--worker", "--out", out,
-           "--budget", str(args.budget), "--warmup", str(args.warmup),
-           "--backends", *args.backends, "--sizes", *map(str, args.sizes)]
     procs = []
     for r in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(r), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
-    deadline = time.time() + args.timeout
+        rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                        WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_SIZE=str(world),
+                        OMP_NUM_THREADS="1", **(env or {}))
+        procs.append(subprocess.Popen([*cmd, "--out", out], env=rank_env, start_new_session=True))
+    deadline = time.time() + timeout
     try:
         for p in procs:
             p.wait(timeout=max(1, deadline - time.time()))
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        raise SystemExit(f"benchmark at world {world} exceeded {args.timeout} s")
+        raise SystemExit(f"{what} exceeded {timeout} s")
     if any(p.returncode for p in procs):
-        raise SystemExit(f"benchmark at world {world} failed: exit codes {[p.returncode for p in procs]}")
+        raise SystemExit(f"{what} failed: exit codes {[p.returncode for p in procs]}")
     with open(out) as f:
         data = json.load(f)
     os.unlink(out)
     return data
+
+
+def run_world(world: int, args) -> dict:
+    cmd = [sys.executable, "-m", "torch_smddp.bench", "--worker",
+           "--budget", str(args.budget), "--warmup", str(args.warmup),
+           "--backends", *args.backends, "--sizes", *map(str, args.sizes)]
+    return launch_ranks(cmd, world, args.timeout, f"benchmark at world {world}")
 
 
 def print_table(data: dict, backends: list[str]) -> None:

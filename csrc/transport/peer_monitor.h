@@ -133,7 +133,10 @@ class PeerMonitor {
   void fail(int peer, const char* what, const std::string& cause);
   std::string describe(int peer) const;
   void stopThread();
-  void closeAllLocked();
+  // Closes every link, pending connection and the listener. Callers hold
+  // ioMu_, except a forked child (closeInForkedChild). `drainFirst` reads
+  // unread bytes first so that the close sends a FIN, not a reset.
+  void closeSockets(bool drainFirst);
 
   PeerMonitorOptions opts_;
   std::vector<std::string> addresses_;  // every rank's published IP ("" if it is not watched)

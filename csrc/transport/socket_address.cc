@@ -1,11 +1,20 @@
 #include "transport/socket_address.h"
 
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <thread>
+
+#include "common/error.h"
 
 namespace smddp {
 
@@ -23,6 +32,110 @@ std::string numericAddress(const void* bytes, size_t len) {
     return "";
   }
   return host;
+}
+
+namespace {
+
+bool parseAddress(const std::string& ip, int port, sockaddr_storage* out, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(ip.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) {
+    return false;
+  }
+  std::memcpy(out, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return true;
+}
+
+}  // namespace
+
+void setNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// A non-loopback IPv4 address of an interface that is up, else loopback:
+// where to listen when the provider's address is not an IP (efa, say).
+std::string fallbackAddress() {
+  ifaddrs* list = nullptr;
+  std::string found;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* i = list; i && found.empty(); i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+      if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+      found = numericAddress(i->ifa_addr, sizeof(sockaddr_in));
+    }
+    freeifaddrs(list);
+  }
+  return found.empty() ? "127.0.0.1" : found;
+}
+
+int listenOn(const std::string& ip, int* port) {
+  sockaddr_storage sa{};
+  socklen_t len = 0;
+  SMDDP_CHECK(parseAddress(ip, 0, &sa, &len), kTransport,
+              "liveness listener: '" + ip + "' is not a numeric address");
+  int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  SMDDP_CHECK(fd >= 0, kTransport, std::string("liveness listener: socket: ") + strerror(errno));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd, 128) != 0) {
+    const int e = errno;
+    close(fd);
+    throwError(ErrorKind::kTransport,
+               "liveness listener: cannot listen on " + ip + ": " + strerror(e));
+  }
+  len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  *port = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
+                                         : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
+  return fd;
+}
+
+// Connects from `fromIp` to ip:port, retrying refusals (the peer listens
+// before it publishes, so a refusal is a transient network state or a dead
+// peer) until `deadline`. Returns the fd or -1 with `why` set.
+int connectBefore(const std::string& fromIp, const std::string& ip, int port,
+                  std::chrono::steady_clock::time_point deadline, std::string* why) {
+  sockaddr_storage to{}, from{};
+  socklen_t toLen = 0, fromLen = 0;
+  if (!parseAddress(ip, port, &to, &toLen)) {
+    *why = "'" + ip + "' is not a numeric address";
+    return -1;
+  }
+  const bool bindSource = parseAddress(fromIp, 0, &from, &fromLen) && from.ss_family == to.ss_family;
+  while (true) {
+    int fd = socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      *why = std::string("socket: ") + strerror(errno);
+      return -1;
+    }
+    // From the provider's own address, so the liveness connection takes the
+    // interface the data takes (and dies with it).
+    if (bindSource) bind(fd, reinterpret_cast<sockaddr*>(&from), fromLen);
+    int rc = connect(fd, reinterpret_cast<sockaddr*>(&to), toLen);
+    int err = rc == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      int n = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+      socklen_t l = sizeof(err);
+      if (n == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+      else err = ETIMEDOUT;
+    }
+    if (err == 0) {
+      setNoDelay(fd);
+      return fd;
+    }
+    close(fd);
+    if (std::chrono::steady_clock::now() >= deadline) {
+      *why = strerror(err);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 }  // namespace smddp

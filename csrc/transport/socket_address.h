@@ -1,8 +1,10 @@
-// Socket addresses as people read them. libfabric's tcp provider names an
-// endpoint by its sockaddr; the liveness connections (peer_monitor.h) and
+// Socket addresses as people read them, and the plain TCP sockets of the
+// liveness connections (peer_monitor.h). libfabric's tcp provider names an
+// endpoint by its sockaddr; the liveness connections and
 // `python -m torch_smddp.info` show and reuse that address.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -11,5 +13,21 @@ namespace smddp {
 // The numeric IP of a socket address (sockaddr_in or sockaddr_in6 bytes),
 // or "" when `bytes` is neither.
 std::string numericAddress(const void* bytes, size_t len);
+
+// Disables Nagle on a connected TCP socket (liveness messages are tiny).
+void setNoDelay(int fd);
+
+// A non-loopback IPv4 address of an interface that is up, else loopback.
+std::string fallbackAddress();
+
+// A non-blocking listening socket on `ip` (numeric), on a port the kernel
+// picks, returned in *port. Throws a transport Error naming the address.
+int listenOn(const std::string& ip, int* port);
+
+// A connected non-blocking socket from `fromIp` (when it is an address of
+// the same family) to ip:port, retrying refusals until `deadline`; -1 with
+// `why` set if none.
+int connectBefore(const std::string& fromIp, const std::string& ip, int port,
+                  std::chrono::steady_clock::time_point deadline, std::string* why);
 
 }  // namespace smddp
