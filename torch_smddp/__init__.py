@@ -35,7 +35,9 @@ def _create_backend(dist_backend_opts, backend_options=None):
 def _register() -> None:
     if "smddp" in dist.Backend.backend_list:
         return  # importing twice is harmless
-    dist.Backend.register_backend("smddp", _create_backend, extended_api=True, devices=["cpu"])
+    # CUDA tensors take the staging pipeline in a build with SMDDP_WITH_CUDA.
+    devices = ["cpu", "cuda"] if _C.built_with_cuda() else ["cpu"]
+    dist.Backend.register_backend("smddp", _create_backend, extended_api=True, devices=devices)
 
 
 _register()

@@ -89,10 +89,17 @@ inline smddp::ReduceOp toReduceOpScaled(const c10d::ReduceOp& op, DataType dt, c
   return smddp::ReduceOp::kSum;
 }
 
+// Every tensor of a list of lists, in order (Work::result() of such calls).
+inline std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
 inline void checkTensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK_VALUE(t.defined(), "smddp ", op, ": undefined tensor");
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "smddp ", op, ": only CPU tensors are supported (got ",
-                    t.device(), "); build with SMDDP_WITH_CUDA for the GPU path");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "smddp ", op, ": only CPU tensors reach the engine (got ",
+                    t.device(), ")");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "smddp ", op,
                     ": only dense (strided) tensors are supported, got layout ", t.layout());
 }

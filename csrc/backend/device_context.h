@@ -10,6 +10,7 @@
 #include <ATen/core/ivalue_inl.h>
 #include <ATen/Tensor.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,9 @@ class DeviceContext {
   // host blocking). The simulation blocks the host instead, bounded by
   // `timeout`, and throws kTimeout past it.
   virtual void callerWaits(const smddp::DeviceEventPtr& done, std::chrono::milliseconds timeout) = 0;
+  // True where callerWaits blocks the host (the simulation): Work::wait()
+  // then also waits for the host part and raises its error.
+  virtual bool blocksHost() const { return false; }
 
   // A future over this device's tensors (c10d's device-aware future), and
   // its completion: the future's own events must come after `done`, so a

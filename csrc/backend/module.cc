@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "backend/device_context.h"
 #include "backend/process_group.h"
 #include "common/param.h"
 #include "engine/reduce_kernels.h"
@@ -84,6 +85,8 @@ py::dict statsToDict(const smddp::Stats& s) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-smddp native extension";
+  // True when this build has the CUDA path (SMDDP_WITH_CUDA).
+  m.def("built_with_cuda", &builtWithCuda);
   py::class_<ProcessGroupSmddp, c10d::Backend, NoGilHolder<ProcessGroupSmddp>>(
       m, "ProcessGroupSmddp")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -6,8 +6,11 @@
 #include <set>
 
 #include "backend/call_support.h"
+#include "backend/device_collectives.h"
+#include "backend/sim_context.h"
 #include "backend/engine_call.h"
 #include "backend/store_bootstrap.h"
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include "backend/work.h"
 #include "common/error.h"
 
@@ -19,12 +22,23 @@ namespace {
 std::mutex gLiveMu;
 std::set<ProcessGroupSmddp*> gLive;  // guarded by gLiveMu
 
+thread_local int tCheckOnly = 0;
+
 }  // namespace
+
+ProcessGroupSmddp::CheckOnly::CheckOnly() { ++tCheckOnly; }
+ProcessGroupSmddp::CheckOnly::~CheckOnly() { --tCheckOnly; }
+bool ProcessGroupSmddp::checkingOnly() { return tCheckOnly > 0; }
 
 ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout,
-                                     std::string groupName)
-    : c10d::Backend(rank, size), groupName_(std::move(groupName)) {
+                                     std::string groupName, bool hostOnly)
+    : c10d::Backend(rank, size),
+      groupName_(std::move(groupName)),
+      store_(store),
+      timeout_(timeout),
+      hostOnly_(hostOnly) {
+  if (!hostOnly_) simDevice_ = deviceSimRequested();
   StoreBootstrap boot(store);
   smddp::CommOptions opts;
   opts.rank = rank;
@@ -58,7 +72,51 @@ void ProcessGroupSmddp::shutdownAll() {
 }
 
 void ProcessGroupSmddp::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(deviceMu_);
+    if (device_) device_->shutdown();
+  }
   if (comm_) comm_->shutdown();
+}
+
+DeviceCollectives* ProcessGroupSmddp::deviceForTensors(const char* coll,
+                                                       const std::vector<const at::Tensor*>& ts) {
+  std::optional<c10::Device> dev;
+  for (const at::Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (!dev) dev = t->device();
+    TORCH_CHECK_VALUE(t->device() == *dev, "smddp ", coll,
+                      ": all tensors of one call must be on one device, got ", *dev, " and ",
+                      t->device());
+  }
+  if (!dev) return nullptr;
+  if (dev->is_cpu() && !simDevice_) return nullptr;
+  if (!dev->is_cpu()) {
+    TORCH_CHECK_VALUE(dev->is_cuda(), "smddp ", coll, ": tensors on ", *dev,
+                      " are not supported (CPU and CUDA tensors are)");
+    TORCH_CHECK_VALUE(builtWithCuda(), "smddp ", coll, ": got a tensor on ", *dev,
+                      ", but this build of torch_smddp has no CUDA support. Build it with "
+                      "SMDDP_WITH_CUDA=ON against a CUDA build of torch (README, \"GPU path\").");
+    auto bound = getBoundDeviceId();
+    TORCH_CHECK_VALUE(!bound || !bound->has_index() || !dev->has_index() || *bound == *dev,
+                      "smddp ", coll, ": a tensor on ", *dev, " but this group was bound to ",
+                      *bound, " (device_id)");
+  }
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  if (!device_) {
+    std::unique_ptr<DeviceContext> ctx =
+        dev->is_cpu() ? makeSimContext(rank_) : makeCudaContext(dev->index());
+    // A private host-only group carries the device calls' CPU collectives,
+    // in the order the device calls were made (device_collectives.h).
+    auto host = c10::make_intrusive<ProcessGroupSmddp>(
+        c10::make_intrusive<c10d::PrefixStore>("device", store_), rank_, size_, timeout_,
+        groupName_ + "/device", /*hostOnly=*/true);
+    device_ = std::make_unique<DeviceCollectives>(std::move(ctx), std::move(host), rank_, timeout_);
+  }
+  TORCH_CHECK_VALUE(device_->device() == *dev || (dev->is_cuda() && !dev->has_index()), "smddp ",
+                    coll, ": this group runs on ", device_->device(), "; got a tensor on ", *dev,
+                    " (one device per rank, as with NCCL)");
+  return device_.get();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::track(c10::intrusive_ptr<c10d::Work> work) {
@@ -112,6 +170,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
                                                             const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "smddp all_reduce takes exactly one tensor per call, got ",
                     tensors.size(), " (use all_reduce_coalesced for several)");
+  if (auto* dev = deviceFor("all_reduce", tensors)) {
+    return track(dev->allreduce(c10d::OpType::ALLREDUCE, "smddp:all_reduce", "all_reduce", tensors,
+                                opts));
+  }
   checkTensor(tensors[0], "all_reduce");
   DataType dt = toDataType(tensors[0], "all_reduce");
   std::optional<double> factor;
@@ -133,6 +195,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "smddp all_reduce_coalesced: no tensors given");
+  if (auto* dev = deviceFor("all_reduce_coalesced", tensors)) {
+    c10d::AllreduceOptions one;
+    one.reduceOp = opts.reduceOp;
+    one.timeout = opts.timeout;
+    return track(dev->allreduce(c10d::OpType::ALLREDUCE_COALESCED, "smddp:all_reduce_coalesced",
+                                "all_reduce_coalesced", tensors, one));
+  }
   DataType dt = toDataType(tensors[0], "all_reduce_coalesced");
   for (const auto& t : tensors) {
     checkTensor(t, "all_reduce_coalesced");
@@ -168,6 +237,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tens
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "smddp broadcast: root rank ",
                     opts.rootRank, " is outside the group of size ", size_);
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "smddp broadcast: rootTensor must be 0");
+  if (auto* dev = deviceFor("broadcast", tensors)) {
+    return track(dev->staged(c10d::OpType::BROADCAST, "smddp:broadcast", "broadcast", tensors,
+                             [&](DeviceStage& s) -> DeviceCollectives::HostCall {
+                               auto h = s.map(tensors, true, true);
+                               return [h, opts](ProcessGroupSmddp& pg) mutable {
+                                 return pg.broadcast(h, opts);
+                               };
+                             }));
+  }
   checkTensor(tensors[0], "broadcast");
   DataType dt = toDataType(tensors[0], "broadcast");
   const int root = static_cast<int>(opts.rootRank);
@@ -185,6 +263,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
     const c10d::AllgatherOptions& opts) {
   TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1,
                     "smddp all_gather takes one input tensor and one output list");
+  if (auto* dev = deviceFor("all_gather", outputs, inputs)) {
+    return track(dev->staged(c10d::OpType::ALLGATHER, "smddp:all_gather", "all_gather", outputs[0],
+                             [&](DeviceStage& s) -> DeviceCollectives::HostCall {
+                               auto hi = s.map(inputs, true, false);
+                               auto ho = s.map(outputs, false, true);
+                               return [hi, ho, opts](ProcessGroupSmddp& pg) mutable {
+                                 return pg.allgather(ho, hi, opts);
+                               };
+                             }));
+  }
   TORCH_CHECK_VALUE(static_cast<int>(outputs[0].size()) == size_, "smddp all_gather: the output "
                     "list has length ", outputs[0].size(), " but the world size is ", size_);
   const at::Tensor& in = inputs[0];
@@ -210,6 +298,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const char* name = "all_gather_into_tensor";
+  if (auto* dev = deviceFor(name, output, input)) {
+    return track(dev->staged(c10d::OpType::_ALLGATHER_BASE, "smddp:all_gather_into_tensor", name,
+                             {output}, [&](DeviceStage& s) -> DeviceCollectives::HostCall {
+                               auto hi = s.map(input, true, false);
+                               auto ho = s.map(output, false, true);
+                               return [hi, ho, opts](ProcessGroupSmddp& pg) mutable {
+                                 return pg._allgather_base(ho, hi, opts);
+                               };
+                             }));
+  }
   DataType dt = checkWholeAndPart(output, input, /*outputIsWhole=*/true, size_, name);
   EngineCall call;
   Buffer inB = bufferOf(call.staging.stage(input, Use::kIn));

@@ -19,11 +19,13 @@
 namespace c10d_smddp {
 
 struct EngineCall;
+class DeviceCollectives;
 
 class ProcessGroupSmddp : public c10d::Backend {
  public:
   ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                    std::chrono::milliseconds timeout, std::string groupName);
+                    std::chrono::milliseconds timeout, std::string groupName,
+                    bool hostOnly = false);
   ~ProcessGroupSmddp() override;
 
   const std::string getBackendName() const override { return "smddp"; }
@@ -113,7 +115,41 @@ class ProcessGroupSmddp : public c10d::Backend {
   }
   std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
 
+  // While one is alive on a thread, calls made on that thread check their
+  // arguments and stop before queueing anything (they return a null Work).
+  // The device path checks a call's host counterpart this way on the
+  // caller's thread (device_collectives.h).
+  class CheckOnly {
+   public:
+    CheckOnly();
+    ~CheckOnly();
+  };
+  static bool checkingOnly();
+
  private:
+  // The device path of a call whose tensors are on a device (or, with
+  // SMDDP_DEVICE_SIM, on the CPU); null when the call takes the CPU path.
+  // Mixed devices, a device other than the group's or than device_id, and
+  // CUDA tensors in a build without CUDA get an error naming `coll`.
+  template <typename... Ts>
+  DeviceCollectives* deviceFor(const char* coll, const Ts&... tensorArgs) {
+    if (hostOnly_) return nullptr;
+    std::vector<const at::Tensor*> ts;
+    (collectTensors(ts, tensorArgs), ...);
+    return deviceForTensors(coll, ts);
+  }
+  static void collectTensors(std::vector<const at::Tensor*>& v, const at::Tensor& t) {
+    v.push_back(&t);
+  }
+  static void collectTensors(std::vector<const at::Tensor*>& v, const std::vector<at::Tensor>& ts) {
+    for (const auto& t : ts) v.push_back(&t);
+  }
+  static void collectTensors(std::vector<const at::Tensor*>& v,
+                             const std::vector<std::vector<at::Tensor>>& ts) {
+    for (const auto& l : ts) collectTensors(v, l);
+  }
+  DeviceCollectives* deviceForTensors(const char* coll, const std::vector<const at::Tensor*>& ts);
+
   c10::intrusive_ptr<c10d::Work> pointToPoint(std::vector<at::Tensor>& tensors, int peer, int tag,
                                               bool isSend);
   void checkRoot(int64_t root, const char* op) const;
@@ -140,6 +176,12 @@ class ProcessGroupSmddp : public c10d::Backend {
 
   std::unique_ptr<smddp::Communicator> comm_;
   std::string groupName_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  const bool hostOnly_;    // the device path's private host group: never routes to a device
+  bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
+  std::mutex deviceMu_;
+  std::unique_ptr<DeviceCollectives> device_;  // created by the first device call; guarded by deviceMu_
   // Coalescing state. c10d opens and closes a block from one thread, but
   // other threads (DDP hooks, say) may issue calls on the group meanwhile.
   std::mutex coalesceMu_;

@@ -51,6 +51,17 @@ std::vector<Buffer> splitViews(const at::Tensor& t, const std::vector<uint64_t>&
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
     std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
+  if (auto* dev = deviceFor("all_to_all_single", output, input)) {
+    return track(dev->staged(
+        c10d::OpType::ALLTOALL_BASE, "smddp:all_to_all_single", "all_to_all_single", {output},
+        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
+          auto h_output = s.map(output, false, true);
+          auto h_input = s.map(input, true, false);
+          return [h_output, h_input, outputSplits, inputSplits, opts](ProcessGroupSmddp& pg) mutable {
+            return pg.alltoall_base(h_output, h_input, outputSplits, inputSplits, opts);
+          };
+        }));
+  }
   const char* name = "all_to_all_single";
   checkTensor(output, name);
   DataType dt = checkedDataType(input, name);
@@ -70,6 +81,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
+  if (auto* dev = deviceFor("all_to_all", outputs, inputs)) {
+    return track(dev->staged(
+        c10d::OpType::ALLTOALL, "smddp:all_to_all", "all_to_all", outputs,
+        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
+          auto h_outputs = s.map(outputs, false, true);
+          auto h_inputs = s.map(inputs, true, false);
+          return [h_outputs, h_inputs, opts](ProcessGroupSmddp& pg) mutable {
+            return pg.alltoall(h_outputs, h_inputs, opts);
+          };
+        }));
+  }
   const char* name = "all_to_all";
   TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ &&
                         static_cast<int>(outputs.size()) == size_,

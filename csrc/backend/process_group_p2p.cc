@@ -4,6 +4,7 @@
 #include <future>
 
 #include "backend/call_support.h"
+#include "backend/device_collectives.h"
 #include "backend/process_group.h"
 
 namespace c10d_smddp {
@@ -17,8 +18,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::pointToPoint(std::vector<at::T
     TORCH_CHECK_VALUE(peer < size_ && peer != rank_, "smddp ", name, ": invalid peer rank ", peer,
                       " (group size ", size_, ", this rank ", rank_, ")");
   }
+  if (auto* dev = deviceFor(name, tensors)) {
+    return track(dev->staged(
+        isSend ? c10d::OpType::SEND : (peer < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV),
+        isSend ? "smddp:send" : "smddp:recv", name, tensors,
+        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
+          auto h = s.map(tensors, isSend, !isSend);
+          return [h, peer, tag, isSend](ProcessGroupSmddp& pg) mutable {
+            return pg.pointToPoint(h, peer, tag, isSend);
+          };
+        },
+        isSend ? DeviceCollectives::Lane::kSend : DeviceCollectives::Lane::kRecv));
+  }
   checkTensor(tensors[0], name);
   DataType dt = toDataType(tensors[0], name);
+  if (checkingOnly()) return {};
   Staging staging;
   // A send's staging copy is filled on the worker just before it is posted,
   // after the collectives queued before it (call order); a receive's is

@@ -23,10 +23,6 @@ WorkSmddp::WorkSmddp(int rank, c10d::OpType opType, const char* profilingTitle,
           c10::ListType::create(c10::TensorType::get()))),
       spin_(gDefaultSpinUs.load()) {}
 
-namespace {
-
-// Engine errors become c10d's DistBackendError (Python:
-// torch.distributed.DistBackendError, a RuntimeError), message intact.
 std::exception_ptr toTorchError(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
@@ -43,8 +39,6 @@ std::exception_ptr toTorchError(std::exception_ptr e) {
   }
   return e;
 }
-
-}  // namespace
 
 void WorkSmddp::setDefaultSpin(std::chrono::microseconds spin) { gDefaultSpinUs = spin.count(); }
 

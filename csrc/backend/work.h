@@ -15,6 +15,11 @@
 
 namespace c10d_smddp {
 
+// Engine errors become c10d's DistBackendError (Python:
+// torch.distributed.DistBackendError, a RuntimeError), message intact;
+// torch errors pass through.
+std::exception_ptr toTorchError(std::exception_ptr e);
+
 class WorkSmddp : public c10d::Work {
  public:
   WorkSmddp(int rank, c10d::OpType opType, const char* profilingTitle,
