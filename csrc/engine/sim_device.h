@@ -6,7 +6,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "engine/device.h"
@@ -21,6 +23,9 @@ struct SimDeviceOptions {
   // of the device in the order they were queued) never completes, and
   // stalls its stream; -1 for none.
   int64_t hangCopy = -1;
+  // Test hook: called on the stream's thread after each copy, so a test can
+  // see the order in which copies of different streams landed.
+  std::function<void(void* dst, const void* src, size_t bytes)> afterCopy;
 };
 
 std::shared_ptr<Device> makeSimDevice(SimDeviceOptions opts = {});

@@ -105,23 +105,20 @@ class StagingPipeline {
 
  private:
   struct Item;
-  void run();
-  void fail(std::exception_ptr cause);
+  // What the pipeline thread uses, shared with it: a thread that shutdown()
+  // leaves behind (host work that does not return) never outlives it.
+  struct Core;
+  static void run(std::shared_ptr<Core> core);
+  static std::exception_ptr fail(Core& core, std::exception_ptr cause);
 
   std::shared_ptr<Device> device_;
   StagingOptions opts_;
+  std::shared_ptr<Core> core_;
+  // The device side below is queued by submit() under core_->mu.
   std::vector<std::unique_ptr<DeviceStream>> copyIn_;
   std::unique_ptr<DeviceStream> copyOut_;
-  std::shared_ptr<HostFlag> flag_;
-  std::vector<std::shared_ptr<void>> slotMemory_;
   std::vector<DeviceEventPtr> slotFree_;  // the last copy out from each slot
-  uint64_t nextTicket_ = 1;                // guarded by mu_
-
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Item>> queue_;  // guarded by mu_
-  std::exception_ptr broken_;                // guarded by mu_
-  bool stop_ = false;                        // guarded by mu_
+  uint64_t nextTicket_ = 1;
   std::thread thread_;
 };
 
