@@ -1,5 +1,6 @@
 #include "backend/device_collectives.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@ DeviceWork::DeviceWork(DeviceContext& ctx, int rank, c10d::OpType type, const ch
                        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout)
     : c10d::Work(rank, type, title),
       ctx_(ctx),
+      title_(title),
       outputs_(std::move(outputs)),
       timeout_(timeout),
       future_(ctx.newFuture()) {}
@@ -66,7 +68,7 @@ bool DeviceWork::wait(std::chrono::milliseconds timeout) {
   if (ctx_.blocksHost()) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, limit, [&] { return hostDone_; })) {
-      C10_THROW_ERROR(DistBackendError, std::string("smddp: ") + profilingTitle_ +
+      C10_THROW_ERROR(DistBackendError, std::string("smddp: ") + title_ +
                                             " did not complete within the timeout");
     }
     if (error_) std::rethrow_exception(error_);

@@ -18,6 +18,7 @@
 // (ProcessGroupSmddp::CheckOnly) before anything is queued.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <condition_variable>
@@ -56,6 +57,7 @@ class DeviceWork : public c10d::Work {
   void completeLocked();  // both halves known: completes the future (on the pool)
 
   DeviceContext& ctx_;
+  const char* title_;
   std::vector<at::Tensor> outputs_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;

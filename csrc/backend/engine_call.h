@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/call_support.h"
+#include "backend/device_collectives.h"
 #include "backend/process_group.h"
 
 namespace c10d_smddp {

@@ -86,7 +86,7 @@ py::dict statsToDict(const smddp::Stats& s) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-smddp native extension";
   // True when this build has the CUDA path (SMDDP_WITH_CUDA).
-  m.def("built_with_cuda", &builtWithCuda);
+  m.def("built_with_cuda", &c10d_smddp::builtWithCuda);
   py::class_<ProcessGroupSmddp, c10d::Backend, NoGilHolder<ProcessGroupSmddp>>(
       m, "ProcessGroupSmddp")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -103,6 +103,7 @@ PYBIND11_MODULE(_C, m) {
         py::dict d = statsToDict(pg.stats());
         d["allreduce_path"] = pg.allreducePath();
         d["reduction_servers"] = pg.reductionServers();
+        d["device_calls"] = pg.deviceCalls();
         return d;
       })
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)

@@ -116,6 +116,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForTensors(const char* coll,
   TORCH_CHECK_VALUE(device_->device() == *dev || (dev->is_cuda() && !dev->has_index()), "smddp ",
                     coll, ": this group runs on ", device_->device(), "; got a tensor on ", *dev,
                     " (one device per rank, as with NCCL)");
+  deviceCalls_.fetch_add(1, std::memory_order_relaxed);
   return device_.get();
 }
 

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -114,6 +115,8 @@ class ProcessGroupSmddp : public c10d::Backend {
                                          : std::vector<int>{};
   }
   std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
+  // Calls that took the device path (device_collectives.h).
+  uint64_t deviceCalls() const { return deviceCalls_.load(std::memory_order_relaxed); }
 
   // While one is alive on a thread, calls made on that thread check their
   // arguments and stop before queueing anything (they return a null Work).
@@ -182,6 +185,7 @@ class ProcessGroupSmddp : public c10d::Backend {
   bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
   std::mutex deviceMu_;
   std::unique_ptr<DeviceCollectives> device_;  // created by the first device call; guarded by deviceMu_
+  std::atomic<uint64_t> deviceCalls_{0};
   // Coalescing state. c10d opens and closes a block from one thread, but
   // other threads (DDP hooks, say) may issue calls on the group meanwhile.
   std::mutex coalesceMu_;

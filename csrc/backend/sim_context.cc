@@ -4,6 +4,7 @@
 // staging, chunking, checks, Work and future) runs as it does for CUDA.
 #include "backend/sim_context.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <thread>
