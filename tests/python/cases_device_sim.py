@@ -23,3 +23,28 @@ def routed(rank, world):
     ok &= all(bool(torch.equal(w.result()[0], torch.full((5000,), float(sum(range(world)) + world * i))))
               for i, w in enumerate(works))
     return {"ok": ok, "calls": calls, "device_calls": torch_smddp.stats()["device_calls"]}
+
+
+def device_errors(rank, world):
+    """Calls on devices the backend cannot serve fail at once, naming the
+    collective and the device; the group still works afterwards."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp
+
+    out = {"built_with_cuda": torch_smddp._C.built_with_cuda()}
+    cases = {
+        "mixed all_gather": lambda: dist.all_gather(
+            [torch.zeros(4, device="meta") for _ in range(world)], torch.ones(4)),
+    }
+    for name, fn in cases.items():
+        try:
+            fn()
+            out[name] = None
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"{type(e).__name__}: {e}"
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    out["after_ok"] = bool(torch.equal(t, torch.full((8,), float(world))))
+    return out

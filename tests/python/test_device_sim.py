@@ -95,3 +95,11 @@ def test_a_rank_that_dies_mid_pipeline_fails_the_survivors_fast():
         assert 0.2 * cf.DEATH_DELAY < first["elapsed"] < 10.0, (rank, first)
         assert later["raised"] and later["elapsed"] < 5.0, (rank, later)
         assert f"rank {victim}" in later["msg"], (rank, later["msg"])
+
+
+def test_tensors_on_devices_it_cannot_serve_fail_at_once_naming_the_call():
+    results = run_world(2, "cases_device_sim:device_errors", backend="smddp", timeout=60)
+    for rank, r in enumerate(results):
+        assert r["after_ok"], (rank, r)
+        assert re.search(r"all_gather.*one device.*(cpu.*meta|meta.*cpu)",
+                         r["mixed all_gather"] or ""), r
