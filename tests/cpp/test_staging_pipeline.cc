@@ -3,6 +3,8 @@
 // first, so copies of different streams land out of order, as on a GPU. The
 // oracles are closed forms of what the host work computes, the order in
 // which host work and done() ran, and how soon failures and shutdown finish.
+// What a pipeline's calls use is declared before the pipeline: a test that
+// fails early leaves calls that its destructor still finishes.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -166,12 +168,12 @@ TEST_CASE("chunks staged through slots land out of order and get host work in or
   po.slots = 3;
   po.slotBytes = kChunk;
   po.copyStreams = 3;
+  std::vector<size_t> hostOrder;  // only the pipeline thread writes it
+  Dones dones;
   StagingPipeline pipeline(makeSimDevice(so), po);
 
   // Each pass reads what the one before wrote: it is ready after that
   // pass's completion event, as a caller's stream would order them.
-  std::vector<size_t> hostOrder;  // only the pipeline thread writes it
-  Dones dones;
   DeviceEventPtr last;
   const auto start = Clock::now();
   for (int pass = 0; pass < kPasses; ++pass) {
@@ -242,6 +244,7 @@ TEST_CASE("a slot is not refilled before the copies out of its previous chunk", 
   po.slots = 2;
   po.slotBytes = kChunk;
   po.copyStreams = 2;
+  Dones dones;
   StagingPipeline pipeline(makeSimDevice(so), po);
 
   StagingCall call = inPlaceCall("slot reuse", device.data(), kFloats, kChunk,
@@ -257,7 +260,6 @@ TEST_CASE("a slot is not refilled before the copies out of its previous chunk", 
                            reinterpret_cast<void*>(off), whole.bytes / kPieces});
     }
   }
-  Dones dones;
   call.done = dones.callback(0);
   DeviceEventPtr done = pipeline.submit(std::move(call));
   REQUIRE(completes(done, milliseconds(4000)));
@@ -285,6 +287,7 @@ TEST_CASE("two ranks sum each chunk through host work that meets the other rank"
     po.slots = 3;
     po.slotBytes = kChunk;
     po.copyStreams = 2;
+    std::promise<std::exception_ptr> result;
     StagingPipeline pipeline(makeSimDevice(so), po);
     StagingCall call = inPlaceCall(
         "allreduce on rank " + std::to_string(r), device.data(), kFloats, kChunk,
@@ -297,7 +300,6 @@ TEST_CASE("two ranks sum each chunk through host work that meets the other rank"
           barrier.arrive();  // both done reading
           std::memcpy(x, sum.data(), n * sizeof(float));
         });
-    std::promise<std::exception_ptr> result;
     call.done = [&](std::exception_ptr cause) { result.set_value(cause); };
     DeviceEventPtr done = pipeline.submit(std::move(call));
     auto f = result.get_future();
@@ -338,12 +340,15 @@ TEST_CASE("calls queued back to back finish once each and in submit order", "[st
   po.slots = 2;
   po.slotBytes = kChunk;
   po.copyStreams = 2;
-  StagingPipeline pipeline(makeSimDevice(so), po);
   Dones dones;
+  std::vector<float> a(3 * kChunk / sizeof(float) + 100);
+  constexpr size_t kPart = 100000;
+  std::vector<float> bIn(4 * kPart), bOut(4 * kPart, -1), hostIn(4 * kPart), hostOut(4 * kPart);
+  std::vector<float> d(6 * kPart), hostD(d.size());
+  StagingPipeline pipeline(makeSimDevice(so), po);
   std::vector<DeviceEventPtr> events;
 
   // 0: in place, slotted: x -> x + 1.
-  std::vector<float> a(3 * kChunk / sizeof(float) + 100);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 5000);
   StagingCall call0 = inPlaceCall("a", a.data(), a.size(), kChunk, [](size_t, float* x, size_t n) {
     for (size_t i = 0; i < n; ++i) x[i] += 1;
@@ -352,8 +357,6 @@ TEST_CASE("calls queued back to back finish once each and in submit order", "[st
   events.push_back(pipeline.submit(std::move(call0)));
 
   // 1: out of place through the caller's own host buffers: out = 3 * in.
-  constexpr size_t kPart = 100000;
-  std::vector<float> bIn(4 * kPart), bOut(4 * kPart, -1), hostIn(4 * kPart), hostOut(4 * kPart);
   for (size_t i = 0; i < bIn.size(); ++i) bIn[i] = static_cast<float>(i % 3000);
   StagingCall call1;
   call1.what = "b";
@@ -378,8 +381,6 @@ TEST_CASE("calls queued back to back finish once each and in submit order", "[st
   events.push_back(pipeline.submit(std::move(call2)));
 
   // 3: slotted and own-buffer chunks taking turns, in place: x -> 2x.
-  std::vector<float> d(6 * kPart);
-  std::vector<float> hostD(d.size());
   for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<float>(i % 2000);
   StagingCall call3 = inPlaceCall("d", d.data(), d.size(), kPart * sizeof(float),
                                   [](size_t, float* x, size_t n) {
@@ -436,17 +437,16 @@ TEST_CASE("host work that throws fails the call and every later one with its cau
   po.slots = 3;
   po.slotBytes = kChunk;
   po.copyStreams = 2;
-  StagingPipeline pipeline(makeSimDevice(so), po);
-
   std::vector<float> device(kFloats, 1.0f), second(kFloats, 1.0f);
   std::vector<size_t> ran;  // only the pipeline thread writes it
+  Dones dones;
+  StagingPipeline pipeline(makeSimDevice(so), po);
   StagingCall call = inPlaceCall("failing call", device.data(), kFloats, kChunk,
                                  [&ran](size_t k, float*, size_t) {
                                    ran.push_back(k);
                                    if (k == 3) throw Error(ErrorKind::kPeerLost, "rank 1 died");
                                  });
   REQUIRE(call.chunks.size() == 8);
-  Dones dones;
   call.done = dones.callback(0);
   const auto start = Clock::now();
   DeviceEventPtr done = pipeline.submit(std::move(call));
@@ -493,10 +493,10 @@ TEST_CASE("copies in that never land time the call out", "[staging]") {
   po.slots = 2;
   po.slotBytes = kChunk;
   po.timeout = milliseconds(300);
+  Dones dones;
   auto pipeline = std::make_unique<StagingPipeline>(makeSimDevice(so), po);
   StagingCall call = inPlaceCall("allreduce of 256 KiB", device.data(), device.size(), kChunk,
                                  [](size_t, float*, size_t) {});
-  Dones dones;
   call.done = dones.callback(0);
   const auto start = Clock::now();
   pipeline->submit(std::move(call));
@@ -527,9 +527,9 @@ TEST_CASE("shutdown aborts queued calls promptly while a copy hangs", "[staging]
   StagingOptions po;
   po.slots = 2;
   po.slotBytes = kChunk;
-  auto pipeline = std::make_unique<StagingPipeline>(makeSimDevice(so), po);
   Dones dones;
   std::atomic<int> ran{0};
+  auto pipeline = std::make_unique<StagingPipeline>(makeSimDevice(so), po);
   for (int i = 0; i < 3; ++i) {
     StagingCall call = inPlaceCall("call " + std::to_string(i), device.data(), device.size(),
                                    kChunk, [&](size_t, float*, size_t) { ++ran; });
@@ -563,9 +563,9 @@ TEST_CASE("a slotted chunk larger than a slot is refused", "[staging]") {
   StagingOptions po;
   po.slots = 2;
   po.slotBytes = 4096;
-  StagingPipeline pipeline(makeSimDevice(), po);
   std::vector<char> device(8192);
   Dones dones;
+  StagingPipeline pipeline(makeSimDevice(), po);
 
   StagingCall call;
   call.what = "broadcast of 8 KiB";
