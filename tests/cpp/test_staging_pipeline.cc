@@ -596,3 +596,48 @@ TEST_CASE("a slotted chunk larger than a slot is refused", "[staging]") {
   REQUIRE(dones.waitFor(1, milliseconds(1000)));
   CHECK_FALSE(dones.snapshot()[0].cause);
 }
+
+TEST_CASE("shutdown leaves host work that does not return behind after 500 ms", "[staging]") {
+  // The host work outlives the pipeline: what it uses is shared with it.
+  struct Stuck {
+    std::promise<void> release;
+    std::shared_future<void> released{release.get_future().share()};
+    std::atomic<bool> entered{false}, returned{false};
+  };
+  auto stuck = std::make_shared<Stuck>();
+  std::vector<float> device(1024, 1.0f);
+  Dones dones;
+  StagingOptions po;
+  po.slots = 1;
+  po.slotBytes = 4096;
+  auto pipeline = std::make_unique<StagingPipeline>(makeSimDevice(), po);
+  StagingCall call = inPlaceCall("stuck call", device.data(), device.size(), 4096,
+                                 [stuck](size_t, float* x, size_t n) {
+                                   stuck->entered = true;
+                                   stuck->released.wait();
+                                   // The slot is still there to write.
+                                   for (size_t i = 0; i < n; ++i) x[i] = 5;
+                                   stuck->returned = true;
+                                 });
+  call.done = dones.callback(0);
+  pipeline->submit(std::move(call));
+  const auto deadline = Clock::now() + milliseconds(2000);
+  while (!stuck->entered && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
+  REQUIRE(stuck->entered);
+
+  const auto start = Clock::now();
+  pipeline->shutdown();
+  const double took = msSince(start);
+  INFO("shutdown took " << took << " ms");
+  CHECK(took >= 490);
+  CHECK(took < 1000);
+  auto calls = dones.snapshot();
+  REQUIRE(calls.size() == 1);
+  CHECK(errorOf(calls[0].cause).kind() == ErrorKind::kAborted);
+  pipeline.reset();
+
+  stuck->release.set_value();
+  while (!stuck->returned) std::this_thread::sleep_for(milliseconds(1));
+  std::this_thread::sleep_for(milliseconds(20));  // the thread returns, finishing nothing
+  CHECK(dones.snapshot().size() == 1);
+}
