@@ -178,7 +178,6 @@ void StagingPipeline::shutdown() {
     core.stopping.store(true);
   }
   core.cv.notify_all();
-  core.flag->raise(kFlagMax);
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) {
       thread_.detach();  // from a done() callback: the thread returns after it
@@ -196,6 +195,9 @@ void StagingPipeline::shutdown() {
       }
     }
   }
+  // Only now: copies out released while host work still runs would read
+  // its slot as it is written (what a thread left behind cannot avoid).
+  core.flag->raise(kFlagMax);
   // The thread takes a call off the queue, under the mutex, only when it
   // has not seen stop; what is left here is ours to finish.
   std::deque<std::shared_ptr<Item>> left;
