@@ -22,7 +22,8 @@
 // the timeout, the pipeline is broken. The flag is raised to its maximum so
 // every queued device copy drains (outputs then hold partial data), the
 // failed call and every later one get done(error) with the first cause, and
-// later submits fail the same way. No device stream is ever left waiting.
+// later submits fail the same way. No device stream is ever left waiting on
+// the host (a chunk's copies out also wait for its copies in to land).
 #pragma once
 
 #include <chrono>
