@@ -8,7 +8,8 @@ NPROC     ?= 2
 CMAKE_ARGS ?=
 LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: all setup build demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean
+.PHONY: all setup build demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean \
+        setup-cuda build-cuda-ext check-cuda test-gpu
 
 all: build
 
@@ -31,6 +32,7 @@ test: build
 	$(PY) -m pytest -q tests/python
 	$(MAKE) --no-print-directory test-asan-ci
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS_CI)
+	$(MAKE) --no-print-directory check-cuda
 
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
@@ -67,6 +69,58 @@ test-tsan: setup
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && ctest --output-on-failure --timeout 600
 
+# ---- the CUDA build (SMDDP_WITH_CUDA=ON) --------------------------------
+# Its own venv (the CUDA build of torch), build dir and package dir, so it
+# never touches the CPU build's .venv or torch_smddp/_C*.so. The package
+# dir holds links to the checkout's Python files beside the CUDA-built _C;
+# PYTHONPATH puts it first. No GPU is needed to build it or to run it on
+# CPU tensors (CUDA-BUILD.md in the shared notes has the settings).
+CUDA_VENV      := .venv-cuda
+CUDA_PY        := $(CUDA_VENV)/bin/python
+CUDA_BUILD     := build-cuda
+CUDA_PKG       := $(CUDA_BUILD)/pkg
+CUDA_TORCH_PIN := torch==2.14.1
+CUDA_ENV       := CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST="$${TORCH_CUDA_ARCH_LIST:-9.0}"
+CUDA_LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+# Run from the package dir: `python -m` puts the working directory first on
+# sys.path, and the checkout's torch_smddp holds the CPU build's _C.
+CUDA_RUN       := cd $(CUDA_PKG) && PYTHONPATH=$(abspath $(CUDA_PKG))$${PYTHONPATH:+:$$PYTHONPATH} $(abspath $(CUDA_PY))
+# What check-cuda runs of tests/python against the CUDA build (about 4 of
+# the suite's 20 minutes here, so that `make test` stays under 40): every
+# collective against Gloo, the backend's surface, directly made groups, the
+# parameters, DDP and FSDP2 against Gloo. Left out: the install, cluster and
+# benchmark tests, the harness's self-tests and the torchrun demo (nothing
+# of the extension's build in them), and the long engine, failure,
+# robustness and torch-suite runs, which the CPU build runs on the same C++.
+CUDA_PYTESTS      ?= test_collectives.py test_more_collectives.py test_surface.py test_direct_group.py \
+                     test_params.py test_ddp.py test_fsdp.py
+CUDA_PYTEST_ARGS  ?= -k "not harness and not demo"
+
+setup-cuda:
+	@SMDDP_VENV=$(CUDA_VENV) SMDDP_TORCH_PIN=$(CUDA_TORCH_PIN) SMDDP_PY_PACKAGES="pytest numpy expecttest" \
+	  scripts/bootstrap.sh
+
+$(CUDA_BUILD)/CMakeCache.txt: CMakeLists.txt | setup-cuda
+	$(CUDA_ENV) cmake -S . -B $(CUDA_BUILD) -DSMDDP_WITH_CUDA=ON -DSMDDP_BUILD_TESTS=OFF \
+	  -DPython3_EXECUTABLE=$(abspath $(CUDA_PY)) -DSMDDP_EXT_OUTPUT_DIR=$(abspath $(CUDA_PKG))/torch_smddp \
+	  $(CUDA_LAUNCHER) $(CMAKE_ARGS)
+
+# Only _C: the core and its Catch2 tests are torch-free, the same code as
+# the CPU build's. CCACHE_BASEDIR lets a fresh clone reuse another's objects.
+build-cuda-ext: setup-cuda $(CUDA_BUILD)/CMakeCache.txt
+	CCACHE_BASEDIR=$(CURDIR) $(CUDA_ENV) cmake --build $(CUDA_BUILD) --target _C -j $(JOBS)
+	@for f in torch_smddp/*.py; do ln -sf $(CURDIR)/$$f $(CUDA_PKG)/torch_smddp/; done
+
+# The CUDA build compiles, imports without a GPU and serves CPU tensors.
+check-cuda: build-cuda-ext
+	$(CUDA_RUN) -c "import torch, torch_smddp; assert torch_smddp.__file__.startswith('$(abspath $(CUDA_PKG))'), torch_smddp.__file__; print('check-cuda: torch', torch.__version__, 'cuda available:', torch.cuda.is_available())"
+	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CUDA_PYTEST_ARGS) \
+	  $(addprefix $(CURDIR)/tests/python/,$(CUDA_PYTESTS))
+
+# The GPU path's own tests (tests/gpu); they skip where there is no GPU.
+test-gpu: build-cuda-ext
+	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
+
 bench: build
 	$(PY) -m torch_smddp.bench
 
@@ -74,4 +128,4 @@ info: build
 	$(PY) -m torch_smddp.info
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz torch_smddp/_C*.so
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz $(CUDA_BUILD) torch_smddp/_C*.so

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: Debian packages, then a .venv with
 # the pinned CPU build of torch. Fast when everything is already there.
+# `make check-cuda` runs it with SMDDP_VENV=.venv-cuda and the pinned CUDA
+# build of torch (SMDDP_TORCH_PIN, SMDDP_PY_PACKAGES).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(libfabric-dev libfabric-bin catch2 cmake g++ make procps clang libclang-rt-14-dev)
-TORCH_PIN="torch==2.13.0"
-PY_PACKAGES=(pytest numpy matplotlib expecttest build)
+VENV=${SMDDP_VENV:-.venv}
+TORCH_PIN=${SMDDP_TORCH_PIN:-torch==2.13.0}
+read -r -a PY_PACKAGES <<< "${SMDDP_PY_PACKAGES:-pytest numpy matplotlib expecttest build}"
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -21,15 +24,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  echo "bootstrap: creating .venv"
-  "$PY" -m venv .venv
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "bootstrap: creating $VENV"
+  "$PY" -m venv "$VENV"
 fi
-stamp=.venv/.smddp-deps
+stamp=$VENV/.smddp-deps
 want="$TORCH_PIN ${PY_PACKAGES[*]}"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "bootstrap: installing $want into .venv"
-  # Pin torch explicitly: an unpinned torch would pull a multi-GB CUDA build.
-  .venv/bin/pip install -q --disable-pip-version-check "$TORCH_PIN" "${PY_PACKAGES[@]}"
+  echo "bootstrap: installing $want into $VENV"
+  # Pin torch explicitly: an unpinned torch would pull whatever is newest.
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_PIN" "${PY_PACKAGES[@]}"
   echo "$want" > "$stamp"
 fi

@@ -1,15 +1,18 @@
-// The CPU-only build: no CUDA path (csrc/cuda/ is built with SMDDP_WITH_CUDA).
+// The CPU build's side of device_context.h (SMDDP_WITH_CUDA=OFF): there is
+// no CUDA path, and asking for one says how to get it.
 #include <c10/util/Exception.h>
 
 #include "backend/device_context.h"
 
 namespace c10d_smddp {
 
-bool builtWithCuda() { return false; }
-
 std::unique_ptr<DeviceContext> makeCudaContext(c10::DeviceIndex index) {
-  TORCH_CHECK_VALUE(false, "this build of torch_smddp has no CUDA support: build it with "
-                    "SMDDP_WITH_CUDA=ON against a CUDA build of torch (README, \"GPU path\")");
+  TORCH_CHECK(false, "smddp: cuda:", static_cast<int>(index),
+              " tensors need the GPU path, but this build of torch_smddp has no CUDA support. "
+              "Rebuild it with SMDDP_WITH_CUDA=ON against a CUDA build of torch "
+              "(`make check-cuda` builds one into build-cuda; see README.md, \"GPU path\").");
 }
+
+bool builtWithCuda() { return false; }
 
 }  // namespace c10d_smddp
