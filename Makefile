@@ -32,7 +32,8 @@ test: build
 	$(PY) -m pytest -q tests/python
 	$(MAKE) --no-print-directory test-asan-ci
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS_CI)
-	$(MAKE) --no-print-directory check-cuda
+	@# check-cuda (the CUDA build, against the CPU tests) is not in `make test`
+	@# yet: it has not had a fresh-clone CI run with the device path merged.
 
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
