@@ -101,25 +101,29 @@ setup-cuda:
 	  scripts/bootstrap.sh
 
 $(CUDA_BUILD)/CMakeCache.txt: CMakeLists.txt | setup-cuda
-	$(CUDA_ENV) cmake -S . -B $(CUDA_BUILD) -DSMDDP_WITH_CUDA=ON -DSMDDP_BUILD_TESTS=OFF \
+	$(CUDA_ENV) cmake -S . -B $(CUDA_BUILD) -DSMDDP_WITH_CUDA=ON -DSMDDP_BUILD_TESTS=ON \
 	  -DPython3_EXECUTABLE=$(abspath $(CUDA_PY)) -DSMDDP_EXT_OUTPUT_DIR=$(abspath $(CUDA_PKG))/torch_smddp \
 	  $(CUDA_LAUNCHER) $(CMAKE_ARGS)
 
-# Only _C: the core and its Catch2 tests are torch-free, the same code as
-# the CPU build's. CCACHE_BASEDIR lets a fresh clone reuse another's objects.
+# _C and the CUDA device's Catch2 tests; the core's own tests are
+# torch-free and CUDA-free, the same as the CPU build's, so not built again.
+# CCACHE_BASEDIR lets a fresh clone reuse another checkout's objects.
 build-cuda-ext: setup-cuda $(CUDA_BUILD)/CMakeCache.txt
-	CCACHE_BASEDIR=$(CURDIR) $(CUDA_ENV) cmake --build $(CUDA_BUILD) --target _C -j $(JOBS)
+	CCACHE_BASEDIR=$(CURDIR) $(CUDA_ENV) cmake --build $(CUDA_BUILD) --target _C smddp_cuda_tests -j $(JOBS)
 	@for f in torch_smddp/*.py; do ln -sf $(CURDIR)/$$f $(CUDA_PKG)/torch_smddp/; done
 
 # The CUDA build compiles, imports without a GPU and serves CPU tensors.
+# (The CUDA device's tests report themselves skipped where there is no GPU.)
 check-cuda: build-cuda-ext
+	$(CUDA_BUILD)/smddp_cuda_tests
 	$(CUDA_RUN) -c "import torch, torch_smddp; assert torch_smddp.__file__.startswith('$(abspath $(CUDA_PKG))'), torch_smddp.__file__; print('check-cuda: torch', torch.__version__, 'cuda available:', torch.cuda.is_available())"
 	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CUDA_PYTEST_ARGS) \
 	  $(addprefix $(CURDIR)/tests/python/,$(CUDA_PYTESTS))
 
 # The GPU path's own tests (tests/gpu); they skip where there is no GPU.
 test-gpu: build-cuda-ext
-	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
+	$(CUDA_BUILD)/smddp_cuda_tests
+	$(CUDA_RUN) -m pytest -q -rs -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
 
 bench: build
 	$(PY) -m torch_smddp.bench
