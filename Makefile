@@ -77,7 +77,11 @@ test-tsan: setup
 # PYTHONPATH puts it first. No GPU is needed to build it or to run it on
 # CPU tensors (CUDA-BUILD.md in the shared notes has the settings).
 CUDA_VENV      := .venv-cuda
-CUDA_PY        := $(CUDA_VENV)/bin/python
+# On a machine that has its own CUDA torch and no network (the lent GPU
+# machines), use it instead of the venv:
+#   make test-gpu CUDA_PY=$(command -v python3) CUDA_SETUP= CMAKE_ARGS=-DCMAKE_PREFIX_PATH=<libfabric, catch2>
+CUDA_PY        ?= $(CUDA_VENV)/bin/python
+CUDA_SETUP     ?= setup-cuda
 CUDA_BUILD     := build-cuda
 CUDA_PKG       := $(CUDA_BUILD)/pkg
 CUDA_TORCH_PIN := torch==2.14.1
@@ -86,7 +90,7 @@ CUDA_LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_
 # Run from the package dir: `python -m` puts the working directory first on
 # sys.path, and the checkout's torch_smddp holds the CPU build's _C.
 CUDA_RUN       := cd $(CUDA_PKG) && PYTHONPATH=$(abspath $(CUDA_PKG))$${PYTHONPATH:+:$$PYTHONPATH} $(abspath $(CUDA_PY))
-# What check-cuda runs of tests/python against the CUDA build (about 4 of
+# What check-cuda runs of tests/python against the CUDA build (about 3 of
 # the suite's 20 minutes here, so that `make test` stays under 40): every
 # collective against Gloo, the backend's surface, directly made groups, the
 # parameters, DDP and FSDP2 against Gloo. Left out: the install, cluster and
@@ -101,26 +105,30 @@ setup-cuda:
 	@SMDDP_VENV=$(CUDA_VENV) SMDDP_TORCH_PIN=$(CUDA_TORCH_PIN) SMDDP_PY_PACKAGES="pytest numpy expecttest" \
 	  scripts/bootstrap.sh
 
-$(CUDA_BUILD)/CMakeCache.txt: CMakeLists.txt | setup-cuda
-	$(CUDA_ENV) cmake -S . -B $(CUDA_BUILD) -DSMDDP_WITH_CUDA=ON -DSMDDP_BUILD_TESTS=OFF \
+$(CUDA_BUILD)/CMakeCache.txt: CMakeLists.txt | $(CUDA_SETUP)
+	$(CUDA_ENV) cmake -S . -B $(CUDA_BUILD) -DSMDDP_WITH_CUDA=ON -DSMDDP_BUILD_TESTS=ON \
 	  -DPython3_EXECUTABLE=$(abspath $(CUDA_PY)) -DSMDDP_EXT_OUTPUT_DIR=$(abspath $(CUDA_PKG))/torch_smddp \
 	  $(CUDA_LAUNCHER) $(CMAKE_ARGS)
 
-# Only _C: the core and its Catch2 tests are torch-free, the same code as
-# the CPU build's. CCACHE_BASEDIR lets a fresh clone reuse another's objects.
-build-cuda-ext: setup-cuda $(CUDA_BUILD)/CMakeCache.txt
-	CCACHE_BASEDIR=$(CURDIR) $(CUDA_ENV) cmake --build $(CUDA_BUILD) --target _C -j $(JOBS)
+# _C and the CUDA device's Catch2 tests; the core's own tests are
+# torch-free and CUDA-free, the same as the CPU build's, so not built again.
+# CCACHE_BASEDIR lets a fresh clone reuse another checkout's objects.
+build-cuda-ext: $(CUDA_SETUP) $(CUDA_BUILD)/CMakeCache.txt
+	CCACHE_BASEDIR=$(CURDIR) $(CUDA_ENV) cmake --build $(CUDA_BUILD) --target _C smddp_cuda_tests -j $(JOBS)
 	@for f in torch_smddp/*.py; do ln -sf $(CURDIR)/$$f $(CUDA_PKG)/torch_smddp/; done
 
 # The CUDA build compiles, imports without a GPU and serves CPU tensors.
+# (The CUDA device's tests report themselves skipped where there is no GPU.)
 check-cuda: build-cuda-ext
+	$(CUDA_BUILD)/smddp_cuda_tests
 	$(CUDA_RUN) -c "import torch, torch_smddp; assert torch_smddp.__file__.startswith('$(abspath $(CUDA_PKG))'), torch_smddp.__file__; print('check-cuda: torch', torch.__version__, 'cuda available:', torch.cuda.is_available())"
 	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CUDA_PYTEST_ARGS) \
 	  $(addprefix $(CURDIR)/tests/python/,$(CUDA_PYTESTS))
 
 # The GPU path's own tests (tests/gpu); they skip where there is no GPU.
 test-gpu: build-cuda-ext
-	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
+	$(CUDA_BUILD)/smddp_cuda_tests
+	$(CUDA_RUN) -m pytest -q -rs -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
 
 bench: build
 	$(PY) -m torch_smddp.bench

@@ -71,7 +71,8 @@ class CudaContext : public DeviceContext {
     c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index_);
     if (done) {
       auto* event = dynamic_cast<smddp::CudaEvent*>(done.get());
-      SMDDP_CHECK(event, kInternal, device_->name() + ": a future was to complete after an event of another device kind");
+      SMDDP_CHECK(event, kInternal,
+                  device_->name() + ": a future was to complete after an event of another device kind");
       C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), event->native(), 0));
     }
     c10::cuda::CUDAStreamGuard streamGuard(stream);

@@ -233,14 +233,16 @@ class CudaStream : public DeviceStream {
   void wait(const DeviceEventPtr& event) override {
     if (!event) return;
     auto* cudaEvent = dynamic_cast<CudaEvent*>(event.get());
-    SMDDP_CHECK(cudaEvent, kInternal, device_->name + ": a stream was asked to wait for an event of another kind of device");
+    SMDDP_CHECK(cudaEvent, kInternal,
+                device_->name + ": a stream was asked to wait for an event of another kind of device");
     DeviceGuard guard(device_->index, device_->name);
     check(cudaStreamWaitEvent(stream_, cudaEvent->native(), 0), device_->name, "cudaStreamWaitEvent");
   }
 
   void waitHost(const HostFlag& flag, uint64_t value) override {
     auto* cudaFlag = dynamic_cast<const CudaHostFlag*>(&flag);
-    SMDDP_CHECK(cudaFlag, kInternal, device_->name + ": a stream was asked to wait for a host flag of another device kind");
+    SMDDP_CHECK(cudaFlag, kInternal,
+                device_->name + ": a stream was asked to wait for a host flag of another device kind");
     uint64_t target = std::min(value, kDeviceWordMax);
     DeviceGuard guard(device_->index, device_->name);
     if (device_->waitValue64) {

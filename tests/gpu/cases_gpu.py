@@ -59,6 +59,11 @@ def reduce_op(name, world):
     return getattr(R, name)
 
 
+def sync():
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def bits(t):
     t = t.detach().cpu().contiguous()
     return t.view(torch.uint8) if t.numel() else t
@@ -116,7 +121,7 @@ class Checks:
 def _all_reduce(c, dtype, op_name, n):
     key = f"all_reduce/{dname(dtype)}/{op_name}/{n}"
     x = make_input(key, c.rank, dtype, n)
-    got = x.to(DEV)
+    got = x.to(DEV, copy=True)
     dist.all_reduce(got, op=reduce_op(op_name, c.world))
     ref = x.clone()
     dist.all_reduce(ref, op=reduce_op(op_name, c.world))
@@ -126,7 +131,7 @@ def _all_reduce(c, dtype, op_name, n):
     gloo_op = R.SUM if op_name == "AVG" else getattr(R, op_name)
 
     def run(device):
-        t = x.to(device)
+        t = x.to(device, copy=True)
         dist.all_reduce(t, op=gloo_op, group=c.gloo)
         return (t.double() / c.world).to(dtype) if op_name == "AVG" else t
 
@@ -142,14 +147,14 @@ def _coalesced(c, dtype):
     for x in refs:
         dist.all_reduce(x)
     # all_reduce_coalesced (deprecated, still what some callers use)
-    got = [x.to(DEV) for x in xs]
+    got = [x.to(DEV, copy=True) for x in xs]
     dist.all_reduce_coalesced(got)
     for i, (a, b) in enumerate(zip(got, refs)):
         c.same(f"{key}/all_reduce_coalesced/{i}", a, b)
     # the coalescing manager (what DDP's and FSDP's grouped calls use)
     from torch.distributed.distributed_c10d import _coalescing_manager
 
-    got = [x.to(DEV) for x in xs]
+    got = [x.to(DEV, copy=True) for x in xs]
     with _coalescing_manager(device=DEV, async_ops=True) as cm:
         for t in got:
             dist.all_reduce(t)
@@ -161,20 +166,20 @@ def _coalesced(c, dtype):
 def _broadcast(c, dtype, n):
     for src in range(c.world):
         key = f"broadcast/{dname(dtype)}/{n}/src{src}"
-        t = make_input(key, c.rank, dtype, n).to(DEV)
+        t = make_input(key, c.rank, dtype, n).to(DEV, copy=True)
         dist.broadcast(t, src=src)
         c.same(key, t, make_input(key, src, dtype, n))
 
 
 def _all_gather(c, dtype, n):
     key = f"all_gather/{dname(dtype)}/{n}"
-    x = make_input(key, c.rank, dtype, n).to(DEV)
+    x = make_input(key, c.rank, dtype, n).to(DEV, copy=True)
     outs = [torch.empty(n, dtype=dtype, device=DEV) for _ in range(c.world)]
     dist.all_gather(outs, x)
     for r in range(c.world):
         c.same(f"{key}/from{r}", outs[r], make_input(key, r, dtype, n))
     key = f"all_gather_into_tensor/{dname(dtype)}/{n}"
-    x = make_input(key, c.rank, dtype, n).to(DEV)
+    x = make_input(key, c.rank, dtype, n).to(DEV, copy=True)
     out = torch.empty(c.world * n, dtype=dtype, device=DEV)
     dist.all_gather_into_tensor(out, x)
     c.same(key, out, torch.cat([make_input(key, r, dtype, n) for r in range(c.world)]))
@@ -194,14 +199,14 @@ def _reduce_scatter(c, dtype, op_name, n):
     key = f"reduce_scatter/{dname(dtype)}/{op_name}/{n}"
     xs = [make_input(f"{key}/{j}", c.rank, dtype, n) for j in range(c.world)]
     got = torch.empty(n, dtype=dtype, device=DEV)
-    dist.reduce_scatter(got, [x.to(DEV) for x in xs], op=op)
+    dist.reduce_scatter(got, [x.to(DEV, copy=True) for x in xs], op=op)
     ref = torch.empty(n, dtype=dtype)
     dist.reduce_scatter(ref, [x.clone() for x in xs], op=op)
     c.same(key + " vs smddp on CPU", got, ref)
 
     def run_list(device):
         out = torch.empty(n, dtype=dtype, device=device)
-        dist.reduce_scatter(out, [x.to(device) for x in xs], op=gloo_op, group=c.gloo)
+        dist.reduce_scatter(out, [x.to(device, copy=True) for x in xs], op=gloo_op, group=c.gloo)
         return out
 
     gloo_check(key, got, run_list)
@@ -209,14 +214,14 @@ def _reduce_scatter(c, dtype, op_name, n):
     key = f"reduce_scatter_tensor/{dname(dtype)}/{op_name}/{n}"
     x = make_input(key, c.rank, dtype, c.world * n)
     got = torch.empty(n, dtype=dtype, device=DEV)
-    dist.reduce_scatter_tensor(got, x.to(DEV), op=op)
+    dist.reduce_scatter_tensor(got, x.to(DEV, copy=True), op=op)
     ref = torch.empty(n, dtype=dtype)
     dist.reduce_scatter_tensor(ref, x.clone(), op=op)
     c.same(key + " vs smddp on CPU", got, ref)
 
     def run_tensor(device):
         out = torch.empty(n, dtype=dtype, device=device)
-        dist.reduce_scatter_tensor(out, x.to(device), op=gloo_op, group=c.gloo)
+        dist.reduce_scatter_tensor(out, x.to(device, copy=True), op=gloo_op, group=c.gloo)
         return out
 
     gloo_check(key, got, run_tensor)
@@ -224,7 +229,7 @@ def _reduce_scatter(c, dtype, op_name, n):
 
 def _all_to_all(c, dtype, n):
     key = f"all_to_all_single/{dname(dtype)}/{n}"
-    x = make_input(key, c.rank, dtype, c.world * n).to(DEV)
+    x = make_input(key, c.rank, dtype, c.world * n).to(DEV, copy=True)
     out = torch.empty(c.world * n, dtype=dtype, device=DEV)
     dist.all_to_all_single(out, x)
     expect = torch.cat([make_input(key, r, dtype, c.world * n)[c.rank * n:(c.rank + 1) * n]
@@ -236,7 +241,7 @@ def _all_to_all(c, dtype, n):
     def splits(r):
         return [(r + j + 1) * n for j in range(c.world)]
 
-    x = make_input(key, c.rank, dtype, sum(splits(c.rank))).to(DEV)
+    x = make_input(key, c.rank, dtype, sum(splits(c.rank))).to(DEV, copy=True)
     recv = [splits(r)[c.rank] for r in range(c.world)]
     out = torch.empty(sum(recv), dtype=dtype, device=DEV)
     dist.all_to_all_single(out, x, output_split_sizes=recv, input_split_sizes=splits(c.rank))
@@ -250,7 +255,7 @@ def _all_to_all(c, dtype, n):
 def _rooted(c, dtype, n):
     for root in range(c.world):
         key = f"gather/{dname(dtype)}/{n}/dst{root}"
-        x = make_input(key, c.rank, dtype, n).to(DEV)
+        x = make_input(key, c.rank, dtype, n).to(DEV, copy=True)
         outs = [torch.empty(n, dtype=dtype, device=DEV) for _ in range(c.world)] if c.rank == root else None
         dist.gather(x, gather_list=outs, dst=root)
         if c.rank == root:
@@ -259,7 +264,9 @@ def _rooted(c, dtype, n):
 
         key = f"scatter/{dname(dtype)}/{n}/src{root}"
         out = torch.empty(n, dtype=dtype, device=DEV)
-        ins = [make_input(f"{key}/{j}", root, dtype, n).to(DEV) for j in range(c.world)] if c.rank == root else None
+        ins = None
+        if c.rank == root:
+            ins = [make_input(f"{key}/{j}", root, dtype, n).to(DEV, copy=True) for j in range(c.world)]
         dist.scatter(out, scatter_list=ins, src=root)
         c.same(key, out, make_input(f"{key}/{c.rank}", root, dtype, n))
 
@@ -267,7 +274,7 @@ def _rooted(c, dtype, n):
         for op_name in ops:
             key = f"reduce/{dname(dtype)}/{op_name}/{n}/dst{root}"
             x = make_input(key, c.rank, dtype, n)
-            got = x.to(DEV)
+            got = x.to(DEV, copy=True)
             dist.reduce(got, dst=root, op=getattr(R, op_name))
             ref = x.clone()
             dist.reduce(ref, dst=root, op=getattr(R, op_name))
@@ -282,7 +289,7 @@ def _send_recv(c, dtype, n):
             continue
         key = f"send_recv/{dname(dtype)}/{n}/{src}to{dst}"
         if c.rank == src:
-            dist.send(make_input(key, src, dtype, n).to(DEV), dst=dst)
+            dist.send(make_input(key, src, dtype, n).to(DEV, copy=True), dst=dst)
         elif c.rank == dst:
             t = torch.empty(n, dtype=dtype, device=DEV)
             dist.recv(t, src=src)
@@ -291,7 +298,7 @@ def _send_recv(c, dtype, n):
     key = f"batch_isend_irecv/{dname(dtype)}/{n}"
     nxt, prv = (c.rank + 1) % c.world, (c.rank - 1) % c.world
     t = torch.empty(n, dtype=dtype, device=DEV)
-    ops = [dist.P2POp(dist.isend, make_input(key, c.rank, dtype, n).to(DEV), nxt),
+    ops = [dist.P2POp(dist.isend, make_input(key, c.rank, dtype, n).to(DEV, copy=True), nxt),
            dist.P2POp(dist.irecv, t, prv)]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
@@ -314,7 +321,7 @@ def collectives(rank, world, gloo):
             c.case("rooted", (dname(dtype), n), lambda: _rooted(c, dtype, n))
             c.case("send_recv", (dname(dtype), n), lambda: _send_recv(c, dtype, n))
     c.case("barrier", "", dist.barrier)
-    torch.cuda.synchronize()
+    sync()
     return {"failures": c.failures, "counts": dict(c.counts), "gloo_on": dict(c.gloo_on)}
 
 
@@ -420,7 +427,7 @@ def _batch(rank, step, device):
     g = torch.Generator().manual_seed(zlib.crc32(f"train#{rank}#{step}".encode()))
     x = torch.randn(16, 24, generator=g) * (1 + rank)
     y = torch.randn(16, 5, generator=g)
-    return x.to(device), y.to(device)
+    return x.to(device, copy=True), y.to(device, copy=True)
 
 
 def _compare_training(c, what, got, ref, init, tol):
@@ -446,7 +453,8 @@ def ddp(rank, world, gloo):
     def train(group):
         torch.manual_seed(1000 + rank)  # different per rank: DDP must broadcast rank 0's
         model = _mlp().to(DEV)
-        model = DDP(model, device_ids=[DEV.index], process_group=group, bucket_cap_mb=0.01)
+        model = DDP(model, device_ids=[DEV.index] if DEV.type == "cuda" else None, process_group=group,
+                    bucket_cap_mb=0.01)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         losses = []
         for step in range(STEPS):
@@ -499,7 +507,7 @@ def fsdp(rank, world, gloo):
         init = {n: p.detach().clone() for n, p in _mlp().named_parameters()}
         got = train(dist.group.WORLD, DEV)
         try:
-            ref, reference["on"], tol = train(gloo, DEV), "gloo on cuda", 2e-5
+            ref, reference["on"], tol = train(gloo, DEV), f"gloo on {DEV.type}", 2e-5
         except (RuntimeError, ValueError) as e:
             # Gloo without CUDA all_gather_into_tensor/reduce_scatter_tensor:
             # the same training on the CPU (matmuls round differently there).

@@ -18,9 +18,9 @@ from mp_harness import backend_under_test, run_world  # noqa: E402
 
 import torch  # noqa: E402
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device here (torch.cuda.is_available() is False): the GPU path's tests need one",
-                allow_module_level=True)
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device here (torch.cuda.is_available() is False): the GPU path's tests need one")
 
 BACKEND = backend_under_test()
 WORLD = 2
