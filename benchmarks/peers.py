@@ -36,7 +36,7 @@ import time
 # compare) wins over this checkout's.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from torch_smddp.bench import fmt_size, launch_ranks, parse_size, sizes_between  # noqa: E402
+from torch_smddp.bench import add_common_args, fmt_size, launch_ranks, resolve_sizes  # noqa: E402
 
 BACKENDS = ["smddp", "gloo", "deepspeed"]
 
@@ -237,10 +237,7 @@ def plot(all_data: list[dict], path: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--min", default="4K")
-    ap.add_argument("--max", default="256M")
-    ap.add_argument("--sizes", nargs="+", type=int, help="explicit sizes in bytes (overrides --min/--max)")
+    add_common_args(ap, sizes_help="explicit sizes in bytes (overrides --min/--max)")
     ap.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--block-s", type=float, default=0.02, help="target seconds of one timed block")
@@ -250,14 +247,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the merged results here")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--plot", help="write a PNG of busbw against size")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
-    if not args.sizes:
-        args.sizes = sizes_between(parse_size(args.min), parse_size(args.max))
+    resolve_sizes(args)
     all_data = [run_world(w, args) for w in args.world]
     if args.mpi:
         merge_mpi(all_data, args.mpi)

@@ -218,24 +218,36 @@ def plot(all_data: list[dict], backends: list[str], path: str) -> None:
     print(f"\nplot written to {path}")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_common_args(ap: argparse.ArgumentParser, sizes_help: str = argparse.SUPPRESS) -> None:
+    """The options every allreduce benchmark here shares: worlds, the size
+    range (or explicit sizes), and the launcher's worker flags."""
     ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--min", default="4K")
     ap.add_argument("--max", default="256M")
-    ap.add_argument("--sizes", nargs="+", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", nargs="+", type=int, help=sizes_help)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+
+
+def resolve_sizes(args) -> None:
+    """--sizes as given, else every power of two from --min to --max."""
+    if not args.sizes:
+        args.sizes = sizes_between(parse_size(args.min), parse_size(args.max))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap)
     ap.add_argument("--backends", nargs="+", default=["smddp", "gloo"])
     ap.add_argument("--budget", type=int, default=1 << 30, help="bytes per size and backend (sets iterations)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--plot", help="write a PNG of busbw against size")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
-    args.sizes = sizes_between(parse_size(args.min), parse_size(args.max))
+    resolve_sizes(args)
     all_data = []
     for w in args.world:
         data = run_world(w, args)
