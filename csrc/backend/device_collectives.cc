@@ -19,11 +19,11 @@ SMDDP_PARAM_BYTES(paramDeviceChunkBytes, "SMDDP_DEVICE_CHUNK_BYTES", 4194304, 40
 
 // ---- DeviceWork -------------------------------------------------------------
 
-DeviceWork::DeviceWork(DeviceContext& ctx, int rank, c10d::OpType type, const char* title,
+DeviceWork::DeviceWork(DeviceContext& ctx, int rank, c10d::OpType type, const char* coll,
                        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout)
-    : c10d::Work(rank, type, title),
+    : c10d::Work(rank, type, ("smddp:" + std::string(coll)).c_str()),
       ctx_(ctx),
-      title_(title),
+      title_("smddp:" + std::string(coll)),
       outputs_(std::move(outputs)),
       timeout_(timeout),
       future_(ctx.newFuture()) {}
@@ -68,7 +68,7 @@ bool DeviceWork::wait(std::chrono::milliseconds timeout) {
   if (ctx_.blocksHost()) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, limit, [&] { return hostDone_; })) {
-      C10_THROW_ERROR(DistBackendError, std::string("smddp: ") + title_ +
+      C10_THROW_ERROR(DistBackendError, title_ +
                                             " did not complete within the timeout");
     }
     if (error_) std::rethrow_exception(error_);
@@ -178,8 +178,7 @@ void DeviceCollectives::checkUsable(const char* coll) const {
   }
 }
 
-c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, const char* title,
-                                                         const char* coll,
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, const char* coll,
                                                          std::vector<at::Tensor> outputs,
                                                          const Plan& plan, Lane lane) {
   checkUsable(coll);
@@ -198,11 +197,10 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, cons
   sc.chunks.push_back(std::move(stage.chunk_));
   smddp::StagingPipeline& pipe =
       lane == Lane::kSend ? *sendPipe_ : lane == Lane::kRecv ? *recvPipe_ : *pipeline_;
-  return launch(pipe, type, title, std::move(outputs), std::move(stage.keep_), std::move(sc));
+  return launch(pipe, type, coll, std::move(outputs), std::move(stage.keep_), std::move(sc));
 }
 
-c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, const char* title,
-                                                            const char* coll,
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, const char* coll,
                                                             std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
   checkUsable(coll);
@@ -214,11 +212,8 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
                      ": all tensors must have the same dtype (got ", st, " and ",
                      t.scalar_type(), ")");
   }
-  {
-    ProcessGroupSmddp::CheckOnly only;  // dtype and op, as the CPU path checks them
-    std::vector<at::Tensor> probe{at::empty({1}, at::TensorOptions().dtype(st))};
-    (void)host_->allreduce(probe, opts);
-  }
+  std::optional<double> factor;  // dtype and op, with the CPU path's checks and messages
+  (void)toReduceOpScaled(opts.reduceOp, toDataType(tensors[0], coll), coll, &factor);
   c10d::AllreduceOptions hostOpts = opts;
   hostOpts.asyncOp = false;  // the pipeline thread waits at once
   const size_t elem = tensors[0].element_size();
@@ -253,16 +248,16 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
     }
   }
   flush();
-  return launch(*pipeline_, type, title, tensors, std::vector<at::Tensor>(tensors),
+  return launch(*pipeline_, type, coll, tensors, std::vector<at::Tensor>(tensors),
                 std::move(sc));
 }
 
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::launch(smddp::StagingPipeline& pipe,
-                                                         c10d::OpType type, const char* title,
+                                                         c10d::OpType type, const char* coll,
                                                          std::vector<at::Tensor> outputs,
                                                          std::vector<at::Tensor> keep,
                                                          smddp::StagingCall call) {
-  auto work = c10::make_intrusive<DeviceWork>(*ctx_, rank_, type, title, std::move(outputs),
+  auto work = c10::make_intrusive<DeviceWork>(*ctx_, rank_, type, coll, std::move(outputs),
                                               timeout_);
   call.ready = ctx_->callerReady();
   for (const auto& t : keep) {

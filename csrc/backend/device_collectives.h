@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "backend/device_context.h"
@@ -39,7 +40,7 @@ class ProcessGroupSmddp;
 // once the host part is done, with events after the copies back.
 class DeviceWork : public c10d::Work {
  public:
-  DeviceWork(DeviceContext& ctx, int rank, c10d::OpType type, const char* title,
+  DeviceWork(DeviceContext& ctx, int rank, c10d::OpType type, const char* coll,
              std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout);
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   bool isCompleted() override;
@@ -57,7 +58,7 @@ class DeviceWork : public c10d::Work {
   void completeLocked();  // both halves known: completes the future (on the pool)
 
   DeviceContext& ctx_;
-  const char* title_;
+  std::string title_;  // "smddp:all_gather"
   std::vector<at::Tensor> outputs_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -103,11 +104,11 @@ class DeviceCollectives {
   enum class Lane { kCollective, kSend, kRecv };
   // A call staged whole; `outputs` are what Work::result() returns. Sends
   // and receives take lanes (pipelines) of their own.
-  c10::intrusive_ptr<c10d::Work> staged(c10d::OpType type, const char* title, const char* coll,
+  c10::intrusive_ptr<c10d::Work> staged(c10d::OpType type, const char* coll,
                                         std::vector<at::Tensor> outputs, const Plan& plan,
                                         Lane lane = Lane::kCollective);
   // allreduce and allreduce_coalesced: chunked through the staging slots.
-  c10::intrusive_ptr<c10d::Work> allreduce(c10d::OpType type, const char* title, const char* coll,
+  c10::intrusive_ptr<c10d::Work> allreduce(c10d::OpType type, const char* coll,
                                            std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts);
   // Stops the host group, then the pipeline; bounded (see StagingPipeline).
@@ -115,7 +116,7 @@ class DeviceCollectives {
 
  private:
   c10::intrusive_ptr<c10d::Work> launch(smddp::StagingPipeline& pipe, c10d::OpType type,
-                                        const char* title,
+                                        const char* coll,
                                         std::vector<at::Tensor> outputs,
                                         std::vector<at::Tensor> keep, smddp::StagingCall call);
   void checkUsable(const char* coll) const;

@@ -38,6 +38,37 @@ inline c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::submit(
   });
 }
 
+template <typename Out, typename In, typename Call>
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::viaDevice(DeviceCollectives* dev,
+                                                            c10d::OpType type, const char* coll,
+                                                            std::vector<at::Tensor> result,
+                                                            const Out& outputs, const In& inputs,
+                                                            Call call) {
+  return track(dev->staged(type, coll, std::move(result),
+                           [&](DeviceStage& s) -> DeviceCollectives::HostCall {
+                             auto out = s.map(outputs, /*read=*/false, /*write=*/true);
+                             auto in = s.map(inputs, /*read=*/true, /*write=*/false);
+                             return [out, in, call](ProcessGroupSmddp& pg) mutable {
+                               return call(pg, out, in);
+                             };
+                           }));
+}
+
+template <typename Call>
+c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::viaDeviceInPlace(DeviceCollectives* dev,
+                                                                   c10d::OpType type,
+                                                                   const char* coll,
+                                                                   std::vector<at::Tensor>& tensors,
+                                                                   Call call) {
+  return track(dev->staged(type, coll, tensors,
+                           [&](DeviceStage& s) -> DeviceCollectives::HostCall {
+                             auto both = s.map(tensors, /*read=*/true, /*write=*/true);
+                             return [both, call](ProcessGroupSmddp& pg) mutable {
+                               return call(pg, both);
+                             };
+                           }));
+}
+
 // A tensor the engine can take (defined, CPU, dense) and its engine dtype.
 inline DataType checkedDataType(const at::Tensor& t, const char* op) {
   checkTensor(t, op);

@@ -79,33 +79,28 @@ void ProcessGroupSmddp::shutdown() {
   if (comm_) comm_->shutdown();
 }
 
-DeviceCollectives* ProcessGroupSmddp::deviceForTensors(const char* coll,
-                                                       const std::vector<const at::Tensor*>& ts) {
-  std::optional<c10::Device> dev;
-  for (const at::Tensor* t : ts) {
-    if (!t->defined()) continue;
-    if (!dev) dev = t->device();
-    TORCH_CHECK_VALUE(t->device() == *dev, "smddp ", coll,
-                      ": all tensors of one call must be on one device, got ", *dev, " and ",
-                      t->device());
+DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::Tensor& first,
+                                                    const at::Tensor* other) {
+  if (other) {
+    TORCH_CHECK_VALUE(false, "smddp ", coll, ": all tensors of one call must be on one device, got ",
+                      first.device(), " and ", other->device());
   }
-  if (!dev) return nullptr;
-  if (dev->is_cpu() && !simDevice_) return nullptr;
-  if (!dev->is_cpu()) {
-    TORCH_CHECK_VALUE(dev->is_cuda(), "smddp ", coll, ": tensors on ", *dev,
+  const c10::Device dev = first.device();
+  if (!dev.is_cpu()) {
+    TORCH_CHECK_VALUE(dev.is_cuda(), "smddp ", coll, ": tensors on ", dev,
                       " are not supported (CPU and CUDA tensors are)");
-    TORCH_CHECK_VALUE(builtWithCuda(), "smddp ", coll, ": got a tensor on ", *dev,
+    TORCH_CHECK_VALUE(builtWithCuda(), "smddp ", coll, ": got a tensor on ", dev,
                       ", but this build of torch_smddp has no CUDA support. Build it with "
                       "SMDDP_WITH_CUDA=ON against a CUDA build of torch (README, \"GPU path\").");
     auto bound = getBoundDeviceId();
-    TORCH_CHECK_VALUE(!bound || !bound->has_index() || !dev->has_index() || *bound == *dev,
-                      "smddp ", coll, ": a tensor on ", *dev, " but this group was bound to ",
+    TORCH_CHECK_VALUE(!bound || !bound->has_index() || !dev.has_index() || *bound == dev,
+                      "smddp ", coll, ": a tensor on ", dev, " but this group was bound to ",
                       *bound, " (device_id)");
   }
   std::lock_guard<std::mutex> lock(deviceMu_);
   if (!device_) {
     std::unique_ptr<DeviceContext> ctx =
-        dev->is_cpu() ? makeSimContext(rank_) : makeCudaContext(dev->index());
+        dev.is_cpu() ? makeSimContext(rank_) : makeCudaContext(dev.index());
     // A private host-only group carries the device calls' CPU collectives,
     // in the order the device calls were made (device_collectives.h).
     auto host = c10::make_intrusive<ProcessGroupSmddp>(
@@ -113,8 +108,8 @@ DeviceCollectives* ProcessGroupSmddp::deviceForTensors(const char* coll,
         groupName_ + "/device", /*hostOnly=*/true);
     device_ = std::make_unique<DeviceCollectives>(std::move(ctx), std::move(host), rank_, timeout_);
   }
-  TORCH_CHECK_VALUE(device_->device() == *dev || (dev->is_cuda() && !dev->has_index()), "smddp ",
-                    coll, ": this group runs on ", device_->device(), "; got a tensor on ", *dev,
+  TORCH_CHECK_VALUE(device_->device() == dev || (dev.is_cuda() && !dev.has_index()), "smddp ",
+                    coll, ": this group runs on ", device_->device(), "; got a tensor on ", dev,
                     " (one device per rank, as with NCCL)");
   deviceCalls_.fetch_add(1, std::memory_order_relaxed);
   return device_.get();
@@ -172,8 +167,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
   TORCH_CHECK_VALUE(tensors.size() == 1, "smddp all_reduce takes exactly one tensor per call, got ",
                     tensors.size(), " (use all_reduce_coalesced for several)");
   if (auto* dev = deviceFor("all_reduce", tensors)) {
-    return track(dev->allreduce(c10d::OpType::ALLREDUCE, "smddp:all_reduce", "all_reduce", tensors,
-                                opts));
+    return track(dev->allreduce(c10d::OpType::ALLREDUCE, "all_reduce", tensors, opts));
   }
   checkTensor(tensors[0], "all_reduce");
   DataType dt = toDataType(tensors[0], "all_reduce");
@@ -200,8 +194,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
     c10d::AllreduceOptions one;
     one.reduceOp = opts.reduceOp;
     one.timeout = opts.timeout;
-    return track(dev->allreduce(c10d::OpType::ALLREDUCE_COALESCED, "smddp:all_reduce_coalesced",
-                                "all_reduce_coalesced", tensors, one));
+    return track(dev->allreduce(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors,
+                                one));
   }
   DataType dt = toDataType(tensors[0], "all_reduce_coalesced");
   for (const auto& t : tensors) {
@@ -239,13 +233,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tens
                     opts.rootRank, " is outside the group of size ", size_);
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "smddp broadcast: rootTensor must be 0");
   if (auto* dev = deviceFor("broadcast", tensors)) {
-    return track(dev->staged(c10d::OpType::BROADCAST, "smddp:broadcast", "broadcast", tensors,
-                             [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-                               auto h = s.map(tensors, true, true);
-                               return [h, opts](ProcessGroupSmddp& pg) mutable {
-                                 return pg.broadcast(h, opts);
-                               };
-                             }));
+    return viaDeviceInPlace(dev, c10d::OpType::BROADCAST, "broadcast", tensors,
+                            [opts](ProcessGroupSmddp& pg, auto& h) { return pg.broadcast(h, opts); });
   }
   checkTensor(tensors[0], "broadcast");
   DataType dt = toDataType(tensors[0], "broadcast");
@@ -265,14 +254,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
   TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1,
                     "smddp all_gather takes one input tensor and one output list");
   if (auto* dev = deviceFor("all_gather", outputs, inputs)) {
-    return track(dev->staged(c10d::OpType::ALLGATHER, "smddp:all_gather", "all_gather", outputs[0],
-                             [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-                               auto hi = s.map(inputs, true, false);
-                               auto ho = s.map(outputs, false, true);
-                               return [hi, ho, opts](ProcessGroupSmddp& pg) mutable {
-                                 return pg.allgather(ho, hi, opts);
-                               };
-                             }));
+    return viaDevice(dev, c10d::OpType::ALLGATHER, "all_gather", outputs[0], outputs, inputs,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg.allgather(out, in, opts);
+                     });
   }
   TORCH_CHECK_VALUE(static_cast<int>(outputs[0].size()) == size_, "smddp all_gather: the output "
                     "list has length ", outputs[0].size(), " but the world size is ", size_);
@@ -300,14 +285,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const char* name = "all_gather_into_tensor";
   if (auto* dev = deviceFor(name, output, input)) {
-    return track(dev->staged(c10d::OpType::_ALLGATHER_BASE, "smddp:all_gather_into_tensor", name,
-                             {output}, [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-                               auto hi = s.map(input, true, false);
-                               auto ho = s.map(output, false, true);
-                               return [hi, ho, opts](ProcessGroupSmddp& pg) mutable {
-                                 return pg._allgather_base(ho, hi, opts);
-                               };
-                             }));
+    return viaDevice(dev, c10d::OpType::_ALLGATHER_BASE, name, {output}, output, input,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg._allgather_base(out, in, opts);
+                     });
   }
   DataType dt = checkWholeAndPart(output, input, /*outputIsWhole=*/true, size_, name);
   EngineCall call;

@@ -134,24 +134,45 @@ class ProcessGroupSmddp : public c10d::Backend {
   // SMDDP_DEVICE_SIM, on the CPU); null when the call takes the CPU path.
   // Mixed devices, a device other than the group's or than device_id, and
   // CUDA tensors in a build without CUDA get an error naming `coll`.
+  // On the CPU path's hot path: no allocation, one device comparison per
+  // tensor.
   template <typename... Ts>
   DeviceCollectives* deviceFor(const char* coll, const Ts&... tensorArgs) {
     if (hostOnly_) return nullptr;
-    std::vector<const at::Tensor*> ts;
-    (collectTensors(ts, tensorArgs), ...);
-    return deviceForTensors(coll, ts);
+    const at::Tensor* first = nullptr;  // the first defined tensor
+    const at::Tensor* other = nullptr;  // the first on another device than `first`
+    auto see = [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (!first) first = &t;
+      else if (!other && t.device() != first->device()) other = &t;
+    };
+    (forEachTensor(see, tensorArgs), ...);
+    if (!first || (!other && first->is_cpu() && !simDevice_)) return nullptr;
+    return deviceForSlow(coll, *first, other);
   }
-  static void collectTensors(std::vector<const at::Tensor*>& v, const at::Tensor& t) {
-    v.push_back(&t);
+  template <typename F>
+  static void forEachTensor(F& f, const at::Tensor& t) { f(t); }
+  template <typename F>
+  static void forEachTensor(F& f, const std::vector<at::Tensor>& ts) {
+    for (const auto& t : ts) f(t);
   }
-  static void collectTensors(std::vector<const at::Tensor*>& v, const std::vector<at::Tensor>& ts) {
-    for (const auto& t : ts) v.push_back(&t);
+  template <typename F>
+  static void forEachTensor(F& f, const std::vector<std::vector<at::Tensor>>& ts) {
+    for (const auto& l : ts) forEachTensor(f, l);
   }
-  static void collectTensors(std::vector<const at::Tensor*>& v,
-                             const std::vector<std::vector<at::Tensor>>& ts) {
-    for (const auto& l : ts) collectTensors(v, l);
-  }
-  DeviceCollectives* deviceForTensors(const char* coll, const std::vector<const at::Tensor*>& ts);
+  DeviceCollectives* deviceForSlow(const char* coll, const at::Tensor& first, const at::Tensor* other);
+  // A call on the device path whose `outputs` are written and `inputs` read:
+  // `call(pg, hostOutputs, hostInputs)` runs the same collective on their
+  // host copies (engine_call.h). `result` is what Work::result() returns.
+  template <typename Out, typename In, typename Call>
+  c10::intrusive_ptr<c10d::Work> viaDevice(DeviceCollectives* dev, c10d::OpType type,
+                                           const char* coll, std::vector<at::Tensor> result,
+                                           const Out& outputs, const In& inputs, Call call);
+  // The same for a call that reads and writes one list (broadcast, reduce).
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> viaDeviceInPlace(DeviceCollectives* dev, c10d::OpType type,
+                                                  const char* coll, std::vector<at::Tensor>& tensors,
+                                                  Call call);
 
   c10::intrusive_ptr<c10d::Work> pointToPoint(std::vector<at::Tensor>& tensors, int peer, int tag,
                                               bool isSend);

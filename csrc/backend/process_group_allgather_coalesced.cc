@@ -10,15 +10,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_into_tensor_coalesce
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   if (auto* dev = deviceFor("all_gather_into_tensor", outputs, inputs)) {
-    return track(dev->staged(
-        c10d::OpType::COALESCED, "smddp:all_gather_into_tensor", "all_gather_into_tensor", outputs,
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_outputs = s.map(outputs, false, true);
-          auto h_inputs = s.map(inputs, true, false);
-          return [h_outputs, h_inputs, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.allgather_into_tensor_coalesced(h_outputs, h_inputs, opts);
-          };
-        }));
+    return viaDevice(dev, c10d::OpType::COALESCED, "all_gather_into_tensor", outputs, outputs, inputs,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg.allgather_into_tensor_coalesced(out, in, opts);
+                     });
   }
   const char* name = "all_gather_into_tensor";
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "smddp ", name, ": ", outputs.size(),
@@ -42,15 +37,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   if (auto* dev = deviceFor("all_gather_coalesced", outputLists, inputs)) {
-    return track(dev->staged(
-        c10d::OpType::COALESCED, "smddp:all_gather_coalesced", "all_gather_coalesced", flatten(outputLists),
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_outputLists = s.map(outputLists, false, true);
-          auto h_inputs = s.map(inputs, true, false);
-          return [h_outputLists, h_inputs, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.allgather_coalesced(h_outputLists, h_inputs, opts);
-          };
-        }));
+    return viaDevice(dev, c10d::OpType::COALESCED, "all_gather_coalesced", flatten(outputLists), outputLists, inputs,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg.allgather_coalesced(out, in, opts);
+                     });
   }
   const char* name = "all_gather_coalesced";
   TORCH_CHECK_VALUE(outputLists.size() == static_cast<size_t>(size_), "smddp ", name,

@@ -52,15 +52,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
     std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
   if (auto* dev = deviceFor("all_to_all_single", output, input)) {
-    return track(dev->staged(
-        c10d::OpType::ALLTOALL_BASE, "smddp:all_to_all_single", "all_to_all_single", {output},
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_output = s.map(output, false, true);
-          auto h_input = s.map(input, true, false);
-          return [h_output, h_input, outputSplits, inputSplits, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.alltoall_base(h_output, h_input, outputSplits, inputSplits, opts);
-          };
-        }));
+    return viaDevice(dev, c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, output, input,
+                     [outputSplits, inputSplits, opts](ProcessGroupSmddp& pg, auto& out, auto& in) mutable {
+                       return pg.alltoall_base(out, in, outputSplits, inputSplits, opts);
+                     });
   }
   const char* name = "all_to_all_single";
   checkTensor(output, name);
@@ -82,15 +77,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall(std::vector<at::Tenso
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
   if (auto* dev = deviceFor("all_to_all", outputs, inputs)) {
-    return track(dev->staged(
-        c10d::OpType::ALLTOALL, "smddp:all_to_all", "all_to_all", outputs,
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_outputs = s.map(outputs, false, true);
-          auto h_inputs = s.map(inputs, true, false);
-          return [h_outputs, h_inputs, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.alltoall(h_outputs, h_inputs, opts);
-          };
-        }));
+    return viaDevice(dev, c10d::OpType::ALLTOALL, "all_to_all", outputs, outputs, inputs,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg.alltoall(out, in, opts);
+                     });
   }
   const char* name = "all_to_all";
   TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ &&

@@ -21,7 +21,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::pointToPoint(std::vector<at::T
   if (auto* dev = deviceFor(name, tensors)) {
     return track(dev->staged(
         isSend ? c10d::OpType::SEND : (peer < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV),
-        isSend ? "smddp:send" : "smddp:recv", name, tensors,
+        name, tensors,
         [&](DeviceStage& s) -> DeviceCollectives::HostCall {
           auto h = s.map(tensors, isSend, !isSend);
           return [h, peer, tag, isSend](ProcessGroupSmddp& pg) mutable {

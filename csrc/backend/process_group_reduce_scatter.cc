@@ -10,15 +10,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (auto* dev = deviceFor("reduce_scatter", outputs, inputs)) {
-    return track(dev->staged(
-        c10d::OpType::REDUCE_SCATTER, "smddp:reduce_scatter", "reduce_scatter", outputs,
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_outputs = s.map(outputs, false, true);
-          auto h_inputs = s.map(inputs, true, false);
-          return [h_outputs, h_inputs, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.reduce_scatter(h_outputs, h_inputs, opts);
-          };
-        }));
+    return viaDevice(dev, c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, outputs, inputs,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg.reduce_scatter(out, in, opts);
+                     });
   }
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
                     "smddp reduce_scatter takes one output tensor and one input list");
@@ -51,15 +46,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter_tensor_coalesce
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (auto* dev = deviceFor("reduce_scatter_tensor", outputs, inputs)) {
-    return track(dev->staged(
-        c10d::OpType::COALESCED, "smddp:reduce_scatter_tensor", "reduce_scatter_tensor", outputs,
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_outputs = s.map(outputs, false, true);
-          auto h_inputs = s.map(inputs, true, false);
-          return [h_outputs, h_inputs, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.reduce_scatter_tensor_coalesced(h_outputs, h_inputs, opts);
-          };
-        }));
+    return viaDevice(dev, c10d::OpType::COALESCED, "reduce_scatter_tensor", outputs, outputs, inputs,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg.reduce_scatter_tensor_coalesced(out, in, opts);
+                     });
   }
   const char* name = "reduce_scatter_tensor";
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "smddp ", name, ": ", outputs.size(),

@@ -31,14 +31,8 @@ void ProcessGroupSmddp::checkRoot(int64_t root, const char* op) const {
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
   if (auto* dev = deviceFor("reduce", tensors)) {
-    return track(dev->staged(
-        c10d::OpType::REDUCE, "smddp:reduce", "reduce", tensors,
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_tensors = s.map(tensors, true, true);
-          return [h_tensors, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.reduce(h_tensors, opts);
-          };
-        }));
+    return viaDeviceInPlace(dev, c10d::OpType::REDUCE, "reduce", tensors,
+                            [opts](ProcessGroupSmddp& pg, auto& h) { return pg.reduce(h, opts); });
   }
   TORCH_CHECK_VALUE(tensors.size() == 1, "smddp reduce takes exactly one tensor per call, got ",
                     tensors.size());
@@ -62,15 +56,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
   if (auto* dev = deviceFor("gather", outputs, inputs)) {
-    return track(dev->staged(
-        c10d::OpType::GATHER, "smddp:gather", "gather", outputs.empty() ? std::vector<at::Tensor>{} : outputs[0],
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_outputs = s.map(outputs, false, true);
-          auto h_inputs = s.map(inputs, true, false);
-          return [h_outputs, h_inputs, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.gather(h_outputs, h_inputs, opts);
-          };
-        }));
+    return viaDevice(dev, c10d::OpType::GATHER, "gather", outputs.empty() ? std::vector<at::Tensor>{} : outputs[0], outputs, inputs,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg.gather(out, in, opts);
+                     });
   }
   TORCH_CHECK_VALUE(inputs.size() == 1, "smddp gather takes one input tensor");
   checkRoot(opts.rootRank, "gather");
@@ -95,15 +84,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
   if (auto* dev = deviceFor("scatter", outputs, inputs)) {
-    return track(dev->staged(
-        c10d::OpType::SCATTER, "smddp:scatter", "scatter", outputs,
-        [&](DeviceStage& s) -> DeviceCollectives::HostCall {
-          auto h_outputs = s.map(outputs, false, true);
-          auto h_inputs = s.map(inputs, true, false);
-          return [h_outputs, h_inputs, opts](ProcessGroupSmddp& pg) mutable {
-            return pg.scatter(h_outputs, h_inputs, opts);
-          };
-        }));
+    return viaDevice(dev, c10d::OpType::SCATTER, "scatter", outputs, outputs, inputs,
+                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
+                       return pg.scatter(out, in, opts);
+                     });
   }
   TORCH_CHECK_VALUE(outputs.size() == 1, "smddp scatter takes one output tensor");
   checkRoot(opts.rootRank, "scatter");
