@@ -1,0 +1,252 @@
+// The staging pipeline's failure and shutdown paths on the simulated
+// device: host work that throws, copies that never land, shutdown with calls
+// queued or host work that does not return. The oracles are the causes each
+// done() gets, that every call gets exactly one, and how soon each finishes.
+#include "staging_harness.h"
+
+using namespace staging_test;
+
+TEST_CASE("host work that throws fails the call and every later one with its cause",
+          "[staging]") {
+  constexpr size_t kChunk = 256 << 10;
+  constexpr size_t kFloats = 8 * kChunk / sizeof(float);
+  SimDeviceOptions so;
+  so.maxDelay = microseconds(100);
+  StagingOptions po;
+  po.slots = 3;
+  po.slotBytes = kChunk;
+  po.copyStreams = 2;
+  std::vector<float> device(kFloats, 1.0f), second(kFloats, 1.0f);
+  std::vector<size_t> ran;  // only the pipeline thread writes it
+  Dones dones;
+  StagingPipeline pipeline(makeSimDevice(so), po);
+  StagingCall call = inPlaceCall("failing call", device.data(), kFloats, kChunk,
+                                 [&ran](size_t k, float*, size_t) {
+                                   ran.push_back(k);
+                                   if (k == 3) throw Error(ErrorKind::kPeerLost, "rank 1 died");
+                                 });
+  REQUIRE(call.chunks.size() == 8);
+  call.done = dones.callback(0);
+  const auto start = Clock::now();
+  DeviceEventPtr done = pipeline.submit(std::move(call));
+  // Queued behind it: fails with the same cause.
+  StagingCall next = inPlaceCall("queued call", second.data(), kFloats, kChunk,
+                                 [&ran](size_t k, float*, size_t) { ran.push_back(100 + k); });
+  next.done = dones.callback(1);
+  DeviceEventPtr nextDone = pipeline.submit(std::move(next));
+
+  REQUIRE(dones.waitFor(2, milliseconds(2000)));
+  // Every copy drains: the return stream no longer waits for host work.
+  CHECK(completes(done, milliseconds(1000)));
+  CHECK(completes(nextDone, milliseconds(1000)));
+  INFO("failed and drained after " << msSince(start) << " ms");
+  auto calls = dones.snapshot();
+  REQUIRE(calls.size() == 2);
+  REQUIRE(calls[0].cause);
+  CHECK(errorOf(calls[0].cause).kind() == ErrorKind::kPeerLost);
+  CHECK(std::string(errorOf(calls[0].cause).what()) == "rank 1 died");
+  CHECK(calls[1].cause == calls[0].cause);
+  CHECK(pipeline.broken() == calls[0].cause);
+  CHECK(ran == std::vector<size_t>{0, 1, 2, 3});
+
+  // A later call fails at once with the same cause.
+  StagingCall later = inPlaceCall("later call", second.data(), kFloats, kChunk,
+                                  [&ran](size_t k, float*, size_t) { ran.push_back(200 + k); });
+  later.done = dones.callback(2);
+  const auto submitted = Clock::now();
+  DeviceEventPtr laterDone = pipeline.submit(std::move(later));
+  REQUIRE(dones.waitFor(3, milliseconds(1000)));
+  CHECK(msSince(submitted) < 100);
+  CHECK(dones.snapshot()[2].cause == calls[0].cause);
+  CHECK(completes(laterDone, milliseconds(1000)));
+  CHECK(ran.size() == 4);
+}
+
+TEST_CASE("copies in that never land time the call out", "[staging]") {
+  constexpr size_t kChunk = 64 << 10;
+  std::vector<float> device(4 * kChunk / sizeof(float), 1.0f);
+  SimDeviceOptions so;
+  so.maxDelay = microseconds(50);
+  so.hangCopy = 2;  // queued third: chunk 1's copy in (chunk 0's in and out come first)
+  StagingOptions po;
+  po.slots = 2;
+  po.slotBytes = kChunk;
+  po.timeout = milliseconds(300);
+  Dones dones;
+  auto pipeline = std::make_unique<StagingPipeline>(makeSimDevice(so), po);
+  StagingCall call = inPlaceCall("allreduce of 256 KiB", device.data(), device.size(), kChunk,
+                                 [](size_t, float*, size_t) {});
+  call.done = dones.callback(0);
+  const auto start = Clock::now();
+  pipeline->submit(std::move(call));
+  REQUIRE(dones.waitFor(1, milliseconds(2000)));
+  const double took = msSince(start);
+  INFO("timed out after " << took << " ms");
+  CHECK(took >= 290);
+  CHECK(took < 2000);
+  const Error e = errorOf(dones.snapshot()[0].cause);
+  CHECK(e.kind() == ErrorKind::kTimeout);
+  const std::string msg = e.what();
+  INFO(msg);
+  CHECK(msg.find("allreduce of 256 KiB") != std::string::npos);
+  CHECK(msg.find("chunk 1 ") != std::string::npos);
+  CHECK(msg.find("sim") != std::string::npos);
+
+  const auto destroyed = Clock::now();
+  pipeline.reset();  // the stalled stream must still stop
+  CHECK(msSince(destroyed) < 1000);
+}
+
+TEST_CASE("shutdown aborts queued calls promptly while a copy hangs", "[staging]") {
+  constexpr size_t kChunk = 64 << 10;
+  std::vector<float> device(3 * kChunk / sizeof(float), 1.0f);
+  SimDeviceOptions so;
+  so.maxDelay = microseconds(50);
+  so.hangCopy = 0;  // the first call's first copy in
+  StagingOptions po;
+  po.slots = 2;
+  po.slotBytes = kChunk;
+  Dones dones;
+  std::atomic<int> ran{0};
+  auto pipeline = std::make_unique<StagingPipeline>(makeSimDevice(so), po);
+  for (int i = 0; i < 3; ++i) {
+    StagingCall call = inPlaceCall("call " + std::to_string(i), device.data(), device.size(),
+                                   kChunk, [&](size_t, float*, size_t) { ++ran; });
+    call.done = dones.callback(i);
+    pipeline->submit(std::move(call));
+  }
+  std::this_thread::sleep_for(milliseconds(50));  // the thread is waiting on the hung copy
+  CHECK(dones.snapshot().empty());
+
+  auto start = Clock::now();
+  pipeline->shutdown();
+  const double took = msSince(start);
+  INFO("shutdown took " << took << " ms");
+  CHECK(took < 500);
+  auto calls = dones.snapshot();
+  REQUIRE(calls.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(calls[i].id == i);
+    CHECK(errorOf(calls[i].cause).kind() == ErrorKind::kAborted);
+  }
+  CHECK(ran == 0);
+
+  start = Clock::now();
+  pipeline->shutdown();  // idempotent
+  pipeline.reset();
+  CHECK(msSince(start) < 500);
+  CHECK(dones.snapshot().size() == 3);
+}
+
+TEST_CASE("a slotted chunk larger than a slot is refused", "[staging]") {
+  StagingOptions po;
+  po.slots = 2;
+  po.slotBytes = 4096;
+  std::vector<char> device(8192);
+  Dones dones;
+  StagingPipeline pipeline(makeSimDevice(), po);
+
+  StagingCall call;
+  call.what = "broadcast of 8 KiB";
+  call.chunks.resize(2);
+  call.chunks[0].slotted = true;
+  call.chunks[0].in.push_back({device.data(), nullptr, 4096});
+  call.chunks[1].slotted = true;
+  call.chunks[1].out.push_back({device.data() + 4096, reinterpret_cast<void*>(100), 4000});
+  call.done = dones.callback(0);
+  try {
+    pipeline.submit(call);
+    FAIL("submit took a chunk larger than its slot");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kInvalidArgument);
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("broadcast of 8 KiB") != std::string::npos);
+    CHECK(msg.find("chunk 1") != std::string::npos);
+    CHECK(msg.find("4000 bytes at offset 100") != std::string::npos);
+    CHECK(msg.find("4096 bytes") != std::string::npos);
+  }
+  CHECK(dones.snapshot().empty());
+
+  // Nothing was queued: the pipeline still works.
+  call.chunks[1].out[0].bytes = 3996;
+  DeviceEventPtr done = pipeline.submit(std::move(call));
+  CHECK(completes(done, milliseconds(1000)));
+  REQUIRE(dones.waitFor(1, milliseconds(1000)));
+  CHECK_FALSE(dones.snapshot()[0].cause);
+}
+
+TEST_CASE("shutdown leaves host work that does not return behind after 500 ms", "[staging]") {
+  // The host work outlives the pipeline: what it uses is shared with it.
+  struct Stuck {
+    std::promise<void> release;
+    std::shared_future<void> released{release.get_future().share()};
+    std::atomic<bool> entered{false}, returned{false};
+  };
+  auto stuck = std::make_shared<Stuck>();
+  std::vector<float> device(1024, 1.0f);
+  Dones dones;
+  StagingOptions po;
+  po.slots = 1;
+  po.slotBytes = 4096;
+  auto pipeline = std::make_unique<StagingPipeline>(makeSimDevice(), po);
+  StagingCall call = inPlaceCall("stuck call", device.data(), device.size(), 4096,
+                                 [stuck](size_t, float* x, size_t n) {
+                                   stuck->entered = true;
+                                   stuck->released.wait();
+                                   // The slot is still there to write.
+                                   for (size_t i = 0; i < n; ++i) x[i] = 5;
+                                   stuck->returned = true;
+                                 });
+  call.done = dones.callback(0);
+  pipeline->submit(std::move(call));
+  const auto deadline = Clock::now() + milliseconds(2000);
+  while (!stuck->entered && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(1));
+  REQUIRE(stuck->entered);
+
+  const auto start = Clock::now();
+  pipeline->shutdown();
+  const double took = msSince(start);
+  INFO("shutdown took " << took << " ms");
+  CHECK(took >= 490);
+  CHECK(took < 1000);
+  auto calls = dones.snapshot();
+  REQUIRE(calls.size() == 1);
+  CHECK(errorOf(calls[0].cause).kind() == ErrorKind::kAborted);
+  pipeline.reset();
+
+  stuck->release.set_value();
+  while (!stuck->returned) std::this_thread::sleep_for(milliseconds(1));
+  std::this_thread::sleep_for(milliseconds(20));  // the thread returns, finishing nothing
+  CHECK(dones.snapshot().size() == 1);
+}
+
+TEST_CASE("shutdown releases the copies out only after the host work at hand", "[staging]") {
+  // The copies out of a chunk read its slot; were they released while its
+  // host work still wrote it, TSan would see the race.
+  std::vector<float> device(1024, 1.0f);
+  std::atomic<bool> entered{false};
+  Dones dones;
+  StagingOptions po;
+  po.slots = 1;
+  po.slotBytes = 4096;
+  StagingPipeline pipeline(makeSimDevice(), po);
+  StagingCall call = inPlaceCall("slow call", device.data(), device.size(), 4096,
+                                 [&entered](size_t, float* x, size_t n) {
+                                   entered = true;
+                                   std::this_thread::sleep_for(milliseconds(100));
+                                   for (size_t i = 0; i < n; ++i) x[i] = 7;
+                                 });
+  call.done = dones.callback(0);
+  DeviceEventPtr done = pipeline.submit(std::move(call));
+  while (!entered) std::this_thread::sleep_for(microseconds(100));
+  const auto start = Clock::now();
+  pipeline.shutdown();
+  const double took = msSince(start);
+  INFO("shutdown took " << took << " ms");
+  CHECK(took < 500);
+  CHECK(completes(done, milliseconds(1000)));
+  auto calls = dones.snapshot();
+  REQUIRE(calls.size() == 1);
+  CHECK(errorOf(calls[0].cause).kind() == ErrorKind::kAborted);
+}
