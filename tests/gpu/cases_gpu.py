@@ -445,6 +445,20 @@ def _compare_training(c, what, got, ref, init, tol):
         c.failures.append(f"rank {c.rank} {what}: losses differ {losses} vs {ref_losses}")
 
 
+def _sgd_steps(model, rank, device):
+    """STEPS steps of SGD with momentum on this rank's batches; the losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for step in range(STEPS):
+        x, y = _batch(rank, step, device)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
 def ddp(rank, world, gloo):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -455,15 +469,7 @@ def ddp(rank, world, gloo):
         model = _mlp().to(DEV)
         model = DDP(model, device_ids=[DEV.index] if DEV.type == "cuda" else None, process_group=group,
                     bucket_cap_mb=0.01)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses = []
-        for step in range(STEPS):
-            x, y = _batch(rank, step, DEV)
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+        losses = _sgd_steps(model, rank, DEV)
         return {n: p.detach().cpu() for n, p in model.module.named_parameters()}, losses
 
     def run():
@@ -489,15 +495,7 @@ def fsdp(rank, world, gloo):
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses = []
-        for step in range(STEPS):
-            x, y = _batch(rank, step, device)
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+        losses = _sgd_steps(model, rank, device)
         return {n: p.full_tensor().detach().cpu() for n, p in model.named_parameters()}, losses
 
     reference = {}
