@@ -32,8 +32,7 @@ test: build
 	$(PY) -m pytest -q tests/python
 	$(MAKE) --no-print-directory test-asan-ci
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS_CI)
-	@# check-cuda (the CUDA build, against the CPU tests) is not in `make test`
-	@# yet: it has not had a fresh-clone CI run with the device path merged.
+	$(MAKE) --no-print-directory check-cuda
 
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
@@ -92,12 +91,13 @@ CUDA_LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_
 CUDA_RUN       := cd $(CUDA_PKG) && PYTHONPATH=$(abspath $(CUDA_PKG))$${PYTHONPATH:+:$$PYTHONPATH} $(abspath $(CUDA_PY))
 # What check-cuda runs of tests/python against the CUDA build (about 3 of
 # the suite's 20 minutes here, so that `make test` stays under 40): every
-# collective against Gloo, the backend's surface, directly made groups, the
+# collective against Gloo (also through the device path on the simulated
+# device, test_device_sim.py), the backend's surface, directly made groups, the
 # parameters, DDP and FSDP2 against Gloo. Left out: the install, cluster and
 # benchmark tests, the harness's self-tests and the torchrun demo (nothing
 # of the extension's build in them), and the long engine, failure,
 # robustness and torch-suite runs, which the CPU build runs on the same C++.
-CUDA_PYTESTS      ?= test_collectives.py test_more_collectives.py test_surface.py test_direct_group.py \
+CUDA_PYTESTS      ?= test_device_sim.py test_collectives.py test_more_collectives.py test_surface.py test_direct_group.py \
                      test_params.py test_ddp.py test_fsdp.py
 CUDA_PYTEST_ARGS  ?= -k "not harness and not demo"
 
