@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 from . import _C  # noqa: E402  (needs torch.distributed's pybind types first)
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "stats", "ProcessGroupSmddp"]
+__all__ = ["__version__", "stats", "flight_recorder", "ProcessGroupSmddp"]
 
 ProcessGroupSmddp = _C.ProcessGroupSmddp
 
@@ -58,3 +58,19 @@ def stats(group=None) -> dict:
     chunks in flight, server reduce time, rejected frames and errors.
     """
     return _backend_of(group).stats()
+
+
+def flight_recorder(group=None) -> list:
+    """The flight recorder of ``group`` (default: the world group).
+
+    Its last ``SMDDP_TRACE_BUFFER_SIZE`` collectives, oldest first, each a
+    dict: ``seq``, ``collective``, ``call`` (e.g. ``"allreduce(SUM, float32,
+    100 elements)"``), ``dtype``, ``op``, ``numel``, ``root``, ``bytes``,
+    ``state`` (``"issued, not started"``, ``"started"``, ``"completed"``,
+    ``"failed"``), ``path`` (``"shared-memory"``, ``"hierarchy"``,
+    ``"network"``), ``batch`` (first sequence of the fusion batch it ran in)
+    and ``batch_calls``, ``on_caller``, the wall-clock times ``queued``,
+    ``started`` and ``ended`` (seconds, as ``time.time()``; None when not
+    reached) and ``error``. Empty when ``SMDDP_TRACE_BUFFER_SIZE=0``.
+    """
+    return _backend_of(group).flight_recorder()

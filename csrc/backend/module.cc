@@ -8,6 +8,7 @@
 #include "backend/device_context.h"
 #include "backend/process_group.h"
 #include "common/param.h"
+#include "engine/flight_recorder.h"
 #include "engine/reduce_kernels.h"
 #include "transport/fabric.h"
 
@@ -81,6 +82,32 @@ py::dict statsToDict(const smddp::Stats& s) {
   return d;
 }
 
+py::dict entryToDict(const smddp::FlightEntry& e, int64_t steadyNowNs, int64_t wallNowUs) {
+  auto wall = [&](int64_t ns) -> py::object {
+    if (!ns) return py::none();
+    return py::float_((wallNowUs - (steadyNowNs - ns) / 1000) / 1e6);
+  };
+  py::dict d;
+  d["seq"] = e.seq;
+  d["collective"] = e.hasSignature ? smddp::toString(e.sig.collective) : "barrier";
+  d["call"] = e.describe();
+  d["dtype"] = e.hasSignature ? py::object(py::str(smddp::toString(e.sig.dtype))) : py::none();
+  d["op"] = e.hasSignature ? py::object(py::str(smddp::toString(e.sig.op))) : py::none();
+  d["numel"] = e.hasSignature ? e.sig.numel : 0;
+  d["root"] = e.hasSignature && e.sig.root >= 0 ? py::object(py::int_(e.sig.root)) : py::none();
+  d["bytes"] = e.bytes();
+  d["state"] = smddp::toString(e.state);
+  d["path"] = smddp::toString(e.path);
+  d["batch"] = e.batch;
+  d["batch_calls"] = e.batchCalls;
+  d["on_caller"] = e.onCaller;
+  d["queued"] = wall(e.queuedNs);  // wall-clock seconds (time.time()), or None
+  d["started"] = wall(e.startedNs);
+  d["ended"] = wall(e.endedNs);
+  d["error"] = e.error.empty() ? py::object(py::none()) : py::object(py::str(e.error));
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -106,6 +133,20 @@ PYBIND11_MODULE(_C, m) {
         d["device_calls"] = pg.deviceCalls();
         return d;
       })
+      // The flight recorder's entries, oldest first (torch_smddp.flight_recorder).
+      .def("flight_recorder", [](const ProcessGroupSmddp& pg) {
+        py::list out;
+        auto rec = pg.flightRecorder();
+        if (!rec) return out;
+        const auto steadyNow = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count();
+        const auto wallNow = std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+        for (const auto& e : rec->entries()) out.append(entryToDict(e, steadyNow, wallNow));
+        return out;
+      })
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
       .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)
       // Where this group instance's keys live in its store (tests read them).
@@ -125,6 +166,23 @@ PYBIND11_MODULE(_C, m) {
       out.append(py::make_tuple(p.env, p.type, p.defaultValue, p.doc));
     }
     return out;
+  });
+  // The desync report from each rank's serialized position (a dump's
+  // "position"; None for a rank with no dump): `python -m torch_smddp.trace
+  // analyze` prints the same text a failing call carries.
+  m.def("desync_report", [](const std::vector<std::optional<std::string>>& positions) {
+    std::vector<smddp::RankPosition> ps;
+    for (size_t r = 0; r < positions.size(); ++r) {
+      smddp::RankPosition p;
+      if (positions[r]) {
+        p = smddp::RankPosition::parse(static_cast<int>(r), *positions[r]);
+      } else {
+        p.rank = static_cast<int>(r);
+        p.kind = smddp::RankPosition::Kind::kUnreachable;
+      }
+      ps.push_back(p);
+    }
+    return smddp::formatDesyncReport(ps);
   });
   m.def("libfabric_version", &smddp::libfabricVersion);
   m.def("available_providers", &smddp::availableProviders);

@@ -115,6 +115,10 @@ class ProcessGroupSmddp : public c10d::Backend {
                                          : std::vector<int>{};
   }
   std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
+  // The group's flight recorder; null with SMDDP_TRACE_BUFFER_SIZE=0.
+  std::shared_ptr<const smddp::FlightRecorder> flightRecorder() const {
+    return comm_ ? comm_->flightRecorder() : nullptr;
+  }
   // Calls that took the device path (device_collectives.h).
   uint64_t deviceCalls() const { return deviceCalls_.load(std::memory_order_relaxed); }
 

@@ -2,7 +2,11 @@
 // find each other, so no extra ports or daemons are needed.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <thread>
 
 #include "transport/bootstrap.h"
 
@@ -25,8 +29,43 @@ class StoreBootstrap : public smddp::Bootstrap {
     value->assign(v.begin(), v.end());
     return true;
   }
+  // A TCPStore blocks on the key in its server, so a waiting thread costs
+  // nothing; other stores (a FileStore polls its file) are polled slowly.
+  bool waitFor(const std::string& key, std::chrono::milliseconds timeout) override {
+    if (!blocksOnWait()) {
+      const auto until = std::chrono::steady_clock::now() + timeout;
+      while (!store_->check({key})) {
+        if (std::chrono::steady_clock::now() >= until) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      return true;
+    }
+    try {
+      store_->wait({key}, timeout);
+      return true;
+    } catch (const c10::DistStoreError&) {
+      return store_->check({key});  // a timeout; a broken store throws here
+    }
+  }
+  std::unique_ptr<smddp::Bootstrap> clone() override {
+    try {
+      return std::make_unique<StoreBootstrap>(store_->clone());
+    } catch (const std::exception&) {
+      return nullptr;  // e.g. a store written in Python
+    }
+  }
 
  private:
+  bool blocksOnWait() const {
+    c10d::Store* s = store_.get();
+    c10::intrusive_ptr<c10d::Store> inner;
+    if (auto* p = dynamic_cast<c10d::PrefixStore*>(s)) {
+      inner = p->getUnderlyingNonPrefixStore();
+      s = inner.get();
+    }
+    return dynamic_cast<c10d::TCPStore*>(s) != nullptr;
+  }
+
   c10::intrusive_ptr<c10d::Store> store_;
 };
 

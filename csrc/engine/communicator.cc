@@ -260,6 +260,18 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
     if (opts_.rank == 0) SMDDP_LOG(kWarn) << text;
     else SMDDP_LOG(kDebug) << text;
   }
+  // 6. The flight recorder, and a thread that tells a failing peer where
+  //    this rank stands (desync.h).
+  if (const int64_t ring = traceBufferSize(); ring > 0) {
+    recorder_ = std::make_shared<FlightRecorder>(opts_.name, opts_.rank, opts_.size,
+                                                 static_cast<size_t>(ring));
+    auto waitStore = store.clone();
+    auto askStore = waitStore ? store.clone() : nullptr;
+    if (askStore) {
+      desync_ = std::make_unique<DesyncResponder>(std::move(waitStore), std::move(askStore),
+                                                  storePrefix_, recorder_);
+    }
+  }
   worker_ = std::thread([this] { workerLoop(); });
   SMDDP_LOG(kInfo) << describeGroup();
 }
@@ -327,10 +339,11 @@ void Communicator::shutdown() {
   }
   queueCv_.notify_all();
   for (auto& t : leftover) {
+    const std::string why = "smddp: " + t.what + " at sequence " + std::to_string(t.seq) +
+                            " was not run: the process group was shut down";
+    if (recorder_ && !t.p2p) recorder_->ended(t.seq, &why, 1);
     try {
-      t.done(std::make_exception_ptr(
-          Error(ErrorKind::kAborted, "smddp: " + t.what + " at sequence " + std::to_string(t.seq) +
-                                         " was not run: the process group was shut down")));
+      t.done(std::make_exception_ptr(Error(ErrorKind::kAborted, why)));
     } catch (...) {
     }
   }
@@ -390,6 +403,7 @@ void Communicator::shutdown() {
 }
 
 void Communicator::releaseResources() {
+  desync_.reset();   // its answering thread ends (or is left behind on a hung store)
   monitor_.reset();  // says goodbye: peers on other hosts do not take this for a death
   scheduler_.reset();
   // Point-to-point operations still posted get an "aborted" completion.

@@ -21,6 +21,8 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "engine/desync.h"
+#include "engine/flight_recorder.h"
 #include "engine/request.h"
 #include "engine/stats.h"
 #include "transport/bootstrap.h"
@@ -190,6 +192,9 @@ class Communicator {
   // runs, so this object must be leaked, never destroyed.
   bool stuck() const { return stuck_.load(); }
   Stats stats() const { return stats_.snapshot(); }
+  // The group's flight recorder (flight_recorder.h); null with
+  // SMDDP_TRACE_BUFFER_SIZE=0.
+  std::shared_ptr<const FlightRecorder> flightRecorder() const { return recorder_; }
 
   // --- used by Exchange and the algorithms (worker thread only) ---
   Endpoint& endpoint() { return *endpoint_; }
@@ -229,6 +234,11 @@ class Communicator {
   // good, fail the point-to-point operations in flight and mark the group
   // unusable with `why`. Only shutdown touches the endpoint afterwards.
   void quarantine(const std::string& why);
+  // The message of `e` with the desync report added (desync.h) when `e`
+  // leaves the group unusable (timeout, lost peer, transport) and is the
+  // first such error here; else e.what(). Asks every rank through the
+  // store, within a few seconds. Worker thread only.
+  std::string withDesyncReport(const Error& e);
   // The first error another rank reported for a sequence <= seq, if any.
   bool remoteErrorFor(uint64_t seq, std::string* text);
   // Tells every peer that calls seq .. seq + count - 1 failed here, so
@@ -293,13 +303,16 @@ class Communicator {
   // The end of shutdown(), once the worker has exited: the scheduler,
   // point-to-point operations, endpoint, requests and sink.
   void releaseResources();
-  uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
+  // `sig` (null for a barrier) is what the flight recorder keeps.
+  uint64_t enqueue(std::string what, const CollectiveSignature* sig,
+                   std::function<void(uint64_t)> body, Done done,
                    std::shared_ptr<FusibleCall> fusible = nullptr, CallHooks hooks = {});
   // Under queueMu_: the issued count the fusion leader may fuse below.
   void publishIssuedLocked();
   // Runs one task (or, for a fusible allreduce, one fusion batch) and
   // completes it; errors become the tasks' exceptions.
-  void runTasks(std::vector<Task>& tasks);
+  void runTasks(std::vector<Task>& tasks, bool onCaller = false);
+
   // SMDDP_LOG_LEVEL=debug: one line per finished call (sequence, size,
   // path, time queued and running, outcome).
   void logCompleted(const std::vector<Task>& tasks, std::exception_ptr eptr,
@@ -416,6 +429,9 @@ class Communicator {
   std::thread worker_;
   StatsCounters stats_;
   std::unique_ptr<FusionBufferScheduler> scheduler_;  // worker thread only (after construction)
+  std::shared_ptr<FlightRecorder> recorder_;  // null when SMDDP_TRACE_BUFFER_SIZE=0; locks itself
+  std::unique_ptr<DesyncResponder> desync_;   // null without a recorder or a clonable store
+  bool desyncReported_ = false;               // worker thread only
 };
 
 }  // namespace smddp

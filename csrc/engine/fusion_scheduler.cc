@@ -85,13 +85,17 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
       idle(b, seen, [&] { return rankList(missing); });
     }
   } catch (const Error& e) {
+    // A timeout or a lost peer: the text the other ranks of the host read
+    // carries the desync report too.
+    const std::string text = comm_.withDesyncReport(e);
     if (b.joined) {
-      abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + e.what());
+      abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + text);
       releaseBatch(b, b.firstStep + b.steps);
     }
     for (size_t i = 0; i < calls.size(); ++i) {
       comm_.noteSignature(calls[i]->seq, calls[i]->signature());
     }
+    if (text != e.what()) throw Error(e.kind(), text);
     throw;
   }
   for (FusibleCall* c : calls) comm_.noteSignature(c->seq, c->signature());

@@ -18,7 +18,8 @@
 
 namespace smddp {
 
-uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
+uint64_t Communicator::enqueue(std::string what, const CollectiveSignature* sig,
+                               std::function<void(uint64_t)> body, Done done,
                                std::shared_ptr<FusibleCall> fusible, CallHooks hooks) {
   std::unique_lock<std::mutex> lock(queueMu_);
   if (stopping_) {
@@ -27,6 +28,7 @@ uint64_t Communicator::enqueue(std::string what, std::function<void(uint64_t)> b
   }
   uint64_t seq = nextSeq_++;
   if (fusible) fusible->seq = seq;
+  if (recorder_) recorder_->queued(seq, sig);
   if (scheduler_) {
     if (fusible) {
       // Calls already cut into a batch can no longer share one with this
@@ -87,7 +89,7 @@ void Communicator::runOnCaller(Task t, std::unique_lock<std::mutex>& lock) {
   stats_.callerRuns++;
   {
     CallerWaiting waiting;  // this thread waits for peers: poll before sleeping
-    runTasks(tasks);        // completes every task it ran, errors included
+    runTasks(tasks, /*onCaller=*/true);  // completes every task it ran, errors included
   }
   lock.lock();
   runningOnCaller_ = false;
@@ -217,8 +219,12 @@ void Communicator::logCompleted(const std::vector<Task>& tasks, std::exception_p
   }
 }
 
-void Communicator::runTasks(std::vector<Task>& tasks) {
+void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   const auto started = std::chrono::steady_clock::now();
+  const CallPath path = !(tasks[0].fusible && scheduler_) ? CallPath::kNetwork
+                        : hostCount_ > 1                  ? CallPath::kHierarchy
+                                                          : CallPath::kSharedMemory;
+  if (recorder_) recorder_->started(tasks[0].seq, path, tasks[0].seq, onCaller);
   std::exception_ptr eptr;
   // By value: the scheduler's takeNext appends to `tasks`, which moves them.
   const uint64_t firstSeq = tasks[0].seq;
@@ -255,6 +261,7 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
           queue_.pop_front();
           queued_.store(queue_.size(), std::memory_order_release);
           lock.unlock();
+          if (recorder_) recorder_->started(tasks.back().seq, path, firstSeq, onCaller);
           // Every call before it has completed or rides in this batch,
           // which touches none of its memory (fences_).
           if (tasks.back().prepare) tasks.back().prepare();
@@ -273,7 +280,15 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
       // next call fails at once with this cause instead of waiting for us.
       const bool breaks = e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
                           e.kind() == ErrorKind::kTransport || !brokenReason_.empty();
-      if (breaks && brokenReason_.empty()) brokenReason_ = msg;
+      if (breaks && brokenReason_.empty()) {
+        // Where every rank stands, so the message says who is behind.
+        std::string full = withDesyncReport(e);
+        if (full != msg) {
+          msg = std::move(full);
+          eptr = std::make_exception_ptr(Error(e.kind(), msg));
+        }
+        brokenReason_ = msg;
+      }
       if (msg.find("failed on another rank") == std::string::npos) {
         broadcastError(firstSeq, msg, tasks.size(), breaks);
       }
@@ -289,6 +304,20 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
   {
     std::lock_guard<std::mutex> lock(queueMu_);
     for (const Task& t : tasks) unfinished_.erase(t.seq);
+  }
+  if (recorder_) {
+    std::string why;
+    if (eptr) {
+      try {
+        std::rethrow_exception(eptr);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    for (const Task& t : tasks) {
+      recorder_->ended(t.seq, eptr ? &why : nullptr, static_cast<uint32_t>(tasks.size()));
+    }
+    if (eptr) dumpFlightRecord(*recorder_, why);
   }
   for (Task& t : tasks) {
     stats_.collectives++;
@@ -311,6 +340,20 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
     callHeld_->fusion.swap(fusion_);
     callHeld_.reset();  // the sends hold it now
   }
+}
+
+std::string Communicator::withDesyncReport(const Error& e) {
+  const bool breaks = e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
+                      e.kind() == ErrorKind::kTransport;
+  if (!desync_ || desyncReported_ || !breaks || !brokenReason_.empty()) return e.what();
+  desyncReported_ = true;
+  // Long enough for a store round trip to every rank, short next to the
+  // timeout that brought us here.
+  const auto budget = std::clamp(timeout() / 4, std::chrono::milliseconds(500),
+                                 std::chrono::milliseconds(3000));
+  const std::string report =
+      desync_->collect(budget, [this](int r) { return peerLost(r); }, e.what());
+  return std::string(e.what()) + ". Desync report: " + report;
 }
 
 }  // namespace smddp

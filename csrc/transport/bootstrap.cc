@@ -110,6 +110,16 @@ std::string InMemoryBootstrap::get(const std::string& key, std::chrono::millisec
   return state_->kv[key];
 }
 
+bool Bootstrap::waitFor(const std::string& key, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::string v;
+  while (!tryGet(key, &v)) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
 bool InMemoryBootstrap::tryGet(const std::string& key, std::string* value) {
   std::lock_guard<std::mutex> lock(state_->mu);
   auto it = state_->kv.find(key);

@@ -18,6 +18,13 @@ class Bootstrap {
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   // The value of `key` if it exists now; never waits.
   virtual bool tryGet(const std::string& key, std::string* value) = 0;
+  // Waits up to `timeout` for `key` to exist; false if it does not by then.
+  // The default polls tryGet; a store that can block on the key does so.
+  virtual bool waitFor(const std::string& key, std::chrono::milliseconds timeout);
+  // Another handle on the same keys with its own connection, for a thread
+  // that may block in waitFor while this one is in use; null if the store
+  // cannot be cloned.
+  virtual std::unique_ptr<Bootstrap> clone() { return nullptr; }
 };
 
 // Joins this instance of a group and returns its nonce, which prefixes
@@ -42,6 +49,9 @@ class InMemoryBootstrap : public Bootstrap {
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   bool tryGet(const std::string& key, std::string* value) override;
+  std::unique_ptr<Bootstrap> clone() override {
+    return std::make_unique<InMemoryBootstrap>(state_);
+  }
 
  private:
   std::shared_ptr<State> state_;
@@ -75,6 +85,7 @@ class FileBootstrap : public Bootstrap {
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   bool tryGet(const std::string& key, std::string* value) override;
+  std::unique_ptr<Bootstrap> clone() override { return std::make_unique<FileBootstrap>(dir_); }
 
  private:
   std::string dir_;

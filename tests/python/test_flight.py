@@ -1,0 +1,91 @@
+"""The flight recorder, the desync report and the offline analyzer (issue 12).
+
+Checked against the calls the ranks made (cases_flight.py): every entry's
+sequence, collective, dtype, size and state; a timeout's error names the rank
+that is behind, on which call; every rank's dump is written; and
+``python -m torch_smddp.trace analyze`` prints the same report offline.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mp_harness import REPO_ROOT, backend_under_test, run_world  # noqa: E402
+
+BACKEND = backend_under_test()
+pytestmark = pytest.mark.skipif("smddp" not in BACKEND, reason="smddp's own diagnostics")
+
+EXPECTED = [  # (collective, dtype, numel) of sequences 0..5, as cases_flight calls them
+    ("allreduce", "float32", 10), ("allreduce", "float32", 1000), ("allreduce", "float32", 3),
+    ("broadcast", "float64", 7), ("allgather", "int32", 5), ("barrier", None, 0),
+]
+
+
+def test_flight_recorder_and_desync_report(tmp_path):
+    dump_dir = tmp_path / "dumps"
+    dump_dir.mkdir()
+    results = run_world(3, "cases_flight:flight_job", backend=BACKEND, timeout=90,
+                        pg_timeout=2.0, expect_failure=True,
+                        env={"SMDDP_DEBUG_DIR": str(dump_dir)})
+    problems = []
+    for rank, res in enumerate(results):
+        es = res["entries"]
+        if [e["seq"] for e in es] != list(range(6)):
+            problems.append(f"rank {rank}: sequences {[e['seq'] for e in es]}")
+            continue
+        for e, (coll, dtype, numel) in zip(es, EXPECTED):
+            where = f"rank {rank} seq {e['seq']}"
+            if (e["collective"], e["dtype"], e["numel"]) != (coll, dtype, numel):
+                problems.append(f"{where}: {e['collective']} {e['dtype']} {e['numel']}")
+            if e["state"] != "completed" or e["error"] is not None:
+                problems.append(f"{where}: state {e['state']} {e['error']}")
+            if not (e["queued"] <= e["started"] <= e["ended"] <= res["now"]):
+                problems.append(f"{where}: times out of order {e}")
+            if e["bytes"] != numel * {"float32": 4, "float64": 8, "int32": 4, None: 0}[dtype]:
+                problems.append(f"{where}: bytes {e['bytes']}")
+        # allreduces run through the host segment; a batch lists its calls
+        for e in es[:3]:
+            if e["path"] != "shared-memory" or not (e["batch"] <= e["seq"] < e["batch"] + e["batch_calls"]):
+                problems.append(f"rank {rank} seq {e['seq']}: path {e['path']} batch {e['batch']}+{e['batch_calls']}")
+        if es[4]["path"] != "network":
+            problems.append(f"rank {rank}: allgather path {es[4]['path']}")
+    assert not problems, "\n".join(problems)
+
+    # The timeout: ranks 0 and 1 fail; the report says rank 2 finished the
+    # barrier (sequence 5) and never called sequence 6.
+    behind = ("rank 2 has finished sequence 5 (barrier, 0 B, completed) and issued nothing "
+              "after it")
+    waiting = "ranks 0-1 wait at sequence 6 (allreduce(SUM, float32, 250 elements), 1.0 kB, started)"
+    for rank in (0, 1):
+        err = results[rank]["error"]
+        assert err and "Desync report:" in err, f"rank {rank}: {err}"
+        assert behind in err, f"rank {rank}: {err}"
+        assert waiting in err, f"rank {rank}: {err}"
+        last = results[rank]["after"][-1]
+        assert (last["seq"], last["state"]) == (6, "failed"), last
+        assert results[rank]["elapsed"] < 2.0 * 2 + 3.0, results[rank]["elapsed"]
+    assert results[2]["after"][-1]["seq"] == 5
+
+    # Every rank dumped (ranks 0 and 1 on failing, rank 2 when asked).
+    files = sorted(os.listdir(dump_dir))
+    assert len(files) == 3 and all(f.startswith("smddp_trace_rank") for f in files), files
+    dumps = {}
+    for f in files:
+        d = json.loads((dump_dir / f).read_text())
+        dumps[d["rank"]] = d
+    assert sorted(dumps) == [0, 1, 2]
+    assert dumps[0]["entries"][-1]["state"] == "failed"
+    assert "timed out" in dumps[0]["reason"]
+    assert [e["seq"] for e in dumps[2]["entries"]] == list(range(6))
+
+    # Offline: the same report.
+    out = subprocess.run([sys.executable, "-m", "torch_smddp.trace", "analyze", str(dump_dir)],
+                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr
+    report = results[0]["error"].split("Desync report: ", 1)[1].split("\n")[0]
+    assert f"desync report: {report}" in out.stdout, out.stdout
+    assert "rank 2 (pid" in out.stdout
