@@ -47,6 +47,10 @@ class StoreBootstrap : public smddp::Bootstrap {
       return store_->check({key});  // a timeout; a broken store throws here
     }
   }
+  bool waitBlocks() const override { return blocksOnWait(); }
+  std::unique_ptr<smddp::Bootstrap> share() override {
+    return std::make_unique<StoreBootstrap>(store_);
+  }
   std::unique_ptr<smddp::Bootstrap> clone() override {
     try {
       return std::make_unique<StoreBootstrap>(store_->clone());

@@ -265,8 +265,10 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
   if (const int64_t ring = traceBufferSize(); ring > 0) {
     recorder_ = std::make_shared<FlightRecorder>(opts_.name, opts_.rank, opts_.size,
                                                  static_cast<size_t>(ring));
+    // The answering thread blocks in the store: its own connection. Asking
+    // is a few quick calls: the group's connection.
     auto waitStore = store.clone();
-    auto askStore = waitStore ? store.clone() : nullptr;
+    auto askStore = waitStore ? store.share() : nullptr;
     if (askStore) {
       desync_ = std::make_unique<DesyncResponder>(std::move(waitStore), std::move(askStore),
                                                   storePrefix_, recorder_);

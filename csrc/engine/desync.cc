@@ -23,6 +23,7 @@ struct DesyncResponder::Shared {
   std::mutex mu;
   std::condition_variable cv;
   bool answererExited = false;  // guarded by mu
+  bool byeDone = false;         // guarded by mu
   std::mutex askMu;             // serialises users of askStore
 
   std::string reqKey(int r) const { return prefix + "desync/req/" + std::to_string(r); }
@@ -35,7 +36,13 @@ struct DesyncResponder::Shared {
     const int me = recorder->rank();
     while (!stop.load()) {
       try {
-        if (!waitStore->waitFor(reqKey(me), std::chrono::milliseconds(2000))) continue;
+        // A store that blocks on the key gets long waits (a TCPStore logs a
+        // warning each time one runs out; shutdown wakes this thread with
+        // kBye anyway); a polled one is polled in short waits, so that the
+        // thread sees `stop` even if kBye never lands.
+        const auto chunk = waitStore->waitBlocks() ? std::chrono::milliseconds(86400000)
+                                                   : std::chrono::milliseconds(1000);
+        if (!waitStore->waitFor(reqKey(me), chunk)) continue;
         std::string why;
         waitStore->tryGet(reqKey(me), &why);
         if (stop.load() || why == kBye) break;
@@ -63,23 +70,44 @@ DesyncResponder::DesyncResponder(std::unique_ptr<Bootstrap> waitStore,
   shared_->askStore = std::move(askStore);
   shared_->prefix = std::move(prefix);
   shared_->recorder = std::move(recorder);
-  std::thread([s = shared_] { s->answer(); }).detach();
+  answerer_ = std::thread([s = shared_] { s->answer(); });
 }
+
+namespace {
+
+// Joins `t` if `finished`, else leaves it running on its own.
+void joinOrLeave(std::thread& t, bool finished) {
+  if (!t.joinable()) return;
+  if (finished) t.join();
+  else t.detach();
+}
+
+}  // namespace
 
 DesyncResponder::~DesyncResponder() {
   auto s = shared_;
   s->stop.store(true);
   // Wake the answering thread through the other connection; a store that
-  // hangs holds only these detached threads, never the caller.
-  std::thread([s] {
-    std::lock_guard<std::mutex> ask(s->askMu);
-    try {
-      s->askStore->set(s->reqKey(s->recorder->rank()), kBye);
-    } catch (const std::exception&) {
+  // hangs holds only these threads, left behind, never the caller.
+  std::thread bye([s] {
+    {
+      std::lock_guard<std::mutex> ask(s->askMu);
+      try {
+        s->askStore->set(s->reqKey(s->recorder->rank()), kBye);
+      } catch (const std::exception&) {
+      }
     }
-  }).detach();
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->byeDone = true;
+    s->cv.notify_all();
+  });
   std::unique_lock<std::mutex> lock(s->mu);
-  s->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return s->answererExited; });
+  s->cv.wait_for(lock, std::chrono::milliseconds(200),
+                 [&] { return s->answererExited && s->byeDone; });
+  const bool answered = s->answererExited, said = s->byeDone;
+  lock.unlock();
+  joinOrLeave(answerer_, answered);
+  joinOrLeave(bye, said);
 }
 
 std::string DesyncResponder::collect(std::chrono::milliseconds budget,
@@ -101,7 +129,7 @@ std::string DesyncResponder::collect(std::chrono::milliseconds budget,
   const auto until = std::chrono::steady_clock::now() + budget;
   const std::string mine = s->recorder->position().serialize();
   s->recorder->notePosition(mine);
-  std::thread([s, job, ask, until, mine, me, n, reason] {
+  std::thread asker([s, job, ask, until, mine, me, n, reason] {
     try {
       std::lock_guard<std::mutex> askLock(s->askMu);
       s->askStore->set(s->posKey(me), mine);
@@ -132,12 +160,13 @@ std::string DesyncResponder::collect(std::chrono::milliseconds budget,
     std::lock_guard<std::mutex> lock(job->mu);
     job->done = true;
     job->cv.notify_all();
-  }).detach();
+  });
 
   std::vector<RankPosition> positions;
   {
     std::unique_lock<std::mutex> lock(job->mu);
     job->cv.wait_until(lock, until + std::chrono::milliseconds(50), [&] { return job->done; });
+    joinOrLeave(asker, job->done);  // done: it has only to return
     for (int r = 0; r < n; ++r) {
       RankPosition p;
       if (r == me) {

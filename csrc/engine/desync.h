@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "engine/flight_recorder.h"
 #include "transport/bootstrap.h"
@@ -17,12 +18,14 @@ namespace smddp {
 
 class DesyncResponder {
  public:
-  // `waitStore` and `askStore` are clones of the group's store (each its own
-  // connection); `prefix` is the group instance's key prefix.
+  // `waitStore` is a clone of the group's store with a connection of its
+  // own (a thread blocks in it); `askStore` may share the group's
+  // connection. `prefix` is the group instance's key prefix.
   DesyncResponder(std::unique_ptr<Bootstrap> waitStore, std::unique_ptr<Bootstrap> askStore,
                   std::string prefix, std::shared_ptr<FlightRecorder> recorder);
   // Wakes the answering thread and joins it, or leaves it behind after
-  // 200 ms if the store does not answer (it then touches only its own state).
+  // 200 ms if the store does not answer (it then touches only its own state,
+  // which it co-owns).
   ~DesyncResponder();
   DesyncResponder(const DesyncResponder&) = delete;
   DesyncResponder& operator=(const DesyncResponder&) = delete;
@@ -38,6 +41,7 @@ class DesyncResponder {
 
  private:
   std::shared_ptr<Shared> shared_;
+  std::thread answerer_;
 };
 
 }  // namespace smddp

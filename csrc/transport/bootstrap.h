@@ -21,10 +21,15 @@ class Bootstrap {
   // Waits up to `timeout` for `key` to exist; false if it does not by then.
   // The default polls tryGet; a store that can block on the key does so.
   virtual bool waitFor(const std::string& key, std::chrono::milliseconds timeout);
+  // True when waitFor blocks in the store itself rather than polling.
+  virtual bool waitBlocks() const { return false; }
   // Another handle on the same keys with its own connection, for a thread
   // that may block in waitFor while this one is in use; null if the store
   // cannot be cloned.
   virtual std::unique_ptr<Bootstrap> clone() { return nullptr; }
+  // Another handle on the same keys through the same connection (an owned
+  // copy of a view that may not outlive its caller); null if unsupported.
+  virtual std::unique_ptr<Bootstrap> share() { return clone(); }
 };
 
 // Joins this instance of a group and returns its nonce, which prefixes
