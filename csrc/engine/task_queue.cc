@@ -91,7 +91,7 @@ void Communicator::runOnCaller(Task t, std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   runningOnCaller_ = false;
-  if (!pendingControl_.empty()) engineKick_ = true;
+  if (control_.hasPending()) engineKick_ = true;
   lock.unlock();
   queueCv_.notify_all();
 }
@@ -138,7 +138,7 @@ void Communicator::workerLoop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(queueMu_);
-      if (p2pInFlight_ == 0 && pendingControl_.empty() && queue_.empty() && !stopping_) {
+      if (p2pInFlight_ == 0 && !control_.hasPending() && queue_.empty() && !stopping_) {
         // Calls often come back to back (a benchmark loop, a caller that
         // waits on each call): poll for SMDDP_SPIN_US, yielding, before
         // sleeping, but only while a caller is waiting, not computing.
@@ -223,11 +223,11 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
   // By value: the scheduler's takeNext appends to `tasks`, which moves them.
   const uint64_t firstSeq = tasks[0].seq;
   const std::string firstWhat = tasks[0].what;
-  if (!brokenReason_.empty()) {
+  if (control_.broken()) {
     eptr = std::make_exception_ptr(Error(
         ErrorKind::kAborted, "smddp: " + firstWhat + " at sequence " + std::to_string(firstSeq) +
                                  " refused: the group is unusable after an earlier failure: " +
-                                 brokenReason_));
+                                 control_.brokenReason()));
   } else {
     try {
       if (tasks[0].prepare) tasks[0].prepare();
@@ -272,14 +272,14 @@ void Communicator::runTasks(std::vector<Task>& tasks) {
       // quarantine during this call): every peer is told, so that their
       // next call fails at once with this cause instead of waiting for us.
       const bool breaks = e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
-                          e.kind() == ErrorKind::kTransport || !brokenReason_.empty();
-      if (breaks && brokenReason_.empty()) brokenReason_ = msg;
+                          e.kind() == ErrorKind::kTransport || control_.broken();
+      if (breaks) control_.markBroken(msg);
       if (msg.find("failed on another rank") == std::string::npos) {
-        broadcastError(firstSeq, msg, tasks.size(), breaks);
+        control_.broadcastError(firstSeq, msg, tasks.size(), breaks);
       }
     } catch (const std::exception& e) {
       eptr = std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));
-      broadcastError(firstSeq, e.what(), tasks.size());
+      control_.broadcastError(firstSeq, e.what(), tasks.size());
     }
   }
   if (logThreshold() >= LogLevel::kDebug) logCompleted(tasks, eptr, started);
