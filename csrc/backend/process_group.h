@@ -111,7 +111,7 @@ class ProcessGroupSmddp : public c10d::Backend {
   int reductionServers() const { return comm_ ? comm_->reductionServers() : 0; }
   // The ranks on other hosts this rank keeps liveness connections to.
   std::vector<int> livenessPeers() const {
-    return comm_ && comm_->peerMonitor() ? comm_->peerMonitor()->watchedRanks()
+    return comm_ && comm_->peers().monitor() ? comm_->peers().monitor()->watchedRanks()
                                          : std::vector<int>{};
   }
   std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }

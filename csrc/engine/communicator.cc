@@ -1,3 +1,7 @@
+// The Communicator's setup and teardown (communicator.h): rendezvous,
+// provider and endpoint, the peer table and control plane, the allreduce
+// path; then progress(), which hands each completion to its owner, and
+// shutdown. The queue and worker thread are in task_queue.cc.
 #include "engine/communicator.h"
 
 #include <rdma/fi_errno.h>
@@ -7,7 +11,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <future>
 #include <random>
 #include <thread>
@@ -21,7 +24,6 @@
 #include "engine/fusion_scheduler.h"
 #include "engine/host_path.h"
 #include "engine/host_segment.h"
-#include "transport/shm_owner.h"
 
 namespace smddp {
 
@@ -34,10 +36,6 @@ SMDDP_PARAM_BOOL(paramHostPath, "SMDDP_SHM_ALLREDUCE", true,
                  "servers on the ranks' engine threads; hosts combine over libfabric); 0 = network only")
 SMDDP_PARAM_INT(paramServersPerNode, "SMDDP_SERVERS_PER_NODE", 0, 0, 64,
                 "reduction servers per host (0: one per rank, the bandwidth-optimal default)")
-SMDDP_PARAM_STRING(paramHostId, "SMDDP_HOST_ID", "",
-                   "host identity this rank reports (default: the hostname; the boot_id is "
-                   "added); splits one machine into pretend hosts")
-
 EngineConfig EngineConfig::fromEnvironment() {
   // Each part is read next to the code that uses it (its SMDDP_PARAM_*
   // declarations sit there too).
@@ -55,55 +53,6 @@ EngineConfig EngineConfig::fromEnvironment() {
 
 namespace {
 
-std::string firstLine(const char* path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
-
-// A host is its host id (SMDDP_HOST_ID, else the hostname) and its boot:
-// two machines that share a hostname ("localhost" in some clusters) are
-// never taken for one, while containers on one machine with --ipc=host
-// (same kernel, same boot_id, same /dev/shm) are.
-std::string hostIdentity() {
-  std::string id = paramHostId();
-  if (id.empty()) {
-    char buf[256] = {0};
-    gethostname(buf, sizeof(buf) - 1);
-    id = buf;
-  }
-  std::string boot = firstLine("/proc/sys/kernel/random/boot_id");
-  return boot.empty() ? id : id + "/" + boot;
-}
-
-// "pid:[4026531836]": pids compare only within one PID namespace.
-std::string pidNamespace() {
-  char buf[64];
-  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf));
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-}
-
-// True when /proc says the process is gone or a zombie (same PID namespace only).
-bool processExited(int64_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  if (!f.good()) return true;
-  std::string line;
-  std::getline(f, line);
-  size_t p = line.rfind(')');
-  if (p == std::string::npos || p + 2 >= line.size()) return false;
-  char state = line[p + 2];
-  return state == 'Z' || state == 'X';
-}
-
-// Error and probe frames all travel under this one tag (their sequence
-// number is in the header), and their receives are posted with an ignore
-// mask of 0. Posting receives with ignore bits set breaks tag matching in
-// the shm provider of libfabric 1.17: an unexpected message is queued in a
-// receive entry recycled without resetting its `ignore` field
-// (smr_get_tag), and a later receive is matched against the queued entry
-// with that stale mask (smr_match_tagged), so once an error receive had
-// completed, data frames could be delivered to receives of another tag.
 uint64_t randomSecret() {
   std::random_device rd;
   uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -123,51 +72,19 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
   storePrefix_ =
       "smddp/" + joinGroupInstance(store, opts_.rank, opts_.size, opts_.timeout, opts_.name) + "/";
   PrefixBootstrap bootstrap(store, storePrefix_);
-  // Before anything is named after it: peers watch this owner's lock.
-  owner_ = ShmOwner::acquire();
   // 1. Who is where: host identity, pid, PID namespace and shm owner of every rank.
-  const std::string myHost = hostIdentity();
-  std::string me = myHost + "\n" + std::to_string(getpid()) + "\n" + pidNamespace() + "\n" +
-                   (owner_ ? owner_->tag() : "");
-  auto all = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "peer", me, opts_.timeout);
-  bool oneHost = true;
-  for (const auto& s : all) {
-    PeerInfo p;
-    std::istringstream fields(s);
-    std::string pid;
-    std::getline(fields, p.host);
-    std::getline(fields, pid);
-    std::getline(fields, p.pidNamespace);
-    std::getline(fields, p.owner);
-    p.pid = pid.empty() ? 0 : std::stoll(pid);
-    oneHost = oneHost && p.host == myHost;
-    peers_.push_back(p);
-  }
+  peers_.gather(bootstrap, opts_.rank, opts_.size, opts_.timeout);
+  const bool oneHost = peers_.oneHost();
   // Network-path reduction servers: every rank, or SMDDP_SERVERS_PER_NODE
   // ranks per host spread over its ranks (as on the shared-memory path).
-  {
-    std::vector<std::string> hostNames;
-    std::vector<std::vector<int>> ranksOf;
-    for (int r = 0; r < opts_.size; ++r) {
-      auto it = std::find(hostNames.begin(), hostNames.end(), peers_[r].host);
-      if (it == hostNames.end()) {
-        hostNames.push_back(peers_[r].host);
-        ranksOf.emplace_back();
-        it = hostNames.end() - 1;
-      }
-      ranksOf[it - hostNames.begin()].push_back(r);
-    }
-    hostCount_ = static_cast<int>(ranksOf.size());
-    for (const auto& ranks : ranksOf) {
-      hostsUneven_ = hostsUneven_ || ranks.size() != ranksOf[0].size();
-      const int local = static_cast<int>(ranks.size());
-      const int k = config_.serversPerNode > 0
-                        ? std::min<int>(local, static_cast<int>(config_.serversPerNode))
-                        : local;
-      for (int s = 0; s < k; ++s) netServers_.push_back(ranks[s * local / k]);
-    }
-    std::sort(netServers_.begin(), netServers_.end());
+  for (const auto& ranks : peers_.ranksByHost()) {
+    const int local = static_cast<int>(ranks.size());
+    const int k = config_.serversPerNode > 0
+                      ? std::min<int>(local, static_cast<int>(config_.serversPerNode))
+                      : local;
+    for (int s = 0; s < k; ++s) netServers_.push_back(ranks[s * local / k]);
   }
+  std::sort(netServers_.begin(), netServers_.end());
   // 2. The same provider on every rank (everyone saw the same host list).
   provider_ = chooseProvider(oneHost, &providerReason_);
   // 3. A per-group secret: frames without it are dropped.
@@ -216,33 +133,13 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
   }
   auto names = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "addr",
                                   endpoint_->name(), opts_.timeout);
-  peerAddrs_ = endpoint_->insertPeers(names);
-  // Every peer's owner lock exists by now (it was taken before "peer").
-  peerLocks_.resize(opts_.size);
-  for (int p = 0; p < opts_.size; ++p) {
-    if (p != opts_.rank && peers_[p].host == myHost && !peers_[p].owner.empty()) {
-      peerLocks_[p] = std::make_unique<OwnerLock>(peers_[p].owner);
-    }
-  }
-  // Peers on other hosts have no owner lock here: a liveness connection to
-  // each tells this rank when one dies or its host falls silent.
-  if (!oneHost) {
-    PeerMonitorOptions m;
-    m.rank = opts_.rank;
-    m.size = opts_.size;
-    m.secret = jobSecret_;
-    for (const auto& p : peers_) m.hosts.push_back(p.host);
-    m.address = endpoint_->ipAddress();
-    m.silence = PeerMonitor::configuredSilence();
-    m.setupTimeout = opts_.timeout;
-    monitor_ = PeerMonitor::open(bootstrap, std::move(m));
-  }
-  postErrorReceives();
+  peers_.watch(bootstrap, *endpoint_, endpoint_->insertPeers(names), jobSecret_, opts_.timeout);
+  control_.start(*endpoint_, jobSecret_, overflowSink());
   // 5. Allreduce through each host's shared segment when the layout allows.
   if (config_.hostPath && opts_.size > 1) {
     std::vector<std::string> hosts;
     std::vector<std::string> owners;
-    for (const auto& p : peers_) {
+    for (const auto& p : peers_.all()) {
       hosts.push_back(p.host);
       owners.push_back(p.owner);
     }
@@ -282,11 +179,11 @@ std::string Communicator::describeGroup() const {
   auto kib = [](uint64_t b) { return std::to_string(b >> 10) + " KiB"; };
   std::ostringstream o;
   o << "[rank " << opts_.rank << "] group '" << opts_.name << "': " << opts_.size << " rank(s) on "
-    << hostCount_ << " host(s); provider " << provider_ << " (" << providerReason_
+    << peers_.hostCount() << " host(s); provider " << provider_ << " (" << providerReason_
     << "); allreduce ";
   if (scheduler_) {
     const HostSegment& seg = scheduler_->segment();
-    o << "through each host's shared-memory segment" << (hostCount_ > 1
+    o << "through each host's shared-memory segment" << (peers_.hostCount() > 1
                                                              ? ", then across hosts over libfabric"
                                                              : "")
       << ": " << seg.servers() << " reduction server(s) per host, slot " << kib(seg.slotBytes())
@@ -294,15 +191,15 @@ std::string Communicator::describeGroup() const {
   } else {
     std::string why = !config_.hostPath  ? "SMDDP_SHM_ALLREDUCE=0"
                       : opts_.size == 1 ? "one rank"
-                      : hostsUneven_ ? "the hosts hold different numbers of ranks"
+                      : peers_.hostsUneven() ? "the hosts hold different numbers of ranks"
                           : "shared memory is unavailable on some rank";
     o << "over libfabric only (" << why << "): " << netServers_.size()
       << " reduction server(s), chunk " << kib(config_.chunkBytes) << ", ring depth "
       << config_.ringDepth << ", no fusion";
   }
-  if (monitor_) {
-    o << "; liveness connections to " << monitor_->watchedRanks().size()
-      << " rank(s) on other hosts (port " << monitor_->listenPort() << ", SMDDP_PEER_TIMEOUT "
+  if (const PeerMonitor* monitor = peers_.monitor()) {
+    o << "; liveness connections to " << monitor->watchedRanks().size()
+      << " rank(s) on other hosts (port " << monitor->listenPort() << ", SMDDP_PEER_TIMEOUT "
       << PeerMonitor::configuredSilence().count() / 1000 << " s)";
   }
   return o.str();
@@ -405,8 +302,8 @@ void Communicator::shutdown() {
 }
 
 void Communicator::releaseResources() {
-  desync_.reset();   // its answering thread ends (or is left behind on a hung store)
-  monitor_.reset();  // says goodbye: peers on other hosts do not take this for a death
+  desync_.reset();        // its answering thread ends (or is left behind on a hung store)
+  peers_.closeMonitor();  // says goodbye: peers on other hosts do not take this for a death
   scheduler_.reset();
   // Point-to-point operations still posted get an "aborted" completion.
   failP2P("the process group was shut down", false);
@@ -414,11 +311,10 @@ void Communicator::releaseResources() {
   // the requests' memory go.
   endpoint_.reset();
   fabric_.reset();
-  pendingControl_.clear();  // their requests go with requests_
+  control_.close();  // their requests go with requests_
   requests_.clear();
-  freeRequests_.clear();
   sink_.release();
-  peerLocks_.clear();
+  peers_.releaseLocks();
 }
 
 void Communicator::Sink::reserve() {
@@ -437,29 +333,6 @@ int Communicator::reductionServers() const {
   return scheduler_ ? scheduler_->segment().servers() : static_cast<int>(netServers_.size());
 }
 
-Request* Communicator::newRequest() {
-  std::unique_ptr<Request> r;
-  if (!freeRequests_.empty()) {
-    r = std::move(freeRequests_.back());
-    freeRequests_.pop_back();
-    *r = Request{};
-  } else {
-    r = std::make_unique<Request>();
-  }
-  Request* raw = r.get();
-  requests_.emplace(raw, std::move(r));
-  return raw;
-}
-
-void Communicator::releaseRequest(Request* r) {
-  auto it = requests_.find(r);
-  if (it == requests_.end()) return;
-  r->onArrive = nullptr;
-  r->held.reset();  // the last send holding it frees a failed call's memory
-  if (freeRequests_.size() < 256) freeRequests_.push_back(std::move(it->second));
-  requests_.erase(it);
-}
-
 size_t Communicator::progress() {
   if (quarantined_) return 0;
   Completion batch[16];
@@ -469,10 +342,10 @@ size_t Communicator::progress() {
     bool& flag;
     ~Reset() { flag = false; }
   } reset{progressing_};
-  if (!pendingControl_.empty()) retryPendingControl();
+  if (control_.hasPending()) control_.retryPending();
   for (size_t i = 0; i < n; ++i) {
     Request* r = static_cast<Request*>(batch[i].context);
-    if (!r || requests_.find(r) == requests_.end()) continue;
+    if (!r || !requests_.owns(r)) continue;
     if (r->owner) {
       r->owner->complete(r, batch[i]);
     } else if (r->onComplete) {
@@ -480,68 +353,29 @@ size_t Communicator::progress() {
       r->onComplete = nullptr;
       --p2pInFlight_;
       onComplete(r, batch[i]);
-      releaseRequest(r);
+      requests_.release(r);
     } else if (r->type == Request::Type::kErrorRecv) {
-      handleErrorFrame(r, batch[i]);
+      control_.handleFrame(r, batch[i]);
     } else {
-      releaseRequest(r);  // orphaned, cancelled, or a fire-and-forget error send
+      requests_.release(r);  // orphaned, cancelled, or a fire-and-forget error send
     }
   }
   return n;
 }
 
-void Communicator::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
-  history_[seq] = sig;
-  while (history_.size() > 64) history_.erase(history_.begin());
-  auto it = probes_.find(seq);
-  if (it != probes_.end()) {
-    // Probes that came in while this call ran but that it never looked at:
-    // tell those senders what this rank called.
-    for (const auto& [src, theirs] : it->second) {
-      if (!(theirs == sig)) sendProbe(src, seq, sig, /*reply=*/true);
-    }
-  }
-  probes_.erase(probes_.begin(), probes_.upper_bound(seq));
-}
-
-void Communicator::checkPeersAlive(const std::string& during) {
-  PeerFailure f;
-  if (monitor_ && monitor_->failed(&f)) {
-    throwError(ErrorKind::kPeerLost, "smddp: " + f.who + " " + f.what + " during " + during +
-                                         ": " + f.cause);
-  }
-  // A peer's owner lock is released by the kernel when it dies, whatever
-  // PID namespace it runs in; a busy or stopped peer keeps it. /proc is
-  // consulted only for a peer in this PID namespace whose lock could not
-  // be opened (another /dev/shm).
-  const PeerInfo& self = peers_[opts_.rank];
-  for (int p = 0; p < opts_.size; ++p) {
-    if (p == opts_.rank || peers_[p].host != self.host) continue;
-    const bool sameNs = peers_[p].pidNamespace == self.pidNamespace;
-    const OwnerLock* lock = peerLocks_.size() > static_cast<size_t>(p) ? peerLocks_[p].get()
-                                                                       : nullptr;
-    bool gone = false;
-    if (lock && lock->valid()) gone = lock->ownerGone();
-    else if (sameNs && peers_[p].pid > 0) gone = processExited(peers_[p].pid);
-    if (gone) {
-      throwError(ErrorKind::kPeerLost,
-                 "smddp: rank " + std::to_string(p) + " (pid " + std::to_string(peers_[p].pid) +
-                     (sameNs ? "" : " in another PID namespace") + ") exited during " + during);
-    }
-  }
+void Communicator::quarantine(const std::string& why) {
+  if (quarantined_) return;
+  quarantined_ = true;
+  control_.markBroken(why);
+  SMDDP_LOG(kWarn) << "group '" << opts_.name << "' rank " << opts_.rank
+                   << " stops using its endpoint: " << why;
+  failP2P(why, false);
 }
 
 void Communicator::holdForSend(Request* r) {
   if (!callHeld_) callHeld_ = std::make_shared<HeldMemory>();
   r->held = callHeld_;
   stats_.abandonedSendsHeld++;
-}
-
-bool Communicator::peerLost(int p) const {
-  if (monitor_ && monitor_->lost(p)) return true;
-  const OwnerLock* lock = peerLocks_.size() > static_cast<size_t>(p) ? peerLocks_[p].get()
-                                                                     : nullptr;
-  return lock && lock->valid() && lock->ownerGone();
 }
 
 uint8_t* Communicator::scratch(size_t bytes) {

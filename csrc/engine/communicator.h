@@ -1,7 +1,8 @@
 // A Communicator is one process group's engine: it owns the endpoint, the
-// peers' addresses, a FIFO of collectives and the single worker thread that
-// runs them. Callers enqueue and get a callback; sequence numbers are given
-// at enqueue time, so ranks that call collectives in the same order agree.
+// peer table (peer_table.h), the control plane (control_frames.h), a FIFO
+// of collectives and the single worker thread that runs them (task_queue.cc).
+// Callers enqueue and get a callback; sequence numbers are given at enqueue
+// time, so ranks that call collectives in the same order agree.
 #pragma once
 
 #include <atomic>
@@ -21,15 +22,15 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "engine/control_frames.h"
 #include "engine/desync.h"
 #include "engine/flight_recorder.h"
+#include "engine/peer_table.h"
 #include "engine/request.h"
 #include "engine/stats.h"
 #include "transport/bootstrap.h"
 #include "transport/endpoint.h"
 #include "transport/frame.h"
-#include "transport/peer_monitor.h"
-#include "transport/shm_owner.h"
 
 namespace smddp {
 
@@ -102,13 +103,12 @@ void readAllreduceParams(EngineConfig& c);  // allreduce.cc: network-path shards
 void readHostPathParams(EngineConfig& c);   // host_path.cc: segment geometry, fusion size
 void readFusionParams(EngineConfig& c);     // fusion_scheduler.cc: data-step polling, stores
 
-struct PeerInfo {
-  std::string host;          // host id and boot_id (communicator.cc, hostIdentity)
-  int64_t pid = 0;           // in the peer's own PID namespace
-  std::string pidNamespace;  // pids compare only when these match
-  std::string owner;         // its shm owner tag: a lock that says it lives
-};
-
+// The public surface has two audiences. The backend (and tests,
+// benchmarks) use the first three groups: identity and configuration, the
+// collectives, and lifecycle and statistics. The engine's own parts
+// (Exchange, the algorithms, the fusion scheduler) also use the last
+// group, from the worker thread: the group's peers, control plane and
+// request pool, each owned by a class of its own, and the call's memory.
 class Communicator {
  public:
   using Done = std::function<void(std::exception_ptr)>;
@@ -120,6 +120,7 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  // --- Identity and configuration (any thread) ---
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
   const std::string& provider() const { return provider_; }
@@ -142,11 +143,12 @@ class Communicator {
     timeoutMs_.store(t.count(), std::memory_order_relaxed);
   }
   uint64_t nextSequence() const { return nextSeq_.load(); }
-  // Set once shutdown() starts: long waits give up.
-  bool stopRequested() const { return stopRequested_.load(); }
+  // "smddp/<nonce>/": where this group instance's keys live in the store.
+  const std::string& storePrefix() const { return storePrefix_; }
 
-  // Collectives. Buffers must stay valid until `done` runs. Each returns
-  // the sequence number it was given.
+  // --- Collectives (any thread; collective_calls.cc, p2p.cc) ---
+  // Buffers must stay valid until `done` runs. Each returns the sequence
+  // number it was given.
   // Calls keep call order: an allreduce that touches memory an earlier
   // queued allreduce touches is never fused with it (it starts a new
   // batch), so it reads that call's result. The buffers of one call must
@@ -181,13 +183,15 @@ class Communicator {
   void recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDone done);
   // A barrier whose server is rank 0, so a timeout names every missing rank.
   uint64_t monitoredBarrier(std::chrono::milliseconds timeout, Done done);
-
-  // Blocking convenience wrappers (tests, benchmarks). allreduceSync runs
-  // on the caller's thread when the engine is idle (CallHooks::callerWaits).
+  // Blocking convenience wrapper (tests, benchmarks): runs on the caller's
+  // thread when the engine is idle (CallHooks::callerWaits).
   void allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op);
 
+  // --- Lifecycle and statistics (any thread) ---
   // Fails queued work, joins the worker, closes the endpoint. Idempotent.
   void shutdown();
+  // Set once shutdown() starts: long waits give up.
+  bool stopRequested() const { return stopRequested_.load(); }
   // After shutdown(): the engine thread was stuck in the provider and still
   // runs, so this object must be leaked, never destroyed.
   bool stuck() const { return stuck_.load(); }
@@ -196,39 +200,21 @@ class Communicator {
   // SMDDP_TRACE_BUFFER_SIZE=0.
   std::shared_ptr<const FlightRecorder> flightRecorder() const { return recorder_; }
 
-  // --- used by Exchange and the algorithms (worker thread only) ---
+  // --- The engine's parts (worker thread only, or a caller running its
+  //     own call: runOnCaller) ---
+  // Host topology and liveness: who and where every rank is, its fabric
+  // address, and whether it is still alive (peer_table.h). Any thread
+  // once constructed; its monitor() is thread-safe.
+  const PeerTable& peers() const { return peers_; }
+  // Error frames, stall probes and the group's broken state (control_frames.h).
+  ControlPlane& control() { return control_; }
+  // Every posted Request, until its completion (request.h).
+  RequestPool& requests() { return requests_; }
   Endpoint& endpoint() { return *endpoint_; }
-  fi_addr_t peerAddr(int rank) const { return peerAddrs_[rank]; }
   uint64_t jobSecret() const { return jobSecret_; }
-  // "smddp/<nonce>/": where this group instance's keys live in the store.
-  const std::string& storePrefix() const { return storePrefix_; }
   StatsCounters& counters() { return stats_; }
-  Request* newRequest();
-  void releaseRequest(Request* r);
   // Reads completions and dispatches them; returns how many were read.
   size_t progress();
-  // Throws PeerLost if a same-host peer process has exited (its shm owner
-  // lock is free; see transport/shm_owner.h), or a peer on another host
-  // died or went silent (transport/peer_monitor.h).
-  void checkPeersAlive(const std::string& during);
-  // Whether peer `p` is known to be gone: its owner lock is free (same
-  // host) or the liveness monitor lost it (another host).
-  bool peerLost(int p) const;
-  // The liveness connections to ranks on other hosts; null on one host or
-  // with SMDDP_PEER_TIMEOUT=0.
-  const PeerMonitor* peerMonitor() const { return monitor_.get(); }
-  // Set when a peer reported that the group is unusable (a timeout or a
-  // lost peer there): the reason, and the current call fails with it.
-  bool brokenByPeer(std::string* why) const {
-    if (!brokenByPeer_) return false;
-    *why = brokenReason_;
-    return true;
-  }
-  // A send of the running call is still posted although the call gave up
-  // on it (Exchange::abandonOutstanding): the call's memory (its
-  // completions, once run, and the scratch buffers) is held until the send
-  // completes. Worker thread only.
-  void holdForSend(Request* r);
   // The endpoint may still write into memory that was handed back (a
   // receive whose cancellation was never confirmed): stop polling it for
   // good, fail the point-to-point operations in flight and mark the group
@@ -237,45 +223,19 @@ class Communicator {
   // The message of `e` with the desync report added (desync.h) when `e`
   // leaves the group unusable (timeout, lost peer, transport) and is the
   // first such error here; else e.what(). Asks every rank through the
-  // store, within a few seconds. Worker thread only.
+  // store, within a few seconds.
   std::string withDesyncReport(const Error& e);
-  // The first error another rank reported for a sequence <= seq, if any.
-  bool remoteErrorFor(uint64_t seq, std::string* text);
-  // Tells every peer that calls seq .. seq + count - 1 failed here, so
-  // nobody waits for us. `broken`: the group is unusable here (timeout,
-  // lost peer), and so, from their next call, everywhere; count 0 then
-  // names no call.
-  void broadcastError(uint64_t seq, const std::string& text, uint64_t count = 1,
-                      bool broken = false);
-  // Posts an error or probe frame to r->peer, retrying a busy endpoint.
-  void postControl(Request* r, const iovec* iov, size_t n);
-  // Stall probes. Ranks that disagree on a call may all sit in receives
-  // that no peer will ever send to (e.g. an allreduce server and a
-  // broadcast receiver), so no data frame can reveal the mismatch. An
-  // Exchange stalled for a moment sends its signature to every peer; a peer
-  // in that call compares it there (probeMismatch), a peer already past it
-  // answers with what it called instead (noteSignature keeps a short
-  // history), so the stalled rank fails with a mismatch, not a timeout.
-  void sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply);
-  // A probe from a peer whose call at `seq` differs from `mine`.
-  bool probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why);
-  // Ranks whose stall probe for `seq` arrived here (they reached that call).
-  std::vector<int> probedAt(uint64_t seq) const;
-  // Records what this rank called at `seq` (an Exchange does, when it ends).
-  void noteSignature(uint64_t seq, const CollectiveSignature& sig);
-  // What this rank called at `seq`, if it is still in the recent history.
-  bool calledAt(uint64_t seq, CollectiveSignature* sig) const {
-    auto it = history_.find(seq);
-    if (it == history_.end()) return false;
-    *sig = it->second;
-    return true;
-  }
   // This rank has cut a fusion batch ending below `next` (the next batch
-  // starts there): overlap fences at or below it are spent.
+  // starts there): overlap fences at or below it are spent (task_queue.cc).
   void noteBatchCut(uint64_t next);
-  // Scratch memory reused across collectives (worker thread only).
+  // The running call's memory. Scratch memory is reused across
+  // collectives. A send of the running call that is still posted although
+  // the call gave up on it (Exchange::abandonOutstanding) holds the call's
+  // memory (its completions, once run, and the scratch buffers) until the
+  // send completes (holdForSend).
   uint8_t* scratch(size_t bytes);
   uint8_t* fusionBuffer(size_t bytes);
+  void holdForSend(Request* r);
   // Every receive ends in this iov: a peer that sends more than expected
   // (a mismatched call) spills here instead of truncating, so the frame's
   // header can still be read and reported. Virtual memory, never touched
@@ -322,8 +282,6 @@ class Communicator {
   std::string describeGroup() const;
   void enqueueP2P(std::string what, std::function<void(uint64_t)> body);
   void workerLoop();
-  void postErrorReceives();
-  void handleErrorFrame(Request* r, const Completion& c);
   void postP2P(Request* r);
   // Point-to-point deadlines and peer liveness, checked while operations
   // are in flight; a failure there breaks the group (breakP2P).
@@ -336,18 +294,9 @@ class Communicator {
   size_t p2pInFlight_ = 0;  // worker thread only
   bool progressing_ = false;  // inside progress(): worker thread only
   bool quarantined_ = false;  // never poll the endpoint again: worker thread only
-  // Control frames whose peer could not take them yet (postControl),
-  // retried by progress() until they post or their deadline passes.
-  struct PendingControl {
-    Request* request;
-    std::chrono::steady_clock::time_point giveUp;
-  };
-  std::vector<PendingControl> pendingControl_;  // worker thread only
-  void retryPendingControl();
   // What the running call's unconfirmed sends hold (holdForSend); runTasks
   // fills it once the call's completions ran. Worker thread only.
   std::shared_ptr<HeldMemory> callHeld_;
-  bool brokenByPeer_ = false;  // brokenReason_ came from a peer: worker thread only
   std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only
 
   CommOptions opts_;  // opts_.timeout is the initial value only: see timeoutMs_
@@ -357,28 +306,13 @@ class Communicator {
   std::string providerReason_;
   uint64_t jobSecret_ = 0;
   std::string storePrefix_;
-  std::vector<PeerInfo> peers_;
   std::vector<int> netServers_;
-  // From the host list the constructor groups ranks by (describeGroup).
-  int hostCount_ = 0;
-  bool hostsUneven_ = false;  // the hosts hold different numbers of ranks
   std::shared_ptr<Fabric> fabric_;
   std::unique_ptr<Endpoint> endpoint_;
-  std::vector<fi_addr_t> peerAddrs_;
 
-  // Request pool: every posted Request lives here until its completion.
-  std::unordered_map<Request*, std::unique_ptr<Request>> requests_;  // worker thread only
-  std::vector<std::unique_ptr<Request>> freeRequests_;               // worker thread only
-  struct RemoteError {
-    uint64_t last = 0;  // the report covers sequences first .. last
-    std::string text;
-  };
-  std::map<uint64_t, RemoteError> remoteErrors_;                     // worker thread only
-  std::map<uint64_t, std::map<int, CollectiveSignature>> probes_;   // worker thread only
-  std::map<uint64_t, CollectiveSignature> history_;                  // worker thread only
-  std::vector<uint8_t> scratch_;                                     // worker thread only
-  std::vector<uint8_t> fusion_;                                      // worker thread only
-  std::string brokenReason_;                                         // worker thread only
+  RequestPool requests_;  // worker thread only
+  std::vector<uint8_t> scratch_;  // worker thread only
+  std::vector<uint8_t> fusion_;   // worker thread only
   // The overflow sink's reservation, unmapped by its destructor too, so a
   // constructor that throws after reserving it leaks nothing.
   struct Sink {
@@ -388,9 +322,9 @@ class Communicator {
     ~Sink() { release(); }
   };
   Sink sink_;
-  std::shared_ptr<ShmOwner> owner_;                   // this rank's liveness lock
-  std::vector<std::unique_ptr<OwnerLock>> peerLocks_;  // same-host peers' locks, by rank
-  std::unique_ptr<PeerMonitor> monitor_;               // peers on other hosts
+  // Set up by the constructor; shutdown closes its monitor and locks
+  // (releaseResources), this rank's owner lock goes with the object.
+  PeerTable peers_;
 
   std::atomic<uint64_t> nextSeq_{0};
   std::atomic<bool> stopRequested_{false};
@@ -428,6 +362,19 @@ class Communicator {
   void runOnCaller(Task t, std::unique_lock<std::mutex>& lock);
   std::thread worker_;
   StatsCounters stats_;
+  // The control plane's view of this engine: progress() and the state
+  // that says whether waiting for a peer is still allowed.
+  struct ControlEngine final : ControlPlane::Engine {
+    explicit ControlEngine(Communicator& c) : comm(c) {}
+    size_t progress() override { return comm.progress(); }
+    bool inProgress() const override { return comm.progressing_; }
+    bool pollingStopped() const override { return comm.quarantined_ || comm.stopRequested(); }
+    std::chrono::milliseconds timeout() const override { return comm.timeout(); }
+    Communicator& comm;
+  };
+  ControlEngine controlEngine_{*this};
+  // Error frames, probes, broken state: worker thread only.
+  ControlPlane control_{controlEngine_, peers_, requests_, stats_};
   std::unique_ptr<FusionBufferScheduler> scheduler_;  // worker thread only (after construction)
   std::shared_ptr<FlightRecorder> recorder_;  // null when SMDDP_TRACE_BUFFER_SIZE=0; locks itself
   std::unique_ptr<DesyncResponder> desync_;   // null without a recorder or a clonable store

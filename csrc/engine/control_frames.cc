@@ -1,47 +1,61 @@
-// The Communicator's control frames (docs/design.md, "Wire format and validation"):
-// error frames that tell every peer a call failed here, and the stall
-// probes that let a waiting rank learn which call a peer is in. Both ride
-// on one tag class, received into a few always-posted receives.
+// The control plane (control_frames.h; docs/design.md, "Wire format and
+// validation"): error frames that tell every peer a call failed here, and
+// the stall probes that let a waiting rank learn which call a peer is in.
+// Both ride on one tag class, received into a few always-posted receives.
+#include "engine/control_frames.h"
+
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
 #include <chrono>
 
 #include "common/error.h"
-#include "common/logging.h"
-#include "engine/communicator.h"
 #include "engine/host_segment.h"
 
 namespace smddp {
 
 namespace {
 
+// Error and probe frames all travel under this one tag (their sequence
+// number is in the header), and their receives are posted with an ignore
+// mask of 0. Posting receives with ignore bits set breaks tag matching in
+// the shm provider of libfabric 1.17: an unexpected message is queued in a
+// receive entry recycled without resetting its `ignore` field
+// (smr_get_tag), and a later receive is matched against the queued entry
+// with that stale mask (smr_match_tagged), so once an error receive had
+// completed, data frames could be delivered to receives of another tag.
 uint64_t errorTag() { return makeTag(TagClass::kError, 0, 0, 0); }
 
 }  // namespace
 
-void Communicator::postErrorReceives() {
+void ControlPlane::start(Endpoint& endpoint, uint64_t secret, iovec sink) {
+  endpoint_ = &endpoint;
+  secret_ = secret;
+  sink_ = sink;
   for (int i = 0; i < 4; ++i) {
-    Request* r = newRequest();
+    Request* r = requests_.acquire();
     r->type = Request::Type::kErrorRecv;
     r->text.resize(4096);
-    iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
-                    overflowSink()};
-    int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, errorTag(), 0, iov, 3, &r->ctx);
+    int rc = postReceive(r);
     SMDDP_CHECK(rc == 0, kTransport, "could not post error-frame receives");
   }
 }
 
-void Communicator::handleErrorFrame(Request* r, const Completion& c) {
+int ControlPlane::postReceive(Request* r) {
+  iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}, sink_};
+  return endpoint_->postRecv(FI_ADDR_UNSPEC, errorTag(), 0, iov, 3, &r->ctx);
+}
+
+void ControlPlane::handleFrame(Request* r, const Completion& c) {
   if (c.err == FI_ECANCELED) {
-    releaseRequest(r);
+    requests_.release(r);
     return;
   }
   const FrameHeader& h = r->header;
   const bool probe = h.kind == static_cast<uint8_t>(FrameKind::kProbe);
   // (a longer frame spilled into the sink: rejected by the length check)
   bool ok = c.err == 0 &&
-            validateControlFrame(h, c.len, jobSecret_, static_cast<uint32_t>(opts_.size),
+            validateControlFrame(h, c.len, secret_, static_cast<uint32_t>(peers_.size()),
                                  r->text.size(), nullptr) == FrameVerdict::kOk;
   if (!ok) {
     stats_.framesRejected++;
@@ -76,13 +90,10 @@ void Communicator::handleErrorFrame(Request* r, const Completion& c) {
     }
   }
   // Re-arm the same receive.
-  iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()},
-                  overflowSink()};
-  int rc = endpoint_->postRecv(FI_ADDR_UNSPEC, errorTag(), 0, iov, 3, &r->ctx);
-  if (rc != 0) releaseRequest(r);
+  if (postReceive(r) != 0) requests_.release(r);
 }
 
-bool Communicator::remoteErrorFor(uint64_t seq, std::string* text) {
+bool ControlPlane::remoteErrorFor(uint64_t seq, std::string* text) {
   // Reports for sequences this rank already finished are stale: every rank
   // that saw the failure raised it then. Reports for later sequences wait.
   // A report covers the calls of the reporter's failed batch (a fusion
@@ -99,26 +110,26 @@ bool Communicator::remoteErrorFor(uint64_t seq, std::string* text) {
   return false;
 }
 
-void Communicator::broadcastError(uint64_t seq, const std::string& text, uint64_t count,
+void ControlPlane::broadcastError(uint64_t seq, const std::string& text, uint64_t count,
                                   bool broken) {
   std::string body = text.substr(0, 4000);
-  for (int p = 0; p < opts_.size; ++p) {
+  for (int p = 0; p < peers_.size(); ++p) {
     // A peer known dead or silent can take nothing: trying would hold this
     // rank's own error back from its caller (postControl retries).
-    if (p == opts_.rank || peerLost(p)) continue;
-    Request* r = newRequest();
+    if (p == peers_.rank() || peers_.lost(p)) continue;
+    Request* r = requests_.acquire();
     r->type = Request::Type::kErrorSend;
     r->peer = p;
     r->text = body;
     CollectiveSignature sig;
-    r->header = makeHeader(FrameKind::kError, jobSecret_, seq, opts_.rank,
+    r->header = makeHeader(FrameKind::kError, secret_, seq, peers_.rank(),
                            broken ? kErrorBroken : 0, count, body.size(), sig);
     iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
     postControl(r, iov, body.empty() ? 1 : 2);
   }
 }
 
-void Communicator::postControl(Request* r, const iovec* iov, size_t n) {
+void ControlPlane::postControl(Request* r, const iovec* iov, size_t n) {
   // A first send to a peer this rank never talked to waits for the
   // connection (-FI_EAGAIN): progress and retry for a while rather than
   // drop the frame (the peers would then only learn at their timeout).
@@ -127,13 +138,13 @@ void Communicator::postControl(Request* r, const iovec* iov, size_t n) {
   // Not for a peer on another host: the pending list below retries it just
   // as well, and a lost host's peers would each hold this rank's own error
   // back from its caller by the whole wait.
-  const bool remote = peers_[r->peer].host != peers_[opts_.rank].host;
+  const bool remote = !peers_.sameHost(r->peer);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(remote ? 0 : 500);
   while (true) {
     int rc = -1;
     try {
-      rc = endpoint_->postSend(peerAddrs_[r->peer], errorTag(), iov, n, &r->ctx);
+      rc = endpoint_->postSend(peers_.addr(r->peer), errorTag(), iov, n, &r->ctx);
     } catch (const Error&) {
       break;  // a broken endpoint: the caller is already reporting a failure
     }
@@ -141,67 +152,73 @@ void Communicator::postControl(Request* r, const iovec* iov, size_t n) {
     // No retries inside progress(), once the endpoint is quarantined, or
     // while shutting down (a stopped peer's full queue must not hold
     // abort): the peer's own timeout still bounds its wait.
-    if (progressing_ || quarantined_ || stopRequested() ||
+    if (engine_.inProgress() || engine_.pollingStopped() ||
         std::chrono::steady_clock::now() > deadline) {
       break;
     }
-    progress();
+    engine_.progress();
   }
   // Not sent yet. The usual reason is a peer this rank never exchanged a
   // message with: the shm provider connects on first send and needs the
   // peer to progress, which a peer busy in compute (or asleep) does not.
   // Dropping the frame would leave that peer to find out at its timeout,
-  // so the frame waits in pendingControl_, retried on every progress()
+  // so the frame waits in pending_, retried on every progress()
   // (the engine keeps polling, every SMDDP_SLEEP_US, while any wait) for
   // ten group timeouts, at least a minute: a late peer is often late by
   // more than one timeout, which is what broke the group. Not while
   // stopping or quarantined: nothing is polled then.
-  if (!quarantined_ && !stopRequested()) {
-    const auto keep = std::max<std::chrono::milliseconds>(10 * timeout(), std::chrono::minutes(1));
-    pendingControl_.push_back({r, std::chrono::steady_clock::now() + keep});
+  if (!engine_.pollingStopped()) {
+    const auto keep =
+        std::max<std::chrono::milliseconds>(10 * engine_.timeout(), std::chrono::minutes(1));
+    pending_.push_back({r, std::chrono::steady_clock::now() + keep});
     return;
   }
-  releaseRequest(r);  // best effort: the peer's timeout still bounds it
+  requests_.release(r);  // best effort: the peer's timeout still bounds it
 }
 
-void Communicator::retryPendingControl() {
+void ControlPlane::retryPending() {
   const auto now = std::chrono::steady_clock::now();
-  std::erase_if(pendingControl_, [&](const PendingControl& pc) {
+  std::erase_if(pending_, [&](const Pending& pc) {
     Request* r = pc.request;
     iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
     int rc = -1;
     try {
-      rc = endpoint_->postSend(peerAddrs_[r->peer], errorTag(), iov, r->text.empty() ? 1 : 2,
+      rc = endpoint_->postSend(peers_.addr(r->peer), errorTag(), iov, r->text.empty() ? 1 : 2,
                                &r->ctx);
     } catch (const Error&) {
     }
     if (rc == 0) return true;  // posted: its completion releases it
     if (now < pc.giveUp && rc == -FI_EAGAIN) return false;
-    releaseRequest(r);
+    requests_.release(r);
     return true;
   });
 }
 
-void Communicator::quarantine(const std::string& why) {
-  if (quarantined_) return;
-  quarantined_ = true;
-  if (brokenReason_.empty()) brokenReason_ = why;
-  SMDDP_LOG(kWarn) << "group '" << opts_.name << "' rank " << opts_.rank
-                   << " stops using its endpoint: " << why;
-  failP2P(why, false);
+void ControlPlane::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
+  history_[seq] = sig;
+  while (history_.size() > 64) history_.erase(history_.begin());
+  auto it = probes_.find(seq);
+  if (it != probes_.end()) {
+    // Probes that came in while this call ran but that it never looked at:
+    // tell those senders what this rank called.
+    for (const auto& [src, theirs] : it->second) {
+      if (!(theirs == sig)) sendProbe(src, seq, sig, /*reply=*/true);
+    }
+  }
+  probes_.erase(probes_.begin(), probes_.upper_bound(seq));
 }
 
-void Communicator::sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply) {
-  if (peer == opts_.rank || peer < 0 || peer >= opts_.size || peerLost(peer)) return;
-  Request* r = newRequest();
+void ControlPlane::sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply) {
+  if (peer == peers_.rank() || peer < 0 || peer >= peers_.size() || peers_.lost(peer)) return;
+  Request* r = requests_.acquire();
   r->type = Request::Type::kErrorSend;
   r->peer = peer;
-  r->header = makeHeader(FrameKind::kProbe, jobSecret_, seq, opts_.rank, reply ? 1 : 0, 0, 0, sig);
+  r->header = makeHeader(FrameKind::kProbe, secret_, seq, peers_.rank(), reply ? 1 : 0, 0, 0, sig);
   iovec iov[1] = {{&r->header, sizeof(FrameHeader)}};
   postControl(r, iov, 1);  // best effort, like error frames
 }
 
-bool Communicator::probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why) {
+bool ControlPlane::probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why) {
   probes_.erase(probes_.begin(), probes_.lower_bound(seq));
   auto it = probes_.find(seq);
   if (it == probes_.end()) return false;
@@ -215,7 +232,7 @@ bool Communicator::probeMismatch(uint64_t seq, const CollectiveSignature& mine, 
   return false;
 }
 
-std::vector<int> Communicator::probedAt(uint64_t seq) const {
+std::vector<int> ControlPlane::probedAt(uint64_t seq) const {
   std::vector<int> out;
   auto it = probes_.find(seq);
   if (it != probes_.end()) {

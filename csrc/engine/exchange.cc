@@ -35,14 +35,14 @@ Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& 
 Exchange::~Exchange() {
   abandonOutstanding();
   try {
-    comm_.noteSignature(seq_, sig_);
+    comm_.control().noteSignature(seq_, sig_);
   } catch (...) {
   }
 }
 
 void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t bytes,
                     std::function<void()> onArrive, bool urgent) {
-  Request* r = comm_.newRequest();
+  Request* r = comm_.requests().acquire();
   r->type = Request::Type::kRecv;
   r->owner = this;
   r->peer = peer;
@@ -59,7 +59,7 @@ void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t 
 
 void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, const void* src,
                     size_t bytes) {
-  Request* r = comm_.newRequest();
+  Request* r = comm_.requests().acquire();
   r->type = Request::Type::kSend;
   r->owner = this;
   r->peer = peer;
@@ -81,10 +81,10 @@ bool Exchange::postOne(Request* r) {
     if (r->payloadBytes) iov[n++] = {r->payload, r->payloadBytes};
     int rc;
     if (r->type == Request::Type::kSend) {
-      rc = comm_.endpoint().postSend(comm_.peerAddr(r->peer), r->tag, iov, n, &r->ctx);
+      rc = comm_.endpoint().postSend(comm_.peers().addr(r->peer), r->tag, iov, n, &r->ctx);
     } else {
       iov[n++] = comm_.overflowSink();
-      rc = comm_.endpoint().postRecv(comm_.peerAddr(r->peer), r->tag, 0, iov, n, &r->ctx);
+      rc = comm_.endpoint().postRecv(comm_.peers().addr(r->peer), r->tag, 0, iov, n, &r->ctx);
     }
     if (rc == -FI_EAGAIN) return false;  // queue full: progress first
     r->posted = true;
@@ -188,7 +188,7 @@ void Exchange::complete(Request* r, const Completion& c) {
       comm_.counters().bytesSent += r->payloadBytes;
     }
   }
-  comm_.releaseRequest(r);
+  comm_.requests().release(r);
 }
 
 std::string Exchange::waitingOn() const {
@@ -212,7 +212,7 @@ std::string Exchange::notSeen() const {
   // can still be told apart: the server stalls too, and probes everyone.
   std::vector<bool> seen = heardFrom_;
   seen[static_cast<size_t>(comm_.rank())] = true;
-  for (int p : comm_.probedAt(seq_)) {
+  for (int p : comm_.control().probedAt(seq_)) {
     if (p >= 0 && p < comm_.size()) seen[static_cast<size_t>(p)] = true;
   }
   std::string s;
@@ -250,8 +250,8 @@ void Exchange::abandonOutstanding() {
     const int rc = comm_.endpoint().cancel(&r->ctx);
     if (rc != 0 && rc != -FI_ENOENT) cancelRefused_ = rc;
   }
-  for (Request* r : recvsToPost_) comm_.releaseRequest(r);
-  for (Request* r : sendsToPost_) comm_.releaseRequest(r);
+  for (Request* r : recvsToPost_) comm_.requests().release(r);
+  for (Request* r : sendsToPost_) comm_.requests().release(r);
   recvsToPost_.clear();
   sendsToPost_.clear();
   postedRecvs_ = 0;
@@ -280,8 +280,9 @@ void Exchange::awaitAbandoned() {
   // silent host): a transfer the provider had matched can only finish if
   // the link comes back, so stop waiting at once, as when the bounds pass.
   auto allFromLostPeers = [&] {
-    return std::all_of(outstanding_.begin(), outstanding_.end(),
-                       [&](const Request* r) { return r->peer >= 0 && comm_.peerLost(r->peer); });
+    return std::all_of(outstanding_.begin(), outstanding_.end(), [&](const Request* r) {
+      return r->peer >= 0 && comm_.peers().lost(r->peer);
+    });
   };
   while (!outstanding_.empty() && !comm_.stopRequested()) {
     bool recvs = false, sends = false;
@@ -367,11 +368,11 @@ void Exchange::run() {
     do {
       if (comm_.stopRequested()) break;
       comm_.progress();
-      if (comm_.remoteErrorFor(seq_, &remote)) {
+      if (comm_.control().remoteErrorFor(seq_, &remote)) {
         fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
       }
       try {
-        comm_.checkPeersAlive(what);
+        comm_.peers().checkAlive(what);
       } catch (const Error& e) {
         fail(e.kind(), e.what());
       }

@@ -246,7 +246,7 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
       CollectiveSignature leaders{CollectiveType::kAllreduce, static_cast<DataType>(p.dtype),
                                   static_cast<ReduceOp>(p.op), p.numel[0], -1};
       CollectiveSignature mine;
-      std::string what = comm_.calledAt(p.firstSeq, &mine) ? mine.describe()
+      std::string what = comm_.control().calledAt(p.firstSeq, &mine) ? mine.describe()
                                                            : std::string("another collective");
       skipBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: rank " +
                        std::to_string(leader_) + " called " + leaders.describe() +

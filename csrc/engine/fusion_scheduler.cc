@@ -93,12 +93,12 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
       releaseBatch(b, b.firstStep + b.steps);
     }
     for (size_t i = 0; i < calls.size(); ++i) {
-      comm_.noteSignature(calls[i]->seq, calls[i]->signature());
+      comm_.control().noteSignature(calls[i]->seq, calls[i]->signature());
     }
     if (text != e.what()) throw Error(e.kind(), text);
     throw;
   }
-  for (FusibleCall* c : calls) comm_.noteSignature(c->seq, c->signature());
+  for (FusibleCall* c : calls) comm_.control().noteSignature(c->seq, c->signature());
   auto& st = comm_.counters();
   st.fusionFlushes++;
   uint64_t bytes = b.totalNumel * elementSize(b.dtype);

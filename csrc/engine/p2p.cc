@@ -25,15 +25,15 @@ std::exception_ptr p2pError(ErrorKind kind, const std::string& msg) {
 }  // namespace
 
 void Communicator::postP2P(Request* r) {
-  if (!brokenReason_.empty()) {
+  if (control_.broken()) {
     throwError(ErrorKind::kAborted,
-               "the group is unusable after an earlier failure: " + brokenReason_);
+               "the group is unusable after an earlier failure: " + control_.brokenReason());
   }
   iovec iov[3];
   size_t n = 0;
   iov[n++] = {&r->header, sizeof(FrameHeader)};
   if (r->payloadBytes) iov[n++] = {r->payload, r->payloadBytes};
-  fi_addr_t addr = r->peer >= 0 ? peerAddrs_[r->peer] : FI_ADDR_UNSPEC;
+  fi_addr_t addr = r->peer >= 0 ? peers_.addr(r->peer) : FI_ADDR_UNSPEC;
   r->deadline = std::chrono::steady_clock::now() + timeout();
   while (true) {
     int rc;
@@ -56,7 +56,7 @@ void Communicator::postP2P(Request* r) {
 
 void Communicator::superviseP2P() {
   const auto now = std::chrono::steady_clock::now();
-  for (auto& [raw, owned] : requests_) {
+  for (auto& [raw, owned] : requests_.live()) {
     if (raw->onComplete && raw->posted && raw->deadline < now) {
       // A send cannot be cancelled (shm, rxm), and a receive the provider
       // already matched may never complete: fail them all here.
@@ -68,7 +68,7 @@ void Communicator::superviseP2P() {
   if (now < nextP2PLiveness_) return;
   nextP2PLiveness_ = now + std::chrono::milliseconds(200);
   try {
-    checkPeersAlive("point-to-point send/recv");
+    peers_.checkAlive("point-to-point send/recv");
   } catch (const Error& e) {
     breakP2P(ErrorKind::kPeerLost, e.what());
   }
@@ -82,12 +82,12 @@ void Communicator::breakP2P(ErrorKind kind, const std::string& why) {
                              (kind == ErrorKind::kTimeout ? "operation " : "") + why;
   failP2P(why, kind == ErrorKind::kTimeout);
   quarantine(reason);
-  broadcastError(nextSeq_.load(), reason, 0, /*broken=*/true);
+  control_.broadcastError(nextSeq_.load(), reason, 0, /*broken=*/true);
 }
 
 void Communicator::failP2P(const std::string& why, bool timedOut) {
   std::vector<Request*> p2p;
-  for (auto& [raw, owned] : requests_) {
+  for (auto& [raw, owned] : requests_.live()) {
     if (raw->onComplete) p2p.push_back(raw);
   }
   for (Request* r : p2p) {
@@ -133,7 +133,7 @@ void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDon
         return;
       }
     }
-    Request* r = newRequest();
+    Request* r = requests_.acquire();
     r->type = Request::Type::kSend;
     r->peer = dst;
     r->tag = makeP2PTag(tag);
@@ -159,7 +159,7 @@ void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDon
       postP2P(r);
     } catch (const Error& e) {
       r->onComplete = nullptr;
-      releaseRequest(r);
+      requests_.release(r);
       done(p2pError(e.kind(), "send to rank " + std::to_string(dst) + " (tag " +
                                   std::to_string(tag) + ") refused: " + e.what()),
            dst);
@@ -172,7 +172,7 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
   SMDDP_CHECK(src < opts_.size && src != opts_.rank, kInvalidArgument,
               "recv: invalid source rank " + std::to_string(src));
   auto body = [this, buf, dtype, src, tag, done](uint64_t) {
-    Request* r = newRequest();
+    Request* r = requests_.acquire();
     r->type = Request::Type::kRecv;
     r->peer = src;  // -1: any source
     r->tag = makeP2PTag(tag);
@@ -211,7 +211,7 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
       postP2P(r);
     } catch (const Error& e) {
       r->onComplete = nullptr;
-      releaseRequest(r);
+      requests_.release(r);
       done(p2pError(e.kind(), std::string("recv from ") +
                                   (src >= 0 ? "rank " + std::to_string(src) : "any rank") +
                                   " (tag " + std::to_string(tag) + ") refused: " + e.what()),

@@ -1,7 +1,8 @@
-// One posted libfabric operation. The fi_context2 comes first so the
-// context pointer libfabric hands back is the Request itself. Requests are
-// owned by the Communicator's pool, never by an Exchange, so a completion
-// that arrives after its collective failed still finds live memory.
+// One posted libfabric operation, and the pool that owns it. The fi_context2
+// comes first so the context pointer libfabric hands back is the Request
+// itself. Requests are owned by the Communicator's pool, never by an
+// Exchange, so a completion that arrives after its collective failed still
+// finds live memory.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "transport/endpoint.h"
@@ -51,6 +53,30 @@ struct Request {
   std::chrono::steady_clock::time_point deadline{};
   // A send abandoned by its failed call: what it may still read.
   std::shared_ptr<HeldMemory> held;
+};
+
+// Every posted Request lives here until its completion (or until shutdown
+// has closed the endpoint); released ones are reused. Worker thread only
+// (or a caller running its own call: Communicator::runOnCaller).
+class RequestPool {
+ public:
+  // A fresh Request, owned by the pool until release().
+  Request* acquire();
+  // Back to the pool; a pointer the pool does not hold is ignored.
+  void release(Request* r);
+  // Whether `r` is a live Request of this pool (a completion's context).
+  bool owns(Request* r) const { return live_.find(r) != live_.end(); }
+  // The live Requests (point-to-point supervision walks them).
+  const std::unordered_map<Request*, std::unique_ptr<Request>>& live() const { return live_; }
+  // Frees every Request: only once the endpoint is closed.
+  void clear() {
+    live_.clear();
+    free_.clear();
+  }
+
+ private:
+  std::unordered_map<Request*, std::unique_ptr<Request>> live_;
+  std::vector<std::unique_ptr<Request>> free_;
 };
 
 }  // namespace smddp

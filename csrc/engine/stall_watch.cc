@@ -15,15 +15,15 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
                        const std::function<std::string()>& notSeen) {
   std::string remote;
   for (size_t i = 0; i < count; ++i) {
-    if (comm_.remoteErrorFor(firstSeq + i, &remote)) {
+    if (comm_.control().remoteErrorFor(firstSeq + i, &remote)) {
       throwError(ErrorKind::kMismatch, "smddp: " + what_ + " failed on another rank: " + remote);
     }
-    if (comm_.probeMismatch(firstSeq + i, sigs[i], &remote)) {
+    if (comm_.control().probeMismatch(firstSeq + i, sigs[i], &remote)) {
       throwError(ErrorKind::kMismatch, "smddp: " + what_ + ": " + remote);
     }
   }
   // A peer timed out or lost a rank: this call cannot complete either.
-  if (comm_.brokenByPeer(&remote)) {
+  if (comm_.control().brokenByPeer(&remote)) {
     throwError(ErrorKind::kAborted, "smddp: " + what_ + " failed on another rank: " + remote);
   }
   const auto now = std::chrono::steady_clock::now();
@@ -31,13 +31,13 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
   // wait for its endpoint, and a dead peer is the better answer anyway.
   if (now > nextLiveness_) {
     nextLiveness_ = now + std::chrono::milliseconds(200);
-    comm_.checkPeersAlive(what_);
+    comm_.peers().checkAlive(what_);
   }
   // A call still waiting after 200 ms tells its peers what it is (see
-  // Communicator::sendProbe): one header per peer, once per call.
+  // ControlPlane::sendProbe): one header per peer, once per call.
   if (!probed_ && (probeNow_ || now - start_ > std::chrono::milliseconds(200))) {
     probed_ = true;
-    for (int p = 0; p < comm_.size(); ++p) comm_.sendProbe(p, firstSeq, sigs[0], false);
+    for (int p = 0; p < comm_.size(); ++p) comm_.control().sendProbe(p, firstSeq, sigs[0], false);
   }
   if (now > deadline_) {
     throwError(ErrorKind::kTimeout, "smddp: " + what_ + " timed out: timeout of " +

@@ -93,7 +93,7 @@ void Communicator::runOnCaller(Task t, std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   runningOnCaller_ = false;
-  if (!pendingControl_.empty()) engineKick_ = true;
+  if (control_.hasPending()) engineKick_ = true;
   lock.unlock();
   queueCv_.notify_all();
 }
@@ -140,7 +140,7 @@ void Communicator::workerLoop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(queueMu_);
-      if (p2pInFlight_ == 0 && pendingControl_.empty() && queue_.empty() && !stopping_) {
+      if (p2pInFlight_ == 0 && !control_.hasPending() && queue_.empty() && !stopping_) {
         // Calls often come back to back (a benchmark loop, a caller that
         // waits on each call): poll for SMDDP_SPIN_US, yielding, before
         // sleeping, but only while a caller is waiting, not computing.
@@ -222,18 +222,18 @@ void Communicator::logCompleted(const std::vector<Task>& tasks, std::exception_p
 void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   const auto started = std::chrono::steady_clock::now();
   const CallPath path = !(tasks[0].fusible && scheduler_) ? CallPath::kNetwork
-                        : hostCount_ > 1                  ? CallPath::kHierarchy
+                        : peers_.hostCount() > 1          ? CallPath::kHierarchy
                                                           : CallPath::kSharedMemory;
   if (recorder_) recorder_->started(tasks[0].seq, path, tasks[0].seq, onCaller);
   std::exception_ptr eptr;
   // By value: the scheduler's takeNext appends to `tasks`, which moves them.
   const uint64_t firstSeq = tasks[0].seq;
   const std::string firstWhat = tasks[0].what;
-  if (!brokenReason_.empty()) {
+  if (control_.broken()) {
     eptr = std::make_exception_ptr(Error(
         ErrorKind::kAborted, "smddp: " + firstWhat + " at sequence " + std::to_string(firstSeq) +
                                  " refused: the group is unusable after an earlier failure: " +
-                                 brokenReason_));
+                                 control_.brokenReason()));
   } else {
     try {
       if (tasks[0].prepare) tasks[0].prepare();
@@ -279,22 +279,22 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
       // quarantine during this call): every peer is told, so that their
       // next call fails at once with this cause instead of waiting for us.
       const bool breaks = e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
-                          e.kind() == ErrorKind::kTransport || !brokenReason_.empty();
-      if (breaks && brokenReason_.empty()) {
+                          e.kind() == ErrorKind::kTransport || control_.broken();
+      if (breaks && !control_.broken()) {
         // Where every rank stands, so the message says who is behind.
         std::string full = withDesyncReport(e);
         if (full != msg) {
           msg = std::move(full);
           eptr = std::make_exception_ptr(Error(e.kind(), msg));
         }
-        brokenReason_ = msg;
       }
+      if (breaks) control_.markBroken(msg);
       if (msg.find("failed on another rank") == std::string::npos) {
-        broadcastError(firstSeq, msg, tasks.size(), breaks);
+        control_.broadcastError(firstSeq, msg, tasks.size(), breaks);
       }
     } catch (const std::exception& e) {
       eptr = std::make_exception_ptr(Error(ErrorKind::kInternal, e.what()));
-      broadcastError(firstSeq, e.what(), tasks.size());
+      control_.broadcastError(firstSeq, e.what(), tasks.size());
     }
   }
   if (logThreshold() >= LogLevel::kDebug) logCompleted(tasks, eptr, started);
@@ -345,14 +345,14 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
 std::string Communicator::withDesyncReport(const Error& e) {
   const bool breaks = e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
                       e.kind() == ErrorKind::kTransport;
-  if (!desync_ || desyncReported_ || !breaks || !brokenReason_.empty()) return e.what();
+  if (!desync_ || desyncReported_ || !breaks || control_.broken()) return e.what();
   desyncReported_ = true;
   // Long enough for a store round trip to every rank, short next to the
   // timeout that brought us here.
   const auto budget = std::clamp(timeout() / 4, std::chrono::milliseconds(500),
                                  std::chrono::milliseconds(3000));
   const std::string report =
-      desync_->collect(budget, [this](int r) { return peerLost(r); }, e.what());
+      desync_->collect(budget, [this](int r) { return peers_.lost(r); }, e.what());
   return std::string(e.what()) + ". Desync report: " + report;
 }
 

@@ -116,7 +116,7 @@ FrameVerdict validateControlFrame(const FrameHeader& h, size_t received, uint64_
 
 // 64-bit tags: [63:60] class, [59:28] sequence (mod 2^32), [27:24] phase,
 // [23:0] chunk. Error and probe frames use class 1 with seq/phase/chunk 0
-// and exact matching (see errorTag() in engine/communicator.cc).
+// and exact matching (see errorTag() in engine/control_frames.cc).
 enum class TagClass : uint8_t { kData = 0, kError = 1, kP2P = 2 };
 // Point-to-point: [63:60] class, [59:28] the user's tag; per-pair order is
 // the provider's send-after-send ordering, so no counters are needed.

@@ -5,7 +5,7 @@
 // every rank on another host, and a background thread polls them: a
 // connection the kernel closed without a goodbye is a dead process (seen at
 // once), a connection with no heartbeat for SMDDP_PEER_TIMEOUT is a host
-// gone silent. The engine asks failed() from every wait (checkPeersAlive).
+// gone silent. The engine asks failed() from every wait (PeerTable::checkAlive).
 #pragma once
 
 #include <atomic>

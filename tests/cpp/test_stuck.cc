@@ -162,7 +162,7 @@ TEST_CASE("a failed call's memory outlives the sends it left posted", "[stuck][h
       // Rank 0's sends are posted by now; nothing is queued here, so this
       // thread may use the endpoint.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      comm.broadcastError(0, "test: rank 1 gives up on this call", 1, false);
+      comm.control().broadcastError(0, "test: rank 1 gives up on this call", 1, false);
       if (!waitFlag("failed")) return "rank 0 never reported its failed call";
       std::vector<uint8_t> got(kBytes, 0);
       std::promise<std::exception_ptr> p;

@@ -1,0 +1,151 @@
+// The error and control plane of one group (docs/design.md, "Failure
+// model"): error frames that tell every peer a call failed here, stall
+// probes that let a waiting rank learn which call a peer is in, and the
+// group's broken state. It rides on the Communicator's endpoint, request
+// pool and progress loop, which hands it the control completions.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/peer_table.h"
+#include "engine/request.h"
+#include "engine/stats.h"
+#include "transport/endpoint.h"
+#include "transport/frame.h"
+
+namespace smddp {
+
+// All state is worker thread only (or a caller running its own call:
+// Communicator::runOnCaller), like the endpoint it posts on.
+class ControlPlane {
+ public:
+  // What the control plane needs of the engine loop it rides on. The
+  // Communicator implements it with a small adapter, so none of its own
+  // calls become virtual; these are called only while a control frame
+  // waits for its peer.
+  class Engine {
+   public:
+    // Reads completions and dispatches them (Communicator::progress).
+    virtual size_t progress() = 0;
+    // Inside progress(), which is never re-entered.
+    virtual bool inProgress() const = 0;
+    // Nothing polls the endpoint any more: quarantined, or shutting down.
+    virtual bool pollingStopped() const = 0;
+    // The group timeout (Communicator::timeout).
+    virtual std::chrono::milliseconds timeout() const = 0;
+
+   protected:
+    ~Engine() = default;
+  };
+
+  ControlPlane(Engine& engine, const PeerTable& peers, RequestPool& requests,
+               StatsCounters& stats)
+      : engine_(engine), peers_(peers), requests_(requests), stats_(stats) {}
+  ControlPlane(const ControlPlane&) = delete;
+  ControlPlane& operator=(const ControlPlane&) = delete;
+
+  // Once the endpoint and the peers' addresses exist: posts the receives
+  // that stay armed for control frames. `sink` ends each of them (see
+  // Communicator::overflowSink).
+  void start(Endpoint& endpoint, uint64_t secret, iovec sink);
+  // Shutdown, before the request pool is cleared: forgets the frames that
+  // still wait for their peer (their requests go with the pool).
+  void close() { pending_.clear(); }
+
+  // --- Error frames ---
+  // The first error another rank reported for a sequence <= seq, if any.
+  bool remoteErrorFor(uint64_t seq, std::string* text);
+  // Tells every peer that calls seq .. seq + count - 1 failed here, so
+  // nobody waits for us. `broken`: the group is unusable here (timeout,
+  // lost peer), and so, from their next call, everywhere; count 0 then
+  // names no call.
+  void broadcastError(uint64_t seq, const std::string& text, uint64_t count = 1,
+                      bool broken = false);
+
+  // --- The group's broken state ---
+  // Set when the group became unusable (a timeout, a lost peer, a
+  // quarantined endpoint, here or reported by a peer): every later call
+  // fails at once with the reason.
+  bool broken() const { return !brokenReason_.empty(); }
+  const std::string& brokenReason() const { return brokenReason_; }
+  // Records `why` unless the group is already broken.
+  void markBroken(const std::string& why) {
+    if (brokenReason_.empty()) brokenReason_ = why;
+  }
+  // Set when a peer reported that the group is unusable (a timeout or a
+  // lost peer there): the reason, and the current call fails with it.
+  bool brokenByPeer(std::string* why) const {
+    if (!brokenByPeer_) return false;
+    *why = brokenReason_;
+    return true;
+  }
+
+  // --- Stall probes ---
+  // Ranks that disagree on a call may all sit in receives that no peer
+  // will ever send to (e.g. an allreduce server and a broadcast receiver),
+  // so no data frame can reveal the mismatch. An Exchange stalled for a
+  // moment sends its signature to every peer; a peer in that call compares
+  // it there (probeMismatch), a peer already past it answers with what it
+  // called instead (noteSignature keeps a short history), so the stalled
+  // rank fails with a mismatch, not a timeout.
+  void sendProbe(int peer, uint64_t seq, const CollectiveSignature& sig, bool reply);
+  // A probe from a peer whose call at `seq` differs from `mine`.
+  bool probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why);
+  // Ranks whose stall probe for `seq` arrived here (they reached that call).
+  std::vector<int> probedAt(uint64_t seq) const;
+  // Records what this rank called at `seq` (an Exchange does, when it ends).
+  void noteSignature(uint64_t seq, const CollectiveSignature& sig);
+  // What this rank called at `seq`, if it is still in the recent history.
+  bool calledAt(uint64_t seq, CollectiveSignature* sig) const {
+    auto it = history_.find(seq);
+    if (it == history_.end()) return false;
+    *sig = it->second;
+    return true;
+  }
+
+  // --- Called by Communicator::progress ---
+  // A completion of one of the control receives (Request::Type::kErrorRecv).
+  void handleFrame(Request* r, const Completion& c);
+  // Control frames wait for their peer (the engine keeps polling meanwhile).
+  bool hasPending() const { return !pending_.empty(); }
+  void retryPending();
+
+ private:
+  // Posts an error or probe frame to r->peer, retrying a busy endpoint.
+  void postControl(Request* r, const iovec* iov, size_t n);
+  // (Re-)arms one control receive; the endpoint's return code.
+  int postReceive(Request* r);
+
+  Engine& engine_;
+  const PeerTable& peers_;
+  RequestPool& requests_;
+  StatsCounters& stats_;
+  Endpoint* endpoint_ = nullptr;  // set by start()
+  uint64_t secret_ = 0;
+  iovec sink_{};
+
+  struct RemoteError {
+    uint64_t last = 0;  // the report covers sequences first .. last
+    std::string text;
+  };
+  std::map<uint64_t, RemoteError> remoteErrors_;
+  std::map<uint64_t, std::map<int, CollectiveSignature>> probes_;
+  std::map<uint64_t, CollectiveSignature> history_;
+  std::string brokenReason_;
+  bool brokenByPeer_ = false;  // brokenReason_ came from a peer
+  // Control frames whose peer could not take them yet (postControl),
+  // retried by progress() until they post or their deadline passes.
+  struct Pending {
+    Request* request;
+    std::chrono::steady_clock::time_point giveUp;
+  };
+  std::vector<Pending> pending_;
+};
+
+}  // namespace smddp

@@ -1,0 +1,162 @@
+// Host topology and liveness (peer_table.h): the "peer" exchange that
+// says who and where every rank is, and the liveness checks every wait
+// of the engine makes.
+#include "engine/peer_table.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/param.h"
+
+namespace smddp {
+
+SMDDP_PARAM_STRING(paramHostId, "SMDDP_HOST_ID", "",
+                   "host identity this rank reports (default: the hostname; the boot_id is "
+                   "added); splits one machine into pretend hosts")
+
+namespace {
+
+std::string firstLine(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// A host is its host id (SMDDP_HOST_ID, else the hostname) and its boot:
+// two machines that share a hostname ("localhost" in some clusters) are
+// never taken for one, while containers on one machine with --ipc=host
+// (same kernel, same boot_id, same /dev/shm) are.
+std::string hostIdentity() {
+  std::string id = paramHostId();
+  if (id.empty()) {
+    char buf[256] = {0};
+    gethostname(buf, sizeof(buf) - 1);
+    id = buf;
+  }
+  std::string boot = firstLine("/proc/sys/kernel/random/boot_id");
+  return boot.empty() ? id : id + "/" + boot;
+}
+
+// "pid:[4026531836]": pids compare only within one PID namespace.
+std::string pidNamespace() {
+  char buf[64];
+  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+// True when /proc says the process is gone or a zombie (same PID namespace only).
+bool processExited(int64_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  if (!f.good()) return true;
+  std::string line;
+  std::getline(f, line);
+  size_t p = line.rfind(')');
+  if (p == std::string::npos || p + 2 >= line.size()) return false;
+  char state = line[p + 2];
+  return state == 'Z' || state == 'X';
+}
+
+}  // namespace
+
+void PeerTable::gather(Bootstrap& bootstrap, int rank, int size,
+                       std::chrono::milliseconds timeout) {
+  rank_ = rank;
+  size_ = size;
+  // Before anything is named after it: peers watch this owner's lock.
+  owner_ = ShmOwner::acquire();
+  const std::string myHost = hostIdentity();
+  std::string me = myHost + "\n" + std::to_string(getpid()) + "\n" + pidNamespace() + "\n" +
+                   (owner_ ? owner_->tag() : "");
+  auto all = bootstrapAllGather(bootstrap, rank, size, "peer", me, timeout);
+  for (const auto& s : all) {
+    PeerInfo p;
+    std::istringstream fields(s);
+    std::string pid;
+    std::getline(fields, p.host);
+    std::getline(fields, pid);
+    std::getline(fields, p.pidNamespace);
+    std::getline(fields, p.owner);
+    p.pid = pid.empty() ? 0 : std::stoll(pid);
+    peers_.push_back(p);
+  }
+  std::vector<std::string> hostNames;
+  for (int r = 0; r < size; ++r) {
+    auto it = std::find(hostNames.begin(), hostNames.end(), peers_[r].host);
+    if (it == hostNames.end()) {
+      hostNames.push_back(peers_[r].host);
+      ranksByHost_.emplace_back();
+      it = hostNames.end() - 1;
+    }
+    ranksByHost_[it - hostNames.begin()].push_back(r);
+  }
+  hostCount_ = static_cast<int>(ranksByHost_.size());
+  for (const auto& ranks : ranksByHost_) {
+    hostsUneven_ = hostsUneven_ || ranks.size() != ranksByHost_[0].size();
+  }
+}
+
+void PeerTable::watch(Bootstrap& bootstrap, Endpoint& endpoint, std::vector<fi_addr_t> addrs,
+                      uint64_t secret, std::chrono::milliseconds timeout) {
+  addrs_ = std::move(addrs);
+  // Every peer's owner lock exists by now (it was taken before "peer").
+  peerLocks_.resize(size_);
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && sameHost(p) && !peers_[p].owner.empty()) {
+      peerLocks_[p] = std::make_unique<OwnerLock>(peers_[p].owner);
+    }
+  }
+  // Peers on other hosts have no owner lock here: a liveness connection to
+  // each tells this rank when one dies or its host falls silent.
+  if (!oneHost()) {
+    PeerMonitorOptions m;
+    m.rank = rank_;
+    m.size = size_;
+    m.secret = secret;
+    for (const auto& p : peers_) m.hosts.push_back(p.host);
+    m.address = endpoint.ipAddress();
+    m.silence = PeerMonitor::configuredSilence();
+    m.setupTimeout = timeout;
+    monitor_ = PeerMonitor::open(bootstrap, std::move(m));
+  }
+}
+
+void PeerTable::checkAlive(const std::string& during) const {
+  PeerFailure f;
+  if (monitor_ && monitor_->failed(&f)) {
+    throwError(ErrorKind::kPeerLost, "smddp: " + f.who + " " + f.what + " during " + during +
+                                         ": " + f.cause);
+  }
+  // A peer's owner lock is released by the kernel when it dies, whatever
+  // PID namespace it runs in; a busy or stopped peer keeps it. /proc is
+  // consulted only for a peer in this PID namespace whose lock could not
+  // be opened (another /dev/shm).
+  const PeerInfo& self = peers_[rank_];
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || peers_[p].host != self.host) continue;
+    const bool sameNs = peers_[p].pidNamespace == self.pidNamespace;
+    const OwnerLock* lock = peerLocks_.size() > static_cast<size_t>(p) ? peerLocks_[p].get()
+                                                                       : nullptr;
+    bool gone = false;
+    if (lock && lock->valid()) gone = lock->ownerGone();
+    else if (sameNs && peers_[p].pid > 0) gone = processExited(peers_[p].pid);
+    if (gone) {
+      throwError(ErrorKind::kPeerLost,
+                 "smddp: rank " + std::to_string(p) + " (pid " + std::to_string(peers_[p].pid) +
+                     (sameNs ? "" : " in another PID namespace") + ") exited during " + during);
+    }
+  }
+}
+
+bool PeerTable::lost(int p) const {
+  if (monitor_ && monitor_->lost(p)) return true;
+  const OwnerLock* lock = peerLocks_.size() > static_cast<size_t>(p) ? peerLocks_[p].get()
+                                                                     : nullptr;
+  return lock && lock->valid() && lock->ownerGone();
+}
+
+}  // namespace smddp
