@@ -14,9 +14,13 @@ namespace {
 
 // What a call is, for messages and the debug log: "allreduce(SUM, float32,
 // 1024 elements)".
+CollectiveSignature sigOf(CollectiveType c, DataType dtype, uint64_t numel,
+                          ReduceOp op = ReduceOp::kSum, int root = -1) {
+  return CollectiveSignature{c, dtype, op, numel, root};
+}
 std::string describe(CollectiveType c, DataType dtype, uint64_t numel, ReduceOp op = ReduceOp::kSum,
                      int root = -1) {
-  return CollectiveSignature{c, dtype, op, numel, root}.describe();
+  return sigOf(c, dtype, numel, op, root).describe();
 }
 
 uint64_t total(const std::vector<Buffer>& bufs) {
@@ -45,59 +49,60 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
     fusible->dtype = dtype;
     fusible->op = op;
     for (const auto& b : fusible->bufs) fusible->numel += b.numel;
-    return enqueue(describe(CollectiveType::kAllreduce, dtype, fusible->numel, op),
+    return enqueue(sigOf(CollectiveType::kAllreduce, dtype, fusible->numel, op), describe(CollectiveType::kAllreduce, dtype, fusible->numel, op),
                    [this, f = fusible](uint64_t seq) {
       runAllreduce(*this, seq, f->bufs, f->dtype, f->op);
     }, std::move(done), fusible, std::move(hooks));
   }
-  std::string what = describe(CollectiveType::kAllreduce, dtype, total(bufs), op);
-  return enqueue(std::move(what), [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
+  const CollectiveSignature sig = sigOf(CollectiveType::kAllreduce, dtype, total(bufs), op);
+  return enqueue(sig, sig.describe(), [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
     runAllreduce(*this, seq, bufs, dtype, op);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done,
                                  CallHooks hooks) {
-  std::string what = describe(CollectiveType::kBroadcast, dtype, total(bufs), ReduceOp::kSum, root);
-  return enqueue(std::move(what), [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
+  const CollectiveSignature sig =
+      sigOf(CollectiveType::kBroadcast, dtype, total(bufs), ReduceOp::kSum, root);
+  return enqueue(sig, sig.describe(), [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
     runBroadcast(*this, seq, bufs, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done,
                                  CallHooks hooks) {
-  return enqueue(describe(CollectiveType::kAllgather, dtype, in.numel), [this, in, outs = std::move(outs), dtype](uint64_t seq) {
+  return enqueue(sigOf(CollectiveType::kAllgather, dtype, in.numel), describe(CollectiveType::kAllgather, dtype, in.numel), [this, in, outs = std::move(outs), dtype](uint64_t seq) {
     runAllgather(*this, seq, in, outs, dtype);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::barrier(Done done) {
-  return enqueue("barrier", [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
+  return enqueue(sigOf(CollectiveType::kBarrier, DataType::kUInt8, 0), "barrier", [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
 }
 
 uint64_t Communicator::monitoredBarrier(std::chrono::milliseconds timeout, Done done) {
-  return enqueue("monitored_barrier", [this, timeout](uint64_t seq) {
+  return enqueue(sigOf(CollectiveType::kBarrier, DataType::kUInt8, 0), "monitored_barrier", [this, timeout](uint64_t seq) {
     runMonitoredBarrier(*this, seq, timeout);
   }, std::move(done));
 }
 
 uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,
                                      ReduceOp op, Done done, CallHooks hooks) {
-  return enqueue(describe(CollectiveType::kReduceScatter, dtype, out.numel, op), [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
+  return enqueue(sigOf(CollectiveType::kReduceScatter, dtype, out.numel, op), describe(CollectiveType::kReduceScatter, dtype, out.numel, op), [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
     runReduceScatter(*this, seq, ins, out, dtype, op);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done,
                               CallHooks hooks) {
-  return enqueue(describe(CollectiveType::kReduce, dtype, buf.numel, op, root), [this, buf, dtype, op, root](uint64_t seq) {
+  return enqueue(sigOf(CollectiveType::kReduce, dtype, buf.numel, op, root), describe(CollectiveType::kReduce, dtype, buf.numel, op, root), [this, buf, dtype, op, root](uint64_t seq) {
     runReduce(*this, seq, buf, dtype, op, root);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root,
                               Done done, CallHooks hooks) {
-  return enqueue(describe(CollectiveType::kGather, dtype, in.numel, ReduceOp::kSum, root),
+  return enqueue(sigOf(CollectiveType::kGather, dtype, in.numel, ReduceOp::kSum, root), describe(CollectiveType::kGather, dtype, in.numel, ReduceOp::kSum, root),
                  [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
     runGather(*this, seq, in, outs, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
@@ -105,7 +110,7 @@ uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtyp
 
 uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root,
                                Done done, CallHooks hooks) {
-  return enqueue(describe(CollectiveType::kScatter, dtype, out.numel, ReduceOp::kSum, root),
+  return enqueue(sigOf(CollectiveType::kScatter, dtype, out.numel, ReduceOp::kSum, root), describe(CollectiveType::kScatter, dtype, out.numel, ReduceOp::kSum, root),
                  [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
     runScatter(*this, seq, ins, out, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
@@ -113,8 +118,8 @@ uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dty
 
 uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs,
                                 DataType dtype, Done done, CallHooks hooks) {
-  std::string what = describe(CollectiveType::kAlltoall, dtype, total(ins));
-  return enqueue(std::move(what), [this, ins = std::move(ins), outs = std::move(outs),
+  const CollectiveSignature sig = sigOf(CollectiveType::kAlltoall, dtype, total(ins));
+  return enqueue(sig, sig.describe(), [this, ins = std::move(ins), outs = std::move(outs),
                               dtype](uint64_t seq) { runAlltoall(*this, seq, ins, outs, dtype); },
                  std::move(done), nullptr, std::move(hooks));
 }

@@ -120,6 +120,7 @@ class Communicator {
 
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
+  const std::string& name() const { return opts_.name; }  // the group's, for logs and the timeline
   const std::string& provider() const { return provider_; }
   const std::string& providerReason() const { return providerReason_; }
   // True when allreduce runs through the fusion-buffer scheduler over the
@@ -283,6 +284,7 @@ class Communicator {
     std::shared_ptr<FusibleCall> fusible;  // an allreduce the scheduler may fuse
     std::chrono::steady_clock::time_point queuedAt{};  // for the debug log
     std::function<void()> prepare;         // CallHooks::prepare, or null
+    CollectiveSignature sig{};             // for stats' latency and the timeline
   };
   // A queued allreduce the next batch may still fuse (see fences_).
   struct OpenCall {
@@ -293,7 +295,8 @@ class Communicator {
   // The end of shutdown(), once the worker has exited: the scheduler,
   // point-to-point operations, endpoint, requests and sink.
   void releaseResources();
-  uint64_t enqueue(std::string what, std::function<void(uint64_t)> body, Done done,
+  uint64_t enqueue(const CollectiveSignature& sig, std::string what,
+                   std::function<void(uint64_t)> body, Done done,
                    std::shared_ptr<FusibleCall> fusible = nullptr, CallHooks hooks = {});
   // Under queueMu_: the issued count the fusion leader may fuse below.
   void publishIssuedLocked();
