@@ -92,10 +92,15 @@ def find_step(allreduces: list[dict], step: int = -1, calls_per_step: int | None
     shortest period of the sequence of call sizes; ``step`` counts steps
     from the end (-1: the last). Without a period, every call."""
     sizes = [s["bytes"] for s in allreduces]
+    n = len(sizes)
     p = calls_per_step
     if p is None:
-        for cand in range(1, len(sizes) // 2 + 1):
-            if sizes[-cand:] == sizes[-2 * cand:-cand]:
+        # The shortest period that holds over the later half of the run at
+        # least (and two periods): equal sizes of neighbouring buckets
+        # cannot pass for a step.
+        for cand in range(1, n // 2 + 1):
+            span = max(2 * cand, (n + 1) // 2)
+            if all(sizes[i] == sizes[i - cand] for i in range(max(cand, n - span), n)):
                 p = cand
                 break
     if not p:
@@ -106,6 +111,13 @@ def find_step(allreduces: list[dict], step: int = -1, calls_per_step: int | None
 
 
 # ---- plot ------------------------------------------------------------------
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
 
 _PHASE_COLOURS = {"plan": "#d0d0d0", "copy in": "#4c9f70", "combine": "#d1495b",
                   "copy out": "#6a4c93"}
@@ -169,12 +181,18 @@ def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
         ops = [(e["ts"] + off, e.get("dur", 0)) for e in profiles[r]
                if e.get("ph") == "X" and str(e.get("name", "")).startswith(
                    "autograd::engine::evaluate_function")]
-        ops = [(t, d) for t, d in ops if t + d >= lo - (hi - lo) and t <= hi]
+        # This step's backward began after the previous step's last bucket
+        # completed (its optimizer step waited for it).
+        by_seq = {s["seq"]: s for s in per_rank[r][2]}
+        prev = by_seq.get(seqs[0] - 1)
+        floor = prev["end"] if prev else lo - (hi - lo)
+        ops = [(t, d) for t, d in ops if t >= floor and t <= hi]
         if ops:
             backward[r] = ops
             lo = min(lo, min(t for t, _ in ops))
     cmap = plt.get_cmap("tab20")
     rows = []  # (label, [(start, width, colour)])
+    labels = []  # (row, begin, end, text): bucket sizes on the allreduce bars
     for r in ranks:
         spans, group, allreduces = per_rank[r]
         if r in backward:
@@ -182,6 +200,8 @@ def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
         calls = [(s["begin"], s["end"] - s["begin"], cmap(bucket_of[s["seq"]] % 20))
                  for s in allreduces if s["seq"] in bucket_of]
         rows.append((f"rank {r} allreduce", calls))
+        labels.extend((len(rows) - 1, s["begin"], s["end"], _size(s["bytes"]))
+                      for s in allreduces if s["seq"] in bucket_of)
         engine = []
         for e in timelines[r]:
             if e.get("ph") != "X" or e["ts"] > hi or e["ts"] + e["dur"] < lo:
@@ -189,9 +209,9 @@ def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
             if e.get("args", {}).get("group") != group:
                 continue
             if e.get("cat") == "batch":
-                engine.append((e["ts"], e["dur"], "#1f77b4"))
+                engine.append((e["ts"], e["dur"], "#34495e"))
             elif e.get("cat") == "run":
-                engine.append((e["ts"], e["dur"], "#1f77b4"))
+                engine.append((e["ts"], e["dur"], "#34495e"))
         rows.append((f"rank {r} engine", engine))
         phases = [(e["ts"], e["dur"], _PHASE_COLOURS.get(e["name"], "k"))
                   for e in timelines[r] if e.get("ph") == "X" and e.get("cat") == "shm"
@@ -203,20 +223,24 @@ def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
         for start, width, colour in bars:
             ax.broken_barh([((start - lo) / 1000.0, max(width, 1.0) / 1000.0)],
                            (y - 0.38, 0.76), facecolors=colour, edgecolor="none")
+    for y, begin, end, text in labels:
+        if (end - begin) / (hi - lo) > 0.06:
+            ax.text((begin - lo) / 1000.0 + 0.002 * (hi - lo) / 1000.0, y, text, va="center",
+                    ha="left", fontsize=7, color="white", clip_on=True)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([label for label, _ in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, (hi - lo) / 1000.0)
     ax.set_xlabel("ms")
     ax.grid(axis="x", alpha=0.3)
-    legend = [Patch(color="#1f77b4", label="fusion batch")]
+    legend = [Patch(color="#34495e", label="fusion batch")]
     legend += [Patch(color=c, label=n) for n, c in _PHASE_COLOURS.items()]
     if backward:
         legend.append(Patch(color="#9e9e9e", label="backward (torch.profiler)"))
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=7,
               fontsize=8, frameon=False)
-    ax.set_title(title or f"one step: {len(seqs)} allreduce call(s) (one colour per bucket), "
-                          f"{len(ranks)} rank(s)", fontsize=10)
+    ax.set_title(title or f"one DDP step on {len(ranks)} rank(s): {len(seqs)} bucket allreduce(s) "
+                          "(queued to completed, one colour per bucket)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
