@@ -147,9 +147,13 @@ def test_timeline_tracks_calls_batches_and_steps(job):
         per_rank.append((mine, [b["args"]["seqs"] for b in batches]))
     # every rank fused the same calls
     assert per_rank[0][1] == per_rank[1][1]
-    # the two ranks' spans of one call overlap in time (one clock per host)
+    # the two ranks' spans of one allreduce overlap in time (one clock per
+    # host): neither rank can finish before the other issued it. (A
+    # broadcast root may finish before a receiver issues its call.)
     (a, _), (b, _) = per_rank
-    for seq in set(a) & set(b):
+    common = [s for s in set(a) & set(b) if a[s]["collective"] == "allreduce"]
+    assert len(common) >= 40
+    for seq in common:
         assert max(a[seq]["begin"], b[seq]["begin"]) <= min(a[seq]["end"], b[seq]["end"]), seq
 
 
