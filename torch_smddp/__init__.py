@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 from . import _C  # noqa: E402  (needs torch.distributed's pybind types first)
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "stats", "flight_recorder", "ProcessGroupSmddp"]
+__all__ = ["__version__", "stats", "reset_stats", "flight_recorder", "ProcessGroupSmddp"]
 
 ProcessGroupSmddp = _C.ProcessGroupSmddp
 
@@ -51,13 +51,28 @@ def _backend_of(group=None):
     return backend
 
 
-def stats(group=None) -> dict:
+def stats(group=None, reset: bool = False) -> dict:
     """Engine counters of ``group`` (default: the world group).
 
     bytes sent and received, fusion buffers flushed and their mean fill,
     chunks in flight, server reduce time, rejected frames and errors.
+    ``collective_counts`` maps each collective ("allreduce", "broadcast",
+    ...) to the calls completed; ``latency`` maps it to one entry per size
+    class (power-of-4 bytes: ``min_bytes`` .. ``max_bytes``) with ``count``,
+    ``mean_us``, ``p50_us`` and ``p99_us``, the time from queued to
+    completed, read from log-spaced bins (two per octave, so within a factor
+    sqrt(2)). With ``reset=True`` the counters are zeroed after reading.
     """
-    return _backend_of(group).stats()
+    backend = _backend_of(group)
+    out = backend.stats()
+    if reset:
+        backend.reset_stats()
+    return out
+
+
+def reset_stats(group=None) -> None:
+    """Zeroes ``group``'s counters and latency histograms (see stats())."""
+    _backend_of(group).reset_stats()
 
 
 def flight_recorder(group=None) -> list:

@@ -1,32 +1,301 @@
-"""``python -m torch_smddp.trace``: smddp's offline diagnostics.
+"""smddp's offline tools: SMDDP_TIMELINE files (one Chrome/Perfetto
+trace-event JSON per rank) and flight-recorder dumps (SMDDP_DEBUG_DIR).
 
-``analyze DIR``: reads the flight-recorder dumps a failed job left in
-``SMDDP_DEBUG_DIR`` and prints, per group, the desync report (which rank is
-behind, on which call) and each rank's last calls.
+    python -m torch_smddp.trace plot DIR --out step.png [--step -1] [--profile PATTERN]
+    python -m torch_smddp.trace analyze DIR [--last 5]
+
+``analyze`` reads the flight-recorder dumps a failed job left in
+``SMDDP_DEBUG_DIR`` and prints, per group, the desync report its error
+carried (which rank is behind, on which call) and each rank's last calls
+(torch_smddp/flight.py).
+
+``plot`` draws one DDP step across ranks: for every rank, each allreduce
+(queued to completed, one colour per bucket), the engine's work (fusion
+batches and their shared-memory phases: plan, copy in, combine, copy out) and,
+when a torch.profiler trace of that rank is given or found in DIR
+(``profile.rank<R>.json``), the backward pass's autograd ops.
+
+Each subcommand lives in its own function; ``main`` only parses arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import json
+import os
+import re
 import sys
 
+_RANK_FILE = re.compile(r"\.rank(\d+)\.json$")
 
-def cmd_analyze(args) -> int:
+
+# ---- reading ---------------------------------------------------------------
+
+def load_timelines(directory: str) -> dict[int, list[dict]]:
+    """{rank: events} of the SMDDP_TIMELINE files in ``directory``.
+
+    A timeline file is a JSON array of trace events whose name ends in
+    ``.rank<R>.json`` (a torch.profiler export is an object, and is skipped).
+    """
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        m = _RANK_FILE.search(path)
+        if not m:
+            continue
+        with open(path) as f:
+            data = json.load(f)
+        if isinstance(data, list):
+            out[int(m.group(1))] = data
+    return out
+
+
+def load_profiles(directory: str, pattern: str | None = None) -> dict[int, list[dict]]:
+    """{rank: events} of torch.profiler chrome traces: ``pattern`` with
+    ``{rank}``, else ``DIR/*.rank<R>.json`` files that hold an object with
+    ``traceEvents`` (what ``prof.export_chrome_trace`` writes)."""
+    paths = {}
+    if pattern:
+        for path in glob.glob(pattern.replace("{rank}", "*")):
+            m = re.fullmatch(re.escape(pattern).replace(r"\{rank\}", r"(\d+)"), path)
+            if m:
+                paths[int(m.group(1))] = path
+    else:
+        for path in glob.glob(os.path.join(directory, "*.json")):
+            m = _RANK_FILE.search(path)
+            if m:
+                paths[int(m.group(1))] = path
+    out = {}
+    for rank, path in paths.items():
+        with open(path) as f:
+            data = json.load(f)
+        if isinstance(data, dict) and "traceEvents" in data:
+            out[rank] = data["traceEvents"]
+    return out
+
+
+def collective_spans(events: list[dict]) -> list[dict]:
+    """The collectives of one timeline: begin args plus ``begin``/``end`` (us)."""
+    ends = {e["id"]: e for e in events if e.get("ph") == "e" and e.get("cat") == "collective"}
+    out = []
+    for e in events:
+        if e.get("ph") == "b" and e.get("cat") == "collective" and e["id"] in ends:
+            out.append({**e["args"], "begin": e["ts"], "end": ends[e["id"]]["ts"]})
+    out.sort(key=lambda s: (s["group"], s["seq"]))
+    return out
+
+
+def _main_group(spans: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for s in spans:
+        if s["collective"] == "allreduce":
+            counts[s["group"]] = counts.get(s["group"], 0) + 1
+    return max(counts, key=counts.get) if counts else ""
+
+
+def find_step(allreduces: list[dict], step: int = -1, calls_per_step: int | None = None):
+    """The allreduces of one DDP step. DDP issues the same buckets in the
+    same order every step (after the first), so the step length is the
+    shortest period of the sequence of call sizes; ``step`` counts steps
+    from the end (-1: the last). Without a period, every call."""
+    sizes = [s["bytes"] for s in allreduces]
+    n = len(sizes)
+    p = calls_per_step
+    if p is None:
+        # The shortest period that holds over the later half of the run at
+        # least (and two periods): equal sizes of neighbouring buckets
+        # cannot pass for a step.
+        for cand in range(1, n // 2 + 1):
+            span = max(2 * cand, (n + 1) // 2)
+            if all(sizes[i] == sizes[i - cand] for i in range(max(cand, n - span), n)):
+                p = cand
+                break
+    if not p:
+        return allreduces
+    end = len(allreduces) + (step + 1) * p if step < 0 else (step + 1) * p
+    start = max(0, end - p)
+    return allreduces[start:end] or allreduces
+
+
+# ---- plot ------------------------------------------------------------------
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+_PHASE_COLOURS = {"plan": "#d0d0d0", "copy in": "#4c9f70", "combine": "#d1495b",
+                  "copy out": "#6a4c93"}
+
+
+def _align_profile(prof: list[dict], spans_by_seq: dict[int, dict]) -> float | None:
+    """Offset (us) to add to the profiler's timestamps to land on the
+    timeline's clock: matched through record_param_comms events, which the
+    backend records when it issues a call (their "Seq" is the call's)."""
+    offsets = []
+    for e in prof:
+        if e.get("name") != "record_param_comms" or e.get("ph") != "X":
+            continue
+        seq = e.get("args", {}).get("Seq")
+        if seq is None or int(seq) not in spans_by_seq:
+            continue
+        offsets.append(spans_by_seq[int(seq)]["begin"] - e["ts"])
+    if not offsets:
+        return None
+    offsets.sort()
+    return offsets[len(offsets) // 2]
+
+
+def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
+         calls_per_step: int | None = None, title: str | None = None) -> str:
+    """Draws one step across ranks into ``out`` (PNG); returns ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    timelines = load_timelines(directory)
+    if not timelines:
+        raise SystemExit(f"no SMDDP_TIMELINE files (*.rank<R>.json) in {directory}")
+    profiles = load_profiles(directory, profile)
+    ranks = sorted(timelines)
+    per_rank = {}
+    for r in ranks:
+        spans = collective_spans(timelines[r])
+        group = _main_group(spans)
+        allreduces = [s for s in spans if s["group"] == group and s["collective"] == "allreduce"]
+        per_rank[r] = (spans, group, allreduces)
+    # The step is chosen on rank 0 (every rank made the same calls).
+    r0 = ranks[0]
+    chosen = find_step(per_rank[r0][2], step, calls_per_step)
+    seqs = [s["seq"] for s in chosen]
+    bucket_of = {seq: i for i, seq in enumerate(seqs)}
+    lo = min(s["begin"] for r in ranks for s in per_rank[r][2] if s["seq"] in bucket_of)
+    hi = max(s["end"] for r in ranks for s in per_rank[r][2] if s["seq"] in bucket_of)
+    pad = max((hi - lo) * 0.05, 50.0)
+    lo, hi = lo - pad, hi + pad
+    # With a profile, the step's backward starts before its first bucket.
+    backward = {}
+    for r in ranks:
+        if r not in profiles:
+            continue
+        off = _align_profile(profiles[r], {s["seq"]: s for s in per_rank[r][2]})
+        if off is None:
+            continue
+        ops = [(e["ts"] + off, e.get("dur", 0)) for e in profiles[r]
+               if e.get("ph") == "X" and str(e.get("name", "")).startswith(
+                   "autograd::engine::evaluate_function")]
+        # This step's backward began after the previous step's last bucket
+        # completed (its optimizer step waited for it).
+        by_seq = {s["seq"]: s for s in per_rank[r][2]}
+        prev = by_seq.get(seqs[0] - 1)
+        floor = prev["end"] if prev else lo - (hi - lo)
+        ops = [(t, d) for t, d in ops if t >= floor and t <= hi]
+        if ops:
+            backward[r] = ops
+            lo = min(lo, min(t for t, _ in ops))
+    cmap = plt.get_cmap("tab20")
+    rows = []  # (label, [(start, width, colour)])
+    labels = []  # (row, begin, end, text): bucket sizes on the allreduce bars
+    for r in ranks:
+        spans, group, allreduces = per_rank[r]
+        if r in backward:
+            rows.append((f"rank {r} backward", [(t, d, "#9e9e9e") for t, d in backward[r]]))
+        calls = [(s["begin"], s["end"] - s["begin"], cmap(bucket_of[s["seq"]] % 20))
+                 for s in allreduces if s["seq"] in bucket_of]
+        rows.append((f"rank {r} allreduce", calls))
+        labels.extend((len(rows) - 1, s["begin"], s["end"], _size(s["bytes"]))
+                      for s in allreduces if s["seq"] in bucket_of)
+        engine = []
+        for e in timelines[r]:
+            if e.get("ph") != "X" or e["ts"] > hi or e["ts"] + e["dur"] < lo:
+                continue
+            if e.get("args", {}).get("group") != group:
+                continue
+            if e.get("cat") == "batch":
+                engine.append((e["ts"], e["dur"], "#34495e"))
+            elif e.get("cat") == "run":
+                engine.append((e["ts"], e["dur"], "#34495e"))
+        rows.append((f"rank {r} engine", engine))
+        phases = [(e["ts"], e["dur"], _PHASE_COLOURS.get(e["name"], "k"))
+                  for e in timelines[r] if e.get("ph") == "X" and e.get("cat") == "shm"
+                  and e.get("args", {}).get("group") == group
+                  and lo <= e["ts"] <= hi]
+        rows.append((f"rank {r} shm steps", phases))
+    fig, ax = plt.subplots(figsize=(11, 0.55 * len(rows) + 1.6))
+    for y, (_label, bars) in enumerate(rows):
+        for start, width, colour in bars:
+            ax.broken_barh([((start - lo) / 1000.0, max(width, 1.0) / 1000.0)],
+                           (y - 0.38, 0.76), facecolors=colour, edgecolor="none")
+    for y, begin, end, text in labels:
+        if (end - begin) / (hi - lo) > 0.06:
+            ax.text((begin - lo) / 1000.0 + 0.002 * (hi - lo) / 1000.0, y, text, va="center",
+                    ha="left", fontsize=7, color="white", clip_on=True)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([label for label, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, (hi - lo) / 1000.0)
+    ax.set_xlabel("ms")
+    ax.grid(axis="x", alpha=0.3)
+    legend = [Patch(color="#34495e", label="fusion batch")]
+    legend += [Patch(color=c, label=n) for n, c in _PHASE_COLOURS.items()]
+    if backward:
+        legend.append(Patch(color="#9e9e9e", label="backward (torch.profiler)"))
+    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=7,
+              fontsize=8, frameon=False)
+    ax.set_title(title or f"one DDP step on {len(ranks)} rank(s): {len(seqs)} bucket allreduce(s) "
+                          "(queued to completed, one colour per bucket)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+# ---- command line ----------------------------------------------------------
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    out = plot(args.dir, args.out, step=args.step, profile=args.profile,
+               calls_per_step=args.calls_per_step, title=args.title)
+    print(out)
+    return 0
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
     from .flight import analyze
 
     print(analyze(args.dir, last=args.last))
     return 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torch_smddp.trace", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    a = sub.add_parser("analyze", help="desync report and last calls from a dump directory")
-    a.add_argument("dir", help="SMDDP_DEBUG_DIR of the failed job")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m torch_smddp.trace",
+                                     description="Tools for SMDDP_TIMELINE trace files and "
+                                                 "flight-recorder dumps.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("analyze", help="desync report and last calls from flight-recorder dumps")
+    a.add_argument("dir", help="the SMDDP_DEBUG_DIR of the failed job")
     a.add_argument("--last", type=int, default=5, help="calls to show per rank (default 5)")
-    a.set_defaults(func=cmd_analyze)
-    args = p.parse_args(argv)
+    a.set_defaults(func=_cmd_analyze)
+    p = sub.add_parser("plot", help="draw one DDP step across ranks")
+    p.add_argument("dir", help="directory holding the timeline.rank<R>.json files")
+    p.add_argument("--out", required=True, help="PNG to write")
+    p.add_argument("--step", type=int, default=-1,
+                   help="which step: negative counts from the end (default -1, the last)")
+    p.add_argument("--calls-per-step", type=int, default=None,
+                   help="allreduce calls per step (default: the period of the call sizes)")
+    p.add_argument("--profile", default=None,
+                   help="torch.profiler chrome traces, with {rank} (default: "
+                        "DIR/*.rank<R>.json files that are profiler exports)")
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=_cmd_plot)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -5,7 +5,11 @@
 // once and names the collective.
 #pragma once
 
+#include <ATen/record_function.h>
+#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
+
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include "backend/call_support.h"
@@ -23,12 +27,60 @@ struct EngineCall {
   std::vector<std::function<uint64_t(smddp::Communicator::Done, smddp::CallHooks)>> parts;
 };
 
+// The collective's name in torch.profiler's record_param_comms events, as
+// ProcessGroupNCCL names its own.
+inline const char* paramCommsName(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::ALLREDUCE: return "allreduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
+    case c10d::OpType::BROADCAST: return "broadcast";
+    case c10d::OpType::ALLGATHER: return "all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "_allgather_base";
+    case c10d::OpType::ALLGATHER_COALESCED: return "all_gather_coalesced";
+    case c10d::OpType::COALESCED: return "allgather_into_tensor_coalesced";
+    case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "_reduce_scatter_base";
+    case c10d::OpType::ALLTOALL: return "all_to_all";
+    case c10d::OpType::ALLTOALL_BASE: return "all_to_allv";
+    case c10d::OpType::REDUCE: return "reduce";
+    case c10d::OpType::GATHER: return "gather";
+    case c10d::OpType::SCATTER: return "scatter";
+    case c10d::OpType::BARRIER: return "barrier";
+    default: return "unknown";
+  }
+}
+
+inline int64_t totalNumel(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += t.numel();
+  return n;
+}
+
 // The parts run here, before submit() returns, so they may capture the
 // caller's locals by reference.
 inline c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::submit(
     c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs, EngineCall& call) {
   if (checkingOnly()) return {};
+  if (C10_UNLIKELY(at::hasCallbacks())) {
+    // Under torch.profiler (or any RecordFunction observer): a
+    // record_param_comms range over the enqueue, with the collective's
+    // name, sizes and dtype, as ProcessGroupNCCL records. Without an
+    // observer this costs one branch.
+    const at::Tensor* first = !inputs.empty() ? &inputs[0] : !outputs.empty() ? &outputs[0] : nullptr;
+    const auto dtype = first ? first->scalar_type() : at::kByte;
+    RECORD_PARAM_COMMS_DATA(std::make_tuple(static_cast<int64_t>(comm_->nextSequence()), false),
+                            std::make_tuple(groupName_, std::string("smddp")), inputs, outputs,
+                            rank_, paramCommsName(type), totalNumel(inputs), totalNumel(outputs),
+                            dtype, std::vector<int64_t>(), std::vector<int64_t>(), -1, -1, size_);
+    return submitParts(type, title, std::move(outputs), inputs, call);
+  }
+  return submitParts(type, title, std::move(outputs), inputs, call);
+}
+
+inline c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::submitParts(
+    c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+    const std::vector<at::Tensor>& inputs, EngineCall& call) {
   return guarded([&] {
     return launchParts(rank_, type, title, std::move(outputs), inputs, call.staging,
                        static_cast<int>(call.parts.size()),

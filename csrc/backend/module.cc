@@ -10,6 +10,8 @@
 #include "common/param.h"
 #include "engine/flight_recorder.h"
 #include "engine/reduce_kernels.h"
+#include "engine/stats.h"
+#include "engine/timeline.h"
 #include "transport/fabric.h"
 
 namespace py = pybind11;
@@ -131,6 +133,31 @@ PYBIND11_MODULE(_C, m) {
         d["allreduce_path"] = pg.allreducePath();
         d["reduction_servers"] = pg.reductionServers();
         d["device_calls"] = pg.deviceCalls();
+        // Per collective: calls, and per size class (power-of-4 bytes)
+        // the count and latency (queued to completed) percentiles, read
+        // from log-spaced bins (within a factor sqrt(2)).
+        py::dict counts;
+        py::dict latency;
+        for (const auto& c : pg.latencyStats()) {
+          const char* name = smddp::toString(static_cast<smddp::CollectiveType>(c.collective));
+          py::str key(name);
+          counts[key] = (counts.contains(key) ? counts[key].cast<uint64_t>() : 0) + c.count;
+          if (!latency.contains(key)) latency[key] = py::list();
+          py::dict cell;
+          const uint64_t lo = c.sizeClass == 0 ? 0 : uint64_t{1} << (2 * c.sizeClass);
+          cell["size_class"] = c.sizeClass;
+          cell["min_bytes"] = lo;
+          cell["max_bytes"] = c.sizeClass == smddp::LatencyHistograms::kSizeClasses - 1
+                                  ? py::object(py::none())
+                                  : py::object(py::int_((uint64_t{1} << (2 * c.sizeClass + 2)) - 1));
+          cell["count"] = c.count;
+          cell["mean_us"] = c.meanUs;
+          cell["p50_us"] = c.p50Us;
+          cell["p99_us"] = c.p99Us;
+          latency[key].cast<py::list>().append(cell);
+        }
+        d["collective_counts"] = counts;
+        d["latency"] = latency;
         return d;
       })
       // The flight recorder's entries, oldest first (torch_smddp.flight_recorder).
@@ -147,6 +174,7 @@ PYBIND11_MODULE(_C, m) {
         for (const auto& e : rec->entries()) out.append(entryToDict(e, steadyNow, wallNow));
         return out;
       })
+      .def("reset_stats", &ProcessGroupSmddp::resetStats)
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
       .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)
       // Where this group instance's keys live in its store (tests read them).
@@ -198,5 +226,15 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(a.interface, a.address);
   });
   m.def("reduce_kernel_isa", &smddp::reduceKernelIsa);
+  // SMDDP_TIMELINE: the file this process writes ("" when not recording),
+  // and a flush (the file is complete JSON after it).
+  m.def("timeline_path", &smddp::timeline::path);
+  m.def("timeline_flush", &smddp::timeline::flush, py::call_guard<py::gil_scoped_release>());
+  // Latency histogram geometry, for tests: (bin index, low us, high us) of a latency in ns.
+  m.def("latency_bin", [](uint64_t ns) {
+    const int b = smddp::LatencyHistograms::bin(ns);
+    return py::make_tuple(b, smddp::LatencyHistograms::binLowUs(b),
+                          smddp::LatencyHistograms::binHighUs(b));
+  });
   m.attr("built_with_torch") = SMDDP_BUILT_WITH_TORCH;
 }

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include "backend/work.h"
 #include "common/error.h"
+#include "engine/timeline.h"
 
 namespace c10d_smddp {
 
@@ -39,6 +40,9 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
       timeout_(timeout),
       hostOnly_(hostOnly) {
   if (!hostOnly_) simDevice_ = deviceSimRequested();
+  // SMDDP_TIMELINE: the first group of the process (the world group) opens
+  // the file named after its rank.
+  smddp::timeline::configure(rank);
   StoreBootstrap boot(store);
   smddp::CommOptions opts;
   opts.rank = rank;
@@ -77,6 +81,8 @@ void ProcessGroupSmddp::shutdown() {
     if (device_) device_->shutdown();
   }
   if (comm_) comm_->shutdown();
+  // destroy_process_group() and exit leave a complete timeline file.
+  smddp::timeline::flush();
 }
 
 DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::Tensor& first,

@@ -102,6 +102,15 @@ class ProcessGroupSmddp : public c10d::Backend {
   static void shutdownAll();
 
   smddp::Stats stats() const { return comm_ ? comm_->stats() : smddp::Stats{}; }
+  // Per (collective, size class) counts and latency percentiles.
+  std::vector<smddp::LatencyHistograms::Cell> latencyStats() const {
+    return comm_ ? comm_->counters().latency.cells()
+                 : std::vector<smddp::LatencyHistograms::Cell>{};
+  }
+  // torch_smddp.reset_stats(): every counter back to zero.
+  void resetStats() {
+    if (comm_) comm_->counters().reset();
+  }
   std::string provider() const { return comm_ ? comm_->provider() : ""; }
   // "shared-memory" when allreduce runs through the host segment, else the
   // libfabric provider.
@@ -185,6 +194,10 @@ class ProcessGroupSmddp : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* title,
                                         std::vector<at::Tensor> outputs,
                                         const std::vector<at::Tensor>& inputs, EngineCall& call);
+  c10::intrusive_ptr<c10d::Work> submitParts(c10d::OpType type, const char* title,
+                                             std::vector<at::Tensor> outputs,
+                                             const std::vector<at::Tensor>& inputs,
+                                             EngineCall& call);
   // Runs f (which queues one call and returns its Work): engine errors
   // raised while queueing become DistBackendError, and the Work is recorded
   // when a coalescing block is open.

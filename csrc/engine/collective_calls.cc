@@ -12,7 +12,9 @@ namespace smddp {
 
 namespace {
 
-// What a call is, for messages, the debug log and the flight recorder.
+// What a call is: its signature (stats' latency, the timeline) and, from
+// it, its text for messages and the debug log ("allreduce(SUM, float32,
+// 1024 elements)").
 CollectiveSignature sigOf(CollectiveType c, DataType dtype, uint64_t numel,
                           ReduceOp op = ReduceOp::kSum, int root = -1) {
   return CollectiveSignature{c, dtype, op, numel, root};
@@ -44,63 +46,67 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
     fusible->dtype = dtype;
     fusible->op = op;
     for (const auto& b : fusible->bufs) fusible->numel += b.numel;
-    const auto sig = sigOf(CollectiveType::kAllreduce, dtype, fusible->numel, op);
-    return enqueue(sig.describe(), &sig, [this, f = fusible](uint64_t seq) {
+    const CollectiveSignature sig = sigOf(CollectiveType::kAllreduce, dtype, fusible->numel, op);
+    return enqueue(sig, sig.describe(),
+                   [this, f = fusible](uint64_t seq) {
       runAllreduce(*this, seq, f->bufs, f->dtype, f->op);
     }, std::move(done), fusible, std::move(hooks));
   }
-  const auto sig = sigOf(CollectiveType::kAllreduce, dtype, total(bufs), op);
-  return enqueue(sig.describe(), &sig, [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
+  const CollectiveSignature sig = sigOf(CollectiveType::kAllreduce, dtype, total(bufs), op);
+  return enqueue(sig, sig.describe(), [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
     runAllreduce(*this, seq, bufs, dtype, op);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int root, Done done,
                                  CallHooks hooks) {
-  const auto sig = sigOf(CollectiveType::kBroadcast, dtype, total(bufs), ReduceOp::kSum, root);
-  return enqueue(sig.describe(), &sig, [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
+  const CollectiveSignature sig =
+      sigOf(CollectiveType::kBroadcast, dtype, total(bufs), ReduceOp::kSum, root);
+  return enqueue(sig, sig.describe(), [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
     runBroadcast(*this, seq, bufs, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done,
                                  CallHooks hooks) {
-  const auto sig = sigOf(CollectiveType::kAllgather, dtype, in.numel);
-  return enqueue(sig.describe(), &sig, [this, in, outs = std::move(outs), dtype](uint64_t seq) {
+  const CollectiveSignature sig = sigOf(CollectiveType::kAllgather, dtype, in.numel);
+  return enqueue(sig, sig.describe(), [this, in, outs = std::move(outs), dtype](uint64_t seq) {
     runAllgather(*this, seq, in, outs, dtype);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::barrier(Done done) {
-  return enqueue("barrier", nullptr, [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
+  return enqueue(sigOf(CollectiveType::kBarrier, DataType::kUInt8, 0), "barrier",
+                 [this](uint64_t seq) { runBarrier(*this, seq); }, std::move(done));
 }
 
 uint64_t Communicator::monitoredBarrier(std::chrono::milliseconds timeout, Done done) {
-  return enqueue("monitored_barrier", nullptr, [this, timeout](uint64_t seq) {
+  return enqueue(sigOf(CollectiveType::kBarrier, DataType::kUInt8, 0), "monitored_barrier",
+                 [this, timeout](uint64_t seq) {
     runMonitoredBarrier(*this, seq, timeout);
   }, std::move(done));
 }
 
 uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,
                                      ReduceOp op, Done done, CallHooks hooks) {
-  const auto sig = sigOf(CollectiveType::kReduceScatter, dtype, out.numel, op);
-  return enqueue(sig.describe(), &sig, [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
+  const CollectiveSignature sig = sigOf(CollectiveType::kReduceScatter, dtype, out.numel, op);
+  return enqueue(sig, sig.describe(), [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
     runReduceScatter(*this, seq, ins, out, dtype, op);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done,
                               CallHooks hooks) {
-  const auto sig = sigOf(CollectiveType::kReduce, dtype, buf.numel, op, root);
-  return enqueue(sig.describe(), &sig, [this, buf, dtype, op, root](uint64_t seq) {
+  const CollectiveSignature sig = sigOf(CollectiveType::kReduce, dtype, buf.numel, op, root);
+  return enqueue(sig, sig.describe(), [this, buf, dtype, op, root](uint64_t seq) {
     runReduce(*this, seq, buf, dtype, op, root);
   }, std::move(done), nullptr, std::move(hooks));
 }
 
 uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root,
                               Done done, CallHooks hooks) {
-  const auto sig = sigOf(CollectiveType::kGather, dtype, in.numel, ReduceOp::kSum, root);
-  return enqueue(sig.describe(), &sig,
+  const CollectiveSignature sig = sigOf(CollectiveType::kGather, dtype, in.numel, ReduceOp::kSum, root);
+  return enqueue(sig, sig.describe(),
                  [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
     runGather(*this, seq, in, outs, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
@@ -108,8 +114,8 @@ uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtyp
 
 uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root,
                                Done done, CallHooks hooks) {
-  const auto sig = sigOf(CollectiveType::kScatter, dtype, out.numel, ReduceOp::kSum, root);
-  return enqueue(sig.describe(), &sig,
+  const CollectiveSignature sig = sigOf(CollectiveType::kScatter, dtype, out.numel, ReduceOp::kSum, root);
+  return enqueue(sig, sig.describe(),
                  [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
     runScatter(*this, seq, ins, out, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
@@ -117,8 +123,8 @@ uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dty
 
 uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs,
                                 DataType dtype, Done done, CallHooks hooks) {
-  const auto sig = sigOf(CollectiveType::kAlltoall, dtype, total(ins));
-  return enqueue(sig.describe(), &sig, [this, ins = std::move(ins), outs = std::move(outs),
+  const CollectiveSignature sig = sigOf(CollectiveType::kAlltoall, dtype, total(ins));
+  return enqueue(sig, sig.describe(), [this, ins = std::move(ins), outs = std::move(outs),
                               dtype](uint64_t seq) { runAlltoall(*this, seq, ins, outs, dtype); },
                  std::move(done), nullptr, std::move(hooks));
 }

@@ -123,6 +123,7 @@ class Communicator {
   // --- Identity and configuration (any thread) ---
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
+  const std::string& name() const { return opts_.name; }  // the group's, for logs and the timeline
   const std::string& provider() const { return provider_; }
   const std::string& providerReason() const { return providerReason_; }
   // True when allreduce runs through the fusion-buffer scheduler over the
@@ -253,6 +254,7 @@ class Communicator {
     std::shared_ptr<FusibleCall> fusible;  // an allreduce the scheduler may fuse
     std::chrono::steady_clock::time_point queuedAt{};  // for the debug log
     std::function<void()> prepare;         // CallHooks::prepare, or null
+    CollectiveSignature sig{};             // for stats' latency and the timeline
   };
   // A queued allreduce the next batch may still fuse (see fences_).
   struct OpenCall {
@@ -263,8 +265,7 @@ class Communicator {
   // The end of shutdown(), once the worker has exited: the scheduler,
   // point-to-point operations, endpoint, requests and sink.
   void releaseResources();
-  // `sig` (null for a barrier) is what the flight recorder keeps.
-  uint64_t enqueue(std::string what, const CollectiveSignature* sig,
+  uint64_t enqueue(const CollectiveSignature& sig, std::string what,
                    std::function<void(uint64_t)> body, Done done,
                    std::shared_ptr<FusibleCall> fusible = nullptr, CallHooks hooks = {});
   // Under queueMu_: the issued count the fusion leader may fuse below.

@@ -18,6 +18,7 @@
 #include "engine/fusion_batch.h"
 #include "engine/stall_watch.h"
 #include "engine/stream_copy.h"
+#include "engine/timeline.h"
 
 namespace smddp {
 
@@ -67,9 +68,15 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
   b.idleSince = clock::now();
   b.watch.emplace(comm_, b.what, comm_.timeout());
   b.sigs.push_back(calls[0]->signature());
+  const int64_t tlBegin = timeline::on() ? timeline::nowNs() : 0;
   try {
     if (me_ == 0) lead(b, calls, takeNext);
     else follow(b, calls, takeNext);
+    if (timeline::on()) {
+      timeline::phase(timeline::Phase::kCut, comm_.name(), b.index, b.firstStep,
+                      b.firstStep + b.steps, b.totalNumel * elementSize(b.dtype), tlBegin,
+                      timeline::nowNs());
+    }
     stream(b, calls);
     // Every rank has joined (mismatches found at plan time are recorded
     // before a rank joins), so an abort is visible now or never.
@@ -102,6 +109,10 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
   auto& st = comm_.counters();
   st.fusionFlushes++;
   uint64_t bytes = b.totalNumel * elementSize(b.dtype);
+  if (timeline::on()) {
+    timeline::batch(comm_.name(), b.index, calls[0]->seq, static_cast<uint32_t>(calls.size()),
+                    bytes, b.small, tlBegin, timeline::nowNs());
+  }
   st.fusionBytes += bytes;
   st.fusedCalls += calls.size();
 }
@@ -168,9 +179,18 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
   }
   uint64_t w = f, r = f, c = f;
   if (myServer < 0) r = end;
+  // SMDDP_TIMELINE: one span per run of consecutive steps of a phase.
+  const bool tl = timeline::on();
+  auto mark = [&](timeline::Phase p, uint64_t from, uint64_t to, int64_t t0) {
+    if (to > from) {
+      timeline::phase(p, comm_.name(), b.index, from, to, 0, t0, timeline::nowNs());
+    }
+  };
   while (c < end) {
     const uint32_t seen = seg.wakeValue();
     bool moved = false;
+    int64_t t0 = tl ? timeline::nowNs() : 0;
+    const uint64_t w0 = w;
     // 1. Copy this rank's part of step w into every server's slot. The slot
     //    is free once every rank has copied out step w - depth.
     while (w < end && (w < depth || minOver(ctl.consumed, false) >= w - depth + 1)) {
@@ -187,6 +207,11 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       seg.publish(ctl.written[rank], w);
       moved = true;
     }
+    if (tl) {
+      mark(timeline::Phase::kCopyIn, w0, w, t0);
+      t0 = timeline::nowNs();
+    }
+    const uint64_t r0 = r;
     // 2. As a server: once every rank wrote step r, combine the parts in
     //    rank order (bitwise reproducible) into the result slot.
     while (r < end && minOver(ctl.written, false) >= r + 1) {
@@ -214,6 +239,11 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       seg.publish(ctl.reduced[rank], r);
       moved = true;
     }
+    if (tl) {
+      mark(timeline::Phase::kCombine, r0, r, t0);
+      t0 = timeline::nowNs();
+    }
+    const uint64_t c0 = c;
     // 3. Once every server reduced step c, copy the results out.
     while (c < end && minOver(ctl.reduced, true) >= c + 1) {
       for (int s = 0; s < S; ++s) {
@@ -227,6 +257,7 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       seg.publish(ctl.consumed[rank], c);
       moved = true;
     }
+    if (tl) mark(timeline::Phase::kCopyOut, c0, c, t0);
     if (w - c > st.chunksInFlightMax.load()) st.chunksInFlightMax = w - c;
     if (b.plan->aborted.load() == b.index + 1) idle(b, seen, [] { return std::string(); });
     if (moved) {
@@ -276,8 +307,13 @@ void FusionBufferScheduler::streamSmall(Batch& b, const std::vector<FusibleCall*
   // 1. This rank's whole part into its own slot of step w, once every rank
   //    has finished reading the step that used the slot before.
   if (w >= depth) waitAll(ctl.consumed, w - depth + 1);
+  const bool tl = timeline::on();
+  const uint64_t bytes = count * es;
+  int64_t t0 = tl ? timeline::nowNs() : 0;
   view.read(0, count, seg.contribution(0, rank, w));
   seg.publish(ctl.written[rank], w + 1);
+  if (tl) timeline::phase(timeline::Phase::kCopyIn, comm_.name(), b.index, w, w + 1, bytes, t0,
+                          timeline::nowNs());
   // 2. Once every rank's part is there, combine them all in rank order,
   //    straight into the caller's tensor when the batch is one tensor (a
   //    kernel's output may be one of its inputs: this rank's own part is
@@ -288,10 +324,20 @@ void FusionBufferScheduler::streamSmall(Batch& b, const std::vector<FusibleCall*
   uint8_t* out = view.direct(0, count);
   if (out) inputs[rank] = out;
   uint8_t* result = out ? out : comm_.scratch(count * es);
+  if (tl) t0 = timeline::nowNs();
   // Not a server's work: server_reduce_seconds stays the servers' own.
   reduceOrdered(result, inputs.data(), n, count, b.dtype, b.op, n);
+  if (tl) {
+    const int64_t t1 = timeline::nowNs();
+    timeline::phase(timeline::Phase::kCombine, comm_.name(), b.index, w, w + 1, bytes, t0, t1);
+    t0 = t1;
+  }
   auto& st = comm_.counters();
-  if (!out) view.write(0, count, result, false);
+  if (!out) {
+    view.write(0, count, result, false);
+    if (tl) timeline::phase(timeline::Phase::kCopyOut, comm_.name(), b.index, w, w + 1, bytes,
+                            t0, timeline::nowNs());
+  }
   st.smallBatches++;
   st.bytesSent += count * es * (n - 1);
   st.bytesReceived += count * es * (n - 1);

@@ -15,10 +15,11 @@
 #include "common/logging.h"
 #include "engine/communicator.h"
 #include "engine/fusion_scheduler.h"
+#include "engine/timeline.h"
 
 namespace smddp {
 
-uint64_t Communicator::enqueue(std::string what, const CollectiveSignature* sig,
+uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
                                std::function<void(uint64_t)> body, Done done,
                                std::shared_ptr<FusibleCall> fusible, CallHooks hooks) {
   std::unique_lock<std::mutex> lock(queueMu_);
@@ -28,7 +29,9 @@ uint64_t Communicator::enqueue(std::string what, const CollectiveSignature* sig,
   }
   uint64_t seq = nextSeq_++;
   if (fusible) fusible->seq = seq;
-  if (recorder_) recorder_->queued(seq, sig);
+  if (recorder_) {
+    recorder_->queued(seq, sig.collective == CollectiveType::kBarrier ? nullptr : &sig);
+  }
   if (scheduler_) {
     if (fusible) {
       // Calls already cut into a batch can no longer share one with this
@@ -65,6 +68,8 @@ uint64_t Communicator::enqueue(std::string what, const CollectiveSignature* sig,
                         engineIdle_ && !runningOnCaller_ && queue_.empty();
   t.queuedAt = std::chrono::steady_clock::now();
   t.prepare = std::move(hooks.prepare);
+  t.sig = sig;
+  if (timeline::on()) timeline::issued(opts_.name, seq, sig);
   if (onCaller) {
     runOnCaller(std::move(t), lock);
     return seq;
@@ -136,6 +141,7 @@ void Communicator::workerLoop() {
   // Sleeps between polls are short; the default 50 us timer slack would
   // dominate them.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  if (timeline::on()) timeline::nameThread("engine " + opts_.name);
   while (true) {
     Task task;
     {
@@ -318,6 +324,23 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
       recorder_->ended(t.seq, eptr ? &why : nullptr, static_cast<uint32_t>(tasks.size()));
     }
     if (eptr) dumpFlightRecord(*recorder_, why);
+  }
+  {
+    // stats()' latency per (collective, size class); SMDDP_TIMELINE's spans.
+    const auto finished = std::chrono::steady_clock::now();
+    const bool batched = tasks[0].fusible && scheduler_;
+    for (const Task& t : tasks) {
+      stats_.latency.record(static_cast<int>(t.sig.collective),
+                            t.sig.numel * elementSize(t.sig.dtype),
+                            std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                finished - t.queuedAt).count());
+      if (timeline::on()) {
+        const int64_t end = timeline::toNs(finished);
+        if (!batched) timeline::ran(opts_.name, t.seq, t.sig, timeline::toNs(started), end);
+        timeline::call(opts_.name, t.seq, t.sig, batched ? "shared-memory" : "libfabric",
+                       timeline::toNs(t.queuedAt), end, eptr == nullptr);
+      }
+    }
   }
   for (Task& t : tasks) {
     stats_.collectives++;

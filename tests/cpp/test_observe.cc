@@ -1,0 +1,71 @@
+// Observability helpers: the latency histograms behind stats()' percentiles
+// (engine/stats.h) and the SMDDP_TIMELINE file naming (engine/timeline.h).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "engine/stats.h"
+#include "engine/timeline.h"
+
+using smddp::LatencyHistograms;
+
+TEST_CASE("latency bins are half octaves and hold their values", "[stats]") {
+  for (uint64_t ns : {0ull, 1ull, 999ull, 1000ull, 1414ull, 1415ull, 2000ull, 2829ull, 999999ull,
+                      1000000ull, 123456789ull}) {
+    const int b = LatencyHistograms::bin(ns);
+    const double us = ns / 1000.0;
+    CHECK(LatencyHistograms::binLowUs(b) <= us);
+    CHECK(us < LatencyHistograms::binHighUs(b));
+  }
+  CHECK(LatencyHistograms::bin(1414) == 1);  // 1.414 us < sqrt(2) us
+  CHECK(LatencyHistograms::bin(1415) == 2);
+  CHECK(LatencyHistograms::sizeClass(0) == 0);
+  CHECK(LatencyHistograms::sizeClass(3) == 0);
+  CHECK(LatencyHistograms::sizeClass(4) == 1);
+  CHECK(LatencyHistograms::sizeClass(4095) == 5);
+  CHECK(LatencyHistograms::sizeClass(4096) == 6);
+  CHECK(LatencyHistograms::sizeClass(~0ull) == LatencyHistograms::kSizeClasses - 1);
+}
+
+TEST_CASE("percentiles fall in the bin of the true percentile; reset zeroes", "[stats]") {
+  LatencyHistograms h;
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<double> dist(std::log(50000.0), 1.0);  // ns, around 50 us
+  std::vector<uint64_t> v;
+  for (int i = 0; i < 1000; ++i) {
+    v.push_back(static_cast<uint64_t>(dist(rng)));
+    h.record(1, 4096, v.back());
+  }
+  h.record(2, 10, 5000);
+  std::sort(v.begin(), v.end());
+  auto cells = h.cells();
+  REQUIRE(cells.size() == 2);
+  const auto& c = cells[0];
+  CHECK(c.collective == 1);
+  CHECK(c.sizeClass == 6);
+  CHECK(c.count == 1000);
+  // The q-th value (1-based rank ceil(q n)) lies in the reported bin.
+  for (auto [q, got] : {std::pair{0.5, c.p50Us}, std::pair{0.99, c.p99Us}}) {
+    const uint64_t truth = v[static_cast<size_t>(std::ceil(q * v.size())) - 1];
+    CHECK(LatencyHistograms::bin(truth) ==
+          LatencyHistograms::bin(static_cast<uint64_t>(got * 1000)));
+  }
+  double sum = 0;
+  for (uint64_t x : v) sum += x / 1000.0;
+  CHECK(c.meanUs == Approx(sum / v.size()).epsilon(1e-9));
+  CHECK(cells[1].collective == 2);
+  CHECK(cells[1].count == 1);
+  h.reset();
+  CHECK(h.cells().empty());
+}
+
+TEST_CASE("SMDDP_TIMELINE names one file per rank", "[timeline]") {
+  using smddp::timeline::pathFor;
+  CHECK(pathFor("/tmp/t.json", 3) == "/tmp/t.rank3.json");
+  CHECK(pathFor("/tmp/t-{rank}.trace", 1) == "/tmp/t-1.trace");
+  CHECK(pathFor("/tmp/t", 0) == "/tmp/t.rank0");
+  CHECK_FALSE(smddp::timeline::on());  // unset: nothing records
+}
