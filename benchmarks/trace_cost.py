@@ -1,4 +1,5 @@
-"""What the flight recorder costs: the same calls on two smddp groups over the
+"""What the flight recorder costs: the same calls on two smddp groups (both made
+with new_group, in the order --order gives) over the
 same ranks, one recording (SMDDP_TRACE_BUFFER_SIZE=2000, the default) and
 one not (0), taking turns in ABBA order in the same processes.
 
@@ -35,15 +36,16 @@ def worker(args) -> None:
 
     import torch_smddp
     torch.set_num_threads(1)
-    os.environ.pop("SMDDP_TRACE_BUFFER_SIZE", None)
-    dist.init_process_group("smddp")  # records (the default)
+    dist.init_process_group("gloo")  # barriers and results, outside the timed regions
     rank, world = dist.get_rank(), dist.get_world_size()
-    os.environ["SMDDP_TRACE_BUFFER_SIZE"] = "0"
-    off = dist.new_group(backend="smddp")
+    gloo = None
+    # Two smddp groups made the same way, in the order asked for (--aa: both
+    # record, which measures how much two groups differ by themselves).
+    groups = {}
+    for name in args.order.split(","):
+        os.environ["SMDDP_TRACE_BUFFER_SIZE"] = "2000" if name == "on" or args.aa else "0"
+        groups[name] = dist.new_group(backend="smddp")
     os.environ.pop("SMDDP_TRACE_BUFFER_SIZE")
-    gloo = dist.new_group(backend="gloo")  # barriers outside the timed regions
-    groups = {"on": None, "off": off}
-    assert torch_smddp.flight_recorder(off) == []
     want = float(world * (world + 1) // 2)
     t = torch.empty(1024)
 
@@ -66,7 +68,8 @@ def worker(args) -> None:
         for name in abba_order(("on", "off"), i):
             dist.barrier(group=gloo)
             small[name].append(block(name))
-    assert torch_smddp.flight_recorder(), "the default group records"
+    assert torch_smddp.flight_recorder(groups["on"]), "the 'on' group records"
+    assert bool(torch_smddp.flight_recorder(groups["off"])) == args.aa
 
     models = {}
     for name, g in groups.items():
@@ -121,6 +124,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--order", default="on,off", help="which group is made first (on,off or off,on)")
+    ap.add_argument("--aa", action="store_true", help="both groups record (an A/A control)")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -128,9 +133,10 @@ def main() -> int:
         worker(args)
         return 0
     cmd = [sys.executable, __file__, "--worker", "--rounds", str(args.rounds), "--calls",
-           str(args.calls), "--steps", str(args.steps), "--seq", str(args.seq)]
+           str(args.calls), "--steps", str(args.steps), "--seq", str(args.seq), "--order", args.order] + (["--aa"] if args.aa else [])
     res = launch_ranks(cmd, args.world, args.timeout, "trace cost run")
-    print(f"# flight recorder on (2000) vs off (0), world {args.world}, same processes, ABBA")
+    print(f"# flight recorder on (2000) vs off (0){' [A/A: both on]' if args.aa else ''}, world "
+          f"{args.world}, same processes, ABBA, groups made in the order {args.order}")
     s, d = res["small"], res["step"]
     print(f"4 KiB all_reduce: on {s['median']['on'] * 1e6:.1f} us, off "
           f"{s['median']['off'] * 1e6:.1f} us per call (median of {args.rounds} blocks of "

@@ -240,7 +240,7 @@ void Communicator::shutdown() {
   for (auto& t : leftover) {
     const std::string why = "smddp: " + t.what + " at sequence " + std::to_string(t.seq) +
                             " was not run: the process group was shut down";
-    if (recorder_ && !t.p2p) recorder_->ended(t.seq, &why, 1);
+    if (recorder_ && !t.p2p) recorder_->ended(t.seq, &why, 1, std::chrono::steady_clock::now());
     try {
       t.done(std::make_exception_ptr(Error(ErrorKind::kAborted, why)));
     } catch (...) {

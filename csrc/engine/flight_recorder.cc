@@ -205,8 +205,14 @@ FlightEntry* FlightRecorder::slot(uint64_t seq) {
   return e.seq == seq ? &e : nullptr;
 }
 
-void FlightRecorder::queued(uint64_t seq, const CollectiveSignature* sig) {
-  const int64_t now = steadyNs();
+namespace {
+int64_t nsOf(FlightRecorder::TimePoint t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+}  // namespace
+
+void FlightRecorder::queued(uint64_t seq, const CollectiveSignature* sig, TimePoint at) {
+  const int64_t now = nsOf(at);
   std::lock_guard<std::mutex> lock(mu_);
   FlightEntry& e = ring_[seq % ring_.size()];
   e.seq = seq;
@@ -223,8 +229,9 @@ void FlightRecorder::queued(uint64_t seq, const CollectiveSignature* sig) {
   next_ = std::max(next_, seq + 1);
 }
 
-void FlightRecorder::started(uint64_t seq, CallPath path, uint64_t batch, bool onCaller) {
-  const int64_t now = steadyNs();
+void FlightRecorder::started(uint64_t seq, CallPath path, uint64_t batch, bool onCaller,
+                             TimePoint at) {
+  const int64_t now = nsOf(at);
   std::lock_guard<std::mutex> lock(mu_);
   FlightEntry* e = slot(seq);
   if (!e) return;
@@ -235,8 +242,9 @@ void FlightRecorder::started(uint64_t seq, CallPath path, uint64_t batch, bool o
   e->startedNs = now;
 }
 
-void FlightRecorder::ended(uint64_t seq, const std::string* error, uint32_t batchCalls) {
-  const int64_t now = steadyNs();
+void FlightRecorder::ended(uint64_t seq, const std::string* error, uint32_t batchCalls,
+                           TimePoint at) {
+  const int64_t now = nsOf(at);
   std::lock_guard<std::mutex> lock(mu_);
   FlightEntry* e = slot(seq);
   if (!e) return;

@@ -78,10 +78,13 @@ class FlightRecorder {
   FlightRecorder(std::string group, int rank, int size, size_t capacity);
 
   // Hot path: each takes the lock once and touches one slot (seq % capacity).
-  void queued(uint64_t seq, const CollectiveSignature* sig);
-  void started(uint64_t seq, CallPath path, uint64_t batch, bool onCaller);
+  // `at` is a time the caller has read anyway (a clock read costs about as
+  // much as the rest of the hook).
+  using TimePoint = std::chrono::steady_clock::time_point;
+  void queued(uint64_t seq, const CollectiveSignature* sig, TimePoint at);
+  void started(uint64_t seq, CallPath path, uint64_t batch, bool onCaller, TimePoint at);
   // `batchCalls`: how many calls ran together (a fusion batch), 1 if alone.
-  void ended(uint64_t seq, const std::string* error, uint32_t batchCalls);
+  void ended(uint64_t seq, const std::string* error, uint32_t batchCalls, TimePoint at);
 
   std::vector<FlightEntry> entries() const;  // oldest first
   RankPosition position() const;

@@ -29,8 +29,9 @@ uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
   }
   uint64_t seq = nextSeq_++;
   if (fusible) fusible->seq = seq;
+  const auto queuedAt = std::chrono::steady_clock::now();
   if (recorder_) {
-    recorder_->queued(seq, sig.collective == CollectiveType::kBarrier ? nullptr : &sig);
+    recorder_->queued(seq, sig.collective == CollectiveType::kBarrier ? nullptr : &sig, queuedAt);
   }
   if (scheduler_) {
     if (fusible) {
@@ -66,7 +67,7 @@ uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
   t.fusible = std::move(fusible);
   const bool onCaller = hooks.callerWaits && t.fusible != nullptr && scheduler_ != nullptr &&
                         engineIdle_ && !runningOnCaller_ && queue_.empty();
-  t.queuedAt = std::chrono::steady_clock::now();
+  t.queuedAt = queuedAt;
   t.prepare = std::move(hooks.prepare);
   t.sig = sig;
   if (timeline::on()) timeline::issued(opts_.name, seq, sig);
@@ -230,7 +231,7 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   const CallPath path = !(tasks[0].fusible && scheduler_) ? CallPath::kNetwork
                         : peers_.hostCount() > 1          ? CallPath::kHierarchy
                                                           : CallPath::kSharedMemory;
-  if (recorder_) recorder_->started(tasks[0].seq, path, tasks[0].seq, onCaller);
+  if (recorder_) recorder_->started(tasks[0].seq, path, tasks[0].seq, onCaller, started);
   std::exception_ptr eptr;
   // By value: the scheduler's takeNext appends to `tasks`, which moves them.
   const uint64_t firstSeq = tasks[0].seq;
@@ -267,7 +268,10 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
           queue_.pop_front();
           queued_.store(queue_.size(), std::memory_order_release);
           lock.unlock();
-          if (recorder_) recorder_->started(tasks.back().seq, path, firstSeq, onCaller);
+          if (recorder_) {
+            recorder_->started(tasks.back().seq, path, firstSeq, onCaller,
+                               std::chrono::steady_clock::now());
+          }
           // Every call before it has completed or rides in this batch,
           // which touches none of its memory (fences_).
           if (tasks.back().prepare) tasks.back().prepare();
@@ -311,6 +315,7 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
     std::lock_guard<std::mutex> lock(queueMu_);
     for (const Task& t : tasks) unfinished_.erase(t.seq);
   }
+  const auto finished = std::chrono::steady_clock::now();
   if (recorder_) {
     std::string why;
     if (eptr) {
@@ -321,13 +326,13 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
       }
     }
     for (const Task& t : tasks) {
-      recorder_->ended(t.seq, eptr ? &why : nullptr, static_cast<uint32_t>(tasks.size()));
+      recorder_->ended(t.seq, eptr ? &why : nullptr, static_cast<uint32_t>(tasks.size()),
+                       finished);
     }
     if (eptr) dumpFlightRecord(*recorder_, why);
   }
   {
     // stats()' latency per (collective, size class); SMDDP_TIMELINE's spans.
-    const auto finished = std::chrono::steady_clock::now();
     const bool batched = tasks[0].fusible && scheduler_;
     for (const Task& t : tasks) {
       stats_.latency.record(static_cast<int>(t.sig.collective),

@@ -16,6 +16,8 @@ using namespace smddp::test;
 
 namespace {
 
+std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
+
 CollectiveSignature allreduceOf(uint64_t numel) {
   return CollectiveSignature{CollectiveType::kAllreduce, DataType::kFloat32, ReduceOp::kSum, numel,
                              -1};
@@ -26,13 +28,13 @@ CollectiveSignature allreduceOf(uint64_t numel) {
 TEST_CASE("flight recorder keeps the last calls in order with their states", "[flight]") {
   FlightRecorder rec("g", 0, 2, 4);
   const auto sig = allreduceOf(100);
-  for (uint64_t s = 0; s < 10; ++s) rec.queued(s, &sig);
+  for (uint64_t s = 0; s < 10; ++s) rec.queued(s, &sig, now());
   for (uint64_t s = 0; s < 7; ++s) {
-    rec.started(s, CallPath::kSharedMemory, s - s % 2, false);
+    rec.started(s, CallPath::kSharedMemory, s - s % 2, false, now());
     std::string err = "boom\nsecond line";
-    rec.ended(s, s == 6 ? &err : nullptr, 2);
+    rec.ended(s, s == 6 ? &err : nullptr, 2, now());
   }
-  rec.started(7, CallPath::kNetwork, 7, true);
+  rec.started(7, CallPath::kNetwork, 7, true, now());
   auto es = rec.entries();
   REQUIRE(es.size() == 4);  // the ring holds 4: sequences 6..9
   CHECK(es[0].seq == 6);
@@ -57,7 +59,7 @@ TEST_CASE("flight recorder keeps the last calls in order with their states", "[f
   CHECK(!p.idle);
   CHECK(p.seq == 7);
   CHECK(p.state == "started");
-  for (uint64_t s = 7; s < 10; ++s) rec.ended(s, nullptr, 1);
+  for (uint64_t s = 7; s < 10; ++s) rec.ended(s, nullptr, 1, now());
   p = rec.position();  // every call done: the last one
   CHECK(p.idle);
   CHECK(p.seq == 9);
@@ -129,13 +131,13 @@ TEST_CASE("ranks answer a desync request through the store", "[flight]") {
   // Ranks 0 and 1 wait in call 1; rank 2 finished call 0 and called nothing
   // since; rank 3 keeps no responder (a process that hangs: unreachable).
   for (int r = 0; r < 3; ++r) {
-    recs[r]->queued(0, &sig);
-    recs[r]->started(0, CallPath::kSharedMemory, 0, false);
-    recs[r]->ended(0, nullptr, 1);
+    recs[r]->queued(0, &sig, now());
+    recs[r]->started(0, CallPath::kSharedMemory, 0, false, now());
+    recs[r]->ended(0, nullptr, 1, now());
   }
   for (int r = 0; r < 2; ++r) {
-    recs[r]->queued(1, &sig);
-    recs[r]->started(1, CallPath::kSharedMemory, 1, false);
+    recs[r]->queued(1, &sig, now());
+    recs[r]->started(1, CallPath::kSharedMemory, 1, false, now());
   }
   std::vector<std::unique_ptr<DesyncResponder>> rs;
   for (int r = 0; r < 3; ++r) {
