@@ -221,10 +221,9 @@ class Communicator {
   // good, fail the point-to-point operations in flight and mark the group
   // unusable with `why`. Only shutdown touches the endpoint afterwards.
   void quarantine(const std::string& why);
-  // The message of `e` with the desync report added (desync.h) when `e`
-  // leaves the group unusable (timeout, lost peer, transport) and is the
-  // first such error here; else e.what(). Asks every rank through the
-  // store, within a few seconds.
+  // The message of `e` with the desync report added (desync.h) when `e` is
+  // a timeout that breaks the group here first; else e.what(). Asks every
+  // rank through the store, within half the timeout (1 to 5 s).
   std::string withDesyncReport(const Error& e);
   // This rank has cut a fusion batch ending below `next` (the next batch
   // starts there): overlap fences at or below it are spent (task_queue.cc).

@@ -155,7 +155,9 @@ std::string DesyncResponder::collect(std::chrono::milliseconds budget,
         }
         if (missing) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       } while (missing && std::chrono::steady_clock::now() < until);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      SMDDP_LOG(kWarn) << "group '" << s->recorder->group() << "' rank " << me
+                       << ": the desync report's store calls failed: " << e.what();
     }
     std::lock_guard<std::mutex> lock(job->mu);
     job->done = true;

@@ -1,5 +1,5 @@
-// The desync report: when a call fails for good (a timeout, a lost peer),
-// the failing rank asks every rank through the store where it stands, and
+// The desync report: when a call times out (which leaves the group
+// unusable), the failing rank asks every rank through the store where it stands, and
 // its error says which ranks are behind, on which call. Each rank keeps one
 // thread blocked on its own request key to answer, whatever its engine and
 // its Python code are doing (the rank behind is usually not in any call).

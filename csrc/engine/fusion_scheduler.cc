@@ -92,8 +92,8 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
       idle(b, seen, [&] { return rankList(missing); });
     }
   } catch (const Error& e) {
-    // A timeout or a lost peer: the text the other ranks of the host read
-    // carries the desync report too.
+    // A timeout: the text the other ranks of the host read carries the
+    // desync report too.
     const std::string text = comm_.withDesyncReport(e);
     if (b.joined) {
       abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + text);

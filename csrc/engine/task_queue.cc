@@ -371,14 +371,18 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
 }
 
 std::string Communicator::withDesyncReport(const Error& e) {
-  const bool breaks = e.kind() == ErrorKind::kTimeout || e.kind() == ErrorKind::kPeerLost ||
-                      e.kind() == ErrorKind::kTransport;
-  if (!desync_ || desyncReported_ || !breaks || control_.broken()) return e.what();
+  // Only a timeout asks: a lost peer is named in its error already, and its
+  // survivors must fail within moments of noticing (a rank cut off from the
+  // store, on a host whose link went down, would wait out the budget).
+  if (!desync_ || desyncReported_ || e.kind() != ErrorKind::kTimeout || control_.broken()) {
+    return e.what();
+  }
   desyncReported_ = true;
-  // Long enough for a store round trip to every rank, short next to the
+  // Long enough for a store round trip to every rank on a loaded host
+  // (the answering threads may wait for a core), short next to the
   // timeout that brought us here.
-  const auto budget = std::clamp(timeout() / 4, std::chrono::milliseconds(500),
-                                 std::chrono::milliseconds(3000));
+  const auto budget = std::clamp(timeout() / 2, std::chrono::milliseconds(1000),
+                                 std::chrono::milliseconds(5000));
   const std::string report =
       desync_->collect(budget, [this](int r) { return peers_.lost(r); }, e.what());
   return std::string(e.what()) + ". Desync report: " + report;

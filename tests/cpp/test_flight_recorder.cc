@@ -165,7 +165,7 @@ TEST_CASE("a timeout's error carries the desync report", "[flight][errors]") {
     comm.allreduceSync({{v.data(), v.size()}}, DataType::kFloat32, ReduceOp::kSum);  // seq 0
     if (comm.rank() == 2) {
       // Never makes call 1, but stays alive to answer.
-      std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5000));
       return "";
     }
     try {

@@ -2,7 +2,7 @@
 
 One world-3 job: a few collectives of known shapes (the recorder's entries
 are returned for the parent to check against them), then ranks 0 and 1 call
-an all_reduce that rank 2 never makes, with a 2 s group timeout; rank 2
+an all_reduce that rank 2 never makes, with a 4 s group timeout; rank 2
 stays alive to answer the desync request. Torch-free at import time.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-BEHIND_SLEEP = 6.0
+BEHIND_SLEEP = 10.0
 
 
 def flight_job(rank: int, world: int) -> dict:

@@ -29,7 +29,7 @@ def test_flight_recorder_and_desync_report(tmp_path):
     dump_dir = tmp_path / "dumps"
     dump_dir.mkdir()
     results = run_world(3, "cases_flight:flight_job", backend=BACKEND, timeout=90,
-                        pg_timeout=2.0, expect_failure=True,
+                        pg_timeout=4.0, expect_failure=True,
                         env={"SMDDP_DEBUG_DIR": str(dump_dir)})
     problems = []
     for rank, res in enumerate(results):
@@ -67,7 +67,8 @@ def test_flight_recorder_and_desync_report(tmp_path):
         assert waiting in err, f"rank {rank}: {err}"
         last = results[rank]["after"][-1]
         assert (last["seq"], last["state"]) == (6, "failed"), last
-        assert results[rank]["elapsed"] < 2.0 * 2 + 3.0, results[rank]["elapsed"]
+        # the timeout, then at most half of it for the report
+        assert results[rank]["elapsed"] < 4.0 * 1.5 + 2.0, results[rank]["elapsed"]
     assert results[2]["after"][-1]["seq"] == 5
 
     # Every rank dumped (ranks 0 and 1 on failing, rank 2 when asked).
