@@ -66,6 +66,23 @@ def proc_sample() -> dict:
             "shm": shm}
 
 
+def settled_sample(first, within_s: float = 1.0) -> dict:
+    """proc_sample() once the thread and fd counts are back to those of
+    ``first`` (the previous cycle's), or after ``within_s``. A group's last
+    threads end a moment after destroy returns (a desync answering thread
+    leaves once the store has delivered its wake-up; the TCPStore server
+    in rank 0 closes its side of a closed connection when it notices), so
+    an immediate sample can catch one still on its way out; a real leak
+    never settles and shows as growth."""
+    deadline = time.monotonic() + within_s
+    while True:
+        s = proc_sample()
+        if first is None or time.monotonic() >= deadline or (
+                s["threads"] <= first["threads"] and s["fds"] <= first["fds"]):
+            return s
+        time.sleep(0.01)
+
+
 # --------------------------------------------------------------------------
 # 1. init/destroy cycles
 # --------------------------------------------------------------------------
@@ -107,7 +124,7 @@ def init_destroy_cycles(rank: int, world: int, cycles: int) -> dict:
             wrong.append(i)
         dist.destroy_process_group()
         del small, big
-        samples.append(proc_sample())
+        samples.append(settled_sample(samples[-1] if samples else None))
     # Leave a default group for the harness's destroy_process_group.
     dist.init_process_group("smddp", store=dist.PrefixStore("final/", base), rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=30))
