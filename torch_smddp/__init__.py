@@ -46,6 +46,8 @@ _register()
 def _backend_of(group=None):
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(torch.device("cpu"))
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps each backend to check calls.
+    backend = getattr(backend, "wrapped_pg", backend)
     if not isinstance(backend, _C.ProcessGroupSmddp):
         raise ValueError(f"group {pg} does not use the smddp backend on CPU")
     return backend

@@ -90,3 +90,16 @@ def test_flight_recorder_and_desync_report(tmp_path):
     report = results[0]["error"].split("Desync report: ", 1)[1].split("\n")[0]
     assert f"desync report: {report}" in out.stdout, out.stdout
     assert "rank 2 (pid" in out.stdout
+
+
+def test_torch_debug_detail_wraps_smddp():
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: collectives stay right, stats() and
+    flight_recorder() see through torch's wrapper, and the wrapper's own
+    cross-rank check reports mismatched sizes."""
+    results = run_world(2, "cases_flight:detail_job", backend=BACKEND, timeout=90,
+                        env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    for rank, res in enumerate(results):
+        assert res["sum"] == [3.0, 3.0, 3.0], (rank, res)  # 1 + 2
+        assert res["stat_keys"], (rank, res)
+        assert (0, "allreduce") in [tuple(e) for e in res["entries"]], (rank, res)
+        assert res["mismatch"] and "mismatch" in res["mismatch"].lower(), (rank, res["mismatch"])
