@@ -1,10 +1,20 @@
 """Allreduce benchmark, nccl-tests style: smddp and Gloo side by side.
 
     python -m torch_smddp.bench [--world 2 4] [--min 4K] [--max 256M] [--plot busbw.png]
+    python -m torch_smddp.bench --hosts H --ranks R --rate 2gbit [--max 64M] [--save F.json]
 
 Each world size is one job: N local ranks, each with an smddp default group
 and a Gloo group over the same ranks. For every size both backends run in
 the same processes, alternating, so they see the same machine noise.
+
+With --hosts, the job runs across H hosts of R ranks each: a cluster of
+network namespaces on this machine (scripts/cluster.sh; root), each host
+with its own link to a hub shaped to RATE, one torchrun per host. The table
+then adds the link bound: in an allreduce each host must send and receive
+2(H-1)/H of the buffer (S for H = 2) through its link, so no allreduce
+finishes in less than 2(H-1)/H * S / RATE, whatever the algorithm. Gloo
+takes the hosts' eth0 (GLOO_SOCKET_IFNAME); smddp's tcp provider finds it
+by itself.
 time = mean seconds per allreduce (max over ranks); algbw = bytes / time;
 busbw = algbw * 2(n-1)/n, the nccl-tests definition for allreduce.
 
@@ -163,11 +173,72 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
     return data
 
 
+def _worker_args(args) -> list[str]:
+    return ["--worker", "--budget", str(args.budget), "--warmup", str(args.warmup),
+            "--backends", *args.backends, "--sizes", *map(str, args.sizes)]
+
+
 def run_world(world: int, args) -> dict:
-    cmd = [sys.executable, "-m", "torch_smddp.bench", "--worker",
-           "--budget", str(args.budget), "--warmup", str(args.warmup),
-           "--backends", *args.backends, "--sizes", *map(str, args.sizes)]
+    cmd = [sys.executable, "-m", "torch_smddp.bench", *_worker_args(args)]
     return launch_ranks(cmd, world, args.timeout, f"benchmark at world {world}")
+
+
+def link_bound_seconds(nbytes: int, hosts: int, rate_bps: float) -> float:
+    """The least time an allreduce of `nbytes` can take across `hosts`
+    hosts whose links carry `rate_bps` each way: every host must send (and
+    receive) 2(H-1)/H of the buffer, which is the buffer itself for H = 2."""
+    if hosts < 2:
+        return 0.0
+    return 2 * (hosts - 1) / hosts * nbytes * 8 / rate_bps
+
+
+def run_cluster(args) -> dict:
+    """The benchmark across --hosts namespaces of --ranks ranks each."""
+    from torch_smddp import cluster as cl
+
+    why = cl.why_unavailable()
+    if why:
+        raise SystemExit(f"torch_smddp.bench --hosts: no cluster here: {why}")
+    rate_bps = cl.parse_rate(args.rate)
+    out_dir = tempfile.mkdtemp(prefix="smddp-bench-cluster-")
+    out = os.path.join(out_dir, "result.json")
+    shape = f"{args.hosts} host(s) x {args.ranks} rank(s) at {args.rate}"
+    with cl.Cluster(args.hosts, args.rate) as c:
+        c.torchrun(f"bench-{os.getpid()}", ["-m", "torch_smddp.bench", *_worker_args(args),
+                                           "--out", out],
+                   args.ranks, out_dir, env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
+        codes = c.wait_jobs(args.timeout)
+        if codes != [0] * args.hosts or not os.path.exists(out):
+            logs = "\n".join(f"--- host {h}:\n" + cl.tail(os.path.join(out_dir, f"torchrun.h{h}.log"))
+                             for h in range(args.hosts))
+            raise SystemExit(f"benchmark on {shape} failed (torchrun exit codes {codes}):\n{logs}")
+    with open(out) as f:
+        data = json.load(f)
+    data.update(hosts=args.hosts, ranks_per_host=args.ranks, rate=args.rate, rate_bps=rate_bps)
+    return data
+
+
+def print_cluster_table(data: dict, backends: list[str]) -> None:
+    h, r, rate_bps = data["hosts"], data["ranks_per_host"], data["rate_bps"]
+    print(f"\n# allreduce, float32, SUM, {h} hosts x {r} ranks, links of {data['rate']} "
+          f"({rate_bps / 8e9:.3f} GB/s each way)")
+    print(f"# link bound: each host sends and receives 2(H-1)/H of the buffer: "
+          f"algbw <= {rate_bps / 8e9 / (2 * (h - 1) / h):.3f} GB/s")
+    head = f"{'size':>8} {'iters':>5} | {'bound us':>10}"
+    for b in backends:
+        head += f" | {b + ' us':>12} {'algbw GB/s':>10} {'of bound':>8}"
+    if len(backends) == 2:
+        head += f" | {backends[1] + '/' + backends[0] + ' time':>17}"
+    print(head)
+    for row in data["rows"]:
+        bound = link_bound_seconds(row["bytes"], h, rate_bps)
+        line = f"{fmt_size(row['bytes']):>8} {row['iters']:>5} | {bound * 1e6:>10.1f}"
+        for b in backends:
+            t = row[b]
+            line += f" | {t * 1e6:>12.1f} {row['bytes'] / t / 1e9:>10.3f} {bound / t:>7.0%}"
+        if len(backends) == 2:
+            line += f" | {row[backends[1]] / row[backends[0]]:>16.2f}x"
+        print(line)
 
 
 def print_table(data: dict, backends: list[str]) -> None:
@@ -243,17 +314,33 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--plot", help="write a PNG of busbw against size")
+    ap.add_argument("--hosts", type=int, help="run across this many namespace hosts (root)")
+    ap.add_argument("--ranks", type=int, default=1, help="with --hosts: ranks per host")
+    ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate (tc tbf)")
+    ap.add_argument("--save", help="also write the measurements as JSON to this file")
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
     resolve_sizes(args)
+    if args.hosts is not None:
+        if args.hosts < 1 or args.ranks < 1:
+            ap.error("--hosts and --ranks must be at least 1")
+        data = run_cluster(args)
+        print_cluster_table(data, args.backends)
+        if args.save:
+            with open(args.save, "w") as f:
+                json.dump(data, f, indent=1)
+        return 0
     all_data = []
     for w in args.world:
         data = run_world(w, args)
         print_table(data, args.backends)
         all_data.append(data)
         sys.stdout.flush()
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(all_data, f, indent=1)
     if args.plot:
         plot(all_data, args.backends, args.plot)
     return 0

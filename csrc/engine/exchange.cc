@@ -58,7 +58,7 @@ void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t 
 }
 
 void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, const void* src,
-                    size_t bytes) {
+                    size_t bytes, std::function<void()> onSent) {
   Request* r = comm_.requests().acquire();
   r->type = Request::Type::kSend;
   r->owner = this;
@@ -70,6 +70,7 @@ void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, c
                          bytes, sig_);
   r->payload = const_cast<void*>(src);
   r->payloadBytes = bytes;
+  r->onArrive = std::move(onSent);
   sendsToPost_.push_back(r);
   ++pending_;
 }
@@ -170,25 +171,29 @@ void Exchange::complete(Request* r, const Completion& c) {
       } else {
         heardFrom_[static_cast<size_t>(r->peer)] = true;
         comm_.counters().bytesReceived += r->payloadBytes;
-        if (r->onArrive) {
-          try {
-            r->onArrive();
-          } catch (const Error& e2) {
-            failed_ = true;
-            errorKind_ = e2.kind();
-            error_ = e2.what();
-          } catch (const std::exception& e2) {
-            failed_ = true;
-            errorKind_ = ErrorKind::kInternal;
-            error_ = e2.what();
-          }
-        }
+        runCallback(r);
       }
     } else if (c.err == 0) {
       comm_.counters().bytesSent += r->payloadBytes;
+      runCallback(r);
     }
   }
   comm_.requests().release(r);
+}
+
+void Exchange::runCallback(Request* r) {
+  if (!r->onArrive) return;
+  try {
+    r->onArrive();
+  } catch (const Error& e) {
+    failed_ = true;
+    errorKind_ = e.kind();
+    error_ = e.what();
+  } catch (const std::exception& e) {
+    failed_ = true;
+    errorKind_ = ErrorKind::kInternal;
+    error_ = e.what();
+  }
 }
 
 std::string Exchange::waitingOn() const {
@@ -354,6 +359,25 @@ void Exchange::run() {
     std::this_thread::sleep_for(sleep);
     sleep = std::min(maxSleep, sleep * 2);
   }
+  if (failed_) raiseFailure();
+}
+
+size_t Exchange::poll() {
+  if (comm_.stopRequested()) {
+    fail(ErrorKind::kAborted, "smddp: " + watch_.what() + ": the process group was shut down");
+  }
+  size_t n = 0;
+  if (!failed_) {
+    postPending();
+    n = comm_.progress();
+  }
+  if (failed_) raiseFailure();
+  return n;
+}
+
+void Exchange::raiseFailure() {
+  using clock = std::chrono::steady_clock;
+  const std::string& what = watch_.what();
   if (failed_ && errorKind_ == ErrorKind::kPeerLost) {
     // A send or receive that failed with a live peer usually means the peer
     // gave up on this call first (e.g. the shm provider reports EIO when it
@@ -379,7 +403,7 @@ void Exchange::run() {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     } while (clock::now() < until);
   }
-  if (failed_) fail(errorKind_, "smddp: " + what + ": " + error_);
+  fail(errorKind_, "smddp: " + what + ": " + error_);
 }
 
 }  // namespace smddp

@@ -33,11 +33,23 @@ class Exchange {
   // behind result receives, or two servers can wait on each other.
   void recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t bytes,
             std::function<void()> onArrive = nullptr, bool urgent = false);
+  // `onSent` runs once the send completed (the provider no longer reads
+  // `src`).
   void send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, const void* src,
-            size_t bytes);
+            size_t bytes, std::function<void()> onSent = nullptr);
 
   // Progress until all messages completed. Throws smddp::Error.
   void run();
+  // One step of run() that never waits: posts what it can, reads the
+  // completions there are (running their callbacks) and returns how many.
+  // Throws smddp::Error as run() does, but leaves the deadline, stall
+  // probes and liveness to the caller (which polls other work between
+  // calls and checks them itself). More messages may be added between
+  // polls.
+  size_t poll();
+  bool finished() const { return pending_ == 0; }
+  // The ranks whose messages this call still waits for.
+  std::string waitingOn() const;
 
   // Called by Communicator::progress for this exchange's completions.
   void complete(Request* r, const Completion& c);
@@ -49,11 +61,14 @@ class Exchange {
   void postPending();
   bool postOne(Request* r);
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
+  // After a failed completion: looks briefly for the peer's own account
+  // of a lost peer, then throws.
+  [[noreturn]] void raiseFailure();
+  void runCallback(Request* r);
   // Cancels what is posted and waits (bounded) until no receive of this
   // call can write its memory any more, and (shorter) for its sends.
   void abandonOutstanding();
   void awaitAbandoned();
-  std::string waitingOn() const;
   std::string notSeen() const;
 
   Communicator& comm_;

@@ -46,7 +46,7 @@ struct Request {
   void* payload = nullptr;
   size_t payloadBytes = 0;
   std::string text;                 // error-frame text (send or receive buffer)
-  std::function<void()> onArrive;   // receives: runs after validation
+  std::function<void()> onArrive;   // receives: runs after validation; sends: once complete
   // Communicator-level operations (point-to-point): called with the raw
   // completion; the request is released afterwards.
   std::function<void(Request*, const Completion&)> onComplete;

@@ -30,3 +30,43 @@ def provider_and_collectives(rank, world):
             "allreduce_path": torch_smddp.stats()["allreduce_path"],
             "call_order_bad": overlapping_calls(rank, world),
             "half": half_sums(rank, world, list(groups.values())), **res}
+
+
+def pipelined_steps(rank, world):
+    """Run with tiny slots and a shallow ring (SMDDP_SHM_SLOT_BYTES,
+    SMDDP_SHM_DEPTH): large allreduces take hundreds of pipeline steps, so
+    the network step between hosts keeps several steps in flight and reuses
+    each result slot many times over. Each result must be the exact
+    host-hierarchical rank-order fold (collective_oracle), sync and fused
+    async alike."""
+    import collective_oracle as co
+
+    hosts = [None] * world
+    dist.all_gather_object(hosts, os.environ.get("SMDDP_HOST_ID", "local"))
+    groups = {}
+    for r, h in enumerate(hosts):
+        groups.setdefault(h, []).append(r)
+    co.HOST_GROUPS = list(groups.values())
+    bad = []
+    cases = [(dt, op, n) for dt in (torch.float32, torch.float64, torch.bfloat16)
+             for op in ("SUM", "AVG") for n in (1, 4097, 65537, (1 << 18) + 3)]
+    for dt, op, n in cases:
+        key = f"pipe-{co.dname(dt)}-{op}-{n}"
+        xs = [co.make_input(key, r, dt, n, "normal") for r in range(world)]
+        t = xs[rank].clone()
+        dist.all_reduce(t, op=co.OPS[op])
+        if not co.bitwise_equal(t, co.rank_order_fold(op, dt, xs, world)):
+            bad.append(key)
+    # Several async calls fused into one batch of many steps.
+    key = "pipe-async"
+    xs = [[co.make_input(f"{key}{i}", r, torch.float32, 30011 * (i + 1), "normal")
+           for r in range(world)] for i in range(5)]
+    ts = [x[rank].clone() for x in xs]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in works:
+        w.wait()
+    for i, t in enumerate(ts):
+        if not co.bitwise_equal(t, co.rank_order_fold("SUM", torch.float32, xs[i], world)):
+            bad.append(f"{key}{i}")
+    st = torch_smddp.stats()
+    return {"bad": bad, "cases": len(cases) + len(ts), "path": st["allreduce_path"]}

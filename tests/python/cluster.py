@@ -1,207 +1,32 @@
-"""A cluster of hosts on this machine for tests (scripts/cluster.sh): each
-host a network namespace with its own address and a tbf-shaped link to a
-hub, where a TCPStore serves as the rendezvous. Each host runs its own
-torchrun against it.
+"""The cluster of network namespaces the tests use: torch_smddp/cluster.py
+(shared with ``python -m torch_smddp.bench --hosts``), loaded from its file
+so that the pytest process does not import torch through the package, plus
+this directory's worker."""
 
-``Cluster`` is used as a context manager (or through a pytest fixture that
-calls ``down()`` in its teardown), so the namespaces and every process in
-them go away even when a test fails. Names carry a prefix unique to this
-process, so clusters of concurrent test runs (other worktrees) never meet.
-The module must not import torch (it runs in the pytest process).
-"""
-
-from __future__ import annotations
-
-import contextlib
-import json
+import importlib.util
 import os
-import re
-import secrets
-import signal
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
-SCRIPT = os.path.join(REPO_ROOT, "scripts", "cluster.sh")
+_PATH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "torch_smddp", "cluster.py")
+_spec = importlib.util.spec_from_file_location("smddp_cluster", _PATH)
+_mod = importlib.util.module_from_spec(_spec)
+sys.modules["smddp_cluster"] = _mod
+_spec.loader.exec_module(_mod)
+
+REPO_ROOT = _mod.REPO_ROOT
+SCRIPT = _mod.SCRIPT
+STORE_PORT = _mod.STORE_PORT
+Cluster = _mod.Cluster
+read_json = _mod.read_json
+sweep_stale_clusters = _mod.sweep_stale_clusters
+tail = _mod.tail
+wait_for_files = _mod.wait_for_files
+why_unavailable = _mod.why_unavailable
+
 WORKER = os.path.join(HERE, "cluster_worker.py")
-STORE_PORT = 29400  # inside the hub's namespace: no one else's port
 
 
-def why_unavailable() -> str | None:
-    """None when network namespaces can be made here, else why not."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    name = f"smx-probe-{os.getpid()}-{secrets.token_hex(2)}"
-    try:
-        r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True,
-                           timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"`ip netns add` cannot run: {e}"
-    if r.returncode != 0:
-        return f"`ip netns add` failed: {r.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-    return None
-
-
-def sweep_stale_clusters() -> None:
-    """Removes the clusters of test processes that died without their
-    teardown (SIGKILL): names carry the creator's pid."""
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    prefixes = set()
-    for line in r.stdout.splitlines():
-        m = re.match(r"^(smx-(\d+)-[0-9a-f]{4})-(hub|h\d+)\b", line)
-        if m and not os.path.exists(f"/proc/{m.group(2)}"):
-            prefixes.add(m.group(1))
-    for prefix in prefixes:
-        subprocess.run([SCRIPT, "down"], env=dict(os.environ, SMDDP_CLUSTER=prefix),
-                       capture_output=True, timeout=60)
-
-
-class Cluster:
-    def __init__(self, hosts: int, rate: str = "2gbit"):
-        self.hosts = hosts
-        self.rate = rate
-        self.prefix = f"smx-{os.getpid()}-{secrets.token_hex(2)}"
-        self.env = dict(os.environ, SMDDP_CLUSTER=self.prefix)
-        self._store: subprocess.Popen | None = None
-        self._jobs: list[subprocess.Popen] = []
-
-    # -- lifetime -----------------------------------------------------------
-    def up(self) -> "Cluster":
-        sweep_stale_clusters()
-        try:
-            self._sh("up", str(self.hosts), self.rate)
-            self._start_store()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def down(self) -> None:
-        for p in self._jobs + ([self._store] if self._store else []):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-        # Kills whatever is left inside (workers, agents, the store), then
-        # removes the namespaces.
-        subprocess.run([SCRIPT, "down"], env=self.env, capture_output=True, timeout=60)
-        for p in self._jobs + ([self._store] if self._store else []):
-            with contextlib.suppress(Exception):
-                p.wait(timeout=10)
-        self._jobs.clear()
-        self._store = None
-
-    def __enter__(self) -> "Cluster":
-        return self.up()
-
-    def __exit__(self, *exc) -> None:
-        self.down()
-
-    def reset(self) -> None:
-        """Ends every job: kills every process on the hosts (the hub's
-        store stays) and brings every link back up."""
-        for p in self._jobs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-        for h in range(self.hosts):
-            with contextlib.suppress(RuntimeError):
-                self.kill_host(h)
-            self.link(h, "up")
-        for p in self._jobs:
-            with contextlib.suppress(Exception):
-                p.wait(timeout=10)
-        self._jobs.clear()
-
-    def jobs_alive(self) -> bool:
-        return any(p.poll() is None for p in self._jobs)
-
-    # -- actions ------------------------------------------------------------
-    def addr(self, host) -> str:
-        return self._sh("addr", str(host)).strip()
-
-    def link(self, host: int, state: str) -> None:
-        self._sh("link", str(host), state)
-
-    def kill_host(self, host: int) -> None:
-        self._sh("kill", str(host))
-
-    def pids(self, host: int) -> list[int]:
-        r = subprocess.run(["ip", "netns", "pids", f"{self.prefix}-h{host}"],
-                           capture_output=True, text=True, timeout=30)
-        return [int(p) for p in r.stdout.split()]
-
-    def torchrun(self, job: str, args: list[str], nproc: int, out_dir: str,
-                 env: dict | None = None) -> None:
-        """Starts `torchrun cluster_worker.py ARGS` on every host, all in one
-        rendezvous `job` in the hub. Results land in out_dir."""
-        hub = self.addr("hub")
-        for h in range(self.hosts):
-            child_env = dict(self.env, SMDDP_CLUSTER_OUT=out_dir, PYTHONUNBUFFERED="1",
-                             PYTHONPATH=os.pathsep.join([HERE, REPO_ROOT]))
-            child_env.update({k: str(v) for k, v in (env or {}).items()})
-            log = open(os.path.join(out_dir, f"torchrun.h{h}.log"), "wb")
-            self._jobs.append(subprocess.Popen(
-                [SCRIPT, "exec", str(h), sys.executable, "-m", "torch.distributed.run",
-                 "--nnodes", str(self.hosts), "--nproc-per-node", str(nproc),
-                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hub}:{STORE_PORT}",
-                 "--rdzv-id", job, "--rdzv-conf", "is_host=0",
-                 # Ranks follow the agents' addresses (they sort by them):
-                 # host h gets ranks h * nproc .. h * nproc + nproc - 1.
-                 "--local-addr", self.addr(h), "--max-restarts", "0",
-                 WORKER, *args],
-                env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=out_dir))
-            log.close()
-
-    # -- helpers ------------------------------------------------------------
-    def _sh(self, *args: str) -> str:
-        r = subprocess.run([SCRIPT, *args], env=self.env, capture_output=True, text=True,
-                           timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError(f"cluster.sh {' '.join(args)} failed: {r.stderr.strip()}")
-        return r.stdout
-
-    def _start_store(self) -> None:
-        hub = self.addr("hub")
-        code = ("import time\nfrom torch.distributed import TCPStore\n"
-                f"s = TCPStore({hub!r}, {STORE_PORT}, is_master=True, wait_for_workers=False)\n"
-                "print('ready', flush=True)\ntime.sleep(3600)\n")
-        self._store = subprocess.Popen([SCRIPT, "hub", sys.executable, "-c", code], env=self.env,
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.DEVNULL, start_new_session=True,
-                                       text=True)
-        line = self._store.stdout.readline()  # torch import: seconds on a loaded machine
-        if line.strip() != "ready":
-            raise RuntimeError("the rendezvous store in the hub did not start")
-
-
-def wait_for_files(paths, deadline: float, alive=lambda: True) -> bool:
-    """True once every path exists; False at the deadline or when alive()
-    turns false (the launchers ended without producing them)."""
-    while time.monotonic() < deadline:
-        if all(os.path.exists(p) for p in paths):
-            return True
-        if not alive():
-            time.sleep(0.5)  # last writes
-            return all(os.path.exists(p) for p in paths)
-        time.sleep(0.05)
-    return False
-
-
-def read_json(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def tail(path: str, lines: int = 30) -> str:
-    try:
-        with open(path, "rb") as f:
-            text = f.read()[-16384:].decode("utf-8", "replace")
-    except OSError as e:
-        return f"<{e}>"
-    keep = [ln for ln in text.splitlines() if not ln.startswith("frame #")]
-    return "\n".join(keep[-lines:])
+def run_worker(cluster, job, args, nproc, out_dir, env=None):
+    """torchrun this directory's cluster_worker.py ARGS on every host."""
+    cluster.torchrun(job, [WORKER, *args], nproc, out_dir, env, pythonpath=(HERE,))

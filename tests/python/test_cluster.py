@@ -73,7 +73,7 @@ def _run(cluster, out_dir, act, survivors, env=None, result_wait_s=20.0):
     is in its loop, and returns (t_action, infos, results of `survivors`)."""
     out_dir = str(out_dir)
     try:
-        cluster.torchrun(f"job-{secrets.token_hex(4)}", [str(LOOP_S)], NPROC, out_dir, env)
+        cl.run_worker(cluster, f"job-{secrets.token_hex(4)}", [str(LOOP_S)], NPROC, out_dir, env)
         ready = [os.path.join(out_dir, f"ready.{r}") for r in range(WORLD)]
         assert cl.wait_for_files(ready, time.monotonic() + START_S, cluster.jobs_alive), (
             "the ranks did not all start:\n" + _logs(out_dir))

@@ -74,3 +74,17 @@ def test_same_host_uses_shm():
         # Overlapping async calls fused on one host keep call order.
         assert res["call_order_bad"] == [], (rank, res["call_order_bad"])
         assert res["half"]["bad"] == [], (rank, res["half"])
+
+
+def test_hosts_keep_many_network_steps_in_flight():
+    # 2 hosts x 2 ranks, 4 KiB slots and a ring of 2: a 1 MiB allreduce
+    # takes 128 steps per server, several in flight between the hosts at
+    # once, every result slot reused again and again. Exact host-order
+    # folds, bitwise, for every dtype, op, size and fused batch.
+    results = run_world(4, "cases_multihost:pipelined_steps", timeout=240,
+                        env={"SMDDP_HOST_ID": lambda rank: f"host{rank // 2}",
+                             "SMDDP_SHM_SLOT_BYTES": "4096", "SMDDP_SHM_DEPTH": "2"})
+    for rank, res in enumerate(results):
+        assert res["path"] == "shared-memory", (rank, res["path"])
+        assert res["bad"] == [], (rank, res["bad"])
+        assert res["cases"] == 29, (rank, res["cases"])
