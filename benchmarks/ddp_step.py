@@ -3,6 +3,7 @@ smddp against Gloo, world 2 by default, in one run on the same machine.
 
     .venv/bin/python benchmarks/ddp_step.py [--world 2] [--steps 12] [--warmup 3]
     .venv/bin/python benchmarks/ddp_step.py --paired [--steps 20]
+    .venv/bin/python benchmarks/ddp_step.py --paired --hosts 2 --ranks 2 --rate 2gbit   # root
 
 Each backend runs in its own torchrun-style job (one process per rank);
 step time is the mean over the timed steps (max over ranks) after a
@@ -21,6 +22,10 @@ see the same machine state step by step, which makes the ratio far less
 noisy on a shared VM than separate jobs. Reversing every other round cancels
 a drift that is linear in time (warming caches, a neighbour's load ramping
 up) out of each pair of rounds, which a plain rotation does not.
+
+--hosts H (with --paired) runs the paired job across H hosts of --ranks
+ranks each: network namespaces on this machine with links shaped to
+--rate (torch_smddp/cluster.py, as `python -m torch_smddp.bench --hosts`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import sys
 import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from torch_smddp.bench import launch_ranks  # noqa: E402
+from torch_smddp.bench import launch_on_cluster, launch_ranks  # noqa: E402
 
 
 def abba_order(names, round_index: int) -> list:
@@ -194,6 +199,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds per backend, in ABBA order (median)")
     ap.add_argument("--paired", action="store_true",
                     help="one job: smddp and Gloo DDP copies taking turns step by step, in ABBA order")
+    ap.add_argument("--hosts", type=int, help="with --paired: across this many namespace hosts")
+    ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
+    ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--backend")
     ap.add_argument("--out")
@@ -204,8 +212,19 @@ def main() -> int:
         else:
             worker(args)
         return 0
+    if args.hosts and not args.paired:
+        ap.error("--hosts needs --paired")
     if args.paired:
-        res = launch("paired", args)
+        if args.hosts:
+            cmd = [__file__, "--worker", "--backend", "paired", "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq",
+                   str(args.seq), "--threads", str(args.threads)]
+            res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
+                                    "ddp_step.py --paired --hosts")
+            args.world = res["world"]
+            print(f"\n# across {args.hosts} hosts x {args.ranks} ranks, links of {args.rate}")
+        else:
+            res = launch("paired", args)
         print(f"\n# DDP step, transformer {res['params'] / 1e6:.1f}M params, world {args.world}, "
               f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} rounds of steps, "
               f"smddp, Gloo and no allreduce taking turns in the same processes")

@@ -192,28 +192,40 @@ def link_bound_seconds(nbytes: int, hosts: int, rate_bps: float) -> float:
     return 2 * (hosts - 1) / hosts * nbytes * 8 / rate_bps
 
 
-def run_cluster(args) -> dict:
-    """The benchmark across --hosts namespaces of --ranks ranks each."""
+def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout: float,
+                      what: str) -> dict:
+    """Runs `torchrun CMD --out FILE` on `hosts` namespace hosts of `ranks`
+    ranks each, links shaped to `rate` (torch_smddp/cluster.py; root), and
+    returns the JSON the ranks leave in FILE. CMD is a script and its
+    arguments, or ["-m", module, ...]. Shared by the benchmarks in
+    benchmarks/."""
     from torch_smddp import cluster as cl
 
     why = cl.why_unavailable()
     if why:
-        raise SystemExit(f"torch_smddp.bench --hosts: no cluster here: {why}")
-    rate_bps = cl.parse_rate(args.rate)
-    out_dir = tempfile.mkdtemp(prefix="smddp-bench-cluster-")
+        raise SystemExit(f"{what}: no cluster here: {why}")
+    out_dir = tempfile.mkdtemp(prefix="smddp-cluster-")
     out = os.path.join(out_dir, "result.json")
-    shape = f"{args.hosts} host(s) x {args.ranks} rank(s) at {args.rate}"
-    with cl.Cluster(args.hosts, args.rate) as c:
-        c.torchrun(f"bench-{os.getpid()}", ["-m", "torch_smddp.bench", *_worker_args(args),
-                                           "--out", out],
-                   args.ranks, out_dir, env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
-        codes = c.wait_jobs(args.timeout)
-        if codes != [0] * args.hosts or not os.path.exists(out):
+    with cl.Cluster(hosts, rate) as c:
+        c.torchrun(f"job-{os.getpid()}", [*cmd, "--out", out], ranks, out_dir,
+                   env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
+        codes = c.wait_jobs(timeout)
+        if codes != [0] * hosts or not os.path.exists(out):
             logs = "\n".join(f"--- host {h}:\n" + cl.tail(os.path.join(out_dir, f"torchrun.h{h}.log"))
-                             for h in range(args.hosts))
-            raise SystemExit(f"benchmark on {shape} failed (torchrun exit codes {codes}):\n{logs}")
+                             for h in range(hosts))
+            raise SystemExit(f"{what} on {hosts} host(s) x {ranks} rank(s) at {rate} failed "
+                             f"(torchrun exit codes {codes}):\n{logs}")
     with open(out) as f:
-        data = json.load(f)
+        return json.load(f)
+
+
+def run_cluster(args) -> dict:
+    """The benchmark across --hosts namespace hosts of --ranks ranks each."""
+    from torch_smddp import cluster as cl
+
+    rate_bps = cl.parse_rate(args.rate)
+    data = launch_on_cluster(["-m", "torch_smddp.bench", *_worker_args(args)], args.hosts,
+                             args.ranks, args.rate, args.timeout, "torch_smddp.bench --hosts")
     data.update(hosts=args.hosts, ranks_per_host=args.ranks, rate=args.rate, rate_bps=rate_bps)
     return data
 
