@@ -22,6 +22,9 @@ smddp, hierarchical (docs/design.md, "The allreduce path"):
     t          = max(host, net) + p*min(host, net)   steps pipeline through
                   the segment; p (0..1) is the part that does not overlap
     H = 1: t = host.
+    On the namespace cluster all N ranks share this machine's C cores
+    (fit --cores), so the host part's per-byte term is multiplied by
+    share = max(1, N/C); the projection gives each rank a core (share = 1).
 smddp network-only (SMDDP_SHM_ALLREDUCE=0: every rank a server over the
 network): net = 2(N-1)*a_net + 2R(H-1)/H * S/(eta*L) (the R ranks of a host
 share its link), host() as above (the same bytes cross the host's memory).
@@ -32,10 +35,11 @@ Ring (Gloo, NCCL ring): 2(N-1) steps of S/N, ranks ordered by host so each
 host link carries 2(N-1)/N*S each way:
     t = 2(N-1) * (a_ring + (S/N)/(eta_ring*L) + (S/N)/B_ring)
     (the link term only when H > 1; B_ring: a step's local copy+reduce+syscall
-    bandwidth). N = 2, one host, B_ring = B: t = 2*(a_ring + S/2/B).
+    bandwidth, its term times share as above). N = 2, one host, B_ring = B: t = 2*(a_ring + S/2/B).
 
-The fit minimises the squared log ratio model/measured over all points
-(relative error, every size weighs the same), parameters positive (fitted
+The fit minimises a robust (soft-L1, scale 10%) loss of the log ratio
+model/measured over all points (relative error, every size weighs the same;
+an outlier weighs like |r| instead of r^2), parameters positive (fitted
 as logs; p as a logistic), by Levenberg-Marquardt with a numeric Jacobian.
 smddp's five parameters come from the "smddp" columns, the ring's three
 from the "gloo" columns. This module needs numpy (matplotlib for --plot).
@@ -46,17 +50,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 import numpy as np
 
 MIB = 1 << 20
-SMDDP_KEYS = ("a_host", "B_mem", "a_net", "eta", "p")
-RING_KEYS = ("a_ring", "eta_ring", "B_ring")
 
 # EFA figures for the projection (public sources, also printed):
 EFA_SOURCES = {
-    "p4d 400 Gbit/s EFA": "https://aws.amazon.com/blogs/compute/amazon-ec2-p4d-instances-deep-dive/",
+    "p4d 400 Gbit/s EFA":
+        "https://aws.amazon.com/blogs/compute/amazon-ec2-p4d-instances-deep-dive/",
     "p3dn/c5n 100 Gbit/s EFA": "https://pcluster-cmaq.readthedocs.io/en/latest/user_guide_pcluster/"
                                "help/ena-cmaq-cluster.html",
     "2 x p4d nccl-tests 1 GiB allreduce: algbw 30.5 GB/s (link carries S each way: "
@@ -75,41 +79,41 @@ def _combine(host, net, p):
     return np.maximum(host, net) + p * np.minimum(host, net)
 
 
-def smddp_host(S, R, a_host, B_mem):
-    return a_host + S * (R + 1) / B_mem
+def smddp_host(S, R, a_host, B_mem, share=1.0):
+    return a_host + share * S * (R + 1) / B_mem
 
 
-def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p):
+def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, share=1.0):
     """Hierarchical smddp allreduce of S bytes on H hosts x R ranks, links of L B/s."""
     S, H, R, L = (np.asarray(v, dtype=float) for v in (S, H, R, L))
-    host = smddp_host(S, R, a_host, B_mem)
+    host = smddp_host(S, R, a_host, B_mem, share)
     Ls = np.where(H > 1, L, 1.0)
     net = np.where(H > 1, 2 * (H - 1) * a_net + 2 * (H - 1) / H * S / (eta * Ls), 0.0)
     return _combine(host, net, p)
 
 
-def smddp_netonly_time(S, H, R, L, a_host, B_mem, a_net, eta, p):
+def smddp_netonly_time(S, H, R, L, a_host, B_mem, a_net, eta, p, share=1.0):
     """Every rank a reduction server over the network; R ranks share a host link."""
     N = H * R
-    host = smddp_host(S, R, a_host, B_mem)
+    host = smddp_host(S, R, a_host, B_mem, share)
     net = 2 * (N - 1) * a_net + 2 * R * (H - 1) / H * S / (eta * L) if N > 1 else 0.0
     return _combine(host, net, p)
 
 
-def smddp_servers_time(S, H, R, L, k, a_host, B_mem, a_net, eta, p):
+def smddp_servers_time(S, H, R, L, k, a_host, B_mem, a_net, eta, p, share=1.0):
     """smddp's host partials pushed to / pulled from k extra server hosts."""
-    host = smddp_host(S, R, a_host, B_mem)
+    host = smddp_host(S, R, a_host, B_mem, share)
     net = 2 * a_net + max(S, H * S / k) / (eta * L) if H > 1 else 0.0
     return _combine(host, net, p)
 
 
-def ring_time(S, N, H, L, a_ring, eta_ring, B_ring=math.inf):
+def ring_time(S, N, H, L, a_ring, eta_ring, B_ring=math.inf, share=1.0):
     """Ring allreduce over N ranks on H hosts: 2(N-1) steps of S/N bytes."""
     S, N, H, L = (np.asarray(v, dtype=float) for v in (S, N, H, L))
     chunk = S / N
     Ls = np.where(H > 1, L, 1.0)
     link = np.where(H > 1, chunk / (eta_ring * Ls), 0.0)
-    return 2 * (N - 1) * (a_ring + link + chunk / B_ring)
+    return 2 * (N - 1) * (a_ring + link + share * chunk / B_ring)
 
 
 def busbw(S, N, t):
@@ -118,8 +122,10 @@ def busbw(S, N, t):
 
 
 # ---------------------------------------------------------------- the data
-def load(paths):
-    """Points from bench JSON files: dicts with S, H, R, N, L, smddp, gloo."""
+def load(paths, cores=math.inf):
+    """Points from bench JSON files: dicts with S, H, R, N, L, share, smddp, gloo
+    (share = max(1, N/cores): the N ranks of a namespace cluster share the
+    machine's cores)."""
     pts = []
     for path in paths:
         with open(path) as f:
@@ -130,6 +136,7 @@ def load(paths):
             L = float(d.get("rate_bps") or 0) / 8
             for row in d["rows"]:
                 pts.append(dict(S=row["bytes"], H=H, R=R, N=H * R, L=L,
+                                share=max(1.0, H * R / cores),
                                 smddp=row.get("smddp"), gloo=row.get("gloo")))
     return pts
 
@@ -162,6 +169,16 @@ def levenberg_marquardt(resid, x0, iters=300):
     return x, cost
 
 
+ROBUST = 0.10   # residuals (log ratio) past ~10% weigh like |r|, not r^2
+
+
+def _robust(r):
+    """Soft-L1 residuals: sum of squares = sum 2c^2(sqrt(1+(r/c)^2)-1), so a
+    measurement caught in an episode (benchmarks/RESULTS.md) cannot drag the fit."""
+    c = ROBUST
+    return np.sign(r) * c * np.sqrt(2 * (np.sqrt(1 + (r / c) ** 2) - 1))
+
+
 def _exp(z):
     return float(np.exp(np.clip(z, -60, 60)))
 
@@ -177,7 +194,8 @@ def _ring_params(x):
 
 def _arrays(pts, col):
     use = [q for q in pts if q.get(col)]
-    a = {k: np.array([q[k] for q in use], dtype=float) for k in ("S", "H", "R", "N", "L")}
+    a = {k: np.array([q[k] for q in use], dtype=float)
+         for k in ("S", "H", "R", "N", "L", "share")}
     return a, np.array([q[col] for q in use], dtype=float)
 
 
@@ -185,7 +203,8 @@ def fit_smddp(pts):
     a, y = _arrays(pts, "smddp")
 
     def resid(x):
-        return np.log(smddp_time(a["S"], a["H"], a["R"], a["L"], **_smddp_params(x)) / y)
+        return _robust(np.log(smddp_time(a["S"], a["H"], a["R"], a["L"], **_smddp_params(x),
+                                         share=a["share"]) / y))
 
     starts = [[math.log(v) for v in (a0, bm, an, e)] + [pz]
               for a0 in (1e-5, 1e-3) for bm in (1e9, 1e10) for an in (1e-4, 1e-3)
@@ -198,7 +217,8 @@ def fit_ring(pts):
     a, y = _arrays(pts, "gloo")
 
     def resid(x):
-        return np.log(ring_time(a["S"], a["N"], a["H"], a["L"], **_ring_params(x)) / y)
+        return _robust(np.log(ring_time(a["S"], a["N"], a["H"], a["L"], **_ring_params(x),
+                                        share=a["share"]) / y))
 
     starts = [[math.log(v) for v in (ar, e, br)]
               for ar in (1e-5, 1e-3) for e in (0.3, 1.0) for br in (1e8, 1e10)]
@@ -208,8 +228,9 @@ def fit_ring(pts):
 
 def model_for(col, q, params):
     if col == "smddp":
-        return float(smddp_time(q["S"], q["H"], q["R"], q["L"], **params["smddp"]))
-    return float(ring_time(q["S"], q["N"], q["H"], q["L"], **params["ring"]))
+        return float(smddp_time(q["S"], q["H"], q["R"], q["L"], **params["smddp"],
+                                share=q["share"]))
+    return float(ring_time(q["S"], q["N"], q["H"], q["L"], **params["ring"], share=q["share"]))
 
 
 def fmt_bytes(n):
@@ -222,7 +243,7 @@ def fmt_bytes(n):
 def report(pts, params, out=sys.stdout, tol=0.20):
     """The per-shape table (measured vs modelled) and the verdict; True if every
     point of 1 MiB and up agrees within `tol`."""
-    ok, worst = True, 0.0
+    ok, worst, bad = True, 0.0, []
     shapes = sorted({(q["H"], q["R"], q["L"]) for q in pts})
     for H, R, L in shapes:
         rate = f"{L * 8 / 1e9:g} Gbit/s" if H > 1 else "shared memory only"
@@ -241,16 +262,23 @@ def report(pts, params, out=sys.stdout, tol=0.20):
                 if q["S"] >= MIB:
                     worst = max(worst, abs(err))
                     ok &= abs(err) <= tol
+                    if abs(err) > tol:
+                        bad.append(f"{col} {H}x{R} {fmt_bytes(q['S'])} {err:+.0%}")
                 cells.append(f"{q[col] * 1e3:9.3f} {m * 1e3:9.3f} {err * 100:+6.1f}%")
             print(f"{fmt_bytes(q['S']):>6} " + " ".join(cells), file=out)
     verdict = "AGREES" if ok else "DOES NOT AGREE"
     print(f"\nverdict: the model {verdict} with every measurement >= 1 MiB within "
           f"{tol:.0%} (worst {worst:.1%})", file=out)
+    if bad:
+        print("outside: " + ", ".join(bad), file=out)
     return ok
 
 
-def print_params(params, out=sys.stdout):
+def print_params(params, out=sys.stdout, pts=()):
     s, r = params["smddp"], params["ring"]
+    if pts and not any(q["H"] > 1 for q in pts):
+        print("note: no multi-host measurements: a_net, eta, p and eta_ring are not "
+              "constrained (their start values)", file=out)
     print("smddp: a_host %.1f us, B_mem %.2f GB/s, a_net %.1f us, eta %.3f, p %.3f"
           % (s["a_host"] * 1e6, s["B_mem"] / 1e9, s["a_net"] * 1e6, s["eta"], s["p"]), file=out)
     print("ring:  a_ring %.1f us, eta_ring %.3f, B_ring %.2f GB/s"
@@ -361,6 +389,9 @@ def main(argv=None):
     f.add_argument("files", nargs="+")
     f.add_argument("--out", help="write the fitted parameters here")
     f.add_argument("--tol", type=float, default=0.20)
+    f.add_argument("--cores", type=float, default=os.cpu_count(),
+                   help="cores of the machine the measurements ran on (namespace cluster: all "
+                        "hosts share them; default: this machine's)")
     p = sub.add_parser("project", help="project busbw and DDP overhead onto EFA clusters")
     p.add_argument("--params", required=True)
     p.add_argument("--plot")
@@ -371,15 +402,16 @@ def main(argv=None):
                    "GB/s (default: the fitted B_mem)")
     args = ap.parse_args(argv)
     if args.cmd == "fit":
-        pts = load(args.files)
+        pts = load(args.files, args.cores)
         params = {"smddp": fit_smddp(pts) if any(q.get("smddp") for q in pts) else None,
                   "ring": fit_ring(pts) if any(q.get("gloo") for q in pts) else None}
         if None in params.values():
             raise SystemExit("need both smddp and gloo columns to fit")
+        params["cores"] = args.cores
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(params, fh, indent=1)
-        print_params(params)
+        print_params(params, pts=pts)
         return 0 if report(pts, params, tol=args.tol) else 1
     with open(args.params) as fh:
         params = json.load(fh)

@@ -103,7 +103,27 @@ def test_local_run_list_reads_as_one_host(tmp_path):
     path.write_text(json.dumps([{"world": 4, "rows": [{"bytes": 1 << 20, "iters": 8,
                                                         "smddp": 1e-3, "gloo": 2e-3}]}]))
     (q,) = m.load([str(path)])
-    assert (q["H"], q["R"], q["N"], q["L"]) == (1, 4, 4, 0.0)
+    assert (q["H"], q["R"], q["N"], q["L"], q["share"]) == (1, 4, 4, 0.0, 1.0)
+    (q,) = m.load([str(path)], cores=2)   # 4 ranks on 2 cores: host work takes twice as long
+    assert q["share"] == 2.0
+
+
+def test_fit_with_shared_cores(tmp_path):
+    """Measurements whose host parts ran N ranks on 2 cores: the fit, told so,
+    finds the per-core parameters again."""
+    files = synthetic(tmp_path, noise=0.0, shapes=SHAPES)
+    for f in files:          # remake with share = max(1, N/2)
+        d = json.loads(open(f).read())
+        share = max(1.0, d["world"] / 2)
+        for row in d["rows"]:
+            S, H, R = row["bytes"], d["hosts"], d["ranks_per_host"]
+            row["smddp"] = float(m.smddp_time(S, H, R, d["rate_bps"] / 8, **SMDDP, share=share))
+            row["gloo"] = float(m.ring_time(S, H * R, H, d["rate_bps"] / 8, **RING, share=share))
+        open(f, "w").write(json.dumps(d))
+    pts = m.load(files, cores=2)
+    s, r = m.fit_smddp(pts), m.fit_ring(pts)
+    assert s["B_mem"] == pytest.approx(SMDDP["B_mem"], rel=0.02)
+    assert r["B_ring"] == pytest.approx(RING["B_ring"], rel=0.02)
 
 
 def _cli(*args):
@@ -115,11 +135,11 @@ def _cli(*args):
 def test_cli_fit_reports_agreement_and_projects(tmp_path):
     files = synthetic(tmp_path, shapes=[(1, 2, 0), (2, 2, 2e9), (3, 1, 1e9), (4, 2, 2e9)])
     params = tmp_path / "params.json"
-    p = _cli("fit", *files, "--out", str(params))
+    p = _cli("fit", *files, "--out", str(params), "--cores", "64")  # made without contention
     assert p.returncode == 0, p.stdout + p.stderr
     assert "# 4 host(s) x 2 rank(s), 2 Gbit/s" in p.stdout
     assert "verdict: the model AGREES" in p.stdout
-    assert set(json.loads(params.read_text())) == {"smddp", "ring"}
+    assert set(json.loads(params.read_text())) == {"smddp", "ring", "cores"}
     plot = tmp_path / "proj.png"
     p = _cli("project", "--params", str(params), "--plot", str(plot))
     assert p.returncode == 0, p.stdout + p.stderr
@@ -134,6 +154,6 @@ def test_cli_fit_says_when_it_does_not_agree(tmp_path):
     data = json.loads(open(f).read())
     data["rows"][-1]["smddp"] *= 2   # one large point the model cannot follow
     open(f, "w").write(json.dumps(data))
-    p = _cli("fit", f)
+    p = _cli("fit", f, "--cores", "64")
     assert p.returncode == 1
     assert "verdict: the model DOES NOT AGREE" in p.stdout
