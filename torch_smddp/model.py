@@ -35,14 +35,24 @@ Ring (Gloo, NCCL ring): 2(N-1) steps of S/N, ranks ordered by host so each
 host link carries 2(N-1)/N*S each way:
     t = 2(N-1) * (a_ring + (S/N)/(eta_ring*L) + (S/N)/B_ring)
     (the link term only when H > 1; B_ring: a step's local copy+reduce+syscall
-    bandwidth, its term times share as above). N = 2, one host, B_ring = B: t = 2*(a_ring + S/2/B).
+    bandwidth, its term times share as above). N = 2, one host, B_ring = B:
+    t = 2*(a_ring + S/2/B).
 
 The fit minimises a robust (soft-L1, scale 10%) loss of the log ratio
 model/measured over all points (relative error, every size weighs the same;
 an outlier weighs like |r| instead of r^2), parameters positive (fitted
 as logs; p as a logistic), by Levenberg-Marquardt with a numeric Jacobian.
 smddp's five parameters come from the "smddp" columns, the ring's three
-from the "gloo" columns. This module needs numpy (matplotlib for --plot).
+from the "gloo" columns. `fit` prints a table per shape and the verdict
+(every point of 1 MiB and up within --tol, 20%) and exits 1 when it fails.
+
+`project` keeps the fitted host part (a_host, p, B_mem or --mem-gbs) and
+puts EFA in place of the measured links (EFA_SOURCES: 100 and 400 Gbit/s,
+efficiency 0.61, a per-message latency of 20 us that is an assumption),
+8 GPUs per host, up to 32 hosts; busbw = algbw * 2(n-1)/n. "DDP step
+overhead" is the allreduce time left after the backward pass when 25 MB
+buckets of a 1.3 B-parameter fp16 model become ready evenly through it.
+This module needs numpy (matplotlib for --plot), not torch.
 """
 
 from __future__ import annotations
