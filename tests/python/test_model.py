@@ -1,0 +1,159 @@
+"""torch_smddp.model (issue 10): the closed forms, the fit recovering known
+parameters from synthetic measurements made by the model itself plus noise,
+and the CLI end to end on a small synthetic JSON. No processes, no torch."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from torch_smddp import model as m
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMDDP = dict(a_host=50e-6, B_mem=3e9, a_net=300e-6, eta=0.9, p=0.2)
+RING = dict(a_ring=500e-6, eta_ring=0.7, B_ring=1.5e9)
+SHAPES = [(1, 2, 0), (1, 4, 0), (2, 1, 2e9), (2, 2, 2e9), (3, 2, 2e9), (4, 2, 1e9), (4, 1, 2e9)]
+
+
+def synthetic(tmp_path, noise=0.03, seed=0, shapes=SHAPES, smddp=SMDDP, ring=RING):
+    """bench --save files from the model itself, times scaled by exp(N(0, noise))."""
+    rng = np.random.default_rng(seed)
+    files = []
+    for H, R, rate in shapes:
+        rows = []
+        for e in range(12, 29, 2):
+            S = 1 << e
+            s = float(m.smddp_time(S, H, R, rate / 8, **smddp)) * math.exp(rng.normal(0, noise))
+            g = float(m.ring_time(S, H * R, H, rate / 8, **ring)) * math.exp(rng.normal(0, noise))
+            rows.append(dict(bytes=S, iters=8, smddp=s, gloo=g))
+        path = tmp_path / f"h{H}r{R}.json"
+        path.write_text(json.dumps(dict(world=H * R, rows=rows, hosts=H, ranks_per_host=R,
+                                        rate=f"{rate / 1e9:g}gbit", rate_bps=rate)))
+        files.append(str(path))
+    return files
+
+
+def test_ring_closed_forms():
+    S, a, B = 64 << 20, 1e-4, 1e9
+    # N = 2 on one host: two steps of S/2.
+    assert m.ring_time(S, 2, 1, 0, a, 1.0, B) == pytest.approx(2 * (a + S / 2 / B))
+    # N = 2 on two hosts, local cost free: the link carries S/2 per step.
+    assert m.ring_time(S, 2, 2, B, a, 1.0) == pytest.approx(2 * (a + S / 2 / B))
+    # Large N: the link carries 2(N-1)/N * S.
+    N = 64
+    assert m.ring_time(S, N, N, B, 0.0, 0.5) == pytest.approx(2 * (N - 1) / N * S / (0.5 * B))
+
+
+def test_smddp_closed_forms():
+    S, L = 16 << 20, 1e9
+    host = SMDDP["a_host"] + S * 5 / SMDDP["B_mem"]
+    assert m.smddp_time(S, 1, 4, 0, **SMDDP) == pytest.approx(host)          # shm only
+    net = 2 * 3 * SMDDP["a_net"] + 2 * 3 / 4 * S / (SMDDP["eta"] * L)
+    want = max(host, net) + SMDDP["p"] * min(host, net)
+    assert m.smddp_time(S, 4, 4, L, **SMDDP) == pytest.approx(want)
+    # Network-only: R ranks share the link, so R times the bytes on it.
+    assert m.smddp_netonly_time(S, 4, 4, L, **SMDDP) > m.smddp_time(S, 4, 4, L, **SMDDP)
+    # k = H server hosts: each link carries S, not 2(H-1)/H * S, so faster at H >= 3.
+    assert m.smddp_servers_time(S, 8, 4, L, 8, **SMDDP) < m.smddp_time(S, 8, 4, L, **SMDDP)
+    # Too few server hosts: their links (H*S/k) are the bound.
+    t1 = m.smddp_servers_time(S, 8, 4, L, 1, **SMDDP)
+    assert t1 >= 8 * S / (SMDDP["eta"] * L)
+
+
+def test_busbw_and_exposed_time():
+    assert m.busbw(100, 2, 1.0) == pytest.approx(100)
+    assert m.busbw(100, 4, 1.0) == pytest.approx(150)
+    # Allreduces faster than buckets arrive: only the last one sticks out.
+    assert m.exposed_time(0.001, 10, 1.0) == pytest.approx(0.001)
+    # Slower: they queue; the last ends at first-ready + n * t.
+    assert m.exposed_time(0.5, 10, 1.0) == pytest.approx(0.1 + 5.0 - 1.0)
+
+
+def test_fit_recovers_known_parameters(tmp_path):
+    pts = m.load(synthetic(tmp_path))
+    s, r = m.fit_smddp(pts), m.fit_ring(pts)
+    for k in ("B_mem", "eta"):
+        assert s[k] == pytest.approx(SMDDP[k], rel=0.10), k
+    for k in ("a_host", "a_net"):
+        assert s[k] == pytest.approx(SMDDP[k], rel=0.30), k
+    assert abs(s["p"] - SMDDP["p"]) < 0.15
+    for k in RING:
+        assert r[k] == pytest.approx(RING[k], rel=0.10), k
+
+
+def test_fit_recovers_other_parameters_without_noise(tmp_path):
+    smddp = dict(a_host=20e-6, B_mem=8e9, a_net=80e-6, eta=0.6, p=0.5)
+    ring = dict(a_ring=60e-6, eta_ring=0.9, B_ring=4e9)
+    pts = m.load(synthetic(tmp_path, noise=0.0, smddp=smddp, ring=ring))
+    s, r = m.fit_smddp(pts), m.fit_ring(pts)
+    for k in smddp:
+        assert s[k] == pytest.approx(smddp[k], rel=0.02), k
+    for k in ring:
+        assert r[k] == pytest.approx(ring[k], rel=0.02), k
+
+
+def test_local_run_list_reads_as_one_host(tmp_path):
+    path = tmp_path / "local.json"
+    path.write_text(json.dumps([{"world": 4, "rows": [{"bytes": 1 << 20, "iters": 8,
+                                                        "smddp": 1e-3, "gloo": 2e-3}]}]))
+    (q,) = m.load([str(path)])
+    assert (q["H"], q["R"], q["N"], q["L"], q["share"]) == (1, 4, 4, 0.0, 1.0)
+    (q,) = m.load([str(path)], cores=2)   # 4 ranks on 2 cores: host work takes twice as long
+    assert q["share"] == 2.0
+
+
+def test_fit_with_shared_cores(tmp_path):
+    """Measurements whose host parts ran N ranks on 2 cores: the fit, told so,
+    finds the per-core parameters again."""
+    files = synthetic(tmp_path, noise=0.0, shapes=SHAPES)
+    for f in files:          # remake with share = max(1, N/2)
+        d = json.loads(open(f).read())
+        share = max(1.0, d["world"] / 2)
+        for row in d["rows"]:
+            S, H, R = row["bytes"], d["hosts"], d["ranks_per_host"]
+            row["smddp"] = float(m.smddp_time(S, H, R, d["rate_bps"] / 8, **SMDDP, share=share))
+            row["gloo"] = float(m.ring_time(S, H * R, H, d["rate_bps"] / 8, **RING, share=share))
+        open(f, "w").write(json.dumps(d))
+    pts = m.load(files, cores=2)
+    s, r = m.fit_smddp(pts), m.fit_ring(pts)
+    assert s["B_mem"] == pytest.approx(SMDDP["B_mem"], rel=0.02)
+    assert r["B_ring"] == pytest.approx(RING["B_ring"], rel=0.02)
+
+
+def _cli(*args):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "torch_smddp.model", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_fit_reports_agreement_and_projects(tmp_path):
+    files = synthetic(tmp_path, shapes=[(1, 2, 0), (2, 2, 2e9), (3, 1, 1e9), (4, 2, 2e9)])
+    params = tmp_path / "params.json"
+    p = _cli("fit", *files, "--out", str(params), "--cores", "64")  # made without contention
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "# 4 host(s) x 2 rank(s), 2 Gbit/s" in p.stdout
+    assert "verdict: the model AGREES" in p.stdout
+    assert set(json.loads(params.read_text())) == {"smddp", "ring", "cores"}
+    plot = tmp_path / "proj.png"
+    p = _cli("project", "--params", str(params), "--plot", str(plot))
+    assert p.returncode == 0, p.stdout + p.stderr
+    for text in ("https://github.com/NVIDIA/nccl/issues/527", "busbw GB/s, 400 Gbit/s",
+                 "DDP step overhead", "   256 "):
+        assert text in p.stdout, text
+    assert plot.stat().st_size > 0
+
+
+def test_cli_fit_says_when_it_does_not_agree(tmp_path):
+    (f,) = synthetic(tmp_path, shapes=[(2, 2, 2e9)])
+    data = json.loads(open(f).read())
+    data["rows"][-1]["smddp"] *= 2   # one large point the model cannot follow
+    open(f, "w").write(json.dumps(data))
+    p = _cli("fit", f, "--cores", "64")
+    assert p.returncode == 1
+    assert "verdict: the model DOES NOT AGREE" in p.stdout

@@ -1,0 +1,435 @@
+"""An alpha-beta model of smddp's allreduce paths and of a ring, fitted to
+cluster measurements and projected past this machine (issue 10).
+
+    python -m torch_smddp.model fit F.json [F.json ...] [--out params.json]
+    python -m torch_smddp.model project --params params.json [--plot out.png]
+                                        [--backward-ms 300] [--bucket-mb 25]
+
+F.json is what ``python -m torch_smddp.bench --hosts H --ranks R --rate RATE
+--save F.json`` writes ({"world", "rows": [{"bytes", "smddp", "gloo"}],
+"hosts", "ranks_per_host", "rate_bps"}); a local run's list of such dicts
+(no "hosts") is read as one host of ``world`` ranks. S is the buffer in
+bytes, H hosts of R ranks (N = H*R), L the host link rate in bytes/s.
+
+smddp, hierarchical (docs/design.md, "The allreduce path"):
+    host(S, R) = a_host + S*(R+1)/B_mem   shared memory: every rank writes its
+                  parts into the servers' slots, the servers combine R parts,
+                  every rank copies the result out; the memory traffic of the
+                  host grows with R, B_mem is the host's effective bandwidth
+    net(S, H)  = 2(H-1)*a_net + 2(H-1)/H * S/(eta*L)   the servers of one
+                  index on every host: reduce-scatter + all-gather, H-1
+                  messages each way per server, 2(H-1)/H of S on the link
+    t          = max(host, net) + p*min(host, net)   steps pipeline through
+                  the segment; p (0..1) is the part that does not overlap
+    H = 1: t = host.
+    On the namespace cluster all N ranks share this machine's C cores
+    (fit --cores), so the host part's per-byte term is multiplied by
+    share = max(1, N/C); the projection gives each rank a core (share = 1).
+smddp network-only (SMDDP_SHM_ALLREDUCE=0: every rank a server over the
+network): net = 2(N-1)*a_net + 2R(H-1)/H * S/(eta*L) (the R ranks of a host
+share its link), host() as above (the same bytes cross the host's memory).
+smddp + k server hosts (BytePS-style push/pull of the host partial): a
+worker link carries S each way, a server link H*S/k each way:
+    net = 2*a_net + max(S, H*S/k)/(eta*L), combined with host() as above.
+Ring (Gloo, NCCL ring): 2(N-1) steps of S/N, ranks ordered by host so each
+host link carries 2(N-1)/N*S each way:
+    t = 2(N-1) * (a_ring + (S/N)/(eta_ring*L) + (S/N)/B_ring)
+    (the link term only when H > 1; B_ring: a step's local copy+reduce+syscall
+    bandwidth, its term times share as above). N = 2, one host, B_ring = B:
+    t = 2*(a_ring + S/2/B).
+
+The fit minimises a robust (soft-L1, scale 10%) loss of the log ratio
+model/measured over all points (relative error, every size weighs the same;
+an outlier weighs like |r| instead of r^2), parameters positive (fitted
+as logs; p as a logistic), by Levenberg-Marquardt with a numeric Jacobian.
+smddp's five parameters come from the "smddp" columns, the ring's three
+from the "gloo" columns. `fit` prints a table per shape and the verdict
+(every point of 1 MiB and up within --tol, 20%) and exits 1 when it fails.
+
+`project` keeps the fitted host part (a_host, p, B_mem or --mem-gbs) and
+puts EFA in place of the measured links (EFA_SOURCES: 100 and 400 Gbit/s,
+efficiency 0.61, a per-message latency of 20 us that is an assumption),
+8 GPUs per host, up to 32 hosts; busbw = algbw * 2(n-1)/n. "DDP step
+overhead" is the allreduce time left after the backward pass when 25 MB
+buckets of a 1.3 B-parameter fp16 model become ready evenly through it.
+This module needs numpy (matplotlib for --plot), not torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+MIB = 1 << 20
+
+# EFA figures for the projection (public sources, also printed):
+EFA_SOURCES = {
+    "p4d 400 Gbit/s EFA":
+        "https://aws.amazon.com/blogs/compute/amazon-ec2-p4d-instances-deep-dive/",
+    "p3dn/c5n 100 Gbit/s EFA": "https://pcluster-cmaq.readthedocs.io/en/latest/user_guide_pcluster/"
+                               "help/ena-cmaq-cluster.html",
+    "2 x p4d nccl-tests 1 GiB allreduce: algbw 30.5 GB/s (link carries S each way: "
+    "30.5/50 = 0.61 of 400 Gbit/s); 1 x p4d (NVLink only): busbw 230.8 GB/s":
+        "https://github.com/NVIDIA/nccl/issues/527",
+}
+EFA_LINKS_GBIT = (100, 400)
+EFA_ETA = 0.61            # achieved / nominal, nccl#527 above (2 hosts, 1 GiB)
+NVLINK_BUSBW = 230.8e9    # a ring step inside a p4d host (nccl#527, 1 host, 1 GiB)
+EFA_ALPHA = 20e-6         # per network message: an ASSUMPTION (order of EFA's
+                          # published MPI small-message latencies), not a cited figure
+
+
+# ---------------------------------------------------------------- the model
+def _combine(host, net, p):
+    return np.maximum(host, net) + p * np.minimum(host, net)
+
+
+def smddp_host(S, R, a_host, B_mem, share=1.0):
+    return a_host + share * S * (R + 1) / B_mem
+
+
+def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, share=1.0):
+    """Hierarchical smddp allreduce of S bytes on H hosts x R ranks, links of L B/s."""
+    S, H, R, L = (np.asarray(v, dtype=float) for v in (S, H, R, L))
+    host = smddp_host(S, R, a_host, B_mem, share)
+    Ls = np.where(H > 1, L, 1.0)
+    net = np.where(H > 1, 2 * (H - 1) * a_net + 2 * (H - 1) / H * S / (eta * Ls), 0.0)
+    return _combine(host, net, p)
+
+
+def smddp_netonly_time(S, H, R, L, a_host, B_mem, a_net, eta, p, share=1.0):
+    """Every rank a reduction server over the network; R ranks share a host link."""
+    N = H * R
+    host = smddp_host(S, R, a_host, B_mem, share)
+    net = 2 * (N - 1) * a_net + 2 * R * (H - 1) / H * S / (eta * L) if N > 1 else 0.0
+    return _combine(host, net, p)
+
+
+def smddp_servers_time(S, H, R, L, k, a_host, B_mem, a_net, eta, p, share=1.0):
+    """smddp's host partials pushed to / pulled from k extra server hosts."""
+    host = smddp_host(S, R, a_host, B_mem, share)
+    net = 2 * a_net + max(S, H * S / k) / (eta * L) if H > 1 else 0.0
+    return _combine(host, net, p)
+
+
+def ring_time(S, N, H, L, a_ring, eta_ring, B_ring=math.inf, share=1.0):
+    """Ring allreduce over N ranks on H hosts: 2(N-1) steps of S/N bytes."""
+    S, N, H, L = (np.asarray(v, dtype=float) for v in (S, N, H, L))
+    chunk = S / N
+    Ls = np.where(H > 1, L, 1.0)
+    link = np.where(H > 1, chunk / (eta_ring * Ls), 0.0)
+    return 2 * (N - 1) * (a_ring + link + share * chunk / B_ring)
+
+
+def busbw(S, N, t):
+    """nccl-tests bus bandwidth of an allreduce: algbw * 2(n-1)/n, bytes/s."""
+    return S / t * 2 * (N - 1) / N
+
+
+# ---------------------------------------------------------------- the data
+def load(paths, cores=math.inf):
+    """Points from bench JSON files: dicts with S, H, R, N, L, share, smddp, gloo
+    (share = max(1, N/cores): the N ranks of a namespace cluster share the
+    machine's cores)."""
+    pts = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        for d in data if isinstance(data, list) else [data]:
+            H = int(d.get("hosts", 1))
+            R = int(d.get("ranks_per_host", d["world"] // H))
+            L = float(d.get("rate_bps") or 0) / 8
+            for row in d["rows"]:
+                pts.append(dict(S=row["bytes"], H=H, R=R, N=H * R, L=L,
+                                share=max(1.0, H * R / cores),
+                                smddp=row.get("smddp"), gloo=row.get("gloo")))
+    return pts
+
+
+# ---------------------------------------------------------------- the fit
+def levenberg_marquardt(resid, x0, iters=300):
+    x = np.array(x0, dtype=float)
+    r = resid(x)
+    cost, lam = r @ r, 1e-3
+    for _ in range(iters):
+        J = np.empty((r.size, x.size))
+        for j in range(x.size):
+            dx = np.zeros_like(x)
+            dx[j] = 1e-6
+            J[:, j] = (resid(x + dx) - r) / 1e-6
+        A, g = J.T @ J, J.T @ r
+        while True:
+            step = np.linalg.solve(A + lam * (np.diag(np.diag(A)) + 1e-9 * np.eye(x.size)), -g)
+            rn = resid(x + step)
+            cn = rn @ rn
+            if np.isfinite(cn) and cn < cost:
+                improved = cost - cn
+                x, r, cost, lam = x + step, rn, cn, max(lam / 3, 1e-12)
+                break
+            lam *= 4
+            if lam > 1e12:
+                return x, cost
+        if improved < 1e-12 * max(cost, 1e-30):
+            break
+    return x, cost
+
+
+ROBUST = 0.10   # residuals (log ratio) past ~10% weigh like |r|, not r^2
+
+
+def _robust(r):
+    """Soft-L1 residuals: sum of squares = sum 2c^2(sqrt(1+(r/c)^2)-1), so a
+    measurement caught in an episode (benchmarks/RESULTS.md) cannot drag the fit."""
+    c = ROBUST
+    return np.sign(r) * c * np.sqrt(2 * (np.sqrt(1 + (r / c) ** 2) - 1))
+
+
+def _exp(z):
+    return float(np.exp(np.clip(z, -60, 60)))
+
+
+def _smddp_params(x):
+    return dict(a_host=_exp(x[0]), B_mem=_exp(x[1]), a_net=_exp(x[2]),
+                eta=_exp(x[3]), p=1 / (1 + _exp(-x[4])))
+
+
+def _ring_params(x):
+    return dict(a_ring=_exp(x[0]), eta_ring=_exp(x[1]), B_ring=_exp(x[2]))
+
+
+def _arrays(pts, col):
+    use = [q for q in pts if q.get(col)]
+    a = {k: np.array([q[k] for q in use], dtype=float)
+         for k in ("S", "H", "R", "N", "L", "share")}
+    return a, np.array([q[col] for q in use], dtype=float)
+
+
+def fit_smddp(pts):
+    a, y = _arrays(pts, "smddp")
+
+    def resid(x):
+        return _robust(np.log(smddp_time(a["S"], a["H"], a["R"], a["L"], **_smddp_params(x),
+                                         share=a["share"]) / y))
+
+    starts = [[math.log(v) for v in (a0, bm, an, e)] + [pz]
+              for a0 in (1e-5, 1e-3) for bm in (1e9, 1e10) for an in (1e-4, 1e-3)
+              for e in (0.5, 1.0) for pz in (-2.0, 1.0)]
+    best = min((levenberg_marquardt(resid, s) for s in starts), key=lambda t: t[1])
+    return _smddp_params(best[0])
+
+
+def fit_ring(pts):
+    a, y = _arrays(pts, "gloo")
+
+    def resid(x):
+        return _robust(np.log(ring_time(a["S"], a["N"], a["H"], a["L"], **_ring_params(x),
+                                        share=a["share"]) / y))
+
+    starts = [[math.log(v) for v in (ar, e, br)]
+              for ar in (1e-5, 1e-3) for e in (0.3, 1.0) for br in (1e8, 1e10)]
+    best = min((levenberg_marquardt(resid, s) for s in starts), key=lambda t: t[1])
+    return _ring_params(best[0])
+
+
+def model_for(col, q, params):
+    if col == "smddp":
+        return float(smddp_time(q["S"], q["H"], q["R"], q["L"], **params["smddp"],
+                                share=q["share"]))
+    return float(ring_time(q["S"], q["N"], q["H"], q["L"], **params["ring"], share=q["share"]))
+
+
+def fmt_bytes(n):
+    for unit, m in (("G", 1 << 30), ("M", MIB), ("K", 1 << 10)):
+        if n >= m:
+            return f"{n / m:g}{unit}"
+    return str(int(n))
+
+
+def report(pts, params, out=sys.stdout, tol=0.20):
+    """The per-shape table (measured vs modelled) and the verdict; True if every
+    point of 1 MiB and up agrees within `tol`."""
+    ok, worst, bad = True, 0.0, []
+    shapes = sorted({(q["H"], q["R"], q["L"]) for q in pts})
+    for H, R, L in shapes:
+        rate = f"{L * 8 / 1e9:g} Gbit/s" if H > 1 else "shared memory only"
+        print(f"\n# {H} host(s) x {R} rank(s), {rate}", file=out)
+        print(f"{'size':>6} {'smddp ms':>9} {'model':>9} {'err':>7} "
+              f"{'gloo ms':>9} {'model':>9} {'err':>7}", file=out)
+        for q in sorted((q for q in pts if (q["H"], q["R"], q["L"]) == (H, R, L)),
+                        key=lambda q: q["S"]):
+            cells = []
+            for col in ("smddp", "gloo"):
+                if not q.get(col):
+                    cells.append(f"{'-':>9} {'-':>9} {'-':>7}")
+                    continue
+                m = model_for(col, q, params)
+                err = (m - q[col]) / q[col]
+                if q["S"] >= MIB:
+                    worst = max(worst, abs(err))
+                    ok &= abs(err) <= tol
+                    if abs(err) > tol:
+                        bad.append(f"{col} {H}x{R} {fmt_bytes(q['S'])} {err:+.0%}")
+                cells.append(f"{q[col] * 1e3:9.3f} {m * 1e3:9.3f} {err * 100:+6.1f}%")
+            print(f"{fmt_bytes(q['S']):>6} " + " ".join(cells), file=out)
+    verdict = "AGREES" if ok else "DOES NOT AGREE"
+    print(f"\nverdict: the model {verdict} with every measurement >= 1 MiB within "
+          f"{tol:.0%} (worst {worst:.1%})", file=out)
+    if bad:
+        print("outside: " + ", ".join(bad), file=out)
+    return ok
+
+
+def print_params(params, out=sys.stdout, pts=()):
+    s, r = params["smddp"], params["ring"]
+    if pts and not any(q["H"] > 1 for q in pts):
+        print("note: no multi-host measurements: a_net, eta, p and eta_ring are not "
+              "constrained (their start values)", file=out)
+    print("smddp: a_host %.1f us, B_mem %.2f GB/s, a_net %.1f us, eta %.3f, p %.3f"
+          % (s["a_host"] * 1e6, s["B_mem"] / 1e9, s["a_net"] * 1e6, s["eta"], s["p"]), file=out)
+    print("ring:  a_ring %.1f us, eta_ring %.3f, B_ring %.2f GB/s"
+          % (r["a_ring"] * 1e6, r["eta_ring"], r["B_ring"] / 1e9), file=out)
+
+
+# ---------------------------------------------------------------- projection
+def exposed_time(t_bucket, n_buckets, backward):
+    """DDP: buckets ready evenly through the backward pass, allreduced one at a
+    time in order; returns the time the last one ends after the backward."""
+    end = 0.0
+    for i in range(n_buckets):
+        end = max(backward * (i + 1) / n_buckets, end) + t_bucket
+    return end - backward
+
+
+def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, R=8,
+            server_hosts=None, mem_bw=None, out=sys.stdout):
+    host = {k: params["smddp"][k] for k in ("a_host", "B_mem", "p")}
+    if mem_bw:
+        host["B_mem"] = mem_bw
+    net = dict(a_net=EFA_ALPHA, eta=EFA_ETA)
+    ring = dict(a_ring=EFA_ALPHA, eta_ring=EFA_ETA, B_ring=NVLINK_BUSBW)
+    print("EFA figures used (per host link, each way):", file=out)
+    for what, url in EFA_SOURCES.items():
+        print(f"  {what}: {url}", file=out)
+    print(f"  link efficiency {EFA_ETA} (nccl#527); a_net = a_ring = {EFA_ALPHA * 1e6:g} us per "
+          "message (assumed, not cited)", file=out)
+    print(f"  smddp host part: a_host {host['a_host'] * 1e6:.1f} us, p {host['p']:.2f} (fit), "
+          f"B_mem {host['B_mem'] / 1e9:.2f} GB/s ({'--mem-gbs' if mem_bw else 'fit'}); "
+          f"{R} GPUs per host; ring steps inside a host at {NVLINK_BUSBW / 1e9:g} GB/s "
+          "(nccl#527)", file=out)
+    print("  a_net is charged per message, 2(H-1) of them in a row: conservative for smddp "
+          "at many hosts (its messages overlap); ring is a flat ring over all N ranks "
+          "(2(N-1) latencies: NCCL would switch to trees at small sizes)", file=out)
+
+    def paths(S, H, Lb):
+        L, N = Lb / 8, H * R
+        k = server_hosts or H
+        return {"smddp": float(smddp_time(S, H, R, L, **host, **net)),
+                "smddp net-only": smddp_netonly_time(S, H, R, L, **host, **net),
+                f"smddp+{'k' if server_hosts is None else k} servers":
+                    smddp_servers_time(S, H, R, L, k, **host, **net),
+                "ring": float(ring_time(S, N, H, L, **ring))}
+
+    sizes = [1 << e for e in range(16, 31, 2)]
+    hosts = [1, 2, 4, 8, 16, 32]
+    curves = {}
+    for Lg in EFA_LINKS_GBIT:
+        Lb = Lg * 1e9
+        print(f"\n# busbw GB/s, {Lg} Gbit/s EFA, 32 hosts x {R} GPUs, against size"
+              f" (server hosts k = {server_hosts or 'H'})", file=out)
+        names = list(paths(MIB, 32, Lb))
+        print(f"{'size':>6} " + " ".join(f"{n:>18}" for n in names), file=out)
+        for S in sizes:
+            t = paths(S, 32, Lb)
+            bw = [busbw(S, 32 * R, t[n]) / 1e9 for n in names]
+            curves.setdefault(("size", Lg), []).append((S, bw))
+            print(f"{fmt_bytes(S):>6} " + " ".join(f"{b:18.2f}" for b in bw), file=out)
+        print(f"\n# busbw GB/s, {Lg} Gbit/s EFA, 256 MiB, against GPUs", file=out)
+        print(f"{'GPUs':>6} " + " ".join(f"{n:>18}" for n in names), file=out)
+        for H in hosts:
+            t = paths(256 * MIB, H, Lb)
+            bw = [busbw(256 * MIB, H * R, t[n]) / 1e9 for n in names]
+            curves.setdefault(("gpus", Lg), []).append((H * R, bw))
+            print(f"{H * R:>6} " + " ".join(f"{b:18.2f}" for b in bw), file=out)
+
+    nb = math.ceil(grad_bytes / bucket)
+    print(f"\n# DDP step overhead: {grad_bytes / 1e9:g} GB of gradients (1.3 B parameters, "
+          f"fp16/bf16) in {nb} buckets of {bucket / 1e6:g} MB, ready evenly through a "
+          f"{backward * 1e3:g} ms backward, allreduced one at a time in order; exposed = "
+          "end of the last allreduce - end of the backward", file=out)
+    print(f"{'link':>8} {'GPUs':>5} " + " ".join(f"{n:>18}" for n in names), file=out)
+    for Lg in EFA_LINKS_GBIT:
+        for H in (1, 2, 8, 32):
+            t = paths(bucket, H, Lg * 1e9)
+            ex = [exposed_time(t[n], nb, backward) * 1e3 for n in names]
+            print(f"{Lg:>4}Gbit {H * R:>5} " + " ".join(f"{e:15.1f} ms" for e in ex), file=out)
+    if plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+        for col, Lg in enumerate(EFA_LINKS_GBIT):
+            for row, (kind, xl) in enumerate((("size", "bytes (32 hosts x 8 GPUs)"),
+                                              ("gpus", "GPUs (256 MiB)"))):
+                ax = axes[row][col]
+                xs = [c[0] for c in curves[(kind, Lg)]]
+                for i, n in enumerate(names):
+                    ax.plot(xs, [c[1][i] for c in curves[(kind, Lg)]], marker="o", label=n)
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xlabel(xl)
+                ax.set_ylabel("busbw GB/s")
+                ax.set_title(f"{Lg} Gbit/s EFA (model)")
+                ax.grid(True, alpha=0.3)
+                ax.legend()
+        fig.tight_layout()
+        fig.savefig(plot, dpi=100)
+        print(f"\nplot: {plot}", file=out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m torch_smddp.model", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fit", help="fit the parameters to bench --save JSON files")
+    f.add_argument("files", nargs="+")
+    f.add_argument("--out", help="write the fitted parameters here")
+    f.add_argument("--tol", type=float, default=0.20)
+    f.add_argument("--cores", type=float, default=os.cpu_count(),
+                   help="cores of the machine the measurements ran on (namespace cluster: all "
+                        "hosts share them; default: this machine's)")
+    p = sub.add_parser("project", help="project busbw and DDP overhead onto EFA clusters")
+    p.add_argument("--params", required=True)
+    p.add_argument("--plot")
+    p.add_argument("--backward-ms", type=float, default=300.0)
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--server-hosts", type=int, help="k extra server hosts (default k = H)")
+    p.add_argument("--mem-gbs", type=float, help="host memory bandwidth for smddp's host part, "
+                   "GB/s (default: the fitted B_mem)")
+    args = ap.parse_args(argv)
+    if args.cmd == "fit":
+        pts = load(args.files, args.cores)
+        params = {"smddp": fit_smddp(pts) if any(q.get("smddp") for q in pts) else None,
+                  "ring": fit_ring(pts) if any(q.get("gloo") for q in pts) else None}
+        if None in params.values():
+            raise SystemExit("need both smddp and gloo columns to fit")
+        params["cores"] = args.cores
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(params, fh, indent=1)
+        print_params(params, pts=pts)
+        return 0 if report(pts, params, tol=args.tol) else 1
+    with open(args.params) as fh:
+        params = json.load(fh)
+    project(params, plot=args.plot, backward=args.backward_ms / 1e3,
+            bucket=args.bucket_mb * 1e6, server_hosts=args.server_hosts,
+            mem_bw=args.mem_gbs * 1e9 if args.mem_gbs else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
