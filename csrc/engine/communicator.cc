@@ -147,6 +147,9 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
     scheduler_ = openHostPath(*this, bootstrap, hosts, owners, &whyNot);
     if (!whyNot.empty()) shmTrouble.push_back(whyNot);
   }
+  // Otherwise allreduce runs over libfabric only, and fuses queued calls
+  // there (network_fusion.h).
+  netFusion_ = !scheduler_ && opts_.size > 1 && config_.fusionBytes > 0;
   if (!shmTrouble.empty()) {
     // Every rank reached the same verdicts; one of them says so, once.
     std::string text;
@@ -195,7 +198,8 @@ std::string Communicator::describeGroup() const {
                           : "shared memory is unavailable on some rank";
     o << "over libfabric only (" << why << "): " << netServers_.size()
       << " reduction server(s), chunk " << kib(config_.chunkBytes) << ", ring depth "
-      << config_.ringDepth << ", no fusion";
+      << config_.ringDepth << ", "
+      << (netFusion_ ? "fusion buffer " + kib(config_.fusionBytes) : std::string("no fusion"));
   }
   if (const PeerMonitor* monitor = peers_.monitor()) {
     o << "; liveness connections to " << monitor->watchedRanks().size()
