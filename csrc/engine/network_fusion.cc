@@ -89,7 +89,13 @@ void Communicator::runNetworkBatch(std::vector<Task>& tasks, CallPath path, bool
   };
   allreduceBuffers(*this, firstSeq, first->bufs, first->dtype, first->op, proposals);
   // 2. The same proposals on every rank give the same cut.
-  const uint32_t cut = agreedCut(all);
+  uint32_t cut = 1;
+  try {
+    cut = agreedCut(all);
+  } catch (const Error& e) {
+    throwError(e.kind(), "smddp: " + tasks[0].what + " at sequence " + std::to_string(firstSeq) +
+                             ": " + e.what());
+  }
   noteBatchCut(firstSeq + cut);
   // 3. The rest of the cut from this rank's queue: each was in its proposal,
   //    and only this thread takes from the queue.
@@ -112,7 +118,9 @@ void Communicator::runNetworkBatch(std::vector<Task>& tasks, CallPath path, bool
       queued_.store(queue_.size(), std::memory_order_release);
     }
     Task& t = tasks.back();
-    if (recorder_) recorder_->started(t.seq, path, firstSeq, onCaller, std::chrono::steady_clock::now());
+    if (recorder_) {
+      recorder_->started(t.seq, path, firstSeq, onCaller, std::chrono::steady_clock::now());
+    }
     // Every call before it has completed or rides in this batch, which
     // touches none of its memory (fences_).
     if (t.prepare) t.prepare();
