@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -15,6 +16,14 @@ namespace smddp {
 // combines the shards in rank order and sends the result back to all.
 void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
                   DataType dtype, ReduceOp op);
+// Posts more messages in the same Exchange as an allreduce's data (network
+// fusion's cut proposals), so they cost no round trip of their own.
+class Exchange;
+using ExtraMessages = std::function<void(Exchange&)>;
+// runAllreduce without the argument check and the stats: `bufs` reduced as
+// one buffer (through the fusion buffer when several), `extra` riding along.
+void allreduceBuffers(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+                      DataType dtype, ReduceOp op, const ExtraMessages& extra);
 void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
                   DataType dtype, int root);
 void runAllgather(Communicator& comm, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,

@@ -35,7 +35,8 @@ void readAllreduceParams(EngineConfig& c) {
 namespace {
 
 void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
-                   uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout) {
+                   uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout,
+                   const ExtraMessages& extra = nullptr) {
   const int rank = comm.rank();
   const int n = comm.size();
   const std::vector<int>& servers = comm.networkServers();
@@ -119,23 +120,22 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
               data + c.elemOffset * es, c.elemCount * es);
     }
   }
+  if (extra) extra(ex);
   ex.run();
 }
 
 }  // namespace
 
-void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
-                  DataType dtype, ReduceOp op) {
-  std::string why;
-  SMDDP_CHECK(isSupported(op, dtype, &why), kInvalidArgument,
-              std::string("allreduce: ") + toString(op) + " on " + toString(dtype) + ": " + why);
+void allreduceBuffers(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+                      DataType dtype, ReduceOp op, const ExtraMessages& extra) {
   const size_t es = elementSize(dtype);
   uint64_t total = 0;
   for (const auto& b : bufs) total += b.numel;
   CollectiveSignature sig{CollectiveType::kAllreduce, dtype, op, total, -1};
   if (comm.size() == 1) return;  // one rank: every op is the identity (AVG divides by 1)
   if (bufs.size() == 1) {
-    allreduceCore(comm, seq, sig, static_cast<uint8_t*>(bufs[0].data), seq, comm.timeout());
+    allreduceCore(comm, seq, sig, static_cast<uint8_t*>(bufs[0].data), seq, comm.timeout(),
+                  extra);
     return;
   }
   // Several tensors: fuse them into one buffer, reduce once, scatter back.
@@ -145,14 +145,26 @@ void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& b
     if (b.numel) std::memcpy(fused + off * es, b.data, b.numel * es);
     off += b.numel;
   }
-  comm.counters().fusionFlushes++;
-  comm.counters().fusionBytes += total * es;
-  allreduceCore(comm, seq, sig, fused, seq, comm.timeout());
+  allreduceCore(comm, seq, sig, fused, seq, comm.timeout(), extra);
   off = 0;
   for (const auto& b : bufs) {
     if (b.numel) std::memcpy(b.data, fused + off * es, b.numel * es);
     off += b.numel;
   }
+}
+
+void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+                  DataType dtype, ReduceOp op) {
+  std::string why;
+  SMDDP_CHECK(isSupported(op, dtype, &why), kInvalidArgument,
+              std::string("allreduce: ") + toString(op) + " on " + toString(dtype) + ": " + why);
+  if (bufs.size() > 1 && comm.size() > 1) {
+    uint64_t total = 0;
+    for (const auto& b : bufs) total += b.numel;
+    comm.counters().fusionFlushes++;
+    comm.counters().fusionBytes += total * elementSize(dtype);
+  }
+  allreduceBuffers(comm, seq, bufs, dtype, op, nullptr);
 }
 
 void runBarrier(Communicator& comm, uint64_t seq) {

@@ -37,7 +37,7 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
       if (b.numel) hooks.touches.push_back({p, p + b.numel * es});
     }
   }
-  if (scheduler_ && isSupported(op, dtype)) {
+  if (fuses() && isSupported(op, dtype)) {
     // Unsupported combinations take the plain path, which reports them.
     // The scheduler runs fusible calls; the body (the same buffers, kept
     // once in the FusibleCall) is only a fallback.

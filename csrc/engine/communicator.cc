@@ -147,6 +147,16 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
     scheduler_ = openHostPath(*this, bootstrap, hosts, owners, &whyNot);
     if (!whyNot.empty()) shmTrouble.push_back(whyNot);
   }
+  // Otherwise allreduce runs over libfabric only, and fuses queued calls
+  // there (network_fusion.h) if every rank does: a rank with
+  // SMDDP_FUSION_BUFFER_BYTES=0 would never read its peers' cut proposals.
+  // (Different budgets are harmless: the cut is the least proposal.)
+  if (!scheduler_ && opts_.size > 1) {
+    auto fusing = bootstrapAllGather(bootstrap, opts_.rank, opts_.size, "netfusion",
+                                     config_.fusionBytes > 0 ? "on" : "off", opts_.timeout);
+    netFusion_ = std::all_of(fusing.begin(), fusing.end(),
+                             [](const std::string& v) { return v == "on"; });
+  }
   if (!shmTrouble.empty()) {
     // Every rank reached the same verdicts; one of them says so, once.
     std::string text;
@@ -195,7 +205,8 @@ std::string Communicator::describeGroup() const {
                           : "shared memory is unavailable on some rank";
     o << "over libfabric only (" << why << "): " << netServers_.size()
       << " reduction server(s), chunk " << kib(config_.chunkBytes) << ", ring depth "
-      << config_.ringDepth << ", no fusion";
+      << config_.ringDepth << ", "
+      << (netFusion_ ? "fusion buffer " + kib(config_.fusionBytes) : std::string("no fusion"));
   }
   if (const PeerMonitor* monitor = peers_.monitor()) {
     o << "; liveness connections to " << monitor->watchedRanks().size()

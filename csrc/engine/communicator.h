@@ -36,6 +36,7 @@ namespace smddp {
 
 class FusionBufferScheduler;
 struct FusibleCall;
+struct CutProposal;
 
 struct CommOptions {
   int rank = 0;
@@ -129,6 +130,9 @@ class Communicator {
   // True when allreduce runs through the fusion-buffer scheduler over the
   // host's shared memory (every rank on one host).
   bool usesHostPath() const { return scheduler_ != nullptr; }
+  // True when allreduce runs over libfabric only and still fuses queued
+  // calls (network_fusion.h): SMDDP_FUSION_BUFFER_BYTES > 0, several ranks.
+  bool fusesOnNetwork() const { return netFusion_; }
   int reductionServers() const;
   // The ranks that run reduction servers on the network path, ascending
   // (server index i is rank networkServers()[i]).
@@ -272,6 +276,14 @@ class Communicator {
   // Runs one task (or, for a fusible allreduce, one fusion batch) and
   // completes it; errors become the tasks' exceptions.
   void runTasks(std::vector<Task>& tasks, bool onCaller = false);
+  // Queued allreduces may be fused: through the host segment's scheduler,
+  // or on the network-only path (netFusion_).
+  bool fuses() const { return scheduler_ != nullptr || netFusion_; }
+  // Network-only fusion (network_fusion.cc): what this rank could fuse
+  // from `first` on (under queueMu_), and the batch that starts at
+  // tasks[0], whose other calls it appends to `tasks`.
+  CutProposal proposeCut(const FusibleCall& first);
+  void runNetworkBatch(std::vector<Task>& tasks, CallPath path, bool onCaller);
 
   // SMDDP_LOG_LEVEL=debug: one line per finished call (sequence, size,
   // path, time queued and running, outcome).
@@ -376,6 +388,8 @@ class Communicator {
   // Error frames, probes, broken state: worker thread only.
   ControlPlane control_{controlEngine_, peers_, requests_, stats_};
   std::unique_ptr<FusionBufferScheduler> scheduler_;  // worker thread only (after construction)
+  bool netFusion_ = false;   // set once by the constructor: fusesOnNetwork()
+  uint64_t netBatches_ = 0;  // network fusion batches run: worker thread only
   std::shared_ptr<FlightRecorder> recorder_;  // null when SMDDP_TRACE_BUFFER_SIZE=0; locks itself
   std::unique_ptr<DesyncResponder> desync_;   // null without a recorder or a clonable store
   bool desyncReported_ = false;               // worker thread only

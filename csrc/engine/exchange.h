@@ -98,5 +98,8 @@ constexpr uint32_t kPhaseHostsToServer = 2;
 constexpr uint32_t kPhaseHostsReturn = 3;
 // Rank 0's cut of a fusion batch, to the other hosts' leaders.
 constexpr uint32_t kPhasePlan = 4;
+// Network-only path: each rank's proposal for a fusion batch's cut, riding
+// in the exchange of the batch's first call (network_fusion.h).
+constexpr uint32_t kPhaseCut = 5;
 
 }  // namespace smddp

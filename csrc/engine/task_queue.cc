@@ -33,7 +33,7 @@ uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
   if (recorder_) {
     recorder_->queued(seq, sig.collective == CollectiveType::kBarrier ? nullptr : &sig, queuedAt);
   }
-  if (scheduler_) {
+  if (fuses()) {
     if (fusible) {
       // Calls already cut into a batch can no longer share one with this
       // call; a batch holds at most kMaxFusedCalls consecutive calls.
@@ -214,13 +214,15 @@ void Communicator::logCompleted(const std::vector<Task>& tasks, std::exception_p
       outcome = std::string("failed: ") + e.what();
     }
   }
-  const bool fused = tasks[0].fusible && scheduler_;
+  const bool fused = tasks[0].fusible != nullptr;
+  const std::string batch = ", batch of " + std::to_string(tasks.size()) + " call(s) from seq " +
+                            std::to_string(tasks[0].seq);
   for (const Task& t : tasks) {
     SMDDP_LOG(kDebug) << "[rank " << opts_.rank << "] group '" << opts_.name << "' seq " << t.seq
                       << " " << t.what << " via "
-                      << (fused ? "shared memory, batch of " + std::to_string(tasks.size()) +
-                                      " call(s) from seq " + std::to_string(tasks[0].seq)
-                                : std::string("libfabric"))
+                      << (scheduler_ && fused ? "shared memory" + batch
+                          : fused             ? "libfabric" + batch
+                                              : std::string("libfabric"))
                       << ": queued " << ms(started - t.queuedAt) << ", ran " << ms(now - started)
                       << ", " << outcome;
   }
@@ -278,6 +280,8 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
           return FusionBufferScheduler::Take::kTaken;
         };
         scheduler_->run(calls, takeNext);
+      } else if (tasks[0].fusible) {
+        runNetworkBatch(tasks, path, onCaller);  // the network-only path fuses too
       } else {
         tasks[0].body(firstSeq);
       }
@@ -310,7 +314,7 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   if (logThreshold() >= LogLevel::kDebug) logCompleted(tasks, eptr, started);
   // The calls run: a fence behind them is spent even if the batch failed
   // before its cut.
-  if (scheduler_) noteBatchCut(tasks.back().seq + 1);
+  if (fuses()) noteBatchCut(tasks.back().seq + 1);
   {
     std::lock_guard<std::mutex> lock(queueMu_);
     for (const Task& t : tasks) unfinished_.erase(t.seq);

@@ -231,3 +231,15 @@ TEST_CASE("f16/bf16 across pretend hosts accumulate in f32 and round once",
     }
   }
 }
+
+TEST_CASE("overlapping allreduces keep call order on the network-only path",
+          "[fusion][order][netfusion]") {
+  // No segment: the cut is agreed from every rank's proposal, and a rank
+  // whose calls overlap (only rank 1 reuses its buffer) ends it for all.
+  ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
+  auto results = runWorld(3, [](Communicator& comm) {
+    if (!comm.fusesOnNetwork()) return std::string("network fusion is off");
+    return overlappingCallsJob(comm);
+  });
+  for (const auto& r : results) CHECK(r == "");
+}

@@ -1,0 +1,123 @@
+// Fusion on the network-only path: the cut rule alone (every rank computes
+// it from the same proposals), then forked ranks with SMDDP_SHM_ALLREDUCE=0
+// whose queued calls must fuse and match closed forms.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/communicator.h"
+#include "engine/network_fusion.h"
+#include "world.h"
+
+using namespace smddp;
+using smddp::test::runWorld;
+using smddp::test::ScopedEnv;
+
+namespace {
+
+CutProposal proposal(std::vector<uint64_t> numels, DataType dt = DataType::kFloat32,
+                     ReduceOp op = ReduceOp::kSum) {
+  CutProposal p;
+  p.count = static_cast<uint32_t>(numels.size());
+  p.dtype = static_cast<uint8_t>(dt);
+  p.op = static_cast<uint8_t>(op);
+  for (size_t i = 0; i < numels.size(); ++i) p.numel[i] = numels[i];
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("the network fusion cut is the longest prefix every rank agrees on",
+          "[netfusion]") {
+  SECTION("the least count: only calls every rank has queued") {
+    CHECK(agreedCut({proposal({5, 6, 7, 8}), proposal({5, 6}), proposal({5, 6, 7})}) == 2);
+    CHECK(agreedCut({proposal({5}), proposal({5, 6, 7})}) == 1);
+    CHECK(agreedCut({proposal({1, 2, 3}), proposal({1, 2, 3})}) == 3);
+  }
+  SECTION("one proposal, as on every rank") {
+    CHECK(agreedCut({proposal({9, 9})}) == 2);
+  }
+  SECTION("a call whose size differs on some rank ends the batch before it") {
+    CHECK(agreedCut({proposal({5, 6, 7, 8}), proposal({5, 6, 70, 8})}) == 2);
+    CHECK(agreedCut({proposal({5, 6, 7}), proposal({5, 6, 7}), proposal({5, 60, 7})}) == 1);
+  }
+  SECTION("a different dtype or op: the first call runs alone") {
+    CHECK(agreedCut({proposal({5, 6}), proposal({5, 6}, DataType::kFloat64)}) == 1);
+    CHECK(agreedCut({proposal({5, 6}), proposal({5, 6}, DataType::kFloat32, ReduceOp::kMax)}) ==
+          1);
+  }
+  SECTION("the cut is the same whichever rank computes it") {
+    std::vector<CutProposal> all = {proposal({4, 4, 4, 1}), proposal({4, 4, 4}),
+                                    proposal({4, 4, 4, 1, 2})};
+    const uint32_t cut = agreedCut(all);
+    std::swap(all[0], all[2]);
+    CHECK(agreedCut(all) == cut);
+    CHECK(cut == 3);
+  }
+  SECTION("an unreadable proposal names its rank") {
+    CutProposal zero = proposal({5});
+    zero.count = 0;
+    CHECK_THROWS_WITH(agreedCut({proposal({5}), zero}), Catch::Contains("rank 1"));
+    CutProposal huge = proposal({5});
+    huge.count = static_cast<uint32_t>(kMaxFusedCalls) + 1;
+    CHECK_THROWS_AS(agreedCut({huge}), Error);
+    CutProposal badType = proposal({5});
+    badType.dtype = 200;
+    CHECK_THROWS_AS(agreedCut({proposal({5}), badType}), Error);
+  }
+}
+
+TEST_CASE("queued allreduces fuse on the network-only path", "[netfusion]") {
+  ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
+  for (int n : {2, 3}) {
+    auto results = runWorld(n, [](Communicator& comm) -> std::string {
+      if (comm.usesHostPath() || !comm.fusesOnNetwork()) return "wrong allreduce path";
+      const int r = comm.rank();
+      const int size = comm.size();
+      // A large call first, so the small ones queue behind it on every rank.
+      std::vector<float> big(1 << 22, 1.0f);
+      const int calls = 64;
+      std::vector<std::vector<float>> small(calls);
+      std::atomic<int> done{0};
+      std::atomic<int> failed{0};
+      auto onDone = [&](std::exception_ptr e) {
+        if (e) failed++;
+        done++;
+      };
+      comm.allreduce({{big.data(), big.size()}}, DataType::kFloat32, ReduceOp::kSum, onDone);
+      for (int i = 0; i < calls; ++i) {
+        small[i].assign(1000 + 37 * i, static_cast<float>(i + r));
+        comm.allreduce({{small[i].data(), small[i].size()}}, DataType::kFloat32, ReduceOp::kSum,
+                       onDone);
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+      while (done.load() < calls + 1 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (done.load() < calls + 1 || failed.load()) return "calls failed or hung";
+      for (float x : big) {
+        if (x != static_cast<float>(size)) return "large call wrong";
+      }
+      for (int i = 0; i < calls; ++i) {
+        const float want = static_cast<float>(size * i + size * (size - 1) / 2);
+        for (float x : small[i]) {
+          if (x != want) return "call " + std::to_string(i) + " wrong";
+        }
+      }
+      Stats s = comm.stats();
+      if (s.fusedCalls != static_cast<uint64_t>(calls + 1) || s.fusionFlushes >= s.fusedCalls) {
+        return "not fused: " + std::to_string(s.fusedCalls) + " calls in " +
+               std::to_string(s.fusionFlushes) + " batches";
+      }
+      return "";
+    });
+    for (const auto& res : results) {
+      INFO("world " << n);
+      CHECK(res == "");
+    }
+  }
+}
