@@ -352,6 +352,9 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
   // piece per host; host h's server for this shard combines piece h of
   // every host's partial, in host order (so every host gets the same
   // bits), and returns it. Two network steps, 2(H-1)/H of the chunk each way.
+  // With K standalone servers the chunk is cut into H + K pieces; pieces
+  // H.. go to the standalone servers, which combine them in host order too
+  // (docs/design.md, "Standalone reduction servers").
   const int H = topo_.hosts();
   const int myHost = topo_.hostIndex;
   const int local = segment_->serverRank(server);
@@ -361,8 +364,32 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
   const bool wide = widePartials(b.dtype);
   const DataType acc = wide ? DataType::kFloat32 : b.dtype;
   const size_t es = elementSize(acc);
-  std::vector<Range> piece(H);
-  for (int h = 0; h < H; ++h) piece[h] = balancedShard(len, H, h, chunk);
+  const int K = standalone_;
+  std::vector<Range> piece(H + K);
+  for (int i = 0; i < H + K; ++i) piece[i] = crossHostPiece(len, H, K, i, chunk);
+  SMDDP_CHECK(K == 0 || (serverLinks_ && serverLinks_->count() == K), kInternal,
+              "smddp: a host server rank without its standalone-server links");
+  const auto deadline = std::chrono::steady_clock::now() + comm_.timeout();
+  auto stopping = [this]() -> std::string {
+    return comm_.stopRequested() ? "the process group was shut down" : "";
+  };
+  std::vector<ServerFrame> sent(K);
+  // First the standalone servers' pieces, into their sockets (the kernel
+  // sends them while the hosts' own pieces go over libfabric below).
+  for (int k = 0; k < K; ++k) {
+    const Range& p = piece[H + k];
+    ServerFrame& f = sent[k];
+    f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
+    f.dtype = static_cast<uint8_t>(acc);
+    f.op = static_cast<uint8_t>(b.op);
+    f.divisor = b.op == ReduceOp::kAvg ? static_cast<uint32_t>(comm_.size()) : 1;
+    f.seq = b.firstSeq;
+    f.step = chunk;
+    f.count = p.count;
+    f.payload = p.count * es;
+    serverLinks_->push(k, f, data + p.offset * es, deadline, stopping);
+    comm_.counters().standaloneServerBytes += f.payload;
+  }
   const Range mine = piece[myHost];
   const size_t mineBytes = mine.count * es;
   uint8_t* partials = comm_.scratch(H * mineBytes + 1);
@@ -398,6 +425,15 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
             data + piece[h].offset * es, piece[h].count * es);
   }
   ex.run();
+  // The standalone servers' results, into place.
+  for (int k = 0; k < K; ++k) {
+    serverLinks_->pull(k, sent[k], data + piece[H + k].offset * es, deadline, [&]() -> std::string {
+      std::string why = stopping();
+      if (why.empty()) comm_.peers().checkAlive("allreduce (seq " + std::to_string(b.firstSeq) + ")");
+      return why;
+    });
+  }
+  if (K) comm_.counters().standaloneServerSteps++;
   if (wide) narrowFromFloat(data, reinterpret_cast<const float*>(data), len, b.dtype);
 }
 
