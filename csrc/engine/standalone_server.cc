@@ -188,7 +188,9 @@ void StandaloneServer::handshake(int server, int fd) {
   std::shared_ptr<Stream> stream;
   {
     std::lock_guard<std::mutex> g(mu_);
-    auto& s = streams_[{server, hello.secret, hello.stream}];
+    const uint64_t secret = hello.secret;  // copies: the frame is packed
+    const int streamIndex = hello.stream;
+    auto& s = streams_[std::make_tuple(server, secret, streamIndex)];
     if (!s) {
       s = std::make_shared<Stream>();
       s->hosts = hello.hosts;

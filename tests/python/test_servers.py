@@ -17,6 +17,7 @@ killed with its children in the end.
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -44,8 +45,12 @@ class Procs:
 
     def start(self, cmd, env=None, log=None, **kw):
         out = open(log, "wb") if log else subprocess.DEVNULL
+        # A server's stdout is a pipe the test reads only until the hosts
+        # line: its stderr (warnings) must not fill that pipe.
+        piped = kw.get("stdout") == subprocess.PIPE
         p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                             stdout=kw.pop("stdout", out), stderr=subprocess.STDOUT,
+                             stdout=kw.pop("stdout", out),
+                             stderr=subprocess.DEVNULL if piped else subprocess.STDOUT,
                              start_new_session=True, cwd=REPO_ROOT, **kw)
         if log:
             out.close()
@@ -84,19 +89,30 @@ def _env(**extra):
     return env
 
 
-def _start_server(procs, args, env=None, log_dir=None):
+def _hosts_line(p, what):
+    """The SMDDP_SERVER_HOSTS=... line a starting server prints, read with a
+    deadline (never a blocking readline)."""
+    deadline = time.monotonic() + START_S
+    fd = p.stdout.fileno()
+    text = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            text += chunk
+            m = re.search(rb"^SMDDP_SERVER_HOSTS=(\S+)$", text, re.M)
+            if m:
+                return m.group(1).decode()
+    raise AssertionError(f"{what} did not start (exit {p.poll()}): {text[-2000:]!r}")
+
+
+def _start_server(procs, args, env=None):
     """Starts ``python -m torch_smddp.server ARGS``; returns (proc, hosts)."""
     p = procs.start([PY, "-m", "torch_smddp.server", *args], env=env or _env(),
-                    stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        m = re.match(r"SMDDP_SERVER_HOSTS=(\S+)", line)
-        if m:
-            return p, m.group(1)
-    raise AssertionError(f"the server did not start (exit {p.poll()})")
+                    stdout=subprocess.PIPE)
+    return p, _hosts_line(p, "the server")
 
 
 def _local_world(procs, world, mode, out_dir, env_extra, args=()):
@@ -284,13 +300,5 @@ def test_cluster_server_host_sigkilled_mid_allreduce(procs, cluster3, tmp_path):
 def _start_server_on(procs, cluster, host, args):
     env = _env(SMDDP_CLUSTER=cluster.prefix)
     p = procs.start([_cluster_script(), "exec", str(host), PY, "-m", "torch_smddp.server",
-                     *args], env=env, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        m = re.match(r"SMDDP_SERVER_HOSTS=(\S+)", line)
-        if m:
-            return p, m.group(1)
-    raise AssertionError(f"the server on h{host} did not start (exit {p.poll()})")
+                     *args], env=env, stdout=subprocess.PIPE)
+    return p, _hosts_line(p, f"the server on h{host}")
