@@ -1,7 +1,7 @@
 """What standalone reduction servers add across hosts (docs/design.md,
 "Standalone reduction servers"), on a scripts/cluster.sh cluster (root):
 
-    sudo .venv/bin/python benchmarks/servers.py --workers 4 --servers 0 2 --rate 2gbit
+    sudo .venv/bin/python benchmarks/servers.py --workers 4 --configs 0 2 2:33 --rate 2gbit
 
 W worker hosts of one rank each and K server hosts (one server each), every
 host on its own tbf-shaped link to the hub. Each configuration runs one
@@ -9,7 +9,9 @@ torchrun job on the worker hosts: warm-up, then ITERS allreduces of SIZE
 float32 bytes, timed on every rank (the slowest rank counts). Prints a
 table: configuration, seconds per allreduce, algbw (SIZE / time), and the
 bytes each worker and each server sends per allreduce by the formula
-S + (H-2)S/(H+K) and H·S/(H+K) (2(H-1)/H·S without servers).
+S + (H-2)·a and H·b, a and b the host and server pieces (2(H-1)/H·S
+without servers). A configuration is K or K:P, P the SMDDP_SERVER_SHARE
+percent (default: -1, balanced for links of one speed).
 """
 
 import argparse
@@ -51,7 +53,7 @@ dist.destroy_process_group()
 '''
 
 
-def run(cluster, workers, servers, size, iters, out_dir, timeout_s):
+def run(cluster, workers, servers, share, size, iters, out_dir, timeout_s):
     procs = []
     env = dict(os.environ, SMDDP_CLUSTER=cluster.prefix, PYTHONUNBUFFERED="1",
                PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
@@ -73,6 +75,7 @@ def run(cluster, workers, servers, size, iters, out_dir, timeout_s):
         wenv = dict(env)
         if hosts:
             wenv["SMDDP_SERVER_HOSTS"] = ",".join(hosts)
+            wenv["SMDDP_SERVER_SHARE"] = str(share)
         script = os.path.join(out_dir, "bench_worker.py")
         with open(script, "w") as f:
             f.write(WORKER)
@@ -118,7 +121,8 @@ def run(cluster, workers, servers, size, iters, out_dir, timeout_s):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--servers", type=int, nargs="+", default=[0, 2])
+    ap.add_argument("--configs", nargs="+", default=["0", "2", "2:33"],
+                    help="K or K:P (servers, SMDDP_SERVER_SHARE percent)")
     ap.add_argument("--rate", default="2gbit")
     ap.add_argument("--size", type=int, default=64 << 20, help="bytes per allreduce")
     ap.add_argument("--iters", type=int, default=5)
@@ -132,17 +136,33 @@ def main():
     H, S = a.workers, a.size
     print(f"{H} worker hosts x 1 rank, links {a.rate}, allreduce of {S >> 20} MiB float32, "
           f"{a.iters} timed iterations")
-    print(f"{'servers':>8} {'s/allreduce':>12} {'algbw GB/s':>11} {'worker sends':>13} "
-          f"{'server sends':>13} {'correct':>8}")
-    with Cluster(H + max(a.servers), a.rate) as c:
-        for K in a.servers:
-            res = run(c, H, K, S, a.iters, a.out, a.timeout)
+    configs = []
+    for c in a.configs:
+        k, _, p = c.partition(":")
+        configs.append((int(k), int(p) if p else -1))
+    print(f"{'servers':>8} {'share':>6} {'s/allreduce':>12} {'algbw GB/s':>11} "
+          f"{'worker sends':>13} {'server sends':>13} {'correct':>8}")
+    with Cluster(H + max(k for k, _ in configs), a.rate) as c:
+        for K, share in configs:
+            res = run(c, H, K, share, S, a.iters, a.out, a.timeout)
             t = max(r["s"] for r in res)
             ok = all(r["ok"] for r in res) and (K == 0 or all(r["steps"] > 0 for r in res))
-            w = (S + (H - 2) * S / (H + K)) if K else 2 * (H - 1) / H * S
-            srv = f"{H * S / (H + K) / S:.2f} S" if K else "-"
-            print(f"{K:>8} {t:>12.3f} {S / t / 1e9:>11.3f} {w / S:>11.2f} S {srv:>13} "
+            if K:
+                f = _share(H, K, share)
+                a_, b_ = (1 - f) / H, f / K
+                w, srv = 1 + (H - 2) * a_, f"{H * b_:.2f} S"
+                shown = f"{f * 100:.0f}%"
+            else:
+                w, srv, shown = 2 * (H - 1) / H, "-", "-"
+            print(f"{K:>8} {shown:>6} {t:>12.3f} {S / t / 1e9:>11.3f} {w:>11.2f} S {srv:>13} "
                   f"{str(ok):>8}", flush=True)
+
+
+def _share(H, K, percent):
+    """server_wire.h, serverShareMillionths, as a fraction."""
+    if percent >= 0:
+        return min(percent, 100) / 100
+    return min(1.0, 2 * K * (H - 1) / (H * H + (H - 2) * K))
 
 
 if __name__ == "__main__":

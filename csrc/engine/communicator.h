@@ -97,6 +97,7 @@ struct EngineConfig {
   uint64_t smallBytes;     // batches up to this size: one step, every rank reduces all parts
   std::vector<ServerAddress> serverHosts;  // standalone reduction servers (SMDDP_SERVER_HOSTS)
   std::string serverJob;                   // SMDDP_SERVER_JOB
+  int serverSharePercent = -1;             // SMDDP_SERVER_SHARE (-1: balanced)
   static EngineConfig fromEnvironment();
 };
 // The readers of the parameters each engine file declares next to the code

@@ -353,8 +353,9 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
   // every host's partial, in host order (so every host gets the same
   // bits), and returns it. Two network steps, 2(H-1)/H of the chunk each way.
   // With K standalone servers the chunk is cut into H + K pieces; pieces
-  // H.. go to the standalone servers, which combine them in host order too
-  // (docs/design.md, "Standalone reduction servers").
+  // H.. (SMDDP_SERVER_SHARE of the chunk) go to the standalone servers,
+  // which combine them in host order too (docs/design.md, "Standalone
+  // reduction servers").
   const int H = topo_.hosts();
   const int myHost = topo_.hostIndex;
   const int local = segment_->serverRank(server);
@@ -366,7 +367,8 @@ void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chu
   const size_t es = elementSize(acc);
   const int K = standalone_;
   std::vector<Range> piece(H + K);
-  for (int i = 0; i < H + K; ++i) piece[i] = crossHostPiece(len, H, K, i, chunk);
+  const uint64_t share = serverShareMillionths(H, K, comm_.config().serverSharePercent);
+  for (int i = 0; i < H + K; ++i) piece[i] = crossHostPiece(len, H, K, i, chunk, share);
   SMDDP_CHECK(K == 0 || (serverLinks_ && serverLinks_->count() == K), kInternal,
               "smddp: a host server rank without its standalone-server links");
   const auto deadline = std::chrono::steady_clock::now() + comm_.timeout();

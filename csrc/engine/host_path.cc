@@ -38,8 +38,13 @@ SMDDP_PARAM_INT(paramServerCount, "SMDDP_SERVER_COUNT", 0, 0, 1024,
                 "-m torch_smddp.server --rendezvous --job SMDDP_SERVER_JOB (0: none; ignored "
                 "when SMDDP_SERVER_HOSTS is set)")
 
+SMDDP_PARAM_INT(paramServerShare, "SMDDP_SERVER_SHARE", -1, -1, 100,
+                "percent of each cross-host step the standalone reduction servers take "
+                "together (-1: what balances the bytes when every link has one speed)")
+
 void readHostPathParams(EngineConfig& c) {
   c.serverHosts = parseServerHosts(paramServerHosts());
+  c.serverSharePercent = static_cast<int>(paramServerShare());
   const int64_t count = paramServerCount();
   SMDDP_CHECK(count == 0 || c.serverHosts.empty() ||
                   count == static_cast<int64_t>(c.serverHosts.size()),

@@ -99,7 +99,10 @@ ServerLinks::~ServerLinks() {
 
 void ServerLinks::fail(int k, const std::string& why, const std::string& during) {
   broken_ = true;
-  throwError(ErrorKind::kPeerLost, "smddp: " + describe(k) + ": " + why + " (" + during + ")");
+  // A wait that ran out is a timeout (the group's desync report follows);
+  // anything else means the server is gone or broke the protocol.
+  const ErrorKind kind = why == "timed out" ? ErrorKind::kTimeout : ErrorKind::kPeerLost;
+  throwError(kind, "smddp: " + describe(k) + ": " + why + " (" + during + ")");
 }
 
 void ServerLinks::push(int k, const ServerFrame& f, const void* data,

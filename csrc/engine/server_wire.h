@@ -6,6 +6,7 @@
 // (standalone_server.h) and the workers' links (server_link.h) share it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -79,12 +80,37 @@ struct ServerAddress {
 };
 std::vector<ServerAddress> parseServerHosts(const std::string& spec);
 
+// The share of each cross-host step the K standalone servers take
+// together, in millionths. `percent` >= 0 is SMDDP_SERVER_SHARE; -1 (auto)
+// balances the bytes on links of one speed: with host pieces of a and
+// server pieces of b (H·a + K·b = S), a worker host sends S + (H-2)·a and
+// a server H·b per step; equal at b = 2(H-1)·S / (H² + (H-2)·K), capped at
+// S/K (docs/design.md, "Standalone reduction servers").
+inline uint64_t serverShareMillionths(int hosts, int standalone, int percent) {
+  if (standalone <= 0) return 0;
+  if (percent >= 0) return static_cast<uint64_t>(std::min(percent, 100)) * 10000;
+  const uint64_t H = static_cast<uint64_t>(hosts), K = static_cast<uint64_t>(standalone);
+  const uint64_t num = 2 * K * (H - 1), den = H * H + (H - 2) * K;
+  return num >= den ? 1000000 : num * 1000000 / den;
+}
+
 // The cross-host pieces of one step of `len` elements: the H hosts' own
-// servers take pieces 0..H-1 and the K standalone servers pieces H..H+K-1,
-// one even split over all H + K (rotating leftovers by `step`). Every host
+// servers take pieces 0..H-1 (an even split of the first len - T
+// elements), the K standalone servers pieces H..H+K-1 (an even split of
+// the last T = len x share), leftovers rotating by `step`. Every host
 // computes the same split.
-inline Range crossHostPiece(uint64_t len, int hosts, int standalone, int piece, uint64_t step) {
-  return balancedShard(len, hosts + standalone, piece, step);
+inline Range crossHostPiece(uint64_t len, int hosts, int standalone, int piece, uint64_t step,
+                            uint64_t shareMillionths) {
+  const uint64_t toServers =
+      standalone > 0 ? static_cast<uint64_t>((static_cast<unsigned __int128>(len) *
+                                              std::min<uint64_t>(shareMillionths, 1000000)) /
+                                             1000000)
+                     : 0;
+  const uint64_t toHosts = len - toServers;
+  if (piece < hosts) return balancedShard(toHosts, hosts, piece, step);
+  Range r = balancedShard(toServers, standalone, piece - hosts, step);
+  r.offset += toHosts;
+  return r;
 }
 
 }  // namespace smddp

@@ -148,21 +148,30 @@ TEST_CASE("the H + K pieces partition every step", "[server]") {
   for (uint64_t len : {0ull, 1ull, 5ull, 1000ull, 32768ull, 32771ull}) {
     for (int H : {2, 3, 4}) {
       for (int K : {0, 1, 2, 5}) {
-        for (uint64_t step : {0ull, 1ull, 7ull}) {
-          uint64_t next = 0, lo = UINT64_MAX, hi = 0;
-          for (int i = 0; i < H + K; ++i) {
-            Range r = crossHostPiece(len, H, K, i, step);
-            CHECK(r.offset == next);
-            next = r.offset + r.count;
-            lo = std::min(lo, r.count);
-            hi = std::max(hi, r.count);
+        for (int percent : {-1, 0, 33, 100}) {
+          const uint64_t share = serverShareMillionths(H, K, percent);
+          for (uint64_t step : {0ull, 1ull, 7ull}) {
+            uint64_t next = 0, onServers = 0;
+            for (int i = 0; i < H + K; ++i) {
+              Range r = crossHostPiece(len, H, K, i, step, share);
+              CHECK(r.offset == next);
+              next = r.offset + r.count;
+              if (i >= H) onServers += r.count;
+            }
+            CHECK(next == len);
+            CHECK(onServers == (K ? len * share / 1000000 : 0));
           }
-          CHECK(next == len);
-          CHECK(hi - lo <= 1);
         }
       }
     }
   }
+  // Balanced for one link speed: 4 hosts, 2 servers: b = 6S/20 each, so
+  // a worker sends S + 2a = 1.2 S and a server 4b = 1.2 S.
+  CHECK(serverShareMillionths(4, 2, -1) == 600000);
+  CHECK(serverShareMillionths(2, 1, -1) == 500000);
+  CHECK(serverShareMillionths(2, 4, -1) == 1000000);  // capped: everything to the servers
+  CHECK(serverShareMillionths(4, 0, -1) == 0);
+  CHECK(serverShareMillionths(4, 2, 33) == 330000);
 }
 
 TEST_CASE("a standalone server sums every host's piece in host order", "[server]") {
