@@ -176,8 +176,11 @@ def test_help_explains_both_rendezvous():
 def test_two_pretend_hosts_reduce_through_two_servers(procs, tmp_path):
     _, hosts = _start_server(procs, ["--bind", "127.0.0.1", "--servers", "2", "--job", "j1"])
     assert len(hosts.split(",")) == 2
+    # 40 %: both the hosts' own servers and the standalone ones take pieces
+    # (two hosts would otherwise hand the servers everything).
     _local_world(procs, 2, "check", tmp_path,
-                 {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_JOB": "j1"})
+                 {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_JOB": "j1",
+                  "SMDDP_SERVER_SHARE": 40})
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     _check_results(got, hosts)
 
@@ -273,7 +276,8 @@ def test_cluster_two_worker_hosts_and_a_server_host(procs, cluster3, tmp_path):
     _, hosts = _start_server_on(procs, cluster3, 2, ["--servers", "2", "--port", "29600",
                                                      "--advertise", addr])
     assert hosts == f"{addr}:29600,{addr}:29601"
-    _cluster_job(procs, cluster3, 2, 2, "check", tmp_path, {"SMDDP_SERVER_HOSTS": hosts})
+    _cluster_job(procs, cluster3, 2, 2, "check", tmp_path,
+                 {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_SHARE": 50})
     got = _wait_results(tmp_path, [f"check.{r}.json" for r in range(4)], 400)
     _check_results(got, hosts)
 
