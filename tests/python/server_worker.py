@@ -104,6 +104,8 @@ def main():
             dist.init_process_group("smddp", timeout=datetime.timedelta(seconds=timeout))
         except Exception as e:  # noqa: BLE001 - reported to the parent
             _write(out_dir, f"{mode}.{rank}.json", {"rank": rank, "init_error": str(e)})
+            if rank == 0:
+                time.sleep(5)  # rank 0 hosts the store: the others may still read it
             return
         world = dist.get_world_size()
         nproc = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
