@@ -180,10 +180,9 @@ void StandaloneServer::handshake(int server, int fd) {
     return refuse("the worker belongs to job '" + job + "', this server serves job '" +
                   options_.job + "'");
   }
-  if (hello.server != server) {
-    return refuse("the worker took it for server " + std::to_string(hello.server) +
-                  " (SMDDP_SERVER_HOSTS lists the servers in a different order on that worker?)");
-  }
+  // hello.server is the worker's index of this server in SMDDP_SERVER_HOSTS,
+  // which spans every server process: not comparable with `server`, which
+  // counts this process's listeners only.
   // 2. Join the stream; the host that completes it serves it.
   std::shared_ptr<Stream> stream;
   {
