@@ -26,9 +26,43 @@ __all__ = ["__version__", "stats", "reset_stats", "flight_recorder", "ProcessGro
 ProcessGroupSmddp = _C.ProcessGroupSmddp
 
 
+def _servers_from_store(store, timeout) -> None:
+    """SMDDP_SERVER_COUNT=K without SMDDP_SERVER_HOSTS: the standalone
+    reduction servers registered themselves in the job's store
+    (``python -m torch_smddp.server --rendezvous ... --job ID``); wait for K
+    of job SMDDP_SERVER_JOB and hand their addresses to the engine."""
+    raw = os.environ.get("SMDDP_SERVER_COUNT", "").strip()
+    if not raw or os.environ.get("SMDDP_SERVER_HOSTS", "").strip():
+        return
+    try:
+        count = int(raw)
+        if not 0 <= count <= 1024:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"SMDDP_SERVER_COUNT='{raw}' is not a number of servers in 0..1024") from None
+    if count == 0:
+        return
+    job = os.environ.get("SMDDP_SERVER_JOB", "")
+    if not job:
+        raise ValueError("SMDDP_SERVER_COUNT is set without SMDDP_SERVER_JOB: the job id the "
+                         "servers registered under (python -m torch_smddp.server --job ID)")
+    root = store
+    while isinstance(root, dist.PrefixStore):
+        root = root.underlying_store
+    keys = [f"smddp_servers/{job}/{i}" for i in range(count)]
+    try:
+        root.wait(keys, timeout)
+    except Exception as e:  # noqa: BLE001  (the store's own timeout error)
+        raise RuntimeError(f"smddp: {count} standalone reduction server(s) of job '{job}' "
+                           f"(SMDDP_SERVER_COUNT) did not register in the job's store within "
+                           f"{timeout}: {e}") from e
+    os.environ["SMDDP_SERVER_HOSTS"] = ",".join(root.get(k).decode() for k in keys)
+
+
 def _create_backend(dist_backend_opts, backend_options=None):
     opts = dist_backend_opts
     name = str(getattr(opts, "group_id", "default"))
+    _servers_from_store(opts.store, opts.timeout)
     return _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name)
 
 

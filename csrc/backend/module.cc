@@ -10,9 +10,11 @@
 #include "common/param.h"
 #include "engine/flight_recorder.h"
 #include "engine/reduce_kernels.h"
+#include "engine/standalone_server.h"
 #include "engine/stats.h"
 #include "engine/timeline.h"
 #include "transport/fabric.h"
+#include "transport/socket_address.h"
 
 namespace py = pybind11;
 using c10d_smddp::ProcessGroupSmddp;
@@ -81,6 +83,8 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["abandoned_sends_held"] = s.abandonedSendsHeld;
   d["calls_run_by_caller"] = s.callerRuns;
   d["small_batches"] = s.smallBatches;
+  d["standalone_server_bytes"] = s.standaloneServerBytes;
+  d["standalone_server_steps"] = s.standaloneServerSteps;
   return d;
 }
 
@@ -212,6 +216,26 @@ PYBIND11_MODULE(_C, m) {
     }
     return smddp::formatDesyncReport(ps);
   });
+  // python -m torch_smddp.server (torch_smddp/server.py): the torch-free
+  // standalone reduction servers, run on threads of their own.
+  py::class_<smddp::StandaloneServer>(m, "StandaloneServer")
+      .def(py::init([](const std::string& bind, int basePort, int count, const std::string& job) {
+             smddp::StandaloneServer::Options o;
+             o.bindAddress = bind;
+             o.basePort = basePort;
+             o.count = count;
+             o.job = job;
+             return std::make_unique<smddp::StandaloneServer>(o);
+           }),
+           py::arg("bind"), py::arg("base_port"), py::arg("count"), py::arg("job"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("ports", &smddp::StandaloneServer::ports)
+      .def("stop", &smddp::StandaloneServer::stop, py::call_guard<py::gil_scoped_release>())
+      .def("pieces_reduced", &smddp::StandaloneServer::piecesReduced)
+      .def("bytes_reduced", &smddp::StandaloneServer::bytesReduced)
+      .def("refused", &smddp::StandaloneServer::refused)
+      .def("last_error", &smddp::StandaloneServer::lastError);
+  m.def("default_address", &smddp::fallbackAddress);
   m.def("libfabric_version", &smddp::libfabricVersion);
   m.def("available_providers", &smddp::availableProviders);
   m.def("choose_provider", [](bool oneHost) {

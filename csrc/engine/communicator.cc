@@ -157,6 +157,11 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
     netFusion_ = std::all_of(fusing.begin(), fusing.end(),
                              [](const std::string& v) { return v == "on"; });
   }
+  if (!config_.serverHosts.empty() && peers_.hostCount() > 1 && !scheduler_ && opts_.rank == 0) {
+    SMDDP_LOG(kWarn) << "SMDDP_SERVER_HOSTS is set, but group '" << opts_.name
+                     << "' takes the network-only allreduce path, which does not use standalone "
+                        "reduction servers (docs/design.md, \"Standalone reduction servers\")";
+  }
   if (!shmTrouble.empty()) {
     // Every rank reached the same verdicts; one of them says so, once.
     std::string text;
@@ -198,6 +203,10 @@ std::string Communicator::describeGroup() const {
                                                              : "")
       << ": " << seg.servers() << " reduction server(s) per host, slot " << kib(seg.slotBytes())
       << " x depth " << seg.depth() << ", fusion buffer " << kib(scheduler_->fusionBytes());
+    if (scheduler_->standaloneServers() > 0) {
+      o << ", plus " << scheduler_->standaloneServers()
+        << " standalone reduction server(s) across hosts (SMDDP_SERVER_HOSTS)";
+    }
   } else {
     std::string why = !config_.hostPath  ? "SMDDP_SHM_ALLREDUCE=0"
                       : opts_.size == 1 ? "one rank"

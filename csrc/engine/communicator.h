@@ -27,6 +27,7 @@
 #include "engine/flight_recorder.h"
 #include "engine/peer_table.h"
 #include "engine/request.h"
+#include "engine/server_wire.h"
 #include "engine/stats.h"
 #include "transport/bootstrap.h"
 #include "transport/endpoint.h"
@@ -95,6 +96,9 @@ struct EngineConfig {
   int64_t serversPerNode; // reduction servers per host; 0 = every rank
   uint64_t streamingBytes; // batches this large write results with streaming stores
   uint64_t smallBytes;     // batches up to this size: one step, every rank reduces all parts
+  std::vector<ServerAddress> serverHosts;  // standalone reduction servers (SMDDP_SERVER_HOSTS)
+  std::string serverJob;                   // SMDDP_SERVER_JOB
+  int serverSharePercent = -1;             // SMDDP_SERVER_SHARE (-1: balanced)
   static EngineConfig fromEnvironment();
 };
 // The readers of the parameters each engine file declares next to the code

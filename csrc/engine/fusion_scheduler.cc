@@ -136,12 +136,16 @@ class FusionBufferScheduler::CrossHost {
  public:
   CrossHost(FusionBufferScheduler& s, Batch& b, int server, uint64_t depth, uint64_t chunkElems)
       : s_(s), b_(b), H_(s.topo_.hosts()), myHost_(s.topo_.hostIndex),
-        local_(s.segment_->serverRank(server)), wide_(s.widePartials(b.dtype)),
+        local_(s.segment_->serverRank(server)), K_(s.standalone_),
+        share_(serverShareMillionths(H_, K_, s.comm_.config().serverSharePercent)),
+        wide_(s.widePartials(b.dtype)),
         acc_(wide_ ? DataType::kFloat32 : b.dtype), es_(elementSize(acc_)),
         ex_(s.comm_, b.firstSeq, b.sigs[0]), steps_(depth) {
     // Each step's pieces from the other hosts land in a slice of their own.
-    pieceBytes_ = (chunkElems + H_ - 1) / H_ * es_;
+    pieceBytes_ = ((chunkElems + H_ - 1) / H_ + 1) * es_;
     partials_.resize(depth * H_ * pieceBytes_ + 1);
+    SMDDP_CHECK(K_ == 0 || (s.serverLinks_ && s.serverLinks_->count() == K_), kInternal,
+                "smddp: a host server rank without its standalone-server links");
   }
 
   // Step k of the batch: `data` holds this host's partial (len elements,
@@ -151,10 +155,31 @@ class FusionBufferScheduler::CrossHost {
     st = Step{};
     st.data = data;
     const uint32_t tag = crossHostStepChunk(k);  // wraps past 2^24 steps, safely (frame.h)
-    std::vector<Range> piece(H_);
-    for (int h = 0; h < H_; ++h) piece[h] = balancedShard(len, H_, h, k);
+    // With K standalone servers the chunk is cut into H + K pieces; pieces
+    // H.. (SMDDP_SERVER_SHARE of the chunk) go to the standalone servers,
+    // which combine them in host order too (docs/design.md, "Standalone
+    // reduction servers"); their results are pulled when the step is done.
+    std::vector<Range> piece(H_ + K_);
+    for (int i = 0; i < H_ + K_; ++i) piece[i] = crossHostPiece(len, H_, K_, i, k, share_);
+    st.servers.assign(K_, ServerFrame{});
+    st.serverPieces.assign(piece.begin() + H_, piece.end());
+    for (int j = 0; j < K_; ++j) {
+      const Range& p = piece[H_ + j];
+      ServerFrame& f = st.servers[j];
+      f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
+      f.dtype = static_cast<uint8_t>(acc_);
+      f.op = static_cast<uint8_t>(b_.op);
+      f.divisor = b_.op == ReduceOp::kAvg ? static_cast<uint32_t>(s_.comm_.size()) : 1;
+      f.seq = b_.firstSeq;
+      f.step = k;
+      f.count = p.count;
+      f.payload = p.count * es_;
+      s_.serverLinks_->push(j, f, data + p.offset * es_, deadline(), [this] { return stopping(); });
+      s_.comm_.counters().standaloneServerBytes += f.payload;
+    }
     const Range mine = piece[myHost_];
     const size_t mineBytes = mine.count * es_;
+    SMDDP_CHECK(mineBytes <= pieceBytes_, kInternal, "smddp: a cross-host piece outgrew its slice");
     uint8_t* partials = partials_.data() + (k % steps_.size()) * H_ * pieceBytes_;
     // Outstanding: H-1 partials in, H-1 pieces back, 2(H-1) sends.
     st.partialsLeft = H_ - 1;
@@ -201,6 +226,20 @@ class FusionBufferScheduler::CrossHost {
     const uint64_t before = done_;
     while (done_ < posted_ && steps_[done_ % steps_.size()].left == 0) {
       Step& st = steps_[done_ % steps_.size()];
+      // The standalone servers' results, into place (in step order, as
+      // each server's stream carries them).
+      for (int j = 0; j < K_; ++j) {
+        s_.serverLinks_->pull(j, st.servers[j], st.data + st.serverPieces[j].offset * es_,
+                              deadline(), [this]() -> std::string {
+                                std::string why = stopping();
+                                if (why.empty()) {
+                                  s_.comm_.peers().checkAlive(
+                                      "allreduce (seq " + std::to_string(b_.firstSeq) + ")");
+                                }
+                                return why;
+                              });
+      }
+      if (K_) s_.comm_.counters().standaloneServerSteps++;
       if (wide_) narrowFromFloat(st.data, reinterpret_cast<const float*>(st.data), st.len, b_.dtype);
       ++done_;
     }
@@ -216,12 +255,22 @@ class FusionBufferScheduler::CrossHost {
     uint64_t len = 0;
     int partialsLeft = 0;
     int left = 0;  // messages of this step not yet complete
+    std::vector<ServerFrame> servers;  // what went to each standalone server
+    std::vector<Range> serverPieces;
   };
   int peerOf(int h) const { return s_.topo_.ranksOfHost[h][local_]; }
+  std::chrono::steady_clock::time_point deadline() const {
+    return std::chrono::steady_clock::now() + s_.comm_.timeout();
+  }
+  std::string stopping() const {
+    return s_.comm_.stopRequested() ? "the process group was shut down" : "";
+  }
 
   FusionBufferScheduler& s_;
   Batch& b_;
   const int H_, myHost_, local_;
+  const int K_;            // standalone reduction servers
+  const uint64_t share_;   // their share of each step, in millionths
   const bool wide_;
   const DataType acc_;
   const size_t es_;

@@ -17,6 +17,7 @@
 #include "common/dtype.h"
 #include "engine/host_path.h"
 #include "engine/host_segment.h"
+#include "engine/server_link.h"
 #include "transport/frame.h"
 
 namespace smddp {
@@ -58,6 +59,14 @@ class FusionBufferScheduler {
 
   // The caller has issued every collective below `next` (caller thread).
   void noteIssued(uint64_t next);
+
+  // Across hosts: this rank's connections to the standalone reduction
+  // servers (SMDDP_SERVER_HOSTS), set only on a host's server ranks. Each
+  // step's host partial is then cut into H + K pieces: the hosts' own
+  // servers reduce the first H, the K standalone servers the rest.
+  void setServerLinks(std::unique_ptr<ServerLinks> links) { serverLinks_ = std::move(links); }
+  int standaloneServers() const { return standalone_; }
+  void setStandaloneServers(int k) { standalone_ = k; }
 
   uint64_t fusionBytes() const { return fusionBytes_; }
   HostSegment& segment() const { return *segment_; }
@@ -127,6 +136,8 @@ class FusionBufferScheduler {
   uint64_t fusionBytes_;
   int64_t streamSpinUs_ = 0;  // polling budget inside a batch's data steps
   uint64_t smallBytes_ = 0;   // SMDDP_SMALL_BYTES, at most one slot
+  std::unique_ptr<ServerLinks> serverLinks_;  // worker thread only
+  int standalone_ = 0;                        // K, the same on every rank
   uint64_t nextBatch_ = 0;  // worker thread only
   uint64_t nextStep_ = 0;   // worker thread only
 };

@@ -12,6 +12,7 @@
 #include "engine/communicator.h"
 #include "engine/fusion_scheduler.h"
 #include "engine/host_segment.h"
+#include "engine/server_link.h"
 
 namespace smddp {
 
@@ -24,7 +25,39 @@ SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 0, 0, 64,
 SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
                   "queued allreduce calls are fused up to this many bytes (0: no fusion)")
 
+SMDDP_PARAM_STRING(paramServerHosts, "SMDDP_SERVER_HOSTS", "",
+                   "standalone reduction servers (python -m torch_smddp.server) as host:port,... "
+                   "in server order; across hosts the shared-memory path shards each step over "
+                   "them as over the hosts' own servers (empty: none)")
+SMDDP_PARAM_STRING(paramServerJob, "SMDDP_SERVER_JOB", "",
+                   "the job id this job gives the standalone reduction servers; a server "
+                   "started with --job refuses any other")
+
+SMDDP_PARAM_INT(paramServerCount, "SMDDP_SERVER_COUNT", 0, 0, 1024,
+                "standalone reduction servers to find in the job's store, registered by python "
+                "-m torch_smddp.server --rendezvous --job SMDDP_SERVER_JOB (0: none; ignored "
+                "when SMDDP_SERVER_HOSTS is set)")
+
+SMDDP_PARAM_INT(paramServerShare, "SMDDP_SERVER_SHARE", -1, -1, 100,
+                "percent of each cross-host step the standalone reduction servers take "
+                "together (-1: what balances the bytes when every link has one speed)")
+
 void readHostPathParams(EngineConfig& c) {
+  c.serverHosts = parseServerHosts(paramServerHosts());
+  c.serverSharePercent = static_cast<int>(paramServerShare());
+  const int64_t count = paramServerCount();
+  SMDDP_CHECK(count == 0 || c.serverHosts.empty() ||
+                  count == static_cast<int64_t>(c.serverHosts.size()),
+              kInvalidArgument,
+              "SMDDP_SERVER_COUNT=" + std::to_string(count) + " but SMDDP_SERVER_HOSTS lists " +
+                  std::to_string(c.serverHosts.size()) + " server(s)");
+  SMDDP_CHECK(count == 0 || !c.serverHosts.empty(), kInvalidArgument,
+              "SMDDP_SERVER_COUNT is set but no server addresses: torch_smddp looks them up in "
+              "the job's store when the group is made through torch.distributed "
+              "(python -m torch_smddp.server --rendezvous HOST:PORT --job SMDDP_SERVER_JOB)");
+  c.serverJob = paramServerJob();
+  SMDDP_CHECK(c.serverJob.size() <= 256, kInvalidArgument,
+              "SMDDP_SERVER_JOB is longer than 256 bytes");
   c.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
   if (paramShmSlotBytes() > 0 && c.shmSlotBytes < 4096) {
     throwError(ErrorKind::kInvalidArgument,
@@ -123,8 +156,40 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
     }
     return nullptr;
   }
-  return std::make_unique<FusionBufferScheduler>(comm, std::move(seg), std::move(topo),
-                                                 config.fusionBytes);
+  // Across hosts, each host server rank connects to every standalone
+  // reduction server; every rank learns whether all of them could, so a
+  // failure is the same error everywhere instead of a timeout somewhere.
+  const int K = static_cast<int>(config.serverHosts.size());
+  std::unique_ptr<ServerLinks> links;
+  if (K > 0 && topo.hosts() > 1) {
+    std::string linkStatus = "ok";
+    const int stream = seg->serverIndexOf(topo.localRank);
+    if (stream >= 0) {
+      try {
+        ServerLinks::Identity me{config.serverJob, comm.jobSecret(), topo.hosts(), topo.hostIndex,
+                                 stream, comm.rank()};
+        links = std::make_unique<ServerLinks>(config.serverHosts, me, comm.timeout() / 2);
+      } catch (const Error& e) {
+        linkStatus = e.what();
+      }
+    }
+    auto linkAll = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "serverlinks",
+                                      linkStatus, comm.timeout());
+    for (size_t r = 0; r < linkAll.size(); ++r) {
+      if (linkAll[r] != "ok") {
+        throwError(ErrorKind::kPeerLost, "smddp: rank " + std::to_string(r) +
+                                             " cannot use the standalone reduction servers "
+                                             "(SMDDP_SERVER_HOSTS): " + linkAll[r]);
+      }
+    }
+  }
+  auto scheduler = std::make_unique<FusionBufferScheduler>(comm, std::move(seg), std::move(topo),
+                                                           config.fusionBytes);
+  if (K > 0 && scheduler->topology().hosts() > 1) {
+    scheduler->setStandaloneServers(K);
+    if (links) scheduler->setServerLinks(std::move(links));
+  }
+  return scheduler;
 }
 
 }  // namespace smddp

@@ -1,0 +1,353 @@
+#include "engine/standalone_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <tuple>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "engine/reduce_kernels.h"
+#include "engine/server_wire.h"
+#include "transport/socket_address.h"
+
+namespace smddp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int listenOnPort(const std::string& ip, int port, int* bound) {
+  sockaddr_storage sa{};
+  socklen_t len = 0;
+  if (inet_pton(AF_INET, ip.c_str(), &reinterpret_cast<sockaddr_in*>(&sa)->sin_addr) == 1) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&sa);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, ip.c_str(), &reinterpret_cast<sockaddr_in6*>(&sa)->sin6_addr) == 1) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&sa);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(sockaddr_in6);
+  } else {
+    throwError(ErrorKind::kInvalidArgument,
+               "reduction server: '" + ip + "' is not a numeric address to listen on");
+  }
+  int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  SMDDP_CHECK(fd >= 0, kTransport, std::string("reduction server: socket: ") + strerror(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd, 256) != 0) {
+    const int e = errno;
+    close(fd);
+    throwError(ErrorKind::kTransport, "reduction server: cannot listen on " + ip + ":" +
+                                          std::to_string(port) + ": " + strerror(e));
+  }
+  len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  *bound = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
+  return fd;
+}
+
+ServerFrame errorFrame() {
+  ServerFrame f;
+  f.kind = static_cast<uint8_t>(ServerFrameKind::kError);
+  return f;
+}
+
+}  // namespace
+
+// The connections of one stream: host h's server rank for stream s of
+// one group, on one server.
+struct StandaloneServer::Stream {
+  int hosts = 0;
+  std::vector<int> fds;    // by host; -1 until it joined
+  std::vector<int> ranks;  // by host, for messages
+  int joined = 0;
+  bool serving = false;
+};
+
+StandaloneServer::StandaloneServer(Options options) : options_(std::move(options)) {
+  SMDDP_CHECK(options_.count >= 1 && options_.count <= 1024, kInvalidArgument,
+              "reduction server: --servers must be in 1..1024");
+  try {
+    for (int i = 0; i < options_.count; ++i) {
+      int port = 0;
+      const int want = options_.basePort ? options_.basePort + i : 0;
+      SMDDP_CHECK(want <= 65535, kInvalidArgument,
+                  "reduction server: port " + std::to_string(want) + " is past 65535");
+      listeners_.push_back(listenOnPort(options_.bindAddress, want, &port));
+      ports_.push_back(port);
+    }
+  } catch (...) {
+    for (int fd : listeners_) close(fd);
+    throw;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  for (int i = 0; i < options_.count; ++i) threads_.emplace_back([this, i] { acceptLoop(i); });
+}
+
+StandaloneServer::~StandaloneServer() { stop(); }
+
+void StandaloneServer::stop() {
+  if (stop_.exchange(true)) return;
+  std::vector<std::thread> threads;
+  // Threads may still be started by an accept loop until it sees stop_:
+  // join until none is left.
+  while (true) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      threads.swap(threads_);
+    }
+    if (threads.empty()) break;
+    for (auto& t : threads) t.join();
+    threads.clear();
+  }
+  for (int fd : listeners_) close(fd);
+  listeners_.clear();
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& [key, s] : streams_) {
+    for (int& fd : s->fds) {
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+  }
+  streams_.clear();
+}
+
+std::string StandaloneServer::lastError() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return lastError_;
+}
+
+void StandaloneServer::noteError(const std::string& text) {
+  refused_++;
+  SMDDP_LOG(kWarn) << text;
+  std::lock_guard<std::mutex> g(mu_);
+  lastError_ = text;
+}
+
+void StandaloneServer::acceptLoop(int server) {
+  while (!stop_.load()) {
+    pollfd p{listeners_[server], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    int fd = accept4(listeners_[server], nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    setNoDelay(fd);
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_.load()) {
+      close(fd);
+      break;
+    }
+    threads_.emplace_back([this, server, fd] { handshake(server, fd); });
+  }
+}
+
+void StandaloneServer::handshake(int server, int fd) {
+  const std::string who = "reduction server " + std::to_string(server);
+  auto stopping = [this]() -> std::string { return stop_.load() ? "stopped" : ""; };
+  auto refuse = [&](const std::string& why) {
+    noteError(who + ": refused a connection: " + why);
+    writeTextFrame(fd, errorFrame(), who + " refused the connection: " + why,
+                   Clock::now() + std::chrono::seconds(1));
+    close(fd);
+  };
+  // 1. The hello: a header and the job id, within 10 s of connecting.
+  ServerFrame hello;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  std::string why = readAllBefore(fd, &hello, sizeof(hello), deadline, stopping);
+  if (!why.empty()) {
+    if (why == "stopped") {
+      close(fd);
+    } else {
+      refuse("no hello (" + why + ")");
+    }
+    return;
+  }
+  why = validateServerFrame(hello, {ServerFrameKind::kHello});
+  if (!why.empty()) return refuse("a bad hello: " + why);
+  std::string job(hello.payload, '\0');
+  why = readAllBefore(fd, job.data(), job.size(), deadline, stopping);
+  if (!why.empty()) return refuse("no job id (" + why + ")");
+  if (!options_.job.empty() && job != options_.job) {
+    return refuse("the worker belongs to job '" + job + "', this server serves job '" +
+                  options_.job + "'");
+  }
+  // hello.server is the worker's index of this server in SMDDP_SERVER_HOSTS,
+  // which spans every server process: not comparable with `server`, which
+  // counts this process's listeners only.
+  // 2. Join the stream; the host that completes it serves it.
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    const uint64_t secret = hello.secret;  // copies: the frame is packed
+    const int streamIndex = hello.stream;
+    auto& s = streams_[std::make_tuple(server, secret, streamIndex)];
+    if (!s) {
+      s = std::make_shared<Stream>();
+      s->hosts = hello.hosts;
+      s->fds.assign(hello.hosts, -1);
+      s->ranks.assign(hello.hosts, -1);
+    }
+    if (s->hosts != hello.hosts) {
+      why = "host " + std::to_string(hello.host) + " says the group has " +
+            std::to_string(hello.hosts) + " hosts, an earlier one said " + std::to_string(s->hosts);
+    } else if (s->fds[hello.host] >= 0 || s->serving) {
+      why = "host " + std::to_string(hello.host) + " of stream " + std::to_string(hello.stream) +
+            " joined twice";
+    } else {
+      s->fds[hello.host] = fd;
+      s->ranks[hello.host] = static_cast<int>(hello.seq);
+      if (++s->joined == s->hosts) {
+        s->serving = true;
+        stream = s;
+      }
+    }
+  }
+  if (!why.empty()) return refuse(why);
+  ServerFrame welcome;
+  welcome.kind = static_cast<uint8_t>(ServerFrameKind::kWelcome);
+  writeAllBefore(fd, &welcome, sizeof(welcome), Clock::now() + std::chrono::seconds(10));
+  if (stream) serve(server, stream);
+}
+
+void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
+  const int H = stream->hosts;
+  const std::string who = "standalone reduction server " + std::to_string(server);
+  std::vector<int> fds = stream->fds;
+  auto name = [&](int h) {
+    return "host " + std::to_string(h) + " (rank " + std::to_string(stream->ranks[h]) + ")";
+  };
+  // Tells every host why this stream ends, then closes it.
+  auto fail = [&](const std::string& why) {
+    noteError(who + ": " + why);
+    for (int h = 0; h < H; ++h) {
+      writeTextFrame(fds[h], errorFrame(), who + ": " + why, Clock::now() + std::chrono::seconds(1));
+    }
+  };
+  struct Incoming {
+    ServerFrame header;
+    size_t headerGot = 0;
+    std::vector<uint8_t> payload;
+    size_t payloadGot = 0;
+    bool done = false;
+  };
+  std::vector<Incoming> in(H);
+  std::vector<uint8_t> result;
+  std::vector<const void*> inputs(H);
+  std::vector<pollfd> polls(H);
+  std::string failure;
+  while (failure.empty() && !stop_.load()) {
+    // 1. One frame from every host, in whatever order they arrive.
+    for (auto& x : in) {
+      x.headerGot = 0;
+      x.payloadGot = 0;
+      x.done = false;
+    }
+    int done = 0;
+    while (done < H && failure.empty() && !stop_.load()) {
+      for (int h = 0; h < H; ++h) polls[h] = {in[h].done ? -1 : fds[h], POLLIN, 0};
+      if (poll(polls.data(), H, 100) <= 0) continue;
+      for (int h = 0; h < H && failure.empty(); ++h) {
+        if (in[h].done || !(polls[h].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        Incoming& x = in[h];
+        uint8_t* dst;
+        size_t want;
+        if (x.headerGot < sizeof(ServerFrame)) {
+          dst = reinterpret_cast<uint8_t*>(&x.header) + x.headerGot;
+          want = sizeof(ServerFrame) - x.headerGot;
+        } else {
+          dst = x.payload.data() + x.payloadGot;
+          want = x.payload.size() - x.payloadGot;
+        }
+        ssize_t k = want ? ::recv(fds[h], dst, want, 0) : 0;
+        if (want && k == 0) {
+          failure = name(h) + " closed its connection without a goodbye (the worker died?)";
+          break;
+        }
+        if (k < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+          failure = name(h) + "'s connection broke: " + strerror(errno);
+          break;
+        }
+        if (x.headerGot < sizeof(ServerFrame)) {
+          x.headerGot += static_cast<size_t>(k);
+          if (x.headerGot < sizeof(ServerFrame)) continue;
+          std::string why =
+              validateServerFrame(x.header, {ServerFrameKind::kData, ServerFrameKind::kBye});
+          if (!why.empty()) {
+            failure = "a bad frame from " + name(h) + ": " + why;
+            break;
+          }
+          x.payload.resize(x.header.kind == static_cast<uint8_t>(ServerFrameKind::kData)
+                               ? x.header.payload
+                               : 0);
+        } else {
+          x.payloadGot += static_cast<size_t>(k);
+        }
+        if (x.payloadGot == x.payload.size()) {
+          x.done = true;
+          ++done;
+        }
+      }
+    }
+    if (!failure.empty() || stop_.load()) break;
+    // 2. Every host said goodbye: the group shut down.
+    int byes = 0;
+    for (auto& x : in) byes += x.header.kind == static_cast<uint8_t>(ServerFrameKind::kBye);
+    if (byes == H) break;
+    if (byes) {
+      failure = "some hosts left while others still sent data";
+      break;
+    }
+    // 3. Every host must send the same piece of the same call.
+    for (int h = 1; h < H && failure.empty(); ++h) {
+      std::string diff = samePiece(in[0].header, in[h].header);
+      if (!diff.empty()) failure = name(0) + " and " + name(h) + " sent different pieces: " + diff;
+    }
+    if (!failure.empty()) break;
+    // 4. Combine in host order (bitwise the workers' own servers' result).
+    const ServerFrame& f = in[0].header;
+    result.resize(f.payload);
+    if (f.count) {
+      for (int h = 0; h < H; ++h) inputs[h] = in[h].payload.data();
+      reduceOrdered(result.data(), inputs.data(), H, f.count, static_cast<DataType>(f.dtype),
+                    static_cast<ReduceOp>(f.op), static_cast<double>(f.divisor));
+    }
+    pieces_++;
+    bytes_ += f.payload * H;
+    // 5. The result back to every host.
+    ServerFrame out = f;
+    out.kind = static_cast<uint8_t>(ServerFrameKind::kResult);
+    for (int h = 0; h < H && failure.empty(); ++h) {
+      auto stopping = [this]() -> std::string { return stop_.load() ? "stopped" : ""; };
+      const auto deadline = Clock::now() + std::chrono::minutes(30);
+      std::string why = writeAllBefore(fds[h], &out, sizeof(out), deadline, stopping);
+      if (why.empty() && f.payload) {
+        why = writeAllBefore(fds[h], result.data(), result.size(), deadline, stopping);
+      }
+      if (!why.empty() && why != "stopped") failure = "cannot send to " + name(h) + ": " + why;
+    }
+  }
+  if (!failure.empty()) fail(failure);
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto it = streams_.begin(); it != streams_.end(); ++it) {
+    if (it->second == stream) {
+      streams_.erase(it);
+      break;
+    }
+  }
+  for (int& fd : stream->fds) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+}
+
+}  // namespace smddp

@@ -1,0 +1,349 @@
+// Standalone reduction servers (engine/standalone_server.h, server_link.h,
+// server_wire.h; docs/design.md, "Standalone reduction servers"), torch-free:
+// the header codec and SMDDP_SERVER_HOSTS parser against hand-made inputs,
+// the H + K piece split as a partition, and a real server on loopback fed
+// by H worker links on threads: results equal an independent host-order
+// sum, garbage and foreign jobs are refused with a clear error, and a
+// stopped server fails every worker's pull naming it.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/server_link.h"
+#include "engine/server_wire.h"
+#include "engine/standalone_server.h"
+
+using namespace smddp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+ServerFrame dataFrame(uint64_t count, DataType dt = DataType::kFloat32) {
+  ServerFrame f;
+  f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
+  f.dtype = static_cast<uint8_t>(dt);
+  f.op = static_cast<uint8_t>(ReduceOp::kSum);
+  f.count = count;
+  f.payload = count * elementSize(dt);
+  return f;
+}
+
+std::vector<ServerAddress> loopback(const StandaloneServer& s) {
+  std::vector<ServerAddress> out;
+  for (int p : s.ports()) out.push_back({"127.0.0.1", p});
+  return out;
+}
+
+std::unique_ptr<ServerLinks> link(const std::vector<ServerAddress>& servers, int hosts, int host,
+                                  const std::string& job = "", uint64_t secret = 42) {
+  ServerLinks::Identity me{job, secret, hosts, host, 0, host};
+  return std::make_unique<ServerLinks>(servers, me, std::chrono::seconds(10));
+}
+
+// A raw TCP connection to a server, for the garbage tests.
+int rawConnect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  return fd;
+}
+
+// Reads the server's answer to a raw connection: an error frame's text.
+std::string answerText(int fd) {
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ServerFrame f;
+  if (recv(fd, &f, sizeof(f), MSG_WAITALL) != sizeof(f)) return "<no answer>";
+  if (!validateServerFrame(f, {ServerFrameKind::kError}).empty()) return "<not an error frame>";
+  std::string text(f.payload, '\0');
+  if (recv(fd, text.data(), text.size(), MSG_WAITALL) != static_cast<ssize_t>(text.size())) {
+    return "<short text>";
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[server]") {
+  ServerFrame f = dataFrame(100);
+  CHECK(validateServerFrame(f, {ServerFrameKind::kData}).empty());
+  CHECK_THAT(validateServerFrame(f, {ServerFrameKind::kResult}),
+             Catch::Contains("data frame") && Catch::Contains("result"));
+  ServerFrame g = f;
+  g.magic = 0x12345678;
+  CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}), Catch::Contains("magic"));
+  g = f;
+  g.version = 9;
+  CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}), Catch::Contains("version 9"));
+  g = f;
+  g.dtype = 200;
+  CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}), Catch::Contains("dtype 200"));
+  g = f;
+  g.op = static_cast<uint8_t>(ReduceOp::kBxor);  // bitwise op on float32
+  CHECK_FALSE(validateServerFrame(g, {ServerFrameKind::kData}).empty());
+  g = f;
+  g.payload = 401;  // not count * 4
+  CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}), Catch::Contains("401 bytes"));
+  g = f;
+  g.count = (1ull << 62) + 100;  // count * 4 would wrap to 400
+  CHECK_FALSE(validateServerFrame(g, {ServerFrameKind::kData}).empty());
+  g = f;
+  g.payload = g.count = kServerMaxPayload + 1;
+  g.dtype = static_cast<uint8_t>(DataType::kUInt8);
+  CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}), Catch::Contains("at most"));
+  g = f;
+  g.divisor = 0;
+  CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}), Catch::Contains("divisor"));
+  ServerFrame hello;
+  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
+  hello.hosts = 2;
+  hello.host = 2;
+  CHECK_THAT(validateServerFrame(hello, {ServerFrameKind::kHello}), Catch::Contains("host 2 of 2"));
+  hello.host = 1;
+  CHECK(validateServerFrame(hello, {ServerFrameKind::kHello}).empty());
+  ServerFrame a = dataFrame(10), b = dataFrame(10);
+  b.step = 3;
+  CHECK(samePiece(a, a).empty());
+  CHECK_THAT(samePiece(a, b), Catch::Contains("step 3"));
+}
+
+TEST_CASE("SMDDP_SERVER_HOSTS parses lists and names itself in every error", "[server]") {
+  CHECK(parseServerHosts("").empty());
+  CHECK(parseServerHosts("  ").empty());
+  auto v = parseServerHosts("10.0.0.1:29500, h2:80,[::1]:7");
+  REQUIRE(v.size() == 3);
+  CHECK(v[0].host == "10.0.0.1");
+  CHECK(v[0].port == 29500);
+  CHECK(v[1].host == "h2");
+  CHECK(v[2].host == "::1");
+  CHECK(v[2].port == 7);
+  for (const char* bad : {"h1", "h1:", "h1:0", "h1:70000", "h1:x", ":80", "h1:80,,h2:80", "::1:80",
+                          "h1:80,"}) {
+    INFO(bad);
+    try {
+      parseServerHosts(bad);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::kInvalidArgument);
+      CHECK_THAT(e.what(), Catch::Contains("SMDDP_SERVER_HOSTS"));
+    }
+  }
+}
+
+TEST_CASE("the H + K pieces partition every step", "[server]") {
+  for (uint64_t len : {0ull, 1ull, 5ull, 1000ull, 32768ull, 32771ull}) {
+    for (int H : {2, 3, 4}) {
+      for (int K : {0, 1, 2, 5}) {
+        for (int percent : {-1, 0, 33, 100}) {
+          const uint64_t share = serverShareMillionths(H, K, percent);
+          for (uint64_t step : {0ull, 1ull, 7ull}) {
+            uint64_t next = 0, onServers = 0;
+            for (int i = 0; i < H + K; ++i) {
+              Range r = crossHostPiece(len, H, K, i, step, share);
+              CHECK(r.offset == next);
+              next = r.offset + r.count;
+              if (i >= H) onServers += r.count;
+            }
+            CHECK(next == len);
+            CHECK(onServers == (K ? len * share / 1000000 : 0));
+          }
+        }
+      }
+    }
+  }
+  // Balanced for one link speed: 4 hosts, 2 servers: b = 6S/20 each, so
+  // a worker sends S + 2a = 1.2 S and a server 4b = 1.2 S.
+  CHECK(serverShareMillionths(4, 2, -1) == 600000);
+  CHECK(serverShareMillionths(2, 1, -1) == 500000);
+  CHECK(serverShareMillionths(2, 4, -1) == 1000000);  // capped: everything to the servers
+  CHECK(serverShareMillionths(4, 0, -1) == 0);
+  CHECK(serverShareMillionths(4, 2, 33) == 330000);
+}
+
+TEST_CASE("a standalone server sums every host's piece in host order", "[server]") {
+  StandaloneServer server({"127.0.0.1", 0, 2, "jobA"});
+  const auto servers = loopback(server);
+  for (int H : {2, 3}) {
+    std::vector<std::thread> hosts;
+    std::vector<std::string> errors(H);
+    std::vector<std::vector<std::vector<float>>> results(H);
+    const std::vector<uint64_t> counts = {0, 1, 7, 1000, 65536};
+    for (int h = 0; h < H; ++h) {
+      hosts.emplace_back([&, h] {
+        try {
+          auto links = link(servers, H, h, "jobA", 1000 + H);
+          for (size_t i = 0; i < counts.size(); ++i) {
+            for (int k = 0; k < links->count(); ++k) {
+              // Host h's piece: values whose float sum depends on the order.
+              std::vector<float> v(counts[i]);
+              for (uint64_t e = 0; e < counts[i]; ++e) {
+                v[e] = h == 0 ? 1e8f : (h == 1 ? -1e8f : 1.0f) + static_cast<float>(e % 3) * 0.5f;
+              }
+              ServerFrame f = dataFrame(counts[i]);
+              f.seq = 5;
+              f.step = i * 10 + k;
+              const auto deadline = Clock::now() + std::chrono::seconds(20);
+              links->push(k, f, v.data(), deadline, nullptr);
+              std::vector<float> out(counts[i], -1.0f);
+              links->pull(k, f, out.data(), deadline, nullptr);
+              results[h].push_back(out);
+            }
+          }
+        } catch (const std::exception& e) {
+          errors[h] = e.what();
+        }
+      });
+    }
+    for (auto& t : hosts) t.join();
+    for (int h = 0; h < H; ++h) CHECK(errors[h] == "");
+    // The oracle: each element's pieces summed in host order, in float.
+    size_t j = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      for (int k = 0; k < 2; ++k, ++j) {
+        for (uint64_t e = 0; e < counts[i]; ++e) {
+          float sum = 0;
+          for (int h = 0; h < H; ++h) {
+            float x = h == 0 ? 1e8f : (h == 1 ? -1e8f : 1.0f) + static_cast<float>(e % 3) * 0.5f;
+            sum = h == 0 ? x : sum + x;
+          }
+          for (int h = 0; h < H; ++h) {
+            REQUIRE(results[h].size() > j);
+            REQUIRE(std::memcmp(&results[h][j][e], &sum, sizeof(float)) == 0);
+          }
+        }
+      }
+    }
+  }
+  CHECK(server.piecesReduced() == 2 * 5 * 2);
+}
+
+TEST_CASE("a standalone server refuses garbage and foreign jobs with a clear error", "[server]") {
+  StandaloneServer server({"127.0.0.1", 0, 1, "jobA"});
+  SECTION("garbage instead of a hello") {
+    int fd = rawConnect(server.ports()[0]);
+    const char junk[64] = "GET / HTTP/1.1\r\nHost: nowhere\r\n\r\n";
+    REQUIRE(send(fd, junk, sizeof(junk), 0) == sizeof(junk));
+    CHECK_THAT(answerText(fd), Catch::Contains("bad magic"));
+    close(fd);
+  }
+  SECTION("a connection that says nothing and closes") {
+    int fd = rawConnect(server.ports()[0]);
+    close(fd);
+  }
+  SECTION("another job") {
+    try {
+      link(loopback(server), 2, 0, "jobB");
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("standalone reduction server 0") &&
+                               Catch::Contains("'jobB'") && Catch::Contains("'jobA'"));
+    }
+  }
+  SECTION("garbage after a good hello fails every host of the stream") {
+    auto good = link(loopback(server), 2, 0, "jobA");
+    int fd = rawConnect(server.ports()[0]);
+    ServerFrame hello;
+    hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
+    hello.hosts = 2;
+    hello.host = 1;
+    hello.secret = 42;
+    hello.payload = 4;
+    REQUIRE(send(fd, &hello, sizeof(hello), 0) == sizeof(hello));
+    REQUIRE(send(fd, "jobA", 4, 0) == 4);
+    ServerFrame welcome;
+    REQUIRE(recv(fd, &welcome, sizeof(welcome), MSG_WAITALL) == sizeof(welcome));
+    // The good host's piece first (it then only reads: no reset races the
+    // server's error frame), then garbage from the other.
+    ServerFrame f = dataFrame(4);
+    float v[4] = {1, 2, 3, 4};
+    good->push(0, f, v, Clock::now() + std::chrono::seconds(10), nullptr);
+    ServerFrame bad = dataFrame(4);
+    bad.dtype = 77;
+    REQUIRE(send(fd, &bad, sizeof(bad), 0) == sizeof(bad));
+    try {
+      good->pull(0, f, v, Clock::now() + std::chrono::seconds(10), nullptr);
+      FAIL("pulled a result");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("dtype 77") && Catch::Contains("host 1"));
+    }
+    close(fd);
+  }
+  // The server survives all of it and still serves.
+  std::vector<std::thread> hosts;
+  std::vector<float> out[2];
+  for (int h = 0; h < 2; ++h) {
+    hosts.emplace_back([&, h] {
+      auto l = link(loopback(server), 2, h, "jobA", 7);
+      ServerFrame f = dataFrame(3);
+      float v[3] = {1.0f + h, 2.0f, 3.0f};
+      out[h].assign(3, 0);
+      l->push(0, f, v, Clock::now() + std::chrono::seconds(10), nullptr);
+      l->pull(0, f, out[h].data(), Clock::now() + std::chrono::seconds(10), nullptr);
+    });
+  }
+  for (auto& t : hosts) t.join();
+  CHECK(out[0] == std::vector<float>{3, 4, 6});
+  CHECK(out[1] == out[0]);
+}
+
+TEST_CASE("a server that goes away fails every pull at once, naming it", "[server]") {
+  auto server = std::make_unique<StandaloneServer>(StandaloneServer::Options{"127.0.0.1", 0, 1, ""});
+  const auto servers = loopback(*server);
+  auto a = link(servers, 2, 0);
+  auto b = link(servers, 2, 1);  // joins the stream, never sends
+  ServerFrame f = dataFrame(16);
+  std::vector<float> v(16, 1.0f);
+  // Host 0 pushes; host 1 never does, so the server waits; then it stops.
+  a->push(0, f, v.data(), Clock::now() + std::chrono::seconds(10), nullptr);
+  auto pulled = std::async(std::launch::async, [&] {
+    const auto t0 = Clock::now();
+    try {
+      a->pull(0, f, v.data(), Clock::now() + std::chrono::seconds(30), nullptr);
+      return std::string("pulled a result");
+    } catch (const Error& e) {
+      CHECK(Clock::now() - t0 < std::chrono::seconds(5));
+      return std::string(e.what());
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server->stop();
+  const std::string err = pulled.get();
+  CHECK_THAT(err, Catch::Contains("standalone reduction server 0") &&
+                      Catch::Contains("127.0.0.1:" + std::to_string(servers[0].port)) &&
+                      Catch::Contains("closed its connection"));
+  // A link to a port where nothing listens gives up at its deadline.
+  ServerLinks::Identity me{"", 1, 2, 0, 0, 0};
+  CHECK_THROWS_WITH(ServerLinks(servers, me, std::chrono::milliseconds(300)),
+                    Catch::Contains("cannot connect") && Catch::Contains("server 0"));
+}
+
+TEST_CASE("a pull waits no longer than its deadline", "[server]") {
+  StandaloneServer server({"127.0.0.1", 0, 1, ""});
+  auto a = link(loopback(server), 2, 0);
+  auto b = link(loopback(server), 2, 1);
+  ServerFrame f = dataFrame(4);
+  float v[4] = {0, 0, 0, 0};
+  a->push(0, f, v, Clock::now() + std::chrono::seconds(10), nullptr);
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH(a->pull(0, f, v, Clock::now() + std::chrono::milliseconds(300), nullptr),
+                    Catch::Contains("timed out"));
+  CHECK(Clock::now() - t0 < std::chrono::seconds(3));
+  // and a stop check ends it early with its own text
+  CHECK_THROWS_WITH(a->pull(0, f, v, Clock::now() + std::chrono::seconds(30),
+                            [] { return std::string("shut down"); }),
+                    Catch::Contains("shut down"));
+}

@@ -1,0 +1,141 @@
+"""Worker of test_servers.py: ``server_worker.py MODE OUT_DIR [LOOP_S]``.
+
+Started once per rank (by the test, or by torchrun on a cluster host) with
+the standalone reduction servers in SMDDP_SERVER_HOSTS (or the store).
+It only observes and writes ``<mode>.<rank>.json``; the test asserts.
+
+* ``check``: allreduce of several sizes and dtypes. Oracles: the closed
+  form (integer-valued inputs, exact in every dtype), and for random floats
+  the sum in rank order within a host, then in host order, computed here
+  from every rank's seeded inputs (f16/bf16: in f32, rounded once). Writes
+  each result's sha256 (the test compares them across ranks) and stats().
+* ``loop``: 4 MiB all_reduces back to back until one raises or LOOP_S pass
+  (the test kills the server meanwhile); writes what raised and when.
+* ``init``: only joins the group; writes the error it raised, if any.
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def _write(out_dir, name, obj):
+    tmp = os.path.join(out_dir, name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, os.path.join(out_dir, name))
+
+
+def _inputs(torch, rank, n, dtype):
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randn(n, generator=g, dtype=torch.float32).to(dtype)
+
+
+def _host_order_sum(torch, world, nproc, n, dtype):
+    wide = dtype in (torch.float16, torch.bfloat16)
+    acc = torch.float32 if wide else dtype
+    total = None
+    for h in range(world // nproc):
+        part = None
+        for r in range(h * nproc, (h + 1) * nproc):
+            x = _inputs(torch, r, n, dtype).to(acc)
+            part = x.clone() if part is None else part + x
+        if not wide and nproc > 1:
+            part = part.to(dtype).to(acc)  # a host partial is stored in the dtype
+        total = part if total is None else total + part
+    return total.to(dtype)
+
+
+def check(torch, dist, torch_smddp, rank, world, nproc):
+    out = {"cases": [], "bad": []}
+    sizes = [1, 1000, (1 << 16) + 3, (1 << 20) + 5]
+    dtypes = [torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.float16]
+    ops = [("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)]
+    for n in sizes:
+        for dt in dtypes:
+            for opname, op in ops:
+                if opname == "avg" and not dt.is_floating_point:
+                    continue
+                # Closed form: rank r holds (r + 1) * (i % 7 + 1).
+                base = (torch.arange(n, dtype=torch.int64) % 7 + 1)
+                t = (base * (rank + 1)).to(dt)
+                dist.all_reduce(t, op=op)
+                s = world * (world + 1) // 2
+                expect = (base * s).to(torch.float64)
+                if opname == "avg":
+                    expect = expect / world
+                ok = bool(torch.equal(t.to(torch.float64), expect))
+                case = f"closed {opname} {dt} n={n}"
+                out["cases"].append([case, hashlib.sha256(t.contiguous().view(torch.uint8).numpy()
+                                                          .tobytes()).hexdigest()])
+                if not ok:
+                    out["bad"].append(case)
+        for dt in (torch.float32, torch.bfloat16):
+            t = _inputs(torch, rank, n, dt)
+            dist.all_reduce(t)
+            expect = _host_order_sum(torch, world, nproc, n, dt)
+            case = f"random sum {dt} n={n}"
+            out["cases"].append([case, hashlib.sha256(t.view(torch.uint8).numpy().tobytes())
+                                 .hexdigest()])
+            if not torch.equal(t.view(torch.uint8), expect.view(torch.uint8)):
+                diff = (t.double() - expect.double()).abs().max().item()
+                out["bad"].append(f"{case} (max diff {diff})")
+    out["stats"] = {k: v for k, v in torch_smddp.stats().items() if isinstance(v, (int, str))}
+    return out
+
+
+def main():
+    mode, out_dir = sys.argv[1], sys.argv[2]
+    loop_s = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
+    rank = int(os.environ["RANK"])
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import torch_smddp
+
+        torch.set_num_threads(1)
+        timeout = float(os.environ.get("SERVER_TEST_TIMEOUT_S", "60"))
+        try:
+            dist.init_process_group("smddp", timeout=datetime.timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            _write(out_dir, f"{mode}.{rank}.json", {"rank": rank, "init_error": str(e)})
+            if rank == 0:
+                time.sleep(5)  # rank 0 hosts the store: the others may still read it
+            return
+        world = dist.get_world_size()
+        nproc = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        res = {"rank": rank, "world": world, "pid": os.getpid(),
+               "path": torch_smddp.stats()["allreduce_path"]}
+        if mode == "check":
+            res.update(check(torch, dist, torch_smddp, rank, world, nproc))
+        elif mode == "loop":
+            big = torch.ones(1 << 20)
+            dist.all_reduce(big)
+            _write(out_dir, f"ready.{rank}.json", {"rank": rank, "pid": os.getpid()})
+            calls, end = 0, time.monotonic() + loop_s
+            res["raised"] = False
+            try:
+                while time.monotonic() < end:
+                    big.fill_(1.0)
+                    dist.all_reduce(big)
+                    calls += 1
+            except Exception as e:  # noqa: BLE001
+                res.update(raised=True, t=time.time(), msg=str(e))
+            res["calls"] = calls
+        t0 = time.time()
+        dist.destroy_process_group()
+        res["destroy_s"] = time.time() - t0
+        _write(out_dir, f"{mode}.{rank}.json", res)
+    except BaseException as e:  # noqa: BLE001
+        _write(out_dir, f"{mode}.{rank}.json",
+               {"rank": rank, "crashed": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()[-4000:]})
+
+
+if __name__ == "__main__":
+    main()

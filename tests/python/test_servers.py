@@ -1,0 +1,308 @@
+"""Standalone reduction servers (docs/design.md, "Standalone reduction
+servers"; ``python -m torch_smddp.server``).
+
+Two settings. Without namespaces (runs anywhere): ranks split into pretend
+hosts by SMDDP_HOST_ID on this machine, the server on loopback. On a
+scripts/cluster.sh cluster (marked ``cluster``, skipped where namespaces
+cannot be made): workers on hosts h0 and h1, the server alone on h2.
+
+Oracles: closed forms and the rank-then-host-ordered sum computed from
+every rank's seeded inputs (server_worker.py), sha256 of every result
+compared across ranks, the engine's stats (the servers carried bytes), the
+parent's own wall clock for the kill, and the server's address, which the
+parent knows, in every error. Every process has a hard deadline and is
+killed with its children in the end.
+"""
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mp_harness import REPO_ROOT, backend_under_test, descendants, find_free_port  # noqa: E402
+
+pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
+                                reason="standalone reduction servers are smddp's")
+
+PY = sys.executable
+WORKER = os.path.join(HERE, "server_worker.py")
+START_S = 90.0  # torch imports on a loaded 2-core machine
+
+
+class Procs:
+    """Every process a test starts; kill() ends them and their children."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, cmd, env=None, log=None, **kw):
+        out = open(log, "wb") if log else subprocess.DEVNULL
+        # A server's stdout is a pipe the test reads only until the hosts
+        # line: its stderr (warnings) must not fill that pipe.
+        piped = kw.get("stdout") == subprocess.PIPE
+        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                             stdout=kw.pop("stdout", out),
+                             stderr=subprocess.DEVNULL if piped else subprocess.STDOUT,
+                             start_new_session=True, cwd=REPO_ROOT, **kw)
+        if log:
+            out.close()
+        self.procs.append(p)
+        return p
+
+    def kill(self):
+        for p in self.procs:
+            for pid in descendants(p.pid) + [p.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def procs():
+    p = Procs()
+    try:
+        yield p
+    finally:
+        p.kill()
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, HERE]),
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    for k in ("SMDDP_SERVER_HOSTS", "SMDDP_SERVER_COUNT", "SMDDP_SERVER_JOB"):
+        env.pop(k, None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _hosts_line(p, what):
+    """The SMDDP_SERVER_HOSTS=... line a starting server prints, read with a
+    deadline (never a blocking readline)."""
+    deadline = time.monotonic() + START_S
+    fd = p.stdout.fileno()
+    text = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            text += chunk
+            m = re.search(rb"^SMDDP_SERVER_HOSTS=(\S+)$", text, re.M)
+            if m:
+                return m.group(1).decode()
+    raise AssertionError(f"{what} did not start (exit {p.poll()}): {text[-2000:]!r}")
+
+
+def _start_server(procs, args, env=None):
+    """Starts ``python -m torch_smddp.server ARGS``; returns (proc, hosts)."""
+    p = procs.start([PY, "-m", "torch_smddp.server", *args], env=env or _env(),
+                    stdout=subprocess.PIPE)
+    return p, _hosts_line(p, "the server")
+
+
+def _local_world(procs, world, mode, out_dir, env_extra, args=()):
+    port = find_free_port()
+    for r in range(world):
+        env = _env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}",
+                   **env_extra)
+        procs.start([PY, WORKER, mode, str(out_dir), *args], env=env,
+                    log=os.path.join(out_dir, f"{mode}.{r}.log"))
+
+
+def _wait_results(out_dir, names, deadline_s, procs=None):
+    paths = [os.path.join(out_dir, n) for n in names]
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and not all(os.path.exists(p) for p in paths):
+        time.sleep(0.1)
+    got = {}
+    for n, p in zip(names, paths):
+        try:
+            with open(p) as f:
+                got[n] = json.load(f)
+        except (OSError, ValueError):
+            got[n] = None
+    missing = [n for n, v in got.items() if v is None]
+    if missing:
+        logs = []
+        for name in sorted(os.listdir(out_dir)):
+            if name.endswith(".log"):
+                with open(os.path.join(out_dir, name), "rb") as f:
+                    logs.append(f"--- {name}\n" + f.read()[-3000:].decode("utf-8", "replace"))
+        raise AssertionError(f"no result from {missing} (hung or died):\n" + "\n".join(logs))
+    return got
+
+
+def _check_results(got, server_hosts):
+    results = list(got.values())
+    for res in results:
+        assert "crashed" not in res and "init_error" not in res, res
+        assert res["path"] == "shared-memory", res  # the hierarchical path takes the servers
+        assert not res["bad"], (res["rank"], res["bad"])
+        st = res["stats"]
+        assert st["standalone_server_steps"] > 0 and st["standalone_server_bytes"] > 0, st
+    hashes = [dict(r["cases"]) for r in results]
+    for h in hashes[1:]:
+        assert h == hashes[0], "ranks disagree bitwise: " + str(
+            [c for c in h if h[c] != hashes[0][c]])
+    return results
+
+
+# -- without namespaces: pretend hosts on this machine -----------------------
+
+def test_help_explains_both_rendezvous():
+    r = subprocess.run([PY, "-m", "torch_smddp.server", "--help"], capture_output=True,
+                       text=True, timeout=120, env=_env(), cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stderr
+    for word in ("SMDDP_SERVER_HOSTS", "--rendezvous", "--job", "--servers", "SMDDP_SERVER_COUNT"):
+        assert word in r.stdout, (word, r.stdout)
+
+
+def test_two_pretend_hosts_reduce_through_two_servers(procs, tmp_path):
+    _, hosts = _start_server(procs, ["--bind", "127.0.0.1", "--servers", "2", "--job", "j1"])
+    assert len(hosts.split(",")) == 2
+    # 40 %: both the hosts' own servers and the standalone ones take pieces
+    # (two hosts would otherwise hand the servers everything).
+    _local_world(procs, 2, "check", tmp_path,
+                 {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_JOB": "j1",
+                  "SMDDP_SERVER_SHARE": 40})
+    got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
+    _check_results(got, hosts)
+
+
+def test_servers_found_in_the_jobs_store(procs, tmp_path):
+    port = find_free_port()
+    # Workers first: rank 0 hosts the store the server then registers in.
+    world = 2
+    for r in range(world):
+        env = _env(RANK=r, WORLD_SIZE=world, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}", SMDDP_SERVER_COUNT=1,
+                   SMDDP_SERVER_JOB="storejob")
+        procs.start([PY, WORKER, "check", str(tmp_path)], env=env,
+                    log=os.path.join(tmp_path, f"check.{r}.log"))
+    _start_server(procs, ["--bind", "127.0.0.1", "--job", "storejob",
+                          "--rendezvous", f"127.0.0.1:{port}"])
+    got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
+    _check_results(got, None)
+
+
+def test_a_killed_server_fails_every_worker_naming_it(procs, tmp_path):
+    server, hosts = _start_server(procs, ["--bind", "127.0.0.1"])
+    _local_world(procs, 2, "loop", tmp_path, {"SMDDP_SERVER_HOSTS": hosts}, args=["60"])
+    _wait_results(tmp_path, ["ready.0.json", "ready.1.json"], 180)
+    time.sleep(1.0)
+    t_kill = time.time()
+    os.kill(server.pid, signal.SIGKILL)
+    got = _wait_results(tmp_path, ["loop.0.json", "loop.1.json"], 60)
+    for res in got.values():
+        assert res.get("raised"), res
+        msg = res["msg"]
+        assert "standalone reduction server 0" in msg and hosts in msg, msg
+        assert "timed out" not in msg, msg
+        assert res["t"] - t_kill < 5.0, (res["t"] - t_kill, msg)
+        assert res["destroy_s"] < 10.0, res
+
+
+def test_a_foreign_job_and_bad_addresses_are_refused_clearly(procs, tmp_path):
+    _, hosts = _start_server(procs, ["--bind", "127.0.0.1", "--job", "alpha"])
+    _local_world(procs, 2, "init", tmp_path,
+                 {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_JOB": "beta",
+                  "SERVER_TEST_TIMEOUT_S": 20})
+    got = _wait_results(tmp_path, ["init.0.json", "init.1.json"], 120)
+    for res in got.values():
+        err = res.get("init_error", "")
+        assert "'beta'" in err and "'alpha'" in err, res
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    _local_world(procs, 2, "init", bad, {"SMDDP_SERVER_HOSTS": "127.0.0.1:notaport"})
+    got = _wait_results(bad, ["init.0.json", "init.1.json"], 120)
+    for res in got.values():
+        assert "SMDDP_SERVER_HOSTS" in res.get("init_error", ""), res
+
+
+# -- on a cluster of network namespaces ---------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster3():
+    from cluster import why_unavailable, Cluster
+    why = why_unavailable()
+    if why:
+        pytest.skip(f"no cluster of network namespaces here: {why}")
+    c = Cluster(3, "2gbit").up()
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def _cluster_script():
+    return os.path.join(REPO_ROOT, "scripts", "cluster.sh")
+
+
+def _cluster_job(procs, cluster, worker_hosts, nproc, mode, out_dir, env, args=()):
+    """torchrun server_worker.py on `worker_hosts` hosts (0..), one
+    rendezvous in the hub."""
+    hub = cluster.addr("hub")
+    job = f"srv-{os.getpid()}-{time.monotonic_ns() % 100000}"
+    for h in range(worker_hosts):
+        e = _env(SMDDP_CLUSTER=cluster.prefix, **env)
+        procs.start([_cluster_script(), "exec", str(h), PY, "-m", "torch.distributed.run",
+                     "--nnodes", str(worker_hosts), "--nproc-per-node", str(nproc),
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hub}:29400",
+                     "--rdzv-id", job, "--rdzv-conf", "is_host=0",
+                     "--local-addr", cluster.addr(h), "--max-restarts", "0",
+                     WORKER, mode, str(out_dir), *args],
+                    env=e, log=os.path.join(out_dir, f"torchrun.h{h}.log"))
+
+
+@pytest.mark.cluster
+def test_cluster_two_worker_hosts_and_a_server_host(procs, cluster3, tmp_path):
+    addr = cluster3.addr(2)
+    _, hosts = _start_server_on(procs, cluster3, 2, ["--servers", "2", "--port", "29600",
+                                                     "--advertise", addr])
+    assert hosts == f"{addr}:29600,{addr}:29601"
+    _cluster_job(procs, cluster3, 2, 2, "check", tmp_path,
+                 {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_SHARE": 50})
+    got = _wait_results(tmp_path, [f"check.{r}.json" for r in range(4)], 400)
+    _check_results(got, hosts)
+
+
+@pytest.mark.cluster
+def test_cluster_server_host_sigkilled_mid_allreduce(procs, cluster3, tmp_path):
+    addr = cluster3.addr(2)
+    _, hosts = _start_server_on(procs, cluster3, 2, ["--port", "29700", "--advertise", addr])
+    _cluster_job(procs, cluster3, 2, 1, "loop", tmp_path, {"SMDDP_SERVER_HOSTS": hosts},
+                 args=["60"])
+    _wait_results(tmp_path, ["ready.0.json", "ready.1.json"], 240)
+    time.sleep(1.0)
+    t_kill = time.time()
+    cluster3.kill_host(2)  # SIGKILL to every process on h2: the server
+    got = _wait_results(tmp_path, ["loop.0.json", "loop.1.json"], 60)
+    for res in got.values():
+        assert res.get("raised"), res
+        msg = res["msg"]
+        assert "standalone reduction server 0" in msg and f"{addr}:29700" in msg, msg
+        assert "timed out" not in msg, msg
+        assert res["t"] - t_kill < 5.0, (res["t"] - t_kill, msg)
+
+
+def _start_server_on(procs, cluster, host, args):
+    env = _env(SMDDP_CLUSTER=cluster.prefix)
+    p = procs.start([_cluster_script(), "exec", str(host), PY, "-m", "torch_smddp.server",
+                     *args], env=env, stdout=subprocess.PIPE)
+    return p, _hosts_line(p, f"the server on h{host}")

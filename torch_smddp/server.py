@@ -1,0 +1,113 @@
+"""Standalone reduction servers: ``python -m torch_smddp.server``.
+
+A CPU-only host adds reduction bandwidth to a job, as in Herring and BytePS:
+this process runs N reduction servers that own no ranks. Across hosts, the
+job's shared-memory allreduce cuts each step's host partial into H + K
+pieces (H hosts, K standalone servers); the hosts' own servers reduce the
+first H, these servers the rest, each in host order, so every rank gets the
+same bits as without them (docs/design.md, "Standalone reduction servers").
+
+How a job finds the servers (pick one):
+
+* ``SMDDP_SERVER_HOSTS``: start the servers first, then give every worker
+  the line this command prints, ``SMDDP_SERVER_HOSTS=host:port,...`` (the
+  same list, in the same order, on every worker). With ``--port P``, server
+  i listens on P + i, so the list is known in advance.
+* The job's store: ``--rendezvous HOST:PORT`` (a c10d TCPStore, e.g.
+  torchrun's ``--rdzv-endpoint`` or MASTER_ADDR:MASTER_PORT) registers the
+  servers under ``--job ID``; workers started with ``SMDDP_SERVER_JOB=ID``
+  and ``SMDDP_SERVER_COUNT=K`` wait (within the group timeout) until K
+  servers registered there, in registration order.
+
+A server started with ``--job ID`` refuses workers of any other job (their
+``SMDDP_SERVER_JOB``). It serves groups until it is stopped (SIGTERM or
+Ctrl-C). If it dies, every worker's allreduce fails at once with an error
+that names it; a worker that dies makes the server fail its group's other
+workers the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+
+def _parse_endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"'{text}' is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def register_in_store(endpoint: tuple[str, int], job: str, addresses: list[str],
+                      timeout_s: float = 300.0) -> list[int]:
+    """Adds `addresses` to the servers of `job` in the TCPStore at `endpoint`:
+    key ``smddp_servers/<job>/<i>`` for each, indices in registration order
+    (``smddp_servers/<job>/count`` hands them out). Returns the indices."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(endpoint[0], endpoint[1], is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    n = len(addresses)
+    last = store.add(f"smddp_servers/{job}/count", n)
+    first = last - n
+    for i, a in enumerate(addresses):
+        store.set(f"smddp_servers/{job}/{first + i}", a)
+    return list(range(first, last))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m torch_smddp.server",
+        description=__doc__.split("\n\n")[1],
+        epilog="\n\n".join(__doc__.split("\n\n")[2:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--servers", type=int, default=1, metavar="N",
+                   help="reduction servers in this process, each on its own port (default 1)")
+    p.add_argument("--bind", default="0.0.0.0", metavar="ADDR",
+                   help="numeric address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=0, metavar="P",
+                   help="server i listens on P + i (default 0: ports the kernel picks)")
+    p.add_argument("--advertise", default="", metavar="ADDR",
+                   help="the address workers connect to (default: --bind, or this host's "
+                        "first non-loopback IPv4 address)")
+    p.add_argument("--job", default="", metavar="ID",
+                   help="serve only workers whose SMDDP_SERVER_JOB is ID (default: any job)")
+    p.add_argument("--rendezvous", type=_parse_endpoint, default=None, metavar="HOST:PORT",
+                   help="register the servers in this TCPStore under --job (needs --job)")
+    args = p.parse_args(argv)
+    if not 1 <= args.servers <= 1024:
+        p.error("--servers must be in 1..1024")
+    if args.rendezvous and not args.job:
+        p.error("--rendezvous needs --job (the key the workers look the servers up under)")
+
+    from . import _C
+
+    server = _C.StandaloneServer(args.bind, args.port, args.servers, args.job)
+    host = args.advertise or (args.bind if args.bind not in ("0.0.0.0", "::") else
+                              _C.default_address())
+    shown = f"[{host}]" if ":" in host else host
+    addresses = [f"{shown}:{port}" for port in server.ports]
+    if args.rendezvous:
+        idx = register_in_store(args.rendezvous, args.job, addresses)
+        print(f"registered servers {idx} of job '{args.job}' at "
+              f"{args.rendezvous[0]}:{args.rendezvous[1]}", flush=True)
+    print("SMDDP_SERVER_HOSTS=" + ",".join(addresses), flush=True)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    server.stop()
+    print(f"stopped: {server.pieces_reduced()} pieces reduced, {server.bytes_reduced()} bytes "
+          f"in, {server.refused()} connections refused or failed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
