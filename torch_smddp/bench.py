@@ -236,9 +236,12 @@ def print_cluster_table(data: dict, backends: list[str]) -> None:
           f"({rate_bps / 8e9:.3f} GB/s each way)")
     print(f"# link bound: each host sends and receives 2(H-1)/H of the buffer: "
           f"algbw <= {rate_bps / 8e9 / (2 * (h - 1) / h):.3f} GB/s")
+    n = h * r
+    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    print(f"# busbw = algbw x 2(n-1)/n over all {n} ranks (nccl-tests); 'of bound' = bound / time")
     head = f"{'size':>8} {'iters':>5} | {'bound us':>10}"
     for b in backends:
-        head += f" | {b + ' us':>12} {'algbw GB/s':>10} {'of bound':>8}"
+        head += f" | {b + ' us':>12} {'algbw GB/s':>10} {'busbw GB/s':>10} {'of bound':>8}"
     if len(backends) == 2:
         head += f" | {backends[1] + '/' + backends[0] + ' time':>17}"
     print(head)
@@ -247,7 +250,8 @@ def print_cluster_table(data: dict, backends: list[str]) -> None:
         line = f"{fmt_size(row['bytes']):>8} {row['iters']:>5} | {bound * 1e6:>10.1f}"
         for b in backends:
             t = row[b]
-            line += f" | {t * 1e6:>12.1f} {row['bytes'] / t / 1e9:>10.3f} {bound / t:>7.0%}"
+            alg = row["bytes"] / t / 1e9
+            line += f" | {t * 1e6:>12.1f} {alg:>10.3f} {alg * factor:>10.3f} {bound / t:>8.0%}"
         if len(backends) == 2:
             line += f" | {row[backends[1]] / row[backends[0]]:>16.2f}x"
         print(line)

@@ -78,3 +78,25 @@ def test_bench_runs_and_checks_real_results():
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert "WRONG RESULT" not in p.stdout + p.stderr
     assert "allreduce, float32, SUM, world 2" in p.stdout
+
+
+def test_link_bound_and_rate_follow_their_closed_forms(capsys):
+    from torch_smddp import cluster
+
+    assert cluster.parse_rate("2gbit") == 2e9
+    assert cluster.parse_rate("500mbit") == 5e8
+    with pytest.raises(ValueError, match="rate '2.5gbit'"):
+        cluster.parse_rate("2.5gbit")  # scripts/cluster.sh takes whole numbers
+    # Every host sends and receives 2(H-1)/H of the buffer: S for 2 hosts.
+    s = 1 << 26
+    assert bench.link_bound_seconds(s, 2, 2e9) == pytest.approx(s * 8 / 2e9)
+    assert bench.link_bound_seconds(s, 4, 2e9) == pytest.approx(1.5 * s * 8 / 2e9)
+    assert bench.link_bound_seconds(s, 1, 2e9) == 0.0
+    # The table: algbw = S / t, busbw = algbw x 2(n-1)/n over all H x R ranks.
+    bench.print_cluster_table({"hosts": 2, "ranks_per_host": 2, "rate": "2gbit", "rate_bps": 2e9,
+                               "rows": [{"bytes": s, "iters": 8, "smddp": 0.4, "gloo": 0.5}]},
+                              ["smddp", "gloo"])
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    alg = s / 0.4 / 1e9
+    assert f"{alg:.3f}" in row and f"{alg * 1.5:.3f}" in row, row
+    assert f"{s * 8 / 2e9 / 0.4:.0%}" in row, row
