@@ -140,7 +140,7 @@ class FusionBufferScheduler::CrossHost {
         share_(serverShareMillionths(H_, K_, s.comm_.config().serverSharePercent)),
         wide_(s.widePartials(b.dtype)),
         acc_(wide_ ? DataType::kFloat32 : b.dtype), es_(elementSize(acc_)),
-        ex_(s.comm_, b.firstSeq, b.sigs[0]), steps_(depth) {
+        steps_(depth), ex_(s.comm_, b.firstSeq, b.sigs[0]) {
     // Each step's pieces from the other hosts land in a slice of their own.
     pieceBytes_ = ((chunkElems + H_ - 1) / H_ + 1) * es_;
     partials_.resize(depth * H_ * pieceBytes_ + 1);
@@ -174,7 +174,15 @@ class FusionBufferScheduler::CrossHost {
       f.step = k;
       f.count = p.count;
       f.payload = p.count * es_;
-      s_.serverLinks_->push(j, f, data + p.offset * es_, deadline(), [this] { return stopping(); });
+      // A server reads every host's step in lockstep, so a push can wait
+      // on another host's progress, which may need this rank's: keep its
+      // network step moving meanwhile (this step's messages are not
+      // posted yet, so only earlier steps' callbacks run).
+      s_.serverLinks_->push(j, f, data + p.offset * es_, deadline(), [this] {
+        std::string why = stopping();
+        if (why.empty()) ex_.poll();
+        return why;
+      });
       s_.comm_.counters().standaloneServerBytes += f.payload;
     }
     const Range mine = piece[myHost_];
@@ -235,6 +243,7 @@ class FusionBufferScheduler::CrossHost {
                                 if (why.empty()) {
                                   s_.comm_.peers().checkAlive(
                                       "allreduce (seq " + std::to_string(b_.firstSeq) + ")");
+                                  ex_.poll();  // later steps' messages, as in post()
                                 }
                                 return why;
                               });
@@ -274,9 +283,12 @@ class FusionBufferScheduler::CrossHost {
   const bool wide_;
   const DataType acc_;
   const size_t es_;
-  Exchange ex_;
+  // The buffers the posted messages point into come before the exchange,
+  // so they outlive it: when a failure unwinds the batch, the exchange's
+  // destructor cancels and waits for its receives before they are freed.
   std::vector<Step> steps_;  // ring of `depth`: step k at k % depth
   std::vector<uint8_t> partials_;
+  Exchange ex_;
   size_t pieceBytes_ = 0;
   uint64_t posted_ = 0, done_ = 0;
 };
