@@ -211,6 +211,7 @@ std::string Communicator::describeGroup() const {
     std::string why = !config_.hostPath  ? "SMDDP_SHM_ALLREDUCE=0"
                       : opts_.size == 1 ? "one rank"
                       : peers_.hostsUneven() ? "the hosts hold different numbers of ranks"
+                      : peers_.hostCount() == opts_.size ? "one rank per host"
                           : "shared memory is unavailable on some rank";
     o << "over libfabric only (" << why << "): " << netServers_.size()
       << " reduction server(s), chunk " << kib(config_.chunkBytes) << ", ring depth "

@@ -112,6 +112,13 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
   const EngineConfig& config = comm.config();
   HostTopology topo = HostTopology::of(hostOfRank, comm.rank());
   if (!topo.uniform() || topo.localSize > kHostMaxRanks) return nullptr;
+  // One rank per host, across hosts: a host segment would only add a copy
+  // in, a copy out and a step per slot, for the same bytes on the link as
+  // the network-only path, which fuses queued calls too (at 2 Gbit/s, 64
+  // MiB: 2 x 1 hosts 88% of the link bound through the segment, 93-97%
+  // without; benchmarks/RESULTS.md). Standalone reduction servers are
+  // reached from the hierarchical path only, so they keep it.
+  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty()) return nullptr;
   int servers = topo.localSize;
   if (config.serversPerNode > 0) servers = std::min<int>(servers, config.serversPerNode);
   const int leader = topo.ranksOfHost[topo.hostIndex][0];

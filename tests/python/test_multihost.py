@@ -28,6 +28,21 @@ def test_pretend_hosts_use_tcp_and_match_gloo():
         assert res["half"]["bad"] == [], (rank, res["half"])
 
 
+def test_one_rank_per_host_takes_the_network_path_and_matches_gloo():
+    # 2 hosts x 1 rank: a host segment of one rank would only copy; the
+    # network-only path (fusing too) carries the same bytes across.
+    results = run_world(2, "cases_multihost:provider_and_collectives", timeout=240,
+                        env={"SMDDP_HOST_ID": lambda rank: f"solo{rank}"})
+    for rank, res in enumerate(results):
+        assert res["provider"] == "tcp;ofi_rxm", (rank, res["provider"])
+        assert res["allreduce_path"] == "tcp;ofi_rxm", (rank, res["allreduce_path"])
+        assert res["closed_form_ok"], rank
+        assert res["failures"] == [], (rank, res["failures"][:10])
+        assert res["cases"] > 300, (rank, res["cases"])
+        assert res["call_order_bad"] == [], (rank, res["call_order_bad"])
+        assert res["half"]["bad"] == [], (rank, res["half"])
+
+
 def test_two_pretend_hosts_reduce_hierarchically_and_match_gloo():
     # 2 hosts x 2 ranks: each host reduces through its shared segment, then
     # the hosts' reduction servers combine the partials over tcp;ofi_rxm.
