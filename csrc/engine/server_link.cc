@@ -4,9 +4,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "common/error.h"
+#include "transport/peer_monitor.h"
 #include "transport/socket_address.h"
 
 namespace smddp {
@@ -58,6 +60,9 @@ ServerLinks::ServerLinks(const std::vector<ServerAddress>& servers, const Identi
       if (ips_.back().empty()) fail(k, why, "connecting");
       int fd = connectBefore("", ips_.back(), servers[k].port, deadline, &why);
       if (fd < 0) fail(k, "cannot connect: " + why, "connecting");
+      // A server host that goes silent (link or host down) fails the
+      // pending push or pull within SMDDP_PEER_TIMEOUT, not the group's.
+      boundSilence(fd, PeerMonitor::configuredSilence());
       fds_.push_back(fd);
       ServerFrame hello;
       hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
@@ -97,8 +102,14 @@ ServerLinks::~ServerLinks() {
   }
 }
 
-void ServerLinks::fail(int k, const std::string& why, const std::string& during) {
+void ServerLinks::fail(int k, const std::string& given, const std::string& during) {
   broken_ = true;
+  const auto silence = PeerMonitor::configuredSilence().count() / 1000.0;
+  char text[192];
+  snprintf(text, sizeof(text),
+           "silent: nothing sent to it was acknowledged for %.1f s (SMDDP_PEER_TIMEOUT %.1f s; "
+           "link down, host down or stopped)", silence, silence);
+  const std::string why = given == "silent" ? std::string(text) : given;
   // A wait that ran out is a timeout (the group's desync report follows);
   // anything else means the server is gone or broke the protocol.
   const ErrorKind kind = why == "timed out" ? ErrorKind::kTimeout : ErrorKind::kPeerLost;

@@ -168,7 +168,8 @@ std::string writeAllBefore(int fd, const void* p, size_t n,
       if (!why.empty()) return why;
       continue;
     }
-    return "closed";  // EPIPE, ECONNRESET, ...
+    // ETIMEDOUT: unacknowledged past TCP_USER_TIMEOUT (boundSilence).
+    return k < 0 && errno == ETIMEDOUT ? "silent" : "closed";  // EPIPE, ECONNRESET, ...
   }
   return "";
 }
@@ -190,7 +191,7 @@ std::string readAllBefore(int fd, void* p, size_t n, std::chrono::steady_clock::
       if (!why.empty()) return why;
       continue;
     }
-    return "closed";
+    return errno == ETIMEDOUT ? "silent" : "closed";
   }
   return "";
 }

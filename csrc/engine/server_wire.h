@@ -120,8 +120,10 @@ namespace smddp {
 // Blocking I/O on a non-blocking TCP socket, in poll slices of at most
 // 100 ms: `stop` is asked between slices and ends the wait early with its
 // text when it returns one. Each returns "" once all `n` bytes moved, else
-// why not: "closed" (the peer closed or reset the connection), "timed
-// out", or stop's text. Sends never raise SIGPIPE.
+// why not: "closed" (the peer closed or reset the connection), "silent"
+// (nothing it sent was answered within the socket's boundSilence, see
+// transport/socket_address.h), "timed out", or stop's text. Sends never
+// raise SIGPIPE.
 using WaitCheck = std::function<std::string()>;
 std::string writeAllBefore(int fd, const void* p, size_t n,
                            std::chrono::steady_clock::time_point deadline,

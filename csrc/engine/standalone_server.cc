@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "engine/reduce_kernels.h"
 #include "engine/server_wire.h"
+#include "transport/peer_monitor.h"
 #include "transport/socket_address.h"
 
 namespace smddp {
@@ -141,6 +142,7 @@ void StandaloneServer::acceptLoop(int server) {
     int fd = accept4(listeners_[server], nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) continue;
     setNoDelay(fd);
+    boundSilence(fd, PeerMonitor::configuredSilence());  // a silent worker host
     std::lock_guard<std::mutex> g(mu_);
     if (stop_.load()) {
       close(fd);

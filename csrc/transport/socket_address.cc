@@ -57,6 +57,24 @@ void setNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+void boundSilence(int fd, std::chrono::milliseconds silence) {
+  if (silence.count() <= 0) return;
+  // Keepalive counts whole seconds: probe after a third of the bound idle,
+  // then every second; TCP_USER_TIMEOUT (milliseconds) cuts the connection
+  // once anything sent, probes included, stayed unacknowledged that long.
+  const int secs = static_cast<int>(std::max<int64_t>(1, silence.count() / 1000));
+  const int idle = std::max(1, secs / 3);
+  const int interval = 1;
+  const int count = std::max(1, secs - idle);
+  const unsigned userTimeout = static_cast<unsigned>(silence.count());
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeout, sizeof(userTimeout));
+}
+
 // A non-loopback IPv4 address of an interface that is up, else loopback:
 // where to listen when the provider's address is not an IP (efa, say).
 std::string fallbackAddress() {

@@ -17,6 +17,13 @@ std::string numericAddress(const void* bytes, size_t len);
 // Disables Nagle on a connected TCP socket (liveness messages are tiny).
 void setNoDelay(int fd);
 
+// Bounds how long a connected TCP socket may go unanswered: keepalive
+// probes while it is idle, and TCP_USER_TIMEOUT for data (or probes) left
+// unacknowledged. A peer host that goes silent (link or host down) then
+// fails the socket's next or pending read or write with ETIMEDOUT within
+// about `silence`, where TCP alone would retry for many minutes. 0: off.
+void boundSilence(int fd, std::chrono::milliseconds silence);
+
 // A non-loopback IPv4 address of an interface that is up, else loopback.
 std::string fallbackAddress();
 

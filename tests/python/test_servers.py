@@ -301,6 +301,41 @@ def test_cluster_server_host_sigkilled_mid_allreduce(procs, cluster3, tmp_path):
         assert res["t"] - t_kill < 5.0, (res["t"] - t_kill, msg)
 
 
+@pytest.mark.cluster
+def test_cluster_server_host_link_down_fails_workers_within_the_peer_timeout(
+        procs, cluster3, tmp_path):
+    # The server host goes silent (its link down): no socket closes, so only
+    # the bound on unanswered data (SMDDP_PEER_TIMEOUT, here 3 s) ends the
+    # workers' push or pull; the group timeout (120 s here) must not.
+    peer_timeout = 3
+    addr = cluster3.addr(2)
+    _, hosts = _start_server_on(procs, cluster3, 2, ["--port", "29800", "--advertise", addr])
+    try:
+        _cluster_job(procs, cluster3, 2, 1, "loop", tmp_path,
+                     {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_PEER_TIMEOUT": peer_timeout,
+                      "SERVER_TEST_TIMEOUT_S": 120},
+                     args=["60"])
+        _wait_results(tmp_path, ["ready.0.json", "ready.1.json"], 240)
+        time.sleep(1.0)
+        t_cut = time.time()
+        cluster3.link(2, "down")
+        got = _wait_results(tmp_path, ["loop.0.json", "loop.1.json"], 60)
+    finally:
+        cluster3.reset()
+    for res in got.values():
+        assert res.get("raised"), res
+        msg = res["msg"]
+        assert "standalone reduction server 0" in msg and f"{addr}:29800" in msg, msg
+        assert "silent" in msg and "SMDDP_PEER_TIMEOUT" in msg, msg
+        assert "timed out" not in msg, msg
+        # TCP_USER_TIMEOUT counts from the first unanswered segment, which
+        # is at most a step after the cut; keepalive probes start idle/3.
+        took = res["t"] - t_cut
+        assert 0.5 * peer_timeout < took < peer_timeout + 3.0, (took, msg)
+        assert res["destroy_s"] < 10.0, res
+        print(f"\nserver host link down: a worker raised after {took:.2f} s: {msg}")
+
+
 def _start_server_on(procs, cluster, host, args):
     env = _env(SMDDP_CLUSTER=cluster.prefix)
     p = procs.start([_cluster_script(), "exec", str(host), PY, "-m", "torch_smddp.server",
