@@ -329,8 +329,26 @@ void Communicator::releaseResources() {
   // Point-to-point operations still posted get an "aborted" completion.
   failP2P("the process group was shut down", false);
   // Closing the endpoint discards whatever is still posted; only then may
-  // the requests' memory go.
-  endpoint_.reset();
+  // the requests' memory go. A quarantined endpoint is never closed: it
+  // holds receives that were never confirmed cancelled (and sends to a
+  // peer that is gone), and fi_close progresses it one last time. rxm
+  // (libfabric 1.17, over tcp) then flushes its connections' completion
+  // queue and runs its handlers over those abandoned transfers: a late
+  // receive may land in memory handed back long ago, and an error
+  // completion without a context crashes it (SIGSEGV in
+  // rxm_handle_comp_error under rxm_ep_close, seen in test_cluster's
+  // link-down case when many cross-host steps were in flight). Nothing
+  // progresses a leaked endpoint (manual progress), so the requests, the
+  // sink and the buffers its operations point into can go; its sockets
+  // and provider memory stay until the process exits, like a held send's
+  // buffer.
+  if (quarantined_) {
+    SMDDP_LOG(kDebug) << "group '" << opts_.name << "' rank " << opts_.rank
+                      << ": its quarantined endpoint is left open, never closed";
+    (void)endpoint_.release();  // deliberately leaked, with the fabric it holds
+  } else {
+    endpoint_.reset();
+  }
   fabric_.reset();
   control_.close();  // their requests go with requests_
   requests_.clear();

@@ -227,7 +227,8 @@ class Communicator {
   // The endpoint may still write into memory that was handed back (a
   // receive whose cancellation was never confirmed): stop polling it for
   // good, fail the point-to-point operations in flight and mark the group
-  // unusable with `why`. Only shutdown touches the endpoint afterwards.
+  // unusable with `why`. Nothing progresses the endpoint afterwards, not
+  // even a close: shutdown leaves it open (releaseResources).
   void quarantine(const std::string& why);
   // The message of `e` with the desync report added (desync.h) when `e` is
   // a timeout that breaks the group here first; else e.what(). Asks every

@@ -274,7 +274,8 @@ void Exchange::awaitAbandoned() {
   // completion can never write into memory that has been handed back; a
   // send still posted holds the call's memory (Communicator::holdForSend)
   // until it completes or shutdown closes the endpoint: a leak, never a
-  // use after free.
+  // use after free. (A quarantined endpoint is never closed, nor
+  // progressed: what its operations point into may then go at shutdown.)
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const auto recvsUntil = start + std::min<std::chrono::milliseconds>(

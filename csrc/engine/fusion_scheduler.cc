@@ -122,6 +122,180 @@ uint64_t FusionBufferScheduler::chunkElems(DataType dt) const {
   return std::max<uint64_t>(1, segment_->slotBytes() / slotElemBytes);
 }
 
+// The network step of a multi-host batch on one server: reduction servers
+// once more, between hosts. Each chunk (one step of this server's shard) is
+// cut into one piece per host; host h's server for this shard combines
+// piece h of every host's partial, in host order (so every host gets the
+// same bits), and returns it: 2(H-1)/H of the chunk each way. A step goes
+// out as soon as this server reduced it on its host, and up to `depth`
+// steps stay in flight, so the link never waits for a round trip (one step
+// at a time left a 2 Gbit/s link 40-60% idle). A step is done once the
+// other hosts' pieces came back and its sends completed (its result slot
+// can then be read and, a ring later, reused).
+class FusionBufferScheduler::CrossHost {
+ public:
+  CrossHost(FusionBufferScheduler& s, Batch& b, int server, uint64_t depth, uint64_t chunkElems)
+      : s_(s), b_(b), H_(s.topo_.hosts()), myHost_(s.topo_.hostIndex),
+        local_(s.segment_->serverRank(server)), K_(s.standalone_),
+        share_(serverShareMillionths(H_, K_, s.comm_.config().serverSharePercent)),
+        wide_(s.widePartials(b.dtype)),
+        acc_(wide_ ? DataType::kFloat32 : b.dtype), es_(elementSize(acc_)),
+        steps_(depth), ex_(s.comm_, b.firstSeq, b.sigs[0]) {
+    // Each step's pieces from the other hosts land in a slice of their own.
+    pieceBytes_ = ((chunkElems + H_ - 1) / H_ + 1) * es_;
+    partials_.resize(depth * H_ * pieceBytes_ + 1);
+    SMDDP_CHECK(K_ == 0 || (s.serverLinks_ && s.serverLinks_->count() == K_), kInternal,
+                "smddp: a host server rank without its standalone-server links");
+  }
+
+  // Step k of the batch: `data` holds this host's partial (len elements,
+  // in acc_); on completion, the reduction over every host.
+  void post(uint64_t k, uint8_t* data, uint64_t len) {
+    Step& st = steps_[k % steps_.size()];
+    st = Step{};
+    st.data = data;
+    const uint32_t tag = crossHostStepChunk(k);  // wraps past 2^24 steps, safely (frame.h)
+    // With K standalone servers the chunk is cut into H + K pieces; pieces
+    // H.. (SMDDP_SERVER_SHARE of the chunk) go to the standalone servers,
+    // which combine them in host order too (docs/design.md, "Standalone
+    // reduction servers"); their results are pulled when the step is done.
+    std::vector<Range> piece(H_ + K_);
+    for (int i = 0; i < H_ + K_; ++i) piece[i] = crossHostPiece(len, H_, K_, i, k, share_);
+    st.servers.assign(K_, ServerFrame{});
+    st.serverPieces.assign(piece.begin() + H_, piece.end());
+    for (int j = 0; j < K_; ++j) {
+      const Range& p = piece[H_ + j];
+      ServerFrame& f = st.servers[j];
+      f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
+      f.dtype = static_cast<uint8_t>(acc_);
+      f.op = static_cast<uint8_t>(b_.op);
+      f.divisor = b_.op == ReduceOp::kAvg ? static_cast<uint32_t>(s_.comm_.size()) : 1;
+      f.seq = b_.firstSeq;
+      f.step = k;
+      f.count = p.count;
+      f.payload = p.count * es_;
+      // A server reads every host's step in lockstep, so a push can wait
+      // on another host's progress, which may need this rank's: keep its
+      // network step moving meanwhile (this step's messages are not
+      // posted yet, so only earlier steps' callbacks run).
+      s_.serverLinks_->push(j, f, data + p.offset * es_, deadline(), [this] {
+        std::string why = stopping();
+        if (why.empty()) ex_.poll();
+        return why;
+      });
+      s_.comm_.counters().standaloneServerBytes += f.payload;
+    }
+    const Range mine = piece[myHost_];
+    const size_t mineBytes = mine.count * es_;
+    SMDDP_CHECK(mineBytes <= pieceBytes_, kInternal, "smddp: a cross-host piece outgrew its slice");
+    uint8_t* partials = partials_.data() + (k % steps_.size()) * H_ * pieceBytes_;
+    // Outstanding: H-1 partials in, H-1 pieces back, 2(H-1) sends.
+    st.partialsLeft = H_ - 1;
+    st.left = 4 * (H_ - 1);
+    auto sent = [&st] { --st.left; };
+    auto reduceAndReturn = [this, &st, k, mine, mineBytes, partials, tag, sent] {
+      uint8_t* own = st.data + mine.offset * es_;
+      std::vector<const void*> in(H_);
+      for (int h = 0; h < H_; ++h) in[h] = h == myHost_ ? own : partials + h * mineBytes;
+      auto t0 = std::chrono::steady_clock::now();
+      reduceOrdered(own, in.data(), H_, mine.count, acc_, b_.op,
+                    b_.op == ReduceOp::kAvg ? static_cast<double>(s_.comm_.size()) : 1.0);
+      s_.comm_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - t0).count();
+      for (int h = 0; h < H_; ++h) {
+        if (h != myHost_) ex_.send(peerOf(h), kPhaseHostsReturn, tag, mine.offset * es_, own,
+                                   mineBytes, sent);
+      }
+    };
+    // Receives first, so frames land in place; then this host's pieces out.
+    for (int h = 0; h < H_; ++h) {
+      if (h == myHost_) continue;
+      ex_.recv(peerOf(h), kPhaseHostsToServer, tag, partials + h * mineBytes, mineBytes,
+               [&st, reduceAndReturn] {
+                 --st.left;
+                 if (--st.partialsLeft == 0) reduceAndReturn();
+               });
+      ex_.recv(peerOf(h), kPhaseHostsReturn, tag, data + piece[h].offset * es_,
+               piece[h].count * es_, [&st] { --st.left; });
+    }
+    for (int h = 0; h < H_; ++h) {
+      if (h == myHost_) continue;
+      ex_.send(peerOf(h), kPhaseHostsToServer, tag, piece[h].offset * es_,
+               data + piece[h].offset * es_, piece[h].count * es_, sent);
+    }
+    st.len = len;
+    ++posted_;
+  }
+
+  // Reads what completed; true if any step finished. Throws on failure.
+  bool poll() {
+    if (done_ == posted_) return false;
+    ex_.poll();
+    const uint64_t before = done_;
+    while (done_ < posted_ && steps_[done_ % steps_.size()].left == 0) {
+      Step& st = steps_[done_ % steps_.size()];
+      // The standalone servers' results, into place (in step order, as
+      // each server's stream carries them).
+      for (int j = 0; j < K_; ++j) {
+        s_.serverLinks_->pull(j, st.servers[j], st.data + st.serverPieces[j].offset * es_,
+                              deadline(), [this]() -> std::string {
+                                std::string why = stopping();
+                                if (why.empty()) {
+                                  s_.comm_.peers().checkAlive(
+                                      "allreduce (seq " + std::to_string(b_.firstSeq) + ")");
+                                  ex_.poll();  // later steps' messages, as in post()
+                                }
+                                return why;
+                              });
+      }
+      if (K_) s_.comm_.counters().standaloneServerSteps++;
+      if (wide_) narrowFromFloat(st.data, reinterpret_cast<const float*>(st.data), st.len, b_.dtype);
+      ++done_;
+    }
+    return done_ > before;
+  }
+  uint64_t done() const { return done_; }
+  bool inFlight() const { return done_ < posted_; }
+  std::string waitingOn() const { return ex_.waitingOn() + " (across hosts)"; }
+
+ private:
+  struct Step {
+    uint8_t* data = nullptr;
+    uint64_t len = 0;
+    int partialsLeft = 0;
+    int left = 0;  // messages of this step not yet complete
+    std::vector<ServerFrame> servers;  // what went to each standalone server
+    std::vector<Range> serverPieces;
+  };
+  int peerOf(int h) const { return s_.topo_.ranksOfHost[h][local_]; }
+  std::chrono::steady_clock::time_point deadline() const {
+    return std::chrono::steady_clock::now() + s_.comm_.timeout();
+  }
+  std::string stopping() const {
+    return s_.comm_.stopRequested() ? "the process group was shut down" : "";
+  }
+
+  FusionBufferScheduler& s_;
+  Batch& b_;
+  const int H_, myHost_, local_;
+  const int K_;            // standalone reduction servers
+  const uint64_t share_;   // their share of each step, in millionths
+  const bool wide_;
+  const DataType acc_;
+  const size_t es_;
+  // The buffers the posted messages point into come before the exchange,
+  // so they outlive it: when a failure unwinds the batch, the exchange's
+  // destructor cancels and waits for its receives before they are freed.
+  // A receive it cannot confirm cancelled (a peer on a host gone silent)
+  // quarantines the endpoint, which is then never progressed, nor closed
+  // (Communicator::releaseResources), so it cannot write here any more.
+  std::vector<Step> steps_;  // ring of `depth`: step k at k % depth
+  std::vector<uint8_t> partials_;
+  Exchange ex_;
+  size_t pieceBytes_ = 0;
+  uint64_t posted_ = 0, done_ = 0;
+};
+
 void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& calls) {
   auto& ctl = segment_->ctl();
   HostSegment& seg = *segment_;
@@ -179,6 +353,8 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
   }
   uint64_t w = f, r = f, c = f;
   if (myServer < 0) r = end;
+  std::unique_ptr<CrossHost> xh;
+  if (multiHost && myServer >= 0) xh = std::make_unique<CrossHost>(*this, b, myServer, depth, chunkElems);
   // SMDDP_TIMELINE: one span per run of consecutive steps of a phase.
   const bool tl = timeline::on();
   auto mark = [&](timeline::Phase p, uint64_t from, uint64_t to, int64_t t0) {
@@ -234,9 +410,14 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
         st.serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::steady_clock::now() - t0).count();
       }
-      if (multiHost) reduceAcrossHosts(b, myServer, r - f, seg.result(myServer, r), len);
       ++r;
-      seg.publish(ctl.reduced[rank], r);
+      if (xh) xh->post(r - 1 - f, seg.result(myServer, r - 1), len);
+      else seg.publish(ctl.reduced[rank], r);
+      moved = true;
+    }
+    // Across hosts, a step counts as reduced once its network step is done.
+    if (xh && xh->poll()) {
+      seg.publish(ctl.reduced[rank], f + xh->done());
       moved = true;
     }
     if (tl) {
@@ -264,13 +445,24 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
       b.idleSince = std::chrono::steady_clock::now();
       continue;
     }
+    // Waiting on the network: its completions publish nothing in the
+    // segment, so poll them (yielding the core), then sleep only briefly.
+    const bool onNetwork = xh && xh->inFlight();
     idle(b, seen, [&] {
+      if (onNetwork) return xh->waitingOn();
       if (c < w && r < end && minOver(ctl.written, false) < r + 1) {
         return lagging(ctl.written, r + 1, false);
       }
       if (c < w) return lagging(ctl.reduced, c + 1, true);
       return lagging(ctl.consumed, w - depth + 1, false);
-    });
+    }, !onNetwork);
+    if (onNetwork) {
+      if (std::chrono::steady_clock::now() - b.idleSince < std::chrono::microseconds(streamSpinUs_)) {
+        sched_yield();
+      } else {
+        seg.sleep(seen, std::chrono::microseconds(50));
+      }
+    }
   }
 }
 
@@ -344,99 +536,6 @@ void FusionBufferScheduler::streamSmall(Batch& b, const std::vector<FusibleCall*
   // 3. Done with the peers' slots: they may reuse them (step w + depth).
   ctl.reduced[rank].value.store(w + 1);
   seg.publish(ctl.consumed[rank], w + 1);
-}
-
-void FusionBufferScheduler::reduceAcrossHosts(Batch& b, int server, uint64_t chunk,
-                                              uint8_t* data, uint64_t len) {
-  // Reduction servers once more, between hosts: the chunk is cut into one
-  // piece per host; host h's server for this shard combines piece h of
-  // every host's partial, in host order (so every host gets the same
-  // bits), and returns it. Two network steps, 2(H-1)/H of the chunk each way.
-  // With K standalone servers the chunk is cut into H + K pieces; pieces
-  // H.. (SMDDP_SERVER_SHARE of the chunk) go to the standalone servers,
-  // which combine them in host order too (docs/design.md, "Standalone
-  // reduction servers").
-  const int H = topo_.hosts();
-  const int myHost = topo_.hostIndex;
-  const int local = segment_->serverRank(server);
-  auto peerOf = [&](int h) { return topo_.ranksOfHost[h][local]; };
-  // f16/bf16 partials arrive in f32 (widePartials): reduce and return
-  // them in f32 and round once at the end, the same bits on every host.
-  const bool wide = widePartials(b.dtype);
-  const DataType acc = wide ? DataType::kFloat32 : b.dtype;
-  const size_t es = elementSize(acc);
-  const int K = standalone_;
-  std::vector<Range> piece(H + K);
-  const uint64_t share = serverShareMillionths(H, K, comm_.config().serverSharePercent);
-  for (int i = 0; i < H + K; ++i) piece[i] = crossHostPiece(len, H, K, i, chunk, share);
-  SMDDP_CHECK(K == 0 || (serverLinks_ && serverLinks_->count() == K), kInternal,
-              "smddp: a host server rank without its standalone-server links");
-  const auto deadline = std::chrono::steady_clock::now() + comm_.timeout();
-  auto stopping = [this]() -> std::string {
-    return comm_.stopRequested() ? "the process group was shut down" : "";
-  };
-  std::vector<ServerFrame> sent(K);
-  // First the standalone servers' pieces, into their sockets (the kernel
-  // sends them while the hosts' own pieces go over libfabric below).
-  for (int k = 0; k < K; ++k) {
-    const Range& p = piece[H + k];
-    ServerFrame& f = sent[k];
-    f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
-    f.dtype = static_cast<uint8_t>(acc);
-    f.op = static_cast<uint8_t>(b.op);
-    f.divisor = b.op == ReduceOp::kAvg ? static_cast<uint32_t>(comm_.size()) : 1;
-    f.seq = b.firstSeq;
-    f.step = chunk;
-    f.count = p.count;
-    f.payload = p.count * es;
-    serverLinks_->push(k, f, data + p.offset * es, deadline, stopping);
-    comm_.counters().standaloneServerBytes += f.payload;
-  }
-  const Range mine = piece[myHost];
-  const size_t mineBytes = mine.count * es;
-  uint8_t* partials = comm_.scratch(H * mineBytes + 1);
-  const uint32_t tag = crossHostStepChunk(chunk);  // wraps past 2^24 steps, safely (frame.h)
-  Exchange ex(comm_, b.firstSeq, b.sigs[0]);
-  int remaining = H - 1;
-  auto reduceAndReturn = [&] {
-    std::vector<const void*> in(H);
-    for (int h = 0; h < H; ++h) in[h] = h == myHost ? data + mine.offset * es : partials + h * mineBytes;
-    auto t0 = std::chrono::steady_clock::now();
-    reduceOrdered(data + mine.offset * es, in.data(), H, mine.count, acc, b.op,
-                  b.op == ReduceOp::kAvg ? static_cast<double>(comm_.size()) : 1.0);
-    comm_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                           std::chrono::steady_clock::now() - t0).count();
-    for (int h = 0; h < H; ++h) {
-      if (h != myHost) {
-        ex.send(peerOf(h), kPhaseHostsReturn, tag, mine.offset * es, data + mine.offset * es,
-                mineBytes);
-      }
-    }
-  };
-  // Receives first, so frames land in place; then this host's pieces out.
-  for (int h = 0; h < H; ++h) {
-    if (h == myHost) continue;
-    ex.recv(peerOf(h), kPhaseHostsToServer, tag, partials + h * mineBytes, mineBytes, [&] {
-      if (--remaining == 0) reduceAndReturn();
-    });
-    ex.recv(peerOf(h), kPhaseHostsReturn, tag, data + piece[h].offset * es, piece[h].count * es);
-  }
-  for (int h = 0; h < H; ++h) {
-    if (h == myHost) continue;
-    ex.send(peerOf(h), kPhaseHostsToServer, tag, piece[h].offset * es,
-            data + piece[h].offset * es, piece[h].count * es);
-  }
-  ex.run();
-  // The standalone servers' results, into place.
-  for (int k = 0; k < K; ++k) {
-    serverLinks_->pull(k, sent[k], data + piece[H + k].offset * es, deadline, [&]() -> std::string {
-      std::string why = stopping();
-      if (why.empty()) comm_.peers().checkAlive("allreduce (seq " + std::to_string(b.firstSeq) + ")");
-      return why;
-    });
-  }
-  if (K) comm_.counters().standaloneServerSteps++;
-  if (wide) narrowFromFloat(data, reinterpret_cast<const float*>(data), len, b.dtype);
 }
 
 void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,

@@ -116,10 +116,9 @@ class FusionBufferScheduler {
   // the others), and moves on to the next plan.
   void skipBatch(Batch& b, const std::string& why);
   [[noreturn]] void failMismatch(Batch& b, const std::string& why);
-  // The network step of a multi-host batch: `data` holds this host's
-  // partial of chunk `chunk` of server `server`; on return, the reduction
-  // over every host.
-  void reduceAcrossHosts(Batch& b, int server, uint64_t chunk, uint8_t* data, uint64_t len);
+  // The network step of a multi-host batch, pipelined over its steps
+  // (fusion_scheduler.cc).
+  class CrossHost;
   int globalRank(int local) const { return topo_.ranksOfHost[topo_.hostIndex][local]; }
   // Across hosts, f16/bf16 host partials stay in f32 (in the result slots
   // and on the wire) and are rounded once, after the last host's part.

@@ -18,10 +18,10 @@ namespace smddp {
 
 SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 0, 0, 1LL << 28,
                   "bytes of one shard per pipeline step in the shared-memory segment "
-                  "(0: 128K, or 256K when a host has more ranks than cores)")
+                  "(0: 128K, or 256K across hosts or when a host has more ranks than cores)")
 SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 0, 0, 64,
-                "pipeline steps the shared-memory allreduce keeps in flight (0: 4, or 16 when a "
-                "host has more ranks than cores, so a rank's time slice covers more work)")
+                "pipeline steps the shared-memory allreduce keeps in flight (0: 4, or 16 across "
+                "hosts or when a host has more ranks than cores)")
 SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
                   "queued allreduce calls are fused up to this many bytes (0: no fusion)")
 
@@ -133,10 +133,14 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
   topo.oversubscribed = topo.localSize > static_cast<int>(onlineCores());
   // The slot size sets the step size, which the hosts' servers must agree
   // on (the network step pairs them by step): across hosts it is fixed.
-  const uint64_t slot = config.shmSlotBytes ? config.shmSlotBytes
-                        : (topo.oversubscribed && topo.hosts() == 1 ? 262144 : 131072);
-  const int depth = config.shmDepth ? static_cast<int>(config.shmDepth)
-                                    : (topo.oversubscribed ? 16 : 4);
+  // Across hosts each step also crosses the network, where a step's round
+  // trip is far longer than in memory: larger steps and a deeper ring keep
+  // the link busy (at 2 Gbit/s, 2 hosts x 2 ranks, 64 MiB: 26% of the link
+  // bound with 128 KiB x 4, 66-71% with 256 KiB x 16 on a loaded machine;
+  // benchmarks/RESULTS.md).
+  const bool deep = topo.oversubscribed || topo.hosts() > 1;
+  const uint64_t slot = config.shmSlotBytes ? config.shmSlotBytes : (deep ? 262144 : 131072);
+  const int depth = config.shmDepth ? static_cast<int>(config.shmDepth) : (deep ? 16 : 4);
   std::string status = "ok";
   std::unique_ptr<HostSegment> seg;
   try {

@@ -130,10 +130,11 @@ constexpr uint64_t kErrorTagIgnore = (1ULL << 60) - 1;
 constexpr uint32_t kMaxChunksPerPhase = 1u << 24;
 // The chunk field of the network step of a multi-host batch: the step
 // number within the batch, modulo 2^24, since a batch can have more steps.
-// The wrap is safe because two servers are never more than one step apart
-// (a server finishes step s only once every other host's server has sent
-// its step-s piece), so only steps s and s + 1 can be in flight between
-// them, and no two steps less than 2^24 apart share a tag.
+// The wrap is safe because a server keeps at most SMDDP_SHM_DEPTH steps in
+// flight (it reuses step s's result slot for step s + depth only once step
+// s came back from every other host), so two servers are never more than
+// about a depth apart (at most 64 steps), and no two steps less than 2^24
+// apart share a tag.
 constexpr uint32_t crossHostStepChunk(uint64_t step) {
   return static_cast<uint32_t>(step % kMaxChunksPerPhase);
 }

@@ -34,9 +34,9 @@ def provider_and_collectives(rank, world):
 
 def pipelined_steps(rank, world):
     """Run with tiny slots and a shallow ring (SMDDP_SHM_SLOT_BYTES,
-    SMDDP_SHM_DEPTH): large allreduces take hundreds of pipeline steps, each
-    with a network step between the hosts, and reuse each result slot many
-    times over. Each result must be the exact
+    SMDDP_SHM_DEPTH): large allreduces take hundreds of pipeline steps, so
+    the network step between hosts keeps several steps in flight and reuses
+    each result slot many times over. Each result must be the exact
     host-hierarchical rank-order fold (collective_oracle), sync and fused
     async alike."""
     import collective_oracle as co

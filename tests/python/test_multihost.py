@@ -86,10 +86,10 @@ def test_same_host_uses_shm():
         assert res["half"]["bad"] == [], (rank, res["half"])
 
 
-def test_hosts_take_many_small_network_steps():
+def test_hosts_keep_many_network_steps_in_flight():
     # 2 hosts x 2 ranks, 4 KiB slots and a ring of 2: a 1 MiB allreduce
-    # takes 128 steps per server, each with its own network step between
-    # the hosts, every result slot reused again and again. Exact host-order
+    # takes 128 steps per server, several in flight between the hosts at
+    # once, every result slot reused again and again. Exact host-order
     # folds, bitwise, for every dtype, op, size and fused batch.
     results = run_world(4, "cases_multihost:pipelined_steps", timeout=240,
                         env={"SMDDP_HOST_ID": lambda rank: f"host{rank // 2}",
