@@ -21,7 +21,8 @@ import torch.distributed as dist  # noqa: E402
 from . import _C  # noqa: E402  (needs torch.distributed's pybind types first)
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "stats", "reset_stats", "flight_recorder", "ProcessGroupSmddp"]
+__all__ = ["__version__", "all_reduce_", "stats", "reset_stats", "flight_recorder",
+           "ProcessGroupSmddp"]
 
 ProcessGroupSmddp = _C.ProcessGroupSmddp
 
@@ -85,6 +86,48 @@ def _backend_of(group=None):
     if not isinstance(backend, _C.ProcessGroupSmddp):
         raise ValueError(f"group {pg} does not use the smddp backend on CPU")
     return backend
+
+
+# all_reduce_'s last group and its backend's direct entry (or None where the
+# group has none): resolving them costs more than a small reduction.
+_direct = [object(), None]
+
+
+def _direct_entry(pg):
+    if not isinstance(pg, dist.ProcessGroup):
+        return None  # not initialised, or not a member: dist.all_reduce says so
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return None
+    # A wrapped backend (TORCH_DISTRIBUTED_DEBUG=DETAIL) checks every call
+    # through c10d: leave the calls to it.
+    return backend.all_reduce_now if isinstance(backend, _C.ProcessGroupSmddp) else None
+
+
+def all_reduce_(tensor, op=dist.ReduceOp.SUM, group=None):
+    """``dist.all_reduce(tensor, op, group)``, synchronous, for small tensors.
+
+    The same engine call as ``dist.all_reduce(..., async_op=False)``, with
+    the same result bit for bit, but entered directly rather than through
+    c10d's Python wrapper, dispatcher, Work and future, which cost more than
+    the whole reduction of a few KiB (as DeepSpeed's
+    ``inference_all_reduce_`` does for its shared-memory op). It mixes
+    freely with c10d calls on the same group: call order, fusion, timeouts,
+    the flight recorder and the mismatch checks are the engine's, as for any
+    call. Whatever it does not take directly (a group of another backend, a
+    non-contiguous, complex or device tensor, PREMUL_SUM, a coalescing
+    block, a profiler recording, TORCH_DISTRIBUTED_DEBUG=DETAIL) goes through
+    ``dist.all_reduce`` unchanged. Returns ``tensor``.
+    """
+    pg = group if group is not None else dist.GroupMember.WORLD
+    cached = _direct
+    if cached[0] is not pg:
+        cached[0], cached[1] = pg, _direct_entry(pg)
+    entry = cached[1]
+    if entry is None or not entry(tensor, op):
+        dist.all_reduce(tensor, op=op, group=group)
+    return tensor
 
 
 def stats(group=None, reset: bool = False) -> dict:

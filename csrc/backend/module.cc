@@ -82,6 +82,7 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["abandoned_sends_confirmed"] = s.abandonedSendsConfirmed;
   d["abandoned_sends_held"] = s.abandonedSendsHeld;
   d["calls_run_by_caller"] = s.callerRuns;
+  d["direct_calls"] = s.directCalls;
   d["small_batches"] = s.smallBatches;
   d["standalone_server_bytes"] = s.standaloneServerBytes;
   d["standalone_server_steps"] = s.standaloneServerSteps;
@@ -178,6 +179,8 @@ PYBIND11_MODULE(_C, m) {
         for (const auto& e : rec->entries()) out.append(entryToDict(e, steadyNow, wallNow));
         return out;
       })
+      .def("all_reduce_now", &ProcessGroupSmddp::allreduceNow, py::arg("tensor"), py::arg("op"),
+           py::call_guard<py::gil_scoped_release>())
       .def("reset_stats", &ProcessGroupSmddp::resetStats)
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
       .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)

@@ -193,6 +193,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
   return submit(c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, call);
 }
 
+bool ProcessGroupSmddp::allreduceNow(at::Tensor& tensor, const c10d::ReduceOp& reduceOp) {
+  if (!comm_ || simDevice_ || checkingOnly() || !tensor.defined() || !tensor.device().is_cpu() ||
+      tensor.layout() != at::kStrided || !tensor.is_contiguous() ||
+      reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM || C10_UNLIKELY(at::hasCallbacks())) {
+    return false;
+  }
+  switch (tensor.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar:
+    case at::kByte: case at::kInt: case at::kLong: case at::kBool: break;
+    default: return false;  // complex (viewed as real by dist.all_reduce) or unsupported
+  }
+  if (coalescingNow()) return false;
+  const DataType dt = toDataType(tensor, "all_reduce");
+  const smddp::ReduceOp op = toReduceOp(reduceOp, dt, "all_reduce");  // names an unsupported pair
+  comm_->counters().directCalls++;
+  try {
+    comm_->allreduceSync({bufferOf(tensor)}, dt, op, {extentOf(tensor)});
+  } catch (const smddp::Error& e) {
+    C10_THROW_ERROR(DistBackendError, e.what());
+  }
+  return true;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "smddp all_reduce_coalesced: no tensors given");

@@ -92,6 +92,18 @@ class ProcessGroupSmddp : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
+  // torch_smddp.all_reduce_: one contiguous CPU tensor reduced in place,
+  // synchronously, called straight from Python rather than through c10d's
+  // dispatcher, Work and future (which cost a 4 KiB call more than the
+  // whole reduction). The same engine call as all_reduce(async_op=False),
+  // so it keeps the call order, fusion fences, flight recorder, timeout and
+  // the "issued on every rank" rule, and it mixes freely with c10d's calls.
+  // Returns false, having done nothing, for a call it leaves to
+  // dist.all_reduce: a tensor that is not a dense contiguous CPU tensor of
+  // an engine dtype, PREMUL_SUM, a coalescing block, a profiler observing
+  // (record_param_comms), a device-simulation group.
+  bool allreduceNow(at::Tensor& tensor, const c10d::ReduceOp& reduceOp);
+
   uint64_t getSequenceNumberForGroup() override { return comm_ ? comm_->nextSequence() : 0; }
   void setSequenceNumberForGroup() override {}
   void setTimeout(std::chrono::milliseconds timeout) override;

@@ -129,10 +129,12 @@ uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> out
                  std::move(done), nullptr, std::move(hooks));
 }
 
-void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op) {
+void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op,
+                                 std::vector<MemRange> touches) {
   std::promise<void> p;
   auto f = p.get_future();
   CallHooks hooks;
+  hooks.touches = std::move(touches);
   hooks.callerWaits = true;
   allreduce(std::move(bufs), dtype, op, [&p](std::exception_ptr e) {
     if (e) p.set_exception(e);

@@ -192,9 +192,11 @@ class Communicator {
   void recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDone done);
   // A barrier whose server is rank 0, so a timeout names every missing rank.
   uint64_t monitoredBarrier(std::chrono::milliseconds timeout, Done done);
-  // Blocking convenience wrapper (tests, benchmarks): runs on the caller's
-  // thread when the engine is idle (CallHooks::callerWaits).
-  void allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op);
+  // A blocking allreduce (torch_smddp.all_reduce_, tests, benchmarks): runs
+  // on the caller's thread when the engine is idle (CallHooks::callerWaits).
+  // `touches`: the caller's memory the call reads and writes (CallHooks).
+  void allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op,
+                     std::vector<MemRange> touches = {});
 
   // --- Lifecycle and statistics (any thread) ---
   // Fails queued work, joins the worker, closes the endpoint. Idempotent.

@@ -30,6 +30,7 @@ struct Stats {
   uint64_t abandonedSendsHeld = 0;
   uint64_t callerRuns = 0;    // calls run on their caller's thread (CallHooks::callerWaits)
   uint64_t smallBatches = 0;  // fusion batches run as small ones (SMDDP_SMALL_BYTES)
+  uint64_t directCalls = 0;   // allreduces entered through torch_smddp.all_reduce_
   uint64_t standaloneServerBytes = 0;  // bytes pushed to standalone reduction servers
   uint64_t standaloneServerSteps = 0;  // cross-host steps that used them
 };
@@ -144,6 +145,7 @@ struct StatsCounters {
   std::atomic<uint64_t> abandonedSendsHeld{0};
   std::atomic<uint64_t> callerRuns{0};
   std::atomic<uint64_t> smallBatches{0};
+  std::atomic<uint64_t> directCalls{0};
   std::atomic<uint64_t> standaloneServerBytes{0};
   std::atomic<uint64_t> standaloneServerSteps{0};
   // Queued-to-completed latency of every collective (runTasks).
@@ -154,7 +156,7 @@ struct StatsCounters {
     for (auto* c : {&bytesSent, &bytesReceived, &collectives, &fusionFlushes, &fusionBytes,
                     &fusedCalls, &chunksInFlightMax, &serverReduceNs, &framesRejected, &errors,
                     &abandonedSends, &abandonedSendsConfirmed, &abandonedSendsHeld, &callerRuns,
-                    &smallBatches, &standaloneServerBytes, &standaloneServerSteps}) {
+                    &smallBatches, &directCalls, &standaloneServerBytes, &standaloneServerSteps}) {
       c->store(0);
     }
     latency.reset();
@@ -177,6 +179,7 @@ struct StatsCounters {
     s.abandonedSendsHeld = abandonedSendsHeld.load();
     s.callerRuns = callerRuns.load();
     s.smallBatches = smallBatches.load();
+    s.directCalls = directCalls.load();
     s.standaloneServerBytes = standaloneServerBytes.load();
     s.standaloneServerSteps = standaloneServerSteps.load();
     return s;
