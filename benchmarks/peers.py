@@ -17,7 +17,8 @@ count is set once per size and backend from a warm-up call, the same on
 every rank), after a Gloo barrier; time per call = block time / calls, the
 max over ranks. The backends take turns for --rounds rounds, in ABBA order
 (A B C, C B A, ...), so they see the same machine noise; the table shows
-the median round. busbw = algbw x 2(n-1)/n (nccl-tests). Before and after
+the median round. smddp_direct is torch_smddp.all_reduce_, the same engine
+call entered without c10d's dispatcher and Work. busbw = algbw x 2(n-1)/n (nccl-tests). Before and after
 each size's timed rounds, one call per backend is checked against the
 closed form (rank r holds r + 1 everywhere, so every element must be
 n(n+1)/2); a wrong result fails the run. The timed blocks run on zeros, so
@@ -38,7 +39,10 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch_smddp.bench import add_common_args, fmt_size, launch_ranks, resolve_sizes  # noqa: E402
 
-BACKENDS = ["smddp", "gloo", "deepspeed"]
+# smddp: dist.all_reduce on the smddp group; smddp_direct: the same engine
+# call through torch_smddp.all_reduce_, without c10d (as DeepSpeed's op).
+BACKENDS = ["smddp", "smddp_direct", "gloo", "deepspeed"]
+OURS = ("smddp", "smddp_direct")
 
 
 def abba(names, i):
@@ -86,6 +90,7 @@ def worker(args) -> None:
     backends = [b for b in args.backends if b != "deepspeed" or have.item() == 1.0]
     calls = {
         "smddp": lambda t: dist.all_reduce(t),
+        "smddp_direct": lambda t: torch_smddp.all_reduce_(t),
         "gloo": lambda t: dist.all_reduce(t, group=gloo),
         "deepspeed": lambda t: ds_op(t),
     }
@@ -181,9 +186,11 @@ def print_table(all_data: list[dict]) -> None:
     print("\n# allreduce, float32, SUM, in place; us per call (median of rounds, max over ranks);")
     print("# busbw GB/s = algbw x 2(n-1)/n; ratio = best peer's time / smddp's (>1: smddp faster)")
     head = f"| world | size |" + "".join(f" {b} us |" for b in names)
-    head += "".join(f" {b} busbw |" for b in names) + " best peer | best peer / smddp |"
+    ours = [b for b in OURS if b in names]
+    head += "".join(f" {b} busbw |" for b in names) + " best peer |"
+    head += "".join(f" best peer / {b} |" for b in ours)
     print(head)
-    print("|" + "---|" * (3 + 2 * len(names) + 1))
+    print("|" + "---|" * (3 + 2 * len(names) + len(ours)))
     for d in all_data:
         n = d["world"]
         factor = 2 * (n - 1) / n if n > 1 else 1.0
@@ -193,12 +200,11 @@ def print_table(all_data: list[dict]) -> None:
             line += "".join(f" {fmt_us(med[b])} |" if b in med else " n/a |" for b in names)
             line += "".join(f" {row['bytes'] / med[b] / 1e9 * factor:.3f} |" if b in med else " n/a |"
                             for b in names)
-            peers = {b: v for b, v in med.items() if b != "smddp"}
-            if peers and "smddp" in med:
-                best = min(peers, key=peers.get)
-                line += f" {best} | {peers[best] / med['smddp']:.2f}x |"
-            else:
-                line += " - | - |"
+            peers = {b: v for b, v in med.items() if b not in OURS}
+            best = min(peers, key=peers.get) if peers else None
+            line += f" {best or '-'} |"
+            line += "".join(f" {peers[best] / med[b]:.2f}x |" if best and b in med else " - |"
+                            for b in ours)
             print(line)
     for d in all_data:
         if d.get("deepspeed_unavailable"):

@@ -179,6 +179,14 @@ PYBIND11_MODULE(_C, m) {
         for (const auto& e : rec->entries()) out.append(entryToDict(e, steadyNow, wallNow));
         return out;
       })
+      // dist.ReduceOp.SUM and the like are RedOpType values: taken as such,
+      // they skip the conversion to a ReduceOp object (an allocation per
+      // call); a ReduceOp object (PREMUL_SUM) takes the second overload.
+      .def("all_reduce_now",
+           [](ProcessGroupSmddp& pg, at::Tensor& t, c10d::ReduceOp::RedOpType op) {
+             return pg.allreduceNow(t, c10d::ReduceOp(op));
+           },
+           py::arg("tensor"), py::arg("op"), py::call_guard<py::gil_scoped_release>())
       .def("all_reduce_now", &ProcessGroupSmddp::allreduceNow, py::arg("tensor"), py::arg("op"),
            py::call_guard<py::gil_scoped_release>())
       .def("reset_stats", &ProcessGroupSmddp::resetStats)

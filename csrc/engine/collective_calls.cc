@@ -1,7 +1,8 @@
 // The Communicator's collective entry points: each queues its algorithm
 // (algorithms.h) with the caller's completion; allreduce also offers itself
 // to the fusion-buffer scheduler when the host path is open.
-#include <future>
+#include <condition_variable>
+#include <mutex>
 
 #include "common/caller_waiting.h"
 #include "engine/algorithms.h"
@@ -47,7 +48,8 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
     fusible->op = op;
     for (const auto& b : fusible->bufs) fusible->numel += b.numel;
     const CollectiveSignature sig = sigOf(CollectiveType::kAllreduce, dtype, fusible->numel, op);
-    return enqueue(sig, sig.describe(),
+    // No `what`: the signature names the call where a message needs it.
+    return enqueue(sig, std::string(),
                    [this, f = fusible](uint64_t seq) {
       runAllreduce(*this, seq, f->bufs, f->dtype, f->op);
     }, std::move(done), fusible, std::move(hooks));
@@ -131,17 +133,27 @@ uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> out
 
 void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op,
                                  std::vector<MemRange> touches) {
-  std::promise<void> p;
-  auto f = p.get_future();
+  // Usually done before allreduce() returns (run on this thread); on the
+  // stack, where a std::promise would allocate its shared state per call.
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  } out;
   CallHooks hooks;
   hooks.touches = std::move(touches);
   hooks.callerWaits = true;
-  allreduce(std::move(bufs), dtype, op, [&p](std::exception_ptr e) {
-    if (e) p.set_exception(e);
-    else p.set_value();
+  allreduce(std::move(bufs), dtype, op, [&out](std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(out.mu);
+    out.error = e;
+    out.done = true;
+    out.cv.notify_all();
   }, std::move(hooks));
   CallerWaiting waiting;
-  f.get();
+  std::unique_lock<std::mutex> lock(out.mu);
+  out.cv.wait(lock, [&] { return out.done; });
+  if (out.error) std::rethrow_exception(out.error);
 }
 
 }  // namespace smddp

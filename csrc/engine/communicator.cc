@@ -259,7 +259,7 @@ void Communicator::shutdown() {
   }
   queueCv_.notify_all();
   for (auto& t : leftover) {
-    const std::string why = "smddp: " + t.what + " at sequence " + std::to_string(t.seq) +
+    const std::string why = "smddp: " + t.name() + " at sequence " + std::to_string(t.seq) +
                             " was not run: the process group was shut down";
     if (recorder_ && !t.p2p) recorder_->ended(t.seq, &why, 1, std::chrono::steady_clock::now());
     try {

@@ -265,6 +265,9 @@ class Communicator {
     std::chrono::steady_clock::time_point queuedAt{};  // for the debug log
     std::function<void()> prepare;         // CallHooks::prepare, or null
     CollectiveSignature sig{};             // for stats' latency and the timeline
+    // The call in messages: `what`, or, where the caller left it empty
+    // (allreduce: spelled out only if a message needs it), the signature.
+    std::string name() const { return what.empty() ? sig.describe() : what; }
   };
   // A queued allreduce the next batch may still fuse (see fences_).
   struct OpenCall {

@@ -25,8 +25,9 @@ struct FusionBufferScheduler::Batch {
   ReduceOp op = ReduceOp::kSum;
   std::vector<CollectiveSignature> sigs;  // what this rank called, by position
   bool joined = false;                    // this rank published arrived
-  std::string what;                       // for messages: the first call
   std::optional<StallWatch> watch;        // errors, probes, deadline, liveness
+  // For messages: the first call and its sequence number.
+  const std::string& what() const { return watch->what(); }
   std::chrono::steady_clock::time_point idleSince;
   bool streaming = false;  // in the data steps: every peer is in this call too
   bool small = false;      // the plan's small flag: see FusionBufferScheduler::streamSmall

@@ -204,7 +204,7 @@ void FusionBufferScheduler::takeRemotePlan(Batch& b, std::vector<FusibleCall*>& 
   if (wp.count < 1 || wp.count > static_cast<uint32_t>(kMaxFusedCalls) ||
       wp.dtype >= static_cast<uint8_t>(DataType::kCount) ||
       wp.op >= static_cast<uint8_t>(ReduceOp::kCount)) {
-    throwError(ErrorKind::kProtocol, "smddp: " + b.what + ": rank " + std::to_string(planner) +
+    throwError(ErrorKind::kProtocol, "smddp: " + b.what() + ": rank " + std::to_string(planner) +
                                          " sent an unreadable fusion plan (" +
                                          std::to_string(wp.count) + " calls)");
   }
@@ -214,7 +214,7 @@ void FusionBufferScheduler::takeRemotePlan(Batch& b, std::vector<FusibleCall*>& 
   };
   // The rest of the cut comes from this rank's own queue, as on a follower.
   std::string why = takeCut(b, calls, wp.count, planner, theirs, takeNext);
-  if (!why.empty()) throwError(ErrorKind::kMismatch, "smddp: " + b.what + ": " + why);
+  if (!why.empty()) throwError(ErrorKind::kMismatch, "smddp: " + b.what() + ": " + why);
 }
 
 void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,

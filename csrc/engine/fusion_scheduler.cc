@@ -23,6 +23,20 @@
 
 namespace smddp {
 
+namespace {
+// Polls of the wake word between two sched_yield calls in idle() (about
+// 2 us of pause instructions).
+constexpr int kWakeWatchPolls = 64;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+}  // namespace
+
 SMDDP_PARAM_INT(paramStreamSpinUs, "SMDDP_STREAM_SPIN_US", 500, 0, 1000000,
                 "microseconds a rank polls inside a shared-memory allreduce's data steps, where "
                 "its peers are working on the same call, before it sleeps (hosts with more ranks "
@@ -65,9 +79,8 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
   b.index = nextBatch_;
   b.plan = &segment_->ctl().plans[b.index % kPlanDepth];
   b.firstSeq = calls[0]->seq;
-  b.what = calls[0]->signature().describe() + " at sequence " + std::to_string(b.firstSeq);
   b.idleSince = clock::now();
-  b.watch.emplace(comm_, b.what, comm_.timeout());
+  b.watch.emplace(comm_, calls[0]->signature(), b.firstSeq, comm_.timeout());
   b.sigs.push_back(calls[0]->signature());
   const int64_t tlBegin = timeline::on() ? timeline::nowNs() : 0;
   try {
@@ -370,10 +383,10 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
   using clock = std::chrono::steady_clock;
   if (b.joined && b.plan->aborted.load(std::memory_order_acquire) == b.index + 1) {
     std::string text(b.plan->abortText, strnlen(b.plan->abortText, kAbortTextBytes));
-    throwError(ErrorKind::kMismatch, "smddp: " + b.what + " failed on another rank: " + text);
+    throwError(ErrorKind::kMismatch, "smddp: " + b.what() + " failed on another rank: " + text);
   }
   if (comm_.stopRequested()) {
-    throwError(ErrorKind::kAborted, "smddp: " + b.what + ": the process group was shut down");
+    throwError(ErrorKind::kAborted, "smddp: " + b.what() + ": the process group was shut down");
   }
   auto now = clock::now();
   // Error frames, stall probes, the deadline and liveness: slow paths, so
@@ -404,6 +417,16 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
                          : b.streaming     ? streamSpinUs_
                                            : comm_.config().spinUs;
   if (now - b.idleSince < std::chrono::microseconds(spinUs)) {
+    // With a core per rank, watch the wake word (every publish bumps it)
+    // for a moment first: a peer's publish is then seen in well under a
+    // microsecond, where a sched_yield round trip alone costs about half
+    // of one, several times per small call.
+    if (!topo_.oversubscribed) {
+      for (int i = 0; i < kWakeWatchPolls; ++i) {
+        if (segment_->wakeValue() != seenWake) return;
+        cpuRelax();
+      }
+    }
     sched_yield();  // polling, but let a runnable compute thread have the core
     return;
   }
@@ -448,7 +471,7 @@ void FusionBufferScheduler::abortBatch(Batch& b, const std::string& why) {
 }
 
 void FusionBufferScheduler::failMismatch(Batch& b, const std::string& why) {
-  std::string msg = "smddp: " + b.what + ": " + why;
+  std::string msg = "smddp: " + b.what() + ": " + why;
   abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + why);
   throwError(ErrorKind::kMismatch, msg);
 }

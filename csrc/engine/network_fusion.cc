@@ -93,7 +93,7 @@ void Communicator::runNetworkBatch(std::vector<Task>& tasks, CallPath path, bool
   try {
     cut = agreedCut(all);
   } catch (const Error& e) {
-    throwError(e.kind(), "smddp: " + tasks[0].what + " at sequence " + std::to_string(firstSeq) +
+    throwError(e.kind(), "smddp: " + tasks[0].name() + " at sequence " + std::to_string(firstSeq) +
                              ": " + e.what());
   }
   noteBatchCut(firstSeq + cut);
@@ -105,7 +105,7 @@ void Communicator::runNetworkBatch(std::vector<Task>& tasks, CallPath path, bool
     {
       std::lock_guard<std::mutex> lock(queueMu_);
       if (stopping_) {
-        throwError(ErrorKind::kAborted, "smddp: " + tasks[0].what + " at sequence " +
+        throwError(ErrorKind::kAborted, "smddp: " + tasks[0].name() + " at sequence " +
                                             std::to_string(firstSeq) +
                                             ": the process group was shut down");
       }

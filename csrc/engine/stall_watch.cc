@@ -10,28 +10,40 @@ StallWatch::StallWatch(Communicator& comm, std::string what, std::chrono::millis
       start_(std::chrono::steady_clock::now()), deadline_(start_ + timeout),
       nextLiveness_(start_ + std::chrono::milliseconds(200)) {}
 
+StallWatch::StallWatch(Communicator& comm, const CollectiveSignature& sig, uint64_t seq,
+                       std::chrono::milliseconds timeout)
+    : StallWatch(comm, std::string(), timeout) {
+  sig_ = sig;
+  seq_ = seq;
+}
+
+const std::string& StallWatch::what() const {
+  if (what_.empty()) what_ = sig_.describe() + " at sequence " + std::to_string(seq_);
+  return what_;
+}
+
 void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_t count,
                        const std::function<std::string()>& waitingOn,
                        const std::function<std::string()>& notSeen) {
   std::string remote;
   for (size_t i = 0; i < count; ++i) {
     if (comm_.control().remoteErrorFor(firstSeq + i, &remote)) {
-      throwError(ErrorKind::kMismatch, "smddp: " + what_ + " failed on another rank: " + remote);
+      throwError(ErrorKind::kMismatch, "smddp: " + what() + " failed on another rank: " + remote);
     }
     if (comm_.control().probeMismatch(firstSeq + i, sigs[i], &remote)) {
-      throwError(ErrorKind::kMismatch, "smddp: " + what_ + ": " + remote);
+      throwError(ErrorKind::kMismatch, "smddp: " + what() + ": " + remote);
     }
   }
   // A peer timed out or lost a rank: this call cannot complete either.
   if (comm_.control().brokenByPeer(&remote)) {
-    throwError(ErrorKind::kAborted, "smddp: " + what_ + " failed on another rank: " + remote);
+    throwError(ErrorKind::kAborted, "smddp: " + what() + " failed on another rank: " + remote);
   }
   const auto now = std::chrono::steady_clock::now();
   // Liveness before the probe: a probe to a peer that cannot take it may
   // wait for its endpoint, and a dead peer is the better answer anyway.
   if (now > nextLiveness_) {
     nextLiveness_ = now + std::chrono::milliseconds(200);
-    comm_.peers().checkAlive(what_);
+    comm_.peers().checkAlive(what());
   }
   // A call still waiting after 200 ms tells its peers what it is (see
   // ControlPlane::sendProbe): one header per peer, once per call.
@@ -40,7 +52,7 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
     for (int p = 0; p < comm_.size(); ++p) comm_.control().sendProbe(p, firstSeq, sigs[0], false);
   }
   if (now > deadline_) {
-    throwError(ErrorKind::kTimeout, "smddp: " + what_ + " timed out: timeout of " +
+    throwError(ErrorKind::kTimeout, "smddp: " + what() + " timed out: timeout of " +
                                         std::to_string(timeout_.count()) +
                                         " ms expired while waiting for " + waitingOn() + "; " +
                                         notSeen());

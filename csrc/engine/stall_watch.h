@@ -21,6 +21,10 @@ class StallWatch {
  public:
   // `what` names the call in messages ("allreduce(...) at sequence 7").
   StallWatch(Communicator& comm, std::string what, std::chrono::milliseconds timeout);
+  // The same, named "<sig> at sequence <seq>", spelled out only when a
+  // message needs it (a small call has no time for the string).
+  StallWatch(Communicator& comm, const CollectiveSignature& sig, uint64_t seq,
+             std::chrono::milliseconds timeout);
 
   // Throws smddp::Error when the wait must end. The calls waited on are
   // sequences firstSeq .. firstSeq + count - 1 with signatures sigs[0..count).
@@ -31,12 +35,14 @@ class StallWatch {
              const std::function<std::string()>& notSeen);
   // Send the stall probe at the next check rather than after 200 ms.
   void probeNow() { probeNow_ = true; }
-  const std::string& what() const { return what_; }
+  const std::string& what() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   Communicator& comm_;
-  std::string what_;
+  mutable std::string what_;  // filled from sig_ and seq_ on first use when empty
+  CollectiveSignature sig_{};
+  uint64_t seq_ = 0;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point start_, deadline_, nextLiveness_;
   bool probed_ = false;

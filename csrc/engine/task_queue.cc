@@ -24,7 +24,8 @@ uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
                                std::shared_ptr<FusibleCall> fusible, CallHooks hooks) {
   std::unique_lock<std::mutex> lock(queueMu_);
   if (stopping_) {
-    throwError(ErrorKind::kAborted, "smddp: cannot start " + what + ": the process group '" +
+    throwError(ErrorKind::kAborted, "smddp: cannot start " + (what.empty() ? sig.describe() : what) +
+                                        ": the process group '" +
                                         opts_.name + "' was shut down");
   }
   uint64_t seq = nextSeq_++;
@@ -227,7 +228,7 @@ void Communicator::logCompleted(const std::vector<Task>& tasks, std::exception_p
                             std::to_string(tasks[0].seq);
   for (const Task& t : tasks) {
     SMDDP_LOG(kDebug) << "[rank " << opts_.rank << "] group '" << opts_.name << "' seq " << t.seq
-                      << " " << t.what << " via "
+                      << " " << t.name() << " via "
                       << (scheduler_ && fused ? "shared memory" + batch
                           : fused             ? "libfabric" + batch
                                               : std::string("libfabric"))
@@ -245,10 +246,12 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   std::exception_ptr eptr;
   // By value: the scheduler's takeNext appends to `tasks`, which moves them.
   const uint64_t firstSeq = tasks[0].seq;
-  const std::string firstWhat = tasks[0].what;
+  const std::string firstWhat = tasks[0].what;  // empty for allreduce (Task::name)
+  const CollectiveSignature firstSig = tasks[0].sig;
+  auto firstName = [&] { return firstWhat.empty() ? firstSig.describe() : firstWhat; };
   if (control_.broken()) {
     eptr = std::make_exception_ptr(Error(
-        ErrorKind::kAborted, "smddp: " + firstWhat + " at sequence " + std::to_string(firstSeq) +
+        ErrorKind::kAborted, "smddp: " + firstName() + " at sequence " + std::to_string(firstSeq) +
                                  " refused: the group is unusable after an earlier failure: " +
                                  control_.brokenReason()));
   } else {
@@ -265,7 +268,7 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
             queueCv_.wait_for(lock, wait, [&] { return stopping_ || !queue_.empty(); });
           }
           if (stopping_) {
-            throwError(ErrorKind::kAborted, "smddp: " + firstWhat + " at sequence " +
+            throwError(ErrorKind::kAborted, "smddp: " + firstName() + " at sequence " +
                                                 std::to_string(firstSeq) +
                                                 ": the process group was shut down");
           }
@@ -364,9 +367,9 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
     try {
       t.done(eptr);
     } catch (const std::exception& e) {
-      SMDDP_LOG(kError) << "completion callback of " << t.what << " threw: " << e.what();
+      SMDDP_LOG(kError) << "completion callback of " << t.name() << " threw: " << e.what();
     } catch (...) {
-      SMDDP_LOG(kError) << "completion callback of " << t.what << " threw";
+      SMDDP_LOG(kError) << "completion callback of " << t.name() << " threw";
     }
   }
   if (callHeld_) {
