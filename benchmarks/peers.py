@@ -14,7 +14,7 @@ op cannot be built shows as "n/a" with the reason. DeepSpeed's op is
 Method (float32, SUM, in place): for every size, each backend in turn runs
 a block of back-to-back calls (nccl-tests style; the block's iteration
 count is set once per size and backend from a warm-up call, the same on
-every rank), after a Gloo barrier; time per call = block time / calls, the
+every rank), after a Gloo barrier and --warmup untimed calls; time per call = block time / calls, the
 max over ranks. The backends take turns for --rounds rounds, in ABBA order
 (A B C, C B A, ...), so they see the same machine noise; the table shows
 the median round. smddp_direct is torch_smddp.all_reduce_, the same engine
@@ -74,7 +74,7 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    import torch_smddp  # noqa: F401
+    import torch_smddp
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -129,6 +129,12 @@ def worker(args) -> None:
                 t.zero_()
                 dist.barrier(group=gloo)
                 f = calls[name]
+                # Gloo's barrier lets ranks go up to milliseconds apart (four
+                # ranks on two cores); a few untimed calls of the backend
+                # itself line them up, so a short block times the calls, not
+                # the skew (nccl-tests' warm-up iterations).
+                for _ in range(args.warmup):
+                    f(t)
                 t0 = time.perf_counter()
                 for _ in range(iters[name]):
                     f(t)
@@ -149,6 +155,7 @@ def run_world(world: int, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker",
            "--rounds", str(args.rounds), "--block-s", str(args.block_s),
            "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
+           "--warmup", str(args.warmup),
            "--backends", *args.backends, "--sizes", *map(str, args.sizes)]
     return launch_ranks(cmd, world, args.timeout, f"peers.py: world {world}",
                         env={"DS_ACCELERATOR": "cpu"})
@@ -249,6 +256,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block-s", type=float, default=0.02, help="target seconds of one timed block")
     ap.add_argument("--min-iters", type=int, default=3)
     ap.add_argument("--max-iters", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="untimed calls of the backend before each timed block")
     ap.add_argument("--mpi", help="JSON written by peers_mpi.py --out, merged into the table")
     ap.add_argument("--json", help="also write the merged results here")
     ap.add_argument("--timeout", type=float, default=3600)

@@ -72,6 +72,8 @@ def worker(args) -> None:
         for _ in range(args.rounds):
             a.fill(0)
             comm.Barrier()
+            for _ in range(args.warmup):  # as peers.py: untimed calls first
+                comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
             t0 = time.perf_counter()
             for _ in range(iters):
                 comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
@@ -98,6 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block-s", type=float, default=0.02)
     ap.add_argument("--min-iters", type=int, default=3)
     ap.add_argument("--max-iters", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="untimed calls before each timed block")
     ap.add_argument("--out", required=True)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -112,6 +116,7 @@ def main(argv=None) -> int:
         cmd = [mpiexec(), "-n", str(w), sys.executable, os.path.abspath(__file__), "--worker",
                "--out", part, "--rounds", str(args.rounds), "--block-s", str(args.block_s),
                "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
+               "--warmup", str(args.warmup),
                "--sizes", *map(str, args.sizes)]
         subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         with open(part) as f:
