@@ -144,7 +144,7 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
       owners.push_back(p.owner);
     }
     std::string whyNot;
-    scheduler_ = openHostPath(*this, bootstrap, hosts, owners, &whyNot);
+    scheduler_ = openHostPath(*this, bootstrap, hosts, owners, &networkOnlyReason_, &whyNot);
     if (!whyNot.empty()) shmTrouble.push_back(whyNot);
   }
   // Otherwise allreduce runs over libfabric only, and fuses queued calls
@@ -208,11 +208,9 @@ std::string Communicator::describeGroup() const {
         << " standalone reduction server(s) across hosts (SMDDP_SERVER_HOSTS)";
     }
   } else {
-    std::string why = !config_.hostPath  ? "SMDDP_SHM_ALLREDUCE=0"
-                      : opts_.size == 1 ? "one rank"
-                      : peers_.hostsUneven() ? "the hosts hold different numbers of ranks"
-                      : peers_.hostCount() == opts_.size ? "one rank per host"
-                          : "shared memory is unavailable on some rank";
+    const std::string why = !config_.hostPath ? "SMDDP_SHM_ALLREDUCE=0"
+                            : opts_.size == 1  ? "one rank"
+                                               : networkOnlyReason_;  // openHostPath's
     o << "over libfabric only (" << why << "): " << netServers_.size()
       << " reduction server(s), chunk " << kib(config_.chunkBytes) << ", ring depth "
       << config_.ringDepth << ", "

@@ -302,6 +302,7 @@ class Communicator {
   // SMDDP_LOG_LEVEL=info, once per group: hosts, provider, the allreduce
   // path and its geometry, and why that path.
   std::string describeGroup() const;
+  std::string networkOnlyReason_;  // why openHostPath left allreduce to the network
   void enqueueP2P(std::string what, std::function<void(uint64_t)> body);
   void workerLoop();
   void postP2P(Request* r);

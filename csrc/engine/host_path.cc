@@ -108,17 +108,27 @@ bool HostTopology::uniform() const {
 std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstrap& bootstrap,
                                                     const std::vector<std::string>& hostOfRank,
                                                     const std::vector<std::string>& ownerOfRank,
-                                                    std::string* whyNot) {
+                                                    std::string* reason, std::string* whyNot) {
   const EngineConfig& config = comm.config();
   HostTopology topo = HostTopology::of(hostOfRank, comm.rank());
-  if (!topo.uniform() || topo.localSize > kHostMaxRanks) return nullptr;
+  if (!topo.uniform()) {
+    *reason = "the hosts hold different numbers of ranks";
+    return nullptr;
+  }
+  if (topo.localSize > kHostMaxRanks) {
+    *reason = "more than " + std::to_string(kHostMaxRanks) + " ranks on a host";
+    return nullptr;
+  }
   // One rank per host, across hosts: a host segment would only add a copy
   // in, a copy out and a step per slot, for the same bytes on the link as
   // the network-only path, which fuses queued calls too (at 2 Gbit/s, 64
   // MiB: 2 x 1 hosts 88% of the link bound through the segment, 93-97%
   // without; benchmarks/RESULTS.md). Standalone reduction servers are
   // reached from the hierarchical path only, so they keep it.
-  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty()) return nullptr;
+  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty()) {
+    *reason = "one rank per host";
+    return nullptr;
+  }
   int servers = topo.localSize;
   if (config.serversPerNode > 0) servers = std::min<int>(servers, config.serversPerNode);
   const int leader = topo.ranksOfHost[topo.hostIndex][0];
@@ -136,8 +146,8 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
   // Across hosts each step also crosses the network, where a step's round
   // trip is far longer than in memory: larger steps and a deeper ring keep
   // the link busy (at 2 Gbit/s, 2 hosts x 2 ranks, 64 MiB: 26% of the link
-  // bound with 128 KiB x 4, 66-71% with 256 KiB x 16 on a loaded machine;
-  // benchmarks/RESULTS.md).
+  // bound with 128 KiB x 4 on a loaded machine; 93% with 256 KiB x 16 and
+  // the pipelined network step on a quiet one; benchmarks/RESULTS.md).
   const bool deep = topo.oversubscribed || topo.hosts() > 1;
   const uint64_t slot = config.shmSlotBytes ? config.shmSlotBytes : (deep ? 262144 : 131072);
   const int depth = config.shmDepth ? static_cast<int>(config.shmDepth) : (deep ? 16 : 4);
@@ -156,6 +166,7 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
                                 comm.timeout());
   auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return s != "ok"; });
   if (bad != all.end()) {
+    *reason = "shared memory is unavailable on some rank";
     *whyNot = "the host segment is unavailable on rank " + std::to_string(bad - all.begin()) +
               " (" + *bad + ")";
     if (bad->find(kNoRoomText) != std::string::npos) {

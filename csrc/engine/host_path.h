@@ -32,12 +32,14 @@ struct HostTopology {
 // Opens each host's segment (through `bootstrap`, bounded by the group
 // timeout) and returns the scheduler that runs allreduce over it, or null
 // when the layout or some rank's shared memory does not allow it; every
-// rank reaches the same answer; `whyNot` then says why, for the one warning
-// the caller gives (empty when the layout alone rules it out). `hostOfRank` and `ownerOfRank` (each rank's
+// rank reaches the same answer. When null, `reason` says why in a few words
+// for the group's description ("one rank per host"), and `whyNot` says what
+// went wrong, for the one warning the caller gives (empty when the layout
+// alone rules the path out). `hostOfRank` and `ownerOfRank` (each rank's
 // shm owner tag, transport/shm_owner.h) come from the group's peer exchange.
 std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstrap& bootstrap,
                                                     const std::vector<std::string>& hostOfRank,
                                                     const std::vector<std::string>& ownerOfRank,
-                                                    std::string* whyNot);
+                                                    std::string* reason, std::string* whyNot);
 
 }  // namespace smddp

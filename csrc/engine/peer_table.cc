@@ -95,9 +95,6 @@ void PeerTable::gather(Bootstrap& bootstrap, int rank, int size,
     ranksByHost_[it - hostNames.begin()].push_back(r);
   }
   hostCount_ = static_cast<int>(ranksByHost_.size());
-  for (const auto& ranks : ranksByHost_) {
-    hostsUneven_ = hostsUneven_ || ranks.size() != ranksByHost_[0].size();
-  }
 }
 
 void PeerTable::watch(Bootstrap& bootstrap, Endpoint& endpoint, std::vector<fi_addr_t> addrs,

@@ -59,8 +59,6 @@ class PeerTable {
   bool oneHost() const { return hostCount_ == 1; }
   bool sameHost(int r) const { return peers_[r].host == peers_[rank_].host; }
   int hostCount() const { return hostCount_; }
-  // The hosts hold different numbers of ranks.
-  bool hostsUneven() const { return hostsUneven_; }
   // Ranks by host, hosts in order of their lowest rank, ranks ascending.
   const std::vector<std::vector<int>>& ranksByHost() const { return ranksByHost_; }
 
@@ -81,7 +79,6 @@ class PeerTable {
   std::vector<PeerInfo> peers_;
   std::vector<std::vector<int>> ranksByHost_;
   int hostCount_ = 0;
-  bool hostsUneven_ = false;
   std::vector<fi_addr_t> addrs_;
   std::shared_ptr<ShmOwner> owner_;                   // this rank's liveness lock
   std::vector<std::unique_ptr<OwnerLock>> peerLocks_;  // same-host peers' locks, by rank
