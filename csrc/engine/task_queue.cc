@@ -66,7 +66,10 @@ uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
   unfinished_.emplace(seq, done);
   Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr, {}, nullptr};
   t.fusible = std::move(fusible);
-  const bool onCaller = hooks.callerWaits && t.fusible != nullptr && scheduler_ != nullptr &&
+  // A group of one rank has no peer to wait for: its synchronous calls run
+  // here too, whatever path they take.
+  const bool onCaller = hooks.callerWaits &&
+                        ((t.fusible != nullptr && scheduler_ != nullptr) || opts_.size == 1) &&
                         engineIdle_ && !runningOnCaller_ && queue_.empty();
   t.queuedAt = queuedAt;
   t.prepare = std::move(hooks.prepare);
@@ -89,7 +92,7 @@ void Communicator::runOnCaller(Task t, std::unique_lock<std::mutex>& lock) {
   // runningOnCaller_ is set, so this thread has the worker's state to
   // itself; queueMu_ orders the handover both ways.
   runningOnCaller_ = true;
-  publishIssuedLocked();  // the call is issued: peers' cuts may hold it
+  if (scheduler_) publishIssuedLocked();  // the call is issued: peers' cuts may hold it
   lock.unlock();
   std::vector<Task> tasks;
   tasks.push_back(std::move(t));

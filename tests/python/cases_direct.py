@@ -158,3 +158,11 @@ def job(rank, world):
     """Every case above in one job: one spawn of `world` ranks."""
     return {"oracle": oracle(rank, world), "order": order(rank, world),
             "fallbacks": fallbacks(rank, world), "errors": errors(rank, world)}
+
+
+def job_one(rank, world):
+    """A group of one rank: its synchronous calls run on the caller too."""
+    before = _stat("calls_run_by_caller")
+    res = {"oracle": oracle(rank, world), "order": order(rank, world)}
+    res["on_caller"] = _stat("calls_run_by_caller") - before
+    return res

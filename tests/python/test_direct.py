@@ -36,3 +36,15 @@ def test_all_reduce_direct(world):
     first = results[0]["oracle"]["digests"]
     for rank, res in enumerate(results):
         assert res["oracle"]["digests"] == first, f"rank {rank} differs bitwise from rank 0"
+
+
+def test_all_reduce_direct_world_one():
+    """World 1: the result is the input (AVG divides by one), and each
+    synchronous call, direct or through c10d, runs on the caller's thread
+    (there is no peer to wait for)."""
+    (res,) = run_world(1, "cases_direct:job_one", timeout=120)
+    o = res["oracle"]
+    assert o["bad"] == [], o["bad"][:10]
+    assert o["direct"] == o["calls"], o
+    assert res["order"]["bad"] == [], res["order"]["bad"]
+    assert res["on_caller"] >= 2 * o["calls"], res
