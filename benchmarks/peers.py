@@ -253,7 +253,8 @@ def main(argv=None) -> int:
     add_common_args(ap, sizes_help="explicit sizes in bytes (overrides --min/--max)")
     ap.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--block-s", type=float, default=0.02, help="target seconds of one timed block")
+    ap.add_argument("--block-s", type=float, default=0.2,
+                    help="target seconds of one timed block (short blocks time the ranks\x27 start-up skew)")
     ap.add_argument("--min-iters", type=int, default=3)
     ap.add_argument("--max-iters", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=5,

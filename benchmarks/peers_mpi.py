@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max", default="256M")
     ap.add_argument("--sizes", nargs="+", type=int)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--block-s", type=float, default=0.02)
+    ap.add_argument("--block-s", type=float, default=0.2)
     ap.add_argument("--min-iters", type=int, default=3)
     ap.add_argument("--max-iters", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=5,

@@ -80,6 +80,22 @@ def test_bench_runs_and_checks_real_results():
     assert "allreduce, float32, SUM, world 2" in p.stdout
 
 
+def test_peers_runs_without_the_peers_and_checks_real_results():
+    # benchmarks/peers.py with what this venv has (smddp through c10d and
+    # direct, Gloo; DeepSpeed and MPICH live in the peers' venv): each
+    # backend's result is checked against the closed form before and after
+    # the timed rounds, and a wrong one exits non-zero.
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "peers.py"), "--world", "2",
+           "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "gloo",
+           "--rounds", "2", "--block-s", "0.002", "--max-iters", "20", "--timeout", "150"]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert "WRONG RESULT" not in p.stdout + p.stderr
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 2, p.stdout
+    assert "best peer / smddp_direct" in p.stdout, p.stdout
+
+
 def test_link_bound_and_rate_follow_their_closed_forms(capsys):
     from torch_smddp import cluster
 
