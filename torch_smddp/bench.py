@@ -230,6 +230,34 @@ def run_cluster(args) -> dict:
     return data
 
 
+def _print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
+                bound_of=None) -> None:
+    """The body both tables share: per backend the time, algbw and busbw
+    (busbw = algbw x 2(n-1)/n over n ranks) and, given `bound_of` (bytes ->
+    seconds), the link bound and each backend's share of it; with two
+    backends, the second one's time over the first's."""
+    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    head = f"{'size':>8} {'iters':>5}" + (f" | {'bound us':>10}" if bound_of else "")
+    for b in backends:
+        head += f" | {b + ' us':>12} {'algbw GB/s':>10} {'busbw GB/s':>10}"
+        head += f" {'of bound':>8}" if bound_of else ""
+    if len(backends) == 2:
+        head += f" | {ratio_head:>17}"
+    print(head)
+    for row in rows:
+        bound = bound_of(row["bytes"]) if bound_of else None
+        line = f"{fmt_size(row['bytes']):>8} {row['iters']:>5}"
+        line += f" | {bound * 1e6:>10.1f}" if bound_of else ""
+        for b in backends:
+            t = row[b]
+            alg = row["bytes"] / t / 1e9
+            line += f" | {t * 1e6:>12.1f} {alg:>10.3f} {alg * factor:>10.3f}"
+            line += f" {bound / t:>8.0%}" if bound_of else ""
+        if len(backends) == 2:
+            line += f" | {row[backends[1]] / row[backends[0]]:>16.2f}x"
+        print(line)
+
+
 def print_cluster_table(data: dict, backends: list[str]) -> None:
     h, r, rate_bps = data["hosts"], data["ranks_per_host"], data["rate_bps"]
     print(f"\n# allreduce, float32, SUM, {h} hosts x {r} ranks, links of {data['rate']} "
@@ -237,47 +265,17 @@ def print_cluster_table(data: dict, backends: list[str]) -> None:
     print(f"# link bound: each host sends and receives 2(H-1)/H of the buffer: "
           f"algbw <= {rate_bps / 8e9 / (2 * (h - 1) / h):.3f} GB/s")
     n = h * r
-    factor = 2 * (n - 1) / n if n > 1 else 1.0
     print(f"# busbw = algbw x 2(n-1)/n over all {n} ranks (nccl-tests); 'of bound' = bound / time")
-    head = f"{'size':>8} {'iters':>5} | {'bound us':>10}"
-    for b in backends:
-        head += f" | {b + ' us':>12} {'algbw GB/s':>10} {'busbw GB/s':>10} {'of bound':>8}"
-    if len(backends) == 2:
-        head += f" | {backends[1] + '/' + backends[0] + ' time':>17}"
-    print(head)
-    for row in data["rows"]:
-        bound = link_bound_seconds(row["bytes"], h, rate_bps)
-        line = f"{fmt_size(row['bytes']):>8} {row['iters']:>5} | {bound * 1e6:>10.1f}"
-        for b in backends:
-            t = row[b]
-            alg = row["bytes"] / t / 1e9
-            line += f" | {t * 1e6:>12.1f} {alg:>10.3f} {alg * factor:>10.3f} {bound / t:>8.0%}"
-        if len(backends) == 2:
-            line += f" | {row[backends[1]] / row[backends[0]]:>16.2f}x"
-        print(line)
+    _print_rows(data["rows"], backends, n, backends[1] + "/" + backends[0] + " time"
+                if len(backends) == 2 else "",
+                bound_of=lambda nbytes: link_bound_seconds(nbytes, h, rate_bps))
 
 
 def print_table(data: dict, backends: list[str]) -> None:
     n = data["world"]
-    factor = 2 * (n - 1) / n if n > 1 else 1.0
     print(f"\n# allreduce, float32, SUM, world {n}  (busbw = algbw x 2(n-1)/n)")
-    head = f"{'size':>8} {'iters':>5}"
-    for b in backends:
-        head += f" | {b + ' us':>12} {'algbw GB/s':>10} {'busbw GB/s':>10}"
-    if len(backends) == 2:
-        head += f" | {'busbw ' + backends[0] + '/' + backends[1]:>17}"
-    print(head)
-    for row in data["rows"]:
-        line = f"{fmt_size(row['bytes']):>8} {row['iters']:>5}"
-        bus = {}
-        for b in backends:
-            t = row[b]
-            alg = row["bytes"] / t / 1e9
-            bus[b] = alg * factor
-            line += f" | {t * 1e6:>12.1f} {alg:>10.3f} {bus[b]:>10.3f}"
-        if len(backends) == 2:
-            line += f" | {row[backends[1]] / row[backends[0]]:>16.2f}x"
-        print(line)
+    _print_rows(data["rows"], backends, n, "busbw " + backends[0] + "/" + backends[1]
+                if len(backends) == 2 else "")
 
 
 def plot(all_data: list[dict], backends: list[str], path: str) -> None:
