@@ -47,6 +47,12 @@ def oracle(rank, world, seed=11):
                 if not torch.equal(t.view(torch.uint8), same.view(torch.uint8)):
                     bad.append(f"{dname} {oname} {numel} elements: differs from dist.all_reduce")
                 digests.append(digest(t))
+    # Empty tensors: nothing to reduce, but still a call on every rank.
+    for shape in ((0,), (3, 0)):
+        e = torch.empty(shape)
+        if torch_smddp.all_reduce_(e) is not e or tuple(e.shape) != shape:
+            bad.append(f"empty {shape}: not returned unchanged")
+        calls += 1
     on_caller = _stat("calls_run_by_caller") - before
     return {"bad": bad, "digests": digests, "calls": calls, "on_caller": on_caller,
             "direct": _stat("direct_calls") - direct_before}
