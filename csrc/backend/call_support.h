@@ -24,8 +24,10 @@ using smddp::Buffer;
 using smddp::DataType;
 
 
-inline DataType toDataType(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
+// The engine's dtype for a tensor's, or none where the engine has none
+// (complex, which dist.all_reduce views as real; the rest are unsupported).
+inline std::optional<DataType> engineDataType(at::ScalarType t) {
+  switch (t) {
     case at::kFloat: return DataType::kFloat32;
     case at::kDouble: return DataType::kFloat64;
     case at::kHalf: return DataType::kFloat16;
@@ -35,11 +37,16 @@ inline DataType toDataType(const at::Tensor& t, const char* op) {
     case at::kInt: return DataType::kInt32;
     case at::kLong: return DataType::kInt64;
     case at::kBool: return DataType::kBool;
-    default:
-      TORCH_CHECK_TYPE(false, "smddp ", op, " does not support dtype ", t.scalar_type(),
-                       ": supported dtypes are float32, float64, float16, bfloat16, int8, "
-                       "uint8, int32, int64 and bool");
+    default: return std::nullopt;
   }
+}
+
+inline DataType toDataType(const at::Tensor& t, const char* op) {
+  const std::optional<DataType> dt = engineDataType(t.scalar_type());
+  TORCH_CHECK_TYPE(dt.has_value(), "smddp ", op, " does not support dtype ", t.scalar_type(),
+                   ": supported dtypes are float32, float64, float16, bfloat16, int8, "
+                   "uint8, int32, int64 and bool");
+  return *dt;
 }
 
 inline smddp::ReduceOp toReduceOp(const c10d::ReduceOp& op, DataType dt, const char* coll) {

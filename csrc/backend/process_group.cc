@@ -199,13 +199,10 @@ bool ProcessGroupSmddp::allreduceNow(at::Tensor& tensor, const c10d::ReduceOp& r
       reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM || C10_UNLIKELY(at::hasCallbacks())) {
     return false;
   }
-  switch (tensor.scalar_type()) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar:
-    case at::kByte: case at::kInt: case at::kLong: case at::kBool: break;
-    default: return false;  // complex (viewed as real by dist.all_reduce) or unsupported
-  }
-  if (coalescingNow()) return false;
-  const DataType dt = toDataType(tensor, "all_reduce");
+  // Complex (viewed as real by dist.all_reduce) or unsupported: c10d's way.
+  const std::optional<DataType> engineDt = engineDataType(tensor.scalar_type());
+  if (!engineDt || coalescingNow()) return false;
+  const DataType dt = *engineDt;
   const smddp::ReduceOp op = toReduceOp(reduceOp, dt, "all_reduce");  // names an unsupported pair
   comm_->counters().directCalls++;
   try {

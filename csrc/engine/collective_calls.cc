@@ -48,14 +48,13 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
     fusible->op = op;
     for (const auto& b : fusible->bufs) fusible->numel += b.numel;
     const CollectiveSignature sig = sigOf(CollectiveType::kAllreduce, dtype, fusible->numel, op);
-    // No `what`: the signature names the call where a message needs it.
     return enqueue(sig, std::string(),
                    [this, f = fusible](uint64_t seq) {
       runAllreduce(*this, seq, f->bufs, f->dtype, f->op);
     }, std::move(done), fusible, std::move(hooks));
   }
   const CollectiveSignature sig = sigOf(CollectiveType::kAllreduce, dtype, total(bufs), op);
-  return enqueue(sig, sig.describe(), [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
+  return enqueue(sig, std::string(), [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {
     runAllreduce(*this, seq, bufs, dtype, op);
   }, std::move(done), nullptr, std::move(hooks));
 }
@@ -64,7 +63,7 @@ uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int r
                                  CallHooks hooks) {
   const CollectiveSignature sig =
       sigOf(CollectiveType::kBroadcast, dtype, total(bufs), ReduceOp::kSum, root);
-  return enqueue(sig, sig.describe(), [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
+  return enqueue(sig, std::string(), [this, bufs = std::move(bufs), dtype, root](uint64_t seq) {
     runBroadcast(*this, seq, bufs, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
 }
@@ -72,7 +71,7 @@ uint64_t Communicator::broadcast(std::vector<Buffer> bufs, DataType dtype, int r
 uint64_t Communicator::allgather(Buffer in, std::vector<Buffer> outs, DataType dtype, Done done,
                                  CallHooks hooks) {
   const CollectiveSignature sig = sigOf(CollectiveType::kAllgather, dtype, in.numel);
-  return enqueue(sig, sig.describe(), [this, in, outs = std::move(outs), dtype](uint64_t seq) {
+  return enqueue(sig, std::string(), [this, in, outs = std::move(outs), dtype](uint64_t seq) {
     runAllgather(*this, seq, in, outs, dtype);
   }, std::move(done), nullptr, std::move(hooks));
 }
@@ -92,7 +91,7 @@ uint64_t Communicator::monitoredBarrier(std::chrono::milliseconds timeout, Done 
 uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataType dtype,
                                      ReduceOp op, Done done, CallHooks hooks) {
   const CollectiveSignature sig = sigOf(CollectiveType::kReduceScatter, dtype, out.numel, op);
-  return enqueue(sig, sig.describe(), [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
+  return enqueue(sig, std::string(), [this, ins = std::move(ins), out, dtype, op](uint64_t seq) {
     runReduceScatter(*this, seq, ins, out, dtype, op);
   }, std::move(done), nullptr, std::move(hooks));
 }
@@ -100,7 +99,7 @@ uint64_t Communicator::reduceScatter(std::vector<Buffer> ins, Buffer out, DataTy
 uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root, Done done,
                               CallHooks hooks) {
   const CollectiveSignature sig = sigOf(CollectiveType::kReduce, dtype, buf.numel, op, root);
-  return enqueue(sig, sig.describe(), [this, buf, dtype, op, root](uint64_t seq) {
+  return enqueue(sig, std::string(), [this, buf, dtype, op, root](uint64_t seq) {
     runReduce(*this, seq, buf, dtype, op, root);
   }, std::move(done), nullptr, std::move(hooks));
 }
@@ -108,7 +107,7 @@ uint64_t Communicator::reduce(Buffer buf, DataType dtype, ReduceOp op, int root,
 uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtype, int root,
                               Done done, CallHooks hooks) {
   const CollectiveSignature sig = sigOf(CollectiveType::kGather, dtype, in.numel, ReduceOp::kSum, root);
-  return enqueue(sig, sig.describe(),
+  return enqueue(sig, std::string(),
                  [this, in, outs = std::move(outs), dtype, root](uint64_t seq) {
     runGather(*this, seq, in, outs, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
@@ -117,7 +116,7 @@ uint64_t Communicator::gather(Buffer in, std::vector<Buffer> outs, DataType dtyp
 uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dtype, int root,
                                Done done, CallHooks hooks) {
   const CollectiveSignature sig = sigOf(CollectiveType::kScatter, dtype, out.numel, ReduceOp::kSum, root);
-  return enqueue(sig, sig.describe(),
+  return enqueue(sig, std::string(),
                  [this, ins = std::move(ins), out, dtype, root](uint64_t seq) {
     runScatter(*this, seq, ins, out, dtype, root);
   }, std::move(done), nullptr, std::move(hooks));
@@ -126,7 +125,7 @@ uint64_t Communicator::scatter(std::vector<Buffer> ins, Buffer out, DataType dty
 uint64_t Communicator::alltoall(std::vector<Buffer> ins, std::vector<Buffer> outs,
                                 DataType dtype, Done done, CallHooks hooks) {
   const CollectiveSignature sig = sigOf(CollectiveType::kAlltoall, dtype, total(ins));
-  return enqueue(sig, sig.describe(), [this, ins = std::move(ins), outs = std::move(outs),
+  return enqueue(sig, std::string(), [this, ins = std::move(ins), outs = std::move(outs),
                               dtype](uint64_t seq) { runAlltoall(*this, seq, ins, outs, dtype); },
                  std::move(done), nullptr, std::move(hooks));
 }

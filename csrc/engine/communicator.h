@@ -257,7 +257,7 @@ class Communicator {
  private:
   struct Task {
     uint64_t seq;
-    std::string what;
+    std::string what;  // empty where the signature names the call (callName)
     std::function<void(uint64_t seq)> body;
     Done done;
     bool p2p = false;  // posted at once; completes in the background
@@ -265,10 +265,14 @@ class Communicator {
     std::chrono::steady_clock::time_point queuedAt{};  // for the debug log
     std::function<void()> prepare;         // CallHooks::prepare, or null
     CollectiveSignature sig{};             // for stats' latency and the timeline
-    // The call in messages: `what`, or, where the caller left it empty
-    // (allreduce: spelled out only if a message needs it), the signature.
-    std::string name() const { return what.empty() ? sig.describe() : what; }
+    std::string name() const { return callName(what, sig); }
   };
+  // A call in messages: `what`, or, where the caller left it empty (every
+  // collective but the barriers: spelled out only if a message needs it),
+  // its signature.
+  static std::string callName(const std::string& what, const CollectiveSignature& sig) {
+    return what.empty() ? sig.describe() : what;
+  }
   // A queued allreduce the next batch may still fuse (see fences_).
   struct OpenCall {
     uint64_t seq;
@@ -302,7 +306,6 @@ class Communicator {
   // SMDDP_LOG_LEVEL=info, once per group: hosts, provider, the allreduce
   // path and its geometry, and why that path.
   std::string describeGroup() const;
-  std::string networkOnlyReason_;  // why openHostPath left allreduce to the network
   void enqueueP2P(std::string what, std::function<void(uint64_t)> body);
   void workerLoop();
   void postP2P(Request* r);
@@ -330,6 +333,7 @@ class Communicator {
   uint64_t jobSecret_ = 0;
   std::string storePrefix_;
   std::vector<int> netServers_;
+  std::string networkOnlyReason_;  // why openHostPath left allreduce to the network
   std::shared_ptr<Fabric> fabric_;
   std::unique_ptr<Endpoint> endpoint_;
 

@@ -24,7 +24,7 @@ uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
                                std::shared_ptr<FusibleCall> fusible, CallHooks hooks) {
   std::unique_lock<std::mutex> lock(queueMu_);
   if (stopping_) {
-    throwError(ErrorKind::kAborted, "smddp: cannot start " + (what.empty() ? sig.describe() : what) +
+    throwError(ErrorKind::kAborted, "smddp: cannot start " + callName(what, sig) +
                                         ": the process group '" +
                                         opts_.name + "' was shut down");
   }
@@ -66,11 +66,10 @@ uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
   unfinished_.emplace(seq, done);
   Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr, {}, nullptr};
   t.fusible = std::move(fusible);
-  // A group of one rank has no peer to wait for: its synchronous calls run
-  // here too, whatever path they take.
-  const bool onCaller = hooks.callerWaits &&
-                        ((t.fusible != nullptr && scheduler_ != nullptr) || opts_.size == 1) &&
-                        engineIdle_ && !runningOnCaller_ && queue_.empty();
+  // A caller that would only wait for the idle engine thread runs its call
+  // itself, whatever the path (host segment, network, or a group of one):
+  // two thread hand-offs saved.
+  const bool onCaller = hooks.callerWaits && engineIdle_ && !runningOnCaller_ && queue_.empty();
   t.queuedAt = queuedAt;
   t.prepare = std::move(hooks.prepare);
   t.sig = sig;
@@ -249,9 +248,9 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   std::exception_ptr eptr;
   // By value: the scheduler's takeNext appends to `tasks`, which moves them.
   const uint64_t firstSeq = tasks[0].seq;
-  const std::string firstWhat = tasks[0].what;  // empty for allreduce (Task::name)
+  const std::string firstWhat = tasks[0].what;  // often empty (callName)
   const CollectiveSignature firstSig = tasks[0].sig;
-  auto firstName = [&] { return firstWhat.empty() ? firstSig.describe() : firstWhat; };
+  auto firstName = [&] { return callName(firstWhat, firstSig); };
   if (control_.broken()) {
     eptr = std::make_exception_ptr(Error(
         ErrorKind::kAborted, "smddp: " + firstName() + " at sequence " + std::to_string(firstSeq) +
