@@ -40,18 +40,16 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
   }
   if (fuses() && isSupported(op, dtype)) {
     // Unsupported combinations take the plain path, which reports them.
-    // The scheduler runs fusible calls; the body (the same buffers, kept
-    // once in the FusibleCall) is only a fallback.
+    // Fusible calls have no body: the host scheduler or the network
+    // batch (runTasks) runs them from the FusibleCall.
     auto fusible = std::make_shared<FusibleCall>();
     fusible->bufs = std::move(bufs);
     fusible->dtype = dtype;
     fusible->op = op;
     for (const auto& b : fusible->bufs) fusible->numel += b.numel;
     const CollectiveSignature sig = sigOf(CollectiveType::kAllreduce, dtype, fusible->numel, op);
-    return enqueue(sig, std::string(),
-                   [this, f = fusible](uint64_t seq) {
-      runAllreduce(*this, seq, f->bufs, f->dtype, f->op);
-    }, std::move(done), fusible, std::move(hooks));
+    return enqueue(sig, std::string(), nullptr, std::move(done), std::move(fusible),
+                   std::move(hooks));
   }
   const CollectiveSignature sig = sigOf(CollectiveType::kAllreduce, dtype, total(bufs), op);
   return enqueue(sig, std::string(), [this, bufs = std::move(bufs), dtype, op](uint64_t seq) {

@@ -253,7 +253,7 @@ void Communicator::shutdown() {
     stopRequested_ = true;
     leftover.swap(queue_);
     queued_.store(0);
-    for (const Task& t : leftover) unfinished_.erase(t.seq);
+    for (const Task& t : leftover) forgetUnfinishedLocked(t.seq);
   }
   queueCv_.notify_all();
   for (auto& t : leftover) {
@@ -261,7 +261,7 @@ void Communicator::shutdown() {
                             " was not run: the process group was shut down";
     if (recorder_ && !t.p2p) recorder_->ended(t.seq, &why, 1, std::chrono::steady_clock::now());
     try {
-      t.done(std::make_exception_ptr(Error(ErrorKind::kAborted, why)));
+      if (t.done) (*t.done)(std::make_exception_ptr(Error(ErrorKind::kAborted, why)));
     } catch (...) {
     }
   }
@@ -295,7 +295,7 @@ void Communicator::shutdown() {
   }
   if (!callerReturned || !workerExited) {
     stuck_ = true;
-    std::map<uint64_t, Done> unfinished;
+    std::vector<std::pair<uint64_t, std::shared_ptr<CallDone>>> unfinished;
     {
       std::lock_guard<std::mutex> lock(queueMu_);
       unfinished.swap(unfinished_);
@@ -308,7 +308,7 @@ void Communicator::shutdown() {
                         "left allocated";
     for (auto& [seq, done] : unfinished) {
       try {
-        done(std::make_exception_ptr(Error(
+        (*done)(std::make_exception_ptr(Error(
             ErrorKind::kAborted, "smddp: the call at sequence " + std::to_string(seq) +
                                      " was aborted: the process group was shut down while "
                                      "it was stuck in the transport")));

@@ -255,11 +255,22 @@ class Communicator {
   static constexpr size_t kSinkBytes = 1ull << 30;
 
  private:
+  // A call's `done`, run once, by whoever gets there first: the thread
+  // that ran the call, or a shutdown that had to give up on it (stuck in
+  // the provider). Shared by its task and unfinished_: one allocation.
+  struct CallDone {
+    explicit CallDone(Done d) : done(std::move(d)) {}
+    void operator()(std::exception_ptr e) {
+      if (!fired.exchange(true)) done(std::move(e));
+    }
+    std::atomic<bool> fired{false};
+    Done done;
+  };
   struct Task {
     uint64_t seq;
     std::string what;  // empty where the signature names the call (callName)
     std::function<void(uint64_t seq)> body;
-    Done done;
+    std::shared_ptr<CallDone> done;  // null for point-to-point tasks
     bool p2p = false;  // posted at once; completes in the background
     std::shared_ptr<FusibleCall> fusible;  // an allreduce the scheduler may fuse
     std::chrono::steady_clock::time_point queuedAt{};  // for the debug log
@@ -370,7 +381,9 @@ class Communicator {
   bool stopping_ = false;   // guarded by queueMu_
   // Collectives queued or running, by sequence: what a shutdown that gives
   // up on a stuck worker still has to complete.
-  std::map<uint64_t, Done> unfinished_;  // guarded by queueMu_
+  // By sequence, in the order queued (calls finish mostly in that order).
+  std::vector<std::pair<uint64_t, std::shared_ptr<CallDone>>> unfinished_;  // guarded by queueMu_
+  void forgetUnfinishedLocked(uint64_t seq);
   bool workerExited_ = false;            // guarded by queueMu_
   std::condition_variable exitedCv_;     // signals workerExited_
   std::atomic<bool> stuck_{false};
@@ -387,6 +400,7 @@ class Communicator {
   // Runs `t` on the calling thread (enqueue with callerWaits, under the
   // conditions above); `lock` holds queueMu_ and is released.
   void runOnCaller(Task t, std::unique_lock<std::mutex>& lock);
+  std::vector<Task> callerTasks_;  // runOnCaller's, while runningOnCaller_
   std::thread worker_;
   StatsCounters stats_;
   // The control plane's view of this engine: progress() and the state

@@ -62,11 +62,11 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
   } else if (probe) {
     CollectiveSignature theirs = signatureOf(h);
     int src = static_cast<int>(h.srcRank);
-    auto done = history_.find(h.seq);
-    if (done == history_.end()) {
+    const Called* done = recorded(h.seq);
+    if (!done) {
       probes_[h.seq][src] = theirs;  // this rank is in, or not yet at, that call
-    } else if (!(done->second == theirs) && h.chunk != 1) {
-      sendProbe(src, h.seq, done->second, /*reply=*/true);  // never answer a reply
+    } else if (!(done->sig == theirs) && h.chunk != 1) {
+      sendProbe(src, h.seq, done->sig, /*reply=*/true);  // never answer a reply
     }
   } else {
     std::string text = "rank " + std::to_string(h.srcRank) + " reported: " +
@@ -195,8 +195,7 @@ void ControlPlane::retryPending() {
 }
 
 void ControlPlane::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
-  history_[seq] = sig;
-  while (history_.size() > 64) history_.erase(history_.begin());
+  history_[seq % kHistory] = {seq, true, sig};
   auto it = probes_.find(seq);
   if (it != probes_.end()) {
     // Probes that came in while this call ran but that it never looked at:

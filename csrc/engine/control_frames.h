@@ -7,6 +7,7 @@
 
 #include <sys/uio.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -103,9 +104,9 @@ class ControlPlane {
   void noteSignature(uint64_t seq, const CollectiveSignature& sig);
   // What this rank called at `seq`, if it is still in the recent history.
   bool calledAt(uint64_t seq, CollectiveSignature* sig) const {
-    auto it = history_.find(seq);
-    if (it == history_.end()) return false;
-    *sig = it->second;
+    const Called* c = recorded(seq);
+    if (!c) return false;
+    *sig = c->sig;
     return true;
   }
 
@@ -136,7 +137,19 @@ class ControlPlane {
   };
   std::map<uint64_t, RemoteError> remoteErrors_;
   std::map<uint64_t, std::map<int, CollectiveSignature>> probes_;
-  std::map<uint64_t, CollectiveSignature> history_;
+  // The last kHistory calls, by sequence modulo kHistory: a ring, since
+  // every call writes it (a map allocated a node per call).
+  struct Called {
+    uint64_t seq = 0;
+    bool valid = false;
+    CollectiveSignature sig{};
+  };
+  static constexpr uint64_t kHistory = 64;
+  std::array<Called, kHistory> history_{};
+  const Called* recorded(uint64_t seq) const {
+    const Called& c = history_[seq % kHistory];
+    return c.valid && c.seq == seq ? &c : nullptr;
+  }
   std::string brokenReason_;
   bool brokenByPeer_ = false;  // brokenReason_ came from a peer
   // Control frames whose peer could not take them yet (postControl),

@@ -137,6 +137,12 @@ uint64_t FusionBufferScheduler::chunkElems(DataType dt) const {
 }
 
 void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& calls) {
+  b.streaming = true;
+  b.idleSince = std::chrono::steady_clock::now();
+  if (b.small) {
+    streamSmall(b, calls);
+    return;
+  }
   auto& ctl = segment_->ctl();
   HostSegment& seg = *segment_;
   const int rank = me_;
@@ -185,12 +191,6 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
 
   std::vector<const void*> inputs(n);
   auto& st = comm_.counters();
-  b.streaming = true;
-  b.idleSince = std::chrono::steady_clock::now();
-  if (b.small) {
-    streamSmall(b, calls);
-    return;
-  }
   uint64_t w = f, r = f, c = f;
   if (myServer < 0) r = end;
   std::unique_ptr<CrossHost> xh;
@@ -351,14 +351,14 @@ void FusionBufferScheduler::streamSmall(Batch& b, const std::vector<FusibleCall*
   //    kernel's output may be one of its inputs: this rank's own part is
   //    read from the tensor, the peers read its slot).
   waitAll(ctl.written, w + 1);
-  std::vector<const void*> inputs(n);
+  const void* inputs[kHostMaxRanks];  // n <= kHostMaxRanks (the segment's own bound)
   for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(0, p, w);
   uint8_t* out = view.direct(0, count);
   if (out) inputs[rank] = out;
   uint8_t* result = out ? out : comm_.scratch(count * es);
   if (tl) t0 = timeline::nowNs();
   // Not a server's work: server_reduce_seconds stays the servers' own.
-  reduceOrdered(result, inputs.data(), n, count, b.dtype, b.op, n);
+  reduceOrdered(result, inputs, n, count, b.dtype, b.op, n);
   if (tl) {
     const int64_t t1 = timeline::nowNs();
     timeline::phase(timeline::Phase::kCombine, comm_.name(), b.index, w, w + 1, bytes, t0, t1);

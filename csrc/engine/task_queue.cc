@@ -52,19 +52,14 @@ uint64_t Communicator::enqueue(const CollectiveSignature& sig, std::string what,
         fences_.push_back(seq);
         openCalls_.clear();
       }
-      openCalls_.push_back({seq, hooks.touches});
+      openCalls_.push_back({seq, std::move(hooks.touches)});
     } else {
       openCalls_.clear();  // no batch spans another collective
     }
   }
-  // Completed once, whoever gets there first: the worker, or a shutdown
-  // that had to give up on a worker stuck inside the provider.
-  done = [once = std::make_shared<std::atomic<bool>>(false), d = std::move(done)](
-             std::exception_ptr e) {
-    if (!once->exchange(true)) d(e);
-  };
-  unfinished_.emplace(seq, done);
-  Task t{seq, std::move(what), std::move(body), std::move(done), false, nullptr, {}, nullptr};
+  auto completion = std::make_shared<CallDone>(std::move(done));
+  unfinished_.emplace_back(seq, completion);
+  Task t{seq, std::move(what), std::move(body), std::move(completion), false, nullptr, {}, nullptr};
   t.fusible = std::move(fusible);
   // A caller that would only wait for the idle engine thread runs its call
   // itself, whatever the path (host segment, network, or a group of one):
@@ -93,13 +88,14 @@ void Communicator::runOnCaller(Task t, std::unique_lock<std::mutex>& lock) {
   runningOnCaller_ = true;
   if (scheduler_) publishIssuedLocked();  // the call is issued: peers' cuts may hold it
   lock.unlock();
-  std::vector<Task> tasks;
+  std::vector<Task>& tasks = callerTasks_;  // kept: its storage is reused
   tasks.push_back(std::move(t));
   stats_.callerRuns++;
   {
     CallerWaiting waiting;  // this thread waits for peers: poll before sleeping
     runTasks(tasks, /*onCaller=*/true);  // completes every task it ran, errors included
   }
+  tasks.clear();
   lock.lock();
   runningOnCaller_ = false;
   if (control_.hasPending()) engineKick_ = true;
@@ -113,6 +109,12 @@ void Communicator::runOnCaller(Task t, std::unique_lock<std::mutex>& lock) {
     queueCv_.notify_all();
     exitedCv_.notify_all();
   }
+}
+
+void Communicator::forgetUnfinishedLocked(uint64_t seq) {
+  auto it = std::find_if(unfinished_.begin(), unfinished_.end(),
+                         [seq](const auto& u) { return u.first == seq; });
+  if (it != unfinished_.end()) unfinished_.erase(it);
 }
 
 void Communicator::publishIssuedLocked() {
@@ -330,7 +332,7 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   if (fuses()) noteBatchCut(tasks.back().seq + 1);
   {
     std::lock_guard<std::mutex> lock(queueMu_);
-    for (const Task& t : tasks) unfinished_.erase(t.seq);
+    for (const Task& t : tasks) forgetUnfinishedLocked(t.seq);
   }
   const auto finished = std::chrono::steady_clock::now();
   if (recorder_) {
@@ -367,7 +369,7 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   for (Task& t : tasks) {
     stats_.collectives++;
     try {
-      t.done(eptr);
+      (*t.done)(eptr);
     } catch (const std::exception& e) {
       SMDDP_LOG(kError) << "completion callback of " << t.name() << " threw: " << e.what();
     } catch (...) {

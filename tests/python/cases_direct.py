@@ -171,4 +171,14 @@ def job_one(rank, world):
     before = _stat("calls_run_by_caller")
     res = {"oracle": oracle(rank, world), "order": order(rank, world)}
     res["on_caller"] = _stat("calls_run_by_caller") - before
+    # The default group destroyed and made again: all_reduce_ follows it
+    # (it caches the last group's entry, read through torch's _world where
+    # this torch has it).
+    res["fast_world"] = torch_smddp._world is not None
+    torch_smddp.all_reduce_(torch.ones(1))
+    dist.destroy_process_group()
+    dist.init_process_group("smddp", rank=0, world_size=1, store=dist.HashStore())
+    t = torch.full((3,), 2.0)
+    res["reinit"] = {"ok": bool(torch.all(torch_smddp.all_reduce_(t, op=dist.ReduceOp.SUM) == 2)),
+                     "direct": _stat("direct_calls")}
     return res

@@ -48,3 +48,7 @@ def test_all_reduce_direct_world_one():
     assert o["direct"] == o["calls"], o
     assert res["order"]["bad"] == [], res["order"]["bad"]
     assert res["on_caller"] >= 2 * o["calls"], res
+    # On the pinned torch the default group is read without the WORLD
+    # property, and a new default group is picked up (its first direct call).
+    assert res["fast_world"], res
+    assert res["reinit"] == {"ok": True, "direct": 1}, res["reinit"]
