@@ -96,6 +96,19 @@ def test_peers_runs_without_the_peers_and_checks_real_results():
     assert "best peer / smddp_direct" in p.stdout, p.stdout
 
 
+def test_small_loop_runs_and_checks_its_result():
+    # benchmarks/small_loop.py in a group of one rank (plain python): both
+    # entries are checked against the closed form before the timed blocks.
+    env = dict(os.environ, MASTER_PORT="29671")
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "small_loop.py"), "--numel", "300",
+           "--blocks", "2", "--calls", "50"]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    for entry in ("direct", "dist"):
+        line = [x for x in p.stdout.splitlines() if f"numel 300 {entry}:" in x]
+        assert len(line) == 1 and len(line[0].split("block ")[1].split()) == 2, p.stdout
+
+
 def test_link_bound_and_rate_follow_their_closed_forms(capsys):
     from torch_smddp import cluster
 
