@@ -93,6 +93,14 @@ def _backend_of(group=None):
 _direct = [object(), None]
 
 
+class _WorldProperty:
+    """Where torch lacks the field below: the public property itself."""
+
+    @property
+    def _default_pg(self):
+        return dist.GroupMember.WORLD
+
+
 def _world_reader():
     # The default group, as dist.GroupMember.WORLD gives it. That is a
     # property on a metaclass and costs a twentieth of a small call, so
@@ -101,7 +109,7 @@ def _world_reader():
     if world is not None and hasattr(world, "_default_pg") and \
             getattr(type(world), "default_pg", None) is not None:
         return world
-    return None
+    return _WorldProperty()
 
 
 _world = _world_reader()
@@ -134,12 +142,7 @@ def all_reduce_(tensor, op=dist.ReduceOp.SUM, group=None):
     block, a profiler recording, TORCH_DISTRIBUTED_DEBUG=DETAIL) goes through
     ``dist.all_reduce`` unchanged. Returns ``tensor``.
     """
-    if group is not None:
-        pg = group
-    elif _world is not None:
-        pg = _world._default_pg
-    else:
-        pg = dist.GroupMember.WORLD
+    pg = group if group is not None else _world._default_pg
     cached = _direct
     if cached[0] is not pg:
         cached[0], cached[1] = pg, _direct_entry(pg)

@@ -298,6 +298,8 @@ class Communicator {
                    std::shared_ptr<FusibleCall> fusible = nullptr, CallHooks hooks = {});
   // Under queueMu_: the issued count the fusion leader may fuse below.
   void publishIssuedLocked();
+  void noteBatchCutLocked(uint64_t next);  // noteBatchCut, under queueMu_
+  void forgetUnfinishedLocked(uint64_t seq);  // drops a call from unfinished_
   // Runs one task (or, for a fusible allreduce, one fusion batch) and
   // completes it; errors become the tasks' exceptions.
   void runTasks(std::vector<Task>& tasks, bool onCaller = false);
@@ -383,7 +385,6 @@ class Communicator {
   // up on a stuck worker still has to complete.
   // By sequence, in the order queued (calls finish mostly in that order).
   std::vector<std::pair<uint64_t, std::shared_ptr<CallDone>>> unfinished_;  // guarded by queueMu_
-  void forgetUnfinishedLocked(uint64_t seq);
   bool workerExited_ = false;            // guarded by queueMu_
   std::condition_variable exitedCv_;     // signals workerExited_
   std::atomic<bool> stuck_{false};

@@ -123,6 +123,10 @@ void Communicator::publishIssuedLocked() {
 
 void Communicator::noteBatchCut(uint64_t next) {
   std::lock_guard<std::mutex> lock(queueMu_);
+  noteBatchCutLocked(next);
+}
+
+void Communicator::noteBatchCutLocked(uint64_t next) {
   if (next <= cutEnd_) return;
   cutEnd_ = next;
   while (!fences_.empty() && fences_.front() <= next) fences_.pop_front();
@@ -327,11 +331,11 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
     }
   }
   if (logThreshold() >= LogLevel::kDebug) logCompleted(tasks, eptr, started);
-  // The calls run: a fence behind them is spent even if the batch failed
-  // before its cut.
-  if (fuses()) noteBatchCut(tasks.back().seq + 1);
   {
     std::lock_guard<std::mutex> lock(queueMu_);
+    // The calls run: a fence behind them is spent even if the batch failed
+    // before its cut.
+    if (fuses()) noteBatchCutLocked(tasks.back().seq + 1);
     for (const Task& t : tasks) forgetUnfinishedLocked(t.seq);
   }
   const auto finished = std::chrono::steady_clock::now();
