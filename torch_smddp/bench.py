@@ -142,35 +142,61 @@ def worker(args) -> None:
 
 
 def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
-                 env: dict | None = None) -> dict:
+                 env: dict | None = None, attempts: int = 3) -> dict:
     """Runs `cmd --out FILE` as `world` local ranks on a free port and returns
     the JSON that the ranks leave in FILE. The ranks get the torchrun
-    variables (and `env`); past `timeout` seconds all are killed. Shared by
-    the benchmarks in benchmarks/."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tempfile.mktemp(prefix="smddp-bench-", suffix=".json")
-    procs = []
-    for r in range(world):
-        rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                        WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_SIZE=str(world),
-                        OMP_NUM_THREADS="1", **(env or {}))
-        procs.append(subprocess.Popen([*cmd, "--out", out], env=rank_env, start_new_session=True))
-    deadline = time.time() + timeout
-    try:
+    variables (and `env`); past `timeout` seconds all are killed, and so are
+    the others as soon as one rank fails. A free port can be taken by
+    another process before rank 0's store binds it (EADDRINUSE): then the
+    whole world starts again on a new port, up to `attempts` times. Shared
+    by the benchmarks in benchmarks/."""
+    for attempt in range(attempts):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = tempfile.mktemp(prefix="smddp-bench-", suffix=".json")
+        procs, errs = [], []
+        for r in range(world):
+            rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                            RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                            LOCAL_SIZE=str(world), OMP_NUM_THREADS="1", **(env or {}))
+            err = tempfile.TemporaryFile()
+            errs.append(err)
+            procs.append(subprocess.Popen([*cmd, "--out", out], env=rank_env, stderr=err,
+                                          start_new_session=True))
+        deadline = time.time() + timeout
+        timed_out = False
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode for p in procs if p.poll() is not None):
+                break  # one rank failed: the others would wait for it
+            if time.time() > deadline:
+                timed_out = True
+                break
+            time.sleep(0.05)
         for p in procs:
-            p.wait(timeout=max(1, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise SystemExit(f"{what} exceeded {timeout} s")
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{what} failed: exit codes {[p.returncode for p in procs]}")
-    with open(out) as f:
-        data = json.load(f)
-    os.unlink(out)
-    return data
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        texts = []
+        for err in errs:
+            err.seek(0)
+            texts.append(err.read().decode(errors="replace"))
+            err.close()
+        for text in texts:
+            sys.stderr.write(text)
+        if timed_out:
+            raise SystemExit(f"{what} exceeded {timeout} s")
+        if any(p.returncode for p in procs):
+            if attempt + 1 < attempts and any("EADDRINUSE" in t for t in texts):
+                print(f"{what}: port {port} was taken, starting again on another",
+                      file=sys.stderr)
+                continue
+            raise SystemExit(f"{what} failed: exit codes {[p.returncode for p in procs]}")
+        with open(out) as f:
+            data = json.load(f)
+        os.unlink(out)
+        return data
+    raise AssertionError("unreachable")
 
 
 def _worker_args(args) -> list[str]:

@@ -96,6 +96,43 @@ def test_peers_runs_without_the_peers_and_checks_real_results():
     assert "best peer / smddp_direct" in p.stdout, p.stdout
 
 
+FAKE_RANK = """
+import json, os, sys, time
+out = sys.argv[sys.argv.index("--out") + 1]
+marker = sys.argv[1]
+if os.environ["RANK"] == "0":
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        sys.exit("TCPStore: EADDRINUSE, address already in use")
+    with open(out, "w") as f:
+        json.dump({"port": os.environ["MASTER_PORT"]}, f)
+else:
+    deadline = time.time() + 60  # waits for rank 0, as a peer would
+    while not os.path.exists(out) and time.time() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def test_launch_ranks_restarts_on_a_taken_port_and_stops_the_others(tmp_path):
+    # Rank 0 fails once with EADDRINUSE (as when another process took the
+    # free port first) while rank 1 would wait a minute: the world is
+    # stopped at once and started again on another port.
+    marker = str(tmp_path / "failed_once")
+    cmd = [sys.executable, "-c", FAKE_RANK, marker]
+    import time
+    t0 = time.monotonic()
+    data = bench.launch_ranks(cmd, 2, 100, "fake world")
+    assert os.path.exists(marker)
+    assert "port" in data
+    assert time.monotonic() - t0 < 50  # not the sleeping rank's 60 s
+
+
+def test_launch_ranks_reports_other_failures_without_retrying(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    with pytest.raises(SystemExit, match=r"failed: exit codes \[3, 3\]"):
+        bench.launch_ranks(cmd, 2, 60, "fake world")
+
+
 def test_small_loop_runs_and_checks_its_result():
     # benchmarks/small_loop.py in a group of one rank (plain python): both
     # entries are checked against the closed form before the timed blocks.
