@@ -13,6 +13,7 @@
 #   scripts/cluster.sh link I down|up take host I's link down or up
 #   scripts/cluster.sh kill I         SIGKILL every process on host I
 #   scripts/cluster.sh addr I|hub     print an address
+#   scripts/cluster.sh burst RATE     print the tbf bucket (bytes) `up` gives RATE
 #   scripts/cluster.sh status
 #
 # Names start with $SMDDP_CLUSTER (default "smx"): give each cluster that
@@ -119,6 +120,7 @@ case "${1:-}" in
   addr)
     if [[ "${2:-}" == hub ]]; then echo "$HUB_ADDR"; else host_addr "${2:?addr I|hub}"; fi
     ;;
+  burst) burst_for "${2:?burst RATE}" ;;
   status) namespaces ;;
   *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

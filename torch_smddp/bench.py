@@ -73,14 +73,18 @@ def closed_form_sum(world: int) -> float:
     return world * (world + 1) / 2
 
 
-def timed_checked_calls(call, t, rank: int, expected: float, iters: int) -> tuple[float, str]:
+def timed_checked_calls(call, t, rank: int, expected: float, iters: int,
+                        untimed: list | None = None) -> tuple[float, str]:
     """Runs ``call()`` (an in-place allreduce of ``t``) ``iters`` times and
     returns (mean seconds per call, "" or the first mismatch). Only the call
     itself is inside the timed region: refilling ``t`` with this rank's
     input (rank + 1) and comparing the result with ``expected`` happen
-    between calls."""
+    between calls. ``untimed``, if given, gets the mean seconds per
+    iteration spent outside the calls: on a tbf-shaped link the bucket
+    refills meanwhile (torch_smddp.model counts it)."""
     total = 0.0
     problem = ""
+    start = time.perf_counter()
     for i in range(iters):
         t.fill_(rank + 1.0)
         t0 = time.perf_counter()
@@ -92,6 +96,8 @@ def timed_checked_calls(call, t, rank: int, expected: float, iters: int) -> tupl
                 j = int(bad[0, 0]) if bad.dim() > 1 else int(bad[0])
                 problem = (f"iteration {i}: element {j} of {t.numel()} is {t.view(-1)[j].item()!r}, "
                            f"expected {expected!r} ({bad.shape[0]} elements differ)")
+    if untimed is not None:
+        untimed.append((time.perf_counter() - start - total) / max(iters, 1))
     return total / max(iters, 1), problem
 
 
@@ -121,18 +127,21 @@ def worker(args) -> None:
 
             _, warm_problem = timed_checked_calls(call, t, rank, expected, args.warmup)
             dist.barrier(group=gloo)
-            dt, problem = timed_checked_calls(call, t, rank, expected, iters)
+            untimed = []
+            dt, problem = timed_checked_calls(call, t, rank, expected, iters, untimed)
             problem = problem or warm_problem
             # The slowest rank defines the collective's time; any rank's
             # wrong result fails the run on every rank (no one is left
-            # waiting in the next collective).
-            tt = torch.tensor([dt, 1.0 if problem else 0.0], dtype=torch.float64)
+            # waiting in the next collective). Between calls the links idle
+            # until the last rank is back in the next call.
+            tt = torch.tensor([dt, 1.0 if problem else 0.0, untimed[0]], dtype=torch.float64)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX, group=gloo)
             if tt[1].item():
                 where = f"{name} allreduce of {fmt_size(numel * 4)} at world {world}"
                 raise SystemExit(f"torch_smddp.bench: WRONG RESULT: {where}, rank {rank}: "
                                  + (problem or "correct here, wrong on another rank"))
             row[name] = tt[0].item()
+            row[f"{name}_between"] = tt[2].item()
         results.append(row)
     if rank == 0:
         with open(args.out, "w") as f:
@@ -252,7 +261,8 @@ def run_cluster(args) -> dict:
     rate_bps = cl.parse_rate(args.rate)
     data = launch_on_cluster(["-m", "torch_smddp.bench", *_worker_args(args)], args.hosts,
                              args.ranks, args.rate, args.timeout, "torch_smddp.bench --hosts")
-    data.update(hosts=args.hosts, ranks_per_host=args.ranks, rate=args.rate, rate_bps=rate_bps)
+    data.update(hosts=args.hosts, ranks_per_host=args.ranks, rate=args.rate, rate_bps=rate_bps,
+                burst_bytes=cl.burst_bytes(args.rate))
     return data
 
 

@@ -202,6 +202,16 @@ def parse_rate(rate: str) -> float:
     return float(m.group(1)) * mult
 
 
+def burst_bytes(rate: str) -> int:
+    """The tbf bucket, in bytes, that scripts/cluster.sh gives each link at
+    `rate`: traffic up to this much passes above the rate after the link
+    has been idle (torch_smddp.model counts it)."""
+    r = subprocess.run([SCRIPT, "burst", rate], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise ValueError(f"cluster.sh burst {rate}: {r.stderr.strip()}")
+    return int(r.stdout.strip())
+
+
 def wait_for_files(paths, deadline: float, alive=lambda: True) -> bool:
     """True once every path exists; False at the deadline or when alive()
     turns false (the launchers ended without producing them)."""

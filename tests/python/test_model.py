@@ -21,20 +21,29 @@ RING = dict(a_ring=500e-6, eta_ring=0.7, B_ring=1.5e9)
 SHAPES = [(1, 2, 0), (1, 4, 0), (2, 1, 2e9), (2, 2, 2e9), (3, 2, 2e9), (4, 2, 1e9), (4, 1, 2e9)]
 
 
-def synthetic(tmp_path, noise=0.03, seed=0, shapes=SHAPES, smddp=SMDDP, ring=RING):
-    """bench --save files from the model itself, times scaled by exp(N(0, noise))."""
+def synthetic(tmp_path, noise=0.03, seed=0, shapes=SHAPES, smddp=SMDDP, ring=RING,
+              burst=None, between=lambda S: 0.0):
+    """bench --save files from the model itself, times scaled by exp(N(0, noise)).
+    Given `burst` (bytes), the links are tbf-shaped ones whose bucket refills
+    for between(S) seconds between calls, as bench records them."""
     rng = np.random.default_rng(seed)
     files = []
     for H, R, rate in shapes:
         rows = []
         for e in range(12, 29, 2):
             S = 1 << e
-            s = float(m.smddp_time(S, H, R, rate / 8, **smddp)) * math.exp(rng.normal(0, noise))
-            g = float(m.ring_time(S, H * R, H, rate / 8, **ring)) * math.exp(rng.normal(0, noise))
-            rows.append(dict(bytes=S, iters=8, smddp=s, gloo=g))
+            idle = min(between(S), burst / (rate / 8)) if burst and rate else 0.0
+            s = float(m.smddp_time(S, H, R, rate / 8, **smddp, idle=idle))
+            g = float(m.ring_time(S, H * R, H, rate / 8, **ring, idle=idle))
+            rows.append(dict(bytes=S, iters=8, smddp=s * math.exp(rng.normal(0, noise)),
+                             gloo=g * math.exp(rng.normal(0, noise)),
+                             smddp_between=between(S), gloo_between=between(S)))
         path = tmp_path / f"h{H}r{R}.json"
-        path.write_text(json.dumps(dict(world=H * R, rows=rows, hosts=H, ranks_per_host=R,
-                                        rate=f"{rate / 1e9:g}gbit", rate_bps=rate)))
+        d = dict(world=H * R, rows=rows, hosts=H, ranks_per_host=R,
+                 rate=f"{rate / 1e9:g}gbit", rate_bps=rate)
+        if burst:
+            d["burst_bytes"] = burst
+        path.write_text(json.dumps(d))
         files.append(str(path))
     return files
 
@@ -64,6 +73,50 @@ def test_smddp_closed_forms():
     # Too few server hosts: their links (H*S/k) are the bound.
     t1 = m.smddp_servers_time(S, 8, 4, L, 1, **SMDDP)
     assert t1 >= 8 * S / (SMDDP["eta"] * L)
+
+
+def test_tbf_refill_closed_forms():
+    S, L, a = 16 << 20, 1e8, 1e-4
+    link = 2 * 3 / 4 * S / (SMDDP["eta"] * L)
+    host = SMDDP["a_host"] + S * 3 / SMDDP["B_mem"]
+    for idle in (0.0, 0.05, link + 1.0):   # none, part of the link time, more than all of it
+        net = 2 * 3 * SMDDP["a_net"] + max(0.0, link - idle)
+        want = max(host, net) + SMDDP["p"] * min(host, net)
+        assert m.smddp_time(S, 4, 2, L, **SMDDP, idle=idle) == pytest.approx(want), idle
+    # Ring, two hosts of one rank, local cost free: the link carries S in all.
+    assert m.ring_time(S, 2, 2, L, a, 1.0, idle=0.03) == pytest.approx(2 * a + S / L - 0.03)
+    assert m.ring_time(S, 2, 2, L, a, 1.0, idle=10.0) == pytest.approx(2 * a)
+    # One host: no link, nothing to refill.
+    assert m.ring_time(S, 2, 1, 0, a, 1.0, 1e9, idle=10.0) == pytest.approx(2 * (a + S / 2 / 1e9))
+
+
+def test_load_caps_the_refill_at_the_bucket(tmp_path):
+    """idle = the time between calls, at most burst / L; a file without
+    burst_bytes (written before bench recorded it) refills nothing."""
+    (f,) = synthetic(tmp_path, shapes=[(2, 2, 8e8)], burst=1_000_000,
+                     between=lambda S: S / 1e8)   # 1e8 B/s: 1 MB's bucket = 0.01 s at 8e8 bit/s
+    pts = m.load([f])
+    for q in pts:
+        assert q["tbf"]
+        assert q["idle_smddp"] == pytest.approx(min(q["S"] / 1e8, 0.01))
+        assert q["idle_gloo"] == q["idle_smddp"]
+    d = json.loads(open(f).read())
+    del d["burst_bytes"]
+    open(f, "w").write(json.dumps(d))
+    assert all(q["idle_smddp"] == 0.0 and not q["tbf"] for q in m.load([f]))
+
+
+def test_fit_recovers_parameters_through_tbf_bursts(tmp_path):
+    """Measurements on tbf links whose bucket refills between calls (so
+    small transfers read faster than the link): the fit, told the refill,
+    finds the link efficiency again, below 1."""
+    pts = m.load(synthetic(tmp_path, noise=0.0, burst=2_500_000,
+                           between=lambda S: 2e-4 + S / 2e9))
+    s, r = m.fit_smddp(pts), m.fit_ring(pts)
+    for k in SMDDP:
+        assert s[k] == pytest.approx(SMDDP[k], rel=0.02), k
+    for k in RING:
+        assert r[k] == pytest.approx(RING[k], rel=0.02), k
 
 
 def test_busbw_and_exposed_time():
