@@ -223,7 +223,7 @@ def _ring_params(x):
 
 def _arrays(pts, col):
     use = [q for q in pts if q.get(col)]
-    a = {k: np.array([q.get(k, 0.0) for q in use], dtype=float)
+    a = {k: np.array([q[k] for q in use], dtype=float)
          for k in ("S", "H", "R", "N", "L", "share")}
     a["idle"] = np.array([q.get(f"idle_{col}", 0.0) for q in use], dtype=float)
     return a, np.array([q[col] for q in use], dtype=float)
