@@ -5,6 +5,7 @@ one table.
     PY=.venv-peers/bin/python        # the peers' venv (README, "Peers")
     $PY benchmarks/peers_mpi.py --world 2 4 --out /tmp/mpich.json
     $PY benchmarks/peers.py --world 2 4 --mpi /tmp/mpich.json [--plot peers.png]
+    $PY benchmarks/peers.py --world 2 4 --pairs 3     # MPICH's job and these, 3 times
 
 Installs nothing: a backend whose package is missing (DeepSpeed) or whose
 op cannot be built shows as "n/a" with the reason. DeepSpeed's op is
@@ -23,6 +24,14 @@ each size's timed rounds, one call per backend is checked against the
 closed form (rank r holds r + 1 everywhere, so every element must be
 n(n+1)/2); a wrong result fails the run. The timed blocks run on zeros, so
 that back-to-back in-place sums stay finite.
+
+--pairs N runs peers_mpi.py's job and then the in-process backends' job N
+times in a row (the same worlds, sizes and rounds). This machine's speed
+changes for minutes at a time (benchmarks/RESULTS.md, "The world-2
+episodes"), so an MPICH job run once, minutes apart from the others, can
+land in another episode; a pair's two jobs run back to back. The table
+then shows the median over pairs of each pair's median round, and a last
+column how many pairs smddp_direct was at least as fast as the best peer.
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 # Appended, not prepended: a torch_smddp on PYTHONPATH (another build, to
@@ -181,6 +192,42 @@ def merge_mpi(all_data: list[dict], path: str) -> None:
         data["backends"] = data["backends"] + ["mpich"]
 
 
+def run_pairs(args) -> list[dict]:
+    """--pairs: MPICH's job, then the others', args.pairs times; per world,
+    size and backend the list of each pair's median round, and per pair
+    whether smddp_direct was at least as fast as the best peer."""
+    pairs = []
+    mpi_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers_mpi.py")
+    for i in range(args.pairs):
+        fd, out = tempfile.mkstemp(prefix="smddp-peers-mpich-", suffix=".json")
+        os.close(fd)
+        cmd = [sys.executable, mpi_script, "--world", *map(str, args.world),
+               "--sizes", *map(str, args.sizes), "--rounds", str(args.rounds),
+               "--block-s", str(args.block_s), "--min-iters", str(args.min_iters),
+               "--max-iters", str(args.max_iters), "--warmup", str(args.warmup), "--out", out]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        if p.returncode != 0:
+            raise SystemExit(f"peers.py --pairs: MPICH's job failed (peers_mpi.py needs mpi4py "
+                             f"and mpich in this venv):\n{p.stderr[-2000:]}")
+        data = [run_world(w, args) for w in args.world]
+        merge_mpi(data, out)
+        os.unlink(out)
+        pairs.append(data)
+        print(f"pair {i + 1} of {args.pairs} done", flush=True)
+    merged = json.loads(json.dumps(pairs[0]))
+    for d_i, d in enumerate(merged):
+        for r_i, row in enumerate(d["rows"]):
+            per_pair = [p[d_i]["rows"][r_i]["times"] for p in pairs]
+            row["times"] = {b: [median(t[b]) for t in per_pair] for b in row["times"]}
+            wins = 0
+            for t in per_pair:
+                peers = [median(v) for b, v in t.items() if b not in OURS]
+                if "smddp_direct" in t and peers and median(t["smddp_direct"]) <= min(peers):
+                    wins += 1
+            row["pairs_won"] = f"{wins} of {len(per_pair)}"
+    return merged
+
+
 def fmt_us(s: float) -> str:
     us = s * 1e6
     return f"{us:.1f}" if us < 1000 else f"{us:.0f}"
@@ -190,14 +237,17 @@ def print_table(all_data: list[dict]) -> None:
     names = []
     for d in all_data:
         names += [b for b in d["backends"] if b not in names]
-    print("\n# allreduce, float32, SUM, in place; us per call (median of rounds, max over ranks);")
+    won = any("pairs_won" in r for d in all_data for r in d["rows"])
+    what = "median over pairs of each pair's median round" if won else "median of rounds"
+    print(f"\n# allreduce, float32, SUM, in place; us per call ({what}, max over ranks);")
     print("# busbw GB/s = algbw x 2(n-1)/n; ratio = best peer's time / smddp's (>1: smddp faster)")
     head = f"| world | size |" + "".join(f" {b} us |" for b in names)
     ours = [b for b in OURS if b in names]
     head += "".join(f" {b} busbw |" for b in names) + " best peer |"
     head += "".join(f" best peer / {b} |" for b in ours)
+    head += " pairs smddp_direct won |" if won else ""
     print(head)
-    print("|" + "---|" * (3 + 2 * len(names) + len(ours)))
+    print("|" + "---|" * (3 + 2 * len(names) + len(ours) + won))
     for d in all_data:
         n = d["world"]
         factor = 2 * (n - 1) / n if n > 1 else 1.0
@@ -212,6 +262,7 @@ def print_table(all_data: list[dict]) -> None:
             line += f" {best or '-'} |"
             line += "".join(f" {peers[best] / med[b]:.2f}x |" if best and b in med else " - |"
                             for b in ours)
+            line += f" {row.get('pairs_won', '-')} |" if won else ""
             print(line)
     for d in all_data:
         if d.get("deepspeed_unavailable"):
@@ -260,6 +311,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5,
                     help="untimed calls of the backend before each timed block")
     ap.add_argument("--mpi", help="JSON written by peers_mpi.py --out, merged into the table")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="run MPICH's job (peers_mpi.py) and this one back to back, N times")
     ap.add_argument("--json", help="also write the merged results here")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--plot", help="write a PNG of busbw against size")
@@ -268,7 +321,12 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     resolve_sizes(args)
-    all_data = [run_world(w, args) for w in args.world]
+    if args.pairs and args.mpi:
+        raise SystemExit("peers.py: --pairs runs MPICH's job itself; drop --mpi")
+    if args.pairs:
+        all_data = run_pairs(args)
+    else:
+        all_data = [run_world(w, args) for w in args.world]
     if args.mpi:
         merge_mpi(all_data, args.mpi)
     print_table(all_data)
