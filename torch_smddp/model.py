@@ -16,9 +16,11 @@ smddp, hierarchical (docs/design.md, "The allreduce path"):
                   parts into the servers' slots, the servers combine R parts,
                   every rank copies the result out; the memory traffic of the
                   host grows with R, B_mem is the host's effective bandwidth
-    net(S, H)  = 2(H-1)*a_net + 2(H-1)/H * S/(eta*L)   the servers of one
-                  index on every host: reduce-scatter + all-gather, H-1
-                  messages each way per server, 2(H-1)/H of S on the link
+    net(S, H)  = 2(H-1)*a_net + max(X/(eta*L), X/B_net), X = 2(H-1)/H * S
+                  the servers of one index on every host: reduce-scatter +
+                  all-gather, H-1 messages each way per server, X on the
+                  link; B_net is what the CPU can push through the network
+                  stack (kernel TCP copies) when that, not the link, limits
     t          = max(host, net) + p*min(host, net)   steps pipeline through
                   the segment; p (0..1) is the part that does not overlap
     H = 1: t = host.
@@ -30,8 +32,10 @@ smddp, hierarchical (docs/design.md, "The allreduce path"):
     a run of calls the link still carries no more than L per second. I = 0
     for real links and in the projection.
     On the namespace cluster all N ranks share this machine's C cores
-    (fit --cores), so the host part's per-byte term is multiplied by
-    share = max(1, N/C); the projection gives each rank a core (share = 1).
+    (fit --cores), so every term that is CPU work (host(), a_net, X/B_net)
+    is multiplied by share = max(1, N/C): a message waits for a core as a
+    copy does. The projection gives each rank a core (share = 1) and no
+    X/B_net (EFA's provider bypasses the kernel: B_net = inf).
 smddp network-only (SMDDP_SHM_ALLREDUCE=0: every rank a server over the
 network): net = 2(N-1)*a_net + 2R(H-1)/H * S/(eta*L) (the R ranks of a host
 share its link), host() as above (the same bytes cross the host's memory).
@@ -40,16 +44,19 @@ worker link carries S each way, a server link H*S/k each way:
     net = 2*a_net + max(S, H*S/k)/(eta*L), combined with host() as above.
 Ring (Gloo, NCCL ring): 2(N-1) steps of S/N, ranks ordered by host so each
 host link carries 2(N-1)/N*S each way:
-    t = 2(N-1) * (a_ring + (S/N)/(eta_ring*L) + (S/N)/B_ring)
-    (the link term only when H > 1; B_ring: a step's local copy+reduce+syscall
-    bandwidth, its term times share as above). N = 2, one host, B_ring = B:
-    t = 2*(a_ring + S/2/B).
+    cpu  = 2(N-1) * (a_ring + (S/N)/B_ring)   (times share as above; B_ring: a
+            step's local copy+reduce+syscall bandwidth)
+    link = 2(N-1) * (S/N)/(eta_ring*L)        (only when H > 1)
+    t    = max(cpu, link) + p_ring*min(cpu, link): p_ring = 1 is a ring that
+           never overlaps a step's latency with the link (the projection's);
+           below 1, other ranks' steps go on while one waits.
+    N = 2, one host, B_ring = B: t = 2*(a_ring + S/2/B).
 
 The fit minimises a robust (soft-L1, scale 10%) loss of the log ratio
 model/measured over all points (relative error, every size weighs the same;
 an outlier weighs like |r| instead of r^2), parameters positive (fitted
 as logs; p as a logistic), by Levenberg-Marquardt with a numeric Jacobian.
-smddp's five parameters come from the "smddp" columns, the ring's three
+smddp's six parameters come from the "smddp" columns, the ring's four
 from the "gloo" columns. `fit` prints a table per shape and the verdict
 (every point of 1 MiB and up within --tol, 20%) and exits 1 when it fails.
 
@@ -97,7 +104,7 @@ def _combine(host, net, p):
 
 
 def smddp_host(S, R, a_host, B_mem, share=1.0):
-    return a_host + share * S * (R + 1) / B_mem
+    return share * (a_host + S * (R + 1) / B_mem)
 
 
 def link_time(X, eta, L, idle=0.0):
@@ -106,38 +113,42 @@ def link_time(X, eta, L, idle=0.0):
     return np.maximum(0.0, X / (eta * L) - idle)
 
 
-def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, share=1.0, idle=0.0):
+def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1.0, idle=0.0):
     """Hierarchical smddp allreduce of S bytes on H hosts x R ranks, links of L B/s."""
     S, H, R, L = (np.asarray(v, dtype=float) for v in (S, H, R, L))
     host = smddp_host(S, R, a_host, B_mem, share)
     Ls = np.where(H > 1, L, 1.0)
-    net = np.where(H > 1, 2 * (H - 1) * a_net + link_time(2 * (H - 1) / H * S, eta, Ls, idle),
-                   0.0)
+    X = 2 * (H - 1) / H * S
+    net = np.where(H > 1, share * 2 * (H - 1) * a_net
+                   + np.maximum(link_time(X, eta, Ls, idle), share * X / B_net), 0.0)
     return _combine(host, net, p)
 
 
-def smddp_netonly_time(S, H, R, L, a_host, B_mem, a_net, eta, p, share=1.0):
+def smddp_netonly_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1.0):
     """Every rank a reduction server over the network; R ranks share a host link."""
     N = H * R
     host = smddp_host(S, R, a_host, B_mem, share)
-    net = 2 * (N - 1) * a_net + 2 * R * (H - 1) / H * S / (eta * L) if N > 1 else 0.0
+    X = 2 * R * (H - 1) / H * S
+    net = 2 * (N - 1) * a_net * share + max(X / (eta * L), share * X / B_net) if N > 1 else 0.0
     return _combine(host, net, p)
 
 
-def smddp_servers_time(S, H, R, L, k, a_host, B_mem, a_net, eta, p, share=1.0):
+def smddp_servers_time(S, H, R, L, k, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1.0):
     """smddp's host partials pushed to / pulled from k extra server hosts."""
     host = smddp_host(S, R, a_host, B_mem, share)
-    net = 2 * a_net + max(S, H * S / k) / (eta * L) if H > 1 else 0.0
+    X = max(S, H * S / k)
+    net = 2 * a_net * share + max(X / (eta * L), share * X / B_net) if H > 1 else 0.0
     return _combine(host, net, p)
 
 
-def ring_time(S, N, H, L, a_ring, eta_ring, B_ring=math.inf, share=1.0, idle=0.0):
+def ring_time(S, N, H, L, a_ring, eta_ring, B_ring=math.inf, p_ring=1.0, share=1.0, idle=0.0):
     """Ring allreduce over N ranks on H hosts: 2(N-1) steps of S/N bytes."""
     S, N, H, L = (np.asarray(v, dtype=float) for v in (S, N, H, L))
     chunk = S / N
     Ls = np.where(H > 1, L, 1.0)
     link = np.where(H > 1, link_time(2 * (N - 1) * chunk, eta_ring, Ls, idle), 0.0)
-    return 2 * (N - 1) * (a_ring + share * chunk / B_ring) + link
+    lat = 2 * (N - 1) * share * (a_ring + chunk / B_ring)
+    return _combine(lat, link, p_ring)
 
 
 def busbw(S, N, t):
@@ -214,11 +225,12 @@ def _exp(z):
 
 def _smddp_params(x):
     return dict(a_host=_exp(x[0]), B_mem=_exp(x[1]), a_net=_exp(x[2]),
-                eta=_exp(x[3]), p=1 / (1 + _exp(-x[4])))
+                eta=_exp(x[3]), p=1 / (1 + _exp(-x[4])), B_net=_exp(x[5]))
 
 
 def _ring_params(x):
-    return dict(a_ring=_exp(x[0]), eta_ring=_exp(x[1]), B_ring=_exp(x[2]))
+    return dict(a_ring=_exp(x[0]), eta_ring=_exp(x[1]), B_ring=_exp(x[2]),
+                p_ring=1 / (1 + _exp(-x[3])))
 
 
 def _arrays(pts, col):
@@ -236,9 +248,9 @@ def fit_smddp(pts):
         return _robust(np.log(smddp_time(a["S"], a["H"], a["R"], a["L"], **_smddp_params(x),
                                          share=a["share"], idle=a["idle"]) / y))
 
-    starts = [[math.log(v) for v in (a0, bm, an, e)] + [pz]
+    starts = [[math.log(v) for v in (a0, bm, an, e)] + [pz, math.log(bn)]
               for a0 in (1e-5, 1e-3) for bm in (1e9, 1e10) for an in (1e-4, 1e-3)
-              for e in (0.5, 1.0) for pz in (-2.0, 1.0)]
+              for e in (0.5, 1.0) for pz in (-2.0, 1.0) for bn in (1e8, 1e10)]
     best = min((levenberg_marquardt(resid, s) for s in starts), key=lambda t: t[1])
     return _smddp_params(best[0])
 
@@ -250,8 +262,9 @@ def fit_ring(pts):
         return _robust(np.log(ring_time(a["S"], a["N"], a["H"], a["L"], **_ring_params(x),
                                         share=a["share"], idle=a["idle"]) / y))
 
-    starts = [[math.log(v) for v in (ar, e, br)]
-              for ar in (1e-5, 1e-3) for e in (0.3, 1.0) for br in (1e8, 1e10)]
+    starts = [[math.log(v) for v in (ar, e, br)] + [pz]
+              for ar in (1e-5, 1e-3) for e in (0.3, 1.0) for br in (1e8, 1e10)
+              for pz in (-2.0, 1.0)]
     best = min((levenberg_marquardt(resid, s) for s in starts), key=lambda t: t[1])
     return _ring_params(best[0])
 
@@ -311,10 +324,14 @@ def print_params(params, out=sys.stdout, pts=()):
     if pts and not any(q["H"] > 1 for q in pts):
         print("note: no multi-host measurements: a_net, eta, p and eta_ring are not "
               "constrained (their start values)", file=out)
-    print("smddp: a_host %.1f us, B_mem %.2f GB/s, a_net %.1f us, eta %.3f, p %.3f"
-          % (s["a_host"] * 1e6, s["B_mem"] / 1e9, s["a_net"] * 1e6, s["eta"], s["p"]), file=out)
-    print("ring:  a_ring %.1f us, eta_ring %.3f, B_ring %.2f GB/s"
-          % (r["a_ring"] * 1e6, r["eta_ring"], r["B_ring"] / 1e9), file=out)
+    def gbs(b):   # a bandwidth the fit pushed past anything measurable: no cost left to it
+        return "unbounded" if b > 1e15 else f"{b / 1e9:.2f} GB/s"
+
+    print(f"smddp: a_host {s['a_host'] * 1e6:.1f} us, B_mem {gbs(s['B_mem'])}, a_net "
+          f"{s['a_net'] * 1e6:.1f} us, eta {s['eta']:.3f}, p {s['p']:.3f}, "
+          f"B_net {gbs(s.get('B_net', math.inf))}", file=out)
+    print(f"ring:  a_ring {r['a_ring'] * 1e6:.1f} us, eta_ring {r['eta_ring']:.3f}, B_ring "
+          f"{gbs(r['B_ring'])}, p_ring {r.get('p_ring', 1.0):.3f}", file=out)
 
 
 # ---------------------------------------------------------------- projection

@@ -90,6 +90,48 @@ def test_tbf_refill_closed_forms():
     assert m.ring_time(S, 2, 1, 0, a, 1.0, 1e9, idle=10.0) == pytest.approx(2 * (a + S / 2 / 1e9))
 
 
+def test_cpu_bound_network_shared_cores_and_ring_overlap_closed_forms():
+    S, L = 16 << 20, 1e12          # a link so fast that the CPU limits
+    X = 2 * 1 / 2 * S              # two hosts: each link carries S
+    smddp = dict(SMDDP, B_net=2e8, p=0.0)
+    host = 3 * (SMDDP["a_host"] + S * 3 / SMDDP["B_mem"])
+    net = 3 * (2 * SMDDP["a_net"] + X / 2e8)
+    assert m.smddp_time(S, 2, 2, L, **smddp, share=3.0) == pytest.approx(max(host, net))
+    # share multiplies the host's fixed cost as well as its bytes.
+    one = m.smddp_time(S, 1, 4, 0, **SMDDP)
+    assert m.smddp_time(S, 1, 4, 0, **SMDDP, share=2.0) == pytest.approx(2 * one)
+    # A ring whose steps overlap the link completely (p_ring = 0) takes the
+    # longer of the two; p_ring = 1 (the default) their sum.
+    a, N, Lr = 1e-3, 4, 1e8
+    cpu = 2 * (N - 1) * a
+    link = 2 * (N - 1) * (S / N) / Lr
+    assert m.ring_time(S, N, 2, Lr, a, 1.0, p_ring=0.0) == pytest.approx(max(cpu, link))
+    assert m.ring_time(S, N, 2, Lr, a, 1.0) == pytest.approx(cpu + link)
+    assert m.ring_time(S, N, 2, Lr, a, 1.0, share=2.0) == pytest.approx(2 * cpu + link)
+
+
+def test_fit_recovers_cpu_bound_network_and_ring_overlap(tmp_path):
+    """Shapes on 2 cores whose network is CPU-bound for smddp and whose ring
+    overlaps steps: the fit, told the cores, finds B_net and p_ring."""
+    smddp = dict(SMDDP, B_net=4e8)
+    ring = dict(RING, p_ring=0.4)
+    files = synthetic(tmp_path, noise=0.0, smddp=smddp, ring=ring)
+    for f in files:          # remake with share = max(1, N/2)
+        d = json.loads(open(f).read())
+        share = max(1.0, d["world"] / 2)
+        for row in d["rows"]:
+            S, H, R = row["bytes"], d["hosts"], d["ranks_per_host"]
+            row["smddp"] = float(m.smddp_time(S, H, R, d["rate_bps"] / 8, **smddp, share=share))
+            row["gloo"] = float(m.ring_time(S, H * R, H, d["rate_bps"] / 8, **ring, share=share))
+        open(f, "w").write(json.dumps(d))
+    pts = m.load(files, cores=2)
+    s, r = m.fit_smddp(pts), m.fit_ring(pts)
+    for k in ("B_net", "B_mem", "eta", "a_net"):
+        assert s[k] == pytest.approx(smddp[k], rel=0.05), k
+    assert r["p_ring"] == pytest.approx(0.4, abs=0.05)
+    assert r["a_ring"] == pytest.approx(RING["a_ring"], rel=0.05)
+
+
 def test_load_caps_the_refill_at_the_bucket(tmp_path):
     """idle = the time between calls, at most burst / L; a file without
     burst_bytes (written before bench recorded it) refills nothing."""
