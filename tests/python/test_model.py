@@ -22,10 +22,11 @@ SHAPES = [(1, 2, 0), (1, 4, 0), (2, 1, 2e9), (2, 2, 2e9), (3, 2, 2e9), (4, 2, 1e
 
 
 def synthetic(tmp_path, noise=0.03, seed=0, shapes=SHAPES, smddp=SMDDP, ring=RING,
-              burst=None, between=lambda S: 0.0):
+              burst=None, between=lambda S: 0.0, cores=math.inf):
     """bench --save files from the model itself, times scaled by exp(N(0, noise)).
     Given `burst` (bytes), the links are tbf-shaped ones whose bucket refills
-    for between(S) seconds between calls, as bench records them."""
+    for between(S) seconds between calls, as bench records them; given
+    `cores`, all ranks of a shape shared that many cores."""
     rng = np.random.default_rng(seed)
     files = []
     for H, R, rate in shapes:
@@ -33,8 +34,9 @@ def synthetic(tmp_path, noise=0.03, seed=0, shapes=SHAPES, smddp=SMDDP, ring=RIN
         for e in range(12, 29, 2):
             S = 1 << e
             idle = min(between(S), burst / (rate / 8)) if burst and rate else 0.0
-            s = float(m.smddp_time(S, H, R, rate / 8, **smddp, idle=idle))
-            g = float(m.ring_time(S, H * R, H, rate / 8, **ring, idle=idle))
+            share = max(1.0, H * R / cores)
+            s = float(m.smddp_time(S, H, R, rate / 8, **smddp, share=share, idle=idle))
+            g = float(m.ring_time(S, H * R, H, rate / 8, **ring, share=share, idle=idle))
             rows.append(dict(bytes=S, iters=8, smddp=s * math.exp(rng.normal(0, noise)),
                              gloo=g * math.exp(rng.normal(0, noise)),
                              smddp_between=between(S), gloo_between=between(S)))
@@ -115,16 +117,7 @@ def test_fit_recovers_cpu_bound_network_and_ring_overlap(tmp_path):
     overlaps steps: the fit, told the cores, finds B_net and p_ring."""
     smddp = dict(SMDDP, B_net=4e8)
     ring = dict(RING, p_ring=0.4)
-    files = synthetic(tmp_path, noise=0.0, smddp=smddp, ring=ring)
-    for f in files:          # remake with share = max(1, N/2)
-        d = json.loads(open(f).read())
-        share = max(1.0, d["world"] / 2)
-        for row in d["rows"]:
-            S, H, R = row["bytes"], d["hosts"], d["ranks_per_host"]
-            row["smddp"] = float(m.smddp_time(S, H, R, d["rate_bps"] / 8, **smddp, share=share))
-            row["gloo"] = float(m.ring_time(S, H * R, H, d["rate_bps"] / 8, **ring, share=share))
-        open(f, "w").write(json.dumps(d))
-    pts = m.load(files, cores=2)
+    pts = m.load(synthetic(tmp_path, noise=0.0, smddp=smddp, ring=ring, cores=2), cores=2)
     s, r = m.fit_smddp(pts), m.fit_ring(pts)
     for k in ("B_net", "B_mem", "eta", "a_net"):
         assert s[k] == pytest.approx(smddp[k], rel=0.05), k
@@ -206,16 +199,7 @@ def test_local_run_list_reads_as_one_host(tmp_path):
 def test_fit_with_shared_cores(tmp_path):
     """Measurements whose host parts ran N ranks on 2 cores: the fit, told so,
     finds the per-core parameters again."""
-    files = synthetic(tmp_path, noise=0.0, shapes=SHAPES)
-    for f in files:          # remake with share = max(1, N/2)
-        d = json.loads(open(f).read())
-        share = max(1.0, d["world"] / 2)
-        for row in d["rows"]:
-            S, H, R = row["bytes"], d["hosts"], d["ranks_per_host"]
-            row["smddp"] = float(m.smddp_time(S, H, R, d["rate_bps"] / 8, **SMDDP, share=share))
-            row["gloo"] = float(m.ring_time(S, H * R, H, d["rate_bps"] / 8, **RING, share=share))
-        open(f, "w").write(json.dumps(d))
-    pts = m.load(files, cores=2)
+    pts = m.load(synthetic(tmp_path, noise=0.0, cores=2), cores=2)
     s, r = m.fit_smddp(pts), m.fit_ring(pts)
     assert s["B_mem"] == pytest.approx(SMDDP["B_mem"], rel=0.02)
     assert r["B_ring"] == pytest.approx(RING["B_ring"], rel=0.02)
