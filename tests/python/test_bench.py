@@ -166,3 +166,65 @@ def test_link_bound_and_rate_follow_their_closed_forms(capsys):
     alg = s / 0.4 / 1e9
     assert f"{alg:.3f}" in row and f"{alg * 1.5:.3f}" in row, row
     assert f"{s * 8 / 2e9 / 0.4:.0%}" in row, row
+
+
+def test_the_time_between_calls_is_reported_apart_from_the_calls():
+    # bench --save records it for torch_smddp.model (tbf refills then).
+    import time
+    t = torch.empty(64, dtype=torch.float32)
+    call, _ = fake_allreduce(t, world=2)
+
+    def slow_call():
+        time.sleep(0.003)
+        call()
+
+    untimed = []
+    seconds, problem = bench.timed_checked_calls(slow_call, t, rank=0, expected=3.0, iters=5,
+                                                 untimed=untimed)
+    assert problem == ""
+    assert seconds >= 0.003
+    assert len(untimed) == 1 and 0.0 <= untimed[0] < 0.003
+
+
+def _peers_module():
+    spec = importlib.util.spec_from_file_location("peers", os.path.join(REPO, "benchmarks", "peers.py"))
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    return peers
+
+
+def test_peers_pairs_take_each_pairs_median_and_count_the_pairs_won(monkeypatch, capsys):
+    # Two pairs at world 2, one size: in pair 1 smddp_direct (10 us) beats
+    # MPICH (12) and DeepSpeed (11); in pair 2 (20) it loses to MPICH (15).
+    import json
+    import types
+    peers = _peers_module()
+    ours = iter([[10e-6, 9e-6, 11e-6], [20e-6, 21e-6, 19e-6]])
+    theirs = iter([[12e-6, 12e-6, 12e-6], [15e-6, 16e-6, 14e-6]])
+    mpi_runs = []
+
+    def fake_mpi(cmd, **kw):
+        out = cmd[cmd.index("--out") + 1]
+        mpi_runs.append(cmd)
+        with open(out, "w") as f:
+            json.dump([{"world": 2, "rows": [{"bytes": 4096, "times": next(theirs)}]}], f)
+        return types.SimpleNamespace(returncode=0, stderr="")
+
+    def fake_world(world, args):
+        return {"world": world, "backends": ["smddp_direct", "deepspeed"],
+                "rows": [{"bytes": 4096, "times": {"smddp_direct": next(ours),
+                                                    "deepspeed": [11e-6] * 3}}]}
+
+    monkeypatch.setattr(peers.subprocess, "run", fake_mpi)
+    monkeypatch.setattr(peers, "run_world", fake_world)
+    args = types.SimpleNamespace(pairs=2, world=[2], sizes=[4096], rounds=3, block_s=0.2,
+                                 min_iters=3, max_iters=2000, warmup=5, timeout=60)
+    (d,) = peers.run_pairs(args)
+    assert len(mpi_runs) == 2
+    row = d["rows"][0]
+    assert row["times"]["smddp_direct"] == pytest.approx([10e-6, 20e-6])
+    assert row["times"]["mpich"] == pytest.approx([12e-6, 15e-6])
+    assert row["pairs_won"] == "1 of 2"
+    peers.print_table([d])
+    out = capsys.readouterr().out
+    assert "median over pairs" in out and "| 1 of 2 |" in out
