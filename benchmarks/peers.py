@@ -162,12 +162,17 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
+def _timing_args(args) -> list[str]:
+    """The sizes and timing options, as both this script's and
+    peers_mpi.py's jobs take them."""
+    return ["--rounds", str(args.rounds), "--block-s", str(args.block_s),
+            "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
+            "--warmup", str(args.warmup), "--sizes", *map(str, args.sizes)]
+
+
 def run_world(world: int, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker",
-           "--rounds", str(args.rounds), "--block-s", str(args.block_s),
-           "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
-           "--warmup", str(args.warmup),
-           "--backends", *args.backends, "--sizes", *map(str, args.sizes)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", *_timing_args(args),
+           "--backends", *args.backends]
     return launch_ranks(cmd, world, args.timeout, f"peers.py: world {world}",
                         env={"DS_ACCELERATOR": "cpu"})
 
@@ -202,9 +207,7 @@ def run_pairs(args) -> list[dict]:
         fd, out = tempfile.mkstemp(prefix="smddp-peers-mpich-", suffix=".json")
         os.close(fd)
         cmd = [sys.executable, mpi_script, "--world", *map(str, args.world),
-               "--sizes", *map(str, args.sizes), "--rounds", str(args.rounds),
-               "--block-s", str(args.block_s), "--min-iters", str(args.min_iters),
-               "--max-iters", str(args.max_iters), "--warmup", str(args.warmup), "--out", out]
+               *_timing_args(args), "--out", out]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         if p.returncode != 0:
             raise SystemExit(f"peers.py --pairs: MPICH's job failed (peers_mpi.py needs mpi4py "

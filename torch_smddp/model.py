@@ -113,6 +113,12 @@ def link_time(X, eta, L, idle=0.0):
     return np.maximum(0.0, X / (eta * L) - idle)
 
 
+def net_bytes_time(X, eta, L, B_net, share, idle=0.0):
+    """X bytes across a host's link: the link's time, or the CPU's (X/B_net,
+    times share) where it pushes them through the network stack slower."""
+    return np.maximum(link_time(X, eta, L, idle), share * X / B_net)
+
+
 def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1.0, idle=0.0):
     """Hierarchical smddp allreduce of S bytes on H hosts x R ranks, links of L B/s."""
     S, H, R, L = (np.asarray(v, dtype=float) for v in (S, H, R, L))
@@ -120,7 +126,7 @@ def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1
     Ls = np.where(H > 1, L, 1.0)
     X = 2 * (H - 1) / H * S
     net = np.where(H > 1, share * 2 * (H - 1) * a_net
-                   + np.maximum(link_time(X, eta, Ls, idle), share * X / B_net), 0.0)
+                   + net_bytes_time(X, eta, Ls, B_net, share, idle), 0.0)
     return _combine(host, net, p)
 
 
@@ -129,7 +135,7 @@ def smddp_netonly_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf,
     N = H * R
     host = smddp_host(S, R, a_host, B_mem, share)
     X = 2 * R * (H - 1) / H * S
-    net = 2 * (N - 1) * a_net * share + max(X / (eta * L), share * X / B_net) if N > 1 else 0.0
+    net = 2 * (N - 1) * a_net * share + net_bytes_time(X, eta, L, B_net, share) if N > 1 else 0.0
     return _combine(host, net, p)
 
 
@@ -137,7 +143,7 @@ def smddp_servers_time(S, H, R, L, k, a_host, B_mem, a_net, eta, p, B_net=math.i
     """smddp's host partials pushed to / pulled from k extra server hosts."""
     host = smddp_host(S, R, a_host, B_mem, share)
     X = max(S, H * S / k)
-    net = 2 * a_net * share + max(X / (eta * L), share * X / B_net) if H > 1 else 0.0
+    net = 2 * a_net * share + net_bytes_time(X, eta, L, B_net, share) if H > 1 else 0.0
     return _combine(host, net, p)
 
 
