@@ -112,16 +112,19 @@ def main(argv=None) -> int:
         return 0
     results = []
     for w in args.world:
-        part = tempfile.mktemp(prefix="smddp-mpich-", suffix=".json")
+        partdir = tempfile.mkdtemp(prefix="smddp-mpich-")  # this user's alone
+        part = os.path.join(partdir, "result.json")
         cmd = [mpiexec(), "-n", str(w), sys.executable, os.path.abspath(__file__), "--worker",
                "--out", part, "--rounds", str(args.rounds), "--block-s", str(args.block_s),
                "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
                "--warmup", str(args.warmup),
                "--sizes", *map(str, args.sizes)]
-        subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        with open(part) as f:
-            d = json.load(f)
-        os.unlink(part)
+        try:
+            subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            with open(part) as f:
+                d = json.load(f)
+        finally:
+            shutil.rmtree(partdir, ignore_errors=True)
         results.append(d)
         print(f"world {w} ({d['mpi'].splitlines()[0]}):")
         for r in d["rows"]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -163,7 +164,10 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        out = tempfile.mktemp(prefix="smddp-bench-", suffix=".json")
+        # In a directory of its own (mkdtemp: only this user can enter it),
+        # so no other process can put a file at that name first.
+        outdir = tempfile.mkdtemp(prefix="smddp-bench-")
+        out = os.path.join(outdir, "result.json")
         procs, errs = [], []
         for r in range(world):
             rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -193,6 +197,11 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
             err.close()
         for text in texts:
             sys.stderr.write(text)
+        data = None
+        if os.path.exists(out) and not timed_out and not any(p.returncode for p in procs):
+            with open(out) as f:
+                data = json.load(f)
+        shutil.rmtree(outdir, ignore_errors=True)
         if timed_out:
             raise SystemExit(f"{what} exceeded {timeout} s")
         if any(p.returncode for p in procs):
@@ -201,9 +210,8 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
                       file=sys.stderr)
                 continue
             raise SystemExit(f"{what} failed: exit codes {[p.returncode for p in procs]}")
-        with open(out) as f:
-            data = json.load(f)
-        os.unlink(out)
+        if data is None:
+            raise SystemExit(f"{what}: rank 0 wrote no results")
         return data
     raise AssertionError("unreachable")
 
