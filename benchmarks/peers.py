@@ -41,14 +41,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 # Appended, not prepended: a torch_smddp on PYTHONPATH (another build, to
 # compare) wins over this checkout's.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from torch_smddp.bench import add_common_args, fmt_size, launch_ranks, resolve_sizes  # noqa: E402
+from torch_smddp.bench import (  # noqa: E402
+    add_common_args, fmt_size, launch_ranks, resolve_sizes, result_path)
 
 # smddp: dist.all_reduce on the smddp group; smddp_direct: the same engine
 # call through torch_smddp.all_reduce_, without c10d (as DeepSpeed's op).
@@ -204,17 +204,15 @@ def run_pairs(args) -> list[dict]:
     pairs = []
     mpi_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers_mpi.py")
     for i in range(args.pairs):
-        fd, out = tempfile.mkstemp(prefix="smddp-peers-mpich-", suffix=".json")
-        os.close(fd)
-        cmd = [sys.executable, mpi_script, "--world", *map(str, args.world),
-               *_timing_args(args), "--out", out]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        if p.returncode != 0:
-            raise SystemExit(f"peers.py --pairs: MPICH's job failed (peers_mpi.py needs mpi4py "
-                             f"and mpich in this venv):\n{p.stderr[-2000:]}")
-        data = [run_world(w, args) for w in args.world]
-        merge_mpi(data, out)
-        os.unlink(out)
+        with result_path("smddp-peers-mpich-") as out:
+            cmd = [sys.executable, mpi_script, "--world", *map(str, args.world),
+                   *_timing_args(args), "--out", out]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            if p.returncode != 0:
+                raise SystemExit(f"peers.py --pairs: MPICH's job failed (peers_mpi.py needs "
+                                 f"mpi4py and mpich in this venv):\n{p.stderr[-2000:]}")
+            data = [run_world(w, args) for w in args.world]
+            merge_mpi(data, out)
         pairs.append(data)
         print(f"pair {i + 1} of {args.pairs} done", flush=True)
     merged = json.loads(json.dumps(pairs[0]))

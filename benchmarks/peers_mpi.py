@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 
@@ -34,10 +33,10 @@ def _bench_helpers():
     spec = importlib.util.spec_from_file_location("smddp_bench_helpers", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.fmt_size, mod.parse_size, mod.sizes_between
+    return mod.fmt_size, mod.parse_size, mod.sizes_between, mod.result_path
 
 
-fmt_size, parse_size, sizes_between = _bench_helpers()
+fmt_size, parse_size, sizes_between, result_path = _bench_helpers()
 
 
 def worker(args) -> None:
@@ -112,19 +111,15 @@ def main(argv=None) -> int:
         return 0
     results = []
     for w in args.world:
-        partdir = tempfile.mkdtemp(prefix="smddp-mpich-")  # this user's alone
-        part = os.path.join(partdir, "result.json")
-        cmd = [mpiexec(), "-n", str(w), sys.executable, os.path.abspath(__file__), "--worker",
-               "--out", part, "--rounds", str(args.rounds), "--block-s", str(args.block_s),
-               "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
-               "--warmup", str(args.warmup),
-               "--sizes", *map(str, args.sizes)]
-        try:
+        with result_path("smddp-mpich-") as part:
+            cmd = [mpiexec(), "-n", str(w), sys.executable, os.path.abspath(__file__),
+                   "--worker", "--out", part, "--rounds", str(args.rounds),
+                   "--block-s", str(args.block_s), "--min-iters", str(args.min_iters),
+                   "--max-iters", str(args.max_iters), "--warmup", str(args.warmup),
+                   "--sizes", *map(str, args.sizes)]
             subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
             with open(part) as f:
                 d = json.load(f)
-        finally:
-            shutil.rmtree(partdir, ignore_errors=True)
         results.append(d)
         print(f"world {w} ({d['mpi'].splitlines()[0]}):")
         for r in d["rows"]:

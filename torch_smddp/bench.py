@@ -31,6 +31,7 @@ element.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -151,6 +152,19 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def result_path(prefix: str):
+    """A path for the JSON results a child process writes, in a directory
+    of its own (mkdtemp: only this user can enter it, so nobody else can
+    put a file at that name first); the directory goes on exit, whatever
+    happened. Shared by launch_ranks and benchmarks/peers*.py."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield os.path.join(d, "result.json")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
                  env: dict | None = None, attempts: int = 3) -> dict:
     """Runs `cmd --out FILE` as `world` local ranks on a free port and returns
@@ -164,44 +178,40 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        # In a directory of its own (mkdtemp: only this user can enter it),
-        # so no other process can put a file at that name first.
-        outdir = tempfile.mkdtemp(prefix="smddp-bench-")
-        out = os.path.join(outdir, "result.json")
-        procs, errs = [], []
-        for r in range(world):
-            rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                            RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                            LOCAL_SIZE=str(world), OMP_NUM_THREADS="1", **(env or {}))
-            err = tempfile.TemporaryFile()
-            errs.append(err)
-            procs.append(subprocess.Popen([*cmd, "--out", out], env=rank_env, stderr=err,
-                                          start_new_session=True))
-        deadline = time.time() + timeout
-        timed_out = False
-        while any(p.poll() is None for p in procs):
-            if any(p.returncode for p in procs if p.poll() is not None):
-                break  # one rank failed: the others would wait for it
-            if time.time() > deadline:
-                timed_out = True
-                break
-            time.sleep(0.05)
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        texts = []
-        for err in errs:
-            err.seek(0)
-            texts.append(err.read().decode(errors="replace"))
-            err.close()
-        for text in texts:
-            sys.stderr.write(text)
-        data = None
-        if os.path.exists(out) and not timed_out and not any(p.returncode for p in procs):
-            with open(out) as f:
-                data = json.load(f)
-        shutil.rmtree(outdir, ignore_errors=True)
+        with result_path("smddp-bench-") as out:
+            procs, errs = [], []
+            for r in range(world):
+                rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                                LOCAL_SIZE=str(world), OMP_NUM_THREADS="1", **(env or {}))
+                err = tempfile.TemporaryFile()
+                errs.append(err)
+                procs.append(subprocess.Popen([*cmd, "--out", out], env=rank_env, stderr=err,
+                                              start_new_session=True))
+            deadline = time.time() + timeout
+            timed_out = False
+            while any(p.poll() is None for p in procs):
+                if any(p.returncode for p in procs if p.poll() is not None):
+                    break  # one rank failed: the others would wait for it
+                if time.time() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.05)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            texts = []
+            for err in errs:
+                err.seek(0)
+                texts.append(err.read().decode(errors="replace"))
+                err.close()
+            for text in texts:
+                sys.stderr.write(text)
+            data = None
+            if os.path.exists(out) and not timed_out and not any(p.returncode for p in procs):
+                with open(out) as f:
+                    data = json.load(f)
         if timed_out:
             raise SystemExit(f"{what} exceeded {timeout} s")
         if any(p.returncode for p in procs):

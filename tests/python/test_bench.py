@@ -127,6 +127,24 @@ def test_launch_ranks_restarts_on_a_taken_port_and_stops_the_others(tmp_path):
     assert time.monotonic() - t0 < 50  # not the sleeping rank's 60 s
 
 
+def test_result_path_is_private_and_goes_whatever_happens():
+    # A directory only this user can enter; removed after a normal exit
+    # and after an exception alike.
+    with bench.result_path("smddp-test-") as p:
+        d = os.path.dirname(p)
+        assert not os.path.exists(p)
+        assert os.stat(d).st_mode & 0o777 == 0o700
+        with open(p, "w") as f:
+            f.write("{}")
+    assert not os.path.exists(d)
+    with pytest.raises(RuntimeError):
+        with bench.result_path("smddp-test-") as p:
+            d = os.path.dirname(p)
+            open(p, "w").close()
+            raise RuntimeError("a job failed")
+    assert not os.path.exists(d)
+
+
 def test_launch_ranks_reports_other_failures_without_retrying(tmp_path):
     cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
     with pytest.raises(SystemExit, match=r"failed: exit codes \[3, 3\]"):
