@@ -55,14 +55,13 @@ class FusionBufferScheduler::CrossHost {
     // With K standalone servers the chunk is cut into H + K pieces; pieces
     // H.. (SMDDP_SERVER_SHARE of the chunk) go to the standalone servers,
     // which combine them in host order too (docs/design.md, "Standalone
-    // reduction servers"); their results are pulled when the step is done.
+    // reduction servers"); poll() reads their results into place.
     std::vector<Range> piece(H_ + K_);
     for (int i = 0; i < H_ + K_; ++i) piece[i] = crossHostPiece(len, H_, K_, i, k, share_);
-    st.servers.assign(K_, ServerFrame{});
-    st.serverPieces.assign(piece.begin() + H_, piece.end());
+    st.tickets.assign(K_, 0);
     for (int j = 0; j < K_; ++j) {
       const Range& p = piece[H_ + j];
-      ServerFrame& f = st.servers[j];
+      ServerFrame f;
       f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
       f.dtype = static_cast<uint8_t>(acc_);
       f.op = static_cast<uint8_t>(b_.op);
@@ -71,15 +70,9 @@ class FusionBufferScheduler::CrossHost {
       f.step = k;
       f.count = p.count;
       f.payload = p.count * es_;
-      // A server reads every host's step in lockstep, so a push can wait
-      // on another host's progress, which may need this rank's: keep its
-      // network step moving meanwhile (this step's messages are not
-      // posted yet, so only earlier steps' callbacks run).
-      s_.serverLinks_->push(j, f, data + p.offset * es_, deadline(), [this] {
-        std::string why = stopping();
-        if (why.empty()) ex_.poll();
-        return why;
-      });
+      // Queued, not waited for: the socket takes what it can now, and
+      // poll() sends the rest and reads the result back into place.
+      st.tickets[j] = s_.serverLinks_->post(j, f, data + p.offset * es_, data + p.offset * es_);
       s_.comm_.counters().standaloneServerBytes += f.payload;
     }
     const Range mine = piece[myHost_];
@@ -128,23 +121,10 @@ class FusionBufferScheduler::CrossHost {
   bool poll() {
     if (done_ == posted_) return false;
     ex_.poll();
+    if (K_) s_.serverLinks_->progress();
     const uint64_t before = done_;
-    while (done_ < posted_ && steps_[done_ % steps_.size()].left == 0) {
+    while (done_ < posted_ && stepDone(steps_[done_ % steps_.size()])) {
       Step& st = steps_[done_ % steps_.size()];
-      // The standalone servers' results, into place (in step order, as
-      // each server's stream carries them).
-      for (int j = 0; j < K_; ++j) {
-        s_.serverLinks_->pull(j, st.servers[j], st.data + st.serverPieces[j].offset * es_,
-                              deadline(), [this]() -> std::string {
-                                std::string why = stopping();
-                                if (why.empty()) {
-                                  s_.comm_.peers().checkAlive(
-                                      "allreduce (seq " + std::to_string(b_.firstSeq) + ")");
-                                  ex_.poll();  // later steps' messages, as in post()
-                                }
-                                return why;
-                              });
-      }
       if (K_) s_.comm_.counters().standaloneServerSteps++;
       if (wide_) narrowFromFloat(st.data, reinterpret_cast<const float*>(st.data), st.len, b_.dtype);
       ++done_;
@@ -153,7 +133,21 @@ class FusionBufferScheduler::CrossHost {
   }
   uint64_t done() const { return done_; }
   bool inFlight() const { return done_ < posted_; }
-  std::string waitingOn() const { return ex_.waitingOn() + " (across hosts)"; }
+  std::string waitingOn() const {
+    std::string servers = K_ ? s_.serverLinks_->waitingOn() : std::string();
+    return ex_.waitingOn() + " (across hosts)" + (servers.empty() ? "" : "; " + servers);
+  }
+
+  // A batch that unwinds with steps in flight leaves results on their way
+  // from the standalone servers into its slots: the links drop them and
+  // refuse later batches (ServerLinks::abandon).
+  ~CrossHost() {
+    if (K_ && done_ < posted_) {
+      s_.serverLinks_->abandon("the allreduce of seq " + std::to_string(b_.firstSeq) + " failed");
+    }
+  }
+  CrossHost(const CrossHost&) = delete;
+  CrossHost& operator=(const CrossHost&) = delete;
 
  private:
   struct Step {
@@ -161,9 +155,15 @@ class FusionBufferScheduler::CrossHost {
     uint64_t len = 0;
     int partialsLeft = 0;
     int left = 0;  // messages of this step not yet complete
-    std::vector<ServerFrame> servers;  // what went to each standalone server
-    std::vector<Range> serverPieces;
+    std::vector<uint64_t> tickets;  // each standalone server's post (ServerLinks::post)
   };
+  bool stepDone(const Step& st) const {
+    if (st.left) return false;
+    for (int j = 0; j < K_; ++j) {
+      if (!s_.serverLinks_->received(j, st.tickets[j])) return false;
+    }
+    return true;
+  }
   int peerOf(int h) const { return s_.topo_.ranksOfHost[h][local_]; }
   std::chrono::steady_clock::time_point deadline() const {
     return std::chrono::steady_clock::now() + s_.comm_.timeout();

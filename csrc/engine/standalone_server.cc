@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <tuple>
 
 #include "common/error.h"
@@ -227,116 +228,191 @@ void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
   auto name = [&](int h) {
     return "host " + std::to_string(h) + " (rank " + std::to_string(stream->ranks[h]) + ")";
   };
-  // Tells every host why this stream ends, then closes it.
+  // One event loop over the stream's H connections: it reads every host's
+  // frames as they come, combines a step once every host's piece of it is
+  // in, and sends results while it reads on. Nothing blocks on one host:
+  // a worker that is busy sending step k+1 is not made to wait for this
+  // server to finish sending it step k, and the next step is read while a
+  // result is still on its way out.
+  constexpr uint64_t kHeader = sizeof(ServerFrame);
+  constexpr uint64_t kReadAhead = 64ull << 20;  // bytes of complete frames per host before it waits
+  struct Frame {
+    ServerFrame header;
+    std::vector<uint8_t> payload;
+  };
+  struct Host {
+    Frame reading;
+    uint64_t got = 0;  // of the frame being read: header + payload
+    std::deque<Frame> ready;
+    uint64_t readyBytes = 0;
+    struct Out {
+      std::shared_ptr<std::vector<uint8_t>> bytes;  // a result: header + payload
+      uint64_t sent = 0;
+    };
+    std::deque<Out> out;
+    bool bye = false;  // read its goodbye: nothing follows but the close
+  };
+  std::vector<Host> in(H);
+  std::vector<std::vector<uint8_t>> spare;  // payload buffers to reuse
+  auto buffer = [&spare](uint64_t n) {
+    std::vector<uint8_t> v;
+    if (!spare.empty()) {
+      v = std::move(spare.back());
+      spare.pop_back();
+    }
+    v.resize(n);
+    return v;
+  };
+  auto recycle = [&spare](std::vector<uint8_t>&& v) {
+    if (spare.size() < 64) spare.push_back(std::move(v));
+  };
+  // Tells every host why this stream ends (after the rest of a result
+  // frame already begun), then closes it.
   auto fail = [&](const std::string& why) {
     noteError(who + ": " + why);
     for (int h = 0; h < H; ++h) {
-      writeTextFrame(fds[h], errorFrame(), who + ": " + why, Clock::now() + std::chrono::seconds(1));
+      const auto deadline = Clock::now() + std::chrono::seconds(1);
+      if (!in[h].out.empty() && in[h].out.front().sent) {
+        const auto& o = in[h].out.front();
+        if (!writeAllBefore(fds[h], o.bytes->data() + o.sent, o.bytes->size() - o.sent, deadline)
+                 .empty()) {
+          continue;
+        }
+      }
+      writeTextFrame(fds[h], errorFrame(), who + ": " + why, deadline);
     }
   };
-  struct Incoming {
-    ServerFrame header;
-    size_t headerGot = 0;
-    std::vector<uint8_t> payload;
-    size_t payloadGot = 0;
-    bool done = false;
-  };
-  std::vector<Incoming> in(H);
-  std::vector<uint8_t> result;
   std::vector<const void*> inputs(H);
   std::vector<pollfd> polls(H);
   std::string failure;
-  while (failure.empty() && !stop_.load()) {
-    // 1. One frame from every host, in whatever order they arrive.
-    for (auto& x : in) {
-      x.headerGot = 0;
-      x.payloadGot = 0;
-      x.done = false;
-    }
-    int done = 0;
-    while (done < H && failure.empty() && !stop_.load()) {
-      for (int h = 0; h < H; ++h) polls[h] = {in[h].done ? -1 : fds[h], POLLIN, 0};
-      if (poll(polls.data(), H, 100) <= 0) continue;
-      for (int h = 0; h < H && failure.empty(); ++h) {
-        if (in[h].done || !(polls[h].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        Incoming& x = in[h];
-        uint8_t* dst;
-        size_t want;
-        if (x.headerGot < sizeof(ServerFrame)) {
-          dst = reinterpret_cast<uint8_t*>(&x.header) + x.headerGot;
-          want = sizeof(ServerFrame) - x.headerGot;
-        } else {
-          dst = x.payload.data() + x.payloadGot;
-          want = x.payload.size() - x.payloadGot;
-        }
-        ssize_t k = want ? ::recv(fds[h], dst, want, 0) : 0;
-        if (want && k == 0) {
+  bool finished = false;
+  // Reads what host h's socket holds, up to the read-ahead bound.
+  auto readFrom = [&](int h) {
+    Host& x = in[h];
+    while (failure.empty() && !x.bye && (x.ready.empty() || x.readyBytes < kReadAhead)) {
+      uint8_t* dst;
+      uint64_t want;
+      if (x.got < kHeader) {
+        dst = reinterpret_cast<uint8_t*>(&x.reading.header) + x.got;
+        want = kHeader - x.got;
+      } else {
+        dst = x.reading.payload.data() + (x.got - kHeader);
+        want = x.reading.payload.size() - (x.got - kHeader);
+      }
+      if (want) {
+        const ssize_t k = ::recv(fds[h], dst, want, MSG_DONTWAIT);
+        if (k == 0) {
           failure = name(h) + " closed its connection without a goodbye (the worker died?)";
-          break;
+          return;
         }
         if (k < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return;
           failure = name(h) + "'s connection broke: " + strerror(errno);
-          break;
+          return;
         }
-        if (x.headerGot < sizeof(ServerFrame)) {
-          x.headerGot += static_cast<size_t>(k);
-          if (x.headerGot < sizeof(ServerFrame)) continue;
-          std::string why =
-              validateServerFrame(x.header, {ServerFrameKind::kData, ServerFrameKind::kBye});
-          if (!why.empty()) {
-            failure = "a bad frame from " + name(h) + ": " + why;
-            break;
-          }
-          x.payload.resize(x.header.kind == static_cast<uint8_t>(ServerFrameKind::kData)
-                               ? x.header.payload
-                               : 0);
-        } else {
-          x.payloadGot += static_cast<size_t>(k);
+        x.got += static_cast<uint64_t>(k);
+        if (x.got < kHeader) continue;
+      }
+      if (x.got == kHeader && x.reading.payload.empty()) {
+        std::string why =
+            validateServerFrame(x.reading.header, {ServerFrameKind::kData, ServerFrameKind::kBye});
+        if (!why.empty()) {
+          failure = "a bad frame from " + name(h) + ": " + why;
+          return;
         }
-        if (x.payloadGot == x.payload.size()) {
-          x.done = true;
-          ++done;
+        if (x.reading.header.kind == static_cast<uint8_t>(ServerFrameKind::kData)) {
+          x.reading.payload = buffer(x.reading.header.payload);
         }
       }
+      if (x.got == kHeader + x.reading.payload.size()) {
+        x.readyBytes += x.reading.payload.size();
+        x.bye = x.reading.header.kind == static_cast<uint8_t>(ServerFrameKind::kBye);
+        x.ready.push_back(std::move(x.reading));
+        x.reading = Frame{};
+        x.got = 0;
+      }
     }
-    if (!failure.empty() || stop_.load()) break;
-    // 2. Every host said goodbye: the group shut down.
-    int byes = 0;
-    for (auto& x : in) byes += x.header.kind == static_cast<uint8_t>(ServerFrameKind::kBye);
-    if (byes == H) break;
-    if (byes) {
-      failure = "some hosts left while others still sent data";
-      break;
+  };
+  auto sendTo = [&](int h) {
+    Host& x = in[h];
+    while (failure.empty() && !x.out.empty()) {
+      Host::Out& o = x.out.front();
+      const ssize_t k = ::send(fds[h], o.bytes->data() + o.sent, o.bytes->size() - o.sent,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        failure = "cannot send to " + name(h) + ": " + strerror(errno);
+        return;
+      }
+      o.sent += static_cast<uint64_t>(k);
+      if (o.sent < o.bytes->size()) return;
+      if (o.bytes.use_count() == 1) recycle(std::move(*o.bytes));
+      x.out.pop_front();
     }
-    // 3. Every host must send the same piece of the same call.
-    for (int h = 1; h < H && failure.empty(); ++h) {
-      std::string diff = samePiece(in[0].header, in[h].header);
-      if (!diff.empty()) failure = name(0) + " and " + name(h) + " sent different pieces: " + diff;
+  };
+  // Combines every step whose pieces are all in.
+  auto combine = [&] {
+    while (failure.empty()) {
+      for (int h = 0; h < H; ++h) {
+        if (in[h].ready.empty()) return;
+      }
+      // Every host said goodbye: the group shut down.
+      int byes = 0;
+      for (auto& x : in) byes += x.ready.front().header.kind == static_cast<uint8_t>(ServerFrameKind::kBye);
+      if (byes == H) {
+        finished = true;
+        return;
+      }
+      if (byes) {
+        failure = "some hosts left while others still sent data";
+        return;
+      }
+      // Every host must send the same piece of the same call.
+      for (int h = 1; h < H && failure.empty(); ++h) {
+        std::string diff = samePiece(in[0].ready.front().header, in[h].ready.front().header);
+        if (!diff.empty()) failure = name(0) + " and " + name(h) + " sent different pieces: " + diff;
+      }
+      if (!failure.empty()) return;
+      // Combine in host order (bitwise the workers' own servers' result).
+      const ServerFrame f = in[0].ready.front().header;
+      auto result = std::make_shared<std::vector<uint8_t>>(buffer(kHeader + f.payload));
+      ServerFrame out = f;
+      out.kind = static_cast<uint8_t>(ServerFrameKind::kResult);
+      std::memcpy(result->data(), &out, kHeader);
+      if (f.count) {
+        for (int h = 0; h < H; ++h) inputs[h] = in[h].ready.front().payload.data();
+        reduceOrdered(result->data() + kHeader, inputs.data(), H, f.count,
+                      static_cast<DataType>(f.dtype), static_cast<ReduceOp>(f.op),
+                      static_cast<double>(f.divisor));
+      }
+      pieces_++;
+      bytes_ += f.payload * H;
+      for (int h = 0; h < H; ++h) {
+        Host& x = in[h];
+        x.readyBytes -= x.ready.front().payload.size();
+        recycle(std::move(x.ready.front().payload));
+        x.ready.pop_front();
+        x.out.push_back({result, 0});
+        sendTo(h);
+      }
     }
-    if (!failure.empty()) break;
-    // 4. Combine in host order (bitwise the workers' own servers' result).
-    const ServerFrame& f = in[0].header;
-    result.resize(f.payload);
-    if (f.count) {
-      for (int h = 0; h < H; ++h) inputs[h] = in[h].payload.data();
-      reduceOrdered(result.data(), inputs.data(), H, f.count, static_cast<DataType>(f.dtype),
-                    static_cast<ReduceOp>(f.op), static_cast<double>(f.divisor));
+  };
+  while (failure.empty() && !finished && !stop_.load()) {
+    for (int h = 0; h < H; ++h) {
+      const Host& x = in[h];
+      const bool reading = !x.bye && (x.ready.empty() || x.readyBytes < kReadAhead);
+      const short events = static_cast<short>((reading ? POLLIN : 0) | (x.out.empty() ? 0 : POLLOUT));
+      // No events, no fd: a closed socket would report POLLHUP at once.
+      polls[h] = {events ? fds[h] : -1, events, 0};
     }
-    pieces_++;
-    bytes_ += f.payload * H;
-    // 5. The result back to every host.
-    ServerFrame out = f;
-    out.kind = static_cast<uint8_t>(ServerFrameKind::kResult);
+    if (poll(polls.data(), H, 100) <= 0) continue;
     for (int h = 0; h < H && failure.empty(); ++h) {
-      auto stopping = [this]() -> std::string { return stop_.load() ? "stopped" : ""; };
-      const auto deadline = Clock::now() + std::chrono::minutes(30);
-      std::string why = writeAllBefore(fds[h], &out, sizeof(out), deadline, stopping);
-      if (why.empty() && f.payload) {
-        why = writeAllBefore(fds[h], result.data(), result.size(), deadline, stopping);
-      }
-      if (!why.empty() && why != "stopped") failure = "cannot send to " + name(h) + ": " + why;
+      if (polls[h].revents & POLLOUT) sendTo(h);
+      if (polls[h].revents & (POLLIN | POLLHUP | POLLERR)) readFrom(h);
     }
+    combine();
   }
   if (!failure.empty()) fail(failure);
   std::lock_guard<std::mutex> g(mu_);

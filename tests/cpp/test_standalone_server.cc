@@ -197,9 +197,8 @@ TEST_CASE("a standalone server sums every host's piece in host order", "[server]
               f.seq = 5;
               f.step = i * 10 + k;
               const auto deadline = Clock::now() + std::chrono::seconds(20);
-              links->push(k, f, v.data(), deadline, nullptr);
               std::vector<float> out(counts[i], -1.0f);
-              links->pull(k, f, out.data(), deadline, nullptr);
+              links->wait(k, links->post(k, f, v.data(), out.data()), deadline, nullptr);
               results[h].push_back(out);
             }
           }
@@ -270,12 +269,12 @@ TEST_CASE("a standalone server refuses garbage and foreign jobs with a clear err
     // server's error frame), then garbage from the other.
     ServerFrame f = dataFrame(4);
     float v[4] = {1, 2, 3, 4};
-    good->push(0, f, v, Clock::now() + std::chrono::seconds(10), nullptr);
+    const uint64_t ticket = good->post(0, f, v, v);
     ServerFrame bad = dataFrame(4);
     bad.dtype = 77;
     REQUIRE(send(fd, &bad, sizeof(bad), 0) == sizeof(bad));
     try {
-      good->pull(0, f, v, Clock::now() + std::chrono::seconds(10), nullptr);
+      good->wait(0, ticket, Clock::now() + std::chrono::seconds(10), nullptr);
       FAIL("pulled a result");
     } catch (const Error& e) {
       CHECK_THAT(e.what(), Catch::Contains("dtype 77") && Catch::Contains("host 1"));
@@ -291,8 +290,7 @@ TEST_CASE("a standalone server refuses garbage and foreign jobs with a clear err
       ServerFrame f = dataFrame(3);
       float v[3] = {1.0f + h, 2.0f, 3.0f};
       out[h].assign(3, 0);
-      l->push(0, f, v, Clock::now() + std::chrono::seconds(10), nullptr);
-      l->pull(0, f, out[h].data(), Clock::now() + std::chrono::seconds(10), nullptr);
+      l->wait(0, l->post(0, f, v, out[h].data()), Clock::now() + std::chrono::seconds(10), nullptr);
     });
   }
   for (auto& t : hosts) t.join();
@@ -308,11 +306,11 @@ TEST_CASE("a server that goes away fails every pull at once, naming it", "[serve
   ServerFrame f = dataFrame(16);
   std::vector<float> v(16, 1.0f);
   // Host 0 pushes; host 1 never does, so the server waits; then it stops.
-  a->push(0, f, v.data(), Clock::now() + std::chrono::seconds(10), nullptr);
+  const uint64_t ticket = a->post(0, f, v.data(), v.data());
   auto pulled = std::async(std::launch::async, [&] {
     const auto t0 = Clock::now();
     try {
-      a->pull(0, f, v.data(), Clock::now() + std::chrono::seconds(30), nullptr);
+      a->wait(0, ticket, Clock::now() + std::chrono::seconds(30), nullptr);
       return std::string("pulled a result");
     } catch (const Error& e) {
       CHECK(Clock::now() - t0 < std::chrono::seconds(5));
@@ -337,13 +335,75 @@ TEST_CASE("a pull waits no longer than its deadline", "[server]") {
   auto b = link(loopback(server), 2, 1);
   ServerFrame f = dataFrame(4);
   float v[4] = {0, 0, 0, 0};
-  a->push(0, f, v, Clock::now() + std::chrono::seconds(10), nullptr);
+  const uint64_t ticket = a->post(0, f, v, v);
   const auto t0 = Clock::now();
-  CHECK_THROWS_WITH(a->pull(0, f, v, Clock::now() + std::chrono::milliseconds(300), nullptr),
-                    Catch::Contains("timed out"));
+  CHECK_THROWS_WITH(a->wait(0, ticket, Clock::now() + std::chrono::milliseconds(300), nullptr),
+                    Catch::Contains("timed out") && Catch::Contains("step 0"));
   CHECK(Clock::now() - t0 < std::chrono::seconds(3));
   // and a stop check ends it early with its own text
-  CHECK_THROWS_WITH(a->pull(0, f, v, Clock::now() + std::chrono::seconds(30),
+  CHECK_THROWS_WITH(a->wait(0, ticket, Clock::now() + std::chrono::seconds(30),
                             [] { return std::string("shut down"); }),
                     Catch::Contains("shut down"));
+}
+
+TEST_CASE("a worker posts far more than the sockets hold before it reads a result", "[server]") {
+  // 32 steps of 2 MiB per host and server, all posted before the first
+  // result is read: 64 MiB each way per connection, many times what the
+  // kernel buffers on loopback. A post that blocked until the server read
+  // it (while the server blocks sending this worker results it does not
+  // read yet) would deadlock here; the wait's deadline turns that into a
+  // failure. Oracle: every element's pieces summed in host order, in float.
+  StandaloneServer server({"127.0.0.1", 0, 2, ""});
+  const auto servers = loopback(server);
+  constexpr int H = 3;
+  constexpr int kSteps = 32;
+  constexpr uint64_t kCount = 512 * 1024;
+  auto value = [](int h, int step, uint64_t e) {
+    return (h == 0 ? 1e8f : (h == 1 ? -1e8f : 1.0f)) + static_cast<float>(e % 5) * 0.25f +
+           static_cast<float>(step);
+  };
+  std::vector<std::string> errors(H);
+  std::vector<int> wrong(H, 0);
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < H; ++h) {
+    hosts.emplace_back([&, h] {
+      try {
+        auto links = link(servers, H, h, "", 99);
+        std::vector<std::vector<float>> data(kSteps * links->count());
+        std::vector<std::pair<int, uint64_t>> tickets;
+        for (int step = 0; step < kSteps; ++step) {
+          for (int k = 0; k < links->count(); ++k) {
+            auto& v = data[step * links->count() + k];
+            v.resize(kCount);
+            for (uint64_t e = 0; e < kCount; ++e) v[e] = value(h, step, e);
+            ServerFrame f = dataFrame(kCount);
+            f.seq = 11;
+            f.step = static_cast<uint64_t>(step);
+            // The result lands where the piece came from, as in the engine.
+            tickets.emplace_back(k, links->post(k, f, v.data(), v.data()));
+          }
+        }
+        const auto deadline = Clock::now() + std::chrono::seconds(120);
+        for (auto [k, t] : tickets) links->wait(k, t, deadline, nullptr);
+        for (int step = 0; step < kSteps; ++step) {
+          for (int k = 0; k < links->count(); ++k) {
+            const auto& v = data[step * links->count() + k];
+            for (uint64_t e = 0; e < kCount; ++e) {
+              float sum = value(0, step, e);
+              for (int g = 1; g < H; ++g) sum += value(g, step, e);
+              if (std::memcmp(&v[e], &sum, sizeof(float)) != 0) ++wrong[h];
+            }
+          }
+        }
+      } catch (const std::exception& e) {
+        errors[h] = e.what();
+      }
+    });
+  }
+  for (auto& t : hosts) t.join();
+  for (int h = 0; h < H; ++h) {
+    CHECK(errors[h] == "");
+    CHECK(wrong[h] == 0);
+  }
+  CHECK(server.piecesReduced() == 2 * kSteps);
 }

@@ -12,6 +12,9 @@ It only observes and writes ``<mode>.<rank>.json``; the test asserts.
 * ``loop``: 4 MiB all_reduces back to back until one raises or LOOP_S pass
   (the test kills the server meanwhile); writes what raised and when.
 * ``init``: only joins the group; writes the error it raised, if any.
+* ``big``: three 64 MiB all_reduces (closed form, exact), run with large
+  shared-memory steps so that the steps in flight to a server hold far
+  more than its sockets do; writes what each returned and stats().
 """
 
 import datetime
@@ -113,6 +116,20 @@ def main():
                "path": torch_smddp.stats()["allreduce_path"]}
         if mode == "check":
             res.update(check(torch, dist, torch_smddp, rank, world, nproc))
+        elif mode == "big":
+            n = 16 << 20
+            base = torch.arange(n, dtype=torch.int64) % 7 + 1
+            s = world * (world + 1) // 2
+            res["bad"], res["seconds"] = [], []
+            for i in range(3):
+                t = (base * (rank + 1)).to(torch.float32)
+                t0 = time.monotonic()
+                dist.all_reduce(t)
+                res["seconds"].append(time.monotonic() - t0)
+                if not torch.equal(t, (base * s).to(torch.float32)):
+                    res["bad"].append(i)
+            res["stats"] = {k: v for k, v in torch_smddp.stats().items()
+                            if isinstance(v, (int, str))}
         elif mode == "loop":
             big = torch.ones(1 << 20)
             dist.all_reduce(big)

@@ -201,6 +201,27 @@ def test_servers_found_in_the_jobs_store(procs, tmp_path):
     _check_results(got, None)
 
 
+def test_steps_in_flight_outgrow_the_sockets_without_a_deadlock(procs, tmp_path):
+    # 4 MiB shared-memory steps, 16 in flight, 90 % of each to the server:
+    # about 58 MiB posted to it per host before the first result can come
+    # back. A worker that blocked in its send while the server blocked
+    # sending it an earlier result would deadlock here (then time out).
+    _, hosts = _start_server(procs, ["--bind", "127.0.0.1"])
+    _local_world(procs, 2, "big", tmp_path,
+                 {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_SHARE": 90,
+                  "SMDDP_SHM_SLOT_BYTES": 4 << 20, "SMDDP_SHM_DEPTH": 16,
+                  "SERVER_TEST_TIMEOUT_S": 60})
+    got = _wait_results(tmp_path, ["big.0.json", "big.1.json"], 240)
+    for res in got.values():
+        assert "crashed" not in res and "init_error" not in res, res
+        assert res["path"] == "shared-memory", res
+        assert res["bad"] == [], res
+        st = res["stats"]
+        # 3 calls x 16 steps, each through the server; 90 % of 64 MiB each
+        assert st["standalone_server_steps"] == 48, st
+        assert st["standalone_server_bytes"] >= 3 * 0.89 * (64 << 20), st
+
+
 def test_a_killed_server_fails_every_worker_naming_it(procs, tmp_path):
     server, hosts = _start_server(procs, ["--bind", "127.0.0.1"])
     _local_world(procs, 2, "loop", tmp_path, {"SMDDP_SERVER_HOSTS": hosts}, args=["60"])
