@@ -3,6 +3,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_errno.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -42,9 +43,23 @@ FiInfoPtr makeHints(const std::string& provider) {
   return hints;
 }
 
+// rxm over tcp, as libfabric 1.17 ships it, sends a message above 16 KiB
+// in segments through bounce buffers (SAR) or by rendezvous, and copies
+// even eager ones into a bounce buffer first. A cross-host step's piece is
+// 64-128 KiB (a 256 KiB slot over 2-4 hosts): sent eager, from the
+// caller's buffer, a 4 x 2 cluster at 2 Gbit/s moves 64 MiB at 85-90% of
+// the link bound instead of 70-85% (benchmarks/RESULTS.md, "rxm's eager
+// limit"). Defaults only: a value the user set wins. rxm reads them when
+// it first sets up, so this runs before the first fi_getinfo for it.
+void tuneRxmOverTcp() {
+  setenv("FI_OFI_RXM_EAGER_LIMIT", "262144", 0);
+  setenv("FI_OFI_RXM_ENABLE_DIRECT_SEND", "1", 0);
+}
+
 // getinfo, keeping only entries whose provider name matches exactly (the
 // "tcp" request must not silently come back as "tcp;ofi_rxm" or vice versa).
 FiInfoPtr getInfo(const std::string& provider) {
+  if (provider == "tcp;ofi_rxm") tuneRxmOverTcp();
   FiInfoPtr hints = makeHints(provider);
   fi_info* raw = nullptr;
   int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);

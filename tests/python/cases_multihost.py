@@ -11,6 +11,16 @@ from cases_call_order import half_sums, overlapping_calls
 from cases_collectives import collectives_vs_gloo
 
 
+def _process_env(*names):
+    """The C library's view of the environment (os.environ is a copy taken
+    at startup: it does not see what the backend set since)."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    return {n: (v.decode() if (v := libc.getenv(n.encode())) is not None else None)
+            for n in names}
+
+
 def provider_and_collectives(rank, world):
     backend = torch_smddp._backend_of()
     # Closed form first: sum of (rank + 1) * i over ranks.
@@ -27,6 +37,7 @@ def provider_and_collectives(rank, world):
         collective_oracle.HOST_GROUPS = list(groups.values())
     res = collectives_vs_gloo(rank, world, quick=True)
     return {"provider": backend.provider, "closed_form_ok": closed_form_ok,
+            "rxm_env": _process_env("FI_OFI_RXM_EAGER_LIMIT", "FI_OFI_RXM_ENABLE_DIRECT_SEND"),
             "allreduce_path": torch_smddp.stats()["allreduce_path"],
             "call_order_bad": overlapping_calls(rank, world),
             "half": half_sums(rank, world, list(groups.values())), **res}

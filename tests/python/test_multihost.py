@@ -13,10 +13,16 @@ pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
                                 reason="SMDDP_HOST_ID is an smddp feature")
 
 
-def _network_path_matches_gloo(world, host_of):
+# What smddp sets for rxm over tcp unless the user did (transport/fabric.cc).
+RXM_DEFAULTS = {"FI_OFI_RXM_EAGER_LIMIT": "262144", "FI_OFI_RXM_ENABLE_DIRECT_SEND": "1"}
+NO_RXM_ENV = dict.fromkeys(RXM_DEFAULTS)  # run_world drops None-valued variables
+
+
+def _network_path_matches_gloo(world, host_of, env=None, rxm_env=RXM_DEFAULTS):
     results = run_world(world, "cases_multihost:provider_and_collectives", timeout=240,
-                        env={"SMDDP_HOST_ID": host_of})
+                        env={"SMDDP_HOST_ID": host_of, **NO_RXM_ENV, **(env or {})})
     for rank, res in enumerate(results):
+        assert res["rxm_env"] == rxm_env, (rank, res["rxm_env"])
         assert res["provider"] == "tcp;ofi_rxm", (rank, res["provider"])
         assert res["allreduce_path"] == "tcp;ofi_rxm", (rank, res["allreduce_path"])
         assert res["closed_form_ok"], rank
@@ -28,8 +34,11 @@ def _network_path_matches_gloo(world, host_of):
 
 
 def test_pretend_hosts_use_tcp_and_match_gloo():
-    # hosts of 2 and 1 ranks: uneven, so allreduce takes the network path
-    _network_path_matches_gloo(3, lambda rank: f"host{rank % 2}")
+    # hosts of 2 and 1 ranks: uneven, so allreduce takes the network path;
+    # an rxm setting the user made is kept, the other gets smddp's default
+    _network_path_matches_gloo(3, lambda rank: f"host{rank % 2}",
+                               env={"FI_OFI_RXM_EAGER_LIMIT": "65536"},
+                               rxm_env={**RXM_DEFAULTS, "FI_OFI_RXM_EAGER_LIMIT": "65536"})
 
 
 def test_one_rank_per_host_takes_the_network_path_and_matches_gloo():
@@ -42,9 +51,10 @@ def test_two_pretend_hosts_reduce_hierarchically_and_match_gloo():
     # 2 hosts x 2 ranks: each host reduces through its shared segment, then
     # the hosts' reduction servers combine the partials over tcp;ofi_rxm.
     results = run_world(4, "cases_multihost:provider_and_collectives", timeout=240,
-                        env={"SMDDP_HOST_ID": lambda rank: f"host{rank // 2}"})
+                        env={"SMDDP_HOST_ID": lambda rank: f"host{rank // 2}", **NO_RXM_ENV})
     for rank, res in enumerate(results):
         assert res["provider"] == "tcp;ofi_rxm", (rank, res["provider"])
+        assert res["rxm_env"] == RXM_DEFAULTS, (rank, res["rxm_env"])
         assert res["allreduce_path"] == "shared-memory", (rank, res["allreduce_path"])
         assert res["closed_form_ok"], rank
         assert res["failures"] == [], (rank, res["failures"][:10])
@@ -76,8 +86,11 @@ def test_calls_fuse_across_pretend_hosts_without_deadlock():
 
 
 def test_same_host_uses_shm():
-    results = run_world(2, "cases_multihost:provider_and_collectives", timeout=240)
+    results = run_world(2, "cases_multihost:provider_and_collectives", timeout=240,
+                        env=NO_RXM_ENV)
     assert [r["provider"] for r in results] == ["shm", "shm"]
+    # rxm's tuning is for rxm only
+    assert all(r["rxm_env"] == dict.fromkeys(RXM_DEFAULTS) for r in results), results
     assert [r["allreduce_path"] for r in results] == ["shared-memory"] * 2
     assert all(r["closed_form_ok"] and r["failures"] == [] for r in results)
     for rank, res in enumerate(results):
