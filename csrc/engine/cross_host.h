@@ -165,12 +165,6 @@ class FusionBufferScheduler::CrossHost {
     return true;
   }
   int peerOf(int h) const { return s_.topo_.ranksOfHost[h][local_]; }
-  std::chrono::steady_clock::time_point deadline() const {
-    return std::chrono::steady_clock::now() + s_.comm_.timeout();
-  }
-  std::string stopping() const {
-    return s_.comm_.stopRequested() ? "the process group was shut down" : "";
-  }
 
   FusionBufferScheduler& s_;
   Batch& b_;
