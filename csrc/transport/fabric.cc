@@ -49,8 +49,9 @@ FiInfoPtr makeHints(const std::string& provider) {
 // 64-128 KiB (a 256 KiB slot over 2-4 hosts): sent eager, from the
 // caller's buffer, a 4 x 2 cluster at 2 Gbit/s moves 64 MiB at 85-90% of
 // the link bound instead of 70-85% (benchmarks/RESULTS.md, "rxm's eager
-// limit"). Defaults only: a value the user set wins. rxm reads them when
-// it first sets up, so this runs before the first fi_getinfo for it.
+// limit"). Defaults only: a value the user set wins. rxm reads both when
+// it opens an endpoint (rxm_ep_settings_init; FI_LOG_LEVEL=info prints
+// "Protocol limits: Eager: 262144"), which comes after this.
 void tuneRxmOverTcp() {
   setenv("FI_OFI_RXM_EAGER_LIMIT", "262144", 0);
   setenv("FI_OFI_RXM_ENABLE_DIRECT_SEND", "1", 0);
