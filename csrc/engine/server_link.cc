@@ -3,7 +3,6 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -129,97 +128,74 @@ uint64_t ServerLinks::post(int k, const ServerFrame& f, const void* data, void* 
     throwError(ErrorKind::kPeerLost, "smddp: " + describe(k) + ": " + abandoned_);
   }
   Link& l = links_[k];
-  l.out.push_back({f, static_cast<const uint8_t*>(data), 0});
+  l.out.push(f, data);
   l.expect.push_back({f, static_cast<uint8_t*>(dst)});
   send(k);
   return l.posted++;
 }
 
+namespace {
+
+// What fail() says for a FrameReader/FrameWriter failure.
+std::string connectionLost(const std::string& why) {
+  if (why == "silent") return why;  // fail() spells it out
+  const std::string gone = "closed its connection: the server died or was stopped";
+  return why == "closed" ? gone : gone + " (" + why + ")";
+}
+
+}  // namespace
+
 bool ServerLinks::send(int k) {
   Link& l = links_[k];
-  bool moved = false;
+  const uint64_t before = l.out.bytes();
+  std::string why;
   while (!l.out.empty()) {
-    Link::Out& o = l.out.front();
-    constexpr uint64_t kHeader = sizeof(ServerFrame);
-    iovec iov[2];
-    int n = 0;
-    if (o.sent < kHeader) {
-      iov[n++] = {reinterpret_cast<uint8_t*>(&o.header) + o.sent, kHeader - o.sent};
-      if (o.header.payload) iov[n++] = {const_cast<uint8_t*>(o.data), o.header.payload};
-    } else {
-      iov[n++] = {const_cast<uint8_t*>(o.data) + (o.sent - kHeader),
-                  o.header.payload - (o.sent - kHeader)};
+    const ServerFrame f = l.out.front();
+    const FrameIo io = l.out.write(l.fd, &why);
+    if (io == FrameIo::kFailed) {
+      fail(k, connectionLost(why), "sending step " + std::to_string(f.step) + " of seq " + std::to_string(f.seq));
     }
-    msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = n;
-    const ssize_t got = ::sendmsg(l.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      // ETIMEDOUT: unacknowledged past TCP_USER_TIMEOUT (boundSilence).
-      fail(k, errno == ETIMEDOUT ? "silent" : "closed its connection: the server died or was stopped",
-           "sending step " + std::to_string(o.header.step) + " of seq " + std::to_string(o.header.seq));
-    }
-    moved = moved || got > 0;
-    o.sent += static_cast<uint64_t>(got);
-    if (o.sent < kHeader + o.header.payload) break;  // the socket is full
-    l.out.pop_front();
+    if (io != FrameIo::kDone) break;  // the socket is full
+    l.out.pop();
   }
-  return moved;
+  return l.out.bytes() != before;
 }
 
 bool ServerLinks::receive(int k) {
   Link& l = links_[k];
-  constexpr uint64_t kHeader = sizeof(ServerFrame);
   auto during = [&l] {
     return l.expect.empty() ? std::string("between steps")
                             : "waiting for step " + std::to_string(l.expect.front().sent.step) +
                                   " of seq " + std::to_string(l.expect.front().sent.seq);
   };
-  bool moved = false;
+  const uint64_t before = l.in.bytes();
+  std::string why;
   while (true) {
-    uint8_t* dst;
-    uint64_t want;
-    if (l.inGot < kHeader) {
-      dst = reinterpret_cast<uint8_t*>(&l.in) + l.inGot;
-      want = kHeader - l.inGot;
-    } else {
-      dst = l.expect.front().dst + (l.inGot - kHeader);
-      want = l.in.payload - (l.inGot - kHeader);
+    const FrameIo io = l.in.read(l.fd, &why);
+    if (io == FrameIo::kAgain) return l.in.bytes() != before;
+    if (io == FrameIo::kFailed) {
+      fail(k, connectionLost(why), during());
     }
-    if (want) {
-      const ssize_t got = ::recv(l.fd, dst, want, MSG_DONTWAIT);
-      if (got == 0) fail(k, "closed its connection: the server died or was stopped", during());
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
-        fail(k, errno == ETIMEDOUT ? "silent" : "closed its connection: the server died or was stopped",
-             during());
-      }
-      moved = true;
-      l.inGot += static_cast<uint64_t>(got);
-      if (l.inGot < kHeader) continue;
-    }
-    if (l.inGot == kHeader) {
-      std::string why = validateServerFrame(l.in, {ServerFrameKind::kResult, ServerFrameKind::kError});
+    const ServerFrame& f = l.in.header();
+    if (io == FrameIo::kHeader) {
+      why = validateServerFrame(f, {ServerFrameKind::kResult, ServerFrameKind::kError});
       if (!why.empty()) fail(k, "sent " + why, during());
-      if (l.in.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
-        std::string text(l.in.payload, '\0');
+      if (f.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
+        std::string text(f.payload, '\0');
         readAllBefore(l.fd, text.data(), text.size(), Clock::now() + std::chrono::seconds(1));
         broken_ = true;
         throwError(ErrorKind::kPeerLost, "smddp: " + describe(k) + " failed the job: " + text +
                                              " (" + during() + ")");
       }
       if (l.expect.empty()) fail(k, "sent a result nobody asked for", during());
-      why = samePiece(l.expect.front().sent, l.in);
+      why = samePiece(l.expect.front().sent, f);
       if (!why.empty()) fail(k, "returned another piece: " + why, during());
+      l.in.payloadTo(l.expect.front().dst);
+      continue;
     }
-    if (l.inGot == kHeader + l.in.payload) {
-      l.expect.pop_front();
-      l.inGot = 0;
-      ++l.received;
-    }
+    l.expect.pop_front();  // kDone
+    l.in.next();
+    ++l.received;
   }
 }
 
@@ -277,12 +253,12 @@ std::string ServerLinks::waitingOn() const {
 
 void ServerLinks::abandon(const std::string& why) {
   bool pending = false;
-  for (auto& l : links_) pending = pending || !l.expect.empty() || !l.out.empty() || l.inGot;
+  for (auto& l : links_) pending = pending || !l.expect.empty() || !l.out.empty() || !l.in.idle();
   if (!pending) return;
   for (auto& l : links_) {
     l.out.clear();
     l.expect.clear();
-    l.inGot = 0;
+    l.in.next();
   }
   abandoned_ = "out of step since " + why;
 }

@@ -72,19 +72,13 @@ class ServerLinks {
  private:
   struct Link {
     int fd = -1;
-    struct Out {
-      ServerFrame header;
-      const uint8_t* data = nullptr;
-      uint64_t sent = 0;  // of header + payload
-    };
-    std::deque<Out> out;
+    FrameWriter out;  // data frames, payloads in the caller's memory
+    FrameReader in;   // results, read straight into their step's slot
     struct Expect {
       ServerFrame sent;
       uint8_t* dst = nullptr;
     };
     std::deque<Expect> expect;
-    ServerFrame in;         // the result header being read
-    uint64_t inGot = 0;     // of header + payload
     uint64_t posted = 0, received = 0;
   };
   bool send(int k);

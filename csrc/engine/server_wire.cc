@@ -62,6 +62,9 @@ std::string validateServerFrame(const ServerFrame& f,
     if (f.host >= f.hosts) {
       return "host " + std::to_string(f.host) + " of " + std::to_string(f.hosts);
     }
+  } else if ((kind == ServerFrameKind::kWelcome || kind == ServerFrameKind::kBye) && f.payload) {
+    return std::string("a ") + toString(kind) + " frame with " + std::to_string(f.payload) +
+           " bytes of payload (it carries none)";
   } else if (f.payload > kServerMaxText) {
     return "a text of " + std::to_string(f.payload) + " bytes (at most " +
            std::to_string(kServerMaxText) + ")";
@@ -128,6 +131,7 @@ std::vector<ServerAddress> parseServerHosts(const std::string& spec) {
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <cerrno>
 #include <cstring>
 
@@ -202,6 +206,92 @@ std::string writeTextFrame(int fd, ServerFrame f, const std::string& text,
   f.payload = t.size();
   std::string why = writeAllBefore(fd, &f, sizeof(f), deadline);
   if (why.empty() && !t.empty()) why = writeAllBefore(fd, t.data(), t.size(), deadline);
+  return why;
+}
+
+namespace {
+
+// "silent" for a connection TCP_USER_TIMEOUT ended, else the error.
+std::string socketError(int e) { return e == ETIMEDOUT ? "silent" : strerror(e); }
+
+}  // namespace
+
+FrameIo FrameReader::read(int fd, std::string* why) {
+  constexpr uint64_t kHeader = sizeof(ServerFrame);
+  while (true) {
+    uint8_t* dst;
+    uint64_t want;
+    if (got_ < kHeader) {
+      dst = reinterpret_cast<uint8_t*>(&header_) + got_;
+      want = kHeader - got_;
+    } else {
+      want = header_.payload - (got_ - kHeader);
+      if (want == 0) return FrameIo::kDone;
+      if (!payload_) throwError(ErrorKind::kInternal, "FrameReader: no payloadTo() for a payload");
+      dst = payload_ + (got_ - kHeader);
+    }
+    const ssize_t k = ::recv(fd, dst, want, MSG_DONTWAIT);
+    if (k == 0) {
+      *why = "closed";
+      return FrameIo::kFailed;
+    }
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return FrameIo::kAgain;
+      *why = socketError(errno);
+      return FrameIo::kFailed;
+    }
+    got_ += static_cast<uint64_t>(k);
+    bytes_ += static_cast<uint64_t>(k);
+    if (got_ == kHeader) return FrameIo::kHeader;
+  }
+}
+
+FrameIo FrameWriter::write(int fd, std::string* why) {
+  constexpr uint64_t kHeader = sizeof(ServerFrame);
+  if (out_.empty()) return FrameIo::kAgain;
+  Out& o = out_.front();
+  while (true) {
+    iovec iov[2];
+    int n = 0;
+    if (o.sent < kHeader) {
+      iov[n++] = {reinterpret_cast<uint8_t*>(&o.header) + o.sent, kHeader - o.sent};
+      if (o.header.payload) iov[n++] = {const_cast<uint8_t*>(o.data), o.header.payload};
+    } else {
+      iov[n++] = {const_cast<uint8_t*>(o.data) + (o.sent - kHeader),
+                  o.header.payload - (o.sent - kHeader)};
+    }
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = n;
+    const ssize_t k = ::sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return FrameIo::kAgain;
+      *why = socketError(errno);
+      return FrameIo::kFailed;
+    }
+    o.sent += static_cast<uint64_t>(k);
+    bytes_ += static_cast<uint64_t>(k);
+    if (o.sent == kHeader + o.header.payload) return FrameIo::kDone;
+  }
+}
+
+std::string FrameWriter::finishBefore(int fd, std::chrono::steady_clock::time_point deadline) {
+  constexpr uint64_t kHeader = sizeof(ServerFrame);
+  if (out_.empty() || out_.front().sent == 0) return "";
+  Out& o = out_.front();
+  std::string why;
+  if (o.sent < kHeader) {
+    why = writeAllBefore(fd, reinterpret_cast<uint8_t*>(&o.header) + o.sent, kHeader - o.sent,
+                         deadline);
+    o.sent = kHeader;
+  }
+  if (why.empty() && o.sent < kHeader + o.header.payload) {
+    why = writeAllBefore(fd, o.data + (o.sent - kHeader), kHeader + o.header.payload - o.sent,
+                         deadline);
+  }
+  if (why.empty()) out_.pop_front();
   return why;
 }
 

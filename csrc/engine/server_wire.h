@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -133,5 +135,81 @@ std::string readAllBefore(int fd, void* p, size_t n, std::chrono::steady_clock::
 // A header and its text payload (error frames, hellos), best effort.
 std::string writeTextFrame(int fd, ServerFrame f, const std::string& text,
                            std::chrono::steady_clock::time_point deadline);
+
+// Non-blocking frame I/O on one TCP socket, shared by both ends of the
+// wire: the workers' links (server_link.cc) and the servers' event loops
+// (standalone_server.cc). Each call moves what the socket takes and stops at
+// the next frame boundary, so the caller acts on every frame (validates a
+// header, picks where its payload goes, recycles a sent buffer) and never
+// waits on the socket. kFailed sets `why`: "closed" (the peer closed the
+// connection), "silent" (unacknowledged past TCP_USER_TIMEOUT, see
+// boundSilence) or the socket's error.
+enum class FrameIo {
+  kAgain,   // the socket has nothing more to give or take now
+  kHeader,  // reader: a header is in; validate it, then payloadTo()
+  kDone,    // the frame is complete (reader) or all sent (writer)
+  kFailed,
+};
+
+class FrameReader {
+ public:
+  // Reads up to the next boundary. After kHeader the caller must call
+  // payloadTo() before reading on if the header announces a payload; a
+  // frame with no payload completes (kDone) on the next call.
+  FrameIo read(int fd, std::string* why);
+  const ServerFrame& header() const { return header_; }
+  void payloadTo(void* dst) { payload_ = static_cast<uint8_t*>(dst); }
+  // After kDone, or to drop a frame half read: the next read starts a frame.
+  void next() {
+    got_ = 0;
+    payload_ = nullptr;
+  }
+  bool idle() const { return got_ == 0; }  // between frames
+  uint64_t bytes() const { return bytes_; }  // read so far, all frames
+
+ private:
+  ServerFrame header_;
+  uint8_t* payload_ = nullptr;
+  uint64_t got_ = 0;    // of header + payload
+  uint64_t bytes_ = 0;
+};
+
+class FrameWriter {
+ public:
+  // Queues a header and its payload: `data` (f.payload bytes) must stay
+  // valid until the frame is sent; `keep`, if given, holds it and comes
+  // back from pop().
+  void push(const ServerFrame& f, const void* data,
+            std::shared_ptr<std::vector<uint8_t>> keep = nullptr) {
+    out_.push_back({f, static_cast<const uint8_t*>(data), 0, std::move(keep)});
+  }
+  // Sends the front frame; kDone once it is all sent (pop() it), kAgain
+  // when the socket is full or nothing is queued.
+  FrameIo write(int fd, std::string* why);
+  std::shared_ptr<std::vector<uint8_t>> pop() {
+    auto keep = std::move(out_.front().keep);
+    out_.pop_front();
+    return keep;
+  }
+  bool empty() const { return out_.empty(); }
+  size_t size() const { return out_.size(); }
+  const ServerFrame& front() const { return out_.front().header; }
+  void clear() { out_.clear(); }
+  uint64_t bytes() const { return bytes_; }  // sent so far, all frames
+  // Blocking, best effort: sends the rest of a frame already begun, so
+  // that a frame written next (an error) starts on a frame boundary.
+  // "" if the stream is on a boundary now.
+  std::string finishBefore(int fd, std::chrono::steady_clock::time_point deadline);
+
+ private:
+  struct Out {
+    ServerFrame header;
+    const uint8_t* data = nullptr;
+    uint64_t sent = 0;  // of header + payload
+    std::shared_ptr<std::vector<uint8_t>> keep;
+  };
+  std::deque<Out> out_;
+  uint64_t bytes_ = 0;
+};
 
 }  // namespace smddp

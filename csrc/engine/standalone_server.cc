@@ -234,22 +234,17 @@ void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
   // a worker that is busy sending step k+1 is not made to wait for this
   // server to finish sending it step k, and the next step is read while a
   // result is still on its way out.
-  constexpr uint64_t kHeader = sizeof(ServerFrame);
   constexpr uint64_t kReadAhead = 64ull << 20;  // bytes of complete frames per host before it waits
   struct Frame {
     ServerFrame header;
     std::vector<uint8_t> payload;
   };
   struct Host {
-    Frame reading;
-    uint64_t got = 0;  // of the frame being read: header + payload
+    FrameReader reader;
+    std::vector<uint8_t> reading;  // the payload being read
     std::deque<Frame> ready;
     uint64_t readyBytes = 0;
-    struct Out {
-      std::shared_ptr<std::vector<uint8_t>> bytes;  // a result: header + payload
-      uint64_t sent = 0;
-    };
-    std::deque<Out> out;
+    FrameWriter out;  // results; each payload shared by every host's queue
     bool bye = false;  // read its goodbye: nothing follows but the close
   };
   std::vector<Host> in(H);
@@ -272,13 +267,7 @@ void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
     noteError(who + ": " + why);
     for (int h = 0; h < H; ++h) {
       const auto deadline = Clock::now() + std::chrono::seconds(1);
-      if (!in[h].out.empty() && in[h].out.front().sent) {
-        const auto& o = in[h].out.front();
-        if (!writeAllBefore(fds[h], o.bytes->data() + o.sent, o.bytes->size() - o.sent, deadline)
-                 .empty()) {
-          continue;
-        }
-      }
+      if (!in[h].out.finishBefore(fds[h], deadline).empty()) continue;
       writeTextFrame(fds[h], errorFrame(), who + ": " + why, deadline);
     }
   };
@@ -286,70 +275,53 @@ void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
   std::vector<pollfd> polls(H);
   std::string failure;
   bool finished = false;
+  auto broke = [&](int h, const std::string& why) {
+    failure = why == "closed" ? name(h) + " closed its connection without a goodbye (the worker died?)"
+              : why == "silent"
+                  ? name(h) + " went silent: nothing sent to it was acknowledged within "
+                              "SMDDP_PEER_TIMEOUT"
+                  : name(h) + "'s connection broke: " + why;
+  };
   // Reads what host h's socket holds, up to the read-ahead bound.
   auto readFrom = [&](int h) {
     Host& x = in[h];
+    std::string why;
     while (failure.empty() && !x.bye && (x.ready.empty() || x.readyBytes < kReadAhead)) {
-      uint8_t* dst;
-      uint64_t want;
-      if (x.got < kHeader) {
-        dst = reinterpret_cast<uint8_t*>(&x.reading.header) + x.got;
-        want = kHeader - x.got;
-      } else {
-        dst = x.reading.payload.data() + (x.got - kHeader);
-        want = x.reading.payload.size() - (x.got - kHeader);
-      }
-      if (want) {
-        const ssize_t k = ::recv(fds[h], dst, want, MSG_DONTWAIT);
-        if (k == 0) {
-          failure = name(h) + " closed its connection without a goodbye (the worker died?)";
-          return;
-        }
-        if (k < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-          failure = name(h) + "'s connection broke: " + strerror(errno);
-          return;
-        }
-        x.got += static_cast<uint64_t>(k);
-        if (x.got < kHeader) continue;
-      }
-      if (x.got == kHeader && x.reading.payload.empty()) {
-        std::string why =
-            validateServerFrame(x.reading.header, {ServerFrameKind::kData, ServerFrameKind::kBye});
+      const FrameIo io = x.reader.read(fds[h], &why);
+      if (io == FrameIo::kAgain) return;
+      if (io == FrameIo::kFailed) return broke(h, why);
+      const ServerFrame& f = x.reader.header();
+      if (io == FrameIo::kHeader) {
+        why = validateServerFrame(f, {ServerFrameKind::kData, ServerFrameKind::kBye});
         if (!why.empty()) {
           failure = "a bad frame from " + name(h) + ": " + why;
           return;
         }
-        if (x.reading.header.kind == static_cast<uint8_t>(ServerFrameKind::kData)) {
-          x.reading.payload = buffer(x.reading.header.payload);
+        if (f.kind == static_cast<uint8_t>(ServerFrameKind::kData)) {
+          x.reading = buffer(f.payload);
+          x.reader.payloadTo(x.reading.data());
         }
+        continue;
       }
-      if (x.got == kHeader + x.reading.payload.size()) {
-        x.readyBytes += x.reading.payload.size();
-        x.bye = x.reading.header.kind == static_cast<uint8_t>(ServerFrameKind::kBye);
-        x.ready.push_back(std::move(x.reading));
-        x.reading = Frame{};
-        x.got = 0;
-      }
+      x.readyBytes += x.reading.size();  // kDone
+      x.bye = f.kind == static_cast<uint8_t>(ServerFrameKind::kBye);
+      x.ready.push_back({f, std::move(x.reading)});
+      x.reading = {};
+      x.reader.next();
     }
   };
   auto sendTo = [&](int h) {
     Host& x = in[h];
+    std::string why;
     while (failure.empty() && !x.out.empty()) {
-      Host::Out& o = x.out.front();
-      const ssize_t k = ::send(fds[h], o.bytes->data() + o.sent, o.bytes->size() - o.sent,
-                               MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        failure = "cannot send to " + name(h) + ": " + strerror(errno);
+      const FrameIo io = x.out.write(fds[h], &why);
+      if (io == FrameIo::kFailed) {
+        failure = "cannot send to " + name(h) + ": " + why;
         return;
       }
-      o.sent += static_cast<uint64_t>(k);
-      if (o.sent < o.bytes->size()) return;
-      if (o.bytes.use_count() == 1) recycle(std::move(*o.bytes));
-      x.out.pop_front();
+      if (io != FrameIo::kDone) return;
+      auto sent = x.out.pop();
+      if (sent.use_count() == 1) recycle(std::move(*sent));
     }
   };
   // Combines every step whose pieces are all in.
@@ -377,13 +349,12 @@ void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
       if (!failure.empty()) return;
       // Combine in host order (bitwise the workers' own servers' result).
       const ServerFrame f = in[0].ready.front().header;
-      auto result = std::make_shared<std::vector<uint8_t>>(buffer(kHeader + f.payload));
+      auto result = std::make_shared<std::vector<uint8_t>>(buffer(f.payload));
       ServerFrame out = f;
       out.kind = static_cast<uint8_t>(ServerFrameKind::kResult);
-      std::memcpy(result->data(), &out, kHeader);
       if (f.count) {
         for (int h = 0; h < H; ++h) inputs[h] = in[h].ready.front().payload.data();
-        reduceOrdered(result->data() + kHeader, inputs.data(), H, f.count,
+        reduceOrdered(result->data(), inputs.data(), H, f.count,
                       static_cast<DataType>(f.dtype), static_cast<ReduceOp>(f.op),
                       static_cast<double>(f.divisor));
       }
@@ -394,7 +365,7 @@ void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
         x.readyBytes -= x.ready.front().payload.size();
         recycle(std::move(x.ready.front().payload));
         x.ready.pop_front();
-        x.out.push_back({result, 0});
+        x.out.push(out, result->data(), result);
         sendTo(h);
       }
     }

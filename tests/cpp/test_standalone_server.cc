@@ -115,6 +115,12 @@ TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[ser
   CHECK_THAT(validateServerFrame(hello, {ServerFrameKind::kHello}), Catch::Contains("host 2 of 2"));
   hello.host = 1;
   CHECK(validateServerFrame(hello, {ServerFrameKind::kHello}).empty());
+  ServerFrame bye;
+  bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);
+  CHECK(validateServerFrame(bye, {ServerFrameKind::kBye}).empty());
+  bye.payload = 8;
+  CHECK_THAT(validateServerFrame(bye, {ServerFrameKind::kBye}),
+             Catch::Contains("bye frame with 8 bytes"));
   ServerFrame a = dataFrame(10), b = dataFrame(10);
   b.step = 3;
   CHECK(samePiece(a, a).empty());
@@ -252,7 +258,11 @@ TEST_CASE("a standalone server refuses garbage and foreign jobs with a clear err
                                Catch::Contains("'jobB'") && Catch::Contains("'jobA'"));
     }
   }
-  SECTION("garbage after a good hello fails every host of the stream") {
+  // Host 0 is a real worker, host 1 a raw socket that says a good hello,
+  // then sends `bad` after host 0's piece (host 0 then only reads: no
+  // reset races the server's error frame). Host 0's wait must fail with
+  // an error that contains `named`.
+  auto badSecondHost = [&](const ServerFrame& bad, const std::string& named) {
     auto good = link(loopback(server), 2, 0, "jobA");
     int fd = rawConnect(server.ports()[0]);
     ServerFrame hello;
@@ -265,21 +275,30 @@ TEST_CASE("a standalone server refuses garbage and foreign jobs with a clear err
     REQUIRE(send(fd, "jobA", 4, 0) == 4);
     ServerFrame welcome;
     REQUIRE(recv(fd, &welcome, sizeof(welcome), MSG_WAITALL) == sizeof(welcome));
-    // The good host's piece first (it then only reads: no reset races the
-    // server's error frame), then garbage from the other.
     ServerFrame f = dataFrame(4);
     float v[4] = {1, 2, 3, 4};
     const uint64_t ticket = good->post(0, f, v, v);
-    ServerFrame bad = dataFrame(4);
-    bad.dtype = 77;
+    const char tail[8] = "garbage";  // a payload that must not be read as one
     REQUIRE(send(fd, &bad, sizeof(bad), 0) == sizeof(bad));
+    REQUIRE(send(fd, tail, sizeof(tail), 0) == sizeof(tail));
     try {
       good->wait(0, ticket, Clock::now() + std::chrono::seconds(10), nullptr);
       FAIL("pulled a result");
     } catch (const Error& e) {
-      CHECK_THAT(e.what(), Catch::Contains("dtype 77") && Catch::Contains("host 1"));
+      CHECK_THAT(e.what(), Catch::Contains(named) && Catch::Contains("host 1"));
     }
     close(fd);
+  };
+  SECTION("garbage after a good hello fails every host of the stream") {
+    ServerFrame bad = dataFrame(4);
+    bad.dtype = 77;
+    badSecondHost(bad, "dtype 77");
+  }
+  SECTION("a goodbye that carries a payload fails the stream, naming it") {
+    ServerFrame bye;
+    bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);
+    bye.payload = 8;
+    badSecondHost(bye, "bye frame with 8 bytes");
   }
   // The server survives all of it and still serves.
   std::vector<std::thread> hosts;
