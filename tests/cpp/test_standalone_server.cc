@@ -1,6 +1,7 @@
 // Standalone reduction servers (engine/standalone_server.h, server_link.h,
 // server_wire.h; docs/design.md, "Standalone reduction servers"), torch-free:
-// the header codec and SMDDP_SERVER_HOSTS parser against hand-made inputs,
+// the header codec, the frame reader and writer over a socket, the
+// SMDDP_SERVER_HOSTS parser against hand-made inputs,
 // the H + K piece split as a partition, and a real server on loopback fed
 // by H worker links on threads: results equal an independent host-order
 // sum, garbage and foreign jobs are refused with a clear error, and a
@@ -125,6 +126,102 @@ TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[ser
   b.step = 3;
   CHECK(samePiece(a, a).empty());
   CHECK_THAT(samePiece(a, b), Catch::Contains("step 3"));
+}
+
+TEST_CASE("FrameWriter and FrameReader carry frames through a socket in any split", "[server]") {
+  // A stream socket with small buffers: each frame crosses in many
+  // partial sends and reads, and the two ends take turns on one thread.
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+  const int small = 4096;
+  setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  // The oracle: the frames as queued. Payloads of 0 to 300,000 bytes,
+  // each byte a function of its frame and offset.
+  std::vector<ServerFrame> sent;
+  std::vector<std::vector<uint8_t>> payloads;
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < 60; ++i) {
+    const uint64_t n = i % 7 == 0 ? 0 : (i * 7919 * 13) % 300000;
+    ServerFrame f = dataFrame(n, DataType::kUInt8);
+    f.step = i;
+    std::vector<uint8_t> p(n);
+    for (uint64_t j = 0; j < n; ++j) p[j] = static_cast<uint8_t>(i * 31 + j * 7);
+    sent.push_back(f);
+    payloads.push_back(std::move(p));
+    total += sizeof(ServerFrame) + n;
+  }
+  FrameWriter w;
+  for (size_t i = 0; i < sent.size(); ++i) w.push(sent[i], payloads[i].data());
+  FrameReader r;
+  std::vector<uint8_t> into;
+  size_t done = 0, headers = 0;
+  std::string why;
+  for (int turn = 0; done < sent.size() && turn < 1000000; ++turn) {
+    while (!w.empty()) {
+      const FrameIo io = w.write(sv[0], &why);
+      REQUIRE(io != FrameIo::kFailed);
+      if (io != FrameIo::kDone) break;
+      w.pop();
+    }
+    while (done < sent.size()) {
+      const FrameIo io = r.read(sv[1], &why);
+      REQUIRE(io != FrameIo::kFailed);
+      if (io == FrameIo::kAgain) break;
+      if (io == FrameIo::kHeader) {
+        ++headers;
+        REQUIRE(std::memcmp(&r.header(), &sent[done], sizeof(ServerFrame)) == 0);
+        into.assign(r.header().payload, 0xEE);
+        r.payloadTo(into.data());
+        continue;
+      }
+      REQUIRE(into == payloads[done]);  // kDone
+      r.next();
+      ++done;
+    }
+  }
+  CHECK(done == sent.size());
+  CHECK(headers == sent.size());
+  CHECK(w.empty());
+  CHECK(w.bytes() == total);
+  CHECK(r.bytes() == total);
+  CHECK(r.idle());
+  // A frame half sent: finishBefore completes it, so the next frame (an
+  // error, say) starts on a boundary.
+  std::vector<uint8_t> big(4 << 20, 5);
+  ServerFrame f = dataFrame(big.size(), DataType::kUInt8);
+  w.push(f, big.data());
+  REQUIRE(w.write(sv[0], &why) == FrameIo::kAgain);  // the buffer filled mid-frame
+  std::thread drain([&] {
+    std::vector<uint8_t> sink(sizeof(ServerFrame) + big.size());
+    size_t got = 0;
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (got < sink.size() && Clock::now() < until) {
+      ssize_t k = recv(sv[1], sink.data() + got, sink.size() - got, 0);
+      if (k > 0) got += static_cast<size_t>(k);
+      else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    CHECK(got == sink.size());
+    CHECK(std::equal(big.begin(), big.end(), sink.begin() + sizeof(ServerFrame)));
+  });
+  CHECK(w.finishBefore(sv[0], Clock::now() + std::chrono::seconds(10)).empty());
+  drain.join();
+  CHECK(w.empty());
+  // The peer goes away: the reader says "closed" mid-frame, the writer
+  // names the socket's error.
+  REQUIRE(send(sv[0], &f, 10, 0) == 10);  // a header cut short
+  close(sv[0]);
+  FrameIo io = FrameIo::kAgain;
+  for (int i = 0; i < 10000 && io == FrameIo::kAgain; ++i) {
+    io = r.read(sv[1], &why);
+    if (io == FrameIo::kAgain) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(io == FrameIo::kFailed);
+  CHECK(why == "closed");
+  w.push(f, big.data());
+  CHECK(w.write(sv[1], &why) == FrameIo::kFailed);
+  CHECK_THAT(why, Catch::Contains("pipe") || Catch::Contains("reset"));
+  close(sv[1]);
 }
 
 TEST_CASE("SMDDP_SERVER_HOSTS parses lists and names itself in every error", "[server]") {
