@@ -150,10 +150,11 @@ bool ServerLinks::send(int k) {
   const uint64_t before = l.out.bytes();
   std::string why;
   while (!l.out.empty()) {
-    const ServerFrame f = l.out.front();
+    const ServerFrame& f = l.out.front();
     const FrameIo io = l.out.write(l.fd, &why);
     if (io == FrameIo::kFailed) {
-      fail(k, connectionLost(why), "sending step " + std::to_string(f.step) + " of seq " + std::to_string(f.seq));
+      fail(k, connectionLost(why),
+           "sending step " + std::to_string(f.step) + " of seq " + std::to_string(f.seq));
     }
     if (io != FrameIo::kDone) break;  // the socket is full
     l.out.pop();

@@ -285,7 +285,7 @@ std::string FrameWriter::finishBefore(int fd, std::chrono::steady_clock::time_po
   if (o.sent < kHeader) {
     why = writeAllBefore(fd, reinterpret_cast<uint8_t*>(&o.header) + o.sent, kHeader - o.sent,
                          deadline);
-    o.sent = kHeader;
+    if (why.empty()) o.sent = kHeader;
   }
   if (why.empty() && o.sent < kHeader + o.header.payload) {
     why = writeAllBefore(fd, o.data + (o.sent - kHeader), kHeader + o.header.payload - o.sent,

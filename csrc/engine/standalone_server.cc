@@ -276,11 +276,14 @@ void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
   std::string failure;
   bool finished = false;
   auto broke = [&](int h, const std::string& why) {
-    failure = why == "closed" ? name(h) + " closed its connection without a goodbye (the worker died?)"
-              : why == "silent"
-                  ? name(h) + " went silent: nothing sent to it was acknowledged within "
-                              "SMDDP_PEER_TIMEOUT"
-                  : name(h) + "'s connection broke: " + why;
+    if (why == "closed") {
+      failure = name(h) + " closed its connection without a goodbye (the worker died?)";
+    } else if (why == "silent") {
+      failure = name(h) + " went silent: nothing sent to it was acknowledged within "
+                          "SMDDP_PEER_TIMEOUT";
+    } else {
+      failure = name(h) + "'s connection broke: " + why;
+    }
   };
   // Reads what host h's socket holds, up to the read-ahead bound.
   auto readFrom = [&](int h) {
@@ -315,10 +318,7 @@ void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
     std::string why;
     while (failure.empty() && !x.out.empty()) {
       const FrameIo io = x.out.write(fds[h], &why);
-      if (io == FrameIo::kFailed) {
-        failure = "cannot send to " + name(h) + ": " + why;
-        return;
-      }
+      if (io == FrameIo::kFailed) return broke(h, why);
       if (io != FrameIo::kDone) return;
       auto sent = x.out.pop();
       if (sent.use_count() == 1) recycle(std::move(*sent));
