@@ -54,15 +54,18 @@ test-asan-ci: setup
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 600 $(if $(ASAN_SLOW_TESTS),-E '$(ASAN_SLOW_TESTS)')
 
-# libFuzzer on the frame validators (tests/fuzz). The corpus it grows is
-# kept in build-fuzz/corpus, so repeated runs start where the last ended.
+# libFuzzer on the wire validators (tests/fuzz): the peers' frames
+# (fuzz_frame) and the reduction servers' (fuzz_server_frame), each for
+# FUZZ_SECONDS. The corpora they grow are kept in build-fuzz/corpus*, so
+# repeated runs start where the last ended.
 FUZZ_SECONDS ?= 20
 FUZZ_SECONDS_CI ?= 20
 fuzz: setup
 	cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DSMDDP_BUILD_FUZZERS=ON -DSMDDP_BUILD_TESTS=OFF -DSMDDP_BUILD_EXTENSION=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo $(LAUNCHER)
-	cmake --build build-fuzz --target fuzz_frame -j $(JOBS)
-	mkdir -p build-fuzz/corpus
+	cmake --build build-fuzz --target fuzz_frame fuzz_server_frame -j $(JOBS)
+	mkdir -p build-fuzz/corpus build-fuzz/corpus-server
 	build-fuzz/fuzz_frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 build-fuzz/corpus
+	build-fuzz/fuzz_server_frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 build-fuzz/corpus-server
 
 test-tsan: setup
 	cmake -S . -B build-tsan -DSMDDP_BUILD_EXTENSION=OFF -DSMDDP_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug $(LAUNCHER)

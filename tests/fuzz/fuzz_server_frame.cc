@@ -1,0 +1,303 @@
+// libFuzzer target for what a standalone reduction server and a worker's
+// links accept from a socket (engine/server_wire.h; docs/design.md,
+// "Standalone reduction servers"): validateServerFrame on a 64-byte header,
+// samePiece on two headers, a byte stream read frame by frame with
+// FrameReader exactly as the server's event loop reads it, and the
+// SMDDP_SERVER_HOSTS parser.
+//
+// Oracle: besides "no crash, no sanitizer report", every verdict is compared
+// with the wire spec written out below, on raw header bytes at the
+// documented offsets; it shares no code with the validator (element sizes
+// and the dtype/op rules are spelled out here again), and it checks both
+// directions: a header the spec accepts must be accepted and one it
+// rejects must be rejected with a reason. The stream check parses the same
+// bytes by offsets and requires FrameReader to deliver exactly those frames
+// and payload bytes, and to stop where the spec says the stream goes bad.
+//
+// The spec. Header: 64 bytes, little-endian, fields at these byte offsets:
+//   0 magic u32 = 0x56534d53 ("SMSV")  4 version u16 = 1  6 kind u8
+//   7 dtype u8  8 op u8  9 reserved[3]  12 divisor u32  16 secret u64
+//   24 seq u64  32 step u64  40 count u64  48 payload u64  56 hosts u16
+//   58 host u16  60 stream u16  62 server u16
+// kind: 1 hello, 2 welcome, 3 data, 4 result, 5 error, 6 bye.
+// A header is accepted for a set of kinds if and only if:
+//   S1 magic and version are as above, and kind is one of the set;
+//   S2 data or result: dtype < 9 and op < 8; bitwise ops (5, 6, 7) only on
+//      integer and bool dtypes (4..8), AVG (1) only on floating ones (0..3);
+//      divisor != 0; payload <= 2^28; payload == count * element size
+//      (sizes by dtype: 4 8 2 2 1 1 4 8 1), computed without wrapping;
+//   S3 hello: payload <= 256, hosts >= 2, host < hosts;
+//   S4 welcome or bye: payload == 0;
+//   S5 error: payload <= 4096.
+// samePiece(a, b) is "" if and only if seq, step, count, dtype, op and
+// divisor are equal.
+// SMDDP_SERVER_HOSTS is accepted (a list) or refused with an error that
+// names the variable; every address it returns has a non-empty host and a
+// port in 1..65535, and there are at most 1024.
+//
+// Build: cmake -DSMDDP_BUILD_FUZZERS=ON -DCMAKE_CXX_COMPILER=clang++ (see
+// `make fuzz` and README.md, "Fuzzing").
+#include <fuzzer/FuzzedDataProvider.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/server_wire.h"
+
+using namespace smddp;
+
+namespace {
+
+[[noreturn]] void violated(const char* rule, const std::string& detail) {
+  fprintf(stderr, "fuzz_server_frame: %s (%s)\n", rule, detail.c_str());
+  abort();
+}
+
+static_assert(std::endian::native == std::endian::little,
+              "the oracle reads the little-endian wire format in place");
+
+template <typename T>
+T at(const uint8_t* b, size_t offset) {
+  T v;
+  std::memcpy(&v, b + offset, sizeof(T));
+  return v;
+}
+
+// The spec's verdict on raw header bytes: true if accepted for `kinds`.
+bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
+  if (at<uint32_t>(b, 0) != 0x56534d53u || at<uint16_t>(b, 4) != 1) return false;
+  const uint8_t kind = b[6];
+  bool listed = false;
+  for (uint8_t k : kinds) listed = listed || k == kind;
+  if (!listed) return false;
+  const uint64_t payload = at<uint64_t>(b, 48);
+  switch (kind) {
+    case 3:
+    case 4: {
+      static const uint64_t kSize[9] = {4, 8, 2, 2, 1, 1, 4, 8, 1};
+      const uint8_t dtype = b[7], op = b[8];
+      if (dtype >= 9 || op >= 8) return false;
+      const bool floating = dtype <= 3;
+      if (op >= 5 && floating) return false;
+      if (op == 1 && !floating) return false;
+      if (at<uint32_t>(b, 12) == 0) return false;
+      if (payload > (1ull << 28)) return false;
+      const unsigned __int128 want =
+          static_cast<unsigned __int128>(at<uint64_t>(b, 40)) * kSize[dtype];
+      return want == payload;
+    }
+    case 1: {
+      const uint16_t hosts = at<uint16_t>(b, 56), host = at<uint16_t>(b, 58);
+      return payload <= 256 && hosts >= 2 && host < hosts;
+    }
+    case 2:
+    case 6: return payload == 0;
+    case 5: return payload <= 4096;
+    default: return false;  // not reachable: listed kinds are 1..6
+  }
+}
+
+std::string validate(const uint8_t* b, const std::vector<uint8_t>& kinds) {
+  ServerFrame f;
+  std::memcpy(&f, b, sizeof(f));
+  // The kind sets the two ends use; the fuzzer picks one of them.
+  auto k = [](uint8_t v) { return static_cast<ServerFrameKind>(v); };
+  switch (kinds.size()) {
+    case 1: return validateServerFrame(f, {k(kinds[0])});
+    default: return validateServerFrame(f, {k(kinds[0]), k(kinds[1])});
+  }
+}
+
+const std::vector<uint8_t> kKindSets[] = {
+    {1},     // the server's first frame: a hello
+    {2, 5},  // a worker's answer to its hello: welcome or error
+    {3, 6},  // the server, inside a stream: data or bye
+    {4, 5},  // a worker, inside a stream: result or error
+};
+
+// A header: raw bytes, or a well-formed data frame with a few bytes
+// flipped (reaches the accept paths fast).
+void consumeHeader(FuzzedDataProvider& in, uint8_t* b) {
+  std::memset(b, 0, 64);
+  if (in.ConsumeBool()) {
+    in.ConsumeData(b, 64);
+    return;
+  }
+  ServerFrame f;
+  f.kind = in.ConsumeIntegralInRange<uint8_t>(1, 6);
+  f.dtype = in.ConsumeIntegralInRange<uint8_t>(0, 9);
+  f.op = in.ConsumeIntegralInRange<uint8_t>(0, 8);
+  f.divisor = in.ConsumeIntegralInRange<uint32_t>(0, 4);
+  f.count = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 64)
+                             : in.ConsumeIntegral<uint64_t>();
+  static const uint64_t kSize[10] = {4, 8, 2, 2, 1, 1, 4, 8, 1, 1};
+  f.payload = in.ConsumeBool() ? f.count * kSize[f.dtype] : in.ConsumeIntegral<uint64_t>();
+  f.hosts = in.ConsumeIntegralInRange<uint16_t>(0, 4);
+  f.host = in.ConsumeIntegralInRange<uint16_t>(0, 4);
+  std::memcpy(b, &f, 64);
+  const int flips = in.ConsumeIntegralInRange<int>(0, 3);
+  for (int i = 0; i < flips; ++i) {
+    b[in.ConsumeIntegralInRange<size_t>(0, 63)] ^= in.ConsumeIntegral<uint8_t>();
+  }
+}
+
+void checkHeader(FuzzedDataProvider& in) {
+  const auto& kinds = kKindSets[in.ConsumeIntegralInRange<size_t>(0, 3)];
+  uint8_t a[64], b[64];
+  consumeHeader(in, a);
+  const std::string why = validate(a, kinds);
+  const bool spec = specAccepts(a, kinds);
+  if (spec && !why.empty()) violated("the spec accepts a header the validator rejected", why);
+  if (!spec && why.empty()) violated("the validator accepted a header the spec rejects", "");
+  // samePiece: b is a with a few fields perhaps changed.
+  std::memcpy(b, a, 64);
+  const int changes = in.ConsumeIntegralInRange<int>(0, 2);
+  for (int i = 0; i < changes; ++i) {
+    b[in.ConsumeIntegralInRange<size_t>(0, 63)] ^= in.ConsumeIntegral<uint8_t>();
+  }
+  ServerFrame fa, fb;
+  std::memcpy(&fa, a, 64);
+  std::memcpy(&fb, b, 64);
+  const bool same = at<uint64_t>(a, 24) == at<uint64_t>(b, 24) &&
+                    at<uint64_t>(a, 32) == at<uint64_t>(b, 32) &&
+                    at<uint64_t>(a, 40) == at<uint64_t>(b, 40) && a[7] == b[7] && a[8] == b[8] &&
+                    at<uint32_t>(a, 12) == at<uint32_t>(b, 12);
+  if (samePiece(fa, fb).empty() != same) {
+    violated("samePiece disagrees with the spec", samePiece(fa, fb));
+  }
+}
+
+// A stream the server reads from one host: frames read as its event loop
+// reads them (header, validate for data or bye, payload into a buffer of
+// the announced size), against the same bytes parsed by offsets. The bytes
+// arrive in chunks of 1 to 97 bytes with the reader draining the socket
+// between them, so headers and payloads are read in pieces.
+void checkStream(FuzzedDataProvider& in) {
+  uint32_t lcg = in.ConsumeIntegral<uint32_t>();  // the chunk sizes
+  std::vector<uint8_t> bytes;
+  // Mostly well-formed frames with fuzzed tails, so whole frames occur.
+  while (in.remaining_bytes() > 0 && bytes.size() < 8192) {
+    if (in.ConsumeBool()) {
+      const auto raw = in.ConsumeBytes<uint8_t>(in.ConsumeIntegralInRange<size_t>(0, 200));
+      bytes.insert(bytes.end(), raw.begin(), raw.end());
+      continue;
+    }
+    ServerFrame f;
+    f.kind = in.ConsumeBool() ? 3 : 6;
+    f.dtype = static_cast<uint8_t>(DataType::kUInt8);
+    f.count = f.kind == 3 ? in.ConsumeIntegralInRange<uint64_t>(0, 300) : 0;
+    f.payload = f.count;
+    const auto* h = reinterpret_cast<const uint8_t*>(&f);
+    bytes.insert(bytes.end(), h, h + sizeof(f));
+    const auto body = in.ConsumeBytes<uint8_t>(f.payload);
+    bytes.insert(bytes.end(), body.begin(), body.end());
+  }
+  // The spec's parse: whole frames until a bad header or the end.
+  std::vector<size_t> starts;
+  bool bad = false;
+  for (size_t off = 0; bytes.size() - off >= 64;) {
+    if (!specAccepts(bytes.data() + off, {3, 6})) {
+      bad = true;
+      break;
+    }
+    const uint64_t p = at<uint64_t>(bytes.data() + off, 48);
+    if (bytes.size() - off - 64 < p) break;
+    starts.push_back(off);
+    off += 64 + p;
+  }
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) != 0) return;
+  // FrameReader, as StandaloneServer::serve reads.
+  FrameReader r;
+  std::vector<uint8_t> payload;
+  std::string why;
+  size_t got = 0;
+  bool rejected = false, failed = false;
+  auto drain = [&] {
+    while (!rejected && !failed) {
+      const FrameIo io = r.read(sv[1], &why);
+      if (io == FrameIo::kAgain) return;
+      if (io == FrameIo::kFailed) {
+        failed = true;
+        return;
+      }
+      if (io == FrameIo::kHeader) {
+        const ServerFrame& f = r.header();
+        if (!validateServerFrame(f, {ServerFrameKind::kData, ServerFrameKind::kBye}).empty()) {
+          rejected = true;
+          return;
+        }
+        // The announced size, as the server allocates it; a frame cut
+        // short by the end of the stream needs no more than it holds.
+        payload.assign(std::min<uint64_t>(f.payload, bytes.size()), 0);
+        r.payloadTo(payload.data());
+        continue;
+      }
+      if (got >= starts.size()) violated("FrameReader delivered a frame the spec did not parse", "");
+      const uint8_t* want = bytes.data() + starts[got];
+      if (std::memcmp(&r.header(), want, 64) != 0) violated("a frame's header differs", "");
+      if (!payload.empty() && std::memcmp(payload.data(), want + 64, payload.size()) != 0) {
+        violated("a frame's payload differs", "");
+      }
+      ++got;
+      r.next();
+    }
+  };
+  for (size_t put = 0; put < bytes.size() && !rejected && !failed;) {
+    lcg = lcg * 1664525u + 1013904223u;
+    const size_t n = std::min<size_t>(1 + (lcg >> 16) % 97, bytes.size() - put);
+    const ssize_t k = send(sv[0], bytes.data() + put, n, MSG_NOSIGNAL);
+    if (k <= 0) violated("a socket pair refused a small send", std::to_string(k));
+    put += static_cast<size_t>(k);
+    drain();
+  }
+  close(sv[0]);  // the reader now sees the end of the stream
+  drain();
+  close(sv[1]);
+  if (got != starts.size()) {
+    violated("FrameReader delivered another number of frames",
+             std::to_string(got) + " against " + std::to_string(starts.size()));
+  }
+  if (rejected != bad) violated("FrameReader's reader stopped where the spec does not", why);
+  if (!rejected && (!failed || why != "closed")) {
+    violated("the end of the stream was not read as closed", why);
+  }
+}
+
+void checkServerHosts(FuzzedDataProvider& in) {
+  const std::string spec = in.ConsumeRandomLengthString(512);
+  try {
+    for (const ServerAddress& a : parseServerHosts(spec)) {
+      if (a.host.empty() || a.port < 1 || a.port > 65535) {
+        violated("parseServerHosts returned a bad address", spec);
+      }
+    }
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInvalidArgument ||
+        std::string(e.what()).find("SMDDP_SERVER_HOSTS") == std::string::npos) {
+      violated("parseServerHosts threw an error that does not name the variable", e.what());
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+    case 0: checkHeader(in); break;
+    case 1: checkStream(in); break;
+    default: checkServerHosts(in); break;
+  }
+  return 0;
+}
