@@ -137,6 +137,7 @@ PYBIND11_MODULE(_C, m) {
         py::dict d = statsToDict(pg.stats());
         d["allreduce_path"] = pg.allreducePath();
         d["reduction_servers"] = pg.reductionServers();
+        d["ring_depth"] = pg.ringDepth();
         d["device_calls"] = pg.deviceCalls();
         // Per collective: calls, and per size class (power-of-4 bytes)
         // the count and latency (queued to completed) percentiles, read

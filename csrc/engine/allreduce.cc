@@ -8,6 +8,7 @@
 // are pipelined in chunks so sending, reducing and returning overlap.
 // Bytes on the wire per rank: 2 * (n-1)/n * N, in two network steps.
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -23,8 +24,9 @@ namespace smddp {
 
 SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16384, 1, 1LL << 30,
                   "a call smaller than servers x this goes whole to one server (round-robin)")
-SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 4, 1, 1024,
-                "chunks per peer a reduction server keeps in flight (cache-resident receive ring)")
+SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 0, 0, 1024,
+                "chunks per peer a reduction server keeps in flight (cache-resident receive "
+                "ring; 0: 4, or 2 when the group spans hosts)")
 
 void readAllreduceParams(EngineConfig& c) {
   c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
@@ -57,7 +59,7 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
   // The result is written straight into this rank's own buffer and sent
   // from there: no staging copy on the way in or out.
   const Shard* mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
-  const size_t depth = static_cast<size_t>(comm.config().ringDepth);
+  const size_t depth = static_cast<size_t>(std::max<int64_t>(1, comm.config().ringDepth));
   const size_t slotBytes = chunkBytes;
   uint8_t* ring = nullptr;
   std::vector<int> remaining;

@@ -85,6 +85,10 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
     for (int s = 0; s < k; ++s) netServers_.push_back(ranks[s * local / k]);
   }
   std::sort(netServers_.begin(), netServers_.end());
+  // The network path's receive ring: across hosts, more than two chunks
+  // per peer in flight only queue at the link (benchmarks/RESULTS.md,
+  // "The network path's ring across hosts").
+  if (config_.ringDepth == 0) config_.ringDepth = oneHost ? 4 : 2;
   // 2. The same provider on every rank (everyone saw the same host list).
   provider_ = chooseProvider(oneHost, &providerReason_);
   // 3. A per-group secret: frames without it are dropped.

@@ -84,7 +84,7 @@ struct CallHooks {
 struct EngineConfig {
   uint64_t chunkBytes;
   uint64_t minShardBytes;
-  int64_t ringDepth;
+  int64_t ringDepth;  // 0 (auto) until the Communicator resolves it: 4, or 2 across hosts
   int64_t maxPostedRecvs;
   int64_t spinUs;
   int64_t streamSpinUs;  // polling inside a shared-memory batch's data steps

@@ -39,6 +39,7 @@ def provider_and_collectives(rank, world):
     return {"provider": backend.provider, "closed_form_ok": closed_form_ok,
             "rxm_env": _process_env("FI_OFI_RXM_EAGER_LIMIT", "FI_OFI_RXM_ENABLE_DIRECT_SEND"),
             "allreduce_path": torch_smddp.stats()["allreduce_path"],
+            "ring_depth": torch_smddp.stats()["ring_depth"],
             "call_order_bad": overlapping_calls(rank, world),
             "half": half_sums(rank, world, list(groups.values())), **res}
 

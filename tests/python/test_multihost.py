@@ -18,11 +18,13 @@ RXM_DEFAULTS = {"FI_OFI_RXM_EAGER_LIMIT": "262144", "FI_OFI_RXM_ENABLE_DIRECT_SE
 NO_RXM_ENV = dict.fromkeys(RXM_DEFAULTS)  # run_world drops None-valued variables
 
 
-def _network_path_matches_gloo(world, host_of, env=None, rxm_env=RXM_DEFAULTS):
+def _network_path_matches_gloo(world, host_of, env=None, rxm_env=RXM_DEFAULTS, ring_depth=2):
     results = run_world(world, "cases_multihost:provider_and_collectives", timeout=240,
                         env={"SMDDP_HOST_ID": host_of, **NO_RXM_ENV, **(env or {})})
     for rank, res in enumerate(results):
         assert res["rxm_env"] == rxm_env, (rank, res["rxm_env"])
+        # The network path's receive ring: 2 per peer across hosts unless set.
+        assert res["ring_depth"] == ring_depth, (rank, res["ring_depth"])
         assert res["provider"] == "tcp;ofi_rxm", (rank, res["provider"])
         assert res["allreduce_path"] == "tcp;ofi_rxm", (rank, res["allreduce_path"])
         assert res["closed_form_ok"], rank
@@ -45,6 +47,11 @@ def test_one_rank_per_host_takes_the_network_path_and_matches_gloo():
     # 2 hosts x 1 rank: a host segment of one rank would only copy; the
     # network-only path (fusing too) carries the same bytes across.
     _network_path_matches_gloo(2, lambda rank: f"solo{rank}")
+
+
+def test_a_ring_depth_the_user_set_is_kept_across_hosts():
+    _network_path_matches_gloo(2, lambda rank: f"solo{rank}", env={"SMDDP_RING_DEPTH": "5"},
+                               ring_depth=5)
 
 
 def test_two_pretend_hosts_reduce_hierarchically_and_match_gloo():
@@ -92,6 +99,7 @@ def test_same_host_uses_shm():
     # rxm's tuning is for rxm only
     assert all(r["rxm_env"] == dict.fromkeys(RXM_DEFAULTS) for r in results), results
     assert [r["allreduce_path"] for r in results] == ["shared-memory"] * 2
+    assert [r["ring_depth"] for r in results] == [4, 4]  # one host: the cache-resident ring
     assert all(r["closed_form_ok"] and r["failures"] == [] for r in results)
     for rank, res in enumerate(results):
         # Overlapping async calls fused on one host keep call order.
