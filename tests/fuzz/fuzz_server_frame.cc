@@ -73,6 +73,9 @@ T at(const uint8_t* b, size_t offset) {
   return v;
 }
 
+// The spec's element sizes, by dtype 0..8.
+constexpr uint64_t kSpecSize[9] = {4, 8, 2, 2, 1, 1, 4, 8, 1};
+
 // The spec's verdict on raw header bytes: true if accepted for `kinds`.
 bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
   if (at<uint32_t>(b, 0) != 0x56534d53u || at<uint16_t>(b, 4) != 1) return false;
@@ -84,7 +87,6 @@ bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
   switch (kind) {
     case 3:
     case 4: {
-      static const uint64_t kSize[9] = {4, 8, 2, 2, 1, 1, 4, 8, 1};
       const uint8_t dtype = b[7], op = b[8];
       if (dtype >= 9 || op >= 8) return false;
       const bool floating = dtype <= 3;
@@ -93,7 +95,7 @@ bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
       if (at<uint32_t>(b, 12) == 0) return false;
       if (payload > (1ull << 28)) return false;
       const unsigned __int128 want =
-          static_cast<unsigned __int128>(at<uint64_t>(b, 40)) * kSize[dtype];
+          static_cast<unsigned __int128>(at<uint64_t>(b, 40)) * kSpecSize[dtype];
       return want == payload;
     }
     case 1: {
@@ -140,8 +142,8 @@ void consumeHeader(FuzzedDataProvider& in, uint8_t* b) {
   f.divisor = in.ConsumeIntegralInRange<uint32_t>(0, 4);
   f.count = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 64)
                              : in.ConsumeIntegral<uint64_t>();
-  static const uint64_t kSize[10] = {4, 8, 2, 2, 1, 1, 4, 8, 1, 1};
-  f.payload = in.ConsumeBool() ? f.count * kSize[f.dtype] : in.ConsumeIntegral<uint64_t>();
+  f.payload = in.ConsumeBool() ? f.count * (f.dtype < 9 ? kSpecSize[f.dtype] : 1)
+                               : in.ConsumeIntegral<uint64_t>();
   f.hosts = in.ConsumeIntegralInRange<uint16_t>(0, 4);
   f.host = in.ConsumeIntegralInRange<uint16_t>(0, 4);
   std::memcpy(b, &f, 64);
