@@ -138,6 +138,7 @@ PYBIND11_MODULE(_C, m) {
         d["allreduce_path"] = pg.allreducePath();
         d["reduction_servers"] = pg.reductionServers();
         d["ring_depth"] = pg.ringDepth();
+        d["standalone_servers"] = pg.standaloneServers();
         d["device_calls"] = pg.deviceCalls();
         // Per collective: calls, and per size class (power-of-4 bytes)
         // the count and latency (queued to completed) percentiles, read

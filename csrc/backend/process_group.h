@@ -130,6 +130,7 @@ class ProcessGroupSmddp : public c10d::Backend {
     return comm_ && comm_->usesHostPath() ? "shared-memory" : provider();
   }
   int reductionServers() const { return comm_ ? comm_->reductionServers() : 0; }
+  int standaloneServers() const { return comm_ ? comm_->standaloneServers() : 0; }
   // The network path's receive ring per peer (SMDDP_RING_DEPTH, resolved).
   int64_t ringDepth() const { return comm_ ? comm_->config().ringDepth : 0; }
   // The ranks on other hosts this rank keeps liveness connections to.

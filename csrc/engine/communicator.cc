@@ -374,6 +374,10 @@ int Communicator::reductionServers() const {
   return scheduler_ ? scheduler_->segment().servers() : static_cast<int>(netServers_.size());
 }
 
+int Communicator::standaloneServers() const {
+  return scheduler_ ? scheduler_->standaloneServers() : 0;
+}
+
 size_t Communicator::progress() {
   if (quarantined_) return 0;
   Completion batch[16];

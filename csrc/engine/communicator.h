@@ -99,6 +99,8 @@ struct EngineConfig {
   std::vector<ServerAddress> serverHosts;  // standalone reduction servers (SMDDP_SERVER_HOSTS)
   std::string serverJob;                   // SMDDP_SERVER_JOB
   int serverSharePercent = -1;             // SMDDP_SERVER_SHARE (-1: balanced)
+  int64_t serverWaitSeconds = 60;          // SMDDP_SERVER_WAIT
+  bool serverRequired = false;             // SMDDP_SERVER_REQUIRED
   static EngineConfig fromEnvironment();
 };
 // The readers of the parameters each engine file declares next to the code
@@ -138,6 +140,8 @@ class Communicator {
   // calls (network_fusion.h): SMDDP_FUSION_BUFFER_BYTES > 0, several ranks.
   bool fusesOnNetwork() const { return netFusion_; }
   int reductionServers() const;
+  // Standalone reduction servers the group shards over (those it reached).
+  int standaloneServers() const;
   // The ranks that run reduction servers on the network path, ascending
   // (server index i is rank networkServers()[i]).
   const std::vector<int>& networkServers() const { return netServers_; }

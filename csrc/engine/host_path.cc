@@ -42,7 +42,17 @@ SMDDP_PARAM_INT(paramServerShare, "SMDDP_SERVER_SHARE", -1, -1, 100,
                 "percent of each cross-host step the standalone reduction servers take "
                 "together (-1: what balances the bytes when every link has one speed)")
 
+SMDDP_PARAM_INT(paramServerWait, "SMDDP_SERVER_WAIT", 60, 0, 86400,
+                "seconds a worker waits at group creation for each standalone reduction server "
+                "to accept (a server may start after the workers; at most half the group "
+                "timeout); the group goes on without one that some rank could not reach by then")
+SMDDP_PARAM_BOOL(paramServerRequired, "SMDDP_SERVER_REQUIRED", false,
+                 "a standalone reduction server unreachable at group creation fails the group "
+                 "instead of being left out")
+
 void readHostPathParams(EngineConfig& c) {
+  c.serverWaitSeconds = paramServerWait();
+  c.serverRequired = paramServerRequired();
   c.serverHosts = parseServerHosts(paramServerHosts());
   c.serverSharePercent = static_cast<int>(paramServerShare());
   const int64_t count = paramServerCount();
@@ -175,36 +185,53 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
     return nullptr;
   }
   // Across hosts, each host server rank connects to every standalone
-  // reduction server; every rank learns whether all of them could, so a
-  // failure is the same error everywhere instead of a timeout somewhere.
+  // reduction server; every rank learns which of them every server rank
+  // reached, so the whole group leaves out the same ones (failover: a
+  // server that died, then a restarted job) or raises the same error,
+  // instead of a timeout somewhere.
   const int K = static_cast<int>(config.serverHosts.size());
   std::unique_ptr<ServerLinks> links;
+  int inUse = 0;
   if (K > 0 && topo.hosts() > 1) {
-    std::string linkStatus = "ok";
+    std::string error;
+    std::vector<std::string> unreachable;
     const int stream = seg->serverIndexOf(topo.localRank);
     if (stream >= 0) {
       try {
         ServerLinks::Identity me{config.serverJob, comm.jobSecret(), topo.hosts(), topo.hostIndex,
                                  stream, comm.rank()};
-        links = std::make_unique<ServerLinks>(config.serverHosts, me, comm.timeout() / 2);
+        const auto wait = std::min<std::chrono::milliseconds>(
+            std::chrono::seconds(config.serverWaitSeconds), comm.timeout() / 2);
+        links = std::make_unique<ServerLinks>(config.serverHosts, me, wait);
+        unreachable = links->unreachable();
       } catch (const Error& e) {
-        linkStatus = e.what();
+        error = e.what();
       }
     }
-    auto linkAll = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "serverlinks",
-                                      linkStatus, comm.timeout());
-    for (size_t r = 0; r < linkAll.size(); ++r) {
-      if (linkAll[r] != "ok") {
-        throwError(ErrorKind::kPeerLost, "smddp: rank " + std::to_string(r) +
-                                             " cannot use the standalone reduction servers "
-                                             "(SMDDP_SERVER_HOSTS): " + linkAll[r]);
+    auto reports = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "serverlinks",
+                                      reachStatus(error, unreachable, K), comm.timeout());
+    const ServerVerdict verdict = agreeOnServers(reports, K, config.serverRequired);
+    if (!verdict.error.empty()) throwError(ErrorKind::kPeerLost, verdict.error);
+    inUse = verdict.inUse();
+    if (inUse < K) {
+      std::string text = "group '" + comm.name() + "' goes on with " +
+                         std::to_string(inUse) + " of " + std::to_string(K) +
+                         " standalone reduction server(s), leaving out what some rank could not "
+                         "reach within SMDDP_SERVER_WAIT (SMDDP_SERVER_REQUIRED=1 makes that an "
+                         "error): ";
+      for (int i = 0, n = 0; i < K; ++i) {
+        if (!verdict.live[i]) text += (n++ ? "; " : "") + verdict.why[i];
       }
+      if (comm.rank() == 0) SMDDP_LOG(kWarn) << text;
+      else SMDDP_LOG(kDebug) << text;
+      if (links) links->keep(verdict.live);
+      if (inUse == 0) links.reset();
     }
   }
   auto scheduler = std::make_unique<FusionBufferScheduler>(comm, std::move(seg), std::move(topo),
                                                            config.fusionBytes);
-  if (K > 0 && scheduler->topology().hosts() > 1) {
-    scheduler->setStandaloneServers(K);
+  if (inUse > 0) {
+    scheduler->setStandaloneServers(inUse);
     if (links) scheduler->setServerLinks(std::move(links));
   }
   return scheduler;

@@ -40,61 +40,113 @@ std::string resolve(const std::string& host, std::string* why) {
   return ip;
 }
 
+std::string describeServer(const ServerAddress& s, const std::string& ip, int i) {
+  std::string at = s.host + ":" + std::to_string(s.port);
+  if (!ip.empty() && ip != s.host) at += " = " + ip;
+  return "standalone reduction server " + std::to_string(i) + " (" + at + ", SMDDP_SERVER_HOSTS[" +
+         std::to_string(i) + "])";
+}
+
 }  // namespace
 
 std::string ServerLinks::describe(int k) const {
-  const auto& s = servers_[k];
-  std::string at = s.host + ":" + std::to_string(s.port);
-  if (k < static_cast<int>(ips_.size()) && !ips_[k].empty() && ips_[k] != s.host) {
-    at += " = " + ips_[k];
-  }
-  return "standalone reduction server " + std::to_string(k) + " (" + at + ", SMDDP_SERVER_HOSTS[" +
-         std::to_string(k) + "])";
+  const int i = listed_[k];
+  return describeServer(servers_[i], ips_[i], i);
 }
 
 ServerLinks::ServerLinks(const std::vector<ServerAddress>& servers, const Identity& me,
-                         std::chrono::milliseconds timeout)
-    : servers_(servers) {
-  const auto deadline = Clock::now() + timeout;
-  try {
-    for (int k = 0; k < static_cast<int>(servers.size()); ++k) {
-      std::string why;
-      ips_.push_back(resolve(servers[k].host, &why));
-      if (ips_.back().empty()) fail(k, why, "connecting");
-      int fd = connectBefore("", ips_.back(), servers[k].port, deadline, &why);
-      if (fd < 0) fail(k, "cannot connect: " + why, "connecting");
-      // A server host that goes silent (link or host down) fails the
-      // pending push or pull within SMDDP_PEER_TIMEOUT, not the group's.
-      boundSilence(fd, PeerMonitor::configuredSilence());
-      links_.emplace_back();
-      links_.back().fd = fd;
-      ServerFrame hello;
-      hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
-      hello.secret = me.secret;
-      hello.seq = static_cast<uint64_t>(me.rank);
-      hello.hosts = static_cast<uint16_t>(me.hosts);
-      hello.host = static_cast<uint16_t>(me.host);
-      hello.stream = static_cast<uint16_t>(me.stream);
-      hello.server = static_cast<uint16_t>(k);
-      why = writeTextFrame(fd, hello, me.job, deadline);
-      if (!why.empty()) fail(k, "hello: " + why, "connecting");
-      ServerFrame answer;
-      why = readAllBefore(fd, &answer, sizeof(answer), deadline);
-      if (!why.empty()) fail(k, "no welcome: " + why, "connecting");
-      why = validateServerFrame(answer, {ServerFrameKind::kWelcome, ServerFrameKind::kError});
-      if (!why.empty()) fail(k, "answered the hello with " + why, "connecting");
-      if (answer.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
-        std::string text(answer.payload, '\0');
-        readAllBefore(fd, text.data(), text.size(), Clock::now() + std::chrono::seconds(1));
-        throwError(ErrorKind::kInvalidArgument, "smddp: " + describe(k) + ": " + text);
-      }
-    }
-  } catch (...) {
+                         std::chrono::milliseconds wait)
+    : servers_(servers), ips_(servers.size()), unreachable_(servers.size()) {
+  using std::chrono::seconds;
+  const auto deadline = Clock::now() + wait;
+  auto closeAll = [this] {
     broken_ = true;
     for (auto& l : links_) close(l.fd);
     links_.clear();
-    throw;
+    listed_.clear();
+  };
+  for (int i = 0; i < static_cast<int>(servers.size()); ++i) {
+    std::string why;
+    ips_[i] = resolve(servers[i].host, &why);
+    auto unreachable = [&](const std::string& what) {
+      unreachable_[i] = describeServer(servers[i], ips_[i], i) + ": " + what;
+    };
+    if (ips_[i].empty()) {
+      unreachable(why);
+      continue;
+    }
+    int fd = connectBefore("", ips_[i], servers[i].port, std::max(deadline, Clock::now() + seconds(1)),
+                           &why);
+    if (fd < 0) {
+      unreachable("cannot connect: " + why);
+      continue;
+    }
+    // A server host that goes silent (link or host down) fails the
+    // pending push or pull within SMDDP_PEER_TIMEOUT, not the group's.
+    boundSilence(fd, PeerMonitor::configuredSilence());
+    const auto answerBy = std::max(deadline, Clock::now() + seconds(5));
+    ServerFrame hello;
+    hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
+    hello.secret = me.secret;
+    hello.seq = static_cast<uint64_t>(me.rank);
+    hello.hosts = static_cast<uint16_t>(me.hosts);
+    hello.host = static_cast<uint16_t>(me.host);
+    hello.stream = static_cast<uint16_t>(me.stream);
+    hello.server = static_cast<uint16_t>(i);
+    why = writeTextFrame(fd, hello, me.job, answerBy);
+    ServerFrame answer;
+    if (why.empty()) {
+      why = readAllBefore(fd, &answer, sizeof(answer), answerBy);
+      if (!why.empty()) why = "no welcome: " + why;
+    } else {
+      why = "hello: " + why;
+    }
+    if (!why.empty()) {
+      close(fd);
+      unreachable(why);
+      continue;
+    }
+    why = validateServerFrame(answer, {ServerFrameKind::kWelcome, ServerFrameKind::kError});
+    std::string refusal;
+    if (!why.empty()) {
+      refusal = "answered the hello with " + why;
+    } else if (answer.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
+      refusal.assign(answer.payload, '\0');
+      readAllBefore(fd, refusal.data(), refusal.size(), Clock::now() + seconds(1));
+    }
+    if (!refusal.empty()) {
+      close(fd);
+      closeAll();
+      throwError(ErrorKind::kInvalidArgument,
+                 "smddp: " + describeServer(servers[i], ips_[i], i) + ": " + refusal);
+    }
+    links_.emplace_back();
+    links_.back().fd = fd;
+    listed_.push_back(i);
   }
+}
+
+void ServerLinks::keep(const std::vector<bool>& live) {
+  SMDDP_CHECK(live.size() == servers_.size(), kInternal, "ServerLinks::keep: one flag per server");
+  for (size_t i = 0; i < live.size(); ++i) {
+    SMDDP_CHECK(!live[i] || unreachable_[i].empty(), kInternal,
+                "ServerLinks::keep: a server this rank did not reach is marked live");
+  }
+  std::vector<Link> kept;
+  std::vector<int> listed;
+  ServerFrame bye;
+  bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);
+  for (size_t k = 0; k < links_.size(); ++k) {
+    if (live[listed_[k]]) {
+      kept.push_back(std::move(links_[k]));
+      listed.push_back(listed_[k]);
+      continue;
+    }
+    writeAllBefore(links_[k].fd, &bye, sizeof(bye), Clock::now() + std::chrono::milliseconds(200));
+    close(links_[k].fd);
+  }
+  links_ = std::move(kept);
+  listed_ = std::move(listed);
 }
 
 ServerLinks::~ServerLinks() {
@@ -153,6 +205,9 @@ bool ServerLinks::send(int k) {
     const ServerFrame& f = l.out.front();
     const FrameIo io = l.out.write(l.fd, &why);
     if (io == FrameIo::kFailed) {
+      // A server that closed may have said why first (say, another host
+      // left): its error frame names the cause better than a broken pipe.
+      if (why != "silent") receive(k);
       fail(k, connectionLost(why),
            "sending step " + std::to_string(f.step) + " of seq " + std::to_string(f.seq));
     }
@@ -262,6 +317,67 @@ void ServerLinks::abandon(const std::string& why) {
     l.in.next();
   }
   abandoned_ = "out of step since " + why;
+}
+
+namespace {
+
+std::string oneLine(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+}  // namespace
+
+std::string reachStatus(const std::string& error, const std::vector<std::string>& unreachable,
+                        int servers) {
+  std::string out = error.empty() ? "ok" : "error " + oneLine(error);
+  for (int i = 0; i < servers; ++i) {
+    out += '\n';
+    if (i < static_cast<int>(unreachable.size())) out += oneLine(unreachable[i]);
+  }
+  return out;
+}
+
+int ServerVerdict::inUse() const {
+  return static_cast<int>(std::count(live.begin(), live.end(), true));
+}
+
+ServerVerdict agreeOnServers(const std::vector<std::string>& statuses, int servers, bool required) {
+  ServerVerdict v;
+  v.live.assign(servers, true);
+  v.why.assign(servers, "");
+  const std::string head = " cannot use the standalone reduction servers (SMDDP_SERVER_HOSTS): ";
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    std::vector<std::string> lines;
+    size_t at = 0;
+    while (true) {
+      const size_t nl = statuses[r].find('\n', at);
+      lines.push_back(statuses[r].substr(at, nl == std::string::npos ? nl : nl - at));
+      if (nl == std::string::npos) break;
+      at = nl + 1;
+    }
+    const std::string rank = "rank " + std::to_string(r);
+    if (static_cast<int>(lines.size()) != servers + 1 ||
+        (lines[0] != "ok" && lines[0].rfind("error ", 0) != 0)) {
+      if (v.error.empty()) v.error = "smddp: " + rank + head + "its report is malformed";
+      continue;
+    }
+    if (lines[0] != "ok" && v.error.empty()) v.error = "smddp: " + rank + head + lines[0].substr(6);
+    for (int i = 0; i < servers; ++i) {
+      if (lines[i + 1].empty()) continue;
+      v.live[i] = false;
+      v.why[i] += (v.why[i].empty() ? "" : "; ") + rank + ": " + lines[i + 1];
+    }
+  }
+  if (v.error.empty() && required) {
+    for (int i = 0; i < servers; ++i) {
+      if (v.live[i]) continue;
+      v.error = "smddp: " + v.why[i] + " (SMDDP_SERVER_REQUIRED=1: the group does not go on "
+                "without it)";
+      break;
+    }
+  }
+  return v;
 }
 
 }  // namespace smddp

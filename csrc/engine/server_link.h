@@ -31,18 +31,30 @@ class ServerLinks {
     int hosts = 0, host = 0, stream = 0, rank = 0;
   };
   // Connects to every server (retrying refusals: a server may start after
-  // the workers), says hello and waits for its welcome, all within
-  // `timeout`. Throws an error naming the server that could not be reached
-  // or that refused.
+  // the workers), says hello and waits for its welcome, all within `wait`
+  // (each server gets at least a second to connect and five to answer,
+  // however long an earlier one took). A server still unreachable then
+  // (unresolvable, refused, silent, closed before its welcome) is noted in
+  // unreachable(): the group decides together whether it goes on without
+  // it (agreeOnServers). Throws an error naming a server that refused the
+  // hello (another job, another host count) or answered it with garbage:
+  // those are mistakes in the job's set-up, not failures to fail over.
   ServerLinks(const std::vector<ServerAddress>& servers, const Identity& me,
-              std::chrono::milliseconds timeout);
+              std::chrono::milliseconds wait);
   ~ServerLinks();  // says goodbye and closes
   ServerLinks(const ServerLinks&) = delete;
   ServerLinks& operator=(const ServerLinks&) = delete;
 
   int count() const { return static_cast<int>(links_.size()); }
   // "standalone reduction server 1 (10.77.0.13:29500, SMDDP_SERVER_HOSTS[1])"
+  // (k counts the servers in use; the name keeps its place in the list).
   std::string describe(int k) const;
+  // Per server of the list: "" if reached, else why not (with its name).
+  const std::vector<std::string>& unreachable() const { return unreachable_; }
+  // Keeps the listed servers marked in `live` (one per server of the
+  // list, each reached here) and says goodbye to the others; servers in
+  // use are then counted 0..count()-1 in list order.
+  void keep(const std::vector<bool>& live);
 
   // Queues the data frame `f` (payload from `data`) for server k and the
   // result it answers with, to land in `dst` (which may be `data`: the
@@ -84,11 +96,30 @@ class ServerLinks {
   bool send(int k);
   bool receive(int k);
   [[noreturn]] void fail(int k, const std::string& why, const std::string& during);
-  std::vector<ServerAddress> servers_;
-  std::vector<std::string> ips_;
-  std::vector<Link> links_;
+  std::vector<ServerAddress> servers_;  // the whole list
+  std::vector<std::string> ips_;        // per server of the list
+  std::vector<std::string> unreachable_;
+  std::vector<int> listed_;             // per server in use: its place in the list
+  std::vector<Link> links_;             // per server in use
   bool broken_ = false;  // no goodbye after a failure
   std::string abandoned_;
 };
+
+// Whether the group goes on without some standalone servers. Each rank
+// gathers every rank's reachStatus() and takes the same verdict from them:
+// a server any server rank could not reach is left out by every rank,
+// unless `required` (SMDDP_SERVER_REQUIRED), which makes that an error, as
+// is any rank's set-up error (a refusal). So every rank shards the same
+// way, or every rank raises the same error.
+std::string reachStatus(const std::string& error, const std::vector<std::string>& unreachable,
+                        int servers);
+struct ServerVerdict {
+  std::string error;               // "" or why the group cannot be made
+  std::vector<bool> live;          // per server of the list
+  std::vector<std::string> why;    // per server left out: "rank R: ..." for each rank that
+                                   // could not reach it, joined by "; "
+  int inUse() const;
+};
+ServerVerdict agreeOnServers(const std::vector<std::string>& statuses, int servers, bool required);
 
 }  // namespace smddp

@@ -15,6 +15,12 @@ It only observes and writes ``<mode>.<rank>.json``; the test asserts.
 * ``big``: three 64 MiB all_reduces (closed form, exact), run with large
   shared-memory steps so that the steps in flight to a server hold far
   more than its sockets do; writes what each returned and stats().
+* ``failover`` (under ``torchrun --max-restarts 1``, each rank its own
+  pretend host): the first attempt writes ``ready.<rank>.json``, runs
+  ``loop`` until an allreduce raises (the test kills a server), writes
+  ``attempt0.<rank>.json`` and exits 1, so torchrun restarts the job; the
+  restarted attempt runs ``check`` over the servers still alive and writes
+  ``failover.<rank>.json`` with how long joining the group took.
 """
 
 import datetime
@@ -91,10 +97,31 @@ def check(torch, dist, torch_smddp, rank, world, nproc):
     return out
 
 
+def _loop_until_raised(torch, dist, out_dir, rank, loop_s, res):
+    big = torch.ones(1 << 20)
+    dist.all_reduce(big)
+    _write(out_dir, f"ready.{rank}.json", {"rank": rank, "pid": os.getpid()})
+    calls, end = 0, time.monotonic() + loop_s
+    res["raised"] = False
+    try:
+        while time.monotonic() < end:
+            big.fill_(1.0)
+            dist.all_reduce(big)
+            calls += 1
+    except Exception as e:  # noqa: BLE001
+        res.update(raised=True, t=time.time(), msg=str(e))
+    res["calls"] = calls
+
+
 def main():
     mode, out_dir = sys.argv[1], sys.argv[2]
     loop_s = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
     rank = int(os.environ["RANK"])
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if mode == "failover":
+        os.environ["SMDDP_HOST_ID"] = f"h{rank}"  # torchrun runs every rank on this host
+        if attempt == 0:
+            mode = "attempt0"
     try:
         import torch
         import torch.distributed as dist
@@ -103,6 +130,7 @@ def main():
 
         torch.set_num_threads(1)
         timeout = float(os.environ.get("SERVER_TEST_TIMEOUT_S", "60"))
+        t_init = time.monotonic()
         try:
             dist.init_process_group("smddp", timeout=datetime.timedelta(seconds=timeout))
         except Exception as e:  # noqa: BLE001 - reported to the parent
@@ -112,10 +140,19 @@ def main():
             return
         world = dist.get_world_size()
         nproc = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        res = {"rank": rank, "world": world, "pid": os.getpid(),
-               "path": torch_smddp.stats()["allreduce_path"]}
+        res = {"rank": rank, "world": world, "pid": os.getpid(), "attempt": attempt,
+               "init_s": time.monotonic() - t_init,
+               "path": torch_smddp.stats()["allreduce_path"],
+               "standalone_servers": torch_smddp.stats()["standalone_servers"]}
         if mode == "check":
             res.update(check(torch, dist, torch_smddp, rank, world, nproc))
+        elif mode == "failover":
+            res.update(check(torch, dist, torch_smddp, rank, world, 1))
+        elif mode == "attempt0":
+            _loop_until_raised(torch, dist, out_dir, rank, loop_s, res)
+            _write(out_dir, f"{mode}.{rank}.json", res)
+            dist.destroy_process_group()
+            sys.exit(1)  # torchrun restarts the job
         elif mode == "big":
             n = 16 << 20
             base = torch.arange(n, dtype=torch.int64) % 7 + 1
@@ -131,23 +168,13 @@ def main():
             res["stats"] = {k: v for k, v in torch_smddp.stats().items()
                             if isinstance(v, (int, str))}
         elif mode == "loop":
-            big = torch.ones(1 << 20)
-            dist.all_reduce(big)
-            _write(out_dir, f"ready.{rank}.json", {"rank": rank, "pid": os.getpid()})
-            calls, end = 0, time.monotonic() + loop_s
-            res["raised"] = False
-            try:
-                while time.monotonic() < end:
-                    big.fill_(1.0)
-                    dist.all_reduce(big)
-                    calls += 1
-            except Exception as e:  # noqa: BLE001
-                res.update(raised=True, t=time.time(), msg=str(e))
-            res["calls"] = calls
+            _loop_until_raised(torch, dist, out_dir, rank, loop_s, res)
         t0 = time.time()
         dist.destroy_process_group()
         res["destroy_s"] = time.time() - t0
         _write(out_dir, f"{mode}.{rank}.json", res)
+    except SystemExit:
+        raise
     except BaseException as e:  # noqa: BLE001
         _write(out_dir, f"{mode}.{rank}.json",
                {"rank": rank, "crashed": f"{type(e).__name__}: {e}",

@@ -239,6 +239,53 @@ def test_a_killed_server_fails_every_worker_naming_it(procs, tmp_path):
         assert res["destroy_s"] < 10.0, res
 
 
+def test_a_dead_server_is_left_out_when_torchrun_restarts_the_job(procs, tmp_path):
+    # Two servers; the job (torchrun, two ranks, each its own pretend host)
+    # runs on both until server 1 is killed. That attempt fails naming it;
+    # torchrun restarts the job, which leaves the dead server out (every
+    # rank agrees) and reduces through server 0 and the hosts' own.
+    _, host_a = _start_server(procs, ["--bind", "127.0.0.1"])
+    server_b, host_b = _start_server(procs, ["--bind", "127.0.0.1"])
+    hosts = f"{host_a},{host_b}"
+    env = _env(SMDDP_SERVER_HOSTS=hosts, SMDDP_SERVER_WAIT=3, SMDDP_SERVER_SHARE=40)
+    log = os.path.join(tmp_path, "torchrun.log")
+    procs.start([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                 "--max-restarts", "1", "--monitor-interval", "0.5",
+                 WORKER, "failover", str(tmp_path), "60"], env=env, log=log)
+    first = _wait_results(tmp_path, ["ready.0.json", "ready.1.json"], 180)
+    time.sleep(0.5)
+    os.kill(server_b.pid, signal.SIGKILL)
+    got = _wait_results(tmp_path, ["failover.0.json", "failover.1.json"], 240)
+    # The first attempt: the ranks that wrote before torchrun stopped them
+    # raised, and one named the dead server. (The other may name server 0,
+    # which fails a stream once a host leaves it without a goodbye.)
+    failed = [json.load(open(os.path.join(tmp_path, f"attempt0.{r}.json")))
+              for r in range(2) if os.path.exists(os.path.join(tmp_path, f"attempt0.{r}.json"))]
+    assert failed, first
+    for res in failed:
+        assert res["standalone_servers"] == 2 and res["raised"], res
+    assert any("standalone reduction server 1 (" + host_b in res["msg"] for res in failed), failed
+    # The restarted attempt: one server in use, every result right.
+    _check_results(got, hosts)
+    for res in got.values():
+        assert res["attempt"] == 1, res
+        assert res["standalone_servers"] == 1, res
+        assert res["init_s"] < 3 + 30, res  # SMDDP_SERVER_WAIT, not the group timeout
+    with open(log, "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    assert "goes on with 1 of 2 standalone reduction server(s)" in text, text[-3000:]
+    assert "standalone reduction server 1 (" + host_b in text, text[-3000:]
+    # SMDDP_SERVER_REQUIRED=1 turns the same miss into the group's error.
+    req = tmp_path / "required"
+    req.mkdir()
+    _local_world(procs, 2, "init", req, {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_WAIT": 1,
+                                         "SMDDP_SERVER_REQUIRED": 1})
+    got = _wait_results(req, ["init.0.json", "init.1.json"], 120)
+    for res in got.values():
+        err = res.get("init_error", "")
+        assert "SMDDP_SERVER_REQUIRED" in err and host_b in err and "cannot connect" in err, res
+
+
 def test_a_foreign_job_and_bad_addresses_are_refused_clearly(procs, tmp_path):
     _, hosts = _start_server(procs, ["--bind", "127.0.0.1", "--job", "alpha"])
     _local_world(procs, 2, "init", tmp_path,
