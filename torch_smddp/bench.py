@@ -14,7 +14,14 @@ then adds the link bound: in an allreduce each host must send and receive
 2(H-1)/H of the buffer (S for H = 2) through its link, so no allreduce
 finishes in less than 2(H-1)/H * S / RATE, whatever the algorithm. Gloo
 takes the hosts' eth0 (GLOO_SOCKET_IFNAME); smddp's tcp provider finds it
-by itself.
+by itself. `--backends smddp gloo tcp` adds what the links themselves
+carry: `tcp` is no allreduce but plain TCP between the host leaders
+(`--tcp-conns` connections per pair), each sending every other host 2/H of the buffer (S
+for H = 2) while it receives as much, so it moves exactly the bound's
+bytes, in the same processes between the same calls. Its share of the
+bound is what TCP/IP framing (1448 payload bytes per 1514-byte frame on
+these 1500-byte MTU links), ACKs sharing each direction and the tbf
+bucket leave of the nominal rate: the most any algorithm can reach here.
 time = mean seconds per allreduce (max over ranks); algbw = bytes / time;
 busbw = algbw * 2(n-1)/n, the nccl-tests definition for allreduce.
 
@@ -32,13 +39,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
+import selectors
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -103,6 +114,87 @@ def timed_checked_calls(call, t, rank: int, expected: float, iters: int,
     return total / max(iters, 1), problem
 
 
+def _interface_address(name: str) -> str:
+    """The IPv4 address of interface `name` (SIOCGIFADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+    return socket.inet_ntoa(packed[20:24])
+
+
+class TcpMesh:
+    """The `tcp` row of a cluster run: plain TCP between the host leaders
+    (local rank 0), one connection per pair of hosts. exchange(S) has every
+    leader send each other host 2S/H bytes (S for H = 2) while it receives
+    as much from each: the link bound's bytes, 2(H-1)/H * S each way, and
+    nothing else (no reduction, no copies beyond the kernel's)."""
+
+    def __init__(self, gloo, rank: int, world: int, conns: int = 1):
+        import torch.distributed as dist
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: ranks by host
+        self.hosts, self.host = world // local, rank // local
+        self.leader = rank % local == 0
+        self.sent = self.received = 0  # by the last exchange
+        self.peers: list[socket.socket] = []
+        listener, me = None, None
+        if self.leader:
+            ip = _interface_address(os.environ.get("GLOO_SOCKET_IFNAME", "eth0"))
+            listener = socket.create_server((ip, 0), backlog=self.hosts * conns)
+            me = (ip, listener.getsockname()[1])
+        addrs = [None] * world
+        dist.all_gather_object(addrs, me, group=gloo)
+        if self.leader:
+            leaders = [a for a in addrs if a is not None]
+            for j in range(self.host):  # the listeners' backlogs take these
+                for _ in range(conns):
+                    self.peers.append(socket.create_connection(tuple(leaders[j]), timeout=60))
+            listener.settimeout(60)
+            for _ in range((self.hosts - 1 - self.host) * conns):
+                self.peers.append(listener.accept()[0])
+            listener.close()
+            for s in self.peers:
+                s.settimeout(60)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conns = conns
+        self.out = bytearray()
+        self.scratch = bytearray(4 << 20)
+        dist.barrier(group=gloo)
+
+    def exchange(self, nbytes: int) -> None:
+        self.sent = self.received = 0
+        if not self.leader or self.hosts < 2:
+            return
+        per = (nbytes if self.hosts == 2 else 2 * nbytes // self.hosts) // self.conns
+        if len(self.out) < per:
+            self.out = bytearray(per)
+        data = memoryview(self.out)[:per]
+        senders = [threading.Thread(target=s.sendall, args=(data,)) for s in self.peers]
+        for t in senders:
+            t.start()
+        left = {s: per for s in self.peers}
+        sink = memoryview(self.scratch)
+        with selectors.DefaultSelector() as sel:
+            for s in left:
+                sel.register(s, selectors.EVENT_READ)
+            while left:
+                for key, _ in sel.select(timeout=60):
+                    s = key.fileobj
+                    n = s.recv_into(sink, min(left[s], len(sink)))
+                    if n == 0:
+                        raise SystemExit("torch_smddp.bench: a tcp peer closed its connection")
+                    left[s] -= n
+                    if not left[s]:
+                        sel.unregister(s)
+                        del left[s]
+        for t in senders:
+            t.join()
+        self.sent = self.received = per * len(self.peers)
+
+    def close(self) -> None:
+        for s in self.peers:
+            s.close()
+
+
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
@@ -114,6 +206,7 @@ def worker(args) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     groups = {"smddp": None, "gloo": gloo}
+    mesh = TcpMesh(gloo, rank, world, args.tcp_conns) if "tcp" in args.backends else None
     results = []
     expected = closed_form_sum(world)
     for nbytes in args.sizes:
@@ -122,10 +215,18 @@ def worker(args) -> None:
         iters = _iters_for(nbytes, args.budget)
         row = {"bytes": numel * 4, "iters": iters}
         for name in args.backends:
-            g = groups[name]
+            if name == "tcp":
+                # Moves bytes and leaves `t` alone: the call sets the
+                # closed form's value itself, so the same refill and check
+                # as the allreduces run between calls, untimed.
+                def call():
+                    mesh.exchange(numel * 4)
+                    t.fill_(expected)
+            else:
+                g = groups[name]
 
-            def call():
-                dist.all_reduce(t, group=g)
+                def call():
+                    dist.all_reduce(t, group=g)
 
             _, warm_problem = timed_checked_calls(call, t, rank, expected, args.warmup)
             dist.barrier(group=gloo)
@@ -145,6 +246,8 @@ def worker(args) -> None:
             row[name] = tt[0].item()
             row[f"{name}_between"] = tt[2].item()
         results.append(row)
+    if mesh:
+        mesh.close()
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"world": world, "rows": results}, f)
@@ -228,7 +331,8 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
 
 def _worker_args(args) -> list[str]:
     return ["--worker", "--budget", str(args.budget), "--warmup", str(args.warmup),
-            "--backends", *args.backends, "--sizes", *map(str, args.sizes)]
+            "--backends", *args.backends, "--tcp-conns", str(args.tcp_conns),
+            "--sizes", *map(str, args.sizes)]
 
 
 def run_world(world: int, args) -> dict:
@@ -295,7 +399,7 @@ def _print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
     for b in backends:
         head += f" | {b + ' us':>12} {'algbw GB/s':>10} {'busbw GB/s':>10}"
         head += f" {'of bound':>8}" if bound_of else ""
-    if len(backends) == 2:
+    if len(backends) >= 2:
         head += f" | {ratio_head:>17}"
     print(head)
     for row in rows:
@@ -307,7 +411,7 @@ def _print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
             alg = row["bytes"] / t / 1e9
             line += f" | {t * 1e6:>12.1f} {alg:>10.3f} {alg * factor:>10.3f}"
             line += f" {bound / t:>8.0%}" if bound_of else ""
-        if len(backends) == 2:
+        if len(backends) >= 2:
             line += f" | {row[backends[1]] / row[backends[0]]:>16.2f}x"
         print(line)
 
@@ -321,7 +425,7 @@ def print_cluster_table(data: dict, backends: list[str]) -> None:
     n = h * r
     print(f"# busbw = algbw x 2(n-1)/n over all {n} ranks (nccl-tests); 'of bound' = bound / time")
     _print_rows(data["rows"], backends, n, backends[1] + "/" + backends[0] + " time"
-                if len(backends) == 2 else "",
+                if len(backends) >= 2 else "",
                 bound_of=lambda nbytes: link_bound_seconds(nbytes, h, rate_bps))
 
 
@@ -386,11 +490,18 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=1, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate (tc tbf)")
     ap.add_argument("--save", help="also write the measurements as JSON to this file")
+    ap.add_argument("--tcp-conns", type=int, default=1,
+                    help="with --backends ... tcp: connections per pair of hosts")
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
     resolve_sizes(args)
+    unknown = set(args.backends) - {"smddp", "gloo", "tcp"}
+    if unknown:
+        ap.error(f"--backends: unknown {sorted(unknown)} (smddp, gloo, tcp)")
+    if "tcp" in args.backends and args.hosts is None:
+        ap.error("--backends tcp measures the links of a cluster: it needs --hosts")
     if args.hosts is not None:
         if args.hosts < 1 or args.ranks < 1:
             ap.error("--hosts and --ranks must be at least 1")

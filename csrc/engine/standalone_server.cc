@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -124,6 +125,57 @@ void StandaloneServer::stop() {
   streams_.clear();
 }
 
+size_t StandaloneServer::streams() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return streams_.size();
+}
+
+size_t StandaloneServer::threads() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return threads_.size();
+}
+
+void StandaloneServer::reapThreads() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto id : finished_) {
+      auto it = std::find_if(threads_.begin(), threads_.end(),
+                             [id](const std::thread& t) { return t.get_id() == id; });
+      if (it == threads_.end()) continue;  // stop() took it
+      done.push_back(std::move(*it));
+      threads_.erase(it);
+    }
+    finished_.clear();
+  }
+  for (auto& t : done) t.join();  // each has returned or is returning
+}
+
+void StandaloneServer::dropAbandonedStreamsLocked() {
+  // Before a stream is complete its hosts only wait for the others: their
+  // group cannot send data before every host joined. So a hang-up or
+  // anything to read on one of its connections means that host left (its
+  // group went on without this server, or died), and no host of it will
+  // ever complete the stream.
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    Stream& s = *it->second;
+    bool left = false;
+    for (int fd : s.fds) {
+      pollfd p{fd, POLLIN | POLLRDHUP, 0};
+      if (fd >= 0 && poll(&p, 1, 0) > 0) left = true;
+    }
+    if (s.serving || !left) {
+      ++it;
+      continue;
+    }
+    for (int& fd : s.fds) {
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+    it = streams_.erase(it);
+  }
+}
+
 std::string StandaloneServer::lastError() const {
   std::lock_guard<std::mutex> g(mu_);
   return lastError_;
@@ -138,6 +190,7 @@ void StandaloneServer::noteError(const std::string& text) {
 
 void StandaloneServer::acceptLoop(int server) {
   while (!stop_.load()) {
+    reapThreads();
     pollfd p{listeners_[server], POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;
     int fd = accept4(listeners_[server], nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -149,7 +202,11 @@ void StandaloneServer::acceptLoop(int server) {
       close(fd);
       break;
     }
-    threads_.emplace_back([this, server, fd] { handshake(server, fd); });
+    threads_.emplace_back([this, server, fd] {
+      handshake(server, fd);
+      std::lock_guard<std::mutex> done(mu_);
+      finished_.push_back(std::this_thread::get_id());
+    });
   }
 }
 
@@ -190,6 +247,7 @@ void StandaloneServer::handshake(int server, int fd) {
   std::shared_ptr<Stream> stream;
   {
     std::lock_guard<std::mutex> g(mu_);
+    dropAbandonedStreamsLocked();
     const uint64_t secret = hello.secret;  // copies: the frame is packed
     const int streamIndex = hello.stream;
     auto& s = streams_[std::make_tuple(server, secret, streamIndex)];

@@ -45,6 +45,11 @@ class StandaloneServer {
   uint64_t piecesReduced() const { return pieces_.load(); }
   uint64_t bytesReduced() const { return bytes_.load(); }
   uint64_t refused() const { return refused_.load(); }  // hellos and streams refused or failed
+  // Streams open (joined by some host, not ended), and threads not yet
+  // joined (accept loops, and connections not yet reaped): a server that
+  // outlives many jobs must not grow either.
+  size_t streams() const;
+  size_t threads() const;
   // The last refusal or failure, for logs and tests.
   std::string lastError() const;
 
@@ -54,6 +59,11 @@ class StandaloneServer {
   void handshake(int server, int fd);
   void serve(int server, std::shared_ptr<Stream> stream);
   void noteError(const std::string& text);
+  // Joins the connection threads that have finished (accept loops call it).
+  void reapThreads();
+  // Closes the streams still waiting for hosts that one of their hosts
+  // left (a group that gave up on this server); with mu_ held.
+  void dropAbandonedStreamsLocked();
 
   Options options_;
   std::vector<int> listeners_;
@@ -64,6 +74,7 @@ class StandaloneServer {
   // (server, group secret, stream) -> the connections of its hosts.
   std::map<std::tuple<int, uint64_t, int>, std::shared_ptr<Stream>> streams_;
   std::vector<std::thread> threads_;  // accept loops, handshakes and serving loops
+  std::vector<std::thread::id> finished_;  // threads of threads_ that returned
   std::string lastError_;
 };
 

@@ -597,6 +597,48 @@ TEST_CASE("a push into a stream the server ended reports the server's reason", "
                       Catch::Contains("host 1 (rank 1) closed its connection without a goodbye"));
 }
 
+TEST_CASE("a long-lived server drops streams their hosts left and joins ended threads",
+          "[server]") {
+  StandaloneServer server({"127.0.0.1", 0, 1, ""});
+  // Host 0 of a two-host stream joins, then its group gives up on this
+  // server (goodbye, close) before host 1 ever comes.
+  {
+    ServerLinks lone(loopback(server), ServerLinks::Identity{"", 77, 2, 0, 0, 0},
+                     std::chrono::seconds(5));
+    REQUIRE(lone.count() == 1);
+    CHECK(server.streams() == 1);
+    lone.keep({false});  // what a group that leaves this server out does
+  }
+  // Twenty connections that end at once (refused: garbage).
+  for (int i = 0; i < 20; ++i) {
+    int fd = rawConnect(server.ports()[0]);
+    const char junk[64] = "not a hello";
+    REQUIRE(send(fd, junk, sizeof(junk), 0) == sizeof(junk));
+    answerText(fd);
+    close(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // A whole stream of another group: its first hello sweeps the left one,
+  // and the accept loop has joined the finished threads by then.
+  std::vector<std::thread> hosts;
+  std::vector<float> out[2];
+  for (int h = 0; h < 2; ++h) {
+    hosts.emplace_back([&, h] {
+      auto l = link(loopback(server), 2, h, "", 78);
+      ServerFrame f = dataFrame(2);
+      float v[2] = {1.0f, 2.0f + h};
+      out[h].assign(2, 0);
+      l->wait(0, l->post(0, f, v, out[h].data()), Clock::now() + std::chrono::seconds(10), nullptr);
+      if (h == 0) CHECK(server.streams() == 1);  // the abandoned one is gone
+    });
+  }
+  for (auto& t : hosts) t.join();
+  CHECK(out[0] == std::vector<float>{2, 5});
+  CHECK(out[1] == out[0]);
+  // The accept loop, and at most the two connections of the last stream.
+  CHECK(server.threads() <= 3);
+}
+
 TEST_CASE("a pull waits no longer than its deadline", "[server]") {
   StandaloneServer server({"127.0.0.1", 0, 1, ""});
   auto a = link(loopback(server), 2, 0);

@@ -246,3 +246,42 @@ def test_peers_pairs_take_each_pairs_median_and_count_the_pairs_won(monkeypatch,
     peers.print_table([d])
     out = capsys.readouterr().out
     assert "median over pairs" in out and "| 1 of 2 |" in out
+
+
+MESH_SCRIPT = """
+import json, sys
+import torch.distributed as dist
+from torch_smddp import bench
+out = sys.argv[sys.argv.index("--out") + 1]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+mesh = bench.TcpMesh(dist.group.WORLD, rank, world, conns=2)
+got = []
+for n in (3 << 20, 12000):
+    mesh.exchange(n)
+    got.append([mesh.sent, mesh.received])
+every = [None] * world
+dist.all_gather_object(every, got)
+mesh.close()
+if rank == 0:
+    with open(out, "w") as f:
+        json.dump(every, f)
+dist.barrier()
+"""
+
+
+def test_tcp_mesh_moves_exactly_the_link_bounds_bytes(tmp_path):
+    # Three one-rank "hosts" on loopback: each leader must send and receive
+    # 2(H-1)/H of the size, the link bound's bytes, and nothing more.
+    script = tmp_path / "mesh.py"
+    script.write_text(MESH_SCRIPT)
+    data = bench.launch_ranks([sys.executable, str(script)], 3, 120, "tcp mesh",
+                              env={"GLOO_SOCKET_IFNAME": "lo", "LOCAL_WORLD_SIZE": "1"})
+    for rank_got in data:
+        assert rank_got == [[4 << 20, 4 << 20], [16000, 16000]], data
+
+
+def test_tcp_needs_a_cluster():
+    p = subprocess.run([sys.executable, "-m", "torch_smddp.bench", "--backends", "smddp", "tcp"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "needs --hosts" in p.stderr, p.stderr
