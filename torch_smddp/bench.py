@@ -126,7 +126,9 @@ class TcpMesh:
     (local rank 0), one connection per pair of hosts. exchange(S) has every
     leader send each other host 2S/H bytes (S for H = 2) while it receives
     as much from each: the link bound's bytes, 2(H-1)/H * S each way, and
-    nothing else (no reduction, no copies beyond the kernel's)."""
+    nothing else (no reduction, no copies beyond the kernel's). A ceiling
+    for sizes the links limit (MiBs): each exchange also starts a Python
+    thread per connection, which small sizes would time instead."""
 
     def __init__(self, gloo, rank: int, world: int, conns: int = 1):
         import torch.distributed as dist

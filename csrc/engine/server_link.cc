@@ -57,73 +57,70 @@ std::string ServerLinks::describe(int k) const {
 ServerLinks::ServerLinks(const std::vector<ServerAddress>& servers, const Identity& me,
                          std::chrono::milliseconds wait)
     : servers_(servers), ips_(servers.size()), unreachable_(servers.size()) {
-  using std::chrono::seconds;
   const auto deadline = Clock::now() + wait;
-  auto closeAll = [this] {
+  try {
+    for (int i = 0; i < static_cast<int>(servers.size()); ++i) connectTo(i, me, deadline);
+  } catch (...) {
     broken_ = true;
     for (auto& l : links_) close(l.fd);
     links_.clear();
     listed_.clear();
-  };
-  for (int i = 0; i < static_cast<int>(servers.size()); ++i) {
-    std::string why;
-    ips_[i] = resolve(servers[i].host, &why);
-    auto unreachable = [&](const std::string& what) {
-      unreachable_[i] = describeServer(servers[i], ips_[i], i) + ": " + what;
-    };
-    if (ips_[i].empty()) {
-      unreachable(why);
-      continue;
-    }
-    int fd = connectBefore("", ips_[i], servers[i].port, std::max(deadline, Clock::now() + seconds(1)),
-                           &why);
-    if (fd < 0) {
-      unreachable("cannot connect: " + why);
-      continue;
-    }
-    // A server host that goes silent (link or host down) fails the
-    // pending push or pull within SMDDP_PEER_TIMEOUT, not the group's.
-    boundSilence(fd, PeerMonitor::configuredSilence());
-    const auto answerBy = std::max(deadline, Clock::now() + seconds(5));
-    ServerFrame hello;
-    hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
-    hello.secret = me.secret;
-    hello.seq = static_cast<uint64_t>(me.rank);
-    hello.hosts = static_cast<uint16_t>(me.hosts);
-    hello.host = static_cast<uint16_t>(me.host);
-    hello.stream = static_cast<uint16_t>(me.stream);
-    hello.server = static_cast<uint16_t>(i);
-    why = writeTextFrame(fd, hello, me.job, answerBy);
-    ServerFrame answer;
-    if (why.empty()) {
-      why = readAllBefore(fd, &answer, sizeof(answer), answerBy);
-      if (!why.empty()) why = "no welcome: " + why;
-    } else {
-      why = "hello: " + why;
-    }
-    if (!why.empty()) {
-      close(fd);
-      unreachable(why);
-      continue;
-    }
-    why = validateServerFrame(answer, {ServerFrameKind::kWelcome, ServerFrameKind::kError});
-    std::string refusal;
-    if (!why.empty()) {
-      refusal = "answered the hello with " + why;
-    } else if (answer.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
-      refusal.assign(answer.payload, '\0');
-      readAllBefore(fd, refusal.data(), refusal.size(), Clock::now() + seconds(1));
-    }
-    if (!refusal.empty()) {
-      close(fd);
-      closeAll();
-      throwError(ErrorKind::kInvalidArgument,
-                 "smddp: " + describeServer(servers[i], ips_[i], i) + ": " + refusal);
-    }
-    links_.emplace_back();
-    links_.back().fd = fd;
-    listed_.push_back(i);
+    throw;
   }
+}
+
+void ServerLinks::connectTo(int i, const Identity& me, Clock::time_point deadline) {
+  using std::chrono::seconds;
+  const auto& servers = servers_;
+  std::string why;
+  ips_[i] = resolve(servers[i].host, &why);
+  auto unreachable = [&](const std::string& what) {
+    unreachable_[i] = describeServer(servers[i], ips_[i], i) + ": " + what;
+  };
+  if (ips_[i].empty()) return unreachable(why);
+  int fd = connectBefore("", ips_[i], servers[i].port, std::max(deadline, Clock::now() + seconds(1)),
+                         &why);
+  if (fd < 0) return unreachable("cannot connect: " + why);
+  // A server host that goes silent (link or host down) fails the
+  // pending push or pull within SMDDP_PEER_TIMEOUT, not the group's.
+  boundSilence(fd, PeerMonitor::configuredSilence());
+  const auto answerBy = std::max(deadline, Clock::now() + seconds(5));
+  ServerFrame hello;
+  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
+  hello.secret = me.secret;
+  hello.seq = static_cast<uint64_t>(me.rank);
+  hello.hosts = static_cast<uint16_t>(me.hosts);
+  hello.host = static_cast<uint16_t>(me.host);
+  hello.stream = static_cast<uint16_t>(me.stream);
+  hello.server = static_cast<uint16_t>(i);
+  why = writeTextFrame(fd, hello, me.job, answerBy);
+  ServerFrame answer;
+  if (why.empty()) {
+    why = readAllBefore(fd, &answer, sizeof(answer), answerBy);
+    if (!why.empty()) why = "no welcome: " + why;
+  } else {
+    why = "hello: " + why;
+  }
+  if (!why.empty()) {
+    close(fd);
+    return unreachable(why);
+  }
+  why = validateServerFrame(answer, {ServerFrameKind::kWelcome, ServerFrameKind::kError});
+  std::string refusal;
+  if (!why.empty()) {
+    refusal = "answered the hello with " + why;
+  } else if (answer.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
+    refusal.assign(answer.payload, '\0');
+    readAllBefore(fd, refusal.data(), refusal.size(), Clock::now() + seconds(1));
+  }
+  if (!refusal.empty()) {
+    close(fd);
+    throwError(ErrorKind::kInvalidArgument,
+               "smddp: " + describeServer(servers[i], ips_[i], i) + ": " + refusal);
+  }
+  links_.emplace_back();
+  links_.back().fd = fd;
+  listed_.push_back(i);
 }
 
 void ServerLinks::keep(const std::vector<bool>& live) {

@@ -93,6 +93,9 @@ class ServerLinks {
     std::deque<Expect> expect;
     uint64_t posted = 0, received = 0;
   };
+  // The constructor's work for server i of the list: a link, or a note in
+  // unreachable_; throws on a refusal.
+  void connectTo(int i, const Identity& me, std::chrono::steady_clock::time_point deadline);
   bool send(int k);
   bool receive(int k);
   [[noreturn]] void fail(int k, const std::string& why, const std::string& during);

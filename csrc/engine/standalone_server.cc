@@ -152,17 +152,18 @@ void StandaloneServer::reapThreads() {
 }
 
 void StandaloneServer::dropAbandonedStreamsLocked() {
-  // Before a stream is complete its hosts only wait for the others: their
-  // group cannot send data before every host joined. So a hang-up or
-  // anything to read on one of its connections means that host left (its
-  // group went on without this server, or died), and no host of it will
-  // ever complete the stream.
+  // A host that closed its end of a stream still waiting for hosts (its
+  // group went on without this server, or died) will never serve in it,
+  // so the stream can never be served. (Data a host sent early stays
+  // queued for the serving loop: only the hang-up counts.)
   for (auto it = streams_.begin(); it != streams_.end();) {
     Stream& s = *it->second;
     bool left = false;
     for (int fd : s.fds) {
-      pollfd p{fd, POLLIN | POLLRDHUP, 0};
-      if (fd >= 0 && poll(&p, 1, 0) > 0) left = true;
+      pollfd p{fd, POLLRDHUP, 0};
+      if (fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        left = true;
+      }
     }
     if (s.serving || !left) {
       ++it;

@@ -62,7 +62,7 @@ class StandaloneServer {
   // Joins the connection threads that have finished (accept loops call it).
   void reapThreads();
   // Closes the streams still waiting for hosts that one of their hosts
-  // left (a group that gave up on this server); with mu_ held.
+  // hung up on (a group that gave up on this server); with mu_ held.
   void dropAbandonedStreamsLocked();
 
   Options options_;
