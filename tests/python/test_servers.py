@@ -404,6 +404,33 @@ def test_cluster_server_host_link_down_fails_workers_within_the_peer_timeout(
         print(f"\nserver host link down: a worker raised after {took:.2f} s: {msg}")
 
 
+@pytest.mark.cluster
+def test_cluster_a_server_host_cut_off_before_the_job_is_left_out(procs, cluster3, tmp_path):
+    # The server runs, but its host's link is down when the job starts: its
+    # connect gets no answer at all (not a refusal). The group waits
+    # SMDDP_SERVER_WAIT, leaves it out on every rank and reduces on its own.
+    addr = cluster3.addr(2)
+    _, hosts = _start_server_on(procs, cluster3, 2, ["--port", "29900", "--advertise", addr])
+    try:
+        cluster3.link(2, "down")
+        _cluster_job(procs, cluster3, 2, 1, "check", tmp_path,
+                     {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_WAIT": 3})
+        got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
+    finally:
+        cluster3.reset()
+    for res in got.values():
+        assert "crashed" not in res and "init_error" not in res, res
+        assert res["standalone_servers"] == 0 and res["bad"] == [], res
+        assert res["stats"]["standalone_server_steps"] == 0, res["stats"]
+        assert 3 <= res["init_s"] < 3 + 20, res
+    hashes = [dict(r["cases"]) for r in got.values()]
+    assert hashes[0] == hashes[1]
+    with open(os.path.join(tmp_path, "torchrun.h0.log"), "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    assert "goes on with 0 of 1 standalone reduction server(s)" in text, text[-3000:]
+    assert f"standalone reduction server 0 ({addr}:29900" in text, text[-3000:]
+
+
 def _start_server_on(procs, cluster, host, args):
     env = _env(SMDDP_CLUSTER=cluster.prefix)
     p = procs.start([_cluster_script(), "exec", str(host), PY, "-m", "torch_smddp.server",
