@@ -29,9 +29,10 @@ ProcessGroupSmddp = _C.ProcessGroupSmddp
 
 def _servers_from_store(store, timeout) -> None:
     """SMDDP_SERVER_COUNT=K without SMDDP_SERVER_HOSTS: the standalone
-    reduction servers registered themselves in the job's store
-    (``python -m torch_smddp.server --rendezvous ... --job ID``); wait for K
-    of job SMDDP_SERVER_JOB and hand their addresses to the engine."""
+    reduction servers registered themselves in a store (``python -m
+    torch_smddp.server --rendezvous ... --job ID``): the job's own, or the
+    one at SMDDP_SERVER_RENDEZVOUS. Wait for K of job SMDDP_SERVER_JOB and
+    hand their addresses to the engine."""
     raw = os.environ.get("SMDDP_SERVER_COUNT", "").strip()
     if not raw or os.environ.get("SMDDP_SERVER_HOSTS", "").strip():
         return
@@ -47,15 +48,33 @@ def _servers_from_store(store, timeout) -> None:
     if not job:
         raise ValueError("SMDDP_SERVER_COUNT is set without SMDDP_SERVER_JOB: the job id the "
                          "servers registered under (python -m torch_smddp.server --job ID)")
-    root = store
-    while isinstance(root, dist.PrefixStore):
-        root = root.underlying_store
+    where = os.environ.get("SMDDP_SERVER_RENDEZVOUS", "").strip()
+    if where:
+        # Under torchrun's c10d rendezvous the workers' own store gets a
+        # port at run time; the servers register at the rendezvous endpoint.
+        host, sep, port = where.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"SMDDP_SERVER_RENDEZVOUS='{where}' is not HOST:PORT (the TCPStore the "
+                             "servers registered in with python -m torch_smddp.server --rendezvous)")
+        try:
+            root = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout,
+                                 wait_for_workers=False)
+        except Exception as e:  # noqa: BLE001  (the store's own connection error)
+            raise RuntimeError(f"smddp: cannot reach the store at SMDDP_SERVER_RENDEZVOUS={where} "
+                               f"within {timeout}: {e}") from e
+        place = f"the store at SMDDP_SERVER_RENDEZVOUS={where}"
+    else:
+        root = store
+        while isinstance(root, dist.PrefixStore):
+            root = root.underlying_store
+        place = ("the job's store (under torchrun's c10d rendezvous, set SMDDP_SERVER_RENDEZVOUS "
+                 "to its --rdzv-endpoint and start the servers with --rendezvous there)")
     keys = [f"smddp_servers/{job}/{i}" for i in range(count)]
     try:
         root.wait(keys, timeout)
     except Exception as e:  # noqa: BLE001  (the store's own timeout error)
         raise RuntimeError(f"smddp: {count} standalone reduction server(s) of job '{job}' "
-                           f"(SMDDP_SERVER_COUNT) did not register in the job's store within "
+                           f"(SMDDP_SERVER_COUNT) did not register in {place} within "
                            f"{timeout}: {e}") from e
     os.environ["SMDDP_SERVER_HOSTS"] = ",".join(root.get(k).decode() for k in keys)
 

@@ -13,17 +13,22 @@ How a job finds the servers (pick one):
   the line this command prints, ``SMDDP_SERVER_HOSTS=host:port,...`` (the
   same list, in the same order, on every worker). With ``--port P``, server
   i listens on P + i, so the list is known in advance.
-* The job's store: ``--rendezvous HOST:PORT`` (a c10d TCPStore, e.g.
-  torchrun's ``--rdzv-endpoint`` or MASTER_ADDR:MASTER_PORT) registers the
+* A store: ``--rendezvous HOST:PORT`` (a c10d TCPStore) registers the
   servers under ``--job ID``; workers started with ``SMDDP_SERVER_JOB=ID``
   and ``SMDDP_SERVER_COUNT=K`` wait (within the group timeout) until K
-  servers registered there, in registration order.
+  servers registered there, in registration order. The workers look in
+  their own job's store (MASTER_ADDR:MASTER_PORT, a port fixed with
+  torchrun ``--master-port``), or, with ``SMDDP_SERVER_RENDEZVOUS=HOST:PORT``,
+  in the store there: under torchrun's c10d rendezvous the workers' store
+  gets a port at run time, so point both at torchrun's ``--rdzv-endpoint``.
 
 A server started with ``--job ID`` refuses workers of any other job (their
 ``SMDDP_SERVER_JOB``). It serves groups until it is stopped (SIGTERM or
 Ctrl-C). If it dies, every worker's allreduce fails at once with an error
 that names it; a worker that dies makes the server fail its group's other
-workers the same way.
+workers the same way. A job restarted after a server died (torchrun
+``--max-restarts``) goes on without it: a server no worker can reach
+within ``SMDDP_SERVER_WAIT`` is left out by every rank.
 """
 
 from __future__ import annotations

@@ -38,6 +38,13 @@ SMDDP_PARAM_INT(paramServerCount, "SMDDP_SERVER_COUNT", 0, 0, 1024,
                 "-m torch_smddp.server --rendezvous --job SMDDP_SERVER_JOB (0: none; ignored "
                 "when SMDDP_SERVER_HOSTS is set)")
 
+// Read by torch_smddp/__init__.py, which looks the servers up; declared
+// here with the others so that the README and torch_smddp.info list it.
+SMDDP_PARAM_STRING(paramServerRendezvous, "SMDDP_SERVER_RENDEZVOUS", "",
+                   "with SMDDP_SERVER_COUNT: the TCPStore (HOST:PORT) the servers registered in "
+                   "(empty: the job's own store; under torchrun's c10d rendezvous, its "
+                   "--rdzv-endpoint)")
+
 SMDDP_PARAM_INT(paramServerShare, "SMDDP_SERVER_SHARE", -1, -1, 100,
                 "percent of each cross-host step the standalone reduction servers take "
                 "together (-1: what balances the bytes when every link has one speed)")

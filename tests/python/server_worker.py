@@ -15,6 +15,9 @@ It only observes and writes ``<mode>.<rank>.json``; the test asserts.
 * ``big``: three 64 MiB all_reduces (closed form, exact), run with large
   shared-memory steps so that the steps in flight to a server hold far
   more than its sockets do; writes what each returned and stats().
+With SERVER_TEST_HOST_PER_RANK=1 each rank is its own pretend host
+(SMDDP_HOST_ID), as under torchrun on this one machine.
+
 * ``failover`` (under ``torchrun --max-restarts 1``, each rank its own
   pretend host): the first attempt writes ``ready.<rank>.json``, runs
   ``loop`` until an allreduce raises (the test kills a server), writes
@@ -118,10 +121,11 @@ def main():
     loop_s = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
     rank = int(os.environ["RANK"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if mode == "failover":
+    one_rank_hosts = mode == "failover" or os.environ.get("SERVER_TEST_HOST_PER_RANK") == "1"
+    if one_rank_hosts:
         os.environ["SMDDP_HOST_ID"] = f"h{rank}"  # torchrun runs every rank on this host
-        if attempt == 0:
-            mode = "attempt0"
+    if mode == "failover" and attempt == 0:
+        mode = "attempt0"
     try:
         import torch
         import torch.distributed as dist
@@ -139,7 +143,7 @@ def main():
                 time.sleep(5)  # rank 0 hosts the store: the others may still read it
             return
         world = dist.get_world_size()
-        nproc = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        nproc = 1 if one_rank_hosts else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         res = {"rank": rank, "world": world, "pid": os.getpid(), "attempt": attempt,
                "init_s": time.monotonic() - t_init,
                "path": torch_smddp.stats()["allreduce_path"],
@@ -147,7 +151,7 @@ def main():
         if mode == "check":
             res.update(check(torch, dist, torch_smddp, rank, world, nproc))
         elif mode == "failover":
-            res.update(check(torch, dist, torch_smddp, rank, world, 1))
+            res.update(check(torch, dist, torch_smddp, rank, world, nproc))
         elif mode == "attempt0":
             _loop_until_raised(torch, dist, out_dir, rank, loop_s, res)
             _write(out_dir, f"{mode}.{rank}.json", res)

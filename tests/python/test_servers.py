@@ -201,6 +201,31 @@ def test_servers_found_in_the_jobs_store(procs, tmp_path):
     _check_results(got, None)
 
 
+def test_servers_found_at_torchruns_rendezvous_endpoint(procs, tmp_path):
+    # torchrun's c10d rendezvous: the workers' store is on a port chosen at
+    # run time, so the server registers at the rendezvous endpoint and the
+    # workers look there (SMDDP_SERVER_RENDEZVOUS).
+    port = find_free_port()
+    env = _env(SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="rdzvjob",
+               SMDDP_SERVER_RENDEZVOUS=f"127.0.0.1:{port}", SERVER_TEST_HOST_PER_RANK=1)
+    procs.start([PY, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                 f"127.0.0.1:{port}", "--nnodes", "1", "--nproc-per-node", "2",
+                 "--max-restarts", "0", WORKER, "check", str(tmp_path)], env=env,
+                log=os.path.join(tmp_path, "torchrun.log"))
+    _start_server(procs, ["--bind", "127.0.0.1", "--job", "rdzvjob",
+                          "--rendezvous", f"127.0.0.1:{port}"])
+    got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
+    results = _check_results(got, None)
+    assert all(r["standalone_servers"] == 1 for r in results), results
+    # A value that is no HOST:PORT is named before anything waits.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    _local_world(procs, 2, "init", bad, {"SMDDP_SERVER_COUNT": 1, "SMDDP_SERVER_JOB": "x",
+                                         "SMDDP_SERVER_RENDEZVOUS": "nowhere"})
+    for res in _wait_results(bad, ["init.0.json", "init.1.json"], 120).values():
+        assert "SMDDP_SERVER_RENDEZVOUS='nowhere'" in res.get("init_error", ""), res
+
+
 def test_steps_in_flight_outgrow_the_sockets_without_a_deadlock(procs, tmp_path):
     # 4 MiB shared-memory steps, 16 in flight, 90 % of each to the server:
     # about 58 MiB posted to it per host before the first result can come
