@@ -65,6 +65,24 @@ int rawConnect(int port) {
   return fd;
 }
 
+// A raw host that joins a stream with a good hello (and `job`) and reads
+// its welcome: a worker the test drives byte by byte from then on.
+int rawHost(int port, int hosts, int host, uint64_t secret, const std::string& job) {
+  int fd = rawConnect(port);
+  ServerFrame hello;
+  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
+  hello.hosts = static_cast<uint16_t>(hosts);
+  hello.host = static_cast<uint16_t>(host);
+  hello.seq = static_cast<uint64_t>(host);
+  hello.secret = secret;
+  hello.payload = job.size();
+  REQUIRE(send(fd, &hello, sizeof(hello), 0) == sizeof(hello));
+  if (!job.empty()) REQUIRE(send(fd, job.data(), job.size(), 0) == static_cast<ssize_t>(job.size()));
+  ServerFrame welcome;
+  REQUIRE(recv(fd, &welcome, sizeof(welcome), MSG_WAITALL) == sizeof(welcome));
+  return fd;
+}
+
 // Reads the server's answer to a raw connection: an error frame's text.
 std::string answerText(int fd) {
   timeval tv{5, 0};
@@ -363,17 +381,7 @@ TEST_CASE("a standalone server refuses garbage and foreign jobs with a clear err
   // an error that contains `named`.
   auto badSecondHost = [&](const ServerFrame& bad, const std::string& named) {
     auto good = link(loopback(server), 2, 0, "jobA");
-    int fd = rawConnect(server.ports()[0]);
-    ServerFrame hello;
-    hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
-    hello.hosts = 2;
-    hello.host = 1;
-    hello.secret = 42;
-    hello.payload = 4;
-    REQUIRE(send(fd, &hello, sizeof(hello), 0) == sizeof(hello));
-    REQUIRE(send(fd, "jobA", 4, 0) == 4);
-    ServerFrame welcome;
-    REQUIRE(recv(fd, &welcome, sizeof(welcome), MSG_WAITALL) == sizeof(welcome));
+    int fd = rawHost(server.ports()[0], 2, 1, 42, "jobA");
     ServerFrame f = dataFrame(4);
     float v[4] = {1, 2, 3, 4};
     const uint64_t ticket = good->post(0, f, v, v);
@@ -572,17 +580,7 @@ TEST_CASE("a push into a stream the server ended reports the server's reason", "
   // broken pipe.
   StandaloneServer server({"127.0.0.1", 0, 1, ""});
   auto a = link(loopback(server), 2, 0);
-  int fd = rawConnect(server.ports()[0]);
-  ServerFrame hello;
-  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
-  hello.hosts = 2;
-  hello.host = 1;
-  hello.seq = 1;
-  hello.secret = 42;
-  REQUIRE(send(fd, &hello, sizeof(hello), 0) == sizeof(hello));
-  ServerFrame welcome;
-  REQUIRE(recv(fd, &welcome, sizeof(welcome), MSG_WAITALL) == sizeof(welcome));
-  close(fd);
+  close(rawHost(server.ports()[0], 2, 1, 42, ""));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::vector<float> v(4 << 20, 1.0f);
   std::string err = "no error";
