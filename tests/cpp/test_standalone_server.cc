@@ -97,6 +97,27 @@ std::string answerText(int fd) {
   return text;
 }
 
+// Hosts 0 and 1 of a stream push one piece each at once (threads) to
+// server 0 of their links: host h sends {1 + h, 2, 3}, and both must get
+// the two-host sum {3, 4, 6} back.
+void twoHostsSum(ServerLinks& host0, ServerLinks& host1) {
+  ServerLinks* links[2] = {&host0, &host1};
+  std::vector<float> out[2];
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < 2; ++h) {
+    hosts.emplace_back([&, h] {
+      ServerFrame f = dataFrame(3);
+      float v[3] = {1.0f + h, 2.0f, 3.0f};
+      out[h].assign(3, 0);
+      links[h]->wait(0, links[h]->post(0, f, v, out[h].data()),
+                     Clock::now() + std::chrono::seconds(10), nullptr);
+    });
+  }
+  for (auto& t : hosts) t.join();
+  CHECK(out[0] == std::vector<float>{3, 4, 6});
+  CHECK(out[1] == out[0]);
+}
+
 }  // namespace
 
 TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[server]") {
@@ -408,20 +429,9 @@ TEST_CASE("a standalone server refuses garbage and foreign jobs with a clear err
     badSecondHost(bye, "bye frame with 8 bytes");
   }
   // The server survives all of it and still serves.
-  std::vector<std::thread> hosts;
-  std::vector<float> out[2];
-  for (int h = 0; h < 2; ++h) {
-    hosts.emplace_back([&, h] {
-      auto l = link(loopback(server), 2, h, "jobA", 7);
-      ServerFrame f = dataFrame(3);
-      float v[3] = {1.0f + h, 2.0f, 3.0f};
-      out[h].assign(3, 0);
-      l->wait(0, l->post(0, f, v, out[h].data()), Clock::now() + std::chrono::seconds(10), nullptr);
-    });
-  }
-  for (auto& t : hosts) t.join();
-  CHECK(out[0] == std::vector<float>{3, 4, 6});
-  CHECK(out[1] == out[0]);
+  auto a = link(loopback(server), 2, 0, "jobA", 7);
+  auto b = link(loopback(server), 2, 1, "jobA", 7);
+  twoHostsSum(*a, *b);
 }
 
 TEST_CASE("a server that goes away fails every pull at once, naming it", "[server]") {
@@ -509,24 +519,13 @@ TEST_CASE("an unreachable server is left out and the others still reduce", "[ser
   CHECK_THROWS_WITH(links[0]->keep({true, true, true}), Catch::Contains("did not reach"));
   // The group also drops server 0 (say another host missed it): server 2
   // alone, still named by its place in the list, sums both hosts' pieces.
-  for (auto& l : links) l->keep({false, false, true});
-  std::vector<float> out[2];
-  std::vector<std::thread> t;
-  for (int h = 0; h < 2; ++h) {
-    REQUIRE(links[h]->count() == 1);
-    CHECK_THAT(links[h]->describe(0), Catch::Contains("standalone reduction server 2") &&
-                                          Catch::Contains(std::to_string(server.ports()[1])));
-    t.emplace_back([&, h] {
-      ServerFrame f = dataFrame(3);
-      float v3[3] = {1.0f + h, 2.0f, 3.0f};
-      out[h].assign(3, 0);
-      links[h]->wait(0, links[h]->post(0, f, v3, out[h].data()),
-                     Clock::now() + std::chrono::seconds(10), nullptr);
-    });
+  for (auto& l : links) {
+    l->keep({false, false, true});
+    REQUIRE(l->count() == 1);
+    CHECK_THAT(l->describe(0), Catch::Contains("standalone reduction server 2") &&
+                                   Catch::Contains(std::to_string(server.ports()[1])));
   }
-  for (auto& x : t) x.join();
-  CHECK(out[0] == std::vector<float>{3, 4, 6});
-  CHECK(out[1] == out[0]);
+  twoHostsSum(*links[0], *links[1]);
   CHECK(server.piecesReduced() == 1);
 }
 
@@ -618,21 +617,10 @@ TEST_CASE("a long-lived server drops streams their hosts left and joins ended th
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // A whole stream of another group: its first hello sweeps the left one,
   // and the accept loop has joined the finished threads by then.
-  std::vector<std::thread> hosts;
-  std::vector<float> out[2];
-  for (int h = 0; h < 2; ++h) {
-    hosts.emplace_back([&, h] {
-      auto l = link(loopback(server), 2, h, "", 78);
-      ServerFrame f = dataFrame(2);
-      float v[2] = {1.0f, 2.0f + h};
-      out[h].assign(2, 0);
-      l->wait(0, l->post(0, f, v, out[h].data()), Clock::now() + std::chrono::seconds(10), nullptr);
-      if (h == 0) CHECK(server.streams() == 1);  // the abandoned one is gone
-    });
-  }
-  for (auto& t : hosts) t.join();
-  CHECK(out[0] == std::vector<float>{2, 5});
-  CHECK(out[1] == out[0]);
+  auto a = link(loopback(server), 2, 0, "", 78);
+  auto b = link(loopback(server), 2, 1, "", 78);
+  CHECK(server.streams() == 1);  // the new one; the abandoned one is gone
+  twoHostsSum(*a, *b);
   // The accept loop, and at most the two connections of the last stream.
   CHECK(server.threads() <= 3);
 }
