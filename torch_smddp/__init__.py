@@ -52,12 +52,16 @@ def _servers_from_store(store, timeout) -> None:
     if where:
         # Under torchrun's c10d rendezvous the workers' own store gets a
         # port at run time; the servers register at the rendezvous endpoint.
-        host, sep, port = where.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"SMDDP_SERVER_RENDEZVOUS='{where}' is not HOST:PORT (the TCPStore the "
-                             "servers registered in with python -m torch_smddp.server --rendezvous)")
+        from torch_smddp.server import parse_endpoint
+
         try:
-            root = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout,
+            host, port = parse_endpoint(where)
+        except ValueError:
+            raise ValueError(f"SMDDP_SERVER_RENDEZVOUS='{where}' is not HOST:PORT (the TCPStore the "
+                             "servers registered in with python -m torch_smddp.server "
+                             "--rendezvous)") from None
+        try:
+            root = dist.TCPStore(host, port, is_master=False, timeout=timeout,
                                  wait_for_workers=False)
         except Exception as e:  # noqa: BLE001  (the store's own connection error)
             raise RuntimeError(f"smddp: cannot reach the store at SMDDP_SERVER_RENDEZVOUS={where} "

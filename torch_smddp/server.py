@@ -39,11 +39,19 @@ import sys
 import threading
 
 
-def _parse_endpoint(text: str) -> tuple[str, int]:
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """HOST:PORT (HOST may be a bracketed IPv6 address); ValueError if not."""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"'{text}' is not HOST:PORT")
+        raise ValueError(f"'{text}' is not HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def _endpoint_arg(text: str) -> tuple[str, int]:
+    try:
+        return parse_endpoint(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register_in_store(endpoint: tuple[str, int], job: str, addresses: list[str],
@@ -82,7 +90,7 @@ def main(argv=None) -> int:
                         "first non-loopback IPv4 address)")
     p.add_argument("--job", default="", metavar="ID",
                    help="serve only workers whose SMDDP_SERVER_JOB is ID (default: any job)")
-    p.add_argument("--rendezvous", type=_parse_endpoint, default=None, metavar="HOST:PORT",
+    p.add_argument("--rendezvous", type=_endpoint_arg, default=None, metavar="HOST:PORT",
                    help="register the servers in this TCPStore under --job (needs --job)")
     args = p.parse_args(argv)
     if not 1 <= args.servers <= 1024:

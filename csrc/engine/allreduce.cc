@@ -59,7 +59,7 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
   // The result is written straight into this rank's own buffer and sent
   // from there: no staging copy on the way in or out.
   const Shard* mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
-  const size_t depth = static_cast<size_t>(std::max<int64_t>(1, comm.config().ringDepth));
+  const size_t depth = static_cast<size_t>(comm.config().ringDepth);  // resolved (>= 1) by the Communicator
   const size_t slotBytes = chunkBytes;
   uint8_t* ring = nullptr;
   std::vector<int> remaining;
