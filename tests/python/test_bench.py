@@ -266,7 +266,10 @@ mesh.close()
 if rank == 0:
     with open(out, "w") as f:
         json.dump(every, f)
-dist.barrier()
+# Gloo's worker threads must be joined before the interpreter goes: a
+# process that exits with the group alive can abort ("terminate called
+# without an active exception").
+dist.destroy_process_group()
 """
 
 
