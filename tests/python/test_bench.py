@@ -59,14 +59,35 @@ def test_a_wrong_result_on_any_iteration_is_reported(wrong_at):
     assert problem.startswith(f"iteration {wrong_at}: element 5 of 64 is -1.0, expected 6.0"), problem
 
 
-def test_ddp_step_takes_turns_in_abba_order():
+def load_ddp_step():
     spec = importlib.util.spec_from_file_location("ddp_step", os.path.join(REPO, "benchmarks", "ddp_step.py"))
     ddp_step = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ddp_step)
+    return ddp_step
+
+
+def test_ddp_step_takes_turns_in_abba_order():
+    ddp_step = load_ddp_step()
     two = [ddp_step.abba_order(["A", "B"], i) for i in range(4)]
     assert sum(two, []) == list("ABBAABBA")
     three = [ddp_step.abba_order(["smddp", "gloo", "compute only"], i) for i in range(2)]
     assert three == [["smddp", "gloo", "compute only"], ["compute only", "gloo", "smddp"]]
+
+
+def test_ddp_steps_no_comm_hook_hands_each_bucket_back_untouched():
+    # The "ddp no comm" floor: DDP does its own bucket work, and the hook
+    # neither communicates nor changes a value.
+    class Bucket:
+        def __init__(self, t):
+            self.t = t
+
+        def buffer(self):
+            return self.t
+
+    t = torch.arange(10, dtype=torch.float32)
+    fut = load_ddp_step().no_comm_hook(None, Bucket(t))
+    assert fut.done() and fut.wait() is t
+    assert torch.equal(t, torch.arange(10, dtype=torch.float32))
 
 
 def test_bench_runs_and_checks_real_results():
