@@ -31,6 +31,7 @@ struct FusionBufferScheduler::Batch {
   std::chrono::steady_clock::time_point idleSince;
   bool streaming = false;  // in the data steps: every peer is in this call too
   bool small = false;      // the plan's small flag: see FusionBufferScheduler::streamSmall
+  bool onCaller = false;   // run on the thread of the caller that waits for it
   std::chrono::steady_clock::time_point nextNetworkCheck{};
 };
 

@@ -45,7 +45,8 @@ SMDDP_PARAM_BYTES(paramSmallBytes, "SMDDP_SMALL_BYTES", 65536, 0, 1LL << 28,
                   "fusion batches up to this size (and at most one SMDDP_SHM_SLOT_BYTES slot) run "
                   "in one step in which every rank reduces every rank's part (0: never)")
 SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
-                  "fusion buffers at least this large copy results out with non-temporal stores")
+                  "fusion buffers at least this large copy results out with non-temporal stores, "
+                  "unless a caller runs its own synchronous call on a host with a core per rank")
 
 void readFusionParams(EngineConfig& c) {
   c.streamSpinUs = paramStreamSpinUs();
@@ -73,9 +74,11 @@ FusionBufferScheduler::FusionBufferScheduler(Communicator& comm,
 
 FusionBufferScheduler::~FusionBufferScheduler() = default;
 
-void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext) {
+void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext,
+                                bool onCaller) {
   using clock = std::chrono::steady_clock;
   Batch b;
+  b.onCaller = onCaller;
   b.index = nextBatch_;
   b.plan = &segment_->ctl().plans[b.index % kPlanDepth];
   b.firstSeq = calls[0]->seq;
@@ -156,7 +159,7 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
   const uint64_t end = b.firstStep + b.steps;
   const int myServer = seg.serverIndexOf(rank);
   const bool multiHost = topo_.hosts() > 1;
-  const bool streaming = b.totalNumel * es >= comm_.config().streamingBytes;
+  const bool largeBatch = b.totalNumel * es >= comm_.config().streamingBytes;
   const FusedView view(calls, es);
   // Balanced: shards differ by at most one element, and the leftovers
   // rotate with the batch index so no server is favoured over a run.
@@ -267,6 +270,15 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& ca
     const uint64_t c0 = c;
     // 3. Once every server reduced step c, copy the results out.
     while (c < end && minOver(ctl.reduced, true) >= c + 1) {
+      // A large result goes out with streaming stores when the engine
+      // thread writes it: the caller reads it on its own core, maybe while
+      // computing (DDP's backward), and cache-to-cache transfers and
+      // evicting its working set cost it more than the stores save. A
+      // caller running its own call reads the result from its own core's
+      // caches next, so there it goes through them (4-8 MiB at world 2:
+      // 1.3-1.4x faster; benchmarks/RESULTS.md), unless ranks share
+      // cores, where another rank's turn evicts it first.
+      const bool streaming = largeBatch && (topo_.oversubscribed || !b.onCaller);
       for (int s = 0; s < S; ++s) {
         uint64_t off;
         uint64_t len = chunkOf(s, c, &off);

@@ -55,7 +55,9 @@ class FusionBufferScheduler {
 
   // Runs `calls[0]` together with the calls it fuses with (appended to
   // `calls`). Throws smddp::Error on failure; the whole batch then fails.
-  void run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  // `onCaller`: the calling thread is the caller of calls[0] (runOnCaller),
+  // which reads the result next.
+  void run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext, bool onCaller = false);
 
   // The caller has issued every collective below `next` (caller thread).
   void noteIssued(uint64_t next);

@@ -298,7 +298,7 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
           if (tasks.back().prepare) tasks.back().prepare();
           return FusionBufferScheduler::Take::kTaken;
         };
-        scheduler_->run(calls, takeNext);
+        scheduler_->run(calls, takeNext, onCaller);
       } else if (tasks[0].fusible) {
         runNetworkBatch(tasks, path, onCaller);  // the network-only path fuses too
       } else {

@@ -47,6 +47,27 @@ def oracle(rank, world, seed=11):
                 if not torch.equal(t.view(torch.uint8), same.view(torch.uint8)):
                     bad.append(f"{dname} {oname} {numel} elements: differs from dist.all_reduce")
                 digests.append(digest(t))
+    # Fusion buffers of 4 MiB and more (SMDDP_STREAMING_STORE_BYTES): a
+    # caller running its own call writes the result through the caches, the
+    # engine thread (an async call) with streaming stores. Both, at an odd
+    # offset, against the oracle.
+    numel = 1_100_003
+    want = ordered_oracle(world, numel, torch.float32, "sum", seed)
+    for how in ("direct", "dist", "async"):
+        buf = torch.zeros(numel + 3)
+        t = buf[3:]
+        t.copy_(input_of(rank, numel, torch.float32, seed))
+        if how == "direct":
+            torch_smddp.all_reduce_(t)
+        elif how == "dist":
+            dist.all_reduce(t)
+        else:
+            dist.all_reduce(t, async_op=True).wait()
+        calls += how == "direct"
+        if not torch.equal(t.view(torch.uint8), want.view(torch.uint8)):
+            bad.append(f"float32 sum {numel} elements at offset 3, {how}: differs from the oracle")
+        if buf[:3].count_nonzero().item():
+            bad.append(f"float32 sum {numel} elements at offset 3, {how}: wrote before the view")
     # Empty tensors: nothing to reduce, but still a call on every rank.
     for shape in ((0,), (3, 0)):
         e = torch.empty(shape)
