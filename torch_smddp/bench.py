@@ -170,7 +170,15 @@ class TcpMesh:
         if len(self.out) < per:
             self.out = bytearray(per)
         data = memoryview(self.out)[:per]
-        senders = [threading.Thread(target=s.sendall, args=(data,)) for s in self.peers]
+        failed: list[str] = []
+
+        def send(s):
+            try:
+                s.sendall(data)
+            except OSError as e:  # timeout included: a peer that stopped reading
+                failed.append(str(e))
+
+        senders = [threading.Thread(target=send, args=(s,)) for s in self.peers]
         for t in senders:
             t.start()
         left = {s: per for s in self.peers}
@@ -179,7 +187,10 @@ class TcpMesh:
             for s in left:
                 sel.register(s, selectors.EVENT_READ)
             while left:
-                for key, _ in sel.select(timeout=60):
+                ready = sel.select(timeout=60)
+                if not ready:
+                    raise SystemExit("torch_smddp.bench: no tcp data from a peer for 60 s")
+                for key, _ in ready:
                     s = key.fileobj
                     n = s.recv_into(sink, min(left[s], len(sink)))
                     if n == 0:
@@ -190,6 +201,8 @@ class TcpMesh:
                         del left[s]
         for t in senders:
             t.join()
+        if failed:
+            raise SystemExit(f"torch_smddp.bench: a tcp send failed: {failed[0]}")
         self.sent = self.received = per * len(self.peers)
 
     def close(self) -> None:

@@ -40,6 +40,15 @@ std::string resolve(const std::string& host, std::string* why) {
   return ip;
 }
 
+// A goodbye (kBye) to a server between frames: it ends this host's part
+// of the stream without an error.
+void sayGoodbye(int fd) {
+  ServerFrame bye;
+  bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);
+  writeAllBefore(fd, &bye, sizeof(bye), std::chrono::steady_clock::now() +
+                                            std::chrono::milliseconds(200));
+}
+
 std::string describeServer(const ServerAddress& s, const std::string& ip, int i) {
   std::string at = s.host + ":" + std::to_string(s.port);
   if (!ip.empty() && ip != s.host) at += " = " + ip;
@@ -131,15 +140,13 @@ void ServerLinks::keep(const std::vector<bool>& live) {
   }
   std::vector<Link> kept;
   std::vector<int> listed;
-  ServerFrame bye;
-  bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);
   for (size_t k = 0; k < links_.size(); ++k) {
     if (live[listed_[k]]) {
       kept.push_back(std::move(links_[k]));
       listed.push_back(listed_[k]);
       continue;
     }
-    writeAllBefore(links_[k].fd, &bye, sizeof(bye), Clock::now() + std::chrono::milliseconds(200));
+    sayGoodbye(links_[k].fd);
     close(links_[k].fd);
   }
   links_ = std::move(kept);
@@ -147,13 +154,9 @@ void ServerLinks::keep(const std::vector<bool>& live) {
 }
 
 ServerLinks::~ServerLinks() {
-  ServerFrame bye;
-  bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);
   for (auto& l : links_) {
     // A frame half sent would swallow the goodbye: only between frames.
-    if (!broken_ && abandoned_.empty() && l.out.empty()) {
-      writeAllBefore(l.fd, &bye, sizeof(bye), Clock::now() + std::chrono::milliseconds(200));
-    }
+    if (!broken_ && abandoned_.empty() && l.out.empty()) sayGoodbye(l.fd);
     close(l.fd);
   }
 }

@@ -158,14 +158,11 @@ void StandaloneServer::dropAbandonedStreamsLocked() {
   // queued for the serving loop: only the hang-up counts.)
   for (auto it = streams_.begin(); it != streams_.end();) {
     Stream& s = *it->second;
-    bool left = false;
-    for (int fd : s.fds) {
+    const bool left = !s.serving && std::any_of(s.fds.begin(), s.fds.end(), [](int fd) {
       pollfd p{fd, POLLRDHUP, 0};
-      if (fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-        left = true;
-      }
-    }
-    if (s.serving || !left) {
+      return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    });
+    if (!left) {
       ++it;
       continue;
     }
