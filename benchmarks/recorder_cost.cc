@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "engine/flight_recorder.h"
+#include "observe/flight_recorder.h"
 
 using namespace smddp;
 using Clock = std::chrono::steady_clock;

@@ -1,5 +1,5 @@
 // Collectives on device (CUDA) tensors: the same engine behind a staging
-// pipeline (engine/staging_pipeline.h). A call records an event on the
+// pipeline (device/staging_pipeline.h). A call records an event on the
 // caller's stream, queues its copies to page-locked host memory, and
 // returns a DeviceWork at once. The pipeline thread then runs the call's
 // CPU collective on the host copies, on a private host-only group (so the
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "backend/device_context.h"
-#include "engine/staging_pipeline.h"
+#include "device/staging_pipeline.h"
 
 namespace c10d_smddp {
 

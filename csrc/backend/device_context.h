@@ -1,7 +1,7 @@
 // What the device collectives (device_collectives.h) need from torch for
-// one accelerator device, beyond the device seam (engine/device.h): the
+// one accelerator device, beyond the device seam (device/device.h): the
 // caller's current stream, the caching allocator, and c10d's device-aware
-// futures. csrc/cuda/cuda_context.cc implements it for CUDA (the only code
+// futures. csrc/backend/cuda_context.cc implements it for CUDA (the only code
 // that includes CUDA headers); sim_context.cc implements it on CPU tensors
 // with the simulated device, so CI runs the whole device path without a GPU.
 #pragma once
@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/device.h"
+#include "device/device.h"
 
 namespace c10d_smddp {
 
@@ -55,7 +55,7 @@ class DeviceContext {
   virtual at::Tensor hostBuffer(size_t bytes) = 0;
 };
 
-// csrc/cuda/cuda_context.cc; only linked when built with SMDDP_WITH_CUDA.
+// csrc/backend/cuda_context.cc; only linked when built with SMDDP_WITH_CUDA.
 std::unique_ptr<DeviceContext> makeCudaContext(c10::DeviceIndex index);
 // True when this build has the CUDA path (and makeCudaContext exists).
 bool builtWithCuda();

@@ -13,7 +13,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include "backend/work.h"
 #include "common/error.h"
-#include "engine/timeline.h"
+#include "observe/timeline.h"
 
 namespace c10d_smddp {
 

@@ -1,6 +1,6 @@
 // The rooted collectives: reduce, gather and scatter. Each checks its
 // arguments (the root's tensor list included) before anything is queued;
-// the algorithms live in engine/rooted.cc.
+// the algorithms live in algorithms/rooted.cc.
 #include "backend/engine_call.h"
 
 namespace c10d_smddp {

@@ -1,5 +1,5 @@
 // The device path on CPU tensors (SMDDP_DEVICE_SIM=1, for tests): CPU
-// tensors play device memory, the simulated device (engine/sim_device.h)
+// tensors play device memory, the simulated device (device/sim_device.h)
 // plays the streams. Everything above the seam (device_collectives.cc: the
 // staging, chunking, checks, Work and future) runs as it does for CUDA.
 #include "backend/sim_context.h"
@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "common/param.h"
-#include "engine/sim_device.h"
+#include "device/sim_device.h"
 
 namespace c10d_smddp {
 

@@ -5,9 +5,9 @@
 #include <mutex>
 
 #include "common/caller_waiting.h"
-#include "engine/algorithms.h"
+#include "algorithms/algorithms.h"
 #include "engine/communicator.h"
-#include "engine/fusion_scheduler.h"
+#include "hostpath/fusion_scheduler.h"
 
 namespace smddp {
 

@@ -19,11 +19,11 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
-#include "engine/algorithms.h"
+#include "algorithms/algorithms.h"
 #include "engine/exchange.h"
-#include "engine/fusion_scheduler.h"
-#include "engine/host_path.h"
-#include "engine/host_segment.h"
+#include "hostpath/fusion_scheduler.h"
+#include "hostpath/host_path.h"
+#include "hostpath/host_segment.h"
 
 namespace smddp {
 

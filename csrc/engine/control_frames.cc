@@ -10,7 +10,7 @@
 #include <chrono>
 
 #include "common/error.h"
-#include "engine/host_segment.h"
+#include "hostpath/host_segment.h"
 
 namespace smddp {
 

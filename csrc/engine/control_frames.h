@@ -16,7 +16,7 @@
 
 #include "engine/peer_table.h"
 #include "engine/request.h"
-#include "engine/stats.h"
+#include "observe/stats.h"
 #include "transport/endpoint.h"
 #include "transport/frame.h"
 

@@ -14,8 +14,8 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "engine/communicator.h"
-#include "engine/fusion_scheduler.h"
-#include "engine/timeline.h"
+#include "hostpath/fusion_scheduler.h"
+#include "observe/timeline.h"
 
 namespace smddp {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/reduce_kernels.h"
+#include "reduce/reduce_kernels.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "common/dtype.h"
-#include "engine/server_wire.h"
+#include "server/server_wire.h"
 
 namespace smddp {
 

@@ -1,6 +1,6 @@
 // Helpers of the staging pipeline's Catch2 tests
 // (test_staging_pipeline.cc: the data path; test_staging_failures.cc:
-// failure and shutdown), on the simulated device (engine/sim_device.h).
+// failure and shutdown), on the simulated device (device/sim_device.h).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/sim_device.h"
-#include "engine/staging_pipeline.h"
+#include "device/sim_device.h"
+#include "device/staging_pipeline.h"
 
 
 namespace staging_test {

@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "common/error.h"
-#include "engine/desync.h"
-#include "engine/flight_recorder.h"
+#include "observe/desync.h"
+#include "observe/flight_recorder.h"
 #include "world.h"
 
 using namespace smddp;

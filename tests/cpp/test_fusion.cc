@@ -16,7 +16,7 @@
 
 #include "common/error.h"
 #include "engine/communicator.h"
-#include "engine/shard_plan.h"
+#include "reduce/shard_plan.h"
 #include "world.h"
 
 using namespace smddp;

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "engine/host_segment.h"
+#include "hostpath/host_segment.h"
 #include "transport/bootstrap.h"
 
 using namespace smddp;

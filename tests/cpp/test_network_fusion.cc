@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 #include "engine/communicator.h"
-#include "engine/network_fusion.h"
+#include "hostpath/network_fusion.h"
 #include "world.h"
 
 using namespace smddp;

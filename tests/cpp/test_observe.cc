@@ -1,5 +1,5 @@
 // Observability helpers: the latency histograms behind stats()' percentiles
-// (engine/stats.h) and the SMDDP_TIMELINE file naming (engine/timeline.h).
+// (observe/stats.h) and the SMDDP_TIMELINE file naming (observe/timeline.h).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "engine/stats.h"
-#include "engine/timeline.h"
+#include "observe/stats.h"
+#include "observe/timeline.h"
 
 using smddp::LatencyHistograms;
 

@@ -1,4 +1,4 @@
-// The standalone reduction servers' wire and plans (engine/server_wire.h,
+// The standalone reduction servers' wire and plans (server/server_wire.h,
 // server_link.h; docs/design.md, "Standalone reduction servers"), with no
 // server running: the header codec, the frame reader and writer over a
 // socket pair in any split, the SMDDP_SERVER_HOSTS parser against
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/server_link.h"
-#include "engine/server_wire.h"
+#include "server/server_link.h"
+#include "server/server_wire.h"
 #include "server_test_frames.h"
 
 using namespace smddp;

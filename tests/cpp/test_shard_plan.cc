@@ -1,4 +1,4 @@
-// ShardPlan (engine/shard_plan.h) as a property test over seeded random
+// ShardPlan (reduce/shard_plan.h) as a property test over seeded random
 // calls: shards partition the buffer, chunks partition each shard within
 // the chunk size, a split call gives every server the same bytes give or
 // take one element, and a run of calls keeps the servers' running totals
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/shard_plan.h"
+#include "reduce/shard_plan.h"
 #include "transport/frame.h"
 
 namespace {

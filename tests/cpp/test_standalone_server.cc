@@ -1,4 +1,4 @@
-// Standalone reduction servers at work (engine/standalone_server.h,
+// Standalone reduction servers at work (server/standalone_server.h,
 // server_link.h; docs/design.md, "Standalone reduction servers"),
 // torch-free: a real server on loopback fed by H worker links on threads.
 // Results equal an independent host-order sum, garbage and foreign jobs are
@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/server_link.h"
-#include "engine/server_wire.h"
-#include "engine/standalone_server.h"
+#include "server/server_link.h"
+#include "server/server_wire.h"
+#include "server/standalone_server.h"
 #include "server_test_frames.h"
 
 using namespace smddp;

@@ -1,4 +1,4 @@
-// CudaDevice (csrc/cuda/cuda_device.h) against the device seam's contract,
+// CudaDevice (csrc/device/cuda/cuda_device.h) against the device seam's contract,
 // torch-free: copies, events, stream-on-stream waits and host flags, with
 // both ways a stream waits for the host. Needs a GPU; without one each test
 // prints SMDDP_TEST_SKIPPED (ctest counts it as skipped), except the one
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "cuda/cuda_device.h"
+#include "device/cuda/cuda_device.h"
 
 using namespace smddp;
 using namespace std::chrono_literals;

@@ -1,5 +1,5 @@
 // libFuzzer target for what a standalone reduction server and a worker's
-// links accept from a socket (engine/server_wire.h; docs/design.md,
+// links accept from a socket (server/server_wire.h; docs/design.md,
 // "Standalone reduction servers"): validateServerFrame on a 64-byte header,
 // samePiece on two headers, a byte stream read frame by frame with
 // FrameReader exactly as the server's event loop reads it, and the
@@ -52,7 +52,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/server_wire.h"
+#include "server/server_wire.h"
 
 using namespace smddp;
 

@@ -4,7 +4,7 @@ event on the caller's side, copies through page-locked staging on the
 simulated device's streams (random delays, so chunks land out of order), the
 CPU collective on a private host group from the pipeline thread, and the
 copies back behind the pipeline's host flag. Only the CUDA streams, events
-and the caching allocator are left out (csrc/cuda/, tests/gpu/).
+and the caching allocator are left out (csrc/device/cuda/, tests/gpu/).
 
 The oracles are the ones the CPU path is held to: Gloo's results on the same
 inputs and closed forms (the same case modules), and the failure tests'

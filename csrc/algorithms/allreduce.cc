@@ -1,0 +1,184 @@
+// Allreduce through reduction servers (docs/design.md, "The allreduce path").
+//
+// Every rank hosts one server (or SMDDP_SERVERS_PER_NODE ranks per host
+// do: Communicator::networkServers). The buffer is cut into one shard per server
+// (or goes whole to one server when small). Each rank sends shard s to
+// server s; server s waits for shard s from every rank, combines them in rank
+// order (bitwise reproducible), and returns the result to every rank. Shards
+// are pipelined in chunks so sending, reducing and returning overlap.
+// Bytes on the wire per rank: 2 * (n-1)/n * N, in two network steps.
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+
+#include "common/error.h"
+#include "common/param.h"
+#include "algorithms/algorithms.h"
+#include "engine/exchange.h"
+#include "reduce/reduce_kernels.h"
+#include "reduce/shard_plan.h"
+
+namespace smddp {
+
+SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16384, 1, 1LL << 30,
+                  "a call smaller than servers x this goes whole to one server (round-robin)")
+SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 0, 0, 1024,
+                "chunks per peer a reduction server keeps in flight (cache-resident receive "
+                "ring; 0: 4, or 2 when the group spans hosts)")
+
+void readAllreduceParams(EngineConfig& c) {
+  c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
+  c.ringDepth = paramRingDepth();
+}
+
+
+namespace {
+
+void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
+                   uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout,
+                   const ExtraMessages& extra = nullptr) {
+  const int rank = comm.rank();
+  const int n = comm.size();
+  const std::vector<int>& servers = comm.networkServers();
+  const int S = static_cast<int>(servers.size());
+  int myServer = -1;  // this rank's server index
+  for (int i = 0; i < S; ++i) {
+    if (servers[i] == rank) myServer = i;
+  }
+  const size_t es = elementSize(sig.dtype);
+  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, comm.config().chunkBytes);
+  ShardPlan plan = ShardPlan::make(sig.numel, es, S, planSeq, comm.config().minShardBytes,
+                                   chunkBytes);
+  Exchange ex(comm, seq, sig, timeout);
+
+  // Server side. Peers' chunks land in a small ring of slots per peer
+  // (ringDepth chunks each), so what arrives is still in cache when it is
+  // reduced; a slot is re-armed for chunk k+depth once chunk k is reduced.
+  // The result is written straight into this rank's own buffer and sent
+  // from there: no staging copy on the way in or out.
+  const Shard* mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
+  const size_t depth = static_cast<size_t>(comm.config().ringDepth);  // resolved (>= 1) by the Communicator
+  const size_t slotBytes = chunkBytes;
+  uint8_t* ring = nullptr;
+  std::vector<int> remaining;
+  if (mine && n > 1) {
+    ring = comm.scratch(slotBytes * depth * n);
+    remaining.assign(mine->chunks.size(), n - 1);
+  }
+  auto slot = [&](int peer, size_t k) { return ring + slotBytes * (depth * peer + k % depth); };
+
+  std::function<void(size_t)> armChunk;
+  auto reduceAndReturn = [&](size_t k) {
+    const Chunk& c = mine->chunks[k];
+    uint8_t* own = data + c.elemOffset * es;
+    size_t bytes = c.elemCount * es;
+    std::vector<const void*> inputs(n);
+    for (int p = 0; p < n; ++p) inputs[p] = p == rank ? own : slot(p, k);
+    auto t0 = std::chrono::steady_clock::now();
+    reduceOrdered(own, inputs.data(), n, c.elemCount, sig.dtype, sig.op, n);
+    comm.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0).count();
+    for (int p = 0; p < n; ++p) {
+      if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * es, own, bytes);
+    }
+    if (k + depth < mine->chunks.size()) armChunk(k + depth);
+  };
+  // Receive chunk k of this rank's shard from every peer into the ring.
+  armChunk = [&](size_t k) {
+    const Chunk& c = mine->chunks[k];
+    for (int p = 0; p < n; ++p) {
+      if (p == rank) continue;
+      ex.recv(p, kPhaseToServer, c.index, slot(p, k), c.elemCount * es, [&, k] {
+        if (--remaining[k] == 0) reduceAndReturn(k);
+      }, /*urgent=*/true);
+    }
+  };
+
+  // Receives first (so frames land in place), then sends.
+  if (mine && n > 1) {
+    for (size_t k = 0; k < std::min(depth, mine->chunks.size()); ++k) armChunk(k);
+  }
+  for (const Shard& s : plan.shards()) {
+    const int server = servers[s.server];
+    if (server == rank) continue;
+    for (const Chunk& c : s.chunks) {
+      ex.recv(server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es);
+    }
+  }
+  // Worker side: send every other server its shard. Interleave the servers
+  // chunk by chunk so all of them can start reducing at once.
+  size_t maxChunks = 0;
+  for (const Shard& s : plan.shards()) maxChunks = std::max(maxChunks, s.chunks.size());
+  for (size_t k = 0; k < maxChunks; ++k) {
+    for (int i = 1; i < S + 1; ++i) {
+      // Start with a different server on every rank so servers are not all
+      // hit by rank 0 first.
+      const Shard* s = plan.shardFor((rank + i) % S);
+      if (!s || servers[s->server] == rank || k >= s->chunks.size()) continue;
+      const Chunk& c = s->chunks[k];
+      ex.send(servers[s->server], kPhaseToServer, c.index, c.elemOffset * es,
+              data + c.elemOffset * es, c.elemCount * es);
+    }
+  }
+  if (extra) extra(ex);
+  ex.run();
+}
+
+}  // namespace
+
+void allreduceBuffers(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+                      DataType dtype, ReduceOp op, const ExtraMessages& extra) {
+  const size_t es = elementSize(dtype);
+  uint64_t total = 0;
+  for (const auto& b : bufs) total += b.numel;
+  CollectiveSignature sig{CollectiveType::kAllreduce, dtype, op, total, -1};
+  if (comm.size() == 1) return;  // one rank: every op is the identity (AVG divides by 1)
+  if (bufs.size() == 1) {
+    allreduceCore(comm, seq, sig, static_cast<uint8_t*>(bufs[0].data), seq, comm.timeout(),
+                  extra);
+    return;
+  }
+  // Several tensors: fuse them into one buffer, reduce once, scatter back.
+  uint8_t* fused = comm.fusionBuffer(total * es);
+  uint64_t off = 0;
+  for (const auto& b : bufs) {
+    if (b.numel) std::memcpy(fused + off * es, b.data, b.numel * es);
+    off += b.numel;
+  }
+  allreduceCore(comm, seq, sig, fused, seq, comm.timeout(), extra);
+  off = 0;
+  for (const auto& b : bufs) {
+    if (b.numel) std::memcpy(b.data, fused + off * es, b.numel * es);
+    off += b.numel;
+  }
+}
+
+void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+                  DataType dtype, ReduceOp op) {
+  std::string why;
+  SMDDP_CHECK(isSupported(op, dtype, &why), kInvalidArgument,
+              std::string("allreduce: ") + toString(op) + " on " + toString(dtype) + ": " + why);
+  if (bufs.size() > 1 && comm.size() > 1) {
+    uint64_t total = 0;
+    for (const auto& b : bufs) total += b.numel;
+    comm.counters().fusionFlushes++;
+    comm.counters().fusionBytes += total * elementSize(dtype);
+  }
+  allreduceBuffers(comm, seq, bufs, dtype, op, nullptr);
+}
+
+void runBarrier(Communicator& comm, uint64_t seq) {
+  // A zero-byte allreduce: everyone checks in with one server, which
+  // releases everyone once all have arrived.
+  CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, -1};
+  allreduceCore(comm, seq, sig, nullptr, seq, comm.timeout());
+}
+
+void runMonitoredBarrier(Communicator& comm, uint64_t seq, std::chrono::milliseconds timeout) {
+  CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0};
+  allreduceCore(comm, seq, sig, nullptr, /*planSeq: server 0*/ 0, timeout);
+}
+
+}  // namespace smddp

@@ -1,0 +1,190 @@
+// FusionBufferScheduler::CrossHost: the pipelined network step of a
+// multi-host batch (docs/design.md, "The allreduce path", step 5). Used by
+// FusionBufferScheduler::stream only (fusion_scheduler.cc).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/communicator.h"
+#include "engine/exchange.h"
+#include "hostpath/fusion_batch.h"
+#include "hostpath/fusion_scheduler.h"
+#include "reduce/reduce_kernels.h"
+#include "server/server_wire.h"
+#include "transport/frame.h"
+
+namespace smddp {
+
+// The network step of a multi-host batch on one server: reduction servers
+// once more, between hosts. Each chunk (one step of this server's shard) is
+// cut into one piece per host; host h's server for this shard combines
+// piece h of every host's partial, in host order (so every host gets the
+// same bits), and returns it: 2(H-1)/H of the chunk each way. A step goes
+// out as soon as this server reduced it on its host, and up to `depth`
+// steps stay in flight, so the link never waits for a round trip (one step
+// at a time left a 2 Gbit/s link 40-60% idle). A step is done once the
+// other hosts' pieces came back and its sends completed (its result slot
+// can then be read and, a ring later, reused).
+class FusionBufferScheduler::CrossHost {
+ public:
+  CrossHost(FusionBufferScheduler& s, Batch& b, int server, uint64_t depth, uint64_t chunkElems)
+      : s_(s), b_(b), H_(s.topo_.hosts()), myHost_(s.topo_.hostIndex),
+        local_(s.segment_->serverRank(server)), K_(s.standalone_),
+        share_(serverShareMillionths(H_, K_, s.comm_.config().serverSharePercent)),
+        wide_(s.widePartials(b.dtype)),
+        acc_(wide_ ? DataType::kFloat32 : b.dtype), es_(elementSize(acc_)),
+        steps_(depth), ex_(s.comm_, b.firstSeq, b.sigs[0]) {
+    // Each step's pieces from the other hosts land in a slice of their own.
+    pieceBytes_ = ((chunkElems + H_ - 1) / H_ + 1) * es_;
+    partials_.resize(depth * H_ * pieceBytes_ + 1);
+    SMDDP_CHECK(K_ == 0 || (s.serverLinks_ && s.serverLinks_->count() == K_), kInternal,
+                "smddp: a host server rank without its standalone-server links");
+  }
+
+  // Step k of the batch: `data` holds this host's partial (len elements,
+  // in acc_); on completion, the reduction over every host.
+  void post(uint64_t k, uint8_t* data, uint64_t len) {
+    Step& st = steps_[k % steps_.size()];
+    st = Step{};
+    st.data = data;
+    const uint32_t tag = crossHostStepChunk(k);  // wraps past 2^24 steps, safely (frame.h)
+    // With K standalone servers the chunk is cut into H + K pieces; pieces
+    // H.. (SMDDP_SERVER_SHARE of the chunk) go to the standalone servers,
+    // which combine them in host order too (docs/design.md, "Standalone
+    // reduction servers"); poll() reads their results into place.
+    std::vector<Range> piece(H_ + K_);
+    for (int i = 0; i < H_ + K_; ++i) piece[i] = crossHostPiece(len, H_, K_, i, k, share_);
+    st.tickets.assign(K_, 0);
+    for (int j = 0; j < K_; ++j) {
+      const Range& p = piece[H_ + j];
+      ServerFrame f;
+      f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
+      f.dtype = static_cast<uint8_t>(acc_);
+      f.op = static_cast<uint8_t>(b_.op);
+      f.divisor = b_.op == ReduceOp::kAvg ? static_cast<uint32_t>(s_.comm_.size()) : 1;
+      f.seq = b_.firstSeq;
+      f.step = k;
+      f.count = p.count;
+      f.payload = p.count * es_;
+      // Queued, not waited for: the socket takes what it can now, and
+      // poll() sends the rest and reads the result back into place.
+      st.tickets[j] = s_.serverLinks_->post(j, f, data + p.offset * es_, data + p.offset * es_);
+      s_.comm_.counters().standaloneServerBytes += f.payload;
+    }
+    const Range mine = piece[myHost_];
+    const size_t mineBytes = mine.count * es_;
+    SMDDP_CHECK(mineBytes <= pieceBytes_, kInternal, "smddp: a cross-host piece outgrew its slice");
+    uint8_t* partials = partials_.data() + (k % steps_.size()) * H_ * pieceBytes_;
+    // Outstanding: H-1 partials in, H-1 pieces back, 2(H-1) sends.
+    st.partialsLeft = H_ - 1;
+    st.left = 4 * (H_ - 1);
+    auto sent = [&st] { --st.left; };
+    auto reduceAndReturn = [this, &st, k, mine, mineBytes, partials, tag, sent] {
+      uint8_t* own = st.data + mine.offset * es_;
+      std::vector<const void*> in(H_);
+      for (int h = 0; h < H_; ++h) in[h] = h == myHost_ ? own : partials + h * mineBytes;
+      auto t0 = std::chrono::steady_clock::now();
+      reduceOrdered(own, in.data(), H_, mine.count, acc_, b_.op,
+                    b_.op == ReduceOp::kAvg ? static_cast<double>(s_.comm_.size()) : 1.0);
+      s_.comm_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - t0).count();
+      for (int h = 0; h < H_; ++h) {
+        if (h != myHost_) ex_.send(peerOf(h), kPhaseHostsReturn, tag, mine.offset * es_, own,
+                                   mineBytes, sent);
+      }
+    };
+    // Receives first, so frames land in place; then this host's pieces out.
+    for (int h = 0; h < H_; ++h) {
+      if (h == myHost_) continue;
+      ex_.recv(peerOf(h), kPhaseHostsToServer, tag, partials + h * mineBytes, mineBytes,
+               [&st, reduceAndReturn] {
+                 --st.left;
+                 if (--st.partialsLeft == 0) reduceAndReturn();
+               });
+      ex_.recv(peerOf(h), kPhaseHostsReturn, tag, data + piece[h].offset * es_,
+               piece[h].count * es_, [&st] { --st.left; });
+    }
+    for (int h = 0; h < H_; ++h) {
+      if (h == myHost_) continue;
+      ex_.send(peerOf(h), kPhaseHostsToServer, tag, piece[h].offset * es_,
+               data + piece[h].offset * es_, piece[h].count * es_, sent);
+    }
+    st.len = len;
+    ++posted_;
+  }
+
+  // Reads what completed; true if any step finished. Throws on failure.
+  bool poll() {
+    if (done_ == posted_) return false;
+    ex_.poll();
+    if (K_) s_.serverLinks_->progress();
+    const uint64_t before = done_;
+    while (done_ < posted_ && stepDone(steps_[done_ % steps_.size()])) {
+      Step& st = steps_[done_ % steps_.size()];
+      if (K_) s_.comm_.counters().standaloneServerSteps++;
+      if (wide_) narrowFromFloat(st.data, reinterpret_cast<const float*>(st.data), st.len, b_.dtype);
+      ++done_;
+    }
+    return done_ > before;
+  }
+  uint64_t done() const { return done_; }
+  bool inFlight() const { return done_ < posted_; }
+  std::string waitingOn() const {
+    std::string servers = K_ ? s_.serverLinks_->waitingOn() : std::string();
+    return ex_.waitingOn() + " (across hosts)" + (servers.empty() ? "" : "; " + servers);
+  }
+
+  // A batch that unwinds with steps in flight leaves results on their way
+  // from the standalone servers into its slots: the links drop them and
+  // refuse later batches (ServerLinks::abandon).
+  ~CrossHost() {
+    if (K_ && done_ < posted_) {
+      s_.serverLinks_->abandon("the allreduce of seq " + std::to_string(b_.firstSeq) + " failed");
+    }
+  }
+  CrossHost(const CrossHost&) = delete;
+  CrossHost& operator=(const CrossHost&) = delete;
+
+ private:
+  struct Step {
+    uint8_t* data = nullptr;
+    uint64_t len = 0;
+    int partialsLeft = 0;
+    int left = 0;  // messages of this step not yet complete
+    std::vector<uint64_t> tickets;  // each standalone server's post (ServerLinks::post)
+  };
+  bool stepDone(const Step& st) const {
+    if (st.left) return false;
+    for (int j = 0; j < K_; ++j) {
+      if (!s_.serverLinks_->received(j, st.tickets[j])) return false;
+    }
+    return true;
+  }
+  int peerOf(int h) const { return s_.topo_.ranksOfHost[h][local_]; }
+
+  FusionBufferScheduler& s_;
+  Batch& b_;
+  const int H_, myHost_, local_;
+  const int K_;            // standalone reduction servers
+  const uint64_t share_;   // their share of each step, in millionths
+  const bool wide_;
+  const DataType acc_;
+  const size_t es_;
+  // The buffers the posted messages point into come before the exchange,
+  // so they outlive it: when a failure unwinds the batch, the exchange's
+  // destructor cancels and waits for its receives before they are freed.
+  // A receive it cannot confirm cancelled (a peer on a host gone silent)
+  // quarantines the endpoint, which is then never progressed, nor closed
+  // (Communicator::releaseResources), so it cannot write here any more.
+  std::vector<Step> steps_;  // ring of `depth`: step k at k % depth
+  std::vector<uint8_t> partials_;
+  Exchange ex_;
+  size_t pieceBytes_ = 0;
+  uint64_t posted_ = 0, done_ = 0;
+};
+
+}  // namespace smddp

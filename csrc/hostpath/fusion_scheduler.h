@@ -1,0 +1,147 @@
+// Balanced fusion buffers on one host (docs/design.md, "The allreduce path").
+// The group's leader (rank 0) fuses the allreduce calls it has queued into
+// one buffer and publishes the cut as a plan in the host segment; the other
+// ranks follow the plan, so every rank fuses the same calls whatever the
+// timing. The fused buffer is split into S equal, element-aligned shards,
+// one per reduction server, and streamed through the segment in steps so
+// that copying in, reducing (in rank order) and copying out overlap.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "hostpath/host_path.h"
+#include "hostpath/host_segment.h"
+#include "server/server_link.h"
+#include "transport/frame.h"
+
+namespace smddp {
+
+class Communicator;
+struct Buffer;
+
+// One queued allreduce that may ride in a fusion buffer.
+struct FusibleCall {
+  uint64_t seq = 0;
+  std::vector<Buffer> bufs;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t numel = 0;
+  CollectiveSignature signature() const;
+};
+
+class FusionBufferScheduler {
+ public:
+  enum class Take { kTaken, kEmpty, kOther };
+  // Removes the next queued call from the queue if it is fusible and
+  // `accept` agrees; waits up to `wait` for one to be queued.
+  using TakeNext = std::function<Take(std::chrono::microseconds wait,
+                                      const std::function<bool(const FusibleCall&)>& accept,
+                                      FusibleCall** out)>;
+
+  // Several hosts: each host's servers reduce its ranks' parts, then the
+  // servers with the same index on every host reduce the host partials
+  // among themselves over the network (reduction servers again, in host
+  // order), and the result comes back through the segment. Rank 0 cuts
+  // the batches for every host (see sendPlan).
+  FusionBufferScheduler(Communicator& comm, std::unique_ptr<HostSegment> segment,
+                        HostTopology topo, uint64_t fusionBytes);
+  ~FusionBufferScheduler();
+
+  // Runs `calls[0]` together with the calls it fuses with (appended to
+  // `calls`). Throws smddp::Error on failure; the whole batch then fails.
+  // `onCaller`: the calling thread is the caller of calls[0] (runOnCaller),
+  // which reads the result next.
+  void run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext, bool onCaller = false);
+
+  // The caller has issued every collective below `next` (caller thread).
+  void noteIssued(uint64_t next);
+
+  // Across hosts: this rank's connections to the standalone reduction
+  // servers (SMDDP_SERVER_HOSTS), set only on a host's server ranks. Each
+  // step's host partial is then cut into H + K pieces: the hosts' own
+  // servers reduce the first H, the K standalone servers the rest.
+  void setServerLinks(std::unique_ptr<ServerLinks> links) { serverLinks_ = std::move(links); }
+  int standaloneServers() const { return standalone_; }
+  void setStandaloneServers(int k) { standalone_ = k; }
+
+  uint64_t fusionBytes() const { return fusionBytes_; }
+  HostSegment& segment() const { return *segment_; }
+  const HostTopology& topology() const { return topo_; }
+
+ private:
+  struct Batch;
+  void lead(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  // Across hosts: rank 0 sends each batch's cut to the other hosts'
+  // leaders, which take the same calls from their queues (or fail naming
+  // both sides when theirs differ).
+  void sendPlan(Batch& b, const std::vector<FusibleCall*>& calls);
+  void takeRemotePlan(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  // Sequences below the result are issued on every rank of this host (at
+  // least calls[0]: this rank holds it, the others will issue it).
+  uint64_t issuedOnHost(uint64_t firstSeq) const;
+  // Rank 0: the least of what every host has issued (one message each).
+  uint64_t gatherIssued(Batch& b);
+  // Checks the calls already taken and takes calls calls.size() .. count - 1
+  // of a cut made by `planner` from this rank's queue, each against
+  // theirs(i). The first call that differs is recorded and the rest of the
+  // cut is still taken, so a failing batch spans the same calls on every
+  // rank. Returns the mismatch text, or "".
+  std::string takeCut(Batch& b, std::vector<FusibleCall*>& calls, uint32_t count, int planner,
+                      const std::function<CollectiveSignature(uint32_t)>& theirs,
+                      const TakeNext& takeNext);
+  void follow(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  void stream(Batch& b, const std::vector<FusibleCall*>& calls);
+  // A batch of at most smallBytes_ on one host: one step in which every
+  // rank writes its whole part to its own slot and, once every part is
+  // there, combines them all in rank order itself. One round of flags
+  // instead of three (written, reduced, consumed) and no copy out; the
+  // same kernel and order as a server's, so the same bits on every rank.
+  void streamSmall(Batch& b, const std::vector<FusibleCall*>& calls);
+  // Whether the leader cuts a batch of `numel` elements as a small one.
+  bool smallBatch(uint64_t numel, DataType dt) const {
+    return topo_.hosts() == 1 && numel > 0 && numel * elementSize(dt) <= smallBytes_;
+  }
+  // Blocks briefly when nothing could progress; throws on abort, timeout,
+  // a lost peer or a mismatch another rank reported.
+  void idle(Batch& b, uint32_t seenWake, const std::function<std::string()>& waitingOn,
+            bool mayBlock = true);
+  void abortBatch(Batch& b, const std::string& why);
+  // Marks this rank's part of batch b (steps up to endStep) as done.
+  void releaseBatch(Batch& b, uint64_t endStep);
+  // Marks batch b done for this rank without running it (aborting it for
+  // the others), and moves on to the next plan.
+  void skipBatch(Batch& b, const std::string& why);
+  [[noreturn]] void failMismatch(Batch& b, const std::string& why);
+  // The network step of a multi-host batch, pipelined over its steps
+  // (fusion_scheduler.cc).
+  class CrossHost;
+  int globalRank(int local) const { return topo_.ranksOfHost[topo_.hostIndex][local]; }
+  // Across hosts, f16/bf16 host partials stay in f32 (in the result slots
+  // and on the wire) and are rounded once, after the last host's part.
+  bool widePartials(DataType dt) const {
+    return topo_.hosts() > 1 && (dt == DataType::kFloat16 || dt == DataType::kBFloat16);
+  }
+  // Elements of one shard per pipeline step: what a result slot holds.
+  uint64_t chunkElems(DataType dt) const;
+
+  Communicator& comm_;
+  std::unique_ptr<HostSegment> segment_;
+  HostTopology topo_;
+  int me_;      // this rank in the segment (its local rank)
+  int leader_;  // global rank of this host's leader
+  uint64_t fusionBytes_;
+  int64_t streamSpinUs_ = 0;  // polling budget inside a batch's data steps
+  uint64_t smallBytes_ = 0;   // SMDDP_SMALL_BYTES, at most one slot
+  std::unique_ptr<ServerLinks> serverLinks_;  // worker thread only
+  int standalone_ = 0;                        // K, the same on every rank
+  uint64_t nextBatch_ = 0;  // worker thread only
+  uint64_t nextStep_ = 0;   // worker thread only
+};
+
+}  // namespace smddp

@@ -1,0 +1,247 @@
+#include "hostpath/host_path.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "common/error.h"
+#include "common/param.h"
+#include "common/logging.h"
+#include "engine/communicator.h"
+#include "hostpath/fusion_scheduler.h"
+#include "hostpath/host_segment.h"
+#include "server/server_link.h"
+
+namespace smddp {
+
+SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 0, 0, 1LL << 28,
+                  "bytes of one shard per pipeline step in the shared-memory segment "
+                  "(0: 128K, or 256K across hosts or when a host has more ranks than cores)")
+SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 0, 0, 64,
+                "pipeline steps the shared-memory allreduce keeps in flight (0: 4, or 16 across "
+                "hosts or when a host has more ranks than cores)")
+SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
+                  "queued allreduce calls are fused up to this many bytes (0: no fusion)")
+
+SMDDP_PARAM_STRING(paramServerHosts, "SMDDP_SERVER_HOSTS", "",
+                   "standalone reduction servers (python -m torch_smddp.server) as host:port,... "
+                   "in server order; across hosts the shared-memory path shards each step over "
+                   "them as over the hosts' own servers (empty: none)")
+SMDDP_PARAM_STRING(paramServerJob, "SMDDP_SERVER_JOB", "",
+                   "the job id this job gives the standalone reduction servers; a server "
+                   "started with --job refuses any other")
+
+SMDDP_PARAM_INT(paramServerCount, "SMDDP_SERVER_COUNT", 0, 0, 1024,
+                "standalone reduction servers to find in the job's store, registered by python "
+                "-m torch_smddp.server --rendezvous --job SMDDP_SERVER_JOB (0: none; ignored "
+                "when SMDDP_SERVER_HOSTS is set)")
+
+// Read by torch_smddp/__init__.py, which looks the servers up; declared
+// here with the others so that the README and torch_smddp.info list it.
+SMDDP_PARAM_STRING(paramServerRendezvous, "SMDDP_SERVER_RENDEZVOUS", "",
+                   "with SMDDP_SERVER_COUNT: the TCPStore (HOST:PORT) the servers registered in "
+                   "(empty: the job's own store; under torchrun's c10d rendezvous, its "
+                   "--rdzv-endpoint)")
+
+SMDDP_PARAM_INT(paramServerShare, "SMDDP_SERVER_SHARE", -1, -1, 100,
+                "percent of each cross-host step the standalone reduction servers take "
+                "together (-1: what balances the bytes when every link has one speed)")
+
+SMDDP_PARAM_INT(paramServerWait, "SMDDP_SERVER_WAIT", 60, 0, 86400,
+                "seconds a worker waits at group creation for each standalone reduction server "
+                "to accept (a server may start after the workers; at most half the group "
+                "timeout); the group goes on without one that some rank could not reach by then")
+SMDDP_PARAM_BOOL(paramServerRequired, "SMDDP_SERVER_REQUIRED", false,
+                 "a standalone reduction server unreachable at group creation fails the group "
+                 "instead of being left out")
+
+void readHostPathParams(EngineConfig& c) {
+  c.serverWaitSeconds = paramServerWait();
+  c.serverRequired = paramServerRequired();
+  c.serverHosts = parseServerHosts(paramServerHosts());
+  c.serverSharePercent = static_cast<int>(paramServerShare());
+  const int64_t count = paramServerCount();
+  SMDDP_CHECK(count == 0 || c.serverHosts.empty() ||
+                  count == static_cast<int64_t>(c.serverHosts.size()),
+              kInvalidArgument,
+              "SMDDP_SERVER_COUNT=" + std::to_string(count) + " but SMDDP_SERVER_HOSTS lists " +
+                  std::to_string(c.serverHosts.size()) + " server(s)");
+  SMDDP_CHECK(count == 0 || !c.serverHosts.empty(), kInvalidArgument,
+              "SMDDP_SERVER_COUNT is set but no server addresses: torch_smddp looks them up in "
+              "the job's store when the group is made through torch.distributed "
+              "(python -m torch_smddp.server --rendezvous HOST:PORT --job SMDDP_SERVER_JOB)");
+  c.serverJob = paramServerJob();
+  SMDDP_CHECK(c.serverJob.size() <= 256, kInvalidArgument,
+              "SMDDP_SERVER_JOB is longer than 256 bytes");
+  c.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
+  if (paramShmSlotBytes() > 0 && c.shmSlotBytes < 4096) {
+    throwError(ErrorKind::kInvalidArgument,
+               "SMDDP_SHM_SLOT_BYTES must be 0 (automatic) or at least 4096");
+  }
+  c.shmDepth = paramShmDepth();
+  c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
+}
+
+
+namespace {
+
+unsigned onlineCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+HostTopology HostTopology::of(const std::vector<std::string>& hostOfRank, int rank) {
+  HostTopology t;
+  std::vector<std::string> names;
+  for (int r = 0; r < static_cast<int>(hostOfRank.size()); ++r) {
+    auto it = std::find(names.begin(), names.end(), hostOfRank[r]);
+    size_t h = static_cast<size_t>(it - names.begin());
+    if (it == names.end()) {
+      names.push_back(hostOfRank[r]);
+      t.ranksOfHost.emplace_back();
+    }
+    if (r == rank) {
+      t.hostIndex = static_cast<int>(h);
+      t.localRank = static_cast<int>(t.ranksOfHost[h].size());
+    }
+    t.ranksOfHost[h].push_back(r);
+  }
+  t.localSize = static_cast<int>(t.ranksOfHost[t.hostIndex].size());
+  return t;
+}
+
+bool HostTopology::uniform() const {
+  for (const auto& h : ranksOfHost) {
+    if (h.size() != ranksOfHost[0].size()) return false;
+  }
+  return true;
+}
+
+std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstrap& bootstrap,
+                                                    const std::vector<std::string>& hostOfRank,
+                                                    const std::vector<std::string>& ownerOfRank,
+                                                    std::string* reason, std::string* whyNot) {
+  const EngineConfig& config = comm.config();
+  HostTopology topo = HostTopology::of(hostOfRank, comm.rank());
+  if (!topo.uniform()) {
+    *reason = "the hosts hold different numbers of ranks";
+    return nullptr;
+  }
+  if (topo.localSize > kHostMaxRanks) {
+    *reason = "more than " + std::to_string(kHostMaxRanks) + " ranks on a host";
+    return nullptr;
+  }
+  // One rank per host, across hosts: a host segment would only add a copy
+  // in, a copy out and a step per slot, for the same bytes on the link as
+  // the network-only path, which fuses queued calls too (at 2 Gbit/s, 64
+  // MiB: 2 x 1 hosts 88% of the link bound through the segment, 93-97%
+  // without; benchmarks/RESULTS.md). Standalone reduction servers are
+  // reached from the hierarchical path only, so they keep it.
+  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty()) {
+    *reason = "one rank per host";
+    return nullptr;
+  }
+  int servers = topo.localSize;
+  if (config.serversPerNode > 0) servers = std::min<int>(servers, config.serversPerNode);
+  const int leader = topo.ranksOfHost[topo.hostIndex][0];
+  // Named after the leader's shm owner (see transport/shm_owner.h), which
+  // creates it, so that the sweeper knows whose it is.
+  char unique[96];
+  snprintf(unique, sizeof(unique), "%s-seg-%016llx-%d",
+           ownerOfRank[leader].empty() ? "x" : ownerOfRank[leader].c_str(),
+           static_cast<unsigned long long>(comm.jobSecret()), topo.hostIndex);
+  // Oversubscribed hosts (more ranks than cores) get a deeper pipeline: a
+  // rank then runs in time slices and should cover more steps in each.
+  topo.oversubscribed = topo.localSize > static_cast<int>(onlineCores());
+  // The slot size sets the step size, which the hosts' servers must agree
+  // on (the network step pairs them by step): across hosts it is fixed.
+  // Across hosts each step also crosses the network, where a step's round
+  // trip is far longer than in memory: larger steps and a deeper ring keep
+  // the link busy (at 2 Gbit/s, 2 hosts x 2 ranks, 64 MiB: 26% of the link
+  // bound with 128 KiB x 4 on a loaded machine; 93% with 256 KiB x 16 and
+  // the pipelined network step on a quiet one; benchmarks/RESULTS.md).
+  const bool deep = topo.oversubscribed || topo.hosts() > 1;
+  const uint64_t slot = config.shmSlotBytes ? config.shmSlotBytes : (deep ? 262144 : 131072);
+  const int depth = config.shmDepth ? static_cast<int>(config.shmDepth) : (deep ? 16 : 4);
+  std::string status = "ok";
+  std::unique_ptr<HostSegment> seg;
+  try {
+    PrefixBootstrap local(bootstrap, "host" + std::to_string(topo.hostIndex) + "/");
+    seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers, slot, depth,
+                                        unique, comm.timeout());
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kTransport) throw;
+    status = e.what();
+  }
+  // Every host must take the same path.
+  auto all = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "hostpath", status,
+                                comm.timeout());
+  auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return s != "ok"; });
+  if (bad != all.end()) {
+    *reason = "shared memory is unavailable on some rank";
+    *whyNot = "the host segment is unavailable on rank " + std::to_string(bad - all.begin()) +
+              " (" + *bad + ")";
+    if (bad->find(kNoRoomText) != std::string::npos) {
+      *whyNot += "; SMDDP_SHM_SLOT_BYTES and SMDDP_SHM_DEPTH shrink it";
+    }
+    return nullptr;
+  }
+  // Across hosts, each host server rank connects to every standalone
+  // reduction server; every rank learns which of them every server rank
+  // reached, so the whole group leaves out the same ones (failover: a
+  // server that died, then a restarted job) or raises the same error,
+  // instead of a timeout somewhere.
+  const int K = static_cast<int>(config.serverHosts.size());
+  std::unique_ptr<ServerLinks> links;
+  int inUse = 0;
+  if (K > 0 && topo.hosts() > 1) {
+    std::string error;
+    std::vector<std::string> unreachable;
+    const int stream = seg->serverIndexOf(topo.localRank);
+    if (stream >= 0) {
+      try {
+        ServerLinks::Identity me{config.serverJob, comm.jobSecret(), topo.hosts(), topo.hostIndex,
+                                 stream, comm.rank()};
+        const auto wait = std::min<std::chrono::milliseconds>(
+            std::chrono::seconds(config.serverWaitSeconds), comm.timeout() / 2);
+        links = std::make_unique<ServerLinks>(config.serverHosts, me, wait);
+        unreachable = links->unreachable();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    auto reports = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "serverlinks",
+                                      reachStatus(error, unreachable, K), comm.timeout());
+    const ServerVerdict verdict = agreeOnServers(reports, K, config.serverRequired);
+    if (!verdict.error.empty()) throwError(ErrorKind::kPeerLost, verdict.error);
+    inUse = verdict.inUse();
+    if (inUse < K) {
+      std::string text = "group '" + comm.name() + "' goes on with " +
+                         std::to_string(inUse) + " of " + std::to_string(K) +
+                         " standalone reduction server(s), leaving out what some rank could not "
+                         "reach within SMDDP_SERVER_WAIT (SMDDP_SERVER_REQUIRED=1 makes that an "
+                         "error): ";
+      for (int i = 0, n = 0; i < K; ++i) {
+        if (!verdict.live[i]) text += (n++ ? "; " : "") + verdict.why[i];
+      }
+      if (comm.rank() == 0) SMDDP_LOG(kWarn) << text;
+      else SMDDP_LOG(kDebug) << text;
+      if (links) links->keep(verdict.live);
+      if (inUse == 0) links.reset();
+    }
+  }
+  auto scheduler = std::make_unique<FusionBufferScheduler>(comm, std::move(seg), std::move(topo),
+                                                           config.fusionBytes);
+  if (inUse > 0) {
+    scheduler->setStandaloneServers(inUse);
+    if (links) scheduler->setServerLinks(std::move(links));
+  }
+  return scheduler;
+}
+
+}  // namespace smddp

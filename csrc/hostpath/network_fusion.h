@@ -1,0 +1,36 @@
+// Fusion on the network-only path (docs/design.md, "The allreduce path"):
+// no shared segment holds a plan, so the ranks agree on a batch's cut by
+// exchanging what each could fuse, riding on the batch's first call. The
+// cut rule lives here, torch-free, so Catch2 can test it alone.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/dtype.h"
+#include "hostpath/host_segment.h"  // kMaxFusedCalls
+
+namespace smddp {
+
+// What one rank could fuse from a batch's first call: the consecutive
+// allreduce calls already in its own queue (so issued there), same dtype
+// and op, within SMDDP_FUSION_BUFFER_BYTES, stopping before a call whose
+// memory overlaps an earlier one (an overlap fence). Sent as is.
+struct CutProposal {
+  uint32_t count = 0;  // calls, the first one included: 1 .. kMaxFusedCalls
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint8_t pad[2] = {0, 0};
+  uint64_t numel[kMaxFusedCalls] = {};
+};
+
+// The calls every rank fuses, given every rank's proposal (index = rank):
+// the longest prefix that every proposal holds and on which they all agree,
+// call by call. Every rank computes it from the same proposals, so the cut
+// cannot diverge; a call on which ranks differ is left out and starts the
+// next batch alone, where its own exchange reports the mismatch with both
+// sides named. At least 1 (the first call, which runs in any case).
+// Throws kProtocol naming the rank whose proposal is unreadable.
+uint32_t agreedCut(const std::vector<CutProposal>& proposals);
+
+}  // namespace smddp
