@@ -1,8 +1,10 @@
-// DeviceContext for one CUDA device: the caller's current stream, the
-// caching allocator and c10d's CUDA-aware futures, on top of CudaDevice.
-// With backend/no_cuda.cc, the only place the backend meets c10::cuda.
+// DeviceContext for one CUDA device: the caller's current device and
+// stream, capture, the caching allocator and c10d's CUDA-aware futures, on
+// top of CudaDevice (device/cuda/cuda_device.h). With no_cuda.cc, the only
+// place the backend meets c10::cuda.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -20,40 +22,40 @@ namespace {
 class CudaContext : public DeviceContext {
  public:
   explicit CudaContext(c10::DeviceIndex index)
-      : index_(index), device_(std::make_shared<smddp::CudaDevice>(index)) {}
+      : index_(index), device_(smddp::CudaDevice::at(index)) {}
 
   c10::Device torchDevice() const override { return c10::Device(c10::kCUDA, index_); }
   std::shared_ptr<smddp::Device> device() override { return device_; }
 
-  smddp::DeviceEventPtr callerReady() override {
-    return device_->recordOn(c10::cuda::getCurrentCUDAStream(index_).stream());
+  std::shared_ptr<void> enter() override {
+    // torch's guard: it restores the previous device with MaybeSetDevice,
+    // so a thread that had no context on it does not get one.
+    return std::make_shared<c10::cuda::CUDAGuard>(index_);
   }
-
-  void protect(const at::Tensor& t) override {
-    if (!t.defined() || !t.is_cuda() || !t.has_storage()) return;
-    // The allocator skips memory it did not hand out (the DataPtr's deleter
-    // is not its own), so this is safe for any CUDA tensor.
-    for (cudaStream_t s : device_->streams()) {
-      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(),
-                                                    c10::cuda::getStreamFromExternal(s, index_));
-    }
-  }
-
-  void callerWaits(const smddp::DeviceEventPtr& done, std::chrono::milliseconds timeout) override {
+  bool capturing() override { return device_->capturing(current()); }
+  smddp::DeviceEventPtr callerReady() override { return device_->recordOn(current()); }
+  void streamWaits(const smddp::DeviceEventPtr& done) override {
     if (!done) return;
-    if (auto* event = dynamic_cast<smddp::CudaEvent*>(done.get())) {
-      c10::cuda::CUDAGuard guard(index_);
-      C10_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(index_).stream(), event->native(), 0));
-      return;
-    }
-    // Not an event of this device (it should be): the host waits instead.
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!done->query()) {
-      SMDDP_CHECK(std::chrono::steady_clock::now() < deadline, kTimeout,
-                  device_->name() + ": timed out after " + std::to_string(timeout.count()) +
-                      " ms waiting for a collective's device work");
+    C10_CUDA_CHECK(cudaStreamWaitEvent(current(), native(done), 0));
+  }
+  void synchronizeCaller(std::chrono::milliseconds timeout) override {
+    auto event = device_->recordOn(current());
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (!event->query()) {
+      SMDDP_CHECK(std::chrono::steady_clock::now() < until, kTimeout,
+                  device_->name() + ": the caller's stream did not drain within " +
+                      std::to_string(timeout.count()) + " ms");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+  void protect(const at::Tensor& t, smddp::DeviceStream& stream) override {
+    if (!t.defined() || !t.is_cuda() || !t.has_storage()) return;
+    // The allocator skips memory it did not hand out (the DataPtr's deleter
+    // is not its own), so this is safe for any CUDA tensor. Pool streams
+    // live as long as the process, so the record never outlives them.
+    c10::cuda::CUDACachingAllocator::recordStream(
+        t.storage().data_ptr(),
+        c10::cuda::getStreamFromExternal(smddp::CudaDevice::native(stream), index_));
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> newFuture() override {
@@ -62,38 +64,41 @@ class CudaContext : public DeviceContext {
   }
 
   void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future, c10::IValue value,
-                      const smddp::DeviceEventPtr& done) override {
+                      const std::vector<smddp::DeviceEventPtr>& done) override {
     c10::cuda::CUDAGuard guard(index_);
     // markCompleted records the future's events on the current stream: a
     // pool stream that first waits for `done`, so whoever waits on the
     // future (or a then() callback) sees the finished tensors, and the
     // caller's own stream is not held up by the wait.
     c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index_);
-    if (done) {
-      auto* event = dynamic_cast<smddp::CudaEvent*>(done.get());
-      SMDDP_CHECK(event, kInternal,
-                  device_->name() + ": a future was to complete after an event of another device kind");
-      C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), event->native(), 0));
-    }
+    for (const auto& e : done) C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), native(e), 0));
     c10::cuda::CUDAStreamGuard streamGuard(stream);
     future->markCompleted(std::move(value));
   }
 
-  at::Tensor hostBuffer(size_t bytes) override {
-    return at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+ private:
+  cudaStream_t current() const { return c10::cuda::getCurrentCUDAStream(index_).stream(); }
+  cudaEvent_t native(const smddp::DeviceEventPtr& event) const {
+    auto* e = dynamic_cast<smddp::CudaEvent*>(event.get());
+    SMDDP_CHECK(e, kInternal, device_->name() + ": an event of another kind of device");
+    return e->native();
   }
 
- private:
   c10::DeviceIndex index_;
   std::shared_ptr<smddp::CudaDevice> device_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceContext> makeCudaContext(c10::DeviceIndex index) {
-  return std::make_unique<CudaContext>(index);
+std::shared_ptr<DeviceContext> makeCudaContext(c10::DeviceIndex index) {
+  c10::cuda::CUDAGuard guard(index);  // CudaDevice::at checks the index
+  return std::make_shared<CudaContext>(index);
 }
 
 bool builtWithCuda() { return true; }
+
+int cudaDeviceCount() { return static_cast<int>(c10::cuda::device_count()); }
+
+c10::DeviceIndex currentCudaDevice() { return c10::cuda::current_device(); }
 
 }  // namespace c10d_smddp

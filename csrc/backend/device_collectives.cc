@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <set>
 
 #include "backend/call_support.h"
 #include "backend/process_group.h"
@@ -16,69 +17,132 @@ namespace c10d_smddp {
 
 SMDDP_PARAM_BYTES(paramDeviceChunkBytes, "SMDDP_DEVICE_CHUNK_BYTES", 4194304, 4096, 1LL << 30,
                   "Chunk (and staging slot) size of the GPU path's allreduce pipeline");
+SMDDP_PARAM_BYTES(paramDeviceHostCache, "SMDDP_DEVICE_HOST_CACHE_BYTES", 67108864, 0, 1LL << 40,
+                  "Page-locked memory a group keeps for reuse by the GPU path's whole-staged calls");
+
+namespace {
+
+// c10d::Work keeps its profiling title's pointer: titles live as long as
+// the process.
+const char* internTitle(const std::string& title) {
+  static std::mutex mu;
+  static auto* titles = std::make_unique<std::set<std::string>>().release();  // never destroyed
+  std::lock_guard<std::mutex> lock(mu);
+  return titles->insert(title).first->c_str();
+}
+
+void checkOnDevice(const at::Tensor& t, const c10::Device& device, const char* coll) {
+  TORCH_CHECK_VALUE(t.defined(), "smddp ", coll, ": undefined tensor");
+  TORCH_CHECK_VALUE(t.device() == device, "smddp ", coll, ": a tensor on ", t.device(),
+                    " in a call on ", device);
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided && t.is_non_overlapping_and_dense(), "smddp ", coll,
+                    ": tensors on ", t.device(),
+                    " must be dense and non-overlapping (as with NCCL); call .contiguous() first");
+}
+
+// The bytes a dense, non-overlapping tensor spans, from its data pointer.
+size_t spanBytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+}  // namespace
 
 // ---- DeviceWork -------------------------------------------------------------
 
-DeviceWork::DeviceWork(DeviceContext& ctx, int rank, c10d::OpType type, const char* coll,
-                       std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout)
-    : c10d::Work(rank, type, ("smddp:" + std::string(coll)).c_str()),
-      ctx_(ctx),
+DeviceWork::DeviceWork(std::shared_ptr<DeviceContext> ctx, int rank, c10d::OpType type,
+                       const char* coll, std::vector<at::Tensor> outputs,
+                       std::chrono::milliseconds timeout, bool syncOnWait)
+    : c10d::Work(rank, type, internTitle("smddp:" + std::string(coll))),
+      ctx_(std::move(ctx)),
       title_("smddp:" + std::string(coll)),
       outputs_(std::move(outputs)),
       timeout_(timeout),
-      future_(ctx.newFuture()) {}
+      syncOnWait_(syncOnWait),
+      future_(ctx_->newFuture()) {}
 
-void DeviceWork::attach(smddp::DeviceEventPtr completion) {
-  std::lock_guard<std::mutex> lock(mu_);
-  completion_ = std::move(completion);
-  if (hostDone_) completeLocked();
+void DeviceWork::hostFinished(std::exception_ptr error, std::vector<smddp::DeviceEventPtr> done) {
+  std::vector<Listener> listeners;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hostDone_ = true;
+    error_ = error ? toTorchError(error) : nullptr;
+    done_ = std::move(done);
+    listeners.swap(listeners_);
+    completeLocked();
+  }
+  for (auto& l : listeners) l(error_, done_);
 }
 
-void DeviceWork::hostFinished(std::exception_ptr error) {
+void DeviceWork::setSourceRank(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  hostDone_ = true;
-  error_ = error ? toTorchError(error) : nullptr;
-  if (completion_) completeLocked();
+  sourceRank_ = rank;
+}
+
+int DeviceWork::sourceRank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sourceRank_;
+}
+
+void DeviceWork::onHostFinished(Listener l) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!hostDone_) {
+      listeners_.push_back(std::move(l));
+      return;
+    }
+  }
+  l(error_, done_);
 }
 
 void DeviceWork::completeLocked() {
   cv_.notify_all();
+  finish(error_);  // c10d's own state and the profiler's end of the call
   // On the completion pool: the future's callbacks are user code (DDP's
   // hooks) that may issue and wait for more collectives, which must never
   // happen on the pipeline thread (common/completion_pool.h).
   auto self = c10::intrusive_ptr<DeviceWork>::reclaim_copy(this);
-  smddp::CompletionPool::instance().post([self, error = error_, done = completion_] {
+  smddp::CompletionPool::instance().post([self, error = error_, done = done_] {
     if (error) {
       self->future_->setError(error);
-    } else {
-      self->ctx_.completeFuture(self->future_, c10::IValue(self->outputs_), done);
+      return;
+    }
+    try {
+      self->ctx_->completeFuture(self->future_, c10::IValue(self->outputs_), done);
+    } catch (...) {
+      if (!self->future_->completed()) self->future_->setError(toTorchError(std::current_exception()));
     }
   });
 }
 
 bool DeviceWork::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
-  smddp::DeviceEventPtr done;
+  std::vector<smddp::DeviceEventPtr> done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_) std::rethrow_exception(error_);
-    done = completion_;
-  }
-  ctx_.callerWaits(done, limit);
-  if (ctx_.blocksHost()) {
     std::unique_lock<std::mutex> lock(mu_);
+    // The host part: its failure must reach this call.
     if (!cv_.wait_for(lock, limit, [&] { return hostDone_; })) {
-      C10_THROW_ERROR(DistBackendError, title_ +
-                                            " did not complete within the timeout");
+      C10_THROW_ERROR(DistBackendError, title_ + " did not complete within " +
+                                            std::to_string(limit.count()) + " ms");
     }
     if (error_) std::rethrow_exception(error_);
+    done = done_;
+  }
+  // The copies back: the caller's stream waits for them, the host does not.
+  auto entered = ctx_->enter();
+  for (const auto& e : done) ctx_->streamWaits(e);
+  if (syncOnWait_) {
+    try {
+      ctx_->synchronizeCaller(limit);
+    } catch (const smddp::Error& e) {
+      rethrowAsTorch(e);
+    }
   }
   return true;
 }
 
 bool DeviceWork::isCompleted() {
   std::lock_guard<std::mutex> lock(mu_);
-  return hostDone_ && (error_ || (completion_ && completion_->query()));
+  if (!hostDone_) return false;
+  if (error_) return true;
+  return std::all_of(done_.begin(), done_.end(), [](const auto& e) { return e->query(); });
 }
 
 bool DeviceWork::isSuccess() const {
@@ -91,30 +155,64 @@ std::exception_ptr DeviceWork::exception() const {
   return error_;
 }
 
-// ---- DeviceStage ------------------------------------------------------------
-
-namespace {
-
-void checkOnDevice(const at::Tensor& t, const c10::Device& device, const char* coll) {
-  TORCH_CHECK_VALUE(t.defined(), "smddp ", coll, ": undefined tensor");
-  TORCH_CHECK_VALUE(t.device() == device, "smddp ", coll, ": a tensor on ", t.device(),
-                    " in a call on ", device);
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided && t.is_contiguous(), "smddp ", coll,
-                    ": tensors on ", t.device(),
-                    " must be dense and contiguous (as with NCCL); call .contiguous() first");
+c10::intrusive_ptr<c10d::Work> coalescedDeviceWork(
+    std::shared_ptr<DeviceContext> ctx, int rank,
+    const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout) {
+  std::vector<at::Tensor> outputs;
+  for (const auto& w : works) {
+    for (auto& t : w->result()) outputs.push_back(t);
+  }
+  auto all = c10::make_intrusive<DeviceWork>(std::move(ctx), rank, c10d::OpType::COALESCED,
+                                             "coalesced", outputs, timeout);
+  struct Gather {
+    std::mutex mu;
+    size_t left;
+    std::exception_ptr error;
+    std::vector<smddp::DeviceEventPtr> done;
+  };
+  auto g = std::make_shared<Gather>();
+  g->left = works.size();
+  auto arrive = [g, all](std::exception_ptr e, const std::vector<smddp::DeviceEventPtr>& done) {
+    std::unique_lock<std::mutex> lock(g->mu);
+    if (e && !g->error) g->error = e;
+    g->done.insert(g->done.end(), done.begin(), done.end());
+    if (--g->left > 0) return;
+    auto error = g->error;
+    auto events = std::move(g->done);
+    lock.unlock();
+    all->hostFinished(error, error ? std::vector<smddp::DeviceEventPtr>{} : std::move(events));
+  };
+  if (works.empty()) all->hostFinished(nullptr, {});
+  for (const auto& w : works) {
+    if (auto* dw = dynamic_cast<DeviceWork*>(w.get())) {
+      dw->onHostFinished(arrive);
+    } else {
+      // A CPU call in the block: its completion, no device events.
+      w->getFuture()->addCallback([arrive](c10::ivalue::Future& f) {
+        arrive(f.hasError() ? f.exception_ptr() : nullptr, {});
+      });
+    }
+  }
+  return all;
 }
 
-}  // namespace
+// ---- DeviceStage ------------------------------------------------------------
 
 at::Tensor DeviceStage::map(const at::Tensor& t, bool read, bool write) {
   checkOnDevice(t, ctx_.torchDevice(), coll_);
-  const size_t bytes = t.nbytes();
-  at::Tensor host = ctx_.hostBuffer(bytes).view(t.scalar_type()).view(t.sizes());
-  if (bytes > 0 && read) chunk_.in.push_back({t.data_ptr(), host.data_ptr(), bytes});
-  if (bytes > 0 && write) chunk_.out.push_back({t.data_ptr(), host.data_ptr(), bytes});
+  const size_t bytes = spanBytes(t);
+  std::shared_ptr<void> buffer = pool_.acquire(bytes);
+  void* host = buffer.get();
+  at::Tensor h = at::from_blob(
+      host, t.sizes(), t.strides(), [buffer](void*) mutable { buffer.reset(); },
+      at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+  if (bytes > 0 && read) chunk_.in.push_back({t.data_ptr(), host, bytes});
+  if (bytes > 0 && write) chunk_.out.push_back({t.data_ptr(), host, bytes});
+  if (read) read_.push_back(t);
+  if (write) written_.push_back(t);
   keep_.push_back(t);
-  keep_.push_back(host);
-  return host;
+  keep_.push_back(h);
+  return h;
 }
 
 std::vector<at::Tensor> DeviceStage::map(const std::vector<at::Tensor>& ts, bool read,
@@ -133,29 +231,46 @@ std::vector<std::vector<at::Tensor>> DeviceStage::map(
   return out;
 }
 
+c10d::ReduceOp DeviceStage::mapOp(const c10d::ReduceOp& op) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return op;
+  auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  if (!sup || !sup->tensor_factor.defined() || sup->tensor_factor.device() != ctx_.torchDevice()) {
+    return op;
+  }
+  TORCH_CHECK_VALUE(sup->tensor_factor.numel() == 1, "smddp ", coll_,
+                    ": the PREMUL_SUM factor tensor must have one element, got ",
+                    sup->tensor_factor.numel());
+  return c10d::makePreMulSum(map(sup->tensor_factor, /*read=*/true, /*write=*/false));
+}
+
 // ---- DeviceCollectives --------------------------------------------------------
 
-DeviceCollectives::DeviceCollectives(std::unique_ptr<DeviceContext> ctx,
+DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
                                      c10::intrusive_ptr<ProcessGroupSmddp> host, int rank,
                                      std::chrono::milliseconds timeout)
-    : ctx_(std::move(ctx)), host_(std::move(host)), rank_(rank), timeout_(timeout) {
+    : ctx_(std::move(ctx)), host_(std::move(host)), rank_(rank), world_(host_->getSize()),
+      timeout_(timeout) {
+  auto entered = ctx_->enter();  // the slots are allocated on the device
+  pool_ = smddp::HostBufferPool::make(ctx_->device(), static_cast<size_t>(paramDeviceHostCache()));
   smddp::StagingOptions o;
   o.slotBytes = static_cast<size_t>(paramDeviceChunkBytes());
   // The staging slots together stay within one fusion buffer.
   const int64_t fusion =
       smddp::readBytesParam("SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34);
   o.slots = static_cast<int>(std::clamp<int64_t>(fusion / static_cast<int64_t>(o.slotBytes), 2, 16));
-  o.copyStreams = ctx_->blocksHost() ? 2 : 1;  // the simulation lands chunks out of order
   o.timeout = timeout;
+  o.inStream = 0;
+  o.outStream = 1;
   pipeline_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), o);
   // Sends and receives each get a pipeline of their own, with no slots: a
   // send waits only for its receiver, so an isend/irecv ring in any order
   // cannot hold up a receive behind a send, or a collective behind either.
+  // No device queue waits for the host, so they may share streams.
   smddp::StagingOptions p2p = o;
-  p2p.slots = 1;
-  p2p.slotBytes = 4096;
-  p2p.copyStreams = 1;
+  p2p.slots = 0;
+  p2p.inStream = 2;
   sendPipe_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), p2p);
+  p2p.inStream = 3;
   recvPipe_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), p2p);
 }
 
@@ -165,8 +280,7 @@ void DeviceCollectives::shutdown() {
   // The host group first: host work stuck in a collective then returns.
   host_->shutdown();
   for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) p->shutdown();
-  std::lock_guard<std::mutex> lock(inFlightMu_);
-  inFlight_.clear();
+  pool_->clear();
 }
 
 void DeviceCollectives::checkUsable(const char* coll) const {
@@ -178,106 +292,67 @@ void DeviceCollectives::checkUsable(const char* coll) const {
   }
 }
 
+void DeviceCollectives::checkNotCapturing(const char* coll) {
+  auto entered = ctx_->enter();
+  TORCH_CHECK(!ctx_->capturing(), "smddp ", coll, ": called while the current stream of ",
+              ctx_->torchDevice(), " captures a CUDA graph. smddp reduces on the host, which a "
+              "graph cannot replay; issue the collective outside the capture "
+              "(the group stays usable).");
+}
+
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, const char* coll,
                                                          std::vector<at::Tensor> outputs,
-                                                         const Plan& plan, Lane lane) {
+                                                         const Plan& plan, Lane lane,
+                                                         bool syncOnWait) {
+  checkNotCapturing(coll);
   checkUsable(coll);
-  DeviceStage stage(*ctx_, coll);
+  auto entered = ctx_->enter();
+  DeviceStage stage(*ctx_, *pool_, coll);
   HostCall call = plan(stage);
   {
     // The CPU path's own argument checks, on the caller's thread.
     ProcessGroupSmddp::CheckOnly check;
     (void)call(*host_);
   }
-  stage.chunk_.host = [host = host_, call](void*) {
-    if (auto w = call(*host)) w->wait();
+  auto work = c10::make_intrusive<DeviceWork>(ctx_, rank_, type, coll, std::move(outputs),
+                                              timeout_, syncOnWait);
+  stage.chunk_.host = [host = host_, call, work](void*) {
+    if (auto w = call(*host)) {
+      w->wait();
+      work->setSourceRank(w->sourceRank());
+    }
   };
   smddp::StagingCall sc;
   sc.what = coll;
   sc.chunks.push_back(std::move(stage.chunk_));
   smddp::StagingPipeline& pipe =
       lane == Lane::kSend ? *sendPipe_ : lane == Lane::kRecv ? *recvPipe_ : *pipeline_;
-  return launch(pipe, type, coll, std::move(outputs), std::move(stage.keep_), std::move(sc));
-}
-
-c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, const char* coll,
-                                                            std::vector<at::Tensor>& tensors,
-                                                            const c10d::AllreduceOptions& opts) {
-  checkUsable(coll);
-  TORCH_CHECK_VALUE(!tensors.empty(), "smddp ", coll, ": no tensors given");
-  const at::ScalarType st = tensors[0].scalar_type();
-  for (const auto& t : tensors) {
-    checkOnDevice(t, ctx_->torchDevice(), coll);
-    TORCH_CHECK_TYPE(t.scalar_type() == st, "smddp ", coll,
-                     ": all tensors must have the same dtype (got ", st, " and ",
-                     t.scalar_type(), ")");
-  }
-  std::optional<double> factor;  // dtype and op, with the CPU path's checks and messages
-  (void)toReduceOpScaled(opts.reduceOp, toDataType(tensors[0], coll), coll, &factor);
-  c10d::AllreduceOptions hostOpts = opts;
-  hostOpts.asyncOp = false;  // the pipeline thread waits at once
-  const size_t elem = tensors[0].element_size();
-  const size_t chunkBytes = std::max(elem, pipeline_->slotBytes() / elem * elem);
-
-  smddp::StagingCall sc;
-  sc.what = coll;
-  smddp::StagingChunk cur;
-  size_t used = 0;
-  auto flush = [&] {
-    if (used == 0) return;
-    cur.slotted = true;
-    cur.out = cur.in;  // in place: each piece goes back where it came from
-    const int64_t numel = static_cast<int64_t>(used / elem);
-    cur.host = [host = host_, numel, st, hostOpts](void* slot) {
-      std::vector<at::Tensor> v{at::from_blob(slot, {numel}, at::TensorOptions().dtype(st))};
-      if (auto w = host->allreduce(v, hostOpts)) w->wait();
-    };
-    sc.chunks.push_back(std::move(cur));
-    cur = smddp::StagingChunk{};
-    used = 0;
-  };
-  for (const auto& t : tensors) {
-    auto* base = static_cast<uint8_t*>(t.data_ptr());
-    const size_t bytes = t.nbytes();
-    for (size_t off = 0; off < bytes;) {
-      const size_t n = std::min(bytes - off, chunkBytes - used);
-      cur.in.push_back({base + off, reinterpret_cast<void*>(used), n});
-      used += n;
-      off += n;
-      if (used == chunkBytes) flush();
-    }
-  }
-  flush();
-  return launch(*pipeline_, type, coll, tensors, std::vector<at::Tensor>(tensors),
-                std::move(sc));
+  return launch(pipe, work, std::move(stage.read_), std::move(stage.written_),
+                std::move(stage.keep_), std::move(sc));
 }
 
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::launch(smddp::StagingPipeline& pipe,
-                                                         c10d::OpType type, const char* coll,
-                                                         std::vector<at::Tensor> outputs,
+                                                         c10::intrusive_ptr<DeviceWork> work,
+                                                         std::vector<at::Tensor> read,
+                                                         std::vector<at::Tensor> written,
                                                          std::vector<at::Tensor> keep,
                                                          smddp::StagingCall call) {
-  auto work = c10::make_intrusive<DeviceWork>(*ctx_, rank_, type, coll, std::move(outputs),
-                                              timeout_);
+  // Inside the caller's enter(): the readiness event goes on its stream.
   call.ready = ctx_->callerReady();
-  for (const auto& t : keep) {
-    if (t.device() == ctx_->torchDevice()) ctx_->protect(t);
-  }
-  call.done = [work](std::exception_ptr e) { work->hostFinished(e); };
-  smddp::DeviceEventPtr completion;
+  // Only the streams that touch a tensor record it; the call also holds
+  // every tensor until its last copy has run (the reaper releases `keep`).
+  for (const auto& t : read) ctx_->protect(t, pipe.inStream());
+  for (const auto& t : written) ctx_->protect(t, pipe.outStream());
+  call.keep = std::make_shared<std::vector<at::Tensor>>(std::move(keep));
+  call.done = [work](std::exception_ptr e, smddp::DeviceEventPtr done) {
+    work->hostFinished(e, done ? std::vector<smddp::DeviceEventPtr>{done}
+                               : std::vector<smddp::DeviceEventPtr>{});
+  };
   try {
-    completion = pipe.submit(std::move(call));
+    pipe.submit(std::move(call));
   } catch (const smddp::Error& e) {
     rethrowAsTorch(e);
   }
-  work->attach(completion);
-  // The call's tensors (device ones and their host copies) stay referenced
-  // until its last copy back has landed, even if the Work is dropped first.
-  std::lock_guard<std::mutex> lock(inFlightMu_);
-  inFlight_.erase(std::remove_if(inFlight_.begin(), inFlight_.end(),
-                                 [](const auto& f) { return f.first->query(); }),
-                  inFlight_.end());
-  inFlight_.emplace_back(completion, std::move(keep));
   return work;
 }
 

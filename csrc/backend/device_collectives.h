@@ -1,17 +1,24 @@
 // Collectives on device (CUDA) tensors: the same engine behind a staging
 // pipeline (device/staging_pipeline.h). A call records an event on the
-// caller's stream, queues its copies to page-locked host memory, and
-// returns a DeviceWork at once. The pipeline thread then runs the call's
-// CPU collective on the host copies, on a private host-only group (so the
-// order of host collectives is the device calls' order on every rank), and
-// the copies back are released by the pipeline's host flag.
+// caller's current stream and returns a DeviceWork at once. The pipeline
+// thread copies its inputs to page-locked host memory once that event has
+// completed, runs the CPU collective on the host copies over a private
+// host-only group (so every rank issues host collectives in its device
+// calls' order), and only then queues the copies back.
 //
-// Allreduce is cut into chunks of one staging slot each, so the copy in of
-// one chunk, the CPU reduction of the one before and the copy back of an
-// earlier one overlap. Each chunk is an allreduce of its own; allreduce is
-// elementwise, so the result is bitwise the CPU path's on the same inputs.
-// Every other collective is staged whole: its inputs in, the CPU
-// collective, its outputs back.
+// Completion (Gloo's CUDA model; docs/design.md, "GPU path"):
+// - a call never blocks at submit;
+// - work.wait() blocks the host until the call's host part has ended,
+//   raises if it failed, and then makes the caller's current stream wait
+//   for the copies back;
+// - the future completes when the host part has ended, with device events
+//   after the copies back;
+// - no device queue ever waits for the host.
+//
+// allreduce, all_gather_into_tensor and reduce_scatter_tensor are cut into
+// chunks of one staging slot each, so the copy in of one chunk, the host
+// collective of the one before and the copy back of an earlier one overlap.
+// Every other collective is staged whole.
 //
 // Arguments are checked on the caller's thread, with the CPU path's own
 // checks and messages: the host call is run once in check-only mode
@@ -29,62 +36,85 @@
 #include <vector>
 
 #include "backend/device_context.h"
+#include "device/host_pool.h"
 #include "device/staging_pipeline.h"
 
 namespace c10d_smddp {
 
 class ProcessGroupSmddp;
 
-// The Work of a device call. wait() makes the caller's stream wait for the
-// copies back (it does not block the host on CUDA); the future completes
-// once the host part is done, with events after the copies back.
+// The Work of a device call, or of a coalescing block of them.
 class DeviceWork : public c10d::Work {
  public:
-  DeviceWork(DeviceContext& ctx, int rank, c10d::OpType type, const char* coll,
-             std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout);
+  using Listener = std::function<void(std::exception_ptr, const std::vector<smddp::DeviceEventPtr>&)>;
+
+  // `syncOnWait`: wait() also blocks the host until the caller's stream has
+  // drained (barrier, as NCCL's).
+  DeviceWork(std::shared_ptr<DeviceContext> ctx, int rank, c10d::OpType type, const char* coll,
+             std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+             bool syncOnWait = false);
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
+  int sourceRank() const override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
 
-  // The pipeline's event after the call's last copy back.
-  void attach(smddp::DeviceEventPtr completion);
-  // The host part finished (pipeline thread): null, or the failure.
-  void hostFinished(std::exception_ptr error);
+  // The host part ended (pipeline thread): null and the events after the
+  // copies back, or the failure.
+  void hostFinished(std::exception_ptr error, std::vector<smddp::DeviceEventPtr> done);
+  void setSourceRank(int rank);
+  // Runs `l` once the host part has ended (at once if it has).
+  void onHostFinished(Listener l);
 
  private:
-  void completeLocked();  // both halves known: completes the future (on the pool)
+  void completeLocked();  // completes the future (on the completion pool)
 
-  DeviceContext& ctx_;
-  std::string title_;  // "smddp:all_gather"
+  std::shared_ptr<DeviceContext> ctx_;
+  std::string title_;
   std::vector<at::Tensor> outputs_;
   std::chrono::milliseconds timeout_;
+  bool syncOnWait_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  smddp::DeviceEventPtr completion_;  // guarded by mu_
-  bool hostDone_ = false;             // guarded by mu_
-  std::exception_ptr error_;          // guarded by mu_
+  bool hostDone_ = false;                   // guarded by mu_
+  std::exception_ptr error_;                // guarded by mu_
+  std::vector<smddp::DeviceEventPtr> done_;  // guarded by mu_
+  std::vector<Listener> listeners_;         // guarded by mu_
+  int sourceRank_ = -1;                     // guarded by mu_
 };
+
+// One Work over the works of a coalescing block with device calls among
+// them: its host part ends when all of theirs have; wait() waits for every
+// one's copies back.
+c10::intrusive_ptr<c10d::Work> coalescedDeviceWork(
+    std::shared_ptr<DeviceContext> ctx, int rank,
+    const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout);
 
 // The host counterparts of one whole-staged call's device tensors.
 class DeviceStage {
  public:
-  explicit DeviceStage(DeviceContext& ctx, const char* coll) : ctx_(ctx), coll_(coll) {}
-  // A page-locked host tensor shaped like `t` (contiguous, on this stage's
-  // device); `read`: copied in before the host call, `write`: copied back.
+  DeviceStage(DeviceContext& ctx, smddp::HostBufferPool& pool, const char* coll)
+      : ctx_(ctx), pool_(pool), coll_(coll) {}
+  // A host tensor laid out like `t` (dense, same strides); `read`: copied
+  // in before the host call, `write`: copied back after it.
   at::Tensor map(const at::Tensor& t, bool read, bool write);
   std::vector<at::Tensor> map(const std::vector<at::Tensor>& ts, bool read, bool write);
   std::vector<std::vector<at::Tensor>> map(const std::vector<std::vector<at::Tensor>>& ts,
                                            bool read, bool write);
+  // PREMUL_SUM's factor tensor, when it is on the device, reaches the host
+  // through a copy like any input (never a host read of device memory).
+  c10d::ReduceOp mapOp(const c10d::ReduceOp& op);
 
  private:
   friend class DeviceCollectives;
   DeviceContext& ctx_;
+  smddp::HostBufferPool& pool_;
   const char* coll_;
   smddp::StagingChunk chunk_;
+  std::vector<at::Tensor> read_, written_;  // device tensors, for recordStream
   std::vector<at::Tensor> keep_;
 };
 
@@ -92,43 +122,54 @@ class DeviceCollectives {
  public:
   // A host call runs the collective on the host group and returns its Work.
   using HostCall = std::function<c10::intrusive_ptr<c10d::Work>(ProcessGroupSmddp&)>;
-  // What a collective gives viaDevice: it maps its tensors on the stage and
+  // What a collective gives staged(): it maps its tensors on the stage and
   // returns the host call over the mapped ones.
   using Plan = std::function<HostCall(DeviceStage&)>;
 
-  DeviceCollectives(std::unique_ptr<DeviceContext> ctx, c10::intrusive_ptr<ProcessGroupSmddp> host,
+  DeviceCollectives(std::shared_ptr<DeviceContext> ctx, c10::intrusive_ptr<ProcessGroupSmddp> host,
                     int rank, std::chrono::milliseconds timeout);
   ~DeviceCollectives();
 
   c10::Device device() const { return ctx_->torchDevice(); }
+  const std::shared_ptr<DeviceContext>& context() const { return ctx_; }
   enum class Lane { kCollective, kSend, kRecv };
   // A call staged whole; `outputs` are what Work::result() returns. Sends
-  // and receives take lanes (pipelines) of their own.
+  // and receives take lanes (pipelines) of their own. `syncOnWait`: see
+  // DeviceWork.
   c10::intrusive_ptr<c10d::Work> staged(c10d::OpType type, const char* coll,
                                         std::vector<at::Tensor> outputs, const Plan& plan,
-                                        Lane lane = Lane::kCollective);
+                                        Lane lane = Lane::kCollective, bool syncOnWait = false);
   // allreduce and allreduce_coalesced: chunked through the staging slots.
   c10::intrusive_ptr<c10d::Work> allreduce(c10d::OpType type, const char* coll,
                                            std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts);
-  // Stops the host group, then the pipeline; bounded (see StagingPipeline).
+  // all_gather_into_tensor and reduce_scatter_tensor of one contiguous
+  // pair: chunked (FSDP's path). Null when the pair cannot be chunked
+  // (then staged whole).
+  c10::intrusive_ptr<c10d::Work> allgatherBase(at::Tensor& output, at::Tensor& input);
+  c10::intrusive_ptr<c10d::Work> reduceScatterBase(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::ReduceScatterOptions& opts);
+  // Refuses a call made while the caller's stream captures a graph: the
+  // error names the collective, and nothing is queued.
+  void checkNotCapturing(const char* coll);
+  // Stops the host group, then the pipelines; bounded (see StagingPipeline).
   void shutdown();
 
  private:
-  c10::intrusive_ptr<c10d::Work> launch(smddp::StagingPipeline& pipe, c10d::OpType type,
-                                        const char* coll,
-                                        std::vector<at::Tensor> outputs,
+  struct Chunked;
+  c10::intrusive_ptr<c10d::Work> launch(smddp::StagingPipeline& pipe, c10::intrusive_ptr<DeviceWork> work,
+                                        std::vector<at::Tensor> read, std::vector<at::Tensor> written,
                                         std::vector<at::Tensor> keep, smddp::StagingCall call);
+  c10::intrusive_ptr<c10d::Work> launchChunked(c10d::OpType type, const char* coll, Chunked& c);
   void checkUsable(const char* coll) const;
 
-  std::unique_ptr<DeviceContext> ctx_;
+  std::shared_ptr<DeviceContext> ctx_;
   c10::intrusive_ptr<ProcessGroupSmddp> host_;
   int rank_;
+  int world_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<smddp::HostBufferPool> pool_;
   std::unique_ptr<smddp::StagingPipeline> pipeline_, sendPipe_, recvPipe_;
-  std::mutex inFlightMu_;
-  // Each call's tensors until its completion event.
-  std::vector<std::pair<smddp::DeviceEventPtr, std::vector<at::Tensor>>> inFlight_;
 };
 
 }  // namespace c10d_smddp

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "backend/call_support.h"
@@ -95,14 +96,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::viaDevice(DeviceCollectives* d
                                                             c10d::OpType type, const char* coll,
                                                             std::vector<at::Tensor> result,
                                                             const Out& outputs, const In& inputs,
-                                                            Call call) {
+                                                            Call call, const c10d::ReduceOp* op) {
   return track(dev->staged(type, coll, std::move(result),
                            [&](DeviceStage& s) -> DeviceCollectives::HostCall {
                              auto out = s.map(outputs, /*read=*/false, /*write=*/true);
                              auto in = s.map(inputs, /*read=*/true, /*write=*/false);
-                             return [out, in, call](ProcessGroupSmddp& pg) mutable {
-                               return call(pg, out, in);
-                             };
+                             if constexpr (std::is_invocable_v<Call&, ProcessGroupSmddp&,
+                                                               decltype(out)&, decltype(in)&,
+                                                               const c10d::ReduceOp&>) {
+                               return [out, in, call, hostOp = s.mapOp(*op)](
+                                          ProcessGroupSmddp& pg) mutable {
+                                 return call(pg, out, in, hostOp);
+                               };
+                             } else {
+                               return [out, in, call](ProcessGroupSmddp& pg) mutable {
+                                 return call(pg, out, in);
+                               };
+                             }
                            }));
 }
 
@@ -111,13 +121,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::viaDeviceInPlace(DeviceCollect
                                                                    c10d::OpType type,
                                                                    const char* coll,
                                                                    std::vector<at::Tensor>& tensors,
-                                                                   Call call) {
+                                                                   Call call,
+                                                                   const c10d::ReduceOp* op) {
   return track(dev->staged(type, coll, tensors,
                            [&](DeviceStage& s) -> DeviceCollectives::HostCall {
                              auto both = s.map(tensors, /*read=*/true, /*write=*/true);
-                             return [both, call](ProcessGroupSmddp& pg) mutable {
-                               return call(pg, both);
-                             };
+                             if constexpr (std::is_invocable_v<Call&, ProcessGroupSmddp&,
+                                                               decltype(both)&,
+                                                               const c10d::ReduceOp&>) {
+                               return [both, call, hostOp = s.mapOp(*op)](
+                                          ProcessGroupSmddp& pg) mutable {
+                                 return call(pg, both, hostOp);
+                               };
+                             } else {
+                               return [both, call](ProcessGroupSmddp& pg) mutable {
+                                 return call(pg, both);
+                               };
+                             }
                            }));
 }
 

@@ -19,6 +19,10 @@
 namespace py = pybind11;
 using c10d_smddp::ProcessGroupSmddp;
 
+namespace c10d_smddp {
+void bindSimTesting(py::module_& m);  // module_sim.cc
+}
+
 namespace {
 
 // pybind's holder for the backend: it drops its reference with the GIL
@@ -274,4 +278,5 @@ PYBIND11_MODULE(_C, m) {
                           smddp::LatencyHistograms::binHighUs(b));
   });
   m.attr("built_with_torch") = SMDDP_BUILT_WITH_TORCH;
+  c10d_smddp::bindSimTesting(m);
 }

@@ -6,13 +6,17 @@
 
 namespace c10d_smddp {
 
-std::unique_ptr<DeviceContext> makeCudaContext(c10::DeviceIndex index) {
+std::shared_ptr<DeviceContext> makeCudaContext(c10::DeviceIndex index) {
   TORCH_CHECK(false, "smddp: cuda:", static_cast<int>(index),
               " tensors need the GPU path, but this build of torch_smddp has no CUDA support. "
               "Rebuild it with SMDDP_WITH_CUDA=ON against a CUDA build of torch "
-              "(`make check-cuda` builds one into build-cuda; see README.md, \"GPU path\").");
+              "(`make check-cuda` builds one into build-cuda; see docs/gpu.md).");
 }
 
 bool builtWithCuda() { return false; }
+
+int cudaDeviceCount() { return 0; }
+
+c10::DeviceIndex currentCudaDevice() { return 0; }
 
 }  // namespace c10d_smddp

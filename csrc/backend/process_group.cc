@@ -56,6 +56,13 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
     rethrowAsTorch(e);
   }
+  if (!hostOnly_ && (simDevice_ || cudaDeviceCount() > 0)) {
+    // A private host-only group carries the device calls' CPU collectives,
+    // in the order the device calls were made (device_collectives.h).
+    hostGroup_ = c10::make_intrusive<ProcessGroupSmddp>(
+        c10::make_intrusive<c10d::PrefixStore>("device", store_), rank_, size_, timeout_,
+        groupName_ + "/device", /*hostOnly=*/true);
+  }
   std::lock_guard<std::mutex> lock(gLiveMu);
   gLive.insert(this);
 }
@@ -80,6 +87,7 @@ void ProcessGroupSmddp::shutdown() {
     std::lock_guard<std::mutex> lock(deviceMu_);
     if (device_) device_->shutdown();
   }
+  if (hostGroup_) hostGroup_->shutdown();
   if (comm_) comm_->shutdown();
   // destroy_process_group() and exit leave a complete timeline file.
   smddp::timeline::flush();
@@ -105,14 +113,12 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
   }
   std::lock_guard<std::mutex> lock(deviceMu_);
   if (!device_) {
-    std::unique_ptr<DeviceContext> ctx =
-        dev.is_cpu() ? makeSimContext(rank_) : makeCudaContext(dev.index());
-    // A private host-only group carries the device calls' CPU collectives,
-    // in the order the device calls were made (device_collectives.h).
-    auto host = c10::make_intrusive<ProcessGroupSmddp>(
-        c10::make_intrusive<c10d::PrefixStore>("device", store_), rank_, size_, timeout_,
-        groupName_ + "/device", /*hostOnly=*/true);
-    device_ = std::make_unique<DeviceCollectives>(std::move(ctx), std::move(host), rank_, timeout_);
+    TORCH_CHECK(hostGroup_, "smddp ", coll, ": a tensor on ", dev, " but this group was made "
+                "without a device path (no CUDA device was visible when it was created)");
+    std::shared_ptr<DeviceContext> ctx =
+        dev.is_cpu() ? makeSimContext(timeout_)
+                     : makeCudaContext(dev.has_index() ? dev.index() : currentCudaDevice());
+    device_ = std::make_unique<DeviceCollectives>(std::move(ctx), hostGroup_, rank_, timeout_);
   }
   TORCH_CHECK_VALUE(device_->device() == dev || (dev.is_cuda() && !dev.has_index()), "smddp ",
                     coll, ": this group runs on ", device_->device(), "; got a tensor on ", dev,
@@ -143,6 +149,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::endCoalescing() {
                 groupName_);
     coalescing_ = false;
     works.swap(coalesced_);
+  }
+  std::shared_ptr<DeviceContext> deviceCtx;
+  for (const auto& w : works) {
+    if (dynamic_cast<DeviceWork*>(w.get())) {
+      std::lock_guard<std::mutex> lock(deviceMu_);
+      if (device_) deviceCtx = device_->context();
+    }
+  }
+  if (deviceCtx) {
+    // Device calls in the block: one Work with their stream semantics.
+    auto work = coalescedDeviceWork(std::move(deviceCtx), rank_, works, timeout_);
+    return work;
   }
   std::vector<at::Tensor> outputs;
   for (const auto& w : works) {
@@ -311,6 +329,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const char* name = "all_gather_into_tensor";
   if (auto* dev = deviceFor(name, output, input)) {
+    if (auto w = dev->allgatherBase(output, input)) return track(w);
     return viaDevice(dev, c10d::OpType::_ALLGATHER_BASE, name, {output}, output, input,
                      [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
                        return pg._allgather_base(out, in, opts);
@@ -328,6 +347,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOptions& opts) {
+  DeviceCollectives* dev = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(deviceMu_);
+    dev = device_.get();
+  }
+  if (dev && !hostOnly_) {
+    // As NCCL's: a barrier also orders device work. It runs behind every
+    // device call issued before it, and its wait() returns once their
+    // copies back and the caller's stream have run.
+    return track(dev->staged(
+        c10d::OpType::BARRIER, "barrier", {},
+        [opts](DeviceStage&) -> DeviceCollectives::HostCall {
+          return [opts](ProcessGroupSmddp& pg) { return pg.barrier(opts); };
+        },
+        DeviceCollectives::Lane::kCollective, /*syncOnWait=*/true));
+  }
   EngineCall call;
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks) {
     return comm_->barrier(std::move(done));

@@ -195,12 +195,15 @@ class ProcessGroupSmddp : public c10d::Backend {
   template <typename Out, typename In, typename Call>
   c10::intrusive_ptr<c10d::Work> viaDevice(DeviceCollectives* dev, c10d::OpType type,
                                            const char* coll, std::vector<at::Tensor> result,
-                                           const Out& outputs, const In& inputs, Call call);
+                                           const Out& outputs, const In& inputs, Call call,
+                                           const c10d::ReduceOp* op = nullptr);
   // The same for a call that reads and writes one list (broadcast, reduce).
+  // A reduction's `call` takes the op as a fourth (third) argument: its
+  // PREMUL_SUM factor mapped to the host (DeviceStage::mapOp).
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> viaDeviceInPlace(DeviceCollectives* dev, c10d::OpType type,
                                                   const char* coll, std::vector<at::Tensor>& tensors,
-                                                  Call call);
+                                                  Call call, const c10d::ReduceOp* op = nullptr);
 
   c10::intrusive_ptr<c10d::Work> pointToPoint(std::vector<at::Tensor>& tensors, int peer, int tag,
                                               bool isSend);
@@ -236,6 +239,10 @@ class ProcessGroupSmddp : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   const bool hostOnly_;    // the device path's private host group: never routes to a device
   bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
+  // The device path's private host-only group, made with the group (every
+  // rank is there then), where a device path is possible: a later first
+  // device call between two ranks must not wait for every rank.
+  c10::intrusive_ptr<ProcessGroupSmddp> hostGroup_;
   std::mutex deviceMu_;
   std::unique_ptr<DeviceCollectives> device_;  // created by the first device call; guarded by deviceMu_
   std::atomic<uint64_t> deviceCalls_{0};

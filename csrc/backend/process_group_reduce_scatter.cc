@@ -10,10 +10,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (auto* dev = deviceFor("reduce_scatter", outputs, inputs)) {
-    return viaDevice(dev, c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, outputs, inputs,
-                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
-                       return pg.reduce_scatter(out, in, opts);
-                     });
+    return viaDevice(
+        dev, c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, outputs, inputs,
+        [opts](ProcessGroupSmddp& pg, auto& out, auto& in, const c10d::ReduceOp& op) {
+          auto o = opts;
+          o.reduceOp = op;
+          return pg.reduce_scatter(out, in, o);
+        },
+        &opts.reduceOp);
   }
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
                     "smddp reduce_scatter takes one output tensor and one input list");
@@ -46,10 +50,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter_tensor_coalesce
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (auto* dev = deviceFor("reduce_scatter_tensor", outputs, inputs)) {
-    return viaDevice(dev, c10d::OpType::COALESCED, "reduce_scatter_tensor", outputs, outputs, inputs,
-                     [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
-                       return pg.reduce_scatter_tensor_coalesced(out, in, opts);
-                     });
+    if (outputs.size() == 1 && inputs.size() == 1) {
+      if (auto w = dev->reduceScatterBase(outputs[0], inputs[0], opts)) return track(w);
+    }
+    return viaDevice(
+        dev, c10d::OpType::COALESCED, "reduce_scatter_tensor", outputs, outputs, inputs,
+        [opts](ProcessGroupSmddp& pg, auto& out, auto& in, const c10d::ReduceOp& op) {
+          auto o = opts;
+          o.reduceOp = op;
+          return pg.reduce_scatter_tensor_coalesced(out, in, o);
+        },
+        &opts.reduceOp);
   }
   const char* name = "reduce_scatter_tensor";
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "smddp ", name, ": ", outputs.size(),

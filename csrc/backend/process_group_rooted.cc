@@ -31,8 +31,14 @@ void ProcessGroupSmddp::checkRoot(int64_t root, const char* op) const {
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
   if (auto* dev = deviceFor("reduce", tensors)) {
-    return viaDeviceInPlace(dev, c10d::OpType::REDUCE, "reduce", tensors,
-                            [opts](ProcessGroupSmddp& pg, auto& h) { return pg.reduce(h, opts); });
+    return viaDeviceInPlace(
+        dev, c10d::OpType::REDUCE, "reduce", tensors,
+        [opts](ProcessGroupSmddp& pg, auto& h, const c10d::ReduceOp& op) {
+          auto o = opts;
+          o.reduceOp = op;
+          return pg.reduce(h, o);
+        },
+        &opts.reduceOp);
   }
   TORCH_CHECK_VALUE(tensors.size() == 1, "smddp reduce takes exactly one tensor per call, got ",
                     tensors.size());

@@ -1,14 +1,27 @@
 // The device path on CPU tensors (SMDDP_DEVICE_SIM=1, for tests): CPU
 // tensors play device memory, the simulated device (device/sim_device.h)
-// plays the streams. Everything above the seam (device_collectives.cc: the
-// staging, chunking, checks, Work and future) runs as it does for CUDA.
+// plays the device under CUDA's rules. Everything above the seam
+// (device_collectives.cc: the staging, chunking, checks, Work and future)
+// runs as it does for CUDA.
+//
+// One difference is forced on it: c10's futures over CPU tensors carry no
+// device events, and code that reads a result through a future (DDP's
+// reducer) reads it on the host at once. So the simulated future completes
+// only once the copies back have landed, where CUDA's completes as soon as
+// the host part is done, with events after them. Work::wait() follows
+// CUDA's rules: a host read after it needs sim_synchronize().
 #include "backend/sim_context.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
+#include "backend/work.h"
+#include "common/error.h"
 #include "common/param.h"
 #include "device/sim_device.h"
 
@@ -16,57 +29,97 @@ namespace c10d_smddp {
 
 SMDDP_PARAM_BOOL(paramDeviceSim, "SMDDP_DEVICE_SIM", false,
                  "Test hook: CPU collectives take the GPU path's staging pipeline on a "
-                 "simulated device");
+                 "simulated device that follows CUDA's rules");
 SMDDP_PARAM_INT(paramDeviceSimDelayUs, "SMDDP_DEVICE_SIM_DELAY_US", 0, 0, 1000000,
                 "Test hook: each simulated device operation waits a random delay up to this");
+SMDDP_PARAM_INT(paramDeviceSimQueues, "SMDDP_DEVICE_SIM_QUEUES", 8, 1, 128,
+                "Test hook: hardware queues of the simulated device, as CUDA_DEVICE_MAX_CONNECTIONS");
 
 bool deviceSimRequested() { return paramDeviceSim(); }
+
+void configureSimOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    smddp::SimDeviceOptions o;
+    o.maxDelay = std::chrono::microseconds(paramDeviceSimDelayUs());
+    o.queues = static_cast<int>(paramDeviceSimQueues());
+    const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
+    o.launchBlocking = blocking && std::strcmp(blocking, "1") == 0;
+    o.seed = 0x5eed;
+    smddp::sim::setDefaults(o);
+  });
+}
 
 namespace {
 
 class SimContext : public DeviceContext {
  public:
-  explicit SimContext(int rank) {
-    smddp::SimDeviceOptions o;
-    o.maxDelay = std::chrono::microseconds(paramDeviceSimDelayUs());
-    o.seed = 0x5eed + rank;
-    device_ = smddp::makeSimDevice(o);
-  }
+  SimContext(int index, std::chrono::milliseconds timeout)
+      : index_(index), timeout_(timeout), device_(smddp::sim::deviceAt(index)) {}
+
   c10::Device torchDevice() const override { return c10::Device(c10::kCPU); }
   std::shared_ptr<smddp::Device> device() override { return device_; }
-  smddp::DeviceEventPtr callerReady() override { return nullptr; }  // CPU tensors are ready
-  void protect(const at::Tensor&) override {}  // DeviceCollectives holds them until done
-  bool blocksHost() const override { return true; }
-  void callerWaits(const smddp::DeviceEventPtr& done, std::chrono::milliseconds timeout) override {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (!done->query()) {
-      TORCH_CHECK(std::chrono::steady_clock::now() < until,
-                  "smddp: the simulated device's copies did not complete within the timeout");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+
+  std::shared_ptr<void> enter() override {
+    const int previous = smddp::sim::exchangeDevice(index_);
+    return std::shared_ptr<void>(nullptr, [previous](void*) { smddp::sim::maybeSetDevice(previous); });
   }
+  bool capturing() override {
+    return smddp::sim::isCapturing(*device_, smddp::sim::currentStream(*device_));
+  }
+  smddp::DeviceEventPtr callerReady() override {
+    return smddp::sim::currentStream(*device_).record();
+  }
+  void streamWaits(const smddp::DeviceEventPtr& done) override {
+    smddp::sim::currentStream(*device_).wait(done);
+  }
+  void synchronizeCaller(std::chrono::milliseconds timeout) override {
+    waitOnHost(smddp::sim::currentStream(*device_).record(), timeout, "the caller's stream");
+  }
+  void protect(const at::Tensor& t, smddp::DeviceStream& stream) override {
+    if (!t.defined() || !t.has_storage()) return;
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage(t.storage().getWeakStorageImpl());
+    smddp::sim::recordStream(stream, [storage] { return !storage.expired(); });
+  }
+
   c10::intrusive_ptr<c10::ivalue::Future> newFuture() override {
     return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   }
   void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future, c10::IValue value,
-                      const smddp::DeviceEventPtr& done) override {
-    // The copies back are queued behind the host flag that was raised
-    // before this runs, so they land soon; the future's value must be final.
-    while (!done->query()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+                      const std::vector<smddp::DeviceEventPtr>& done) override {
+    // On the completion pool: its threads drive every device, relaxed.
+    device_->bindThread();
+    try {
+      for (const auto& e : done) waitOnHost(e, timeout_, "a collective's copies back");
+    } catch (const smddp::Error& e) {
+      future->setError(toTorchError(std::make_exception_ptr(e)));
+      return;
+    }
     future->markCompleted(std::move(value));
-  }
-  at::Tensor hostBuffer(size_t bytes) override {
-    return at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
   }
 
  private:
+  void waitOnHost(const smddp::DeviceEventPtr& event, std::chrono::milliseconds timeout,
+                  const char* what) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (!event->query()) {
+      SMDDP_CHECK(std::chrono::steady_clock::now() < until, kTimeout,
+                  "smddp: " + device_->name() + ": " + what + " did not complete within " +
+                      std::to_string(timeout.count()) + " ms");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  int index_;
+  std::chrono::milliseconds timeout_;
   std::shared_ptr<smddp::Device> device_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceContext> makeSimContext(int rank) {
-  return std::make_unique<SimContext>(rank);
+std::shared_ptr<DeviceContext> makeSimContext(std::chrono::milliseconds timeout) {
+  configureSimOnce();
+  return std::make_shared<SimContext>(smddp::sim::currentDevice(), timeout);
 }
 
 }  // namespace c10d_smddp

@@ -1,188 +1,585 @@
 #include "device/sim_device.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <new>
 #include <random>
+#include <set>
+#include <sstream>
 #include <thread>
+#include <unordered_map>
+
+#include "common/error.h"
+#include "common/logging.h"
 
 namespace smddp {
 
 namespace {
 
-// One mutex and condition variable per device: an event's completion, a
-// flag's raise, a queued operation and a stream's destruction all notify it,
-// so every wait of every stream wakes on whatever it waits for, and on its
-// stream's destruction.
-struct SimCore {
-  std::mutex mu;
-  std::condition_variable cv;
-  SimDeviceOptions opts;
-  int64_t copies = 0;  // queued so far over all streams, for hangCopy; guarded by mu
-  int streams = 0;     // created so far, to seed each stream's delays; guarded by mu
-};
+// ---- the process's view: rules broken, contexts, freed memory -------------
 
-class SimEvent : public DeviceEvent {
- public:
-  bool query() override { return done.load(std::memory_order_acquire); }
+struct Process {
+  std::mutex mu;
+  std::vector<std::string> violations;  // guarded by mu
+  std::set<int> contexts;               // guarded by mu
+  // Page-locked memory freed while copies might still use it is kept
+  // (never handed out again) up to kQuarantineBytes, so that a late copy
+  // into it is seen, not a crash.
+  std::deque<std::pair<std::shared_ptr<void>, size_t>> quarantine;  // guarded by mu
+  size_t quarantined = 0;                                           // guarded by mu
+  std::deque<std::pair<uintptr_t, size_t>> copySources;             // guarded by mu: the last kCopyLog
+  SimDeviceOptions defaults;                                        // guarded by mu
+  std::map<int, std::shared_ptr<Device>> devices;                   // guarded by mu
+};
+constexpr size_t kQuarantineBytes = 64 << 20;
+constexpr size_t kCopyLog = 4096;
+
+Process& process() {
+  // Never destroyed: queue threads of process-wide devices run until exit.
+  static Process* p = std::make_unique<Process>().release();
+  return *p;
+}
+
+[[noreturn]] void violate(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lk(process().mu);
+    process().violations.push_back(what);
+  }
+  SMDDP_LOG(kError) << "smddp: simulated device rule broken: " << what;
+  throwError(ErrorKind::kInternal, "smddp: simulated device rule broken: " + what);
+}
+
+// A rule broken where nothing can throw (destructors, queue threads).
+void noteViolation(const std::string& what) {
+  try {
+    violate(what);
+  } catch (const Error&) {
+  }
+}
+
+void noteContext(int index) {
+  std::lock_guard<std::mutex> lk(process().mu);
+  process().contexts.insert(index);
+}
+
+thread_local int tDevice = 0;         // this thread's current device
+thread_local bool tRelaxed = false;   // relaxed capture mode (Device::bindThread)
+
+std::string threadName() {
+  std::ostringstream s;
+  s << std::this_thread::get_id();
+  return s.str();
+}
+
+// ---- one device -------------------------------------------------------------
+
+struct EventState {
   std::atomic<bool> done{false};
 };
 
-class SimFlag : public HostFlag, public std::enable_shared_from_this<SimFlag> {
- public:
-  explicit SimFlag(std::shared_ptr<SimCore> core) : core_(std::move(core)) {}
-  void raise(uint64_t value) override {
-    {
-      std::lock_guard<std::mutex> lk(core_->mu);
-      if (value <= value_.load(std::memory_order_relaxed)) return;
-      value_.store(value, std::memory_order_release);
+struct StreamState {
+  int id = 0;
+  size_t queue = 0;
+  std::atomic<int64_t> pending{0};
+  bool capturing = false;                           // guarded by the core's mu
+  std::vector<std::function<bool()>> recordedBy;    // guarded by the core's mu
+};
+
+struct Op {
+  enum Kind { kCopy, kRecord, kWait, kFill, kHost } kind = kCopy;
+  std::shared_ptr<StreamState> stream;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+  bool hang = false;
+  std::vector<uint8_t> pattern;
+  std::shared_ptr<EventState> event;
+  std::function<void()> body;
+  std::shared_ptr<std::atomic<bool>> ran;  // CUDA_LAUNCH_BLOCKING: the pusher waits for it
+};
+
+class SimStream;
+
+struct SimCore {
+  SimDeviceOptions opts;
+  std::string name;
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Queue {
+    std::deque<Op> ops;  // guarded by mu
+    std::thread thread;
+  };
+  std::vector<Queue> queues;
+  bool stopped = false;     // guarded by mu
+  int64_t copies = 0;       // guarded by mu: queued so far, for hangCopy
+  int streams = 0;          // guarded by mu: created so far
+  int capturing = 0;        // guarded by mu: streams now capturing
+  std::vector<std::shared_ptr<StreamState>> all;  // guarded by mu: every live stream's state
+
+  void checkBound(const char* what) const {
+    if (tDevice != opts.index) {
+      violate("thread " + threadName() + " " + what + " on " + name +
+              " while its current device is sim:" + std::to_string(tDevice) +
+              " (bind the thread, or guard the call, first)");
     }
-    core_->cv.notify_all();
   }
-  uint64_t value() const override { return value_.load(std::memory_order_acquire); }
+  void checkMayQuery(const char* what) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (capturing > 0 && !tRelaxed) {
+      violate(std::string(what) + " on " + name +
+              " while a stream captures a graph (global capture mode), from thread " +
+              threadName());
+    }
+  }
+
+  void push(Op op) {
+    checkBound("queued work");
+    noteContext(opts.index);
+    std::shared_ptr<std::atomic<bool>> ran;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (op.kind == Op::kCopy) op.hang = copies++ == opts.hangCopy;
+      if (opts.launchBlocking) op.ran = ran = std::make_shared<std::atomic<bool>>(false);
+      op.stream->pending.fetch_add(1);
+      queues[op.stream->queue].ops.push_back(std::move(op));
+    }
+    cv.notify_all();
+    if (!ran) return;
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return stopped || ran->load(); });
+  }
+
+  void run(size_t q, uint64_t seed);
+  void execute(Op& op, std::unique_lock<std::mutex>& lk);
+};
+
+void SimCore::run(size_t q, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto maxDelay = opts.maxDelay.count();
+  std::uniform_int_distribution<int64_t> delay(0, maxDelay > 0 ? maxDelay : 0);
+  std::unique_lock<std::mutex> lk(mu);
+  const auto stop = [this] { return stopped; };
+  for (;;) {
+    cv.wait(lk, [&] { return stopped || !queues[q].ops.empty(); });
+    if (stopped) return;
+    if (maxDelay > 0 && cv.wait_for(lk, std::chrono::microseconds(delay(rng)), stop)) return;
+    // Taken only now: a wait at the head holds back the whole queue.
+    Op& head = queues[q].ops.front();
+    execute(head, lk);
+    if (stopped) return;
+    Op op = std::move(queues[q].ops.front());
+    queues[q].ops.pop_front();
+    op.stream->pending.fetch_sub(1);
+    if (op.ran) op.ran->store(true);
+    cv.notify_all();
+  }
+}
+
+bool quarantined(uintptr_t p, size_t bytes) {
+  std::lock_guard<std::mutex> lk(process().mu);
+  for (const auto& [mem, size] : process().quarantine) {
+    const auto base = reinterpret_cast<uintptr_t>(mem.get());
+    if (p < base + size && base < p + bytes) return true;
+  }
+  return false;
+}
+
+void SimCore::execute(Op& op, std::unique_lock<std::mutex>& lk) {
+  switch (op.kind) {
+    case Op::kRecord:
+      op.event->done.store(true, std::memory_order_release);
+      return;
+    case Op::kWait:
+      // Events of other devices do not notify this one: poll them.
+      while (!stopped && !op.event->done.load(std::memory_order_acquire)) {
+        cv.wait_for(lk, std::chrono::milliseconds(1));
+      }
+      return;
+    case Op::kCopy:
+      if (op.hang) {
+        cv.wait(lk, [this] { return stopped; });
+        return;
+      }
+      break;
+    case Op::kFill:
+    case Op::kHost:
+      break;
+  }
+  lk.unlock();
+  if (op.kind == Op::kCopy) {
+    const auto dst = reinterpret_cast<uintptr_t>(op.dst), src = reinterpret_cast<uintptr_t>(op.src);
+    if (quarantined(dst, op.bytes) || quarantined(src, op.bytes)) {
+      noteViolation("a copy of " + std::to_string(op.bytes) + " bytes on " + name +
+                    " used page-locked memory that was already freed");
+    } else {
+      std::memcpy(op.dst, op.src, op.bytes);
+      if (opts.afterCopy) opts.afterCopy(op.dst, op.src, op.bytes);
+    }
+    std::lock_guard<std::mutex> plk(process().mu);
+    auto& log = process().copySources;
+    log.emplace_back(src, op.bytes);
+    if (log.size() > kCopyLog) log.pop_front();
+  } else if (op.kind == Op::kFill) {
+    auto* d = static_cast<uint8_t*>(op.dst);
+    const size_t n = op.pattern.size();
+    for (size_t i = 0; n > 0 && i + n <= op.bytes; i += n) std::memcpy(d + i, op.pattern.data(), n);
+  } else {
+    try {
+      op.body();
+    } catch (const std::exception& e) {
+      noteViolation(std::string("a host kernel on ") + name + " threw: " + e.what());
+    }
+  }
+  lk.lock();
+}
+
+class SimEvent : public DeviceEvent {
+ public:
+  SimEvent(std::shared_ptr<SimCore> core, std::shared_ptr<EventState> state)
+      : core_(std::move(core)), state_(std::move(state)) {}
+  ~SimEvent() override {
+    if (state_->done.load()) return;
+    std::lock_guard<std::mutex> lk(core_->mu);
+    if (!core_->stopped) {
+      // Logged, not thrown: destructors must not throw.
+      std::lock_guard<std::mutex> plk(process().mu);
+      process().violations.push_back("an event of " + core_->name +
+                                     " was destroyed with its work still pending");
+    }
+  }
+  bool query() override {
+    core_->checkMayQuery("an event query");
+    return state_->done.load(std::memory_order_acquire);
+  }
+  const std::shared_ptr<EventState>& state() const { return state_; }
 
  private:
   std::shared_ptr<SimCore> core_;
-  std::atomic<uint64_t> value_{0};
+  std::shared_ptr<EventState> state_;
 };
 
 class SimStream : public DeviceStream {
  public:
   explicit SimStream(std::shared_ptr<SimCore> core) : core_(std::move(core)) {
+    state_ = std::make_shared<StreamState>();
     std::lock_guard<std::mutex> lk(core_->mu);
-    rng_.seed(core_->opts.seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(core_->streams++));
-    thread_ = std::thread([this] { run(); });
+    state_->id = core_->streams++;
+    state_->queue = static_cast<size_t>(state_->id) % core_->queues.size();
+    core_->all.push_back(state_);
   }
   ~SimStream() override {
+    std::string broken;
     {
       std::lock_guard<std::mutex> lk(core_->mu);
-      stop_ = true;
+      auto& all = core_->all;
+      all.erase(std::remove(all.begin(), all.end(), state_), all.end());
+      if (core_->stopped) return;
+      if (state_->pending.load() > 0) {
+        broken = "a stream of " + core_->name + " was destroyed with " +
+                 std::to_string(state_->pending.load()) + " operations pending";
+      }
+      for (const auto& referenced : state_->recordedBy) {
+        if (referenced()) {
+          broken = "a stream of " + core_->name +
+                   " was destroyed while a live tensor's recordStream still refers to it";
+        }
+      }
     }
-    core_->cv.notify_all();
-    thread_.join();
+    if (!broken.empty()) {
+      std::lock_guard<std::mutex> plk(process().mu);
+      process().violations.push_back(broken);
+    }
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
     Op op;
+    op.kind = Op::kCopy;
     op.dst = dst;
     op.src = src;
     op.bytes = bytes;
-    std::lock_guard<std::mutex> lk(core_->mu);
-    op.hang = core_->copies++ == core_->opts.hangCopy;
     push(std::move(op));
   }
   DeviceEventPtr record() override {
     Op op;
-    op.event = std::make_shared<SimEvent>();
-    DeviceEventPtr event = op.event;
-    std::lock_guard<std::mutex> lk(core_->mu);
+    op.kind = Op::kRecord;
+    op.event = std::make_shared<EventState>();
+    auto event = std::make_shared<SimEvent>(core_, op.event);
     push(std::move(op));
     return event;
   }
   void wait(const DeviceEventPtr& event) override {
+    if (!event) return;
+    auto* sim = dynamic_cast<SimEvent*>(event.get());
+    SMDDP_CHECK(sim, kInternal, core_->name + ": a stream was asked to wait for an event of another kind");
     Op op;
-    op.ready = [event] { return event->query(); };
-    std::lock_guard<std::mutex> lk(core_->mu);
+    op.kind = Op::kWait;
+    op.event = sim->state();
     push(std::move(op));
   }
-  void waitHost(const HostFlag& flag, uint64_t value) override {
-    Op op;
-    // Keeps a flag of this device alive while the operation is queued; the
-    // caller keeps any other flag alive.
-    if (auto* sim = dynamic_cast<const SimFlag*>(&flag)) {
-      op.ready = [f = sim->shared_from_this(), value] { return f->value() >= value; };
-    } else {
-      op.ready = [&flag, value] { return flag.value() >= value; };
-    }
-    std::lock_guard<std::mutex> lk(core_->mu);
-    push(std::move(op));
+
+  void push(Op op) {
+    op.stream = state_;
+    core_->push(std::move(op));
   }
+  const std::shared_ptr<StreamState>& state() const { return state_; }
+  SimCore& core() { return *core_; }
 
  private:
-  // A copy (bytes, dst, src), a record (event) or a wait (ready).
-  struct Op {
-    void* dst = nullptr;
-    const void* src = nullptr;
-    size_t bytes = 0;
-    bool hang = false;
-    std::shared_ptr<SimEvent> event;
-    std::function<bool()> ready;
-  };
-
-  void push(Op op) {  // core_->mu held
-    ops_.push_back(std::move(op));
-    core_->cv.notify_all();
-  }
-
-  void run() {
-    const auto maxDelay = core_->opts.maxDelay.count();
-    std::uniform_int_distribution<int64_t> delay(0, maxDelay > 0 ? maxDelay : 0);
-    std::unique_lock<std::mutex> lk(core_->mu);
-    const auto stopped = [this] { return stop_; };
-    for (;;) {
-      core_->cv.wait(lk, [this] { return stop_ || !ops_.empty(); });
-      if (stop_) return;
-      Op op = std::move(ops_.front());
-      ops_.pop_front();
-      if (maxDelay > 0 &&
-          core_->cv.wait_for(lk, std::chrono::microseconds(delay(rng_)), stopped)) {
-        return;
-      }
-      if (op.event) {
-        op.event->done.store(true, std::memory_order_release);
-        core_->cv.notify_all();
-      } else if (op.ready) {
-        // Events and flags of this device notify the condition variable;
-        // the 1 ms bound covers those of another device.
-        while (!stop_ && !op.ready()) core_->cv.wait_for(lk, std::chrono::milliseconds(1));
-        if (stop_) return;
-      } else if (op.hang) {
-        core_->cv.wait(lk, stopped);
-        return;
-      } else {
-        lk.unlock();
-        std::memcpy(op.dst, op.src, op.bytes);
-        if (core_->opts.afterCopy) core_->opts.afterCopy(op.dst, op.src, op.bytes);
-        lk.lock();
-      }
-    }
-  }
-
   std::shared_ptr<SimCore> core_;
-  std::mt19937_64 rng_;             // only the stream's thread draws after construction
-  std::deque<Op> ops_;              // guarded by core_->mu
-  bool stop_ = false;               // guarded by core_->mu
-  std::thread thread_;
+  std::shared_ptr<StreamState> state_;
 };
 
 class SimDevice : public Device {
  public:
   explicit SimDevice(SimDeviceOptions opts) : core_(std::make_shared<SimCore>()) {
+    SMDDP_CHECK(opts.queues >= 1, kInvalidArgument,
+                "smddp: a simulated device needs at least 1 hardware queue, got " +
+                    std::to_string(opts.queues));
     core_->opts = std::move(opts);
+    core_->name = "sim:" + std::to_string(core_->opts.index);
+    core_->queues = std::vector<SimCore::Queue>(static_cast<size_t>(core_->opts.queues));
+    for (size_t q = 0; q < core_->queues.size(); ++q) {
+      const uint64_t seed = core_->opts.seed + 0x9e3779b97f4a7c15ull * (q + 1);
+      core_->queues[q].thread = std::thread([core = core_.get(), q, seed] { core->run(q, seed); });
+    }
+    defaultStream_ = std::make_unique<SimStream>(core_);
+    for (auto& s : pool_) s = std::make_unique<SimStream>(core_);
   }
-  std::string name() const override { return "sim"; }
-  std::unique_ptr<DeviceStream> newStream() override { return std::make_unique<SimStream>(core_); }
-  std::shared_ptr<HostFlag> newHostFlag() override { return std::make_shared<SimFlag>(core_); }
+  ~SimDevice() override {
+    {
+      std::lock_guard<std::mutex> lk(core_->mu);
+      core_->stopped = true;
+    }
+    core_->cv.notify_all();
+    for (auto& q : core_->queues) q.thread.join();
+  }
+
+  std::string name() const override { return core_->name; }
+  int index() const override { return core_->opts.index; }
+  void bindThread() override {
+    sim::setDevice(core_->opts.index);
+    tRelaxed = true;
+  }
+  DeviceStream& poolStream(int which) override {
+    SMDDP_CHECK(which >= 0 && which < kPoolStreams, kInvalidArgument,
+                core_->name + ": no pool stream " + std::to_string(which));
+    return *pool_[which];
+  }
   std::shared_ptr<void> allocHost(size_t bytes) override {
-    // aligned_alloc wants a multiple of the alignment, and never zero.
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded > 0 ? rounded : 64);
+    core_->checkBound("allocated page-locked memory");
+    noteContext(core_->opts.index);
+    const size_t rounded = std::max<size_t>((bytes + 63) / 64 * 64, 64);
+    void* p = std::aligned_alloc(64, rounded);
     if (!p) throw std::bad_alloc();
-    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    std::shared_ptr<void> mem(p, [](void* q) { std::free(q); });
+    // The user's handle: when it goes, the memory moves to the quarantine.
+    return std::shared_ptr<void>(p, [mem, rounded](void*) mutable {
+      std::lock_guard<std::mutex> lk(process().mu);
+      auto& pr = process();
+      pr.quarantine.emplace_back(std::move(mem), rounded);
+      pr.quarantined += rounded;
+      while (pr.quarantined > kQuarantineBytes && pr.quarantine.size() > 1) {
+        pr.quarantined -= pr.quarantine.front().second;
+        pr.quarantine.pop_front();
+      }
+    });
   }
+
+  SimCore& core() { return *core_; }
+  const std::shared_ptr<SimCore>& sharedCore() const { return core_; }
+  SimStream& defaultStream() { return *defaultStream_; }
 
  private:
   std::shared_ptr<SimCore> core_;
+  std::unique_ptr<SimStream> defaultStream_;
+  std::unique_ptr<SimStream> pool_[kPoolStreams];
 };
+
+SimDevice& simOf(Device& device) {
+  auto* sim = dynamic_cast<SimDevice*>(&device);
+  SMDDP_CHECK(sim, kInvalidArgument, device.name() + " is not a simulated device");
+  return *sim;
+}
+
+SimStream& simOf(DeviceStream& stream) {
+  auto* sim = dynamic_cast<SimStream*>(&stream);
+  SMDDP_CHECK(sim, kInvalidArgument, "not a stream of a simulated device");
+  return *sim;
+}
+
+// This thread's current stream per device (null: the default stream), and
+// the streams its captures run on.
+thread_local std::unordered_map<const SimCore*, DeviceStream*> tStreams;
+thread_local std::vector<std::pair<std::unique_ptr<DeviceStream>, DeviceStream*>> tCaptures;
 
 }  // namespace
 
 std::shared_ptr<Device> makeSimDevice(SimDeviceOptions opts) {
   return std::make_shared<SimDevice>(std::move(opts));
 }
+
+namespace sim {
+
+void setDefaults(SimDeviceOptions opts) {
+  std::lock_guard<std::mutex> lk(process().mu);
+  process().defaults = std::move(opts);
+}
+
+std::shared_ptr<Device> deviceAt(int index) {
+  SMDDP_CHECK(index >= 0 && index < 1024, kInvalidArgument,
+              "smddp: no simulated device " + std::to_string(index));
+  std::lock_guard<std::mutex> lk(process().mu);
+  auto& d = process().devices[index];
+  if (!d) {
+    SimDeviceOptions o = process().defaults;
+    o.index = index;
+    o.seed += static_cast<uint64_t>(index) * 7919;
+    d = makeSimDevice(std::move(o));
+  }
+  return d;
+}
+
+void setDevice(int index) {
+  tDevice = index;
+  noteContext(index);
+}
+
+int currentDevice() { return tDevice; }
+
+int exchangeDevice(int index) {
+  const int previous = tDevice;
+  if (previous != index) setDevice(index);
+  return previous;
+}
+
+void maybeSetDevice(int index) {
+  if (index == tDevice) return;
+  bool hasContext;
+  {
+    std::lock_guard<std::mutex> lk(process().mu);
+    hasContext = process().contexts.count(index) > 0;
+  }
+  // No context there yet: making one just to restore would put this
+  // process on a device it never used (torch's MaybeSetDevice).
+  if (hasContext) tDevice = index;
+}
+
+DeviceStream& currentStream(Device& device) {
+  SimDevice& sim = simOf(device);
+  auto it = tStreams.find(&sim.core());
+  return it != tStreams.end() && it->second ? *it->second : sim.defaultStream();
+}
+
+std::unique_ptr<DeviceStream> newStream(Device& device) {
+  return std::make_unique<SimStream>(simOf(device).sharedCore());
+}
+
+void setCurrentStream(Device& device, DeviceStream* stream) {
+  tStreams[&simOf(device).core()] = stream;
+}
+
+void beginCapture(Device& device) {
+  SimDevice& sim = simOf(device);
+  DeviceStream* previous = &currentStream(device);
+  auto stream = newStream(device);
+  {
+    std::lock_guard<std::mutex> lk(sim.core().mu);
+    simOf(*stream).state()->capturing = true;
+    ++sim.core().capturing;
+  }
+  setCurrentStream(device, stream.get());
+  tCaptures.emplace_back(std::move(stream), previous);
+}
+
+void endCapture(Device& device) {
+  SimDevice& sim = simOf(device);
+  SMDDP_CHECK(!tCaptures.empty(), kInvalidArgument, "smddp: no capture to end on this thread");
+  auto [stream, previous] = std::move(tCaptures.back());
+  tCaptures.pop_back();
+  {
+    std::lock_guard<std::mutex> lk(sim.core().mu);
+    simOf(*stream).state()->capturing = false;
+    --sim.core().capturing;
+  }
+  setCurrentStream(device, previous == &sim.defaultStream() ? nullptr : previous);
+}
+
+bool isCapturing(Device& device, DeviceStream& stream) {
+  std::lock_guard<std::mutex> lk(simOf(device).core().mu);
+  return simOf(stream).state()->capturing;
+}
+
+void synchronize(Device& device, std::chrono::milliseconds timeout) {
+  SimCore& core = simOf(device).core();
+  core.checkMayQuery("a host wait for the device");
+  std::unique_lock<std::mutex> lk(core.mu);
+  const bool drained = core.cv.wait_for(lk, timeout, [&] {
+    if (core.stopped) return true;
+    for (const auto& s : core.all) {
+      if (s->pending.load() > 0) return false;
+    }
+    return true;
+  });
+  SMDDP_CHECK(drained, kTimeout,
+              "smddp: " + core.name + ": the device did not drain within " +
+                  std::to_string(timeout.count()) + " ms");
+}
+
+void fill(DeviceStream& stream, void* dst, size_t bytes, std::vector<uint8_t> pattern) {
+  Op op;
+  op.kind = Op::kFill;
+  op.dst = dst;
+  op.bytes = bytes;
+  op.pattern = std::move(pattern);
+  simOf(stream).push(std::move(op));
+}
+
+void hostKernel(DeviceStream& stream, std::function<void()> body) {
+  Op op;
+  op.kind = Op::kHost;
+  op.body = std::move(body);
+  simOf(stream).push(std::move(op));
+}
+
+void recordStream(DeviceStream& stream, std::function<bool()> referenced) {
+  SimStream& s = simOf(stream);
+  std::lock_guard<std::mutex> lk(s.core().mu);
+  auto& by = s.state()->recordedBy;
+  // Entries whose tensor is gone are dropped as new ones come.
+  by.erase(std::remove_if(by.begin(), by.end(), [](const auto& r) { return !r(); }), by.end());
+  by.push_back(std::move(referenced));
+}
+
+uint64_t copiesFrom(const void* begin, size_t bytes) {
+  const auto b = reinterpret_cast<uintptr_t>(begin);
+  std::lock_guard<std::mutex> lk(process().mu);
+  uint64_t n = 0;
+  for (const auto& [src, size] : process().copySources) n += src < b + bytes && b < src + size;
+  return n;
+}
+
+std::vector<int> contexts() {
+  std::lock_guard<std::mutex> lk(process().mu);
+  return {process().contexts.begin(), process().contexts.end()};
+}
+
+std::vector<std::string> violations() {
+  std::lock_guard<std::mutex> lk(process().mu);
+  return process().violations;
+}
+
+void clearViolations() {
+  std::lock_guard<std::mutex> lk(process().mu);
+  process().violations.clear();
+}
+
+}  // namespace sim
 
 }  // namespace smddp

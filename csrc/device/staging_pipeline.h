@@ -1,29 +1,31 @@
 // The staging pipeline of the GPU path. A call on device memory is cut into
-// chunks. For each chunk, its device-to-host copies run on a copy stream,
-// the host work (the CPU collective on the staged bytes) runs on the
-// pipeline's thread as soon as that chunk has landed, and its host-to-device
-// copies run on a return stream behind a host flag that the pipeline raises
-// when the host work is done. So copies in, host work and copies out of
-// different chunks overlap, and the whole device side of a call is queued
-// at submit time: the caller gets the completion event at once and never
-// blocks on the device.
+// chunks. Each chunk is copied to page-locked host memory on the copy-in
+// stream, its host work (the CPU collective on the staged bytes) runs on
+// the pipeline's thread once it has landed, and only then does that thread
+// queue its copies back on the copy-out stream. So copies in, host work and
+// copies out of different chunks overlap, and no device queue ever waits
+// for the host: a copy out is queued when its data is final, never before
+// (Gloo's CUDA model; docs/design.md, "GPU path").
 //
-// Order: every chunk gets a ticket (a group-wide counter). Host work runs in
-// ticket order, whatever order the copies land in, so every rank issues its
-// host collectives in the same order. The return stream waits for
-// flag >= ticket before a chunk's copies out.
+// The caller gets done(null, event) on the pipeline thread once the host
+// work of every chunk is done and their copies back are queued; `event`
+// completes after the last of them. On failure it gets done(cause, null),
+// and no copy back of the failed chunk or any later one is ever queued, so
+// an output never receives staging memory that was not its own result.
 //
-// Staging slots: a chunk can take its host memory from a ring of
-// `slots` page-locked slots of `slotBytes` each, allocated once. The copy in
-// of the chunk that reuses a slot waits (on the device) for the copies out
-// of the slot's previous chunk.
+// Order: host work runs in submit order on one thread, so every rank issues
+// its host collectives in the same order.
+//
+// Staging slots: a slotted chunk's host memory is one of `slots`
+// page-locked slots of `slotBytes`, allocated once. The copy in of the
+// chunk that reuses a slot waits (on the device) for the copies out of the
+// slot's previous chunk; copies in run at most `slots` chunks ahead.
 //
 // Failure: when host work throws, or a chunk's copies in do not land within
-// the timeout, the pipeline is broken. The flag is raised to its maximum so
-// every queued device copy drains (outputs then hold partial data), the
-// failed call and every later one get done(error) with the first cause, and
-// later submits fail the same way. No device stream is ever left waiting on
-// the host (a chunk's copies out also wait for its copies in to land).
+// the timeout, the pipeline is broken: the call and every later one fail
+// with the first cause, without touching the device. Memory that copies
+// already queued still use (slots, the calls' buffers) is handed to the
+// device's reaper (reaper.h), never freed under a running copy.
 #pragma once
 
 #include <chrono>
@@ -62,40 +64,43 @@ struct StagingChunk {
 
 struct StagingCall {
   std::string what;  // "allreduce of 64 MiB", for error messages
-  // The call's inputs are ready when this completes (an event on the
-  // caller's stream); null when they already are.
+  // The call's inputs are ready when this completes (an event the caller
+  // recorded on its current stream at submit); null when they already are.
   DeviceEventPtr ready;
   std::vector<StagingChunk> chunks;
-  // Called once on the pipeline thread when the host work of every chunk is
-  // done (null) or the call failed (the cause). Also called, with an Error
-  // of kind kAborted, for calls still queued at shutdown.
-  std::function<void(std::exception_ptr)> done;
+  // Called once on the pipeline thread (see above). Also called, with an
+  // Error of kind kAborted and no event, for calls still queued at shutdown.
+  std::function<void(std::exception_ptr error, DeviceEventPtr done)> done;
+  // What the call's copies use (host buffers, tensors): released through
+  // the device's reaper once they have completed.
+  std::shared_ptr<void> keep;
 };
 
 struct StagingOptions {
-  int copyStreams = 1;  // streams for copies in; chunks take them in turn
   int slots = 4;
   size_t slotBytes = 4 << 20;
   std::chrono::milliseconds timeout{30 * 60 * 1000};  // per chunk's copies in
+  int inStream = 0;   // the device's pool streams (Device::poolStream) for
+  int outStream = 1;  // copies in and copies out
 };
 
 class StagingPipeline {
  public:
+  // Allocates the slots: the calling thread must be bound to the device.
   StagingPipeline(std::shared_ptr<Device> device, StagingOptions opts);
-  // shutdown(), then frees the streams and slots.
+  // shutdown().
   ~StagingPipeline();
   StagingPipeline(const StagingPipeline&) = delete;
   StagingPipeline& operator=(const StagingPipeline&) = delete;
 
-  // Queues the device side of `call` now and its host work on the pipeline
-  // thread; returns an event that completes after the call's last copy out.
-  // A slotted chunk's copies must fit in slotBytes (kInvalidArgument).
-  DeviceEventPtr submit(StagingCall call);
+  // Queues `call` for the pipeline thread and returns at once; it touches
+  // no device. A slotted chunk's copies must fit in slotBytes
+  // (kInvalidArgument, before anything is queued).
+  void submit(StagingCall call);
 
-  // Stops the thread within about 100 ms: queued calls get done(kAborted),
-  // the flag is raised so device streams drain. Host work already running
-  // is waited for up to 500 ms, then the thread is left behind (detached).
-  // Idempotent.
+  // Stops the thread within about 100 ms: queued calls get done(kAborted).
+  // Host work already running is waited for up to 500 ms, then the thread
+  // is left behind (detached). Idempotent.
   void shutdown();
 
   // The first failure, or null.
@@ -103,23 +108,20 @@ class StagingPipeline {
   size_t slotBytes() const { return opts_.slotBytes; }
   int slots() const { return opts_.slots; }
   Device& device() { return *device_; }
+  // The streams a call's device memory is used on (for recordStream).
+  DeviceStream& inStream() { return device_->poolStream(opts_.inStream); }
+  DeviceStream& outStream() { return device_->poolStream(opts_.outStream); }
 
  private:
-  struct Item;
   // What the pipeline thread uses, shared with it: a thread that shutdown()
   // leaves behind (host work that does not return) never outlives it.
   struct Core;
+  class Runner;
   static void run(std::shared_ptr<Core> core);
-  static std::exception_ptr fail(Core& core, std::exception_ptr cause);
 
   std::shared_ptr<Device> device_;
   StagingOptions opts_;
   std::shared_ptr<Core> core_;
-  // The device side below is queued by submit() under core_->mu.
-  std::vector<std::unique_ptr<DeviceStream>> copyIn_;
-  std::unique_ptr<DeviceStream> copyOut_;
-  std::vector<DeviceEventPtr> slotFree_;  // the last copy out from each slot
-  uint64_t nextTicket_ = 1;
   std::thread thread_;
 };
 

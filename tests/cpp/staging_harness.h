@@ -48,18 +48,35 @@ struct Dones {
   struct Call {
     int id;
     std::exception_ptr cause;
+    DeviceEventPtr event;  // after the call's copies back (null on failure)
     std::thread::id thread;
   };
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Call> calls;
 
-  std::function<void(std::exception_ptr)> callback(int id) {
-    return [this, id](std::exception_ptr cause) {
+  std::function<void(std::exception_ptr, DeviceEventPtr)> callback(int id) {
+    return [this, id](std::exception_ptr cause, DeviceEventPtr event) {
       std::lock_guard<std::mutex> lk(mu);
-      calls.push_back({id, cause, std::this_thread::get_id()});
+      calls.push_back({id, cause, std::move(event), std::this_thread::get_id()});
       cv.notify_all();
     };
+  }
+  // The done() of call `id`, once it came within `within` (a default Call
+  // with id -1 when it did not).
+  Call of(int id, milliseconds within) {
+    std::unique_lock<std::mutex> lk(mu);
+    Call found{-1, nullptr, nullptr, {}};
+    cv.wait_for(lk, within, [&] {
+      for (const auto& c : calls) {
+        if (c.id == id) {
+          found = c;
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
   }
   bool waitFor(size_t n, milliseconds within) {
     std::unique_lock<std::mutex> lk(mu);
@@ -103,22 +120,6 @@ inline StagingCall inPlaceCall(std::string what, float* device, size_t floats, s
   return call;
 }
 
-// Copies in land on the copy streams' threads; the hook records which chunk
-// of `device` each copy in read, in landing order.
-struct Landings {
-  std::mutex mu;
-  std::vector<size_t> chunks;
-  const char* device = nullptr;
-  size_t bytes = 0, chunkBytes = 0;
-
-  void operator()(const void* src) {
-    const auto* s = static_cast<const char*>(src);
-    if (s < device || s >= device + bytes) return;  // a copy out
-    std::lock_guard<std::mutex> lk(mu);
-    chunks.push_back(static_cast<size_t>(s - device) / chunkBytes);
-  }
-};
-
 // A barrier for the two-rank test that gives up instead of hanging.
 class Barrier {
  public:
@@ -153,12 +154,15 @@ inline SimDeviceOptions simDelays(int64_t maxDelayUs, uint64_t seed) {
   return so;
 }
 
-inline StagingOptions slotRing(int slots, size_t slotBytes, int copyStreams) {
+inline StagingOptions slotRing(int slots, size_t slotBytes) {
   StagingOptions po;
   po.slots = slots;
   po.slotBytes = slotBytes;
-  po.copyStreams = copyStreams;
   return po;
 }
+
+// The caller's stream in these tests: a pool stream the pipeline does not
+// use (it takes 0 and 1).
+inline DeviceStream& callerStream(Device& device) { return device.poolStream(3); }
 
 }  // namespace staging_test

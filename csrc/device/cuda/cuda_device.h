@@ -1,17 +1,15 @@
 // The device seam (device/device.h) on one CUDA device, with the CUDA
-// runtime API only: streams, events, async copies, page-locked host memory,
-// and host flags that streams wait on without a host thread. The staging
-// pipeline drives it; cuda_context.cc hands it out and reads streams() to
-// protect callers' tensors from the caching allocator.
+// runtime API only: events, async copies, page-locked host memory, and the
+// pool streams that outlive process groups. The staging pipeline drives it
+// from threads bound to the device; the torch side (backend/cuda_context.cc)
+// calls it from callers' threads under torch's device guard.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "device/device.h"
 
@@ -29,46 +27,37 @@ class CudaEvent : public DeviceEvent {
 
   bool query() override;
   cudaEvent_t native() const { return event_; }
-  const std::string& deviceName() const { return deviceName_; }
 
  private:
-  int index_;
   std::string deviceName_;
   cudaEvent_t event_ = nullptr;
 };
 
-// How streams wait for a host flag (DeviceStream::waitHost).
-enum class HostWaitMethod {
-  kAuto,        // cuStreamWaitValue64 where the driver offers it, else kSpinKernel
-  kSpinKernel,  // a one-thread kernel that polls the flag's mapped word
-};
-
 class CudaDevice : public Device {
  public:
-  explicit CudaDevice(int index, HostWaitMethod method = HostWaitMethod::kAuto);
-  ~CudaDevice() override;
+  // The process's device `index` (made on first use, never destroyed:
+  // its pool streams live as long as the process).
+  static std::shared_ptr<CudaDevice> at(int index);
+  explicit CudaDevice(int index);
 
   std::string name() const override { return name_; }
-  std::unique_ptr<DeviceStream> newStream() override;
-  std::shared_ptr<HostFlag> newHostFlag() override;
+  int index() const override { return index_; }
+  void bindThread() override;
+  DeviceStream& poolStream(int which) override;
   std::shared_ptr<void> allocHost(size_t bytes) override;
 
-  int index() const { return index_; }
-  // The native streams of every live stream newStream() made.
-  std::vector<cudaStream_t> streams() const;
   // An event on a stream this device did not create (the caller's stream).
   std::shared_ptr<CudaEvent> recordOn(cudaStream_t stream);
-  // True when streams wait on host flags with cuStreamWaitValue64, false
-  // when with the polling kernel.
-  bool waitsWithStreamMemOps() const;
-
-  // State the device's streams share with it; cuda_device.cc defines it.
-  struct Shared;
+  // The native stream of one of this device's streams.
+  static cudaStream_t native(DeviceStream& stream);
+  // True while `stream` captures a CUDA graph.
+  bool capturing(cudaStream_t stream);
 
  private:
   int index_;
   std::string name_;
-  std::shared_ptr<Shared> shared_;
+  std::mutex mu_;
+  std::unique_ptr<DeviceStream> pool_[kPoolStreams];  // guarded by mu_: made on first use
 };
 
 }  // namespace smddp

@@ -1,0 +1,211 @@
+// The chunked device collectives (device_collectives.h): allreduce,
+// all_gather_into_tensor and reduce_scatter_tensor cut into pieces of one
+// staging slot each. Each piece is a collective of its own on the host
+// group; the three are elementwise or blockwise, so the result is bitwise
+// the CPU path's on the same inputs.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "backend/call_support.h"
+#include "backend/device_collectives.h"
+#include "backend/process_group.h"
+
+namespace c10d_smddp {
+
+struct DeviceCollectives::Chunked {
+  smddp::StagingCall call;
+  std::vector<at::Tensor> outputs, read, written, keep;
+};
+
+namespace {
+
+at::Tensor hostView(void* slot, size_t offsetBytes, size_t bytes, at::ScalarType st) {
+  const auto elems = static_cast<int64_t>(bytes / at::elementSize(st));
+  return at::from_blob(static_cast<char*>(slot) + offsetBytes, {elems},
+                       at::TensorOptions().dtype(st).device(at::kCPU));
+}
+
+void checkDevicePair(const at::Tensor& whole, const at::Tensor& part, const c10::Device& device,
+                     int world, const char* coll, const char* wholeName, const char* partName) {
+  for (const auto* t : {&whole, &part}) {
+    TORCH_CHECK_VALUE(t->defined() && t->device() == device, "smddp ", coll, ": a tensor on ",
+                      t->defined() ? t->device() : device, " in a call on ", device);
+  }
+  (void)toDataType(part, coll);
+  TORCH_CHECK_TYPE(whole.scalar_type() == part.scalar_type(), "smddp ", coll, ": ", wholeName,
+                   " dtype ", whole.scalar_type(), " differs from ", partName, " dtype ",
+                   part.scalar_type());
+  TORCH_CHECK_VALUE(whole.numel() == part.numel() * world, "smddp ", coll, ": ", wholeName,
+                    " size is ", whole.numel(), " elements but must be world size (", world,
+                    ") x ", partName, " size (", part.numel(), ")");
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::launchChunked(c10d::OpType type, const char* coll,
+                                                                Chunked& c) {
+  auto work = c10::make_intrusive<DeviceWork>(ctx_, rank_, type, coll, c.outputs, timeout_);
+  c.call.what = coll;
+  return launch(*pipeline_, work, std::move(c.read), std::move(c.written), std::move(c.keep),
+                std::move(c.call));
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, const char* coll,
+                                                            std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  checkNotCapturing(coll);
+  checkUsable(coll);
+  TORCH_CHECK_VALUE(!tensors.empty(), "smddp ", coll, ": no tensors given");
+  const at::ScalarType st = tensors[0].scalar_type();
+  for (const auto& t : tensors) {
+    TORCH_CHECK_VALUE(t.defined() && t.device() == ctx_->torchDevice() && t.layout() == at::kStrided &&
+                          t.is_non_overlapping_and_dense(),
+                      "smddp ", coll, ": tensors on ", ctx_->torchDevice(),
+                      " must be dense and non-overlapping (as with NCCL); call .contiguous() first");
+    TORCH_CHECK_TYPE(t.scalar_type() == st, "smddp ", coll,
+                     ": all tensors must have the same dtype (got ", st, " and ", t.scalar_type(), ")");
+  }
+  auto entered = ctx_->enter();
+  Chunked c;
+  // PREMUL_SUM's factor, when on the device, lands first, as a chunk of its own.
+  DeviceStage prelude(*ctx_, *pool_, coll);
+  c10d::AllreduceOptions hostOpts = opts;
+  hostOpts.reduceOp = prelude.mapOp(opts.reduceOp);
+  hostOpts.asyncOp = false;  // the pipeline thread waits at once
+  std::optional<double> factor;  // dtype and op, with the CPU path's checks and messages
+  (void)toReduceOpScaled(hostOpts.reduceOp, toDataType(tensors[0], coll), coll, &factor);
+  if (!prelude.chunk_.in.empty()) c.call.chunks.push_back(std::move(prelude.chunk_));
+
+  const size_t elem = tensors[0].element_size();
+  const size_t chunkBytes = std::max(elem, pipeline_->slotBytes() / elem * elem);
+  auto hostWork = [host = host_, st, hostOpts](void* slot, size_t bytes) {
+    std::vector<at::Tensor> v{hostView(slot, 0, bytes, st)};
+    if (auto w = host->allreduce(v, hostOpts)) w->wait();
+  };
+  smddp::StagingChunk cur;
+  size_t used = 0;
+  auto flush = [&] {
+    cur.slotted = true;
+    cur.out = cur.in;  // in place: each piece goes back where it came from
+    cur.host = [hostWork, used](void* slot) { hostWork(slot, used); };
+    c.call.chunks.push_back(std::move(cur));
+    cur = smddp::StagingChunk{};
+    used = 0;
+  };
+  size_t total = 0;
+  for (const auto& t : tensors) {
+    auto* base = static_cast<uint8_t*>(t.data_ptr());
+    const size_t bytes = static_cast<size_t>(t.numel()) * elem;
+    total += bytes;
+    for (size_t off = 0; off < bytes;) {
+      const size_t n = std::min(bytes - off, chunkBytes - used);
+      cur.in.push_back({base + off, reinterpret_cast<void*>(used), n});
+      used += n;
+      off += n;
+      if (used == chunkBytes) flush();
+    }
+  }
+  // An empty call still meets its peers on the host group (sizes that
+  // differ across ranks are then reported there).
+  if (used > 0 || total == 0) flush();
+  c.outputs = tensors;
+  c.read = tensors;
+  c.read.insert(c.read.end(), prelude.read_.begin(), prelude.read_.end());
+  c.written = tensors;
+  c.keep = tensors;
+  c.keep.insert(c.keep.end(), prelude.keep_.begin(), prelude.keep_.end());
+  return launchChunked(type, coll, c);
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::allgatherBase(at::Tensor& output,
+                                                                at::Tensor& input) {
+  const char* coll = "all_gather_into_tensor";
+  if (!output.is_contiguous() || !input.is_contiguous()) return {};
+  const size_t elem = input.element_size();
+  const size_t piece = pipeline_->slotBytes() / static_cast<size_t>(world_ + 1) / elem * elem;
+  if (piece == 0) return {};
+  checkNotCapturing(coll);
+  checkUsable(coll);
+  checkDevicePair(output, input, ctx_->torchDevice(), world_, coll, "output", "input");
+  auto entered = ctx_->enter();
+  Chunked c;
+  const size_t bytes = static_cast<size_t>(input.numel()) * elem;
+  auto* in = static_cast<uint8_t*>(input.data_ptr());
+  auto* out = static_cast<uint8_t*>(output.data_ptr());
+  const at::ScalarType st = input.scalar_type();
+  // Slot layout of a piece of n bytes: [this rank's n | world x n gathered].
+  for (size_t a = 0; a < bytes || (bytes == 0 && c.call.chunks.empty()); a += piece) {
+    const size_t n = std::min(piece, bytes - a);
+    smddp::StagingChunk chunk;
+    chunk.slotted = true;
+    if (n > 0) chunk.in.push_back({in + a, nullptr, n});
+    for (int r = 0; r < world_ && n > 0; ++r) {
+      chunk.out.push_back({out + r * bytes + a, reinterpret_cast<void*>(n + r * n), n});
+    }
+    chunk.host = [host = host_, n, st, world = world_](void* slot) {
+      at::Tensor i = hostView(slot, 0, n, st), o = hostView(slot, n, world * n, st);
+      if (auto w = host->_allgather_base(o, i, c10d::AllgatherOptions())) w->wait();
+    };
+    c.call.chunks.push_back(std::move(chunk));
+    if (bytes == 0) break;
+  }
+  c.outputs = {output};
+  c.read = {input};
+  c.written = {output};
+  c.keep = {output, input};
+  return launchChunked(c10d::OpType::_ALLGATHER_BASE, coll, c);
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::reduceScatterBase(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const char* coll = "reduce_scatter_tensor";
+  if (!output.is_contiguous() || !input.is_contiguous()) return {};
+  const size_t elem = output.element_size();
+  const size_t piece = pipeline_->slotBytes() / static_cast<size_t>(world_ + 1) / elem * elem;
+  if (piece == 0) return {};
+  checkNotCapturing(coll);
+  checkUsable(coll);
+  checkDevicePair(input, output, ctx_->torchDevice(), world_, coll, "input", "output");
+  auto entered = ctx_->enter();
+  Chunked c;
+  DeviceStage prelude(*ctx_, *pool_, coll);
+  c10d::ReduceScatterOptions hostOpts = opts;
+  hostOpts.reduceOp = prelude.mapOp(opts.reduceOp);
+  hostOpts.asyncOp = false;
+  std::optional<double> factor;
+  (void)toReduceOpScaled(hostOpts.reduceOp, toDataType(output, coll), coll, &factor);
+  if (!prelude.chunk_.in.empty()) c.call.chunks.push_back(std::move(prelude.chunk_));
+  const size_t bytes = static_cast<size_t>(output.numel()) * elem;
+  auto* in = static_cast<uint8_t*>(input.data_ptr());
+  auto* out = static_cast<uint8_t*>(output.data_ptr());
+  const at::ScalarType st = output.scalar_type();
+  // Slot layout of a piece of n bytes: [world x n to reduce | n reduced].
+  bool any = false;
+  for (size_t a = 0; a < bytes || !any; a += piece) {
+    any = true;
+    const size_t n = std::min(piece, bytes - a);
+    smddp::StagingChunk chunk;
+    chunk.slotted = true;
+    for (int r = 0; r < world_ && n > 0; ++r) {
+      chunk.in.push_back({in + r * bytes + a, reinterpret_cast<void*>(r * n), n});
+    }
+    if (n > 0) chunk.out.push_back({out + a, reinterpret_cast<void*>(world_ * n), n});
+    chunk.host = [host = host_, n, st, world = world_, hostOpts](void* slot) {
+      at::Tensor i = hostView(slot, 0, world * n, st), o = hostView(slot, world * n, n, st);
+      if (auto w = host->_reduce_scatter_base(o, i, hostOpts)) w->wait();
+    };
+    c.call.chunks.push_back(std::move(chunk));
+    if (bytes == 0) break;
+  }
+  c.outputs = {output};
+  c.read = {input};
+  c.read.insert(c.read.end(), prelude.read_.begin(), prelude.read_.end());
+  c.written = {output};
+  c.keep = {output, input};
+  c.keep.insert(c.keep.end(), prelude.keep_.begin(), prelude.keep_.end());
+  return launchChunked(c10d::OpType::_REDUCE_SCATTER_BASE, coll, c);
+}
+
+}  // namespace c10d_smddp
