@@ -67,6 +67,18 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
     TORCH_CHECK_TYPE(t.scalar_type() == st, "smddp ", coll,
                      ": all tensors must have the same dtype (got ", st, " and ", t.scalar_type(), ")");
   }
+  if (!std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_contiguous(); })) {
+    // Dense but permuted (channels_last, a transpose): staged whole with
+    // the same strides, so the host call reduces logical elements even
+    // where ranks lay their tensors out differently.
+    return staged(type, coll, tensors, [&](DeviceStage& s) -> HostCall {
+      auto h = s.map(tensors, /*read=*/true, /*write=*/true);
+      c10d::AllreduceCoalescedOptions o;
+      o.reduceOp = s.mapOp(opts.reduceOp);
+      o.timeout = opts.timeout;
+      return [h, o](ProcessGroupSmddp& pg) mutable { return pg.allreduce_coalesced(h, o); };
+    });
+  }
   auto entered = ctx_->enter();
   Chunked c;
   // PREMUL_SUM's factor, when on the device, lands first, as a chunk of its own.

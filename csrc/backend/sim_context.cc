@@ -4,12 +4,15 @@
 // (device_collectives.cc: the staging, chunking, checks, Work and future)
 // runs as it does for CUDA.
 //
-// One difference is forced on it: c10's futures over CPU tensors carry no
-// device events, and code that reads a result through a future (DDP's
-// reducer) reads it on the host at once. So the simulated future completes
-// only once the copies back have landed, where CUDA's completes as soon as
-// the host part is done, with events after them. Work::wait() follows
-// CUDA's rules: a host read after it needs sim_synchronize().
+// One difference is forced on it: CPU ops are not stream-ordered, and c10's
+// futures over CPU tensors carry no device events. Work::wait() and the
+// future follow CUDA's rules: a host read after either needs
+// sim_synchronize(). Frameworks whose own code reads results on the host
+// where CUDA would order kernels (DDP unflattens a broadcast after wait(),
+// its reducer reads through the future) run with
+// SMDDP_DEVICE_SIM_HOST_ORDER, which makes that host code stand for kernels
+// on the current stream: wait() and the future then also wait, on the host,
+// for the copies back.
 #include "backend/sim_context.h"
 
 #include <ATen/ATen.h>
@@ -34,6 +37,10 @@ SMDDP_PARAM_INT(paramDeviceSimDelayUs, "SMDDP_DEVICE_SIM_DELAY_US", 0, 0, 100000
                 "Test hook: each simulated device operation waits a random delay up to this");
 SMDDP_PARAM_INT(paramDeviceSimQueues, "SMDDP_DEVICE_SIM_QUEUES", 8, 1, 128,
                 "Test hook: hardware queues of the simulated device, as CUDA_DEVICE_MAX_CONNECTIONS");
+SMDDP_PARAM_BOOL(paramDeviceSimHostOrder, "SMDDP_DEVICE_SIM_HOST_ORDER", false,
+                 "Test hook: host code after work.wait() counts as a kernel on the current "
+                 "stream, so wait() also blocks the host until the stream's waits are met "
+                 "(for frameworks such as DDP that read results on the host)");
 
 bool deviceSimRequested() { return paramDeviceSim(); }
 
@@ -72,6 +79,9 @@ class SimContext : public DeviceContext {
   }
   void streamWaits(const smddp::DeviceEventPtr& done) override {
     smddp::sim::currentStream(*device_).wait(done);
+    // CPU ops are not stream-ordered: where host code stands for kernels
+    // (DDP's unflatten after a broadcast), the host waits in their place.
+    if (paramDeviceSimHostOrder() && done) waitOnHost(done, timeout_, "a collective's copies back");
   }
   void synchronizeCaller(std::chrono::milliseconds timeout) override {
     waitOnHost(smddp::sim::currentStream(*device_).record(), timeout, "the caller's stream");
@@ -87,6 +97,14 @@ class SimContext : public DeviceContext {
   }
   void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future, c10::IValue value,
                       const std::vector<smddp::DeviceEventPtr>& done) override {
+    // As CUDA's, the future completes once the host part is done; a host
+    // read of its value then needs sim_synchronize(). Where host code stands
+    // for kernels (SMDDP_DEVICE_SIM_HOST_ORDER: DDP's reducer reads through
+    // the future), the future waits for the copies back instead.
+    if (!paramDeviceSimHostOrder()) {
+      future->markCompleted(std::move(value));
+      return;
+    }
     // On the completion pool: its threads drive every device, relaxed.
     device_->bindThread();
     try {

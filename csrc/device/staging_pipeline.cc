@@ -357,6 +357,7 @@ void StagingPipeline::run(std::shared_ptr<Core> core) {
     DeviceEventPtr event;
     if (!cause && !runner->process(call, cause, event)) {
       finish(call, aborted(call, c.device->name()), nullptr);
+      DeviceReaper::of(c.device).release(std::move(call.ready), nullptr);
       break;
     }
     if (cause) {
@@ -365,6 +366,9 @@ void StagingPipeline::run(std::shared_ptr<Core> core) {
       cause = c.broken;
     }
     finish(call, cause, cause ? nullptr : event);
+    // A call refused without touching the device leaves its readiness
+    // event, which may still be pending.
+    DeviceReaper::of(c.device).release(std::move(call.ready), nullptr);
     std::lock_guard<std::mutex> lk(c.mu);
     c.current.reset();
   }
@@ -373,6 +377,7 @@ void StagingPipeline::run(std::shared_ptr<Core> core) {
     try {
       DeviceEventPtr after = runner->drainEvent();
       for (auto& m : c.slotMemory) DeviceReaper::of(c.device).release(after, std::move(m));
+      DeviceReaper::of(c.device).release(std::move(after), nullptr);
     } catch (const std::exception& e) {
       SMDDP_LOG(kWarn) << "smddp: staging pipeline of device " << c.device->name() << ": " << e.what()
                        << "; its staging memory is kept for good";

@@ -178,6 +178,7 @@ def bad_inputs(rank, world):
         # the group must still be usable after a rejected call
         probe = torch.full((3,), float(rank + 1))
         dist.all_reduce(probe)
+        settle()
         want = world * (world + 1) / 2
         if not torch.equal(probe, torch.full((3,), want)):
             raise AssertionError(f"after rejecting '{name}' all_reduce gave {probe.tolist()}, want {want}")

@@ -1,4 +1,17 @@
-"""Rank functions of test_device_sim.py (run by mp_harness.run_world)."""
+"""Rank functions of test_device_sim.py (run by mp_harness.run_world), on the
+simulated device that follows CUDA's rules (torch_smddp.testing). A host
+read of a collective's result is made only after sim_synchronize() (or an
+event that orders it), as a CUDA test would after torch.cuda.synchronize().
+The harness itself checks, after every rank function, that no rule of
+CUDA's was broken and that the rank made a context only on its own device.
+"""
+import os
+import time
+
+
+def _settle():
+    import torch_smddp.testing as sim
+    sim.sim_synchronize()
 
 
 def routed(rank, world):
@@ -12,6 +25,7 @@ def routed(rank, world):
     for n in (1, 1000, 3 << 18):
         t = torch.arange(n, dtype=torch.float32) + rank
         dist.all_reduce(t)
+        _settle()
         want = torch.arange(n, dtype=torch.float32) * world + world * (world - 1) / 2
         ok &= bool(torch.equal(t, want))
         calls += 1
@@ -19,6 +33,7 @@ def routed(rank, world):
              for i in range(8)]
     for w in works:
         w.wait()
+    _settle()
     calls += len(works)
     ok &= all(bool(torch.equal(w.result()[0], torch.full((5000,), float(sum(range(world)) + world * i))))
               for i, w in enumerate(works))
@@ -46,5 +61,292 @@ def device_errors(rank, world):
             out[name] = f"{type(e).__name__}: {e}"
     t = torch.ones(8)
     dist.all_reduce(t)
+    _settle()
     out["after_ok"] = bool(torch.equal(t, torch.full((8,), float(world))))
     return out
+
+
+def cuda_rules(rank, world):
+    """Each of the GPU path's rules, checked in one job; returns
+    {check: None when it held, else what was seen}."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    import torch_smddp.testing as sim
+
+    res = {}
+    total = float(sum(r + 1 for r in range(world)))
+
+    # A kernel on the caller's stream writes the input; the collective is
+    # issued right behind it and must read what the kernel wrote.
+    t = torch.zeros(70000)
+    sim.sim_fill_(t, float(rank + 1))
+    dist.all_reduce(t)
+    sim.sim_synchronize()
+    res["readiness"] = None if bool((t == total).all()) else f"got {t[:3].tolist()}, want {total}"
+
+    # Chained calls on one tensor, no host wait between: the stream orders them.
+    t = torch.full((40000,), float(rank + 1))
+    w1 = dist.all_reduce(t, async_op=True)
+    w1.wait()
+    w2 = dist.all_reduce(t, async_op=True)
+    w2.wait()
+    sim.sim_synchronize()
+    res["chained"] = None if bool((t == total * world).all()) else f"got {t[:3].tolist()}"
+
+    # Coalesced calls: the block's Work orders the caller's stream after
+    # every call's copies back. An event recorded right after cm.wait() has
+    # completed only once the results are there, with no synchronize.
+    a, b = torch.full((30000,), float(rank + 1)), torch.full((7,), float(rank + 1))
+    with _coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    ev = sim.sim_record()
+    deadline = time.monotonic() + 30
+    while not ev.query() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    ok = bool((a == total).all()) and bool((b == total).all())
+    res["coalesced"] = None if ok else f"read after the stream's event: {a[:2].tolist()} {b.tolist()}"
+
+    # PREMUL_SUM with a factor tensor a kernel writes: the factor reaches
+    # the host through a device copy, behind the readiness event.
+    factor = torch.zeros(1)
+    sim.sim_fill_(factor, 0.5)
+    t = torch.full((5000,), float(rank + 1))
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+    sim.sim_synchronize()
+    copies = sim.sim_copies_from(factor)
+    good = bool(torch.allclose(t, torch.full_like(t, 0.5 * total))) and copies >= 1
+    res["premul_factor"] = None if good else f"got {t[:2].tolist()}, copies from the factor {copies}"
+
+    # A collective under graph capture: a clear error naming it, and the
+    # group still works afterwards.
+    try:
+        with sim.sim_capture():
+            dist.all_reduce(torch.ones(8))
+        res["capture"] = "no error under capture"
+    except RuntimeError as e:
+        msg = str(e)
+        res["capture"] = None if ("all_reduce" in msg and "captur" in msg) else msg[:300]
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    sim.sim_synchronize()
+    if not bool((t == world).all()):
+        res["capture"] = f"group broken after the refused capture: {t.tolist()}"
+
+    # channels_last tensors, as NCCL takes them.
+    x = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5) + rank
+    x = x.to(memory_format=torch.channels_last)
+    want = (torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5) * world
+            + world * (world - 1) / 2)
+    dist.all_reduce(x)
+    outs = [torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last) for _ in range(world)]
+    src = (torch.ones(2, 3, 4, 5) * rank).to(memory_format=torch.channels_last)
+    dist.all_gather(outs, src)
+    sim.sim_synchronize()
+    ok = torch.equal(x, want) and all(torch.equal(o, torch.ones(2, 3, 4, 5) * r) for r, o in enumerate(outs))
+    res["channels_last"] = None if ok else "wrong results for channels_last tensors"
+
+    # FSDP's collectives are chunked: many copies from one large input.
+    n = 48 << 10  # 192 KiB of float32 per rank, 16 KiB chunks
+    inp = torch.arange(n, dtype=torch.float32) + rank * n
+    gathered = torch.empty(world * n)
+    dist.all_gather_into_tensor(gathered, inp)
+    big = torch.arange(world * n, dtype=torch.float32) + rank
+    part = torch.empty(n)
+    dist.reduce_scatter_tensor(part, big)
+    sim.sim_synchronize()
+    gather_ok = torch.equal(gathered, torch.arange(world * n, dtype=torch.float32))
+    want_part = (torch.arange(n, dtype=torch.float32) + rank * n) * world + world * (world - 1) / 2
+    copies = sim.sim_copies_from(inp)
+    ok = gather_ok and torch.equal(part, want_part) and copies > 4
+    res["fsdp_chunked"] = None if ok else f"gather {gather_ok}, copies from the input {copies}"
+
+    # barrier() orders device work, as NCCL's does: after it, a host read
+    # of an earlier async call's result is correct with no synchronize.
+    t = torch.full((200000,), float(rank + 1))
+    dist.all_reduce(t, async_op=True)
+    dist.barrier()
+    res["barrier_orders"] = None if bool((t == total).all()) else f"read after barrier: {t[:2].tolist()}"
+
+    # Any-source receive names its sender.
+    if world >= 2 and rank in (0, 1):
+        buf = torch.zeros(16)
+        if rank == 1:
+            dist.send(torch.full((16,), 9.0), dst=0)
+            res["any_source"] = None
+        else:
+            src_rank = dist.recv(buf)
+            sim.sim_synchronize()
+            ok = src_rank == 1 and bool((buf == 9).all())
+            res["any_source"] = None if ok else f"recv() returned {src_rank}, data {buf[:2].tolist()}"
+
+    # The profiler sees the call under its title, begun and finished.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(torch.ones(64))
+        sim.sim_synchronize()
+    names = {e.key for e in prof.key_averages()}
+    res["profiler"] = None if any("smddp:all_reduce" in k for k in names) else sorted(names)[:20]
+
+    res["contexts"] = None if sim.sim_contexts() == [rank] else sim.sim_contexts()
+    return res
+
+
+def destroy_then_free(rank, world):
+    """Groups come and go while tensors they touched live on: freeing them
+    after the group is destroyed must not touch a stream that is gone, a
+    Work must stay usable after its group, and an abort with copies in
+    flight must not free memory they still write (the harness checks the
+    stand-in's record of broken rules)."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    res = {}
+    g = dist.new_group(backend="smddp")
+    kept = [torch.full((9000,), float(rank + i)) for i in range(4)]
+    works = [dist.all_reduce(t, group=g, async_op=True) for t in kept]
+    dist.destroy_process_group(g)
+    # The Works outlive their group: wait() and the future still answer.
+    answers = []
+    for w in works:
+        try:
+            w.wait()
+            answers.append(w.is_completed())
+        except RuntimeError as e:
+            answers.append(str(e)[:80])
+    res["work_after_destroy"] = answers
+    sim.sim_synchronize()
+    del kept, works  # freed after the group's streams would be gone
+
+    # Abort with slow copies in flight.
+    g = dist.new_group(backend="smddp")
+    busy = [torch.full((300000,), 1.0) for _ in range(3)]
+    for t in busy:
+        dist.all_reduce(t, group=g, async_op=True)
+    g._get_backend(torch.device("cpu")).abort()
+    dist.destroy_process_group(g)
+    sim.sim_synchronize()
+    del busy
+    res["violations"] = sim.sim_violations()
+    return res
+
+
+def p2p_any_order(rank, world):
+    """Rings of isend/irecv in every order and batch_isend_irecv, checked
+    against the closed form (run with one hardware queue)."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    right, left = (rank + 1) % world, (rank - 1) % world
+    res = {}
+    for order in ("recv_first", "send_first", "by_parity"):
+        out = torch.full((1 << 16,), float(rank))
+        inp = torch.zeros(1 << 16)
+        recv_first = order == "recv_first" or (order == "by_parity" and rank % 2 == 0)
+        if recv_first:
+            r = dist.irecv(inp, src=left)
+            s = dist.isend(out, dst=right)
+        else:
+            s = dist.isend(out, dst=right)
+            r = dist.irecv(inp, src=left)
+        r.wait()
+        s.wait()
+        sim.sim_synchronize()
+        res[order] = None if bool((inp == left).all()) else inp[:2].tolist()
+    inp = torch.zeros(1000)
+    ops = [dist.P2POp(dist.irecv, inp, left), dist.P2POp(dist.isend, torch.full((1000,), float(rank)), right)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    sim.sim_synchronize()
+    res["batch"] = None if bool((inp == left).all()) else inp[:2].tolist()
+    t = torch.full((100000,), 1.0)
+    dist.all_reduce(t)
+    sim.sim_synchronize()
+    res["collective_after"] = None if bool((t == world).all()) else t[:2].tolist()
+    return res
+
+
+def compute_not_held(rank, world):
+    """One hardware queue. Rank 1 joins an all_reduce late; meanwhile
+    rank 0's kernels launched after the collective must run."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    t = torch.ones(100000)
+    if rank != 0:
+        time.sleep(2.0)
+        dist.all_reduce(t)
+        sim.sim_synchronize()
+        return {"ran_meanwhile": None, "result_ok": bool((t == world).all())}
+    w = dist.all_reduce(t, async_op=True)
+    z = torch.zeros(1000)
+    sim.sim_fill_(z, 3.0)
+    ev = sim.sim_record()
+    start = time.monotonic()
+    while not ev.query() and time.monotonic() - start < 1.5:
+        time.sleep(0.001)
+    ran = ev.query()
+    w.wait()
+    sim.sim_synchronize()
+    return {"ran_meanwhile": ran and bool((z == 3).all()), "result_ok": bool((t == world).all())}
+
+
+def sync_peer_death(rank, world, victim):
+    """The victim is SIGKILLed while the others are inside a synchronous
+    all_reduce: that call raises, and its tensor keeps its own input (no
+    staging memory is ever copied into it)."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    # Other calls' staging first, so a wrong copy back would show their data.
+    for i in range(3):
+        x = torch.full((50000,), 100.0 + i)
+        dist.all_reduce(x)
+    if rank == victim:
+        time.sleep(1.0)
+        os.kill(os.getpid(), 9)
+    t = torch.full((50000,), float(rank + 1))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        raised, msg = False, ""
+    except Exception as e:  # noqa: BLE001
+        raised, msg = True, str(e)
+    elapsed = time.monotonic() - start
+    try:
+        sim.sim_synchronize(timeout=10)
+    except RuntimeError:
+        pass
+    return {"raised": raised, "msg": msg[:400], "elapsed": elapsed,
+            "kept_input": bool((t == rank + 1).all()), "values": sorted(set(t.tolist()))[:4]}
+
+
+def pair_first_call(rank, world):
+    """World 3: ranks 0 and 1 make their first device call, a send/recv,
+    while rank 2 makes none; they must not wait for rank 2."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    if rank == 2:
+        time.sleep(4.0)
+        return {"elapsed": 0.0, "ok": True}
+    start = time.monotonic()
+    buf = torch.full((1000,), float(rank))
+    if rank == 0:
+        dist.send(buf, dst=1)
+    else:
+        dist.recv(buf, src=0)
+    sim.sim_synchronize()
+    return {"elapsed": time.monotonic() - start, "ok": bool((buf == 0).all())}

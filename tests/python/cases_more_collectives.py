@@ -7,6 +7,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from collective_oracle import settle
+
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int32, torch.int64, torch.bool]
 OPS = {"SUM": dist.ReduceOp.SUM, "MIN": dist.ReduceOp.MIN, "MAX": dist.ReduceOp.MAX,
@@ -61,6 +63,7 @@ class Checker:
         self.cases, self.failures = 0, []
 
     def same(self, case, got, want, tol=0.0):
+        settle()
         self.cases += 1
         if got.dtype.is_floating_point and tol:
             ok = torch.allclose(got.double(), want.double(), rtol=tol, atol=tol)
@@ -71,6 +74,7 @@ class Checker:
                                  f"want {want.flatten()[:6].tolist()}")
 
     def gloo_or_none(self, fn):
+        settle()
         try:
             fn(self.gloo)
             return True

@@ -75,6 +75,7 @@ class Checker:
 
     # -- comparisons ------------------------------------------------------
     def compare_reduction(self, case, op_name, dtype, got, ref, bound, strict, gloo_res):
+        settle()
         ok = True
         if got.dtype != dtype or got.numel() != ref.numel():
             self.fail(case, f"result dtype/size {got.dtype}/{got.numel()} != {dtype}/{ref.numel()}")
@@ -157,6 +158,7 @@ class Checker:
         try:
             val = work.get_future().wait()
             work.wait()
+            settle()
         except Exception as e:  # noqa: BLE001
             self.fail(case, f"async wait raised {type(e).__name__}: {e}")
             return
@@ -182,6 +184,7 @@ class Checker:
                 self.fail(case, "future value tensors are not the in-place output tensors")
 
     def record_digest(self, case, t):
+        settle()
         self.digests[case] = digest(t)
 
     # -- gloo reference -----------------------------------------------------
@@ -189,6 +192,7 @@ class Checker:
         """Run the same call on the Gloo group. False (and the refusal is
         recorded) when Gloo rejects it; the closed form is then the only
         oracle for the case."""
+        settle()
         try:
             fn()
             return True
@@ -297,6 +301,7 @@ class Checker:
                 res = dist.all_reduce_coalesced(ts, op=op, group=group, async_op=async_op)
                 if async_op:  # torch returns a Future here, not a Work
                     val = res.wait()
+                    settle()  # the cat below reads on the host
                     if group is None:
                         got = torch.cat([v.reshape(-1) for v in val]) if val else None
                         want = torch.cat([t.reshape(-1) for t in ts])
@@ -480,6 +485,7 @@ class Checker:
             else:
                 self.fail(case, f"raised without mentioning 'contiguous': {type(e).__name__}: {str(e)[:200]}")
             return
+        settle()  # reshape below reads on the host
         if not gaps():
             self.fail(case, "wrote into the gaps between the elements of a strided view")
         got = t.reshape(-1)

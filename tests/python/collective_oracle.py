@@ -6,6 +6,7 @@ host-hierarchical) fold smddp promises, and byte-level comparisons."""
 from __future__ import annotations
 
 import collections
+import os
 import hashlib
 import time
 import warnings
@@ -207,7 +208,20 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha1(_bytes(t)).hexdigest()[:16]
 
 
+_SIM = os.environ.get("SMDDP_DEVICE_SIM") == "1"
+
+
+def settle():
+    """On the simulated device, as on a GPU, a host read of a collective's
+    result is correct only once the device has drained: what
+    torch.cuda.synchronize() is to a CUDA test, sim_synchronize() is here."""
+    if _SIM:
+        import torch_smddp.testing
+        torch_smddp.testing.sim_synchronize()
+
+
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    settle()
     return a.dtype == b.dtype and a.shape == b.shape and _bytes(a) == _bytes(b)
 
 

@@ -514,6 +514,12 @@ def _child_main() -> None:
                 where = getattr(torch_smddp, "__file__", None) or list(getattr(torch_smddp, "__path__", []))
                 raise RuntimeError(f"torch_smddp was imported from {where} but did not register the "
                                    "'smddp' backend (is the extension built?)")
+        # The simulated device follows CUDA's rules: each rank uses its own
+        # device, as after torch.cuda.set_device(local_rank).
+        sim = needs_smddp(backend) and os.environ.get("SMDDP_DEVICE_SIM") == "1"
+        if sim:
+            import torch_smddp.testing as sim_testing
+            sim_testing.sim_set_device(rank)
         stage = "import target"
         mod_name, fn_name = spec["target"].split(":", 1)
         fn = getattr(importlib.import_module(mod_name), fn_name)
@@ -529,6 +535,16 @@ def _child_main() -> None:
         else:
             stage = "destroy_process_group"
             dist.destroy_process_group()
+        if sim:
+            stage = "the simulated device's rules"
+            broken = sim_testing.sim_violations()
+            if broken:
+                raise AssertionError(f"{len(broken)} of CUDA's rules broken on the simulated device: "
+                                     + "; ".join(broken[:5]))
+            others = [d for d in sim_testing.sim_contexts() if d != rank]
+            if others:
+                raise AssertionError(f"rank {rank} made contexts on simulated devices {others}, "
+                                     f"not only on its own ({rank})")
         _write_json_atomic(result_path, {"ok": True, "value": value})
     except BaseException as e:  # noqa: BLE001 - report everything, then exit non-zero
         tb = traceback.format_exc()

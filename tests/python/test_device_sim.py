@@ -1,10 +1,13 @@
 """The GPU path without a GPU: with SMDDP_DEVICE_SIM=1 every collective on
-CPU tensors takes the device path (csrc/backend/device_collectives.h): an
-event on the caller's side, copies through page-locked staging on the
-simulated device's streams (random delays, so chunks land out of order), the
-CPU collective on a private host group from the pipeline thread, and the
-copies back behind the pipeline's host flag. Only the CUDA streams, events
-and the caching allocator are left out (csrc/device/cuda/, tests/gpu/).
+CPU tensors takes the device path (csrc/backend/device_collectives.h) on a
+stand-in device that follows CUDA's rules (csrc/device/sim_device.h): a
+readiness event on the caller's current stream, copies through page-locked
+staging on pool streams that share a few in-order hardware queues (random
+delays), the CPU collective on a private host group from the pipeline
+thread, and copies back queued only once their data is final. Only the CUDA
+streams, events and the caching allocator themselves are left out
+(csrc/device/cuda/, tests/gpu/). The harness fails a rank that broke one of
+CUDA's rules on the stand-in or made a context on another rank's device.
 
 The oracles are the ones the CPU path is held to: Gloo's results on the same
 inputs and closed forms (the same case modules), and the failure tests'
@@ -70,8 +73,10 @@ def test_bad_inputs_are_rejected_on_the_callers_thread():
 
 
 def test_ddp_through_the_device_path_matches_gloo():
+    # DDP's own C++ reads broadcast results on the host after wait(): on the
+    # stand-in, host code after wait() must then count as stream-ordered.
     results = run_world(2, "cases_ddp:ddp_vs_gloo", backend="smddp", timeout=240, args=(10,),
-                        env=SIM)
+                        env=dict(SIM, SMDDP_DEVICE_SIM_HOST_ORDER="1"))
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures)
 
@@ -103,3 +108,76 @@ def test_tensors_on_devices_it_cannot_serve_fail_at_once_naming_the_call():
         assert r["after_ok"], (rank, r)
         assert re.search(r"all_gather.*one device.*(cpu.*meta|meta.*cpu)",
                          r["mixed all_gather"] or ""), r
+
+
+def _failed_checks(results):
+    return {f"rank {r}: {k}": v for r, res in enumerate(results) for k, v in res.items() if v is not None}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_gpu_paths_rules_hold_on_the_stand_in(world):
+    """Readiness events, chained calls, coalesced blocks read after the
+    stream's event, a PREMUL_SUM factor a kernel writes, capture refused by
+    name with the group still usable, channels_last, chunked FSDP
+    collectives, a barrier that orders device work, any-source receive, the
+    profiler's title, and contexts only on the rank's own device."""
+    results = run_world(world, "cases_device_sim:cuda_rules", backend="smddp", timeout=240, env=SIM)
+    assert not _failed_checks(results), _failed_checks(results)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_one_hardware_queue_runs_isend_irecv_in_any_order(world):
+    """CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it: rings that post
+    irecv before isend (or after, or by parity) complete and are right."""
+    env = dict(SIM, SMDDP_DEVICE_SIM_QUEUES="1")
+    results = run_world(world, "cases_device_sim:p2p_any_order", backend="smddp", timeout=120, env=env)
+    assert not _failed_checks(results), _failed_checks(results)
+
+
+def test_kernels_launched_after_a_collective_do_not_wait_for_it():
+    env = dict(SIM, SMDDP_DEVICE_SIM_QUEUES="1")
+    results = run_world(2, "cases_device_sim:compute_not_held", backend="smddp", timeout=120, env=env)
+    assert results[0]["ran_meanwhile"], results
+    assert all(r["result_ok"] for r in results), results
+
+
+def test_cuda_launch_blocking_does_not_deadlock():
+    env = dict(SIM, CUDA_LAUNCH_BLOCKING="1", SMDDP_DEVICE_SIM_QUEUES="1")
+    results = run_world(2, "cases_device_sim:p2p_any_order", backend="smddp", timeout=120, env=env)
+    assert not _failed_checks(results), _failed_checks(results)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_sigkilled_peer_makes_the_synchronous_call_raise_and_leaves_its_tensor_alone(world):
+    victim = world - 1
+    results = run_world(world, "cases_device_sim:sync_peer_death", backend="smddp", timeout=90,
+                        pg_timeout=60.0, expect_failure=True, allow_exit={victim},
+                        args=(victim,), env=SIM)
+    assert isinstance(results[victim], ExitedRank) and results[victim].returncode == -9
+    for rank in range(world):
+        if rank == victim:
+            continue
+        r = results[rank]
+        assert r["raised"], (rank, r)
+        assert f"rank {victim}" in r["msg"], (rank, r["msg"])
+        assert r["elapsed"] < 20, (rank, r)
+        assert r["kept_input"], (rank, r["values"])
+
+
+def test_groups_destroyed_and_aborted_with_work_in_flight_keep_the_rules():
+    """Tensors freed after their group is gone, Works used after their group,
+    an abort with slow copies in flight: no stream or memory is used after
+    it is gone (the harness fails any rank with a broken rule)."""
+    env = dict(SIM, SMDDP_DEVICE_SIM_DELAY_US="3000")
+    results = run_world(2, "cases_device_sim:destroy_then_free", backend="smddp", timeout=120, env=env)
+    for r in results:
+        assert r["violations"] == [], r
+        assert len(r["work_after_destroy"]) == 4, r
+
+
+def test_a_pairs_first_device_call_does_not_wait_for_the_other_ranks():
+    results = run_world(3, "cases_device_sim:pair_first_call", backend="smddp", timeout=60,
+                        pg_timeout=30.0, env=SIM)
+    for rank in (0, 1):
+        assert results[rank]["ok"], results
+        assert results[rank]["elapsed"] < 3.0, results
