@@ -164,6 +164,7 @@ c10::intrusive_ptr<c10d::Work> coalescedDeviceWork(
   }
   auto all = c10::make_intrusive<DeviceWork>(std::move(ctx), rank, c10d::OpType::COALESCED,
                                              "coalesced", outputs, timeout);
+  if (!works.empty()) all->setSequence(works.back()->getSequencenumber());
   struct Gather {
     std::mutex mu;
     size_t left;
@@ -337,6 +338,7 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::launch(smddp::StagingPipeline&
                                                          std::vector<at::Tensor> written,
                                                          std::vector<at::Tensor> keep,
                                                          smddp::StagingCall call) {
+  work->setSequence(calls_.fetch_add(1));
   // Inside the caller's enter(): the readiness event goes on its stream.
   call.ready = ctx_->callerReady();
   // Only the streams that touch a tensor record it; the call also holds

@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -58,6 +59,8 @@ class DeviceWork : public c10d::Work {
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   int sourceRank() const override;
+  uint64_t getSequencenumber() const override { return seq_; }
+  void setSequence(uint64_t seq) { seq_ = seq; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
 
@@ -84,6 +87,7 @@ class DeviceWork : public c10d::Work {
   std::vector<smddp::DeviceEventPtr> done_;  // guarded by mu_
   std::vector<Listener> listeners_;         // guarded by mu_
   int sourceRank_ = -1;                     // guarded by mu_
+  uint64_t seq_ = 0;                        // set before the Work is handed out
 };
 
 // One Work over the works of a coalescing block with device calls among
@@ -169,6 +173,7 @@ class DeviceCollectives {
   int world_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<smddp::HostBufferPool> pool_;
+  std::atomic<uint64_t> calls_{0};  // device calls issued: their Works' sequence numbers
   std::unique_ptr<smddp::StagingPipeline> pipeline_, sendPipe_, recvPipe_;
 };
 

@@ -37,6 +37,9 @@ SMDDP_PARAM_INT(paramDeviceSimDelayUs, "SMDDP_DEVICE_SIM_DELAY_US", 0, 0, 100000
                 "Test hook: each simulated device operation waits a random delay up to this");
 SMDDP_PARAM_INT(paramDeviceSimQueues, "SMDDP_DEVICE_SIM_QUEUES", 8, 1, 128,
                 "Test hook: hardware queues of the simulated device, as CUDA_DEVICE_MAX_CONNECTIONS");
+SMDDP_PARAM_INT(paramDeviceSimOutDelayUs, "SMDDP_DEVICE_SIM_OUT_DELAY_US", 0, 0, 1000000,
+                "Test hook: each operation on the stream the GPU path copies back on waits this "
+                "much more (a busy copy engine)");
 SMDDP_PARAM_BOOL(paramDeviceSimHostOrder, "SMDDP_DEVICE_SIM_HOST_ORDER", false,
                  "Test hook: host code after work.wait() counts as a kernel on the current "
                  "stream, so wait() also blocks the host until the stream's waits are met "
@@ -50,6 +53,8 @@ void configureSimOnce() {
     smddp::SimDeviceOptions o;
     o.maxDelay = std::chrono::microseconds(paramDeviceSimDelayUs());
     o.queues = static_cast<int>(paramDeviceSimQueues());
+    o.slowPool = 1;  // device_collectives.cc copies back on pool stream 1
+    o.slowDelay = std::chrono::microseconds(paramDeviceSimOutDelayUs());
     const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
     o.launchBlocking = blocking && std::strcmp(blocking, "1") == 0;
     o.seed = 0x5eed;

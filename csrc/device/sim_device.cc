@@ -85,6 +85,7 @@ struct EventState {
 
 struct StreamState {
   int id = 0;
+  std::chrono::microseconds extraDelay{0};  // SimDeviceOptions::slowPool
   size_t queue = 0;
   std::atomic<int64_t> pending{0};
   bool capturing = false;                           // guarded by the core's mu
@@ -168,7 +169,9 @@ void SimCore::run(size_t q, uint64_t seed) {
   for (;;) {
     cv.wait(lk, [&] { return stopped || !queues[q].ops.empty(); });
     if (stopped) return;
+    const auto extra = queues[q].ops.front().stream->extraDelay;
     if (maxDelay > 0 && cv.wait_for(lk, std::chrono::microseconds(delay(rng)), stop)) return;
+    if (extra.count() > 0 && cv.wait_for(lk, extra, stop)) return;
     // Taken only now: a wait at the head holds back the whole queue.
     Op& head = queues[q].ops.front();
     execute(head, lk);
@@ -350,7 +353,10 @@ class SimDevice : public Device {
       core_->queues[q].thread = std::thread([core = core_.get(), q, seed] { core->run(q, seed); });
     }
     defaultStream_ = std::make_unique<SimStream>(core_);
-    for (auto& s : pool_) s = std::make_unique<SimStream>(core_);
+    for (int i = 0; i < kPoolStreams; ++i) {
+      pool_[i] = std::make_unique<SimStream>(core_);
+      if (i == core_->opts.slowPool) pool_[i]->state()->extraDelay = core_->opts.slowDelay;
+    }
   }
   ~SimDevice() override {
     {

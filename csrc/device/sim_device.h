@@ -44,6 +44,10 @@ struct SimDeviceOptions {
   // of the device in the order they were queued) never completes, and
   // stalls its queue; -1 for none.
   int64_t hangCopy = -1;
+  // Test hook: every operation on pool stream `slowPool` waits `slowDelay`
+  // more (a busy copy engine); -1 for none.
+  int slowPool = -1;
+  std::chrono::microseconds slowDelay{0};
   // Test hook: called on the queue's thread after each copy.
   std::function<void(void* dst, const void* src, size_t bytes)> afterCopy;
 };

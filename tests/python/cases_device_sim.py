@@ -95,21 +95,6 @@ def cuda_rules(rank, world):
     sim.sim_synchronize()
     res["chained"] = None if bool((t == total * world).all()) else f"got {t[:3].tolist()}"
 
-    # Coalesced calls: the block's Work orders the caller's stream after
-    # every call's copies back. An event recorded right after cm.wait() has
-    # completed only once the results are there, with no synchronize.
-    a, b = torch.full((30000,), float(rank + 1)), torch.full((7,), float(rank + 1))
-    with _coalescing_manager(async_ops=True) as cm:
-        dist.all_reduce(a)
-        dist.all_reduce(b)
-    cm.wait()
-    ev = sim.sim_record()
-    deadline = time.monotonic() + 30
-    while not ev.query() and time.monotonic() < deadline:
-        time.sleep(0.001)
-    ok = bool((a == total).all()) and bool((b == total).all())
-    res["coalesced"] = None if ok else f"read after the stream's event: {a[:2].tolist()} {b.tolist()}"
-
     # PREMUL_SUM with a factor tensor a kernel writes: the factor reaches
     # the host through a device copy, behind the readiness event.
     factor = torch.zeros(1)
@@ -350,3 +335,52 @@ def pair_first_call(rank, world):
         dist.recv(buf, src=0)
     sim.sim_synchronize()
     return {"elapsed": time.monotonic() - start, "ok": bool((buf == 0).all())}
+
+
+def coalesced_stream_order(rank, world):
+    """Coalesced blocks (_coalescing_manager, batch_isend_irecv): the block's
+    Work orders the caller's stream after every call's copies back. Run with
+    slow copies back, so that an event recorded right after cm.wait()
+    completes long before them unless the stream waits for them."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    import torch_smddp.testing as sim
+
+    res = {}
+    total = float(sum(r + 1 for r in range(world)))
+    a, b = torch.full((6000,), float(rank + 1)), torch.full((7,), float(rank + 1))
+    # device= takes c10d's start/endCoalescing path (each call issued as it
+    # comes, one Work from endCoalescing), as FSDP's and NCCL users' code does.
+    with _coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    ev = sim.sim_record()
+    deadline = time.monotonic() + 60
+    while not ev.query() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    ok = bool((a == total).all()) and bool((b == total).all())
+    res["coalesced"] = None if ok else f"read after the stream's event: {a[:2].tolist()} {b.tolist()}"
+
+    right, left = (rank + 1) % world, (rank - 1) % world
+    inp = torch.zeros(3000)
+    ops = [dist.P2POp(dist.irecv, inp, left), dist.P2POp(dist.isend, torch.full((3000,), float(rank)), right)]
+    works = dist.batch_isend_irecv(ops)
+    works[-1].wait()  # the block's Work, as DDP-free pipelines wait on it
+    ev = sim.sim_record()
+    while not ev.query() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    res["batch_isend_irecv"] = None if bool((inp == left).all()) else f"read after the event: {inp[:2].tolist()}"
+
+    # And after sim_synchronize(), whatever the stream did.
+    c = [torch.full((1000 * (i + 1),), float(rank + i)) for i in range(3)]
+    with _coalescing_manager(async_ops=True) as cm:
+        for t in c:
+            dist.all_reduce(t)
+    cm.wait()
+    sim.sim_synchronize()
+    ok = all(bool((t == total - world + world * i).all()) for i, t in enumerate(c))
+    res["after_synchronize"] = None if ok else [t[:1].tolist() for t in c]
+    return res

@@ -116,8 +116,7 @@ def _failed_checks(results):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_the_gpu_paths_rules_hold_on_the_stand_in(world):
-    """Readiness events, chained calls, coalesced blocks read after the
-    stream's event, a PREMUL_SUM factor a kernel writes, capture refused by
+    """Readiness events, chained calls, a PREMUL_SUM factor a kernel writes, capture refused by
     name with the group still usable, channels_last, chunked FSDP
     collectives, a barrier that orders device work, any-source receive, the
     profiler's title, and contexts only on the rank's own device."""
@@ -181,3 +180,12 @@ def test_a_pairs_first_device_call_does_not_wait_for_the_other_ranks():
     for rank in (0, 1):
         assert results[rank]["ok"], results
         assert results[rank]["elapsed"] < 3.0, results
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_coalesced_calls_order_the_callers_stream(world):
+    # A busy copy engine: the copies back trail the host part by far.
+    env = dict(SIM, SMDDP_DEVICE_SIM_OUT_DELAY_US="20000")
+    results = run_world(world, "cases_device_sim:coalesced_stream_order", backend="smddp", timeout=180,
+                        env=env)
+    assert not _failed_checks(results), _failed_checks(results)
