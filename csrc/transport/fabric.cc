@@ -14,7 +14,8 @@
 namespace smddp {
 
 SMDDP_PARAM_STRING(paramProvider, "SMDDP_FI_PROVIDER", "",
-                   "libfabric provider to use (shm, tcp;ofi_rxm, efa, ...); empty = automatic")
+                   "libfabric provider to use (shm, tcp;ofi_rxm, efa, ...); empty = shm on one "
+                   "host, tcp;ofi_rxm across hosts")
 
 void FidCloser::operator()(fid* f) const {
   if (f) fi_close(f);
