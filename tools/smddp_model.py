@@ -226,7 +226,7 @@ ROBUST = 0.10   # residuals (log ratio) past ~10% weigh like |r|, not r^2
 
 def _robust(r):
     """Soft-L1 residuals: sum of squares = sum 2c^2(sqrt(1+(r/c)^2)-1), so a
-    measurement caught in an episode (benchmarks/RESULTS.md) cannot drag the fit."""
+    measurement caught in an episode (docs/notes/2026-11-one-host-allreduce.md) cannot drag the fit."""
     c = ROBUST
     return np.sign(r) * c * np.sqrt(2 * (np.sqrt(1 + (r / c) ** 2) - 1))
 
