@@ -1,8 +1,9 @@
 """The user docs agree with the code: docs/configuration.md is exactly what
 `python -m torch_smddp.info --markdown` generates from the parameters the
-code declares."""
+code declares, and the docs' relative links point at files that exist."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -41,3 +42,25 @@ def test_markdown_flag_prints_the_page():
                          capture_output=True, text=True, timeout=120, check=True).stdout
     with open(CONFIG) as f:
         assert out == f.read(), f"regenerate: {REGENERATE}"
+
+
+def _docs():
+    yield os.path.join(REPO, "README.md")
+    for d in ("docs", "docs/notes", "tests", "benchmarks"):
+        for name in sorted(os.listdir(os.path.join(REPO, d))):
+            if name.endswith(".md"):
+                yield os.path.join(REPO, d, name)
+
+
+def test_relative_links_in_the_docs_resolve():
+    bad = []
+    for path in _docs():
+        with open(path) as f:
+            text = f.read()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            file = target.split("#")[0]
+            if not os.path.exists(os.path.normpath(os.path.join(os.path.dirname(path), file))):
+                bad.append(f"{os.path.relpath(path, REPO)}: {target}")
+    assert not bad, "links to missing files:\n" + "\n".join(bad)
