@@ -1,4 +1,4 @@
-"""The flight recorder, the desync report and the offline analyzer (issue 12).
+"""The flight recorder, the desync report and the offline analyzer.
 
 Checked against the calls the ranks made (cases_flight.py): every entry's
 sequence, collective, dtype, size and state; a timeout's error names the rank
