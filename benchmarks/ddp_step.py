@@ -30,7 +30,7 @@ up) out of each pair of rounds, which a plain rotation does not.
 
 --hosts H (with --paired) runs the paired job across H hosts of --ranks
 ranks each: network namespaces on this machine with links shaped to
---rate (torch_smddp/cluster.py, as `python -m torch_smddp.bench --hosts`).
+--rate (tools/smddp_cluster.py, as `python -m torch_smddp.bench --hosts`).
 """
 
 from __future__ import annotations

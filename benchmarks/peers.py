@@ -2,7 +2,7 @@
 the same processes, and MPICH (benchmarks/peers_mpi.py, its own job) in
 one table.
 
-    PY=.venv-peers/bin/python        # the peers' venv (README, "Peers")
+    PY=.venv-peers/bin/python        # the peers' venv (benchmarks/README.md, "Peers")
     $PY benchmarks/peers_mpi.py --world 2 4 --out /tmp/mpich.json
     $PY benchmarks/peers.py --world 2 4 --mpi /tmp/mpich.json [--plot peers.png]
     $PY benchmarks/peers.py --world 2 4 --pairs 3     # MPICH's job and these, 3 times
@@ -27,8 +27,8 @@ that back-to-back in-place sums stay finite.
 
 --pairs N runs peers_mpi.py's job and then the in-process backends' job N
 times in a row (the same worlds, sizes and rounds). This machine's speed
-changes for minutes at a time (benchmarks/RESULTS.md, "The world-2
-episodes"), so an MPICH job run once, minutes apart from the others, can
+changes for minutes at a time (docs/notes/2026-11-one-host-allreduce.md,
+"The world-2 episodes"), so an MPICH job run once, minutes apart from the others, can
 land in another episode; a pair's two jobs run back to back. The table
 then shows the median over pairs of each pair's median round, and a last
 column how many pairs smddp_direct was at least as fast as the best peer.

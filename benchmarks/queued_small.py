@@ -1,5 +1,5 @@
 """Many small async all_reduces queued at once, then waited for: the case
-fusion on the network-only path is for (issue 10). Runs the job with
+fusion on the network-only path is for. Runs the job with
 SMDDP_SHM_ALLREDUCE=0 twice per round, fusion on (SMDDP_FUSION_BUFFER_BYTES
 default) and off (SMDDP_FUSION_BUFFER_BYTES=0: every call alone, the path
 as it was before), in ABBA order, and prints the median round.

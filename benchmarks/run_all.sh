@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every figure in benchmarks/RESULTS.md, in one run on one machine:
+# The one-host benchmarks (benchmarks/README.md), in one run on one machine:
 #   benchmarks/run_all.sh 2>&1 | tee /tmp/bench.txt
 # Run it on a quiet machine; the tables compare smddp with Gloo measured in
 # the same processes, so compare ratios rather than absolute times.

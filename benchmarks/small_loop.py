@@ -1,5 +1,5 @@
 """A plain loop of synchronous small allreduces: the per-call cost of
-smddp's two entries, for A/B comparisons of builds (benchmarks/RESULTS.md).
+smddp's two entries, for A/B comparisons of builds (docs/notes/2026-11-small-messages.md).
 
     torchrun --nproc-per-node 2 benchmarks/small_loop.py --numel 1024 --blocks 8
     python benchmarks/small_loop.py --numel 1024          # a group of one rank

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A cluster of H hosts on one machine, for tests and benchmarks across hosts
-# (README, "Tests"). Each host is a network namespace with its own address
+# (tests/README.md). Each host is a network namespace with its own address
 # and its own veth link to a hub namespace, shaped with tc tbf to RATE in
 # both directions; the hub bridges the links and hosts the rendezvous.
 # Traffic stays inside these namespaces. Needs root (ip netns, tc).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Many randomized peer-death trials (issue 5): a random rank dies (SIGKILL or
+"""Many randomized peer-death trials: a random rank dies (SIGKILL or
 exit) after a random delay while the others are in a random collective
 (all_reduce, broadcast, all_gather, barrier) at a random world size; every
 survivor must raise an error naming the lost rank and the collective within

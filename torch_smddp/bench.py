@@ -94,7 +94,7 @@ def timed_checked_calls(call, t, rank: int, expected: float, iters: int,
     input (rank + 1) and comparing the result with ``expected`` happen
     between calls. ``untimed``, if given, gets the mean seconds per
     iteration spent outside the calls: on a tbf-shaped link the bucket
-    refills meanwhile (torch_smddp.model counts it)."""
+    refills meanwhile (tools/smddp_model.py counts it)."""
     total = 0.0
     problem = ""
     start = time.perf_counter()
@@ -364,14 +364,33 @@ def link_bound_seconds(nbytes: int, hosts: int, rate_bps: float) -> float:
     return 2 * (hosts - 1) / hosts * nbytes * 8 / rate_bps
 
 
+def cluster_tool():
+    """tools/smddp_cluster.py of the source checkout this package runs from
+    (the namespace cluster drives scripts/cluster.sh; neither is installed).
+    Loaded from its file: it imports neither torch nor this package."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    path = os.path.join(root, "tools", "smddp_cluster.py")
+    if not os.path.exists(path):
+        raise SystemExit("--hosts needs a source checkout of torch-smddp (tools/smddp_cluster.py, "
+                         f"scripts/cluster.sh); this torch_smddp is installed at {root}")
+    if "smddp_cluster" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("smddp_cluster", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["smddp_cluster"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["smddp_cluster"]
+
+
 def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout: float,
                       what: str) -> dict:
     """Runs `torchrun CMD --out FILE` on `hosts` namespace hosts of `ranks`
-    ranks each, links shaped to `rate` (torch_smddp/cluster.py; root), and
+    ranks each, links shaped to `rate` (tools/smddp_cluster.py; root), and
     returns the JSON the ranks leave in FILE. CMD is a script and its
     arguments, or ["-m", module, ...]. Shared by the benchmarks in
     benchmarks/."""
-    from torch_smddp import cluster as cl
+    cl = cluster_tool()
 
     why = cl.why_unavailable()
     if why:
@@ -393,7 +412,7 @@ def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout
 
 def run_cluster(args) -> dict:
     """The benchmark across --hosts namespace hosts of --ranks ranks each."""
-    from torch_smddp import cluster as cl
+    cl = cluster_tool()
 
     rate_bps = cl.parse_rate(args.rate)
     data = launch_on_cluster(["-m", "torch_smddp.bench", *_worker_args(args)], args.hosts,

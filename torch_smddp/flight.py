@@ -1,7 +1,7 @@
 """Reading flight-recorder dumps offline (``python -m torch_smddp.trace analyze DIR``).
 
 When a call fails for good, each rank of the group writes its flight
-recorder to ``SMDDP_DEBUG_DIR/smddp_trace_rank<R>[_g<group>].json``; a rank
+recorder to ``SMDDP_DEBUG_DIR/smddp_trace_rank<R>_g<group>.json``; a rank
 asked for a desync report writes its own too. This module reads a directory
 of such dumps and prints, per group, the same desync report a failing call
 carries in its error (the text comes from the same C++ code), followed by

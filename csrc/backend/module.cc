@@ -216,6 +216,23 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
+  // The same, with where each is declared and its range, for
+  // `python -m torch_smddp.info --markdown` (docs/configuration.md).
+  m.def("param_specs", [] {
+    py::list out;
+    for (const auto& p : smddp::allParams()) {
+      py::dict d;
+      d["name"] = p.env;
+      d["type"] = p.type;
+      d["default"] = p.defaultValue;
+      d["doc"] = p.doc;
+      d["file"] = p.file;
+      d["min"] = p.ranged ? py::cast(p.lo) : py::none();
+      d["max"] = p.ranged ? py::cast(p.hi) : py::none();
+      out.append(d);
+    }
+    return out;
+  });
   // The desync report from each rank's serialized position (a dump's
   // "position"; None for a rank with no dump): `python -m torch_smddp.trace
   // analyze` prints the same text a failing call carries.

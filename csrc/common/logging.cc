@@ -11,7 +11,7 @@
 namespace smddp {
 
 static const ParamRegistrar kLogLevelParam{"SMDDP_LOG_LEVEL", "string", "warn",
-                                           "log threshold: error, warn, info or debug"};
+                                           "log threshold: error, warn, info or debug", __FILE__};
 
 LogLevel logThreshold() {
   // Read once: a logging knob must never throw, so unknown values mean warn.

@@ -51,11 +51,17 @@ const char* envValue(const char* env) {
 
 const std::vector<ParamSpec>& allParams() { return registry(); }
 
-ParamRegistrar::ParamRegistrar(const char* env, const char* type, const char* def, const char* doc) {
+ParamRegistrar::ParamRegistrar(const char* env, const char* type, const char* def, const char* doc,
+                               const char* file, bool ranged, int64_t lo, int64_t hi) {
   for (const auto& p : registry()) {
     if (p.env == env) return;
   }
-  registry().push_back({env, type, def, doc});
+  // __FILE__ is the path the compiler was given: keep it from csrc/ on, so
+  // the registry reads the same in every checkout and build directory.
+  std::string where = file ? file : "";
+  const size_t at = where.rfind("csrc/");
+  where = at == std::string::npos ? "" : where.substr(at + 5);
+  registry().push_back({env, type, def, doc, where, ranged, lo, hi});
 }
 
 int64_t parseIntParam(const char* env, const std::string& text, int64_t lo, int64_t hi) {

@@ -17,8 +17,9 @@ namespace smddp {
 SMDDP_PARAM_INT(paramTraceBufferSize, "SMDDP_TRACE_BUFFER_SIZE", 2000, 0, 10000000,
                 "collectives each group's flight recorder keeps (0: no recorder, no desync report)")
 SMDDP_PARAM_STRING(paramDebugDir, "SMDDP_DEBUG_DIR", "",
-                   "directory where each rank dumps its flight recorder (smddp_trace_rank<R>.json) "
-                   "when a call fails or a peer asks; empty = no dumps")
+                   "directory where each rank dumps its flight recorder "
+                   "(smddp_trace_rank<R>_g<group>.json) when a call fails or a peer asks for a "
+                   "desync report; empty = no dumps")
 
 int64_t traceBufferSize() { return paramTraceBufferSize(); }
 std::string debugDir() { return paramDebugDir(); }

@@ -113,9 +113,11 @@ class FlightRecorder {
   std::string reported_;           // guarded by mu_: notePosition
 };
 
-// Writes `json` to SMDDP_DEBUG_DIR/smddp_trace_rank<R>[_<group>].json, where
-// R is the process's global rank (RANK, else its rank in the group); returns
-// the path, or "" when SMDDP_DEBUG_DIR is unset or the write failed.
+// Writes `json` to SMDDP_DEBUG_DIR/smddp_trace_rank<R>_g<group>.json, where
+// R is the process's global rank (RANK, else its rank in the group) and
+// <group> the group's name with every character but letters and digits as
+// '_'; returns the path, or "" when SMDDP_DEBUG_DIR is unset or the write
+// failed.
 std::string dumpFlightRecord(const FlightRecorder& rec, const std::string& reason);
 
 }  // namespace smddp

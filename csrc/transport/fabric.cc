@@ -14,7 +14,8 @@
 namespace smddp {
 
 SMDDP_PARAM_STRING(paramProvider, "SMDDP_FI_PROVIDER", "",
-                   "libfabric provider to use (shm, tcp;ofi_rxm, efa, ...); empty = automatic")
+                   "libfabric provider to use (shm, tcp;ofi_rxm, efa, ...); empty = shm on one "
+                   "host, tcp;ofi_rxm across hosts")
 
 void FidCloser::operator()(fid* f) const {
   if (f) fi_close(f);
@@ -48,8 +49,7 @@ FiInfoPtr makeHints(const std::string& provider) {
 // even eager ones into a bounce buffer first. A cross-host step's piece is
 // 64-128 KiB (a 256 KiB slot over 2-4 hosts): sent eager, from the
 // caller's buffer, a 4 x 2 cluster at 2 Gbit/s moves 64 MiB at 85-90% of
-// the link bound instead of 70-85% (benchmarks/RESULTS.md, "rxm's eager
-// limit"). Defaults only: a value the user set wins. rxm reads both when
+// the link bound instead of 70-85% (docs/notes/2026-11-rxm-eager-limit.md). Defaults only: a value the user set wins. rxm reads both when
 // it opens an endpoint (rxm_ep_settings_init; FI_LOG_LEVEL=info prints
 // "Protocol limits: Eager: 262144"), which comes after this.
 void tuneRxmOverTcp() {

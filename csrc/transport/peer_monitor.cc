@@ -22,8 +22,10 @@
 namespace smddp {
 
 SMDDP_PARAM_INT(paramPeerTimeout, "SMDDP_PEER_TIMEOUT", 10, 0, 86400,
-                "seconds without a heartbeat after which a peer's host counts as lost "
-                "(ranks on other hosts only; 0 = no liveness connections)")
+                "seconds without a heartbeat after which a peer's host counts as lost (ranks on "
+                "other hosts only), and without an acknowledgement after which a standalone "
+                "reduction server's connection fails; 0 = no liveness connections, and no bound on "
+                "server connections but the group timeout")
 
 namespace {
 

@@ -287,11 +287,21 @@ TEST_CASE("allParams lists the parameters declared across the core", "[param]") 
     CHECK_FALSE(p->doc.empty());
   }
   CHECK_FALSE(find("SMDDP_CHUNK_BYTES")->defaultValue.empty());
+  // Where each is declared, relative to csrc/, and the range of a number
+  // (docs/configuration.md is generated from these).
+  CHECK(find("SMDDP_LOG_LEVEL")->file == "common/logging.cc");
+  const ParamSpec* timeout = find("SMDDP_PEER_TIMEOUT");
+  CHECK(timeout->file == "transport/peer_monitor.cc");
+  CHECK(timeout->ranged);
+  CHECK(timeout->lo == 0);
+  CHECK(timeout->hi == 86400);
+  CHECK_FALSE(find("SMDDP_FI_PROVIDER")->ranged);
   std::set<std::string> names;
   for (const auto& p : params) {
     INFO(p.env);
     CHECK(p.env.rfind("SMDDP_", 0) == 0);
     CHECK(names.insert(p.env).second);  // each name once
+    if (p.env.rfind("SMDDP_TEST_", 0) != 0) CHECK_FALSE(p.file.empty());
   }
 }
 

@@ -41,7 +41,7 @@
 //   dtype and op, and its fingerprint is that of its own fields.
 //
 // Build: cmake -DSMDDP_BUILD_FUZZERS=ON -DCMAKE_CXX_COMPILER=clang++ (see
-// `make fuzz` and README.md, "Fuzzing").
+// `make fuzz` and tests/README.md, "Fuzzing").
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <bit>

@@ -36,7 +36,7 @@
 // port in 1..65535, and there are at most 1024.
 //
 // Build: cmake -DSMDDP_BUILD_FUZZERS=ON -DCMAKE_CXX_COMPILER=clang++ (see
-// `make fuzz` and README.md, "Fuzzing").
+// `make fuzz` and tests/README.md, "Fuzzing").
 #include <fuzzer/FuzzedDataProvider.h>
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,14 +1,14 @@
-"""The cluster of network namespaces the tests use: torch_smddp/cluster.py
+"""The cluster of network namespaces the tests use: tools/smddp_cluster.py
 (shared with ``python -m torch_smddp.bench --hosts``), loaded from its file
-so that the pytest process does not import torch through the package, plus
-this directory's worker."""
+so that the pytest process imports neither torch nor the package through
+it, plus this directory's worker."""
 
 import importlib.util
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_PATH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "torch_smddp", "cluster.py")
+_PATH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools", "smddp_cluster.py")
 _spec = importlib.util.spec_from_file_location("smddp_cluster", _PATH)
 _mod = importlib.util.module_from_spec(_spec)
 sys.modules["smddp_cluster"] = _mod

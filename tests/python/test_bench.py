@@ -186,7 +186,7 @@ def test_small_loop_runs_and_checks_its_result():
 
 
 def test_link_bound_and_rate_follow_their_closed_forms(capsys):
-    from torch_smddp import cluster
+    cluster = bench.cluster_tool()  # tools/smddp_cluster.py
 
     assert cluster.parse_rate("2gbit") == 2e9
     assert cluster.parse_rate("500mbit") == 5e8
@@ -208,7 +208,7 @@ def test_link_bound_and_rate_follow_their_closed_forms(capsys):
 
 
 def test_the_time_between_calls_is_reported_apart_from_the_calls():
-    # bench --save records it for torch_smddp.model (tbf refills then).
+    # bench --save records it for tools/smddp_model.py (tbf refills then).
     import time
     t = torch.empty(64, dtype=torch.float32)
     call, _ = fake_allreduce(t, world=2)

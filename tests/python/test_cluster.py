@@ -9,7 +9,7 @@ Oracles, independent of the backend: the parent's own record of what it did
 and when (wall clock, shared with the ranks), and which ranks live where.
 Every surviving rank must raise, naming a rank that really is on the lost
 host and that host, within the deadline: 1 s for a process the kernel
-closed (the issue's bound), SMDDP_PEER_TIMEOUT + 1 s for silence (beats and
+closed (the required bound), SMDDP_PEER_TIMEOUT + 1 s for silence (beats and
 checks come at most 0.6 s + 0.3 s late); no rank may hang (the whole job has
 a hard deadline), the next call must fail at once, and destroy must return.
 

@@ -192,7 +192,7 @@ def test_peer_death_across_pretend_hosts_fails_survivors_fast_naming_rank_and_ho
         assert f"rank {victim} on host deathhost{victim}" in msg, f"{where}: {msg!r}"
         assert "died" in msg and "allreduce" in msg, f"{where}: {msg!r}"
         assert "timed out" not in msg, f"{where}: {msg!r}"
-        # The victim dies DEATH_DELAY after the warm-up; the bound
+        # The victim dies DEATH_DELAY after the warm-up; the required bound
         # for noticing a dead process is 1 s.
         assert 0.2 * cf.DEATH_DELAY < first["elapsed"] < cf.DEATH_DELAY + 1.0, (where, first)
         later = results[rank]["later"]

@@ -1,4 +1,4 @@
-"""The flight recorder, the desync report and the offline analyzer (issue 12).
+"""The flight recorder, the desync report and the offline analyzer.
 
 Checked against the calls the ranks made (cases_flight.py): every entry's
 sequence, collective, dtype, size and state; a timeout's error names the rank
@@ -8,6 +8,7 @@ that is behind, on which call; every rank's dump is written; and
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -73,7 +74,9 @@ def test_flight_recorder_and_desync_report(tmp_path):
 
     # Every rank dumped (ranks 0 and 1 on failing, rank 2 when asked).
     files = sorted(os.listdir(dump_dir))
-    assert len(files) == 3 and all(f.startswith("smddp_trace_rank") for f in files), files
+    # The name every doc gives: smddp_trace_rank<R>_g<group>.json.
+    assert len(files) == 3 and all(re.fullmatch(r"smddp_trace_rank[0-2]_g\w+\.json", f)
+                                   for f in files), files
     dumps = {}
     for f in files:
         d = json.loads((dump_dir / f).read_text())

@@ -2,12 +2,14 @@
 wheel in pip's isolated build environment (pyproject.toml pins torch), and
 that wheel, installed into a fresh venv that has nothing but torch, runs a
 world-2 allreduce from outside the source tree (checked against the closed
-form). Costs a full compile of the extension (a few minutes)."""
+form). The wheel holds the torch_smddp package and nothing else. Costs a
+full compile of the extension (a few minutes)."""
 
 import os
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mp_harness import REPO_ROOT, run_with_deadline  # noqa: E402
@@ -37,6 +39,12 @@ def test_wheel_builds_in_isolation_and_runs_from_a_fresh_venv():
         assert not timed_out and code == 0, "python -m build --wheel failed:\n" + text[-4000:]
         wheels = [f for f in os.listdir(dist_dir) if f.endswith(".whl")]
         assert len(wheels) == 1, wheels
+        # The package only: development tooling (tools/: the namespace
+        # cluster, the performance model) stays in the checkout.
+        with zipfile.ZipFile(os.path.join(dist_dir, wheels[0])) as whl:
+            shipped = [n for n in whl.namelist() if ".dist-info/" not in n]
+        assert shipped and all(n.startswith("torch_smddp/") for n in shipped), shipped
+        assert not {"torch_smddp/cluster.py", "torch_smddp/model.py"} & set(shipped), shipped
 
         venv = os.path.join(tmp, "venv")
         subprocess.run(["python3", "-m", "venv", venv], check=True, timeout=120)

@@ -1,4 +1,4 @@
-"""torch_smddp.model (issue 10): the closed forms, the fit recovering known
+"""tools/smddp_model.py: the closed forms, the fit recovering known
 parameters from synthetic measurements made by the model itself plus noise,
 and the CLI end to end on a small synthetic JSON. No processes, no torch."""
 
@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from torch_smddp import model as m
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from tools import smddp_model as m  # noqa: E402
 SMDDP = dict(a_host=50e-6, B_mem=3e9, a_net=300e-6, eta=0.9, p=0.2)
 RING = dict(a_ring=500e-6, eta_ring=0.7, B_ring=1.5e9)
 SHAPES = [(1, 2, 0), (1, 4, 0), (2, 1, 2e9), (2, 2, 2e9), (3, 2, 2e9), (4, 2, 1e9), (4, 1, 2e9)]
@@ -228,7 +228,7 @@ def test_fit_with_shared_cores(tmp_path):
 
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "torch_smddp.model", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "tools.smddp_model", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

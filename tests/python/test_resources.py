@@ -1,7 +1,7 @@
-"""The host's resources and environment (issue 11, "Resources and
-environments"): a /dev/shm too small for the segment, clean-up on every
-path and a sweeper that spares live jobs, ranks in different PID namespaces,
-and group instances that reuse one store.
+"""The host's resources and environment: a /dev/shm too small for the
+segment, clean-up on every path and a sweeper that spares live jobs, ranks
+in different PID namespaces, and group instances that reuse one store
+(docs/design.md, "Hosts, interfaces and containers").
 
 The /dev/shm and PID-namespace cases run inside private namespaces
 (`unshare`), so they neither see nor touch the machine's own /dev/shm; they

@@ -1,4 +1,4 @@
-"""Never hang, never corrupt (issue 5): resource leaks over init/destroy
+"""Never hang, never corrupt: resource leaks over init/destroy
 cycles, foreign processes on the library's ports (raw TCP bytes, and a
 foreign libfabric endpoint whose frames reach the frame layer), and
 randomized peer death. Every job runs under mp_harness's hard deadline; the

@@ -21,7 +21,7 @@ smddp_only = pytest.mark.skipif("smddp" not in BACKEND,
                                 reason="these failure semantics are smddp's (docs/design.md)")
 
 PG_TIMEOUT = 30.0
-TEARDOWN_LIMIT_S = 1.0  # the bound for destroy/abort with a stuck call
+TEARDOWN_LIMIT_S = 1.0  # the required bound for destroy/abort with a stuck call
 PATHS = {
     # one host: allreduce through the shared segment
     "shared-memory": {},

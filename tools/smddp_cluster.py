@@ -2,7 +2,9 @@
 (scripts/cluster.sh): each host a network namespace with its own address
 and a tbf-shaped link to a hub, where a TCPStore serves as the rendezvous.
 Each host runs its own torchrun against it. Needs root and a source
-checkout (the script lives in scripts/).
+checkout (the script lives in scripts/); development tooling, not part of
+the installed package (tests/python/cluster.py and
+`python -m torch_smddp.bench --hosts` load it from the checkout).
 
 ``Cluster`` is used as a context manager (or through a pytest fixture that
 calls ``down()`` in its teardown), so the namespaces and every process in
@@ -205,7 +207,7 @@ def parse_rate(rate: str) -> float:
 def burst_bytes(rate: str) -> int:
     """The tbf bucket, in bytes, that scripts/cluster.sh gives each link at
     `rate`: traffic up to this much passes above the rate after the link
-    has been idle (torch_smddp.model counts it)."""
+    has been idle (tools/smddp_model.py counts it)."""
     r = subprocess.run([SCRIPT, "burst", rate], capture_output=True, text=True, timeout=30)
     if r.returncode != 0:
         raise ValueError(f"cluster.sh burst {rate}: {r.stderr.strip()}")

@@ -1,8 +1,9 @@
 """An alpha-beta model of smddp's allreduce paths and of a ring, fitted to
-cluster measurements and projected past this machine (issue 10).
+cluster measurements and projected past this machine. From the repository
+root (development tooling, not part of the installed package):
 
-    python -m torch_smddp.model fit F.json [F.json ...] [--out params.json]
-    python -m torch_smddp.model project --params params.json [--plot out.png]
+    python -m tools.smddp_model fit F.json [F.json ...] [--out params.json]
+    python -m tools.smddp_model project --params params.json [--plot out.png]
                                         [--backward-ms 300] [--bucket-mb 25]
 
 F.json is what ``python -m torch_smddp.bench --hosts H --ranks R --rate RATE
@@ -225,7 +226,7 @@ ROBUST = 0.10   # residuals (log ratio) past ~10% weigh like |r|, not r^2
 
 def _robust(r):
     """Soft-L1 residuals: sum of squares = sum 2c^2(sqrt(1+(r/c)^2)-1), so a
-    measurement caught in an episode (benchmarks/RESULTS.md) cannot drag the fit."""
+    measurement caught in an episode (docs/notes/2026-11-one-host-allreduce.md) cannot drag the fit."""
     c = ROBUST
     return np.sign(r) * c * np.sqrt(2 * (np.sqrt(1 + (r / c) ** 2) - 1))
 
@@ -443,7 +444,7 @@ def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, 
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m torch_smddp.model", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tools.smddp_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit", help="fit the parameters to bench --save JSON files")
