@@ -105,7 +105,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
                       " are not supported (CPU and CUDA tensors are)");
     TORCH_CHECK_VALUE(builtWithCuda(), "smddp ", coll, ": got a tensor on ", dev,
                       ", but this build of torch_smddp has no CUDA support. Build it with "
-                      "SMDDP_WITH_CUDA=ON against a CUDA build of torch (README, \"GPU path\").");
+                      "SMDDP_WITH_CUDA=ON against a CUDA build of torch (docs/gpu.md).");
     auto bound = getBoundDeviceId();
     TORCH_CHECK_VALUE(!bound || !bound->has_index() || !dev.has_index() || *bound == dev,
                       "smddp ", coll, ": a tensor on ", dev, " but this group was bound to ",
