@@ -114,7 +114,9 @@ $(CUDA_BUILD)/CMakeCache.txt: CMakeLists.txt | $(CUDA_SETUP)
 	  $(CUDA_LAUNCHER) $(CMAKE_ARGS)
 
 # _C and the CUDA device's Catch2 tests; the core's own tests are
-# torch-free and CUDA-free, the same as the CPU build's, so not built again.
+# torch-free and CUDA-free, the same as the CPU build's, so not built again
+# (ctest -L cuda runs the CUDA ones only; without a GPU they report
+# themselves skipped, never passed).
 # CCACHE_BASEDIR lets a fresh clone reuse another checkout's objects.
 build-cuda-ext: $(CUDA_SETUP) $(CUDA_BUILD)/CMakeCache.txt
 	CCACHE_BASEDIR=$(CURDIR) $(CUDA_ENV) cmake --build $(CUDA_BUILD) --target _C smddp_cuda_tests -j $(JOBS)
@@ -123,14 +125,14 @@ build-cuda-ext: $(CUDA_SETUP) $(CUDA_BUILD)/CMakeCache.txt
 # The CUDA build compiles, imports without a GPU and serves CPU tensors.
 # (The CUDA device's tests report themselves skipped where there is no GPU.)
 check-cuda: build-cuda-ext
-	$(CUDA_BUILD)/smddp_cuda_tests
+	cd $(CUDA_BUILD) && ctest -L cuda --output-on-failure --timeout 300
 	$(CUDA_RUN) -c "import torch, torch_smddp; assert torch_smddp.__file__.startswith('$(abspath $(CUDA_PKG))'), torch_smddp.__file__; print('check-cuda: torch', torch.__version__, 'cuda available:', torch.cuda.is_available())"
 	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CUDA_PYTEST_ARGS) \
 	  $(addprefix $(CURDIR)/tests/python/,$(CUDA_PYTESTS))
 
 # The GPU path's own tests (tests/gpu); they skip where there is no GPU.
 test-gpu: build-cuda-ext
-	$(CUDA_BUILD)/smddp_cuda_tests
+	cd $(CUDA_BUILD) && ctest -L cuda --output-on-failure --timeout 300
 	$(CUDA_RUN) -m pytest -q -rs -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
 
 bench: build

@@ -67,6 +67,8 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
     TORCH_CHECK_TYPE(t.scalar_type() == st, "smddp ", coll,
                      ": all tensors must have the same dtype (got ", st, " and ", t.scalar_type(), ")");
   }
+  // Decided at the first allreduce, which every rank makes.
+  std::shared_ptr<IntraRoute> intra = intraRouteFor();
   if (!std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_contiguous(); })) {
     // Dense but permuted (channels_last, a transpose): staged whole with
     // the same strides, so the host call reduces logical elements even
@@ -87,8 +89,10 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
   hostOpts.reduceOp = prelude.mapOp(opts.reduceOp);
   hostOpts.asyncOp = false;  // the pipeline thread waits at once
   std::optional<double> factor;  // dtype and op, with the CPU path's checks and messages
-  (void)toReduceOpScaled(hostOpts.reduceOp, toDataType(tensors[0], coll), coll, &factor);
+  const smddp::DataType dt = toDataType(tensors[0], coll);
+  const smddp::ReduceOp sop = toReduceOpScaled(hostOpts.reduceOp, dt, coll, &factor);
   if (!prelude.chunk_.in.empty()) c.call.chunks.push_back(std::move(prelude.chunk_));
+  const bool viaIntra = intra && !factor && smddp::intraHostSupports(dt, sop);
 
   const size_t elem = tensors[0].element_size();
   const size_t chunkBytes = std::max(elem, pipeline_->slotBytes() / elem * elem);
@@ -111,7 +115,10 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
     auto* base = static_cast<uint8_t*>(t.data_ptr());
     const size_t bytes = static_cast<size_t>(t.numel()) * elem;
     total += bytes;
-    for (size_t off = 0; off < bytes;) {
+    // Through the host's GPUs, all but the last few elements (fewer than
+    // the GPUs), which take the host path like every other chunk here.
+    const size_t start = viaIntra ? (static_cast<size_t>(t.numel()) - intraChunks(c, t, dt, sop, hostOpts)) * elem : 0;
+    for (size_t off = start; off < bytes;) {
       const size_t n = std::min(bytes - off, chunkBytes - used);
       cur.in.push_back({base + off, reinterpret_cast<void*>(used), n});
       used += n;
@@ -129,6 +136,47 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
   c.keep = tensors;
   c.keep.insert(c.keep.end(), prelude.keep_.begin(), prelude.keep_.end());
   return launchChunked(type, coll, c);
+}
+
+size_t DeviceCollectives::intraChunks(Chunked& c, const at::Tensor& t, smddp::DataType dt,
+                                      smddp::ReduceOp op, const c10d::AllreduceOptions& railOpts) {
+  std::shared_ptr<IntraRoute> route = std::atomic_load(&intra_);
+  const size_t g = static_cast<size_t>(route->host->size());
+  const size_t elem = t.element_size();
+  const size_t shardMax = pipeline_->slotBytes() / elem;
+  const at::ScalarType st = t.scalar_type();
+  auto* base = static_cast<uint8_t*>(t.data_ptr());
+  const size_t n = static_cast<size_t>(t.numel());
+  size_t off = 0;
+  // Per chunk of g x `per` elements: reduce-scatter over the host's GPUs
+  // into the slot's device shard, copy the shard in; host work: allreduce
+  // it over the rail (one rank per host); copy it back; all-gather.
+  while (n - off >= g) {
+    const size_t per = std::min(shardMax, (n - off) / g);
+    uint8_t* data = base + off * elem;
+    const size_t bytes = per * elem;
+    smddp::StagingChunk chunk;
+    chunk.slotted = true;
+    chunk.beforeIn = [route, data, per, bytes, dt, op](smddp::DeviceStream& in, int slot, void* slotBase) {
+      void* shard = route->scratch[static_cast<size_t>(slot)].data_ptr();
+      route->host->reduceScatter(in, data, shard, per, dt, op);
+      in.copy(slotBase, shard, bytes);
+    };
+    chunk.host = [route, per, st, railOpts](void* slot) {
+      route->host->checkHealthy();
+      if (route->hosts < 2) return;
+      std::vector<at::Tensor> v{hostView(slot, 0, per * at::elementSize(st), st)};
+      if (auto w = route->rail->allreduce(v, railOpts)) w->wait();
+    };
+    chunk.afterOut = [route, data, per, bytes, dt](smddp::DeviceStream& out, int slot, void* slotBase) {
+      void* shard = route->scratch[static_cast<size_t>(slot)].data_ptr();
+      out.copy(shard, slotBase, bytes);
+      route->host->allGather(out, shard, data, per, dt);
+    };
+    c.call.chunks.push_back(std::move(chunk));
+    off += per * g;
+  }
+  return n - off;
 }
 
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::allgatherBase(at::Tensor& output,

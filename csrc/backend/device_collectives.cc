@@ -12,6 +12,7 @@
 #include "common/completion_pool.h"
 #include "common/error.h"
 #include "common/param.h"
+#include "device/reaper.h"
 
 namespace c10d_smddp {
 
@@ -248,9 +249,9 @@ c10d::ReduceOp DeviceStage::mapOp(const c10d::ReduceOp& op) {
 
 DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
                                      c10::intrusive_ptr<ProcessGroupSmddp> host, int rank,
-                                     std::chrono::milliseconds timeout)
+                                     std::chrono::milliseconds timeout, IntraSetup intra)
     : ctx_(std::move(ctx)), host_(std::move(host)), rank_(rank), world_(host_->getSize()),
-      timeout_(timeout) {
+      timeout_(timeout), intraSetup_(std::move(intra)) {
   auto entered = ctx_->enter();  // the slots are allocated on the device
   pool_ = smddp::HostBufferPool::make(ctx_->device(), static_cast<size_t>(paramDeviceHostCache()));
   smddp::StagingOptions o;
@@ -278,10 +279,49 @@ DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
 DeviceCollectives::~DeviceCollectives() { shutdown(); }
 
 void DeviceCollectives::shutdown() {
-  // The host group first: host work stuck in a collective then returns.
+  // The host groups first: host work stuck in a collective then returns.
   host_->shutdown();
+  std::shared_ptr<IntraRoute> intra = std::atomic_load(&intra_);
+  if (intra) {
+    intra->host->abort();
+    intra->rail->shutdown();
+  }
   for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) p->shutdown();
   pool_->clear();
+  if (intra && !intra->scratch.empty()) {
+    // The shards' device memory goes once the copy streams have drained.
+    try {
+      auto entered = ctx_->enter();
+      smddp::Device& d = *ctx_->device();
+      smddp::DeviceEventPtr in = d.poolStream(0).record();
+      d.poolStream(1).wait(in);
+      auto& reaper = smddp::DeviceReaper::of(ctx_->device());
+      reaper.release(in, nullptr);
+      reaper.release(d.poolStream(1).record(),
+                     std::make_shared<std::vector<at::Tensor>>(std::move(intra->scratch)));
+    } catch (const std::exception& e) {
+      smddp::DeviceReaper::keepForever(std::make_shared<std::vector<at::Tensor>>(std::move(intra->scratch)));
+    }
+  }
+}
+
+std::shared_ptr<IntraRoute> DeviceCollectives::intraRouteFor() {
+  std::call_once(intraOnce_, [&] {
+    std::string why;
+    auto route = makeIntraRoute(intraSetup_, *ctx_, pipeline_->slotBytes(), pipeline_->slots(), &why);
+    {
+      std::lock_guard<std::mutex> lock(intraMu_);
+      intraWhy_ = why;
+    }
+    std::atomic_store(&intra_, route);
+  });
+  return std::atomic_load(&intra_);
+}
+
+std::string DeviceCollectives::intraRoute() const {
+  if (std::atomic_load(&intra_)) return "nccl";
+  std::lock_guard<std::mutex> lock(intraMu_);
+  return intraWhy_.empty() ? "" : "shm";
 }
 
 void DeviceCollectives::checkUsable(const char* coll) const {

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backend/device_context.h"
+#include "backend/intra.h"
 #include "device/host_pool.h"
 #include "device/staging_pipeline.h"
 
@@ -131,7 +132,7 @@ class DeviceCollectives {
   using Plan = std::function<HostCall(DeviceStage&)>;
 
   DeviceCollectives(std::shared_ptr<DeviceContext> ctx, c10::intrusive_ptr<ProcessGroupSmddp> host,
-                    int rank, std::chrono::milliseconds timeout);
+                    int rank, std::chrono::milliseconds timeout, IntraSetup intra);
   ~DeviceCollectives();
 
   c10::Device device() const { return ctx_->torchDevice(); }
@@ -158,6 +159,9 @@ class DeviceCollectives {
   void checkNotCapturing(const char* coll);
   // Stops the host group, then the pipelines; bounded (see StagingPipeline).
   void shutdown();
+  // The route the allreduce takes inside a host ("" before the first
+  // allreduce), for stats().
+  std::string intraRoute() const;
 
  private:
   struct Chunked;
@@ -165,6 +169,12 @@ class DeviceCollectives {
                                         std::vector<at::Tensor> read, std::vector<at::Tensor> written,
                                         std::vector<at::Tensor> keep, smddp::StagingCall call);
   c10::intrusive_ptr<c10d::Work> launchChunked(c10d::OpType type, const char* coll, Chunked& c);
+  // The intra-host route, decided at the first allreduce (collective).
+  std::shared_ptr<IntraRoute> intraRouteFor();
+  // Appends the chunks of `t` through the intra-host route; returns the
+  // elements left over (fewer than the host's GPUs) at the tensor's end.
+  size_t intraChunks(Chunked& c, const at::Tensor& t, smddp::DataType dt, smddp::ReduceOp op,
+                     const c10d::AllreduceOptions& railOpts);
   void checkUsable(const char* coll) const;
 
   std::shared_ptr<DeviceContext> ctx_;
@@ -173,6 +183,11 @@ class DeviceCollectives {
   int world_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<smddp::HostBufferPool> pool_;
+  IntraSetup intraSetup_;
+  std::once_flag intraOnce_;
+  std::shared_ptr<IntraRoute> intra_;  // set once by intraRouteFor()
+  mutable std::mutex intraMu_;
+  std::string intraWhy_;               // guarded by intraMu_
   std::atomic<uint64_t> calls_{0};  // device calls issued: their Works' sequence numbers
   std::unique_ptr<smddp::StagingPipeline> pipeline_, sendPipe_, recvPipe_;
 };

@@ -137,13 +137,14 @@ PYBIND11_MODULE(_C, m) {
       // Both join the engine thread, which may need the GIL (see NoGilHolder).
       .def("shutdown", &ProcessGroupSmddp::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("abort", &ProcessGroupSmddp::abort, py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](const ProcessGroupSmddp& pg) {
+      .def("stats", [](ProcessGroupSmddp& pg) {
         py::dict d = statsToDict(pg.stats());
         d["allreduce_path"] = pg.allreducePath();
         d["reduction_servers"] = pg.reductionServers();
         d["ring_depth"] = pg.ringDepth();
         d["standalone_servers"] = pg.standaloneServers();
         d["device_calls"] = pg.deviceCalls();
+        d["intra_route"] = pg.intraRoute();
         // Per collective: calls, and per size class (power-of-4 bytes)
         // the count and latency (queued to completed) percentiles, read
         // from log-spaced bins (within a factor sqrt(2)).

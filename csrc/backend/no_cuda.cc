@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "backend/device_context.h"
+#include "backend/intra.h"
 
 namespace c10d_smddp {
 
@@ -18,5 +19,12 @@ bool builtWithCuda() { return false; }
 int cudaDeviceCount() { return 0; }
 
 c10::DeviceIndex currentCudaDevice() { return 0; }
+
+std::unique_ptr<smddp::IntraHost> makeNcclIntraHost(const c10::intrusive_ptr<c10d::Store>&,
+                                                    const std::string&, int device, int, int,
+                                                    std::chrono::milliseconds) {
+  TORCH_CHECK(false, "smddp: intra-host NCCL for cuda:", device,
+              " needs a build of torch_smddp with CUDA (docs/gpu.md)");
+}
 
 }  // namespace c10d_smddp

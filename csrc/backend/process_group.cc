@@ -118,13 +118,27 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     std::shared_ptr<DeviceContext> ctx =
         dev.is_cpu() ? makeSimContext(timeout_)
                      : makeCudaContext(dev.has_index() ? dev.index() : currentCudaDevice());
-    device_ = std::make_unique<DeviceCollectives>(std::move(ctx), hostGroup_, rank_, timeout_);
+    IntraSetup intra;
+    intra.store = store_;
+    intra.rank = rank_;
+    intra.size = size_;
+    intra.ranksByHost = comm_->peers().ranksByHost();
+    intra.groupName = groupName_;
+    intra.timeout = timeout_;
+    intra.sim = dev.is_cpu();
+    device_ = std::make_unique<DeviceCollectives>(std::move(ctx), hostGroup_, rank_, timeout_,
+                                                  std::move(intra));
   }
   TORCH_CHECK_VALUE(device_->device() == dev || (dev.is_cuda() && !dev.has_index()), "smddp ",
                     coll, ": this group runs on ", device_->device(), "; got a tensor on ", dev,
                     " (one device per rank, as with NCCL)");
   deviceCalls_.fetch_add(1, std::memory_order_relaxed);
   return device_.get();
+}
+
+std::string ProcessGroupSmddp::intraRoute() {
+  std::lock_guard<std::mutex> lock(deviceMu_);
+  return device_ ? device_->intraRoute() : "";
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::track(c10::intrusive_ptr<c10d::Work> work) {

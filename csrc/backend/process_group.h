@@ -145,6 +145,9 @@ class ProcessGroupSmddp : public c10d::Backend {
   }
   // Calls that took the device path (device_collectives.h).
   uint64_t deviceCalls() const { return deviceCalls_.load(std::memory_order_relaxed); }
+  // The GPU path's allreduce inside a host: "nccl", "shm", or "" before
+  // the first device allreduce (intra.h).
+  std::string intraRoute();
 
   // While one is alive on a thread, calls made on that thread check their
   // arguments and stop before queueing anything (they return a null Work).

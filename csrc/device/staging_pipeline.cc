@@ -194,6 +194,7 @@ class StagingPipeline::Runner {
         if (slotFree_[slot]) in_.wait(slotFree_[slot]);
       }
       slotOf_.push_back(slot);
+      if (chunk.beforeIn) chunk.beforeIn(in_, slot, slotBase(k));
       for (const StageCopy& cp : chunk.in) in_.copy(hostOf(k, cp), cp.device, cp.bytes);
       landed_.push_back(in_.record());
     }
@@ -204,6 +205,7 @@ class StagingPipeline::Runner {
     // In order behind this chunk's copies in, which wrote the same memory.
     out_.wait(landed_[k]);
     for (const StageCopy& cp : chunk.out) out_.copy(cp.device, hostOf(k, cp), cp.bytes);
+    if (chunk.afterOut) chunk.afterOut(out_, slotOf_[k], slotBase(k));
     if (slotOf_[k] >= 0) {
       auto& free = slotFree_[static_cast<size_t>(slotOf_[k])];
       hold(std::move(free));

@@ -60,6 +60,13 @@ struct StagingChunk {
   // Runs on the pipeline thread once `in` has landed; gets the slot's base
   // address (nullptr when not slotted). Throws to fail the call.
   std::function<void(void* slot)> host;
+  // Device work of the chunk's own, queued by the pipeline thread on the
+  // copy-in stream before `in` (an intra-host reduce-scatter and the copy
+  // of its shard into the slot), and on the copy-out stream after `out`
+  // (the shard's copy back and the all-gather). They get the slot's index
+  // and base address (-1 and null when not slotted). Null for none.
+  std::function<void(DeviceStream&, int slot, void* slotBase)> beforeIn;
+  std::function<void(DeviceStream&, int slot, void* slotBase)> afterOut;
 };
 
 struct StagingCall {

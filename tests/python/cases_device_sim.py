@@ -384,3 +384,62 @@ def coalesced_stream_order(rank, world):
     ok = all(bool((t == total - world + world * i).all()) for i, t in enumerate(c))
     res["after_synchronize"] = None if ok else [t[:1].tolist() for t in c]
     return res
+
+
+def intra_route(rank, world):
+    """The route the first device allreduce took inside the host, and
+    allreduces of every size class against the closed form through it."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp
+    import torch_smddp.testing as sim
+
+    res = {}
+    g = torch.Generator().manual_seed(11)
+    # Exact in float32: small integers, sums of at most a few ranks.
+    for n in (1, 3, 4, 7, 1000, 4099, 70001):
+        xs = [torch.randint(-8, 8, (n,), generator=g).float() for _ in range(world)]
+        t = xs[rank].clone()
+        dist.all_reduce(t)
+        for op, name in ((dist.ReduceOp.MAX, "max"), (dist.ReduceOp.AVG, "avg")):
+            u = xs[rank].clone()
+            dist.all_reduce(u, op=op)
+            sim.sim_synchronize()
+            want = torch.stack(xs).amax(0) if name == "max" else torch.stack(xs).mean(0)
+            if not torch.allclose(u, want, atol=1e-6):
+                res[f"{name} n={n}"] = (u[:3].tolist(), want[:3].tolist())
+        sim.sim_synchronize()
+        if not torch.equal(t, torch.stack(xs).sum(0)):
+            res[f"sum n={n}"] = (t[:3].tolist(), torch.stack(xs).sum(0)[:3].tolist())
+    # Coalesced, several tensors of odd sizes.
+    ts = [torch.full((k,), float(rank + 1)) for k in (5, 1, 333)]
+    dist.all_reduce_coalesced(ts)
+    sim.sim_synchronize()
+    total = float(sum(r + 1 for r in range(world)))
+    if not all(bool((t == total).all()) for t in ts):
+        res["coalesced"] = [t[:2].tolist() for t in ts]
+    res["route"] = torch_smddp.stats()["intra_route"]
+    return res
+
+
+def first_allreduce_error(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(torch.ones(4))
+        msg = ""
+    except Exception as e:  # noqa: BLE001
+        msg = f"{type(e).__name__}: {e}"
+    # Rank 0 holds the store: every rank must be done with it first (the
+    # others' last use of it is their "left"; rank 0 waits for all of them).
+    store = dist.distributed_c10d._get_default_store()
+    deadline = time.monotonic() + 30
+    store.add("first_allreduce_error/arrived", 1)
+    while store.add("first_allreduce_error/arrived", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store.add("first_allreduce_error/left", 1)
+    while rank == 0 and store.add("first_allreduce_error/left", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return msg

@@ -519,7 +519,9 @@ def _child_main() -> None:
         sim = needs_smddp(backend) and os.environ.get("SMDDP_DEVICE_SIM") == "1"
         if sim:
             import torch_smddp.testing as sim_testing
-            sim_testing.sim_set_device(rank)
+            # SMDDP_TEST_SIM_DEVICE: ranks that share one device instead.
+            device = int(os.environ.get("SMDDP_TEST_SIM_DEVICE", rank))
+            sim_testing.sim_set_device(device)
         stage = "import target"
         mod_name, fn_name = spec["target"].split(":", 1)
         fn = getattr(importlib.import_module(mod_name), fn_name)
@@ -541,10 +543,10 @@ def _child_main() -> None:
             if broken:
                 raise AssertionError(f"{len(broken)} of CUDA's rules broken on the simulated device: "
                                      + "; ".join(broken[:5]))
-            others = [d for d in sim_testing.sim_contexts() if d != rank]
+            others = [d for d in sim_testing.sim_contexts() if d != device]
             if others:
                 raise AssertionError(f"rank {rank} made contexts on simulated devices {others}, "
-                                     f"not only on its own ({rank})")
+                                     f"not only on its own ({device})")
         _write_json_atomic(result_path, {"ok": True, "value": value})
     except BaseException as e:  # noqa: BLE001 - report everything, then exit non-zero
         tb = traceback.format_exc()

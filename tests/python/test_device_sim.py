@@ -25,8 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases_failures as cf  # noqa: E402
 from mp_harness import ExitedRank, run_world  # noqa: E402
 
+# SMDDP_INTRA=shm: the staging path of every GPU's data, which one GPU per
+# host takes; the intra-host NCCL route has tests of its own below.
 SIM = {"SMDDP_DEVICE_SIM": "1", "SMDDP_DEVICE_SIM_DELAY_US": "100",
-       "SMDDP_DEVICE_CHUNK_BYTES": "16K"}
+       "SMDDP_DEVICE_CHUNK_BYTES": "16K", "SMDDP_INTRA": "shm"}
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -189,3 +191,36 @@ def test_coalesced_calls_order_the_callers_stream(world):
     results = run_world(world, "cases_device_sim:coalesced_stream_order", backend="smddp", timeout=180,
                         env=env)
     assert not _failed_checks(results), _failed_checks(results)
+
+
+TWO_BY_TWO = {"SMDDP_HOST_ID": lambda r: f"h{r // 2}"}  # 2 pretend hosts x 2 GPUs
+
+
+@pytest.mark.parametrize("mode", ["nccl", "auto"])
+def test_nccl_inside_the_host_on_the_stand_in(mode):
+    """2 hosts x 2 GPUs: reduce-scatter inside the host (the stand-in's
+    NCCL), each GPU's shard across hosts on its rail, all-gather; every size
+    class, SUM/MAX/AVG and coalesced calls against the closed form."""
+    env = dict(SIM, SMDDP_INTRA=mode, **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:intra_route", backend="smddp", timeout=240, env=env)
+    for rank, r in enumerate(results):
+        assert r.pop("route") == "nccl", (rank, r)
+        assert not r, (rank, r)
+
+
+def test_auto_keeps_ranks_that_share_a_gpu_on_the_host_path():
+    env = dict(SIM, SMDDP_INTRA="auto", SMDDP_TEST_SIM_DEVICE="0", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:intra_route", backend="smddp", timeout=240, env=env)
+    for rank, r in enumerate(results):
+        assert r.pop("route") == "shm", (rank, r)
+        assert not r, (rank, r)
+
+
+@pytest.mark.parametrize("value,words", [("bogus", ["SMDDP_INTRA", "bogus"]),
+                                         ("nccl", ["SMDDP_INTRA=nccl", "share a GPU"])])
+def test_bad_intra_settings_fail_the_first_allreduce_clearly(value, words):
+    env = dict(SIM, SMDDP_INTRA=value, SMDDP_TEST_SIM_DEVICE="0", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:first_allreduce_error", backend="smddp", timeout=120,
+                        env=env, expect_failure=True)
+    for rank, msg in enumerate(results):
+        assert all(w in msg for w in words), (rank, msg)

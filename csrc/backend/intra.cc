@@ -1,0 +1,110 @@
+#include "backend/intra.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <set>
+
+#include "backend/process_group.h"
+#include "common/param.h"
+
+namespace c10d_smddp {
+
+static const ::smddp::ParamRegistrar paramIntraRegistrar_{
+    "SMDDP_INTRA", "string", "auto",
+    "The GPU path's allreduce inside a host: nccl (reduce-scatter over the host's GPUs with "
+    "NCCL, only each GPU's shard across hosts, then all-gather), shm (every GPU's data "
+    "through the host), or auto (nccl where every host has 2 or more distinct GPUs)",
+    __FILE__};
+
+std::string intraMode() {
+  try {
+    return smddp::readStringParam("SMDDP_INTRA", "auto", {"auto", "nccl", "shm"});
+  } catch (const smddp::Error& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+namespace {
+
+std::string toBytes(int v) { return std::to_string(v); }
+
+// Every rank's device index, through the store.
+std::vector<int> deviceIndexes(const IntraSetup& s, int mine) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>("smddp_intra/" + s.groupName + "/dev/", s.store);
+  const std::string v = toBytes(mine);
+  store->set(std::to_string(s.rank), std::vector<uint8_t>(v.begin(), v.end()));
+  std::vector<int> out(static_cast<size_t>(s.size));
+  for (int r = 0; r < s.size; ++r) {
+    auto bytes = store->get(std::to_string(r));
+    out[r] = std::stoi(std::string(bytes.begin(), bytes.end()));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& ctx,
+                                           size_t slotBytes, int slots, std::string* why) {
+  const std::string mode = intraMode();
+  if (mode == "shm") {
+    *why = "SMDDP_INTRA=shm";
+    return nullptr;
+  }
+  const auto& hosts = s.ranksByHost;
+  const size_t g = hosts.empty() ? 1 : hosts[0].size();
+  const bool even = std::all_of(hosts.begin(), hosts.end(), [&](const auto& h) { return h.size() == g; });
+  const std::vector<int> devices = deviceIndexes(s, ctx.device()->index());
+  bool distinct = true;
+  for (const auto& h : hosts) {
+    std::set<int> seen;
+    for (int r : h) distinct &= seen.insert(devices[r]).second;
+  }
+  std::string reason;
+  if (g < 2) reason = "one GPU per host";
+  else if (!even) reason = "hosts with different numbers of GPUs";
+  else if (!distinct) reason = "ranks of one host share a GPU";
+  if (!reason.empty()) {
+    TORCH_CHECK_VALUE(mode != "nccl", "SMDDP_INTRA=nccl: the intra-host NCCL path cannot be "
+                      "used here: ", reason, " (use SMDDP_INTRA=auto or shm)");
+    *why = "SMDDP_INTRA=" + mode + ": " + reason + ", so every GPU's data goes through the host";
+    return nullptr;
+  }
+  // My host, my index on it, and the rail of GPUs with that index.
+  int hostIdx = 0, localRank = 0;
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    auto it = std::find(hosts[h].begin(), hosts[h].end(), s.rank);
+    if (it != hosts[h].end()) {
+      hostIdx = static_cast<int>(h);
+      localRank = static_cast<int>(it - hosts[h].begin());
+    }
+  }
+  auto route = std::make_shared<IntraRoute>();
+  route->hosts = static_cast<int>(hosts.size());
+  const std::string base = "smddp_intra/" + s.groupName + "/";
+  if (s.sim) {
+    auto local = c10::make_intrusive<ProcessGroupSmddp>(
+        c10::make_intrusive<c10d::PrefixStore>(base + "local" + std::to_string(hostIdx) + "/", s.store),
+        localRank, static_cast<int>(g), s.timeout, s.groupName + "/intra" + std::to_string(hostIdx),
+        /*hostOnly=*/true);
+    route->host = makeSimIntraHost(std::move(local));
+  } else {
+    route->host = makeNcclIntraHost(s.store, base + "nccl/" + std::to_string(hostIdx),
+                                    ctx.device()->index(), localRank, static_cast<int>(g), s.timeout);
+  }
+  route->rail = c10::make_intrusive<ProcessGroupSmddp>(
+      c10::make_intrusive<c10d::PrefixStore>(base + "rail" + std::to_string(localRank) + "/", s.store),
+      hostIdx, route->hosts, s.timeout, s.groupName + "/rail" + std::to_string(localRank),
+      /*hostOnly=*/true);
+  auto entered = ctx.enter();
+  const auto opts = at::TensorOptions().dtype(at::kByte).device(ctx.torchDevice());
+  for (int i = 0; i < slots; ++i) route->scratch.push_back(at::empty({static_cast<int64_t>(slotBytes)}, opts));
+  *why = "SMDDP_INTRA=" + mode + ": " + std::to_string(g) + " GPUs on each of " +
+         std::to_string(route->hosts) + " hosts: reduce-scatter inside the host, 1/" +
+         std::to_string(g) + " of each chunk across hosts, all-gather";
+  return route;
+}
+
+}  // namespace c10d_smddp

@@ -1,0 +1,64 @@
+// NCCL inside the host (SMDDP_INTRA): with G GPUs on every host, the GPU
+// path's allreduce reduce-scatters each chunk over the host's GPUs, sends
+// only this GPU's 1/G shard through the host and across hosts (to the
+// ranks with the same local index: the rail group), and all-gathers the
+// reduced shards. docs/gpu.md, "NCCL inside the host".
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/device_context.h"
+#include "device/intra_host.h"
+
+namespace c10d_smddp {
+
+class ProcessGroupSmddp;
+
+// What the GPU path's allreduce takes across hosts when the host is split
+// over its GPUs.
+struct IntraRoute {
+  std::unique_ptr<smddp::IntraHost> host;        // the host's GPUs (NCCL, or the stand-in's)
+  c10::intrusive_ptr<ProcessGroupSmddp> rail;    // one rank per host: this GPU's peers
+  std::vector<at::Tensor> scratch;               // per staging slot: the shard, on the device
+  int hosts = 1;
+  std::string why;                               // for stats and logs: why this route
+};
+
+// What a group knows when its first device allreduce comes.
+struct IntraSetup {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0;
+  int size = 1;
+  std::vector<std::vector<int>> ranksByHost;
+  std::string groupName;
+  std::chrono::milliseconds timeout{300000};
+  bool sim = false;
+};
+
+// SMDDP_INTRA: auto (NCCL where every host has 2 or more distinct GPUs),
+// nccl (an error where it cannot be), shm (never). Throws a ValueError
+// naming the variable for any other value.
+std::string intraMode();
+
+// Decides the route, collectively: every rank of the group calls it, at
+// its first device allreduce. Null where the allreduce stays on the host
+// path (shm, one GPU per host, GPUs shared); `why` says why either way.
+std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& setup, DeviceContext& ctx,
+                                           size_t slotBytes, int slots, std::string* why);
+
+// The stand-in's intra-host collectives (sim_intra.cc): a CPU group of the
+// host's ranks, run as kernels on the simulated device.
+std::unique_ptr<smddp::IntraHost> makeSimIntraHost(c10::intrusive_ptr<ProcessGroupSmddp> local);
+// NCCL's (cuda_context.cc; an error in a build without CUDA). Local rank 0
+// publishes the unique id through `store` under `key`.
+std::unique_ptr<smddp::IntraHost> makeNcclIntraHost(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    const std::string& key, int device,
+                                                    int localRank, int localSize,
+                                                    std::chrono::milliseconds timeout);
+
+}  // namespace c10d_smddp
