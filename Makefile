@@ -9,7 +9,7 @@ CMAKE_ARGS ?=
 LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
 .PHONY: all setup build demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean \
-        setup-cuda build-cuda-ext check-cuda test-gpu
+        setup-cuda build-cuda-ext check-cuda test-gpu gpu-debs
 
 all: build
 
@@ -134,6 +134,14 @@ check-cuda: build-cuda-ext
 test-gpu: build-cuda-ext
 	cd $(CUDA_BUILD) && ctest -L cuda --output-on-failure --timeout 300
 	$(CUDA_RUN) -m pytest -q -rs -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
+
+# The Debian packages a GPU machine without apt or network needs for
+# scripts/gpu_check.sh (libfabric and its libraries, Catch2), as .deb files
+# in .gpu-debs/ to carry there.
+GPU_DEBS := libfabric1 libfabric-dev catch2 libibverbs1 ibverbs-providers librdmacm1 libpsm2-2 \
+            libpsm-infinipath1 libnl-3-200 libnl-route-3-200
+gpu-debs:
+	mkdir -p .gpu-debs && cd .gpu-debs && apt-get download $(GPU_DEBS)
 
 bench: build
 	$(PY) -m torch_smddp.bench

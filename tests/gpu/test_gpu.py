@@ -65,6 +65,35 @@ def test_caller_stream_semantics(results):
     print("timings:", [s["timings"] for s in sections])
 
 
+def test_the_gpu_paths_defects_stay_fixed(results):
+    """A coalesced 256 MiB block read at once after wait(), a CUDA tensor
+    PREMUL_SUM factor, capture refused by name, a group destroyed before
+    its tensors are freed, a barrier that orders device work."""
+    sections = _section(results, "defects")
+    assert sections[0]["counts"] == {"coalesced_256m": 1, "tensor_factor": 1, "capture": 1,
+                                     "destroy_then_free": 1, "barrier_orders": 1}
+
+
+@pytest.mark.parametrize("env", [{"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, {"CUDA_LAUNCH_BLOCKING": "1"}],
+                         ids=["one_connection", "launch_blocking"])
+def test_isend_irecv_rings_in_any_order(env):
+    env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
+    results = run_world(WORLD, "cases_gpu:p2p_rings", backend=BACKEND, timeout=300, env=env)
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, failures
+
+
+def test_a_killed_peer_fails_the_synchronous_call():
+    from mp_harness import ExitedRank
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
+    results = run_world(WORLD, "cases_gpu:killed_peer", backend=BACKEND, timeout=120, pg_timeout=60.0,
+                        expect_failure=True, allow_exit={1}, args=(1,), env=env)
+    assert isinstance(results[1], ExitedRank)
+    assert results[0]["raised"], results[0]
+    assert "rank 1" in results[0]["msg"], results[0]
+    assert results[0]["kept_input"], results[0]
+
+
 def test_ddp_on_cuda_matches_gloo(results):
     _section(results, "ddp")
 
