@@ -53,4 +53,7 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
     install_requires=["torch==2.13.0"],
+    # SageMaker's import paths (smdistributed.dataparallel...), a distribution
+    # of its own (compat/sagemaker) so it never shadows SageMaker's library.
+    extras_require={"sagemaker": ["torch-smddp-sagemaker"]},
 )

@@ -1,0 +1,1 @@
+"""SageMaker's import paths, provided by torch-smddp (torch-smddp-sagemaker)."""

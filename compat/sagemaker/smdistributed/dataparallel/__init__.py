@@ -1,0 +1,1 @@
+"""smdistributed.dataparallel on torch-smddp (see the torch package)."""
