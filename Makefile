@@ -8,7 +8,7 @@ NPROC     ?= 2
 CMAKE_ARGS ?=
 LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: all setup build demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean \
+.PHONY: all setup build build-ext demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean \
         setup-cuda build-cuda-ext check-cuda test-gpu gpu-debs
 
 all: build
@@ -19,17 +19,24 @@ setup:
 $(BUILD)/CMakeCache.txt: CMakeLists.txt | setup
 	cmake -S . -B $(BUILD) -DPython3_EXECUTABLE=$(abspath $(PY)) $(LAUNCHER) $(CMAKE_ARGS)
 
+DEV_PTH := @$(PY) -c "import os, site; open(os.path.join(site.getsitepackages()[0], 'torch_smddp_dev.pth'), 'w').write(os.getcwd() + '\\n')"
+
 build: setup $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 	@# Make the in-tree package importable from the venv (a develop install).
-	@$(PY) -c "import os, site; open(os.path.join(site.getsitepackages()[0], 'torch_smddp_dev.pth'), 'w').write(os.getcwd() + '\\n')"
+	$(DEV_PTH)
 
-demo: build
+# What the demo needs and nothing more: the extension, not the tests.
+build-ext: setup $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) --target _C -j $(JOBS)
+	$(DEV_PTH)
+
+demo: build-ext
 	$(PY) -m torch.distributed.run --standalone --nproc-per-node $(NPROC) examples/train_ddp.py --backend smddp
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q --durations=15 tests/python
 	$(MAKE) --no-print-directory test-asan-ci
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS_CI)
 	$(MAKE) --no-print-directory check-cuda
@@ -38,7 +45,7 @@ test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
 
 test-py: build
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q --durations=15 tests/python
 
 # Core + Catch2 tests under sanitizers (no torch extension).
 test-asan: setup
