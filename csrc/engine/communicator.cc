@@ -64,6 +64,8 @@ uint64_t randomSecret() {
 Communicator::Communicator(Bootstrap& store, CommOptions opts)
     : opts_(std::move(opts)), timeoutMs_(opts_.timeout.count()),
       config_(EngineConfig::fromEnvironment()) {
+  applyRegisteredServers(config_, opts_.servers);
+  opts_.servers.reset();  // its key lives on in config_ only
   SMDDP_CHECK(opts_.size >= 1 && opts_.rank >= 0 && opts_.rank < opts_.size, kInvalidArgument,
               "invalid rank " + std::to_string(opts_.rank) + " for world size " +
                   std::to_string(opts_.size));

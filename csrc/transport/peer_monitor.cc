@@ -29,7 +29,11 @@ namespace {
 
 // Every message on a liveness connection: fixed size, carrying the group's
 // secret, so bytes from anyone else are refused before they mean anything.
-enum : uint8_t { kHello = 1, kBeat = 2, kBye = 3 };
+// kBusy is the one without it: a listener full of connections that owe
+// their hello (a flood) tells the one it turns away, which may be a real
+// peer's, to come again; it knows no secret yet, and it only ever means
+// "retry".
+enum : uint8_t { kHello = 1, kBeat = 2, kBye = 3, kBusy = 4 };
 constexpr uint32_t kMagic = 0x4C444D53;  // "SMDL"
 constexpr uint8_t kVersion = 1;
 
@@ -45,6 +49,7 @@ struct Message {
 static_assert(sizeof(Message) == 24, "liveness messages are 24 bytes");
 
 constexpr size_t kMaxPending = 64;     // accepted connections still owing a hello
+constexpr uint32_t kAnyone = 0xFFFFFFFF;  // a busy message's `to`: the listener cannot know
 constexpr size_t kMaxOutbox = 4096;    // a peer this far behind gets no more beats
 constexpr auto kMaxPollWait = std::chrono::milliseconds(100);
 
@@ -334,7 +339,7 @@ void PeerMonitor::run() {
     slots.push_back({0, 0});
     {
       std::lock_guard<std::mutex> lock(ioMu_);
-      if (listenFd_ >= 0) {
+      if (listenFd_ >= 0 && Clock::now() >= listenPauseUntil_) {
         fds.push_back({listenFd_, POLLIN, 0});
         slots.push_back({1, 0});
       }
@@ -387,11 +392,18 @@ void PeerMonitor::run() {
 void PeerMonitor::acceptLocked() {
   while (true) {
     int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN, or a connection that went away first
+    if (fd < 0) {
+      // Out of descriptors: the connection stays queued and poll would
+      // report it again at once. Leave the listener alone for a while.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        listenPauseUntil_ = Clock::now() + std::chrono::milliseconds(100);
+      }
+      return;  // EAGAIN, or a connection that went away first
+    }
     if (pending_.size() >= kMaxPending) {
-      close(fd);
-      ++refused_;
-      continue;
+      // Full of connections that owe their hello: the oldest goes, never a
+      // peer's established link, and it hears it may come again.
+      turnAwayLocked(0);
     }
     setNoDelay(fd);
     Pending p;
@@ -399,7 +411,26 @@ void PeerMonitor::acceptLocked() {
     // A peer says hello as soon as it connects; anything slower is refused.
     p.giveUp = Clock::now() + std::min<Clock::duration>(opts_.silence, std::chrono::seconds(5));
     pending_.push_back(p);
+    // Its hello is usually in already (a peer sends it right after
+    // connecting): judged now, a real peer's connection never waits in the
+    // queue a flood fills.
+    readPendingLocked(pending_.size() - 1);
   }
+}
+
+void PeerMonitor::turnAwayLocked(size_t i) {
+  const Message busy{kMagic, kVersion, kBusy, 0, static_cast<uint32_t>(opts_.rank), kAnyone, 0};
+  const int fd = pending_[i].fd;
+  (void)send(fd, &busy, sizeof(busy), MSG_DONTWAIT | MSG_NOSIGNAL);
+  // Read what it sent first (a peer's hello, at most a few bytes): closing
+  // over unread bytes resets the connection, and the reset may overtake
+  // the busy message.
+  uint8_t sink[256];
+  for (int k = 0; k < 16 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++k) {
+  }
+  close(fd);
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+  ++refused_;
 }
 
 bool PeerMonitor::readPendingLocked(size_t i) {
@@ -455,6 +486,11 @@ void PeerMonitor::readLinkLocked(int peer) {
     l.have = 0;
     Message m;
     std::memcpy(&m, l.rx, sizeof(m));
+    if (!l.greeted && m.magic == kMagic && m.version == kVersion && m.type == kBusy &&
+        m.from == static_cast<uint32_t>(peer)) {
+      l.turnedAway = true;  // its listener was full: connect again (linkClosedLocked)
+      continue;
+    }
     const bool valid = m.magic == kMagic && m.version == kVersion && m.secret == opts_.secret &&
                        m.from == static_cast<uint32_t>(peer) &&
                        m.to == static_cast<uint32_t>(opts_.rank) &&
@@ -478,6 +514,15 @@ void PeerMonitor::linkClosedLocked(int peer, const std::string& how) {
   close(l.fd);
   l.fd = -1;
   if (l.departed) return;  // it left the group in order
+  if (l.turnedAway && !l.greeted) {
+    // Its listener turned this connection away unheard (a flood filled
+    // it): not a death. Connect again soon; its silence still counts from
+    // the last time it was heard.
+    l.turnedAway = false;
+    l.reconnectAt = Clock::now() + std::chrono::milliseconds(100);
+    ++l.retries;
+    return;
+  }
   // The kernel closes a dead process's sockets, and nothing else closes
   // this one without the goodbye first.
   fail(peer, "died", how + " without a goodbye: its process exited or was killed");
@@ -509,6 +554,23 @@ void PeerMonitor::flushLocked(int peer) {
   }
 }
 
+void PeerMonitor::reconnectLocked(int peer) {
+  Link& l = links_[peer];
+  // Briefly: this is the monitor thread, which beats for every other peer.
+  std::string why;
+  const int fd = connectBefore(opts_.address, addresses_[peer], ports_[peer],
+                               Clock::now() + std::chrono::milliseconds(200), &why);
+  if (fd < 0) {
+    l.reconnectAt = Clock::now() + std::chrono::milliseconds(200);
+    return;
+  }
+  l.fd = fd;
+  l.have = 0;
+  l.tx.clear();
+  queueLocked(peer, kHello);
+  flushLocked(peer);
+}
+
 void PeerMonitor::checkDeadlinesLocked(Clock::time_point now) {
   for (size_t i = pending_.size(); i-- > 0;) {
     if (now > pending_[i].giveUp) {
@@ -527,15 +589,24 @@ void PeerMonitor::checkDeadlinesLocked(Clock::time_point now) {
       flushLocked(p);
     }
     const auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - l.lastHeard);
-    if (l.fd >= 0 || (!l.greeted && p > opts_.rank)) {
+    const bool retrying = l.retries > 0 && !l.greeted && l.fd < 0;
+    if (retrying && now >= l.reconnectAt && quiet <= opts_.silence) reconnectLocked(p);
+    if (l.fd >= 0 || (!l.greeted && p > opts_.rank) || retrying) {
       if (quiet <= opts_.silence) continue;
       const std::string host = hostDisplayName(opts_.hosts[p]);
-      fail(p, "was lost",
-           l.greeted || l.fd >= 0
-               ? "host " + host + " silent for " + secondsText(quiet) +
-                     ": no heartbeat on its liveness connection (SMDDP_PEER_TIMEOUT " +
-                     secondsText(opts_.silence) + "; link down, host down or stopped)"
-               : "it opened no liveness connection within " + secondsText(quiet));
+      std::string cause;
+      if (l.greeted || (l.fd >= 0 && !retrying)) {
+        cause = "host " + host + " silent for " + secondsText(quiet) +
+                ": no heartbeat on its liveness connection (SMDDP_PEER_TIMEOUT " +
+                secondsText(opts_.silence) + "; link down, host down or stopped)";
+      } else if (l.retries > 0) {
+        cause = "its liveness listener turned this rank's connection away " +
+                std::to_string(l.retries) + " time(s) (busy: flooded?) and no later one got "
+                "through within " + secondsText(quiet);
+      } else {
+        cause = "it opened no liveness connection within " + secondsText(quiet);
+      }
+      fail(p, "was lost", cause);
     }
   }
 }

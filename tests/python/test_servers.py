@@ -80,11 +80,35 @@ def procs():
         p.kill()
 
 
-def _env(**extra):
+def key_file():
+    """A key file (mode 0600) shared by the servers and workers of these
+    tests, made once per process."""
+    global _KEY_FILE
+    if _KEY_FILE is None:
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="smddp-test-key-")
+        os.write(fd, os.urandom(32).hex().encode())
+        os.close(fd)
+        os.chmod(path, 0o600)
+        _KEY_FILE = path
+    return _KEY_FILE
+
+
+_KEY_FILE = None
+
+
+def _env(keyed=True, **extra):
+    """The environment of a test's server or worker; `keyed`: with the
+    shared key file (SMDDP_SERVER_KEY_FILE), else servers found in a store
+    use the job's key from there."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, HERE]),
                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    for k in ("SMDDP_SERVER_HOSTS", "SMDDP_SERVER_COUNT", "SMDDP_SERVER_JOB"):
+    for k in ("SMDDP_SERVER_HOSTS", "SMDDP_SERVER_COUNT", "SMDDP_SERVER_JOB",
+              "SMDDP_SERVER_KEY_FILE", "SMDDP_SERVER_INTEGRITY"):
         env.pop(k, None)
+    if keyed:
+        env["SMDDP_SERVER_KEY_FILE"] = key_file()
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -188,15 +212,16 @@ def test_two_pretend_hosts_reduce_through_two_servers(procs, tmp_path):
 def test_servers_found_in_the_jobs_store(procs, tmp_path):
     port = find_free_port()
     # Workers first: rank 0 hosts the store the server then registers in.
+    # No key file on either side: the job's key, generated in its store.
     world = 2
     for r in range(world):
-        env = _env(RANK=r, WORLD_SIZE=world, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}", SMDDP_SERVER_COUNT=1,
-                   SMDDP_SERVER_JOB="storejob")
+        env = _env(keyed=False, RANK=r, WORLD_SIZE=world, LOCAL_WORLD_SIZE=1,
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}",
+                   SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="storejob")
         procs.start([PY, WORKER, "check", str(tmp_path)], env=env,
                     log=os.path.join(tmp_path, f"check.{r}.log"))
     _start_server(procs, ["--bind", "127.0.0.1", "--job", "storejob",
-                          "--rendezvous", f"127.0.0.1:{port}"])
+                          "--rendezvous", f"127.0.0.1:{port}"], env=_env(keyed=False))
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     _check_results(got, None)
 
@@ -206,14 +231,14 @@ def test_servers_found_at_torchruns_rendezvous_endpoint(procs, tmp_path):
     # run time, so the server registers at the rendezvous endpoint and the
     # workers look there (SMDDP_SERVER_RENDEZVOUS).
     port = find_free_port()
-    env = _env(SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="rdzvjob",
+    env = _env(keyed=False, SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="rdzvjob",
                SMDDP_SERVER_RENDEZVOUS=f"127.0.0.1:{port}", SERVER_TEST_HOST_PER_RANK=1)
     procs.start([PY, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                  f"127.0.0.1:{port}", "--nnodes", "1", "--nproc-per-node", "2",
                  "--max-restarts", "0", WORKER, "check", str(tmp_path)], env=env,
                 log=os.path.join(tmp_path, "torchrun.log"))
     _start_server(procs, ["--bind", "127.0.0.1", "--job", "rdzvjob",
-                          "--rendezvous", f"127.0.0.1:{port}"])
+                          "--rendezvous", f"127.0.0.1:{port}"], env=_env(keyed=False))
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     results = _check_results(got, None)
     assert all(r["standalone_servers"] == 1 for r in results), results
@@ -319,7 +344,8 @@ def test_a_foreign_job_and_bad_addresses_are_refused_clearly(procs, tmp_path):
     got = _wait_results(tmp_path, ["init.0.json", "init.1.json"], 120)
     for res in got.values():
         err = res.get("init_error", "")
-        assert "'beta'" in err and "'alpha'" in err, res
+        # The worker hears its own job named; the server's --job stays its own.
+        assert "'beta'" in err and "alpha" not in err, res
     bad = tmp_path / "bad"
     bad.mkdir()
     _local_world(procs, 2, "init", bad, {"SMDDP_SERVER_HOSTS": "127.0.0.1:notaport"})

@@ -1,0 +1,39 @@
+// The few cryptographic primitives smddp needs, over OpenSSL's libcrypto
+// (never hand-rolled): random bytes for nonces, keys and names nobody can
+// guess, HMAC-SHA256 for proofs of a shared key and per-frame integrity,
+// SHA-256 for one-way identifiers, and a comparison whose time does not
+// depend on where two MACs differ.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+namespace smddp {
+
+constexpr size_t kMacBytes = 32;  // HMAC-SHA256
+struct Mac {
+  uint8_t bytes[kMacBytes] = {};
+};
+
+// `n` bytes from the OS's CSPRNG (RAND_bytes); throws kInternal if it fails.
+void randomBytes(void* out, size_t n);
+// 2 * `bytes` lowercase hex digits of random bytes: names and generated keys.
+std::string randomHex(size_t bytes);
+
+// HMAC-SHA256 of the concatenation of `parts` under `key`.
+Mac hmacSha256(std::string_view key, std::initializer_list<std::string_view> parts);
+// The first 8 bytes of SHA-256 of the concatenation of `parts`.
+uint64_t sha256Prefix64(std::initializer_list<std::string_view> parts);
+
+// Whether two MACs are equal, in time independent of their contents.
+bool macEquals(const Mac& a, const uint8_t* b);
+
+// A view of raw bytes, for the `parts` above.
+inline std::string_view bytesOf(const void* p, size_t n) {
+  return std::string_view(static_cast<const char*>(p), n);
+}
+
+}  // namespace smddp
