@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -219,6 +220,9 @@ void StandaloneServer::noteError(const std::string& text) {
 }
 
 void StandaloneServer::acceptLoop(int server) {
+  // Named, so that an operator (and the hostile suite) can tell the accept
+  // loops from the stream loops in top -H or /proc/PID/task.
+  pthread_setname_np(pthread_self(), "smddp-accept");
   Front front;
   front.server = server;
   front.who = "reduction server " + std::to_string(server);
@@ -435,6 +439,7 @@ void StandaloneServer::startServing(int server, std::shared_ptr<Waiting> stream)
     }
     try {
       threads_.emplace_back([this, who, stream] {
+        pthread_setname_np(pthread_self(), "smddp-stream");
         const std::string why =
             serveStream(who, stream->group, stream->members, stop_, {pieces_, bytes_});
         if (!why.empty()) noteError(who + ": " + why);

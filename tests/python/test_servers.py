@@ -16,8 +16,6 @@ killed with its children in the end.
 
 import json
 import os
-import re
-import select
 import signal
 import subprocess
 import sys
@@ -27,48 +25,15 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mp_harness import REPO_ROOT, backend_under_test, descendants, find_free_port  # noqa: E402
+from mp_harness import REPO_ROOT, backend_under_test, find_free_port  # noqa: E402
+from server_harness import (Procs, env as _env, hosts_line as _hosts_line,  # noqa: E402
+                            start_server as _start_server, wait_results as _wait_results)
 
 pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
                                 reason="standalone reduction servers are smddp's")
 
 PY = sys.executable
 WORKER = os.path.join(HERE, "server_worker.py")
-START_S = 90.0  # torch imports on a loaded 2-core machine
-
-
-class Procs:
-    """Every process a test starts; kill() ends them and their children."""
-
-    def __init__(self):
-        self.procs = []
-
-    def start(self, cmd, env=None, log=None, **kw):
-        out = open(log, "wb") if log else subprocess.DEVNULL
-        # A server's stdout is a pipe the test reads only until the hosts
-        # line: its stderr (warnings) must not fill that pipe.
-        piped = kw.get("stdout") == subprocess.PIPE
-        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                             stdout=kw.pop("stdout", out),
-                             stderr=subprocess.DEVNULL if piped else subprocess.STDOUT,
-                             start_new_session=True, cwd=REPO_ROOT, **kw)
-        if log:
-            out.close()
-        self.procs.append(p)
-        return p
-
-    def kill(self):
-        for p in self.procs:
-            for pid in descendants(p.pid) + [p.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 @pytest.fixture
@@ -80,65 +45,6 @@ def procs():
         p.kill()
 
 
-def key_file():
-    """A key file (mode 0600) shared by the servers and workers of these
-    tests, made once per process."""
-    global _KEY_FILE
-    if _KEY_FILE is None:
-        import tempfile
-
-        fd, path = tempfile.mkstemp(prefix="smddp-test-key-")
-        os.write(fd, os.urandom(32).hex().encode())
-        os.close(fd)
-        os.chmod(path, 0o600)
-        _KEY_FILE = path
-    return _KEY_FILE
-
-
-_KEY_FILE = None
-
-
-def _env(keyed=True, **extra):
-    """The environment of a test's server or worker; `keyed`: with the
-    shared key file (SMDDP_SERVER_KEY_FILE), else servers found in a store
-    use the job's key from there."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, HERE]),
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    for k in ("SMDDP_SERVER_HOSTS", "SMDDP_SERVER_COUNT", "SMDDP_SERVER_JOB",
-              "SMDDP_SERVER_KEY_FILE", "SMDDP_SERVER_INTEGRITY"):
-        env.pop(k, None)
-    if keyed:
-        env["SMDDP_SERVER_KEY_FILE"] = key_file()
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def _hosts_line(p, what):
-    """The SMDDP_SERVER_HOSTS=... line a starting server prints, read with a
-    deadline (never a blocking readline)."""
-    deadline = time.monotonic() + START_S
-    fd = p.stdout.fileno()
-    text = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            text += chunk
-            m = re.search(rb"^SMDDP_SERVER_HOSTS=(\S+)$", text, re.M)
-            if m:
-                return m.group(1).decode()
-    raise AssertionError(f"{what} did not start (exit {p.poll()}): {text[-2000:]!r}")
-
-
-def _start_server(procs, args, env=None):
-    """Starts ``python -m torch_smddp.server ARGS``; returns (proc, hosts)."""
-    p = procs.start([PY, "-m", "torch_smddp.server", *args], env=env or _env(),
-                    stdout=subprocess.PIPE)
-    return p, _hosts_line(p, "the server")
-
-
 def _local_world(procs, world, mode, out_dir, env_extra, args=()):
     port = find_free_port()
     for r in range(world):
@@ -147,29 +53,6 @@ def _local_world(procs, world, mode, out_dir, env_extra, args=()):
                    **env_extra)
         procs.start([PY, WORKER, mode, str(out_dir), *args], env=env,
                     log=os.path.join(out_dir, f"{mode}.{r}.log"))
-
-
-def _wait_results(out_dir, names, deadline_s, procs=None):
-    paths = [os.path.join(out_dir, n) for n in names]
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end and not all(os.path.exists(p) for p in paths):
-        time.sleep(0.1)
-    got = {}
-    for n, p in zip(names, paths):
-        try:
-            with open(p) as f:
-                got[n] = json.load(f)
-        except (OSError, ValueError):
-            got[n] = None
-    missing = [n for n, v in got.items() if v is None]
-    if missing:
-        logs = []
-        for name in sorted(os.listdir(out_dir)):
-            if name.endswith(".log"):
-                with open(os.path.join(out_dir, name), "rb") as f:
-                    logs.append(f"--- {name}\n" + f.read()[-3000:].decode("utf-8", "replace"))
-        raise AssertionError(f"no result from {missing} (hung or died):\n" + "\n".join(logs))
-    return got
 
 
 def _check_results(got, server_hosts):
@@ -224,6 +107,8 @@ def test_servers_found_in_the_jobs_store(procs, tmp_path):
                           "--rendezvous", f"127.0.0.1:{port}"], env=_env(keyed=False))
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     _check_results(got, None)
+    # The addresses went from the store to the engine, not into os.environ.
+    assert all(r["env_server_hosts"] is None for r in got.values()), got
 
 
 def test_servers_found_at_torchruns_rendezvous_endpoint(procs, tmp_path):

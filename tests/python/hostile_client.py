@@ -1,0 +1,122 @@
+"""A client of the standalone reduction servers written from the wire's
+spec (csrc/server/server_wire.h and server_auth.h; docs/design.md,
+"Security") with Python's own struct, hmac and hashlib: it shares no code
+with the library, so what test_server_security.py sends, with the key or
+without, is an independent reading of the protocol. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+
+# magic u32, version u16, kind, dtype, op, flags, 2 reserved, divisor u32,
+# group, seq, step, count, payload (u64 each), hosts, host, stream, server (u16)
+HEADER = struct.Struct("<IHBBBB2xIQQQQQHHHH")
+assert HEADER.size == 64
+MAGIC, VERSION = 0x56534D53, 2
+HELLO, WELCOME, DATA, RESULT, ERROR, BYE, CHALLENGE, ANSWER = range(1, 9)
+UINT8, SUM = 4, 0  # dtype and op numbers (common/dtype.h)
+INTEGRITY = 1
+FIELDS = ("magic", "version", "kind", "dtype", "op", "flags", "divisor", "group", "seq", "step",
+          "count", "payload", "hosts", "host", "stream", "server")
+
+
+def header(kind, *, dtype=0, op=0, flags=0, divisor=1, group=0, seq=0, step=0, count=0,
+           payload=0, hosts=0, host=0, stream=0, server=0, magic=MAGIC,
+           version=VERSION) -> bytes:
+    return HEADER.pack(magic, version, kind, dtype, op, flags, divisor, group, seq, step, count,
+                       payload, hosts, host, stream, server)
+
+
+def connect(port: int, timeout: float = 5.0) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.settimeout(timeout)
+    return s
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    """`n` bytes, or fewer if the peer closed or went quiet past the timeout."""
+    out = b""
+    try:
+        while len(out) < n:
+            chunk = s.recv(n - len(out))
+            if not chunk:
+                break
+            out += chunk
+    except OSError:
+        pass
+    return out
+
+
+def read_frame(s: socket.socket, most: int = 4096):
+    """(fields, payload) of the next frame, or None if it did not come."""
+    raw = recv_exact(s, 64)
+    if len(raw) < 64:
+        return None
+    f = dict(zip(FIELDS, HEADER.unpack(raw)))
+    if f["payload"] > most:
+        return None
+    return f, recv_exact(s, f["payload"])
+
+
+def mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+class Session:
+    """A connection that proved it holds the key (handshake())."""
+
+    def __init__(self, sock, session_key, integrity):
+        self.sock = sock
+        self.key = session_key if integrity else None
+        self.sent = 0
+
+    def send(self, head: bytes, payload: bytes = b"") -> None:
+        """A frame, sealed (direction W, counter, header, payload) if asked for."""
+        tail = b""
+        if self.key is not None:
+            tail = mac(self.key, b"W", struct.pack("<Q", self.sent), head, payload)
+            self.sent += 1
+        self.sock.sendall(head + payload + tail)
+
+
+def handshake(s: socket.socket, key: bytes, *, hosts: int, host: int, group: int, stream=0,
+              job: bytes = b"", max_piece: int = 1 << 20, wait_ms: int = 5000,
+              integrity: bool = False):
+    """A worker's handshake (challenge, the server's proof checked, hello
+    with this side's proof). Returns (Session, "") once welcomed, else
+    (None, why): the server's error text, or what was wrong."""
+    nw = os.urandom(32)
+    s.sendall(header(CHALLENGE, payload=32) + nw)
+    got = read_frame(s)
+    if got is None:
+        return None, "no answer"
+    f, body = got
+    if f["kind"] == ERROR:
+        return None, body.decode("utf-8", "replace")
+    if f["kind"] != ANSWER or len(body) != 64:
+        return None, f"not an answer: {f}"
+    ns, proof = body[:32], body[32:]
+    if not hmac.compare_digest(proof, mac(key, b"smddp server v2: server proof", nw, ns)):
+        return None, "the server's proof is wrong"
+    hello = header(HELLO, flags=INTEGRITY if integrity else 0, group=group, seq=host,
+                   step=wait_ms, count=max_piece, payload=32 + len(job), hosts=hosts, host=host,
+                   stream=stream)
+    s.sendall(hello + mac(key, b"smddp server v2: worker proof", nw, ns, hello, job) + job)
+    got = read_frame(s)
+    if got is None:
+        return None, "no welcome"
+    f, body = got
+    if f["kind"] == ERROR:
+        return None, body.decode("utf-8", "replace")
+    session_key = mac(key, b"smddp server v2: session", nw, ns)
+    if integrity:
+        raw = header(**{k: f[k] for k in FIELDS if k not in ("magic", "version")})
+        want = mac(session_key, b"S", struct.pack("<Q", 0), raw, body)
+        if not hmac.compare_digest(recv_exact(s, 32), want):
+            return None, "the welcome's MAC is wrong"
+    return Session(s, session_key, integrity), ""
