@@ -5,6 +5,7 @@
 #include <openssl/params.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "common/error.h"
@@ -68,6 +69,40 @@ Mac hmacSha256(std::string_view key, std::initializer_list<std::string_view> par
   return out;
 }
 
+namespace {
+
+struct CipherCtxFree {
+  void operator()(EVP_CIPHER_CTX* c) const { EVP_CIPHER_CTX_free(c); }
+};
+
+}  // namespace
+
+Tag aesGmac(std::string_view key, const uint8_t* nonce,
+            std::initializer_list<std::string_view> parts) {
+  SMDDP_CHECK(key.size() == kGmacKeyBytes, kInternal, "smddp: an AES-GMAC key is 32 bytes");
+  Tag out;
+  std::unique_ptr<EVP_CIPHER_CTX, CipherCtxFree> c(EVP_CIPHER_CTX_new());
+  int n = 0;
+  // GCM with every byte as additional authenticated data and no
+  // plaintext: the tag is a MAC of the data (GMAC, NIST SP 800-38D).
+  bool ok = c && EVP_EncryptInit_ex(c.get(), EVP_aes_256_gcm(), nullptr,
+                                    reinterpret_cast<const unsigned char*>(key.data()),
+                                    nonce) == 1;
+  for (std::string_view p : parts) {
+    // EVP takes int lengths: a part over 2 GiB goes in slices.
+    for (size_t at = 0; ok && at < p.size(); at += 1u << 30) {
+      const size_t len = std::min<size_t>(p.size() - at, 1u << 30);
+      ok = EVP_EncryptUpdate(c.get(), nullptr, &n,
+                             reinterpret_cast<const unsigned char*>(p.data() + at),
+                             static_cast<int>(len)) == 1;
+    }
+  }
+  ok = ok && EVP_EncryptFinal_ex(c.get(), nullptr, &n) == 1 &&
+       EVP_CIPHER_CTX_ctrl(c.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes, out.bytes) == 1;
+  SMDDP_CHECK(ok, kInternal, "smddp: AES-GMAC failed");
+  return out;
+}
+
 uint64_t sha256Prefix64(std::initializer_list<std::string_view> parts) {
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> c(EVP_MD_CTX_new());
   uint8_t digest[32];
@@ -83,6 +118,10 @@ uint64_t sha256Prefix64(std::initializer_list<std::string_view> parts) {
 
 bool macEquals(const Mac& a, const uint8_t* b) {
   return CRYPTO_memcmp(a.bytes, b, kMacBytes) == 0;
+}
+
+bool tagEquals(const Tag& a, const uint8_t* b) {
+  return CRYPTO_memcmp(a.bytes, b, kTagBytes) == 0;
 }
 
 }  // namespace smddp

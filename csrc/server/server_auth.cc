@@ -106,12 +106,12 @@ std::string Handshake::sessionKey() const {
   return std::string(reinterpret_cast<const char*>(m.bytes), kMacBytes);
 }
 
-Mac FrameSeal::next(const ServerFrame& header, const uint8_t* payload) {
-  const uint8_t dir = static_cast<uint8_t>(direction_);
+Tag FrameSeal::next(const ServerFrame& header, const uint8_t* payload) {
+  uint8_t nonce[kGmacNonceBytes] = {static_cast<uint8_t>(direction_)};
   const uint64_t n = counter_++;
-  return hmacSha256(key_, {bytesOf(&dir, 1), bytesOf(&n, sizeof(n)),
-                           bytesOf(&header, sizeof(header)),
-                           bytesOf(payload, payload ? header.payload : 0)});
+  std::memcpy(nonce + 4, &n, sizeof(n));
+  return aesGmac(key_, nonce, {bytesOf(&header, sizeof(header)),
+                               bytesOf(payload, payload ? header.payload : 0)});
 }
 
 }  // namespace smddp

@@ -67,18 +67,21 @@ class Handshake {
   Nonce worker_, server_;
 };
 
-// Frame MACs on one connection in one direction: HMAC-SHA256 under the
-// session key of the direction, a frame counter, the header and the
-// payload, sent right after the payload. The counter makes a frame that
-// was dropped, replayed or reordered fail the check; the direction keeps a
-// frame from being reflected back to its sender.
+// Frame MACs on one connection in one direction: AES-256-GMAC under the
+// connection's session key of the header and the payload, with the nonce
+// the direction and a frame counter, sent right after the payload (16
+// bytes). The counter makes a frame that was dropped, replayed or
+// reordered fail the check, and keeps every nonce under a key distinct;
+// the direction keeps a frame from being reflected back to its sender.
+// GMAC, not HMAC, for the bulk: about 8.7 GB/s a core here against 1.6
+// (docs/notes/2026-11-25-server-security.md).
 enum class SealDirection : uint8_t { kToServer = 'W', kToWorker = 'S' };
 class FrameSeal {
  public:
   FrameSeal(std::string sessionKey, SealDirection direction)
       : key_(std::move(sessionKey)), direction_(direction) {}
-  // The MAC of the next frame in this direction (advances the counter).
-  Mac next(const ServerFrame& header, const uint8_t* payload);
+  // The tag of the next frame in this direction (advances the counter).
+  Tag next(const ServerFrame& header, const uint8_t* payload);
 
  private:
   std::string key_;

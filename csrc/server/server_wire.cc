@@ -228,8 +228,8 @@ std::string writeTextFrame(int fd, ServerFrame f, const std::string& text,
   std::string out(reinterpret_cast<const char*>(&f), sizeof(f));
   out += t;
   if (seal) {
-    const Mac m = seal->next(f, reinterpret_cast<const uint8_t*>(t.data()));
-    out.append(reinterpret_cast<const char*>(m.bytes), kMacBytes);
+    const Tag m = seal->next(f, reinterpret_cast<const uint8_t*>(t.data()));
+    out.append(reinterpret_cast<const char*>(m.bytes), kTagBytes);
   }
   return writeAllBefore(fd, out.data(), out.size(), deadline);
 }
@@ -255,9 +255,9 @@ FrameIo FrameReader::read(int fd, std::string* why) {
       dst = payload_ + (got_ - kHeader);
     } else {
       const uint64_t mac = got_ - kHeader - header_.payload;  // MAC bytes read so far
-      want = seal_ ? kMacBytes - mac : 0;
+      want = seal_ ? kTagBytes - mac : 0;
       if (want == 0) {
-        if (seal_ && !macEquals(seal_->next(header_, payload_), mac_)) {
+        if (seal_ && !tagEquals(seal_->next(header_, payload_), mac_)) {
           *why = "a frame failed its integrity check (SMDDP_SERVER_INTEGRITY): it was altered, "
                  "replayed or reordered on the way";
           return FrameIo::kFailed;
@@ -313,11 +313,11 @@ std::string readFrameBefore(int fd, FrameReader& reader,
 
 uint64_t FrameWriter::begin(Out& o) {
   if (seal_ && !o.sealed) {
-    const Mac m = seal_->next(o.header, o.data);
-    std::memcpy(o.mac, m.bytes, kMacBytes);
+    const Tag m = seal_->next(o.header, o.data);
+    std::memcpy(o.mac, m.bytes, kTagBytes);
     o.sealed = true;
   }
-  return sizeof(ServerFrame) + o.header.payload + (seal_ ? kMacBytes : 0);
+  return sizeof(ServerFrame) + o.header.payload + (seal_ ? kTagBytes : 0);
 }
 
 FrameIo FrameWriter::write(int fd, std::string* why) {

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/dtype.h"
 #include "reduce/shard_plan.h"
 
@@ -216,7 +217,7 @@ class FrameReader {
   ServerFrame header_;
   uint8_t* payload_ = nullptr;
   FrameSeal* seal_ = nullptr;
-  uint8_t mac_[32] = {};
+  uint8_t mac_[kTagBytes] = {};
   uint64_t got_ = 0;    // of header + payload (+ MAC)
   uint64_t bytes_ = 0;
 };
@@ -264,8 +265,8 @@ class FrameWriter {
     const uint8_t* data = nullptr;
     uint64_t sent = 0;  // of header + payload (+ MAC)
     std::shared_ptr<PayloadBuffer> keep;
-    bool sealed = false;  // mac holds its MAC (computed once, as it begins)
-    uint8_t mac[32];
+    bool sealed = false;  // mac holds its tag (computed once, as it begins)
+    uint8_t mac[kTagBytes];
   };
   // The frame's length on the wire; seals it when it has not begun.
   uint64_t begin(Out& o);

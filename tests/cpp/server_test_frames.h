@@ -117,9 +117,9 @@ inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& jo
     return text;
   }
   if (session && session->check) {
-    uint8_t mac[kMacBytes];
-    if (recv(fd, mac, sizeof(mac), MSG_WAITALL) != sizeof(mac) ||
-        !macEquals(session->check->next(w, nullptr), mac)) {
+    uint8_t tag[kTagBytes];
+    if (recv(fd, tag, sizeof(tag), MSG_WAITALL) != sizeof(tag) ||
+        !tagEquals(session->check->next(w, nullptr), tag)) {
       return "the welcome's MAC is wrong";
     }
   }

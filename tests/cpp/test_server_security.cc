@@ -257,11 +257,11 @@ TEST_CASE("with SMDDP_SERVER_INTEGRITY every frame is sealed, and an altered one
   ServerFrame f = dataFrame(4);
   f.group = 6;
   float w[4] = {5, 6, 7, 8};
-  const Mac mac = session.seal->next(f, reinterpret_cast<const uint8_t*>(w));
+  const Tag tag = session.seal->next(f, reinterpret_cast<const uint8_t*>(w));
   w[2] = 7.5f;  // altered after it was sealed
   REQUIRE(sendAll(fd, &f, sizeof(f)));
   REQUIRE(sendAll(fd, w, sizeof(w)));
-  REQUIRE(sendAll(fd, mac.bytes, kMacBytes));
+  REQUIRE(sendAll(fd, tag.bytes, kTagBytes));
   CHECK_THROWS_WITH(good->wait(0, ticket, Clock::now() + std::chrono::seconds(10), nullptr),
                     Catch::Contains("host 1") && Catch::Contains("integrity check"));
   close(fd);
