@@ -67,6 +67,20 @@ inline bool sendAll(int fd, const void* p, size_t n) {
   return send(fd, p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n);
 }
 
+// A worker's challenge (`mine`, a fresh nonce) and the server's answer to
+// it, whole: its header (an answer, or an error) into `header`, and for an
+// answer the server's nonce and proof into `answer` (64 bytes). False if
+// the exchange broke off.
+inline bool rawChallenge(int fd, const Nonce& mine, ServerFrame* header, uint8_t* answer) {
+  ServerFrame c;
+  c.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
+  c.payload = kNonceBytes;
+  if (!sendAll(fd, &c, sizeof(c)) || !sendAll(fd, mine.bytes, kNonceBytes)) return false;
+  if (recv(fd, header, sizeof(*header), MSG_WAITALL) != sizeof(*header)) return false;
+  return header->kind != static_cast<uint8_t>(ServerFrameKind::kAnswer) ||
+         recv(fd, answer, 64, MSG_WAITALL) == 64;
+}
+
 // A worker's side of the handshake, byte by byte, on a connected socket:
 // challenge, the answer checked, the hello (with `hello`'s host fields)
 // and its proof. Returns "" once welcomed, else why not (an error frame's
@@ -78,22 +92,15 @@ struct RawSession {
 inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& job,
                                 const std::string& key = kTestKey, RawSession* session = nullptr) {
   const Nonce mine = Nonce::random();
-  ServerFrame c;
-  c.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
-  c.payload = kNonceBytes;
-  if (!sendAll(fd, &c, sizeof(c)) || !sendAll(fd, mine.bytes, kNonceBytes)) return "send";
   ServerFrame a;
   uint8_t answer[64];
-  if (recv(fd, &a, sizeof(a), MSG_WAITALL) != sizeof(a)) return "no answer";
+  if (!rawChallenge(fd, mine, &a, answer)) return "no answer";
   if (a.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
-    std::string text(a.payload, '\0');
+    std::string text(std::min<uint64_t>(a.payload, kServerMaxText), '\0');
     recv(fd, text.data(), text.size(), MSG_WAITALL);
     return text;
   }
-  if (!validateServerFrame(a, {ServerFrameKind::kAnswer}).empty() ||
-      recv(fd, answer, sizeof(answer), MSG_WAITALL) != sizeof(answer)) {
-    return "bad answer";
-  }
+  if (!validateServerFrame(a, {ServerFrameKind::kAnswer}).empty()) return "bad answer";
   Nonce theirs;
   std::memcpy(theirs.bytes, answer, kNonceBytes);
   const Handshake h(key, mine, theirs);

@@ -149,14 +149,9 @@ TEST_CASE("a server of another key is refused by the worker, and a worker withou
     // The same, checking nothing: its hello's proof is wrong, so it is
     // refused, joins no stream and hears nothing about the server.
     const int fd2 = rawConnect(server.ports()[0]);
-    const Nonce mine = Nonce::random();
-    ServerFrame c;
-    c.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
-    c.payload = 32;
-    REQUIRE(sendAll(fd2, &c, sizeof(c)));
-    REQUIRE(sendAll(fd2, mine.bytes, 32));
-    uint8_t answer[64 + 64];
-    REQUIRE(recv(fd2, answer, sizeof(answer), MSG_WAITALL) == sizeof(answer));
+    ServerFrame head;
+    uint8_t answer[64];
+    REQUIRE(rawChallenge(fd2, Nonce::random(), &head, answer));
     ServerFrame hello = helloFor(2, 0, 5);
     hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
     hello.payload = 32 + 4;
@@ -188,15 +183,11 @@ TEST_CASE("a recorded hello does not open a second connection", "[server][securi
   StandaloneServer server(testServer(1));
   const int fd = rawConnect(server.ports()[0]);
   const Nonce mine = Nonce::random();
-  ServerFrame c;
-  c.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
-  c.payload = 32;
-  REQUIRE(sendAll(fd, &c, sizeof(c)));
-  REQUIRE(sendAll(fd, mine.bytes, 32));
-  uint8_t answer[128];
-  REQUIRE(recv(fd, answer, sizeof(answer), MSG_WAITALL) == sizeof(answer));
+  ServerFrame head;
+  uint8_t answer[64];
+  REQUIRE(rawChallenge(fd, mine, &head, answer));
   Nonce theirs;
-  std::memcpy(theirs.bytes, answer + 64, 32);
+  std::memcpy(theirs.bytes, answer, 32);
   ServerFrame hello = helloFor(2, 0, 11);
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.payload = 32;
@@ -204,9 +195,7 @@ TEST_CASE("a recorded hello does not open a second connection", "[server][securi
   close(fd);  // the recorded session ends before its hello
   // The replay: the same challenge, the same hello and proof.
   const int again = rawConnect(server.ports()[0]);
-  REQUIRE(sendAll(again, &c, sizeof(c)));
-  REQUIRE(sendAll(again, mine.bytes, 32));
-  REQUIRE(recv(again, answer, sizeof(answer), MSG_WAITALL) == sizeof(answer));
+  REQUIRE(rawChallenge(again, mine, &head, answer));
   REQUIRE(sendAll(again, &hello, sizeof(hello)));
   REQUIRE(sendAll(again, proof.bytes, 32));
   ServerFrame err;

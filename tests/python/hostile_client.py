@@ -1,17 +1,23 @@
-"""A client of the standalone reduction servers written from the wire's
-spec (csrc/server/server_wire.h and server_auth.h; docs/design.md,
-"Security") with Python's own struct, hmac and hashlib: it shares no code
-with the library, so what test_server_security.py sends, with the key or
-without, is an independent reading of the protocol. Never imports torch.
+"""The attacker's tools of test_server_security.py. A client of the
+standalone reduction servers written from the wire's spec
+(csrc/server/server_wire.h and server_auth.h; docs/design.md, "Security")
+with Python's own struct, hmac and hashlib: it shares no code with the
+library, so what the suite sends, with the key or without, is an
+independent reading of the protocol. A rogue server (Rogue) and an
+observer of /dev/shm (ShmWatch). Never imports torch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import hmac
 import os
+import select
 import socket
 import struct
+import threading
+import time
 
 # magic u32, version u16, kind, dtype, op, flags, 2 reserved, divisor u32,
 # group, seq, step, count, payload (u64 each), hosts, host, stream, server (u16)
@@ -85,24 +91,99 @@ def handshake(s: socket.socket, key: bytes, *, hosts: int, host: int, group: int
     (None, why): the server's error text, or what was wrong."""
     nw = os.urandom(32)
     s.sendall(header(CHALLENGE, payload=32) + nw)
-    got = read_frame(s)
-    if got is None:
-        return None, "no answer"
-    f, body = got
-    if f["kind"] == ERROR:
-        return None, body.decode("utf-8", "replace")
-    if f["kind"] != ANSWER or len(body) != 64:
-        return None, f"not an answer: {f}"
+    body, why = _answer(s, ANSWER)
+    if why:
+        return None, why
+    if len(body) != 64:
+        return None, f"an answer of {len(body)} bytes"
     ns, proof = body[:32], body[32:]
     if not hmac.compare_digest(proof, mac(key, b"smddp server v2: server proof", nw, ns)):
         return None, "the server's proof is wrong"
     hello = header(HELLO, group=group, seq=host, step=wait_ms, count=max_piece,
                    payload=32 + len(job), hosts=hosts, host=host, stream=stream)
     s.sendall(hello + mac(key, b"smddp server v2: worker proof", nw, ns, hello, job) + job)
+    _, why = _answer(s, WELCOME)
+    return (None, why) if why else (Session(s), "")
+
+
+def _answer(s, kind):
+    """The payload of the server's next frame if it is of `kind`, else
+    (None, why): its error text, or what came instead."""
     got = read_frame(s)
     if got is None:
-        return None, "no welcome"
+        return None, f"no frame of kind {kind}"
     f, body = got
     if f["kind"] == ERROR:
         return None, body.decode("utf-8", "replace")
-    return Session(s), ""
+    if f["kind"] != kind:
+        return None, f"kind {f['kind']} where {kind} was expected"
+    return body, ""
+
+
+class Rogue:
+    """A listener that answers challenges with a proof it cannot compute and
+    records every byte each connection sends afterwards."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.got = []
+        self.done = threading.Event()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        end = time.monotonic() + 120
+        self.sock.settimeout(0.5)
+        while not self.done.is_set() and time.monotonic() < end:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            c.settimeout(5)
+            data = recv_exact(c, 96)
+            c.sendall(header(ANSWER, payload=64) + os.urandom(64))
+            data += recv_exact(c, 1 << 20)  # whatever follows, until it closes
+            self.got.append(len(data))
+            c.close()
+
+
+IN_CREATE, IN_MOVED_TO = 0x100, 0x80
+
+
+class ShmWatch:
+    """Every name created in /dev/shm while it runs (inotify), with its mode
+    where it could still be read: what an observer of /dev/shm sees."""
+
+    def __init__(self):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK)
+        assert self.fd >= 0
+        assert self.libc.inotify_add_watch(self.fd, b"/dev/shm", IN_CREATE | IN_MOVED_TO) >= 0
+        self.seen = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            r, _, _ = select.select([self.fd], [], [], 0.1)
+            if not r:
+                continue
+            buf = os.read(self.fd, 65536)
+            i = 0
+            while i + 16 <= len(buf):
+                _, _, _, n = struct.unpack_from("iIII", buf, i)
+                name = buf[i + 16:i + 16 + n].rstrip(b"\0").decode()
+                try:
+                    mode = os.stat("/dev/shm/" + name).st_mode & 0o777
+                except OSError:
+                    mode = None
+                self.seen.append((name, mode))
+                i += 16 + n
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+        os.close(self.fd)
