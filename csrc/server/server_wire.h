@@ -137,27 +137,27 @@ namespace smddp {
 
 class FrameSeal;  // server_auth.h
 
-// Payload memory that sizing does not zero-fill: a buffer for a frame
-// announced as n bytes takes pages only as its bytes land in it.
-template <typename T>
-struct UninitializedAllocator : std::allocator<T> {
-  template <typename U>
-  struct rebind {
-    using other = UninitializedAllocator<U>;
-  };
-  UninitializedAllocator() = default;
-  template <typename U>
-  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
-  template <typename U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
+// Payload memory that sizing does not fill: a buffer for a frame announced
+// as n bytes takes pages only as its bytes land in it (and costs no loop
+// over n elements either, as a vector's default-initialising resize does
+// in a debug build). It keeps what it has when it already holds n bytes.
+class PayloadBuffer {
+ public:
+  void resize(uint64_t n) {
+    if (n > capacity_) {
+      data_ = std::make_unique_for_overwrite<uint8_t[]>(n);
+      capacity_ = n;
+    }
+    size_ = n;
   }
-  template <typename U, typename... A>
-  void construct(U* p, A&&... a) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
-  }
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  uint64_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  uint64_t size_ = 0, capacity_ = 0;
 };
-using PayloadBuffer = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
 
 // Blocking I/O on a non-blocking TCP socket, in poll slices of at most
 // 100 ms: `stop` is asked between slices and ends the wait early with its
