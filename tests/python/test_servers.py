@@ -237,6 +237,17 @@ def test_a_foreign_job_and_bad_addresses_are_refused_clearly(procs, tmp_path):
     got = _wait_results(bad, ["init.0.json", "init.1.json"], 120)
     for res in got.values():
         assert "SMDDP_SERVER_HOSTS" in res.get("init_error", ""), res
+    # A key file others may read is refused, naming the variable and file.
+    loose = tmp_path / "loose.key"
+    loose.write_text("0123456789abcdef0123456789abcdef")
+    loose.chmod(0o644)
+    lk = tmp_path / "loosekey"
+    lk.mkdir()
+    _local_world(procs, 2, "init", lk, {"SMDDP_SERVER_HOSTS": hosts,
+                                        "SMDDP_SERVER_KEY_FILE": str(loose)})
+    for res in _wait_results(lk, ["init.0.json", "init.1.json"], 120).values():
+        err = res.get("init_error", "")
+        assert f"SMDDP_SERVER_KEY_FILE={loose}" in err and "mode 0644" in err, res
 
 
 # -- on a cluster of network namespaces ---------------------------------------
