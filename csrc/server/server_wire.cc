@@ -139,7 +139,8 @@ std::vector<ServerAddress> parseServerHosts(const std::string& spec) {
     char* end = nullptr;
     long p = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
     if (port.empty() || *end != '\0' || p < 1 || p > 65535) bad(item, "has no port in 1..65535");
-    out.push_back({host, static_cast<int>(p), "SMDDP_SERVER_HOSTS[" + std::to_string(out.size()) + "]"});
+    out.push_back({host, static_cast<int>(p),
+                   "SMDDP_SERVER_HOSTS[" + std::to_string(out.size()) + "]"});
     if (comma == spec.size()) break;
   }
   if (out.size() > 1024) bad(std::to_string(out.size()) + " servers", "is more than 1024");

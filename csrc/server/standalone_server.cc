@@ -259,8 +259,14 @@ void StandaloneServer::turn(Front& front) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return;
   }
-  // Handshakes first (the listener's new ones join the list behind them).
+  // A host of a waiting stream that hung up: its group gave up on this
+  // server (or died), so the stream can never serve. Marked before any
+  // handshake completes a stream (and hands it to a thread of its own).
   const size_t P = front.pending.size();
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (fds[1 + P + i].revents) hosts[i].first->expires = Clock::time_point::min();
+  }
+  // Then the handshakes (the listener's new ones join the list behind them).
   for (size_t i = 0; i < P; ++i) {
     auto& hs = front.pending[i];
     if (!fds[1 + i].revents && Clock::now() < hs->deadline()) continue;
@@ -273,13 +279,6 @@ void StandaloneServer::turn(Front& front) {
       noteError(front.who + ": refused a connection: " + hs->why());
     }
     hs.reset();
-  }
-  // A host of a waiting stream that hung up: its group gave up on this
-  // server (or died), so the stream can never serve.
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    if (!fds[1 + P + i].revents) continue;
-    Waiting* w = hosts[i].first;
-    w->expires = Clock::time_point::min();
   }
   front.pending.erase(std::remove(front.pending.begin(), front.pending.end(), nullptr),
                       front.pending.end());
@@ -420,7 +419,10 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   // An incomplete stream lives as long as its hosts said they would wait
   // for each other (SMDDP_SERVER_WAIT, at most a day), and a grace more.
   const auto wait = std::chrono::milliseconds(std::min<uint64_t>(hello.step, 86400000));
-  w->expires = std::max(w->expires, Clock::now() + wait + options_.streamGrace);
+  // (A stream one of whose hosts already hung up stays marked to go.)
+  if (w->expires != Clock::time_point::min()) {
+    w->expires = std::max(w->expires, Clock::now() + wait + options_.streamGrace);
+  }
   w->members[host] = std::move(joining);
   if (++w->joined < w->hosts) return;
   auto complete = std::move(w);

@@ -97,9 +97,10 @@ def _fresh_group(torch, dist, torch_smddp, rank, world):
     tags = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
-            m = re.fullmatch(r"/dev/shm/smddp-(o[0-9a-f]{16})-lock", os.readlink(f"/proc/self/fd/{fd}"))
+            target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
+        m = re.fullmatch(r"/dev/shm/smddp-(o[0-9a-f]{16})-lock", target)
         if m:
             tags.add(m.group(1))
     dist.destroy_process_group(g)

@@ -155,7 +155,8 @@ class Live:
         time.sleep(0.3)  # the live loop is under way
         detail = attack()
         left_at = time.monotonic()
-        assert self.server.poll() is None, "the attack killed the server:\n" + self.log_text()[-3000:]
+        assert self.server.poll() is None, ("the attack killed the server:\n" +
+                                            self.log_text()[-3000:])
         after = settled(self.server.pid, before, left_at)
         open(os.path.join(self.out, f"stop.{n}"), "w").close()
         self.last = self.results(n)
