@@ -11,7 +11,9 @@ table: configuration, seconds per allreduce, algbw (SIZE / time), and the
 bytes each worker and each server sends per allreduce by the formula
 S + (H-2)·a and H·b, a and b the host and server pieces (2(H-1)/H·S
 without servers). A configuration is K or K:P, P the SMDDP_SERVER_SHARE
-percent (default: -1, balanced for links of one speed).
+percent (default: -1, balanced for links of one speed). ``--integrity``
+runs every configuration with SMDDP_SERVER_INTEGRITY=1. Servers and workers
+share a key file made in --out (SMDDP_SERVER_KEY_FILE, --key-file).
 """
 
 import argparse
@@ -53,10 +55,22 @@ dist.destroy_process_group()
 '''
 
 
-def run(cluster, workers, servers, share, size, iters, out_dir, timeout_s):
+def key_file(out_dir):
+    """The key the servers and workers share (one file: the hosts are
+    namespaces of this machine)."""
+    path = os.path.join(out_dir, "server.key")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, os.urandom(32).hex().encode())
+    os.close(fd)
+    os.chmod(path, 0o600)
+    return path
+
+
+def run(cluster, workers, servers, share, size, iters, out_dir, timeout_s, integrity=False):
     procs = []
     env = dict(os.environ, SMDDP_CLUSTER=cluster.prefix, PYTHONUNBUFFERED="1",
-               PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+               PYTHONPATH=ROOT, OMP_NUM_THREADS="1", SMDDP_SERVER_KEY_FILE=key_file(out_dir),
+               SMDDP_SERVER_INTEGRITY="1" if integrity else "0")
     env.pop("SMDDP_SERVER_HOSTS", None)
     try:
         hosts = []
@@ -128,6 +142,8 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", default="/tmp/smddp_servers_bench")
     ap.add_argument("--timeout", type=float, default=500.0)
+    ap.add_argument("--integrity", action="store_true",
+                    help="SMDDP_SERVER_INTEGRITY=1: a MAC on every frame to and from the servers")
     a = ap.parse_args()
     why = why_unavailable()
     if why:
@@ -144,7 +160,7 @@ def main():
           f"{'worker sends':>13} {'server sends':>13} {'correct':>8}")
     with Cluster(H + max(k for k, _ in configs), a.rate) as c:
         for K, share in configs:
-            res = run(c, H, K, share, S, a.iters, a.out, a.timeout)
+            res = run(c, H, K, share, S, a.iters, a.out, a.timeout, a.integrity)
             t = max(r["s"] for r in res)
             ok = all(r["ok"] for r in res) and (K == 0 or all(r["steps"] > 0 for r in res))
             if K:

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(libfabric-dev libfabric-bin catch2 cmake g++ make procps clang libclang-rt-14-dev)
+APT_PACKAGES=(libfabric-dev libfabric-bin libssl-dev catch2 cmake g++ make procps clang libclang-rt-14-dev)
 VENV=${SMDDP_VENV:-.venv}
 TORCH_PIN=${SMDDP_TORCH_PIN:-torch==2.13.0}
 read -r -a PY_PACKAGES <<< "${SMDDP_PY_PACKAGES:-pytest numpy matplotlib expecttest build}"

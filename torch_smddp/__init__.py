@@ -27,28 +27,27 @@ __all__ = ["__version__", "all_reduce_", "stats", "reset_stats", "flight_recorde
 ProcessGroupSmddp = _C.ProcessGroupSmddp
 
 
-def _servers_from_store(store, timeout) -> None:
+def _servers_from_store(store, timeout):
     """SMDDP_SERVER_COUNT=K without SMDDP_SERVER_HOSTS: the standalone
     reduction servers registered themselves in a store (``python -m
     torch_smddp.server --rendezvous ... --job ID``): the job's own, or the
-    one at SMDDP_SERVER_RENDEZVOUS. Wait for K of job SMDDP_SERVER_JOB and
-    hand their addresses to the engine."""
-    raw = os.environ.get("SMDDP_SERVER_COUNT", "").strip()
-    if not raw or os.environ.get("SMDDP_SERVER_HOSTS", "").strip():
-        return
-    try:
-        count = int(raw)
-        if not 0 <= count <= 1024:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"SMDDP_SERVER_COUNT='{raw}' is not a number of servers in 0..1024") from None
-    if count == 0:
-        return
-    job = os.environ.get("SMDDP_SERVER_JOB", "")
-    if not job:
-        raise ValueError("SMDDP_SERVER_COUNT is set without SMDDP_SERVER_JOB: the job id the "
-                         "servers registered under (python -m torch_smddp.server --job ID)")
-    where = os.environ.get("SMDDP_SERVER_RENDEZVOUS", "").strip()
+    one at SMDDP_SERVER_RENDEZVOUS. Waits for K of job SMDDP_SERVER_JOB and
+    returns ``(addresses, origin, key)`` for the engine, or None when the
+    servers are not to be found in a store. The variables are read and
+    checked by ``_C`` (where they are declared), never parsed here; the
+    addresses go to the engine directly, not through os.environ.
+
+    The key is the job's: 32 random bytes (hex) at ``smddp_servers/<job>/key``,
+    set by whichever of the servers and the workers comes first
+    (compare_set), so every one of them reads the same. Whoever can read the
+    store can read it (docs/design.md, "Security"): SMDDP_SERVER_KEY_FILE
+    keeps the servers' key out of the store."""
+    lookup = _C.server_lookup()
+    count = lookup["count"]
+    if not count or lookup["hosts_given"]:
+        return None
+    job = lookup["job"]
+    where = lookup["rendezvous"].strip()
     if where:
         # Under torchrun's c10d rendezvous the workers' own store gets a
         # port at run time; the servers register at the rendezvous endpoint.
@@ -80,14 +79,29 @@ def _servers_from_store(store, timeout) -> None:
         raise RuntimeError(f"smddp: {count} standalone reduction server(s) of job '{job}' "
                            f"(SMDDP_SERVER_COUNT) did not register in {place} within "
                            f"{timeout}: {e}") from e
-    os.environ["SMDDP_SERVER_HOSTS"] = ",".join(root.get(k).decode() for k in keys)
+    hosts = [root.get(k).decode() for k in keys]
+    return hosts, f"registered as smddp_servers/{job}/", job_server_key(root, job)
+
+
+def job_server_key(store, job: str) -> str:
+    """The key of job `job`'s standalone reduction servers in `store`:
+    made by the first to ask (a server registering, or a worker), read by
+    every later one."""
+    import secrets
+
+    return store.compare_set(f"smddp_servers/{job}/key", "", secrets.token_hex(32)).decode()
 
 
 def _create_backend(dist_backend_opts, backend_options=None):
     opts = dist_backend_opts
     name = str(getattr(opts, "group_id", "default"))
-    _servers_from_store(opts.store, opts.timeout)
-    return _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name)
+    found = _servers_from_store(opts.store, opts.timeout)
+    if found is None:
+        return _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                                    name)
+    hosts, origin, key = found
+    return _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name,
+                                server_hosts=hosts, server_origin=origin, server_key=key)
 
 
 def _register() -> None:

@@ -11,8 +11,9 @@ How a job finds the servers (pick one):
 
 * ``SMDDP_SERVER_HOSTS``: start the servers first, then give every worker
   the line this command prints, ``SMDDP_SERVER_HOSTS=host:port,...`` (the
-  same list, in the same order, on every worker). With ``--port P``, server
-  i listens on P + i, so the list is known in advance.
+  same list, in the same order, on every worker), and the key file the
+  servers got with ``--key-file`` as ``SMDDP_SERVER_KEY_FILE``. With
+  ``--port P``, server i listens on P + i, so the list is known in advance.
 * A store: ``--rendezvous HOST:PORT`` (a c10d TCPStore) registers the
   servers under ``--job ID``; workers started with ``SMDDP_SERVER_JOB=ID``
   and ``SMDDP_SERVER_COUNT=K`` wait (within the group timeout) until K
@@ -21,6 +22,14 @@ How a job finds the servers (pick one):
   torchrun ``--master-port``), or, with ``SMDDP_SERVER_RENDEZVOUS=HOST:PORT``,
   in the store there: under torchrun's c10d rendezvous the workers' store
   gets a port at run time, so point both at torchrun's ``--rdzv-endpoint``.
+
+Every connection opens with a challenge and a response both ways: a worker
+talks only to a server that proves it holds the key, and a server serves
+only workers that prove the same. The key is a file (``--key-file``, mode
+0600, the workers' ``SMDDP_SERVER_KEY_FILE``), or, with ``--rendezvous`` and
+no file, generated per job in that store, where anyone who can read the
+store can read it. ``SMDDP_SERVER_INTEGRITY=1`` adds a MAC to every frame
+(docs/design.md, "Security").
 
 A server started with ``--job ID`` refuses workers of any other job (their
 ``SMDDP_SERVER_JOB``). It serves groups until it is stopped (SIGTERM or
@@ -54,17 +63,20 @@ def _endpoint_arg(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def register_in_store(endpoint: tuple[str, int], job: str, addresses: list[str],
-                      timeout_s: float = 300.0) -> list[int]:
-    """Adds `addresses` to the servers of `job` in the TCPStore at `endpoint`:
-    key ``smddp_servers/<job>/<i>`` for each, indices in registration order
-    (``smddp_servers/<job>/count`` hands them out). Returns the indices."""
+def open_store(endpoint: tuple[str, int], timeout_s: float = 300.0):
+    """A client of the TCPStore at `endpoint`."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    store = dist.TCPStore(endpoint[0], endpoint[1], is_master=False,
-                          timeout=timedelta(seconds=timeout_s))
+    return dist.TCPStore(endpoint[0], endpoint[1], is_master=False,
+                         timeout=timedelta(seconds=timeout_s))
+
+
+def register_in_store(store, job: str, addresses: list[str]) -> list[int]:
+    """Adds `addresses` to the servers of `job` in `store`: key
+    ``smddp_servers/<job>/<i>`` for each, indices in registration order
+    (``smddp_servers/<job>/count`` hands them out). Returns the indices."""
     n = len(addresses)
     last = store.add(f"smddp_servers/{job}/count", n)
     first = last - n
@@ -91,22 +103,39 @@ def main(argv=None) -> int:
     p.add_argument("--job", default="", metavar="ID",
                    help="serve only workers whose SMDDP_SERVER_JOB is ID (default: any job)")
     p.add_argument("--rendezvous", type=_endpoint_arg, default=None, metavar="HOST:PORT",
-                   help="register the servers in this TCPStore under --job (needs --job)")
+                   help="register the servers in this TCPStore under --job (needs --job); "
+                        "without a key file, the job's key is generated there")
+    p.add_argument("--key-file", default="", metavar="FILE",
+                   help="the key shared with the workers' SMDDP_SERVER_KEY_FILE (mode 0600; "
+                        "default: SMDDP_SERVER_KEY_FILE, else the job's key in the "
+                        "--rendezvous store)")
     args = p.parse_args(argv)
     if not 1 <= args.servers <= 1024:
         p.error("--servers must be in 1..1024")
     if args.rendezvous and not args.job:
         p.error("--rendezvous needs --job (the key the workers look the servers up under)")
 
-    from . import _C
+    from . import _C, job_server_key
 
-    server = _C.StandaloneServer(args.bind, args.port, args.servers, args.job)
+    key_file = args.key_file or _C.server_key_file()
+    if not key_file and not args.rendezvous:
+        p.error("no key: give --key-file FILE (or SMDDP_SERVER_KEY_FILE; the workers get the "
+                "same file), or --rendezvous HOST:PORT --job ID for a key generated per job")
+    store = open_store(args.rendezvous) if args.rendezvous else None
+    # The job's key from the store only where no key file is given: a key
+    # file's contents never go into a store.
+    key = "" if key_file else job_server_key(store, args.job)
+    try:
+        server = _C.StandaloneServer(args.bind, args.port, args.servers, args.job,
+                                     key_file=key_file, key=key)
+    except ValueError as e:
+        p.error(str(e))
     host = args.advertise or (args.bind if args.bind not in ("0.0.0.0", "::") else
                               _C.default_address())
     shown = f"[{host}]" if ":" in host else host
     addresses = [f"{shown}:{port}" for port in server.ports]
     if args.rendezvous:
-        idx = register_in_store(args.rendezvous, args.job, addresses)
+        idx = register_in_store(store, args.job, addresses)
         print(f"registered servers {idx} of job '{args.job}' at "
               f"{args.rendezvous[0]}:{args.rendezvous[1]}", flush=True)
     print("SMDDP_SERVER_HOSTS=" + ",".join(addresses), flush=True)

@@ -9,11 +9,13 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/device_context.h"
 #include "device/intra_host.h"
+#include "engine/communicator.h"
 
 namespace c10d_smddp {
 
@@ -38,6 +40,7 @@ struct IntraSetup {
   std::string groupName;
   std::chrono::milliseconds timeout{300000};
   bool sim = false;
+  std::optional<smddp::RegisteredServers> servers;  // the rail group's (cross-host) servers
 };
 
 // SMDDP_INTRA: auto (NCCL where every host has 2 or more distinct GPUs),

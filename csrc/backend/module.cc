@@ -8,8 +8,10 @@
 #include "backend/device_context.h"
 #include "backend/process_group.h"
 #include "common/param.h"
+#include "hostpath/host_path.h"
 #include "observe/flight_recorder.h"
 #include "reduce/reduce_kernels.h"
+#include "server/server_auth.h"
 #include "server/standalone_server.h"
 #include "observe/stats.h"
 #include "observe/timeline.h"
@@ -121,19 +123,50 @@ py::dict entryToDict(const smddp::FlightEntry& e, int64_t steadyNowNs, int64_t w
 
 }  // namespace
 
+namespace {
+
+// The servers a store listed ("host:port" each): parsed as the variable
+// would be, each named by its key in the store (`origin` + index).
+smddp::RegisteredServers registeredServers(const std::vector<std::string>& hosts,
+                                           const std::string& origin, const std::string& key) {
+  smddp::RegisteredServers r;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    auto one = smddp::parseServerHosts(hosts[i]);
+    if (one.size() != 1) {
+      TORCH_CHECK_VALUE(false, "smddp: the store lists '", hosts[i], "' as ", origin, i,
+                        ", not one host:port");
+    }
+    one[0].origin = origin + std::to_string(i);
+    r.hosts.push_back(one[0]);
+  }
+  r.key = key;
+  return r;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-smddp native extension";
   // True when this build has the CUDA path (SMDDP_WITH_CUDA).
   m.def("built_with_cuda", &c10d_smddp::builtWithCuda);
   py::class_<ProcessGroupSmddp, c10d::Backend, NoGilHolder<ProcessGroupSmddp>>(
       m, "ProcessGroupSmddp")
+      // server_hosts/server_key: the standalone reduction servers
+      // torch_smddp found in a store ("host:port" each, in server order)
+      // and the job's key from there; None: SMDDP_SERVER_HOSTS decides.
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string name) {
+                       std::chrono::milliseconds timeout, std::string name,
+                       std::optional<std::vector<std::string>> serverHosts,
+                       const std::string& serverOrigin, const std::string& serverKey) {
+             std::optional<smddp::RegisteredServers> servers;
+             if (serverHosts) servers = registeredServers(*serverHosts, serverOrigin, serverKey);
              return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
-                 store, rank, size, timeout, std::move(name)));
+                 store, rank, size, timeout, std::move(name), false, std::move(servers)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-           py::arg("group_name") = "default", py::call_guard<py::gil_scoped_release>())
+           py::arg("group_name") = "default", py::arg("server_hosts") = py::none(),
+           py::arg("server_origin") = "", py::arg("server_key") = "",
+           py::call_guard<py::gil_scoped_release>())
       // Both join the engine thread, which may need the GIL (see NoGilHolder).
       .def("shutdown", &ProcessGroupSmddp::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("abort", &ProcessGroupSmddp::abort, py::call_guard<py::gil_scoped_release>())
@@ -210,6 +243,24 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("atexit").attr("register")(py::cpp_function(
       [] { ProcessGroupSmddp::shutdownAll(); }, py::call_guard<py::gil_scoped_release>()));
 
+  // What torch_smddp looks the standalone reduction servers up with, read
+  // and checked where the variables are declared (hostpath/host_path.h).
+  m.def("server_lookup", [] {
+    smddp::ServerLookup l;
+    try {
+      l = smddp::serverLookupParams();
+    } catch (const smddp::Error& e) {
+      throw py::value_error(e.what());
+    }
+    py::dict d;
+    d["count"] = l.count;
+    d["job"] = l.job;
+    d["rendezvous"] = l.rendezvous;
+    d["hosts_given"] = l.hostsGiven;
+    return d;
+  });
+  // SMDDP_SERVER_KEY_FILE, the default of python -m torch_smddp.server --key-file.
+  m.def("server_key_file", &smddp::serverKeyFileParam);
   m.def("params", [] {
     py::list out;
     for (const auto& p : smddp::allParams()) {
@@ -253,22 +304,37 @@ PYBIND11_MODULE(_C, m) {
   });
   // python -m torch_smddp.server (torch_smddp/server.py): the torch-free
   // standalone reduction servers, run on threads of their own.
+  // The key: `key` (the job's, from a store), else the file at
+  // `key_file`, else SMDDP_SERVER_KEY_FILE; a bad or missing one raises
+  // ValueError naming where it came from.
   py::class_<smddp::StandaloneServer>(m, "StandaloneServer")
-      .def(py::init([](const std::string& bind, int basePort, int count, const std::string& job) {
+      .def(py::init([](const std::string& bind, int basePort, int count, const std::string& job,
+                       const std::string& keyFile, const std::string& key) {
              smddp::StandaloneServer::Options o;
              o.bindAddress = bind;
              o.basePort = basePort;
              o.count = count;
              o.job = job;
-             return std::make_unique<smddp::StandaloneServer>(o);
+             o.keyFile = keyFile;
+             o.key = key;
+             try {
+               return std::make_unique<smddp::StandaloneServer>(o);
+             } catch (const smddp::Error& e) {
+               if (e.kind() == smddp::ErrorKind::kInvalidArgument) throw py::value_error(e.what());
+               throw;
+             }
            }),
            py::arg("bind"), py::arg("base_port"), py::arg("count"), py::arg("job"),
+           py::arg("key_file") = "", py::arg("key") = "",
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("ports", &smddp::StandaloneServer::ports)
       .def("stop", &smddp::StandaloneServer::stop, py::call_guard<py::gil_scoped_release>())
       .def("pieces_reduced", &smddp::StandaloneServer::piecesReduced)
       .def("bytes_reduced", &smddp::StandaloneServer::bytesReduced)
       .def("refused", &smddp::StandaloneServer::refused)
+      .def("connections", &smddp::StandaloneServer::connections)
+      .def("streams", &smddp::StandaloneServer::streams)
+      .def("threads", &smddp::StandaloneServer::threads)
       .def("last_error", &smddp::StandaloneServer::lastError);
   m.def("default_address", &smddp::fallbackAddress);
   m.def("libfabric_version", &smddp::libfabricVersion);

@@ -33,12 +33,14 @@ bool ProcessGroupSmddp::checkingOnly() { return tCheckOnly > 0; }
 
 ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout,
-                                     std::string groupName, bool hostOnly)
+                                     std::string groupName, bool hostOnly,
+                                     std::optional<smddp::RegisteredServers> servers)
     : c10d::Backend(rank, size),
       groupName_(std::move(groupName)),
       store_(store),
       timeout_(timeout),
-      hostOnly_(hostOnly) {
+      hostOnly_(hostOnly),
+      servers_(std::move(servers)) {
   if (!hostOnly_) simDevice_ = deviceSimRequested();
   // SMDDP_TIMELINE: the first group of the process (the world group) opens
   // the file named after its rank.
@@ -49,6 +51,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   opts.size = size;
   opts.timeout = timeout;
   opts.name = groupName_;
+  opts.servers = servers_;
   try {
     comm_ = std::make_unique<smddp::Communicator>(boot, opts);
     WorkSmddp::setDefaultSpin(std::chrono::microseconds(comm_->config().spinUs));
@@ -61,7 +64,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
     // in the order the device calls were made (device_collectives.h).
     hostGroup_ = c10::make_intrusive<ProcessGroupSmddp>(
         c10::make_intrusive<c10d::PrefixStore>("device", store_), rank_, size_, timeout_,
-        groupName_ + "/device", /*hostOnly=*/true);
+        groupName_ + "/device", /*hostOnly=*/true, servers_);
   }
   std::lock_guard<std::mutex> lock(gLiveMu);
   gLive.insert(this);
@@ -126,6 +129,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     intra.groupName = groupName_;
     intra.timeout = timeout_;
     intra.sim = dev.is_cpu();
+    intra.servers = servers_;
     device_ = std::make_unique<DeviceCollectives>(std::move(ctx), hostGroup_, rank_, timeout_,
                                                   std::move(intra));
   }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "common/error.h"
@@ -24,9 +25,12 @@ class DeviceCollectives;
 
 class ProcessGroupSmddp : public c10d::Backend {
  public:
+  // `servers`: the standalone reduction servers torch_smddp found in a
+  // store (and the key it got there), in place of SMDDP_SERVER_HOSTS.
   ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout, std::string groupName,
-                    bool hostOnly = false);
+                    bool hostOnly = false,
+                    std::optional<smddp::RegisteredServers> servers = std::nullopt);
   ~ProcessGroupSmddp() override;
 
   const std::string getBackendName() const override { return "smddp"; }
@@ -241,6 +245,8 @@ class ProcessGroupSmddp : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   const bool hostOnly_;    // the device path's private host group: never routes to a device
+  // Servers found in a store, handed on to the device path's host group.
+  const std::optional<smddp::RegisteredServers> servers_;
   bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
   // The device path's private host-only group, made with the group (every
   // rank is there then), where a device path is possible: a later first

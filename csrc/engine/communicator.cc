@@ -12,10 +12,10 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
-#include <random>
 #include <thread>
 #include <sstream>
 
+#include "common/crypto.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
@@ -53,9 +53,12 @@ EngineConfig EngineConfig::fromEnvironment() {
 
 namespace {
 
+// From the OS's CSPRNG (common/crypto.h): it guards the group's frames,
+// liveness hellos and error frames against anyone who does not read the
+// store.
 uint64_t randomSecret() {
-  std::random_device rd;
-  uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  uint64_t s = 0;
+  randomBytes(&s, sizeof(s));
   return s ? s : 1;
 }
 
@@ -64,6 +67,8 @@ uint64_t randomSecret() {
 Communicator::Communicator(Bootstrap& store, CommOptions opts)
     : opts_(std::move(opts)), timeoutMs_(opts_.timeout.count()),
       config_(EngineConfig::fromEnvironment()) {
+  applyRegisteredServers(config_, opts_.servers);
+  opts_.servers.reset();  // its key lives on in config_ only
   SMDDP_CHECK(opts_.size >= 1 && opts_.rank >= 0 && opts_.rank < opts_.size, kInvalidArgument,
               "invalid rank " + std::to_string(opts_.rank) + " for world size " +
                   std::to_string(opts_.size));

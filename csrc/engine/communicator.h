@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -39,11 +40,20 @@ class FusionBufferScheduler;
 struct FusibleCall;
 struct CutProposal;
 
+// Standalone reduction servers found in a store (torch_smddp/__init__.py:
+// registered by python -m torch_smddp.server --rendezvous), in place of
+// SMDDP_SERVER_HOSTS, with the key generated for the job there.
+struct RegisteredServers {
+  std::vector<ServerAddress> hosts;
+  std::string key;  // never logged
+};
+
 struct CommOptions {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{300000};
   std::string name = "default";  // for messages and logs
+  std::optional<RegisteredServers> servers;
 };
 
 struct Buffer {
@@ -98,6 +108,8 @@ struct EngineConfig {
   uint64_t smallBytes;     // batches up to this size: one step, every rank reduces all parts
   std::vector<ServerAddress> serverHosts;  // standalone reduction servers (SMDDP_SERVER_HOSTS)
   std::string serverJob;                   // SMDDP_SERVER_JOB
+  int64_t serverCount = 0;                 // SMDDP_SERVER_COUNT
+  std::string serverKey;                   // the key a store handed out (else the key file)
   int serverSharePercent = -1;             // SMDDP_SERVER_SHARE (-1: balanced)
   int64_t serverWaitSeconds = 60;          // SMDDP_SERVER_WAIT
   bool serverRequired = false;             // SMDDP_SERVER_REQUIRED
@@ -108,6 +120,9 @@ struct EngineConfig {
 void readExchangeParams(EngineConfig& c);   // exchange.cc: wire chunking, posted receives
 void readAllreduceParams(EngineConfig& c);  // allreduce.cc: network-path shards
 void readHostPathParams(EngineConfig& c);   // host_path.cc: segment geometry, fusion size
+// host_path.cc: servers a store handed out replace SMDDP_SERVER_HOSTS; then
+// the lists must agree with SMDDP_SERVER_COUNT.
+void applyRegisteredServers(EngineConfig& c, const std::optional<RegisteredServers>& servers);
 void readFusionParams(EngineConfig& c);     // fusion_scheduler.cc: data-step polling, stores
 
 // The public surface has two audiences. The backend (and tests,

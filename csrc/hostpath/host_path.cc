@@ -12,6 +12,7 @@
 #include "engine/communicator.h"
 #include "hostpath/fusion_scheduler.h"
 #include "hostpath/host_segment.h"
+#include "server/server_auth.h"
 #include "server/server_link.h"
 
 namespace smddp {
@@ -38,8 +39,8 @@ SMDDP_PARAM_INT(paramServerCount, "SMDDP_SERVER_COUNT", 0, 0, 1024,
                 "-m torch_smddp.server --rendezvous --job SMDDP_SERVER_JOB (0: none; ignored "
                 "when SMDDP_SERVER_HOSTS is set)")
 
-// Read by torch_smddp/__init__.py, which looks the servers up; declared
-// here with the others so that the README and torch_smddp.info list it.
+// Read through serverLookupParams by torch_smddp/__init__.py, which looks
+// the servers up in the store.
 SMDDP_PARAM_STRING(paramServerRendezvous, "SMDDP_SERVER_RENDEZVOUS", "",
                    "with SMDDP_SERVER_COUNT: the TCPStore (HOST:PORT) the servers registered in "
                    "(empty: the job's own store; under torchrun's c10d rendezvous, its "
@@ -62,16 +63,7 @@ void readHostPathParams(EngineConfig& c) {
   c.serverRequired = paramServerRequired();
   c.serverHosts = parseServerHosts(paramServerHosts());
   c.serverSharePercent = static_cast<int>(paramServerShare());
-  const int64_t count = paramServerCount();
-  SMDDP_CHECK(count == 0 || c.serverHosts.empty() ||
-                  count == static_cast<int64_t>(c.serverHosts.size()),
-              kInvalidArgument,
-              "SMDDP_SERVER_COUNT=" + std::to_string(count) + " but SMDDP_SERVER_HOSTS lists " +
-                  std::to_string(c.serverHosts.size()) + " server(s)");
-  SMDDP_CHECK(count == 0 || !c.serverHosts.empty(), kInvalidArgument,
-              "SMDDP_SERVER_COUNT is set but no server addresses: torch_smddp looks them up in "
-              "the job's store when the group is made through torch.distributed "
-              "(python -m torch_smddp.server --rendezvous HOST:PORT --job SMDDP_SERVER_JOB)");
+  c.serverCount = paramServerCount();
   c.serverJob = paramServerJob();
   SMDDP_CHECK(c.serverJob.size() <= 256, kInvalidArgument,
               "SMDDP_SERVER_JOB is longer than 256 bytes");
@@ -82,6 +74,35 @@ void readHostPathParams(EngineConfig& c) {
   }
   c.shmDepth = paramShmDepth();
   c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
+}
+
+void applyRegisteredServers(EngineConfig& c, const std::optional<RegisteredServers>& servers) {
+  if (servers) {
+    c.serverHosts = servers->hosts;
+    c.serverKey = servers->key;
+  }
+  const int64_t count = c.serverCount;
+  SMDDP_CHECK(count == 0 || c.serverHosts.empty() ||
+                  count == static_cast<int64_t>(c.serverHosts.size()),
+              kInvalidArgument,
+              "SMDDP_SERVER_COUNT=" + std::to_string(count) + " but SMDDP_SERVER_HOSTS lists " +
+                  std::to_string(c.serverHosts.size()) + " server(s)");
+  SMDDP_CHECK(count == 0 || !c.serverHosts.empty(), kInvalidArgument,
+              "SMDDP_SERVER_COUNT is set but no server addresses: torch_smddp looks them up in "
+              "the job's store when the group is made through torch.distributed "
+              "(python -m torch_smddp.server --rendezvous HOST:PORT --job SMDDP_SERVER_JOB)");
+}
+
+ServerLookup serverLookupParams() {
+  ServerLookup l;
+  l.count = paramServerCount();
+  l.job = paramServerJob();
+  l.rendezvous = paramServerRendezvous();
+  l.hostsGiven = !parseServerHosts(paramServerHosts()).empty();
+  SMDDP_CHECK(l.count == 0 || l.hostsGiven || !l.job.empty(), kInvalidArgument,
+              "SMDDP_SERVER_COUNT is set without SMDDP_SERVER_JOB: the job id the servers "
+              "registered under (python -m torch_smddp.server --job ID)");
+  return l;
 }
 
 
@@ -150,11 +171,8 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
   if (config.serversPerNode > 0) servers = std::min<int>(servers, config.serversPerNode);
   const int leader = topo.ranksOfHost[topo.hostIndex][0];
   // Named after the leader's shm owner (see transport/shm_owner.h), which
-  // creates it, so that the sweeper knows whose it is.
-  char unique[96];
-  snprintf(unique, sizeof(unique), "%s-seg-%016llx-%d",
-           ownerOfRank[leader].empty() ? "x" : ownerOfRank[leader].c_str(),
-           static_cast<unsigned long long>(comm.jobSecret()), topo.hostIndex);
+  // creates it, so that the sweeper knows whose it is; the rest is random.
+  const std::string owner = ownerOfRank[leader].empty() ? "x" : ownerOfRank[leader];
   // Oversubscribed hosts (more ranks than cores) get a deeper pipeline: a
   // rank then runs in time slices and should cover more steps in each.
   topo.oversubscribed = topo.localSize > static_cast<int>(onlineCores());
@@ -173,7 +191,7 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
   try {
     PrefixBootstrap local(bootstrap, "host" + std::to_string(topo.hostIndex) + "/");
     seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers, slot, depth,
-                                        unique, comm.timeout());
+                                        owner, comm.timeout());
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kTransport) throw;
     status = e.what();
@@ -205,8 +223,16 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
     const int stream = seg->serverIndexOf(topo.localRank);
     if (stream >= 0) {
       try {
-        ServerLinks::Identity me{config.serverJob, comm.jobSecret(), topo.hosts(), topo.hostIndex,
-                                 stream, comm.rank()};
+        ServerLinks::Identity me;
+        me.job = config.serverJob;
+        me.group = serverGroupId(comm.jobSecret());  // the secret itself never leaves the group
+        me.hosts = topo.hosts();
+        me.host = topo.hostIndex;
+        me.stream = stream;
+        me.rank = comm.rank();
+        me.key = workerServerKey(config.serverKey);
+        me.integrity = serverIntegrityParam();
+        me.maxPiece = slot;  // a step's pieces fit in one slot
         const auto wait = std::min<std::chrono::milliseconds>(
             std::chrono::seconds(config.serverWaitSeconds), comm.timeout() / 2);
         links = std::make_unique<ServerLinks>(config.serverHosts, me, wait);

@@ -29,6 +29,19 @@ struct HostTopology {
 };
 
 
+// What torch_smddp/__init__.py needs to look the standalone reduction
+// servers up in a store (SMDDP_SERVER_COUNT, SMDDP_SERVER_JOB,
+// SMDDP_SERVER_RENDEZVOUS; whether SMDDP_SERVER_HOSTS lists any), read and
+// checked here, where they are declared, never parsed again in Python.
+// Throws kInvalidArgument naming a malformed variable.
+struct ServerLookup {
+  int64_t count = 0;
+  std::string job;
+  std::string rendezvous;
+  bool hostsGiven = false;
+};
+ServerLookup serverLookupParams();
+
 // Opens each host's segment (through `bootstrap`, bounded by the group
 // timeout) and returns the scheduler that runs allreduce over it, or null
 // when the layout or some rank's shared memory does not allow it; every

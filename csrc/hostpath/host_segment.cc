@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/crypto.h"
 #include "common/error.h"
 
 namespace smddp {
@@ -55,7 +56,7 @@ std::string mib(size_t bytes) {
 }  // namespace
 
 HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
-                         uint64_t slotBytes, int depth, const std::string& uniqueName,
+                         uint64_t slotBytes, int depth, const std::string& ownerTag,
                          std::chrono::milliseconds timeout)
     : rank_(rank), ranks_(ranks), servers_(servers), slotBytes_(slotBytes), depth_(depth) {
   SMDDP_CHECK(ranks >= 1 && ranks <= kHostMaxRanks, kInvalidArgument,
@@ -64,7 +65,10 @@ HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
                   slotBytes % 64 == 0,
               kInternal, "bad shared-memory segment geometry");
   bytes_ = segmentBytes(ranks, servers, slotBytes, depth_);
-  const std::string name = "/smddp-" + uniqueName;
+  // A random name, made by rank 0 and published to the host's ranks only
+  // through the bootstrap: anyone may list /dev/shm, and the name must tell
+  // them nothing (no job secret, nothing to guess a later name from).
+  std::string name;
   SegmentGuard guard;
   guard.bytes = bytes_;
 
@@ -75,7 +79,7 @@ HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
   std::string status = "ok";
   int fd = -1;
   if (rank == 0) {
-    shm_unlink(name.c_str());  // a stale one from a crashed job of the same name
+    name = "/smddp-" + ownerTag + "-seg-" + randomHex(16);
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
       status = errnoText("shm_open");
@@ -88,10 +92,12 @@ HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
                  std::strerror(rc) + ")";
       }
     }
+    bootstrap.set("hostseg/name", name);
     bootstrap.set("hostseg/created", status);
   } else {
     status = bootstrap.get("hostseg/created", timeout);
     if (status == "ok") {
+      name = bootstrap.get("hostseg/name", timeout);
       fd = shm_open(name.c_str(), O_RDWR, 0600);
       if (fd < 0) status = errnoText("shm_open");
     }

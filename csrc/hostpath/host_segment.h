@@ -74,9 +74,12 @@ class HostSegment {
   // so nothing outlives the processes. Rank 0 reserves every page up front
   // (posix_fallocate). Throws when shared memory is unavailable or too
   // small (the caller then keeps the network path); a throw leaves neither
-  // the name nor a mapping behind. The name is "/smddp-" + uniqueName.
+  // the name nor a mapping behind. The name is "/smddp-<ownerTag>-seg-"
+  // and 32 random hex digits (O_EXCL, mode 0600), so the sweeper
+  // (transport/shm_owner.h) knows whose it is and nobody who lists
+  // /dev/shm learns anything else from it.
   HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers, uint64_t slotBytes,
-              int depth, const std::string& uniqueName, std::chrono::milliseconds timeout);
+              int depth, const std::string& ownerTag, std::chrono::milliseconds timeout);
   ~HostSegment();
   HostSegment(const HostSegment&) = delete;
   HostSegment& operator=(const HostSegment&) = delete;

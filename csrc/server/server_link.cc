@@ -42,18 +42,19 @@ std::string resolve(const std::string& host, std::string* why) {
 
 // A goodbye (kBye) to a server between frames: it ends this host's part
 // of the stream without an error.
-void sayGoodbye(int fd) {
+void sayGoodbye(int fd, FrameSeal* seal, uint64_t group) {
   ServerFrame bye;
   bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);
-  writeAllBefore(fd, &bye, sizeof(bye), std::chrono::steady_clock::now() +
-                                            std::chrono::milliseconds(200));
+  bye.group = group;
+  writeTextFrame(fd, bye, "", std::chrono::steady_clock::now() + std::chrono::milliseconds(200),
+                 seal);
 }
 
 std::string describeServer(const ServerAddress& s, const std::string& ip, int i) {
   std::string at = s.host + ":" + std::to_string(s.port);
   if (!ip.empty() && ip != s.host) at += " = " + ip;
-  return "standalone reduction server " + std::to_string(i) + " (" + at + ", SMDDP_SERVER_HOSTS[" +
-         std::to_string(i) + "])";
+  if (!s.origin.empty()) at += ", " + s.origin;
+  return "standalone reduction server " + std::to_string(i) + " (" + at + ")";
 }
 
 }  // namespace
@@ -65,7 +66,7 @@ std::string ServerLinks::describe(int k) const {
 
 ServerLinks::ServerLinks(const std::vector<ServerAddress>& servers, const Identity& me,
                          std::chrono::milliseconds wait)
-    : servers_(servers), ips_(servers.size()), unreachable_(servers.size()) {
+    : servers_(servers), ips_(servers.size()), unreachable_(servers.size()), group_(me.group) {
   const auto deadline = Clock::now() + wait;
   try {
     for (int i = 0; i < static_cast<int>(servers.size()); ++i) connectTo(i, me, deadline);
@@ -93,43 +94,88 @@ void ServerLinks::connectTo(int i, const Identity& me, Clock::time_point deadlin
   // A server host that goes silent (link or host down) fails the
   // pending push or pull within SMDDP_PEER_TIMEOUT, not the group's.
   boundSilence(fd, PeerMonitor::configuredSilence());
-  const auto answerBy = std::max(deadline, Clock::now() + seconds(5));
-  ServerFrame hello;
-  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
-  hello.secret = me.secret;
-  hello.seq = static_cast<uint64_t>(me.rank);
-  hello.hosts = static_cast<uint16_t>(me.hosts);
-  hello.host = static_cast<uint16_t>(me.host);
-  hello.stream = static_cast<uint16_t>(me.stream);
-  hello.server = static_cast<uint16_t>(i);
-  why = writeTextFrame(fd, hello, me.job, answerBy);
-  ServerFrame answer;
-  if (why.empty()) {
-    why = readAllBefore(fd, &answer, sizeof(answer), answerBy);
-    if (!why.empty()) why = "no welcome: " + why;
-  } else {
-    why = "hello: " + why;
+  Link l;
+  l.fd = fd;
+  try {
+    why = handshake(i, me, l, std::max(deadline, Clock::now() + seconds(5)));
+  } catch (...) {
+    close(fd);
+    throw;
   }
   if (!why.empty()) {
     close(fd);
     return unreachable(why);
   }
-  why = validateServerFrame(answer, {ServerFrameKind::kWelcome, ServerFrameKind::kError});
-  std::string refusal;
-  if (!why.empty()) {
-    refusal = "answered the hello with " + why;
-  } else if (answer.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
-    refusal.assign(answer.payload, '\0');
-    readAllBefore(fd, refusal.data(), refusal.size(), Clock::now() + seconds(1));
-  }
-  if (!refusal.empty()) {
-    close(fd);
-    throwError(ErrorKind::kInvalidArgument,
-               "smddp: " + describeServer(servers[i], ips_[i], i) + ": " + refusal);
-  }
-  links_.emplace_back();
-  links_.back().fd = fd;
+  links_.push_back(std::move(l));
   listed_.push_back(i);
+}
+
+std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
+                                   Clock::time_point answerBy) {
+  const std::string name = describeServer(servers_[i], ips_[i], i);
+  // 1. The challenge: a fresh nonce, and nothing else about this worker.
+  const Nonce mine = Nonce::random();
+  ServerFrame challenge;
+  challenge.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
+  std::string why = writeTextFrame(l.fd, challenge, std::string(bytesOf(mine.bytes, kNonceBytes)),
+                                   answerBy);
+  if (!why.empty()) return "challenge: " + why;
+  // 2. Its answer must prove it holds the key before it hears anything
+  //    more. A refusal before that (busy) is unproven: the server is left
+  //    out, never believed further.
+  std::string answer;
+  FrameReader reader;
+  why = readFrameBefore(l.fd, reader, {ServerFrameKind::kAnswer, ServerFrameKind::kError},
+                        kServerMaxText, &answer, answerBy);
+  if (why == "closed" || why == "silent" || why == "timed out") return "no answer: " + why;
+  if (why.empty() && reader.header().kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
+    return "refused the connection before proving itself: " + answer;
+  }
+  Nonce theirs;
+  if (why.empty()) std::memcpy(theirs.bytes, answer.data(), kNonceBytes);
+  const Handshake proofs(me.key, mine, theirs);
+  if (!why.empty() || !macEquals(proofs.serverProof(),
+                                 reinterpret_cast<const uint8_t*>(answer.data()) + kNonceBytes)) {
+    throwError(ErrorKind::kInvalidArgument,
+               "smddp: " + name + " failed authentication: " +
+                   (why.empty() ? std::string("its answer does not prove it holds the key")
+                                : "it answered the challenge with " + why) +
+                   " (a server of another key, or not a reduction server: nothing was sent "
+                   "to it; SMDDP_SERVER_KEY_FILE, or the key in the store it registered in)");
+  }
+  // 3. The hello, vouched for by this worker's proof, then its answer.
+  ServerFrame hello;
+  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
+  hello.flags = me.integrity ? kServerFlagIntegrity : 0;
+  hello.group = me.group;
+  hello.seq = static_cast<uint64_t>(me.rank);
+  hello.step = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(answerBy - Clock::now()).count());
+  hello.count = me.maxPiece;
+  hello.hosts = static_cast<uint16_t>(me.hosts);
+  hello.host = static_cast<uint16_t>(me.host);
+  hello.stream = static_cast<uint16_t>(me.stream);
+  hello.server = static_cast<uint16_t>(i);
+  hello.payload = kServerProofBytes + me.job.size();
+  const Mac proof = proofs.workerProof(hello, me.job);
+  why = writeTextFrame(l.fd, hello, std::string(bytesOf(proof.bytes, kMacBytes)) + me.job,
+                       answerBy);
+  if (!why.empty()) return "hello: " + why;
+  if (me.integrity) {
+    l.seal = std::make_unique<FrameSeal>(proofs.sessionKey(), SealDirection::kToServer);
+    l.check = std::make_unique<FrameSeal>(proofs.sessionKey(), SealDirection::kToWorker);
+    l.out.sealWith(l.seal.get());
+    l.in.checkWith(l.check.get());
+  }
+  std::string text;
+  why = readFrameBefore(l.fd, l.in, {ServerFrameKind::kWelcome, ServerFrameKind::kError},
+                        kServerMaxText, &text, answerBy);
+  if (why == "closed" || why == "silent" || why == "timed out") return "no welcome: " + why;
+  std::string refusal;
+  if (!why.empty()) refusal = "answered the hello with " + why;
+  else if (l.in.header().kind == static_cast<uint8_t>(ServerFrameKind::kError)) refusal = text;
+  if (!refusal.empty()) throwError(ErrorKind::kInvalidArgument, "smddp: " + name + ": " + refusal);
+  return "";
 }
 
 void ServerLinks::keep(const std::vector<bool>& live) {
@@ -146,7 +192,7 @@ void ServerLinks::keep(const std::vector<bool>& live) {
       listed.push_back(listed_[k]);
       continue;
     }
-    sayGoodbye(links_[k].fd);
+    sayGoodbye(links_[k].fd, links_[k].seal.get(), group_);
     close(links_[k].fd);
   }
   links_ = std::move(kept);
@@ -156,7 +202,7 @@ void ServerLinks::keep(const std::vector<bool>& live) {
 ServerLinks::~ServerLinks() {
   for (auto& l : links_) {
     // A frame half sent would swallow the goodbye: only between frames.
-    if (!broken_ && abandoned_.empty() && l.out.empty()) sayGoodbye(l.fd);
+    if (!broken_ && abandoned_.empty() && l.out.empty()) sayGoodbye(l.fd, l.seal.get(), group_);
     close(l.fd);
   }
 }
@@ -180,8 +226,10 @@ uint64_t ServerLinks::post(int k, const ServerFrame& f, const void* data, void* 
     throwError(ErrorKind::kPeerLost, "smddp: " + describe(k) + ": " + abandoned_);
   }
   Link& l = links_[k];
-  l.out.push(f, data);
-  l.expect.push_back({f, static_cast<uint8_t*>(dst)});
+  ServerFrame g = f;
+  g.group = group_;
+  l.out.push(g, data);
+  l.expect.push_back({g, static_cast<uint8_t*>(dst)});
   send(k);
   return l.posted++;
 }
@@ -191,6 +239,7 @@ namespace {
 // What fail() says for a FrameReader/FrameWriter failure.
 std::string connectionLost(const std::string& why) {
   if (why == "silent") return why;  // fail() spells it out
+  if (why.rfind("a frame failed its integrity check", 0) == 0) return why;
   const std::string gone = "closed its connection: the server died or was stopped";
   return why == "closed" ? gone : gone + " (" + why + ")";
 }
@@ -233,15 +282,14 @@ bool ServerLinks::receive(int k) {
       fail(k, connectionLost(why), during());
     }
     const ServerFrame& f = l.in.header();
+    const bool error = f.kind == static_cast<uint8_t>(ServerFrameKind::kError);
     if (io == FrameIo::kHeader) {
       why = validateServerFrame(f, {ServerFrameKind::kResult, ServerFrameKind::kError});
       if (!why.empty()) fail(k, "sent " + why, during());
-      if (f.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
-        std::string text(f.payload, '\0');
-        readAllBefore(l.fd, text.data(), text.size(), Clock::now() + std::chrono::seconds(1));
-        broken_ = true;
-        throwError(ErrorKind::kPeerLost, "smddp: " + describe(k) + " failed the job: " + text +
-                                             " (" + during() + ")");
+      if (error) {
+        l.errorText.assign(f.payload, '\0');  // at most kServerMaxText
+        l.in.payloadTo(reinterpret_cast<uint8_t*>(l.errorText.data()));
+        continue;
       }
       if (l.expect.empty()) fail(k, "sent a result nobody asked for", during());
       why = samePiece(l.expect.front().sent, f);
@@ -249,7 +297,12 @@ bool ServerLinks::receive(int k) {
       l.in.payloadTo(l.expect.front().dst);
       continue;
     }
-    l.expect.pop_front();  // kDone
+    if (error) {  // kDone: its whole text is in
+      broken_ = true;
+      throwError(ErrorKind::kPeerLost, "smddp: " + describe(k) + " failed the job: " +
+                                           l.errorText + " (" + during() + ")");
+    }
+    l.expect.pop_front();
     l.in.next();
     ++l.received;
   }

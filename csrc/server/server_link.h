@@ -11,14 +11,18 @@
 // server blocks sending step k's result to this worker would deadlock
 // once both directions' socket buffers fill). A server that dies closes
 // its sockets: the next progress() fails at once with an error naming it.
+// A server that cannot prove it holds the key (server_auth.h) is sent
+// nothing but a challenge: not the hello, not a byte of data.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "server/server_auth.h"
 #include "server/server_wire.h"
 
 namespace smddp {
@@ -26,19 +30,23 @@ namespace smddp {
 class ServerLinks {
  public:
   struct Identity {
-    std::string job;      // SMDDP_SERVER_JOB
-    uint64_t secret = 0;  // the group's
+    std::string job;     // SMDDP_SERVER_JOB
+    uint64_t group = 0;  // serverGroupId of the group's secret
     int hosts = 0, host = 0, stream = 0, rank = 0;
+    std::string key;           // the key shared with the servers (server_auth.h)
+    bool integrity = false;    // SMDDP_SERVER_INTEGRITY: a MAC on every frame
+    uint64_t maxPiece = kServerMaxPayload;  // the largest piece it will post, in bytes
   };
   // Connects to every server (retrying refusals: a server may start after
-  // the workers), says hello and waits for its welcome, all within `wait`
-  // (each server gets at least a second to connect and five to answer,
-  // however long an earlier one took). A server still unreachable then
-  // (unresolvable, refused, silent, closed before its welcome) is noted in
-  // unreachable(): the group decides together whether it goes on without
-  // it (agreeOnServers). Throws an error naming a server that refused the
-  // hello (another job, another host count) or answered it with garbage:
-  // those are mistakes in the job's set-up, not failures to fail over.
+  // the workers), challenges it, says hello and waits for its welcome, all
+  // within `wait` (each server gets at least a second to connect and five
+  // to answer, however long an earlier one took). A server still
+  // unreachable then (unresolvable, refused, silent, closed or busy before
+  // it proved itself) is noted in unreachable(): the group decides together
+  // whether it goes on without it (agreeOnServers). Throws an error naming
+  // a server that failed authentication, refused the hello (another job,
+  // another host count) or answered with garbage: those are a rogue server
+  // or mistakes in the job's set-up, not failures to fail over.
   ServerLinks(const std::vector<ServerAddress>& servers, const Identity& me,
               std::chrono::milliseconds wait);
   ~ServerLinks();  // says goodbye and closes
@@ -47,6 +55,7 @@ class ServerLinks {
 
   int count() const { return static_cast<int>(links_.size()); }
   // "standalone reduction server 1 (10.77.0.13:29500, SMDDP_SERVER_HOSTS[1])"
+  // (or where else the list came from: ServerAddress::origin)
   // (k counts the servers in use; the name keeps its place in the list).
   std::string describe(int k) const;
   // Per server of the list: "" if reached, else why not (with its name).
@@ -92,10 +101,17 @@ class ServerLinks {
     };
     std::deque<Expect> expect;
     uint64_t posted = 0, received = 0;
+    std::string errorText;  // an error frame's text, while it is read
+    // SMDDP_SERVER_INTEGRITY: frames to the server, and from it (null: off).
+    std::unique_ptr<FrameSeal> seal, check;
   };
   // The constructor's work for server i of the list: a link, or a note in
-  // unreachable_; throws on a refusal.
+  // unreachable_; throws on a refusal or a failed authentication.
   void connectTo(int i, const Identity& me, std::chrono::steady_clock::time_point deadline);
+  // Challenge and hello on a connected socket: "" and `l` set up, or why
+  // not; a server that did not prove it holds the key throws.
+  std::string handshake(int i, const Identity& me, Link& l,
+                        std::chrono::steady_clock::time_point answerBy);
   bool send(int k);
   bool receive(int k);
   [[noreturn]] void fail(int k, const std::string& why, const std::string& during);
@@ -104,6 +120,7 @@ class ServerLinks {
   std::vector<std::string> unreachable_;
   std::vector<int> listed_;             // per server in use: its place in the list
   std::vector<Link> links_;             // per server in use
+  uint64_t group_ = 0;   // every data frame's (Identity::group)
   bool broken_ = false;  // no goodbye after a failure
   std::string abandoned_;
 };

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "server/server_auth.h"
 
 namespace smddp {
 
@@ -15,6 +16,8 @@ const char* toString(ServerFrameKind k) {
     case ServerFrameKind::kResult: return "result";
     case ServerFrameKind::kError: return "error";
     case ServerFrameKind::kBye: return "bye";
+    case ServerFrameKind::kChallenge: return "challenge";
+    case ServerFrameKind::kAnswer: return "answer";
   }
   return "unknown";
 }
@@ -57,10 +60,26 @@ std::string validateServerFrame(const ServerFrame& f,
              " elements of " + toString(dt);
     }
   } else if (kind == ServerFrameKind::kHello) {
-    if (f.payload > 256) return "a job id of " + std::to_string(f.payload) + " bytes (at most 256)";
+    if (f.payload < kServerProofBytes || f.payload - kServerProofBytes > kServerMaxJob) {
+      return "a hello of " + std::to_string(f.payload) + " bytes (a proof of " +
+             std::to_string(kServerProofBytes) + " and a job id of at most " +
+             std::to_string(kServerMaxJob) + ")";
+    }
     if (f.hosts < 2) return "a group of " + std::to_string(f.hosts) + " hosts";
     if (f.host >= f.hosts) {
       return "host " + std::to_string(f.host) + " of " + std::to_string(f.hosts);
+    }
+    if (f.count > kServerMaxPayload) {
+      return "pieces of up to " + std::to_string(f.count) + " bytes (at most " +
+             std::to_string(kServerMaxPayload) + ")";
+    }
+    if (f.flags & ~kServerFlagIntegrity) return "unknown flags " + std::to_string(f.flags);
+  } else if (kind == ServerFrameKind::kChallenge || kind == ServerFrameKind::kAnswer) {
+    const uint64_t want = kind == ServerFrameKind::kChallenge ? kServerProofBytes
+                                                              : 2 * kServerProofBytes;
+    if (f.payload != want) {
+      return std::string("a ") + toString(kind) + " of " + std::to_string(f.payload) +
+             " bytes (it carries " + std::to_string(want) + ")";
     }
   } else if ((kind == ServerFrameKind::kWelcome || kind == ServerFrameKind::kBye) && f.payload) {
     return std::string("a ") + toString(kind) + " frame with " + std::to_string(f.payload) +
@@ -120,7 +139,8 @@ std::vector<ServerAddress> parseServerHosts(const std::string& spec) {
     char* end = nullptr;
     long p = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
     if (port.empty() || *end != '\0' || p < 1 || p > 65535) bad(item, "has no port in 1..65535");
-    out.push_back({host, static_cast<int>(p)});
+    out.push_back({host, static_cast<int>(p),
+                   "SMDDP_SERVER_HOSTS[" + std::to_string(out.size()) + "]"});
     if (comma == spec.size()) break;
   }
   if (out.size() > 1024) bad(std::to_string(out.size()) + " servers", "is more than 1024");
@@ -201,12 +221,18 @@ std::string readAllBefore(int fd, void* p, size_t n, std::chrono::steady_clock::
 }
 
 std::string writeTextFrame(int fd, ServerFrame f, const std::string& text,
-                           std::chrono::steady_clock::time_point deadline) {
+                           std::chrono::steady_clock::time_point deadline, FrameSeal* seal) {
   const std::string t = text.substr(0, kServerMaxText);
   f.payload = t.size();
-  std::string why = writeAllBefore(fd, &f, sizeof(f), deadline);
-  if (why.empty() && !t.empty()) why = writeAllBefore(fd, t.data(), t.size(), deadline);
-  return why;
+  // One buffer, one send where the socket takes it: a peer that closes
+  // at once still finds the whole frame.
+  std::string out(reinterpret_cast<const char*>(&f), sizeof(f));
+  out += t;
+  if (seal) {
+    const Tag m = seal->next(f, reinterpret_cast<const uint8_t*>(t.data()));
+    out.append(reinterpret_cast<const char*>(m.bytes), kTagBytes);
+  }
+  return writeAllBefore(fd, out.data(), out.size(), deadline);
 }
 
 namespace {
@@ -224,11 +250,22 @@ FrameIo FrameReader::read(int fd, std::string* why) {
     if (got_ < kHeader) {
       dst = reinterpret_cast<uint8_t*>(&header_) + got_;
       want = kHeader - got_;
-    } else {
+    } else if (got_ - kHeader < header_.payload) {
       want = header_.payload - (got_ - kHeader);
-      if (want == 0) return FrameIo::kDone;
       if (!payload_) throwError(ErrorKind::kInternal, "FrameReader: no payloadTo() for a payload");
       dst = payload_ + (got_ - kHeader);
+    } else {
+      const uint64_t mac = got_ - kHeader - header_.payload;  // MAC bytes read so far
+      want = seal_ ? kTagBytes - mac : 0;
+      if (want == 0) {
+        if (seal_ && !tagEquals(seal_->next(header_, payload_), mac_)) {
+          *why = "a frame failed its integrity check (SMDDP_SERVER_INTEGRITY): it was altered, "
+                 "replayed or reordered on the way";
+          return FrameIo::kFailed;
+        }
+        return FrameIo::kDone;
+      }
+      dst = mac_ + mac;
     }
     const ssize_t k = ::recv(fd, dst, want, MSG_DONTWAIT);
     if (k == 0) {
@@ -247,19 +284,60 @@ FrameIo FrameReader::read(int fd, std::string* why) {
   }
 }
 
+std::string readFrameBefore(int fd, FrameReader& reader,
+                            std::initializer_list<ServerFrameKind> kinds, uint64_t most,
+                            std::string* payload, std::chrono::steady_clock::time_point deadline) {
+  std::string why;
+  while (true) {
+    const FrameIo io = reader.read(fd, &why);
+    if (io == FrameIo::kFailed) return why;
+    if (io == FrameIo::kDone) {
+      reader.next();
+      return "";
+    }
+    if (io == FrameIo::kHeader) {
+      why = validateServerFrame(reader.header(), kinds);
+      if (!why.empty()) return why;
+      if (reader.header().payload > most) {
+        return std::string("a ") + toString(static_cast<ServerFrameKind>(reader.header().kind)) +
+               " of " + std::to_string(reader.header().payload) + " bytes (at most " +
+               std::to_string(most) + " here)";
+      }
+      payload->assign(reader.header().payload, '\0');
+      reader.payloadTo(reinterpret_cast<uint8_t*>(payload->data()));
+      continue;
+    }
+    why = pollOnce(fd, POLLIN, deadline, nullptr);  // kAgain
+    if (!why.empty()) return why;
+  }
+}
+
+uint64_t FrameWriter::begin(Out& o) {
+  if (seal_ && !o.sealed) {
+    const Tag m = seal_->next(o.header, o.data);
+    std::memcpy(o.mac, m.bytes, kTagBytes);
+    o.sealed = true;
+  }
+  return sizeof(ServerFrame) + o.header.payload + (seal_ ? kTagBytes : 0);
+}
+
 FrameIo FrameWriter::write(int fd, std::string* why) {
   constexpr uint64_t kHeader = sizeof(ServerFrame);
   if (out_.empty()) return FrameIo::kAgain;
   Out& o = out_.front();
+  const uint64_t total = begin(o);
   while (true) {
-    iovec iov[2];
+    // What is left of header, payload and MAC, in order.
+    uint8_t* starts[3] = {reinterpret_cast<uint8_t*>(&o.header), const_cast<uint8_t*>(o.data),
+                          o.mac};
+    const uint64_t lo[3] = {0, kHeader, kHeader + o.header.payload};
+    const uint64_t hi[3] = {kHeader, kHeader + o.header.payload, total};
+    iovec iov[3];
     int n = 0;
-    if (o.sent < kHeader) {
-      iov[n++] = {reinterpret_cast<uint8_t*>(&o.header) + o.sent, kHeader - o.sent};
-      if (o.header.payload) iov[n++] = {const_cast<uint8_t*>(o.data), o.header.payload};
-    } else {
-      iov[n++] = {const_cast<uint8_t*>(o.data) + (o.sent - kHeader),
-                  o.header.payload - (o.sent - kHeader)};
+    for (int part = 0; part < 3; ++part) {
+      if (o.sent >= hi[part] || hi[part] == lo[part]) continue;
+      const uint64_t skip = o.sent > lo[part] ? o.sent - lo[part] : 0;
+      iov[n++] = {starts[part] + skip, hi[part] - lo[part] - skip};
     }
     msghdr m{};
     m.msg_iov = iov;
@@ -273,23 +351,20 @@ FrameIo FrameWriter::write(int fd, std::string* why) {
     }
     o.sent += static_cast<uint64_t>(k);
     bytes_ += static_cast<uint64_t>(k);
-    if (o.sent == kHeader + o.header.payload) return FrameIo::kDone;
+    if (o.sent == total) return FrameIo::kDone;
   }
 }
 
 std::string FrameWriter::finishBefore(int fd, std::chrono::steady_clock::time_point deadline) {
-  constexpr uint64_t kHeader = sizeof(ServerFrame);
   if (out_.empty() || out_.front().sent == 0) return "";
   Out& o = out_.front();
+  const uint64_t total = begin(o);
   std::string why;
-  if (o.sent < kHeader) {
-    why = writeAllBefore(fd, reinterpret_cast<uint8_t*>(&o.header) + o.sent, kHeader - o.sent,
-                         deadline);
-    if (why.empty()) o.sent = kHeader;
-  }
-  if (why.empty() && o.sent < kHeader + o.header.payload) {
-    why = writeAllBefore(fd, o.data + (o.sent - kHeader), kHeader + o.header.payload - o.sent,
-                         deadline);
+  while (why.empty() && o.sent < total) {
+    std::string err;
+    const FrameIo io = write(fd, &err);
+    if (io == FrameIo::kFailed) why = err;
+    else if (io == FrameIo::kAgain) why = pollOnce(fd, POLLOUT, deadline, nullptr);
   }
   if (why.empty()) out_.pop_front();
   return why;

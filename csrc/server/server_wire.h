@@ -1,7 +1,8 @@
 // The wire of the standalone reduction servers (docs/design.md, "Standalone
-// reduction servers"): one plain TCP connection per (host, stream, server),
-// carrying fixed 64-byte headers, each followed by its payload. Both ends
-// validate every header before they read a payload byte, with no
+// reduction servers" and "Security"): one plain TCP connection per (host,
+// stream, server), carrying fixed 64-byte headers, each followed by its
+// payload (and, with SMDDP_SERVER_INTEGRITY, a MAC: server_auth.h). Both
+// ends validate every header before they read a payload byte, with no
 // arithmetic that can wrap. Torch-free; the server process
 // (standalone_server.h) and the workers' links (server_link.h) share it.
 #pragma once
@@ -13,28 +14,38 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/dtype.h"
 #include "reduce/shard_plan.h"
 
 namespace smddp {
 
 constexpr uint32_t kServerMagic = 0x56534d53;  // "SMSV" little-endian
-constexpr uint16_t kServerVersion = 1;
+constexpr uint16_t kServerVersion = 2;
 // The largest payload either side accepts: a data piece is at most one
 // shared-memory step (SMDDP_SHM_SLOT_BYTES <= 256 MiB); texts are short.
 constexpr uint64_t kServerMaxPayload = 1ull << 28;
 constexpr uint64_t kServerMaxText = 4096;
+constexpr uint64_t kServerMaxJob = 256;      // bytes of SMDDP_SERVER_JOB in a hello
+constexpr uint64_t kServerProofBytes = 32;   // a challenge's nonce, a proof (HMAC-SHA256)
+constexpr uint8_t kServerFlagIntegrity = 1;  // hello: a MAC on every later frame
 
+// A connection opens challenge, answer, hello, welcome (server_auth.h,
+// Handshake); data and results follow.
 enum class ServerFrameKind : uint8_t {
-  kHello = 1,    // worker -> server, first frame: the job id as payload
-  kWelcome = 2,  // server -> worker: the hello was accepted
-  kData = 3,     // worker -> server: this host's partial of one piece
-  kResult = 4,   // server -> worker: the piece reduced over every host
-  kError = 5,    // either way: UTF-8 text, then the connection closes
-  kBye = 6,      // worker -> server: the group shut down normally
+  kHello = 1,      // worker -> server: its proof (32 bytes), then the job id
+  kWelcome = 2,    // server -> worker: the hello was accepted
+  kData = 3,       // worker -> server: this host's partial of one piece
+  kResult = 4,     // server -> worker: the piece reduced over every host
+  kError = 5,      // either way: UTF-8 text, then the connection closes
+  kBye = 6,        // worker -> server: the group shut down normally
+  kChallenge = 7,  // worker -> server, first frame: its nonce (32 bytes)
+  kAnswer = 8,     // server -> worker: its nonce, then its proof (64 bytes)
 };
 
 #pragma pack(push, 1)
@@ -44,16 +55,20 @@ struct ServerFrame {
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t reserved[3] = {0, 0, 0};
+  uint8_t flags = 0;       // hello: kServerFlagIntegrity
+  uint8_t reserved[2] = {0, 0};
   uint32_t divisor = 1;    // AVG: the group's size (the sum is divided once, here)
-  uint64_t secret = 0;     // the group's secret: which group the stream belongs to
+  uint64_t group = 0;      // which group the stream belongs to (serverGroupId)
   uint64_t seq = 0;        // the fusion batch's first sequence number
   uint64_t step = 0;       // the batch's step (chunk) this piece belongs to
   uint64_t count = 0;      // elements of the piece
   uint64_t payload = 0;    // bytes after the header
   // Hello only: the group's host count, this host, the stream (the host's
   // server index) and this server's index; a hello's `seq` is the sender's
-  // global rank.
+  // global rank, its `count` the stream's largest piece in bytes (the
+  // server refuses larger data frames) and its `step` how long, in ms, the
+  // worker waits for the other hosts to join (an incomplete stream
+  // expires after the longest such wait of its hosts).
   uint16_t hosts = 0;
   uint16_t host = 0;
   uint16_t stream = 0;
@@ -79,6 +94,7 @@ const char* toString(ServerFrameKind k);
 struct ServerAddress {
   std::string host;  // as written
   int port = 0;
+  std::string origin;  // where it was listed, for messages: "SMDDP_SERVER_HOSTS[1]"
 };
 std::vector<ServerAddress> parseServerHosts(const std::string& spec);
 
@@ -119,6 +135,30 @@ inline Range crossHostPiece(uint64_t len, int hosts, int standalone, int piece, 
 
 namespace smddp {
 
+class FrameSeal;  // server_auth.h
+
+// Payload memory that sizing does not fill: a buffer for a frame announced
+// as n bytes takes pages only as its bytes land in it (and costs no loop
+// over n elements either, as a vector's default-initialising resize does
+// in a debug build). It keeps what it has when it already holds n bytes.
+class PayloadBuffer {
+ public:
+  void resize(uint64_t n) {
+    if (n > capacity_) {
+      data_ = std::make_unique_for_overwrite<uint8_t[]>(n);
+      capacity_ = n;
+    }
+    size_ = n;
+  }
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  uint64_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  uint64_t size_ = 0, capacity_ = 0;
+};
+
 // Blocking I/O on a non-blocking TCP socket, in poll slices of at most
 // 100 ms: `stop` is asked between slices and ends the wait early with its
 // text when it returns one. Each returns "" once all `n` bytes moved, else
@@ -132,9 +172,11 @@ std::string writeAllBefore(int fd, const void* p, size_t n,
                            const WaitCheck& stop = nullptr);
 std::string readAllBefore(int fd, void* p, size_t n, std::chrono::steady_clock::time_point deadline,
                           const WaitCheck& stop = nullptr);
-// A header and its text payload (error frames, hellos), best effort.
+// A header and its payload (error texts, handshake frames), and its MAC
+// when `seal` is given; best effort.
 std::string writeTextFrame(int fd, ServerFrame f, const std::string& text,
-                           std::chrono::steady_clock::time_point deadline);
+                           std::chrono::steady_clock::time_point deadline,
+                           FrameSeal* seal = nullptr);
 
 // Non-blocking frame I/O on one TCP socket, shared by both ends of the
 // wire: the workers' links (server_link.cc) and the servers' event loops
@@ -153,6 +195,10 @@ enum class FrameIo {
 
 class FrameReader {
  public:
+  // From now on every frame must end in the MAC `seal` expects (the
+  // connection's frames to this end; SMDDP_SERVER_INTEGRITY): one that
+  // does not fails the read, after its payload has landed.
+  void checkWith(FrameSeal* seal) { seal_ = seal; }
   // Reads up to the next boundary. After kHeader the caller must call
   // payloadTo() before reading on if the header announces a payload; a
   // frame with no payload completes (kDone) on the next call.
@@ -170,23 +216,35 @@ class FrameReader {
  private:
   ServerFrame header_;
   uint8_t* payload_ = nullptr;
-  uint64_t got_ = 0;    // of header + payload
+  FrameSeal* seal_ = nullptr;
+  uint8_t mac_[kTagBytes] = {};
+  uint64_t got_ = 0;    // of header + payload (+ MAC)
   uint64_t bytes_ = 0;
 };
 
+// Reads one whole frame of one of `kinds` with a payload of at most `most`
+// bytes into `payload`, blocking until `deadline` (handshakes, an error's
+// text). "" or why not: the validator's sentence, or the socket's.
+std::string readFrameBefore(int fd, FrameReader& reader,
+                            std::initializer_list<ServerFrameKind> kinds, uint64_t most,
+                            std::string* payload, std::chrono::steady_clock::time_point deadline);
+
 class FrameWriter {
  public:
+  // From now on every frame ends in its MAC under `seal`, computed when
+  // its first byte goes out (SMDDP_SERVER_INTEGRITY).
+  void sealWith(FrameSeal* seal) { seal_ = seal; }
   // Queues a header and its payload: `data` (f.payload bytes) must stay
   // valid until the frame is sent; `keep`, if given, holds it and comes
   // back from pop().
   void push(const ServerFrame& f, const void* data,
-            std::shared_ptr<std::vector<uint8_t>> keep = nullptr) {
-    out_.push_back({f, static_cast<const uint8_t*>(data), 0, std::move(keep)});
+            std::shared_ptr<PayloadBuffer> keep = nullptr) {
+    out_.push_back({f, static_cast<const uint8_t*>(data), 0, std::move(keep), false, {}});
   }
   // Sends the front frame; kDone once it is all sent (pop() it), kAgain
   // when the socket is full or nothing is queued.
   FrameIo write(int fd, std::string* why);
-  std::shared_ptr<std::vector<uint8_t>> pop() {
+  std::shared_ptr<PayloadBuffer> pop() {
     auto keep = std::move(out_.front().keep);
     out_.pop_front();
     return keep;
@@ -205,10 +263,15 @@ class FrameWriter {
   struct Out {
     ServerFrame header;
     const uint8_t* data = nullptr;
-    uint64_t sent = 0;  // of header + payload
-    std::shared_ptr<std::vector<uint8_t>> keep;
+    uint64_t sent = 0;  // of header + payload (+ MAC)
+    std::shared_ptr<PayloadBuffer> keep;
+    bool sealed = false;  // mac holds its tag (computed once, as it begins)
+    uint8_t mac[kTagBytes];
   };
+  // The frame's length on the wire; seals it when it has not begun.
+  uint64_t begin(Out& o);
   std::deque<Out> out_;
+  FrameSeal* seal_ = nullptr;
   uint64_t bytes_ = 0;
 };
 

@@ -3,29 +3,38 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
-#include <tuple>
+#include <map>
+#include <system_error>
+#include <utility>
 
 #include "common/error.h"
 #include "common/logging.h"
-#include "reduce/reduce_kernels.h"
-#include "server/server_wire.h"
+#include "common/param.h"
+#include "server/server_auth.h"
+#include "server/server_handshake.h"
+#include "server/stream_service.h"
 #include "transport/peer_monitor.h"
 #include "transport/socket_address.h"
 
 namespace smddp {
 
+SMDDP_PARAM_INT(paramMaxConnections, "SMDDP_SERVER_MAX_CONNECTIONS", 1024, 4, 1 << 20,
+                "connections a standalone reduction server holds open at once, handshakes "
+                "included (each stream holds at least one, so this bounds streams and their "
+                "threads too); past it the oldest unproven connection makes room, or the new "
+                "one is refused")
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int listenOnPort(const std::string& ip, int port, int* bound) {
+UniqueFd listenOnPort(const std::string& ip, int port, int* bound) {
   sockaddr_storage sa{};
   socklen_t len = 0;
   if (inet_pton(AF_INET, ip.c_str(), &reinterpret_cast<sockaddr_in*>(&sa)->sin_addr) == 1) {
@@ -42,18 +51,16 @@ int listenOnPort(const std::string& ip, int port, int* bound) {
     throwError(ErrorKind::kInvalidArgument,
                "reduction server: '" + ip + "' is not a numeric address to listen on");
   }
-  int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  SMDDP_CHECK(fd >= 0, kTransport, std::string("reduction server: socket: ") + strerror(errno));
+  UniqueFd fd(socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  SMDDP_CHECK(fd, kTransport, std::string("reduction server: socket: ") + strerror(errno));
   int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd, 256) != 0) {
-    const int e = errno;
-    close(fd);
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd.get(), 256) != 0) {
     throwError(ErrorKind::kTransport, "reduction server: cannot listen on " + ip + ":" +
-                                          std::to_string(port) + ": " + strerror(e));
+                                          std::to_string(port) + ": " + strerror(errno));
   }
   len = sizeof(sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
   *bound = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
                                           : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
   return fd;
@@ -65,33 +72,72 @@ ServerFrame errorFrame() {
   return f;
 }
 
+// An error frame that goes out now or never: the accept loop never waits
+// on a peer (a fresh connection's send buffer always takes it).
+void tellNow(int fd, const std::string& text) {
+  ServerFrame f = errorFrame();
+  f.payload = std::min<uint64_t>(text.size(), kServerMaxText);
+  std::string out(reinterpret_cast<const char*>(&f), sizeof(f));
+  out.append(text, 0, f.payload);
+  (void)::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+std::string key(const StandaloneServer::Options& o) {
+  if (!o.key.empty()) {
+    SMDDP_CHECK(o.key.size() >= 16, kInvalidArgument,
+                "reduction server: a key needs at least 16 bytes");
+    return o.key;
+  }
+  if (!o.keyFile.empty()) return readServerKeyFile(o.keyFile, "--key-file");
+  const std::string path = serverKeyFileParam();
+  if (!path.empty()) return readServerKeyFile(path, "SMDDP_SERVER_KEY_FILE");
+  throwError(ErrorKind::kInvalidArgument,
+             "reduction server: no key: give it --key-file FILE (or SMDDP_SERVER_KEY_FILE), or "
+             "--rendezvous and --job for a key generated per job in that store");
+}
+
 }  // namespace
 
-// The connections of one stream: host h's server rank for stream s of
-// one group, on one server.
-struct StandaloneServer::Stream {
+// A stream some of whose hosts joined: by host, the connections and what
+// their hellos said; it expires if the rest do not come in time.
+struct StandaloneServer::Waiting {
+  uint64_t group = 0;
+  int stream = 0;
   int hosts = 0;
-  std::vector<int> fds;    // by host; -1 until it joined
-  std::vector<int> ranks;  // by host, for messages
+  std::vector<StreamHost> members;  // by host; no connection until it joined
   int joined = 0;
-  bool serving = false;
+  Clock::time_point expires{};
+};
+
+// What one accept loop owns alone: its listener's unproven connections
+// and its streams still waiting for hosts. No lock: nothing here is shared.
+struct StandaloneServer::Front {
+  int server = 0;
+  std::string who;
+  std::vector<std::unique_ptr<ServerHandshake>> pending;  // oldest first
+  std::map<std::pair<uint64_t, int>, std::shared_ptr<Waiting>> waiting;
+  // Out of descriptors (EMFILE, ENFILE) or kernel memory: the listener is
+  // left alone until then, and the trouble is logged once, not per try.
+  Clock::time_point backoffUntil{};
+  std::chrono::milliseconds backoff{0};
+  bool starved = false;
 };
 
 StandaloneServer::StandaloneServer(Options options) : options_(std::move(options)) {
   SMDDP_CHECK(options_.count >= 1 && options_.count <= 1024, kInvalidArgument,
               "reduction server: --servers must be in 1..1024");
-  try {
-    for (int i = 0; i < options_.count; ++i) {
-      int port = 0;
-      const int want = options_.basePort ? options_.basePort + i : 0;
-      SMDDP_CHECK(want <= 65535, kInvalidArgument,
-                  "reduction server: port " + std::to_string(want) + " is past 65535");
-      listeners_.push_back(listenOnPort(options_.bindAddress, want, &port));
-      ports_.push_back(port);
-    }
-  } catch (...) {
-    for (int fd : listeners_) close(fd);
-    throw;
+  key_ = key(options_);
+  requireIntegrity_ =
+      options_.requireIntegrity < 0 ? serverIntegrityParam() : options_.requireIntegrity > 0;
+  maxConnections_ = options_.maxConnections > 0 ? options_.maxConnections : paramMaxConnections();
+  if (options_.handshakeTimeout.count() <= 0) options_.handshakeTimeout = std::chrono::seconds(10);
+  for (int i = 0; i < options_.count; ++i) {
+    int port = 0;
+    const int want = options_.basePort ? options_.basePort + i : 0;
+    SMDDP_CHECK(want <= 65535, kInvalidArgument,
+                "reduction server: port " + std::to_string(want) + " is past 65535");
+    listeners_.push_back(listenOnPort(options_.bindAddress, want, &port));
+    ports_.push_back(port);
   }
   std::lock_guard<std::mutex> g(mu_);
   for (int i = 0; i < options_.count; ++i) threads_.emplace_back([this, i] { acceptLoop(i); });
@@ -102,8 +148,8 @@ StandaloneServer::~StandaloneServer() { stop(); }
 void StandaloneServer::stop() {
   if (stop_.exchange(true)) return;
   std::vector<std::thread> threads;
-  // Threads may still be started by an accept loop until it sees stop_:
-  // join until none is left.
+  // Stream threads may still be started by an accept loop until it sees
+  // stop_: join until none is left.
   while (true) {
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -113,21 +159,7 @@ void StandaloneServer::stop() {
     for (auto& t : threads) t.join();
     threads.clear();
   }
-  for (int fd : listeners_) close(fd);
   listeners_.clear();
-  std::lock_guard<std::mutex> g(mu_);
-  for (auto& [key, s] : streams_) {
-    for (int& fd : s->fds) {
-      if (fd >= 0) close(fd);
-      fd = -1;
-    }
-  }
-  streams_.clear();
-}
-
-size_t StandaloneServer::streams() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return streams_.size();
 }
 
 size_t StandaloneServer::threads() const {
@@ -151,308 +183,284 @@ void StandaloneServer::reapThreads() {
   for (auto& t : done) t.join();  // each has returned or is returning
 }
 
-void StandaloneServer::dropAbandonedStreamsLocked() {
-  // A host that closed its end of a stream still waiting for hosts (its
-  // group went on without this server, or died) will never serve in it,
-  // so the stream can never be served. (Data a host sent early stays
-  // queued for the serving loop: only the hang-up counts.)
-  for (auto it = streams_.begin(); it != streams_.end();) {
-    Stream& s = *it->second;
-    const bool left = !s.serving && std::any_of(s.fds.begin(), s.fds.end(), [](int fd) {
-      pollfd p{fd, POLLRDHUP, 0};
-      return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-    });
-    if (!left) {
-      ++it;
-      continue;
-    }
-    for (int& fd : s.fds) {
-      if (fd >= 0) close(fd);
-      fd = -1;
-    }
-    it = streams_.erase(it);
-  }
-}
-
 std::string StandaloneServer::lastError() const {
   std::lock_guard<std::mutex> g(mu_);
   return lastError_;
 }
 
 void StandaloneServer::noteError(const std::string& text) {
+  // At most 20 lines per 10 s: a flood of bad connections must not become
+  // a flood of log lines. The first line after a crowded window says how
+  // many it left out.
+  constexpr uint64_t kLinesPerWindow = 20;
+  constexpr auto kWindow = std::chrono::seconds(10);
   refused_++;
-  SMDDP_LOG(kWarn) << text;
-  std::lock_guard<std::mutex> g(mu_);
-  lastError_ = text;
+  uint64_t left = 0;
+  bool log = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    lastError_ = text;
+    const auto now = Clock::now();
+    if (now - logWindow_ >= kWindow) {
+      left = unlogged_;
+      logWindow_ = now;
+      logged_ = unlogged_ = 0;
+    }
+    log = logged_ < kLinesPerWindow;
+    if (log) ++logged_;
+    else ++unlogged_;
+  }
+  if (left) {
+    SMDDP_LOG(kWarn) << "reduction server: " << left << " more refusals or failures were not "
+                     << "logged (at most " << kLinesPerWindow << " lines per 10 s)";
+  }
+  if (log) {
+    SMDDP_LOG(kWarn) << text;
+  }
 }
 
 void StandaloneServer::acceptLoop(int server) {
+  // Named, so that an operator (and the hostile suite) can tell the accept
+  // loops from the stream loops in top -H or /proc/PID/task.
+  pthread_setname_np(pthread_self(), "smddp-accept");
+  Front front;
+  front.server = server;
+  front.who = "reduction server " + std::to_string(server);
   while (!stop_.load()) {
     reapThreads();
-    pollfd p{listeners_[server], POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    int fd = accept4(listeners_[server], nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    setNoDelay(fd);
-    boundSilence(fd, PeerMonitor::configuredSilence());  // a silent worker host
-    std::lock_guard<std::mutex> g(mu_);
-    if (stop_.load()) {
-      close(fd);
-      break;
+    try {
+      turn(front);
+    } catch (const std::exception& e) {
+      // bad_alloc or the like: this turn's connection goes, the loop stays.
+      noteError(front.who + ": " + e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    threads_.emplace_back([this, server, fd] {
-      handshake(server, fd);
-      std::lock_guard<std::mutex> done(mu_);
-      finished_.push_back(std::this_thread::get_id());
-    });
   }
 }
 
-void StandaloneServer::handshake(int server, int fd) {
-  const std::string who = "reduction server " + std::to_string(server);
-  auto stopping = [this]() -> std::string { return stop_.load() ? "stopped" : ""; };
-  auto refuse = [&](const std::string& why) {
-    noteError(who + ": refused a connection: " + why);
-    writeTextFrame(fd, errorFrame(), who + " refused the connection: " + why,
-                   Clock::now() + std::chrono::seconds(1));
-    close(fd);
-  };
-  // 1. The hello: a header and the job id, within 10 s of connecting.
-  ServerFrame hello;
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  std::string why = readAllBefore(fd, &hello, sizeof(hello), deadline, stopping);
-  if (!why.empty()) {
-    if (why == "stopped") {
-      close(fd);
+void StandaloneServer::turn(Front& front) {
+  // Slots: the listener (unless backing off), each unproven connection,
+  // then each host of each waiting stream (watched only for a hang-up: its
+  // data stays in the socket until the stream serves).
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Waiting*, int>> hosts;
+  const auto now = Clock::now();
+  const bool listening = now >= front.backoffUntil;
+  fds.push_back({listening ? listeners_[front.server].get() : -1, POLLIN, 0});
+  for (auto& hs : front.pending) fds.push_back({hs->fd(), hs->events(), 0});
+  for (auto& [k, w] : front.waiting) {
+    for (int h = 0; h < w->hosts; ++h) {
+      if (!w->members[h].conn) continue;
+      fds.push_back({w->members[h].conn.fd(), POLLRDHUP, 0});
+      hosts.emplace_back(w.get(), h);
+    }
+  }
+  if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return;
+  }
+  // A host of a waiting stream that hung up: its group gave up on this
+  // server (or died), so the stream can never serve. Marked before any
+  // handshake completes a stream (and hands it to a thread of its own).
+  const size_t P = front.pending.size();
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (fds[1 + P + i].revents) hosts[i].first->expires = Clock::time_point::min();
+  }
+  // Then the handshakes (the listener's new ones join the list behind them).
+  for (size_t i = 0; i < P; ++i) {
+    auto& hs = front.pending[i];
+    if (!fds[1 + i].revents && Clock::now() < hs->deadline()) continue;
+    const auto state = hs->step();
+    if (state == ServerHandshake::State::kGoing) continue;
+    if (state == ServerHandshake::State::kDone) {
+      admit(front, *hs);
     } else {
-      refuse("no hello (" + why + ")");
+      if (!hs->refusal().empty()) tellNow(hs->fd(), front.who + ": " + hs->refusal());
+      noteError(front.who + ": refused a connection: " + hs->why());
+    }
+    hs.reset();
+  }
+  front.pending.erase(std::remove(front.pending.begin(), front.pending.end(), nullptr),
+                      front.pending.end());
+  expire(front);
+  if (listening && (fds[0].revents & POLLIN)) acceptSome(front);
+}
+
+void StandaloneServer::expire(Front& front) {
+  const auto now = Clock::now();
+  for (auto it = front.waiting.begin(); it != front.waiting.end();) {
+    if (now < it->second->expires) {
+      ++it;
+      continue;
+    }
+    if (it->second->expires != Clock::time_point::min()) {
+      noteError("standalone reduction server " + std::to_string(front.server) + ": stream " +
+                std::to_string(it->second->stream) + " expired with " +
+                std::to_string(it->second->joined) + " of its " +
+                std::to_string(it->second->hosts) + " hosts");
+    }
+    streams_--;
+    it = front.waiting.erase(it);  // closes its connections
+  }
+}
+
+void StandaloneServer::acceptSome(Front& front) {
+  const int listener = listeners_[front.server].get();
+  for (int i = 0; i < 64 && !stop_.load(); ++i) {
+    const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      const int e = errno;
+      if (e == EINTR || e == ECONNABORTED) continue;
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+        // Retried at once this would spin: the connection stays in the
+        // backlog and poll says so again. Back off, up to a second.
+        front.backoff = std::clamp(front.backoff * 2, std::chrono::milliseconds(50),
+                                   std::chrono::milliseconds(1000));
+        front.backoffUntil = Clock::now() + front.backoff;
+        if (!front.starved) {
+          front.starved = true;
+          SMDDP_LOG(kWarn) << front.who << ": cannot accept connections (" << strerror(e)
+                           << "); retrying every " << front.backoff.count()
+                           << " ms or more until resources free up (ulimit -n, "
+                              "SMDDP_SERVER_MAX_CONNECTIONS)";
+        }
+      }
+      return;
+    }
+    if (front.starved) {
+      front.starved = false;
+      SMDDP_LOG(kWarn) << front.who << ": accepting connections again";
+    }
+    front.backoff = std::chrono::milliseconds(0);
+    ServerConnection conn(fd, &connections_);
+    if (connections_.load() > maxConnections_) {
+      // Full: the oldest connection still owing its proof makes room (a
+      // worker proves itself within a round trip); with none, the new one
+      // is turned away.
+      if (front.pending.empty()) {
+        tellNow(fd, front.who + " is busy: it holds SMDDP_SERVER_MAX_CONNECTIONS=" +
+                        std::to_string(maxConnections_) + " connections");
+        noteError(front.who + ": refused a connection: at SMDDP_SERVER_MAX_CONNECTIONS=" +
+                  std::to_string(maxConnections_));
+        continue;
+      }
+      noteError(front.who + ": dropped the oldest connection still owing its proof, to make "
+                            "room (SMDDP_SERVER_MAX_CONNECTIONS=" +
+                std::to_string(maxConnections_) + ")");
+      front.pending.erase(front.pending.begin());
+    }
+    setNoDelay(fd);
+    boundSilence(fd, PeerMonitor::configuredSilence());  // a silent worker host
+    front.pending.push_back(std::make_unique<ServerHandshake>(
+        std::move(conn), key_, Clock::now() + options_.handshakeTimeout));
+  }
+}
+
+void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
+  const ServerFrame hello = hs.hello();
+  const int host = hello.host, hosts = hello.hosts;
+  StreamHost joining;
+  joining.conn = hs.release();
+  joining.rank = static_cast<int>(hello.seq);
+  joining.maxPiece = hello.count;
+  const bool integrity = hello.flags & kServerFlagIntegrity;
+  if (integrity) {
+    joining.check = std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToServer);
+    joining.seal = std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToWorker);
+  }
+  const int fd = joining.conn.fd();
+  // From here the worker has proved it holds the key: it may hear why.
+  auto refuse = [&](const std::string& why) {
+    writeTextFrame(fd, errorFrame(), front.who + " refused the connection: " + why,
+                   Clock::now() + std::chrono::seconds(1), joining.seal.get());
+    noteError(front.who + ": refused a connection: " + why);
+  };
+  // The worker's own job id may be named; the one this server serves
+  // (--job) is not told to anyone.
+  if (!options_.job.empty() && hs.job() != options_.job) {
+    return refuse("this server does not serve job '" + hs.job() + "' (SMDDP_SERVER_JOB)");
+  }
+  if (requireIntegrity_ && !integrity) {
+    return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers");
+  }
+  const uint64_t group = hello.group;
+  auto& w = front.waiting[{group, static_cast<int>(hello.stream)}];
+  if (!w) {
+    w = std::make_shared<Waiting>();
+    w->group = group;
+    w->stream = hello.stream;
+    w->hosts = hosts;
+    w->members.resize(hosts);
+    streams_++;
+  }
+  std::string why;
+  if (w->hosts != hosts) {
+    why = "host " + std::to_string(host) + " says the group has " + std::to_string(hosts) +
+          " hosts, an earlier one said " + std::to_string(w->hosts);
+  } else if (w->members[host].conn) {
+    why = "host " + std::to_string(host) + " of stream " + std::to_string(hello.stream) +
+          " joined twice";
+  }
+  if (why.empty()) {
+    ServerFrame welcome;
+    welcome.kind = static_cast<uint8_t>(ServerFrameKind::kWelcome);
+    why = writeTextFrame(fd, welcome, "", Clock::now() + std::chrono::seconds(1),
+                         joining.seal.get());
+    if (!why.empty()) joining.conn.reset();  // it went away: nobody to tell
+  }
+  if (!why.empty()) {
+    if (joining.conn) refuse(why);
+    if (w->joined == 0) {  // the stream it would have opened
+      front.waiting.erase({group, static_cast<int>(hello.stream)});
+      streams_--;
     }
     return;
   }
-  why = validateServerFrame(hello, {ServerFrameKind::kHello});
-  if (!why.empty()) return refuse("a bad hello: " + why);
-  std::string job(hello.payload, '\0');
-  why = readAllBefore(fd, job.data(), job.size(), deadline, stopping);
-  if (!why.empty()) return refuse("no job id (" + why + ")");
-  if (!options_.job.empty() && job != options_.job) {
-    return refuse("the worker belongs to job '" + job + "', this server serves job '" +
-                  options_.job + "'");
+  // An incomplete stream lives as long as its hosts said they would wait
+  // for each other (SMDDP_SERVER_WAIT, at most a day), and a grace more.
+  const auto wait = std::chrono::milliseconds(std::min<uint64_t>(hello.step, 86400000));
+  // (A stream one of whose hosts already hung up stays marked to go.)
+  if (w->expires != Clock::time_point::min()) {
+    w->expires = std::max(w->expires, Clock::now() + wait + options_.streamGrace);
   }
-  // hello.server is the worker's index of this server in SMDDP_SERVER_HOSTS,
-  // which spans every server process: not comparable with `server`, which
-  // counts this process's listeners only.
-  // 2. Join the stream; the host that completes it serves it.
-  std::shared_ptr<Stream> stream;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    dropAbandonedStreamsLocked();
-    const uint64_t secret = hello.secret;  // copies: the frame is packed
-    const int streamIndex = hello.stream;
-    auto& s = streams_[std::make_tuple(server, secret, streamIndex)];
-    if (!s) {
-      s = std::make_shared<Stream>();
-      s->hosts = hello.hosts;
-      s->fds.assign(hello.hosts, -1);
-      s->ranks.assign(hello.hosts, -1);
-    }
-    if (s->hosts != hello.hosts) {
-      why = "host " + std::to_string(hello.host) + " says the group has " +
-            std::to_string(hello.hosts) + " hosts, an earlier one said " + std::to_string(s->hosts);
-    } else if (s->fds[hello.host] >= 0 || s->serving) {
-      why = "host " + std::to_string(hello.host) + " of stream " + std::to_string(hello.stream) +
-            " joined twice";
-    } else {
-      s->fds[hello.host] = fd;
-      s->ranks[hello.host] = static_cast<int>(hello.seq);
-      if (++s->joined == s->hosts) {
-        s->serving = true;
-        stream = s;
-      }
-    }
-  }
-  if (!why.empty()) return refuse(why);
-  ServerFrame welcome;
-  welcome.kind = static_cast<uint8_t>(ServerFrameKind::kWelcome);
-  writeAllBefore(fd, &welcome, sizeof(welcome), Clock::now() + std::chrono::seconds(10));
-  if (stream) serve(server, stream);
+  w->members[host] = std::move(joining);
+  if (++w->joined < w->hosts) return;
+  auto complete = std::move(w);
+  front.waiting.erase({group, static_cast<int>(hello.stream)});
+  startServing(front.server, std::move(complete));
 }
 
-void StandaloneServer::serve(int server, std::shared_ptr<Stream> stream) {
-  const int H = stream->hosts;
+void StandaloneServer::startServing(int server, std::shared_ptr<Waiting> stream) {
   const std::string who = "standalone reduction server " + std::to_string(server);
-  std::vector<int> fds = stream->fds;
-  auto name = [&](int h) {
-    return "host " + std::to_string(h) + " (rank " + std::to_string(stream->ranks[h]) + ")";
-  };
-  // One event loop over the stream's H connections: it reads every host's
-  // frames as they come, combines a step once every host's piece of it is
-  // in, and sends results while it reads on. Nothing blocks on one host:
-  // a worker that is busy sending step k+1 is not made to wait for this
-  // server to finish sending it step k, and the next step is read while a
-  // result is still on its way out.
-  constexpr uint64_t kReadAhead = 64ull << 20;  // bytes of complete frames per host before it waits
-  struct Frame {
-    ServerFrame header;
-    std::vector<uint8_t> payload;
-  };
-  struct Host {
-    FrameReader reader;
-    std::vector<uint8_t> reading;  // the payload being read
-    std::deque<Frame> ready;
-    uint64_t readyBytes = 0;
-    FrameWriter out;  // results; each payload shared by every host's queue
-    bool bye = false;  // read its goodbye: nothing follows but the close
-  };
-  std::vector<Host> in(H);
-  std::vector<std::vector<uint8_t>> spare;  // payload buffers to reuse
-  auto buffer = [&spare](uint64_t n) {
-    std::vector<uint8_t> v;
-    if (!spare.empty()) {
-      v = std::move(spare.back());
-      spare.pop_back();
+  std::string failed;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_.load()) {
+      streams_--;
+      return;  // its connections close with it
     }
-    v.resize(n);
-    return v;
-  };
-  auto recycle = [&spare](std::vector<uint8_t>&& v) {
-    if (spare.size() < 64) spare.push_back(std::move(v));
-  };
-  // Tells every host why this stream ends (after the rest of a result
-  // frame already begun), then closes it.
-  auto fail = [&](const std::string& why) {
-    noteError(who + ": " + why);
-    for (int h = 0; h < H; ++h) {
-      const auto deadline = Clock::now() + std::chrono::seconds(1);
-      if (!in[h].out.finishBefore(fds[h], deadline).empty()) continue;
-      writeTextFrame(fds[h], errorFrame(), who + ": " + why, deadline);
-    }
-  };
-  std::vector<const void*> inputs(H);
-  std::vector<pollfd> polls(H);
-  std::string failure;
-  bool finished = false;
-  auto broke = [&](int h, const std::string& why) {
-    if (why == "closed") {
-      failure = name(h) + " closed its connection without a goodbye (the worker died?)";
-    } else if (why == "silent") {
-      failure = name(h) + " went silent: nothing sent to it was acknowledged within "
-                          "SMDDP_PEER_TIMEOUT";
-    } else {
-      failure = name(h) + "'s connection broke: " + why;
-    }
-  };
-  // Reads what host h's socket holds, up to the read-ahead bound.
-  auto readFrom = [&](int h) {
-    Host& x = in[h];
-    std::string why;
-    while (failure.empty() && !x.bye && (x.ready.empty() || x.readyBytes < kReadAhead)) {
-      const FrameIo io = x.reader.read(fds[h], &why);
-      if (io == FrameIo::kAgain) return;
-      if (io == FrameIo::kFailed) return broke(h, why);
-      const ServerFrame& f = x.reader.header();
-      if (io == FrameIo::kHeader) {
-        why = validateServerFrame(f, {ServerFrameKind::kData, ServerFrameKind::kBye});
-        if (!why.empty()) {
-          failure = "a bad frame from " + name(h) + ": " + why;
-          return;
-        }
-        if (f.kind == static_cast<uint8_t>(ServerFrameKind::kData)) {
-          x.reading = buffer(f.payload);
-          x.reader.payloadTo(x.reading.data());
-        }
-        continue;
-      }
-      x.readyBytes += x.reading.size();  // kDone
-      x.bye = f.kind == static_cast<uint8_t>(ServerFrameKind::kBye);
-      x.ready.push_back({f, std::move(x.reading)});
-      x.reading = {};
-      x.reader.next();
-    }
-  };
-  auto sendTo = [&](int h) {
-    Host& x = in[h];
-    std::string why;
-    while (failure.empty() && !x.out.empty()) {
-      const FrameIo io = x.out.write(fds[h], &why);
-      if (io == FrameIo::kFailed) return broke(h, why);
-      if (io != FrameIo::kDone) return;
-      auto sent = x.out.pop();
-      if (sent.use_count() == 1) recycle(std::move(*sent));
-    }
-  };
-  // Combines every step whose pieces are all in.
-  auto combine = [&] {
-    while (failure.empty()) {
-      for (int h = 0; h < H; ++h) {
-        if (in[h].ready.empty()) return;
-      }
-      // Every host said goodbye: the group shut down.
-      int byes = 0;
-      for (auto& x : in) byes += x.ready.front().header.kind == static_cast<uint8_t>(ServerFrameKind::kBye);
-      if (byes == H) {
-        finished = true;
-        return;
-      }
-      if (byes) {
-        failure = "some hosts left while others still sent data";
-        return;
-      }
-      // Every host must send the same piece of the same call.
-      for (int h = 1; h < H && failure.empty(); ++h) {
-        std::string diff = samePiece(in[0].ready.front().header, in[h].ready.front().header);
-        if (!diff.empty()) failure = name(0) + " and " + name(h) + " sent different pieces: " + diff;
-      }
-      if (!failure.empty()) return;
-      // Combine in host order (bitwise the workers' own servers' result).
-      const ServerFrame f = in[0].ready.front().header;
-      auto result = std::make_shared<std::vector<uint8_t>>(buffer(f.payload));
-      ServerFrame out = f;
-      out.kind = static_cast<uint8_t>(ServerFrameKind::kResult);
-      if (f.count) {
-        for (int h = 0; h < H; ++h) inputs[h] = in[h].ready.front().payload.data();
-        reduceOrdered(result->data(), inputs.data(), H, f.count,
-                      static_cast<DataType>(f.dtype), static_cast<ReduceOp>(f.op),
-                      static_cast<double>(f.divisor));
-      }
-      pieces_++;
-      bytes_ += f.payload * H;
-      for (int h = 0; h < H; ++h) {
-        Host& x = in[h];
-        x.readyBytes -= x.ready.front().payload.size();
-        recycle(std::move(x.ready.front().payload));
-        x.ready.pop_front();
-        x.out.push(out, result->data(), result);
-        sendTo(h);
-      }
-    }
-  };
-  while (failure.empty() && !finished && !stop_.load()) {
-    for (int h = 0; h < H; ++h) {
-      const Host& x = in[h];
-      const bool reading = !x.bye && (x.ready.empty() || x.readyBytes < kReadAhead);
-      const short events = static_cast<short>((reading ? POLLIN : 0) | (x.out.empty() ? 0 : POLLOUT));
-      // No events, no fd: a closed socket would report POLLHUP at once.
-      polls[h] = {events ? fds[h] : -1, events, 0};
-    }
-    if (poll(polls.data(), H, 100) <= 0) continue;
-    for (int h = 0; h < H && failure.empty(); ++h) {
-      if (polls[h].revents & POLLOUT) sendTo(h);
-      if (polls[h].revents & (POLLIN | POLLHUP | POLLERR)) readFrom(h);
-    }
-    combine();
-  }
-  if (!failure.empty()) fail(failure);
-  std::lock_guard<std::mutex> g(mu_);
-  for (auto it = streams_.begin(); it != streams_.end(); ++it) {
-    if (it->second == stream) {
-      streams_.erase(it);
-      break;
+    try {
+      threads_.emplace_back([this, who, stream] {
+        pthread_setname_np(pthread_self(), "smddp-stream");
+        const std::string why =
+            serveStream(who, stream->group, stream->members, stop_, {pieces_, bytes_});
+        if (!why.empty()) noteError(who + ": " + why);
+        stream->members.clear();  // closes the connections
+        streams_--;
+        std::lock_guard<std::mutex> done(mu_);
+        finished_.push_back(std::this_thread::get_id());
+      });
+    } catch (const std::exception& e) {
+      // No thread (RLIMIT_NPROC, memory): this stream is refused, the
+      // server goes on.
+      failed = e.what();
     }
   }
-  for (int& fd : stream->fds) {
-    if (fd >= 0) close(fd);
-    fd = -1;
-  }
+  if (failed.empty()) return;
+  tellStreamHosts(stream->members, who + ": the server cannot start a thread for this stream (" +
+                                       failed + ")");
+  noteError(who + ": cannot start a thread for a stream: " + failed);
+  streams_--;
 }
 
 }  // namespace smddp

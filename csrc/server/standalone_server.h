@@ -1,26 +1,31 @@
 // A standalone reduction server (docs/design.md, "Standalone reduction
-// servers"): a process that owns no rank and adds reduction bandwidth to
-// a job, as in Herring and BytePS. Each of its `count` servers listens on
-// its own TCP port. The server ranks of every host (one stream per host
-// server index) connect to each of them; for every step of a multi-host
-// fusion batch, the server takes one piece of the step's host partial from
-// every host, combines the pieces in host order (the same kernel as the
-// workers' own servers, so the same bits), and sends the result back to
-// every host. Torch-free: `python -m torch_smddp.server` drives it.
+// servers" and "Security"): a process that owns no rank and adds reduction
+// bandwidth to a job, as in Herring and BytePS. Each of its `count`
+// servers listens on its own TCP port. The server ranks of every host (one
+// stream per host server index) connect to each of them; for every step of
+// a multi-host fusion batch, the server takes one piece of the step's host
+// partial from every host, combines the pieces in host order (the same
+// kernel as the workers' own servers, so the same bits), and sends the
+// result back to every host (stream_service.h). Only workers that prove
+// they hold the server's key (server_auth.h) join a stream; every resource
+// a connection can take is bounded, and the server outlives its jobs.
+// Torch-free: `python -m torch_smddp.server` drives it.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <tuple>
-#include <utility>
 #include <vector>
 
+#include "common/unique_fd.h"
+
 namespace smddp {
+
+class ServerHandshake;
 
 class StandaloneServer {
  public:
@@ -29,8 +34,23 @@ class StandaloneServer {
     int basePort = 0;                     // server i listens on basePort + i (0: the kernel picks)
     int count = 1;
     std::string job;  // a hello for another job is refused; "" serves any job
+    // The shared key (server_auth.h): bytes, or else the key file at
+    // `keyFile`, or else SMDDP_SERVER_KEY_FILE; a server has one.
+    std::string key;
+    std::string keyFile;
+    // Refuse workers that do not ask for SMDDP_SERVER_INTEGRITY (-1: that
+    // variable decides).
+    int requireIntegrity = -1;
+    // Open connections across the servers (0: SMDDP_SERVER_MAX_CONNECTIONS).
+    int64_t maxConnections = 0;
+    // How long a connection may take to prove itself (0: 10 s).
+    std::chrono::milliseconds handshakeTimeout{0};
+    // An incomplete stream expires this long after the longest wait its
+    // hosts' hellos announced (SMDDP_SERVER_WAIT).
+    std::chrono::milliseconds streamGrace{10000};
   };
-  // Listens on every port (throws a transport error naming the address).
+  // Listens on every port (throws a transport error naming the address, or
+  // an invalid-argument error for a missing or bad key).
   explicit StandaloneServer(Options options);
   ~StandaloneServer();  // stop()
   StandaloneServer(const StandaloneServer&) = delete;
@@ -44,38 +64,49 @@ class StandaloneServer {
   // Counters (any thread).
   uint64_t piecesReduced() const { return pieces_.load(); }
   uint64_t bytesReduced() const { return bytes_.load(); }
-  uint64_t refused() const { return refused_.load(); }  // hellos and streams refused or failed
-  // Streams open (joined by some host, not ended), and threads not yet
-  // joined (accept loops, and connections not yet reaped): a server that
-  // outlives many jobs must not grow either.
-  size_t streams() const;
+  uint64_t refused() const { return refused_.load(); }  // connections refused or failed
+  // Streams open (joined by some host, not ended), connections open, and
+  // threads not yet joined (accept loops and stream loops not yet reaped):
+  // a server that outlives many jobs must not grow any of them.
+  size_t streams() const { return static_cast<size_t>(streams_.load()); }
+  size_t connections() const { return static_cast<size_t>(connections_.load()); }
   size_t threads() const;
   // The last refusal or failure, for logs and tests.
   std::string lastError() const;
 
+  // Internal: a stream waiting for its hosts, and one accept loop's state.
+  struct Waiting;
+  struct Front;
+
  private:
-  struct Stream;
   void acceptLoop(int server);
-  void handshake(int server, int fd);
-  void serve(int server, std::shared_ptr<Stream> stream);
+  // One turn of an accept loop: poll, accept, handshakes, waiting streams.
+  void turn(Front& front);
+  void acceptSome(Front& front);
+  // A connection that proved itself joins its stream (or is refused).
+  void admit(Front& front, ServerHandshake& hs);
+  void expire(Front& front);
+  void startServing(int server, std::shared_ptr<Waiting> stream);
   void noteError(const std::string& text);
-  // Joins the connection threads that have finished (accept loops call it).
+  // Joins the stream threads that have finished (accept loops call it).
   void reapThreads();
-  // Closes the streams still waiting for hosts that one of their hosts
-  // hung up on (a group that gave up on this server); with mu_ held.
-  void dropAbandonedStreamsLocked();
 
   Options options_;
-  std::vector<int> listeners_;
+  std::string key_;  // never logged, never sent
+  bool requireIntegrity_ = false;
+  int64_t maxConnections_ = 0;
+  std::vector<UniqueFd> listeners_;
   std::vector<int> ports_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> pieces_{0}, bytes_{0}, refused_{0};
+  std::atomic<int64_t> connections_{0}, streams_{0};
   mutable std::mutex mu_;  // guards everything below
-  // (server, group secret, stream) -> the connections of its hosts.
-  std::map<std::tuple<int, uint64_t, int>, std::shared_ptr<Stream>> streams_;
-  std::vector<std::thread> threads_;  // accept loops, handshakes and serving loops
+  std::vector<std::thread> threads_;       // accept loops and stream loops
   std::vector<std::thread::id> finished_;  // threads of threads_ that returned
   std::string lastError_;
+  // Refusals logged in the current window, and those left out of the log.
+  std::chrono::steady_clock::time_point logWindow_{};
+  uint64_t logged_ = 0, unlogged_ = 0;
 };
 
 }  // namespace smddp

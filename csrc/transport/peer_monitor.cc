@@ -17,9 +17,12 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
+#include "transport/liveness_message.h"
 #include "transport/socket_address.h"
 
 namespace smddp {
+
+using namespace liveness;
 
 SMDDP_PARAM_INT(paramPeerTimeout, "SMDDP_PEER_TIMEOUT", 10, 0, 86400,
                 "seconds without a heartbeat after which a peer's host counts as lost (ranks on "
@@ -29,24 +32,6 @@ SMDDP_PARAM_INT(paramPeerTimeout, "SMDDP_PEER_TIMEOUT", 10, 0, 86400,
 
 namespace {
 
-// Every message on a liveness connection: fixed size, carrying the group's
-// secret, so bytes from anyone else are refused before they mean anything.
-enum : uint8_t { kHello = 1, kBeat = 2, kBye = 3 };
-constexpr uint32_t kMagic = 0x4C444D53;  // "SMDL"
-constexpr uint8_t kVersion = 1;
-
-struct Message {
-  uint32_t magic;
-  uint8_t version;
-  uint8_t type;
-  uint16_t reserved;
-  uint32_t from;    // sender's rank
-  uint32_t to;      // receiver's rank
-  uint64_t secret;  // the group's secret
-};
-static_assert(sizeof(Message) == 24, "liveness messages are 24 bytes");
-
-constexpr size_t kMaxPending = 64;     // accepted connections still owing a hello
 constexpr size_t kMaxOutbox = 4096;    // a peer this far behind gets no more beats
 constexpr auto kMaxPollWait = std::chrono::milliseconds(100);
 
@@ -336,7 +321,7 @@ void PeerMonitor::run() {
     slots.push_back({0, 0});
     {
       std::lock_guard<std::mutex> lock(ioMu_);
-      if (listenFd_ >= 0) {
+      if (listenFd_ >= 0 && Clock::now() >= listenPauseUntil_) {
         fds.push_back({listenFd_, POLLIN, 0});
         slots.push_back({1, 0});
       }
@@ -386,105 +371,6 @@ void PeerMonitor::run() {
   }
 }
 
-void PeerMonitor::acceptLocked() {
-  while (true) {
-    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN, or a connection that went away first
-    if (pending_.size() >= kMaxPending) {
-      close(fd);
-      ++refused_;
-      continue;
-    }
-    setNoDelay(fd);
-    Pending p;
-    p.fd = fd;
-    // A peer says hello as soon as it connects; anything slower is refused.
-    p.giveUp = Clock::now() + std::min<Clock::duration>(opts_.silence, std::chrono::seconds(5));
-    pending_.push_back(p);
-  }
-}
-
-bool PeerMonitor::readPendingLocked(size_t i) {
-  Pending& p = pending_[i];
-  ssize_t n = recv(p.fd, p.rx + p.have, kMessageBytes - p.have, MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
-  bool keep = false;
-  int from = -1;
-  if (n > 0) {
-    p.have += static_cast<size_t>(n);
-    if (p.have < kMessageBytes) return true;
-    Message m;
-    std::memcpy(&m, p.rx, sizeof(m));
-    from = static_cast<int>(m.from);
-    // Only a rank of this group, on another host, above this one (it
-    // connects here), not yet connected, with the group's secret.
-    keep = m.magic == kMagic && m.version == kVersion && m.type == kHello &&
-           m.secret == opts_.secret && m.to == static_cast<uint32_t>(opts_.rank) &&
-           m.from < static_cast<uint32_t>(opts_.size) && from > opts_.rank &&
-           links_[from].watched && links_[from].fd < 0 && !links_[from].greeted;
-  }
-  const int fd = p.fd;
-  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-  if (!keep) {
-    close(fd);
-    ++refused_;
-    return false;
-  }
-  Link& l = links_[from];
-  l.fd = fd;
-  l.greeted = true;
-  l.lastHeard = Clock::now();
-  queueLocked(from, kHello);
-  flushLocked(from);
-  if (l.fd >= 0) readLinkLocked(from);  // a beat may already follow the hello
-  return true;
-}
-
-void PeerMonitor::readLinkLocked(int peer) {
-  Link& l = links_[peer];
-  while (l.fd >= 0) {
-    ssize_t n = recv(l.fd, l.rx + l.have, kMessageBytes - l.have, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      linkClosedLocked(peer, n == 0 ? "its liveness connection closed"
-                                    : std::string("its liveness connection failed (") +
-                                          strerror(errno) + ")");
-      return;
-    }
-    l.have += static_cast<size_t>(n);
-    if (l.have < kMessageBytes) continue;
-    l.have = 0;
-    Message m;
-    std::memcpy(&m, l.rx, sizeof(m));
-    const bool valid = m.magic == kMagic && m.version == kVersion && m.secret == opts_.secret &&
-                       m.from == static_cast<uint32_t>(peer) &&
-                       m.to == static_cast<uint32_t>(opts_.rank) &&
-                       (l.greeted ? m.type == kBeat || m.type == kBye : m.type == kHello);
-    if (!valid) {
-      // Nobody else can write into an established connection: this is not
-      // the peer we connected to (its port reused after it died), or a bug.
-      close(l.fd);
-      l.fd = -1;
-      fail(peer, "was lost", "its liveness connection sent a message that is not the group's");
-      return;
-    }
-    l.lastHeard = Clock::now();
-    if (m.type == kHello) l.greeted = true;
-    if (m.type == kBye) l.departed = true;
-  }
-}
-
-void PeerMonitor::linkClosedLocked(int peer, const std::string& how) {
-  Link& l = links_[peer];
-  close(l.fd);
-  l.fd = -1;
-  if (l.departed) return;  // it left the group in order
-  // The kernel closes a dead process's sockets, and nothing else closes
-  // this one without the goodbye first.
-  fail(peer, "died", how + " without a goodbye: its process exited or was killed");
-}
-
 void PeerMonitor::queueLocked(int peer, uint8_t type) {
   Link& l = links_[peer];
   if (l.tx.size() + kMessageBytes > kMaxOutbox) return;  // not reading: its silence shows
@@ -529,15 +415,24 @@ void PeerMonitor::checkDeadlinesLocked(Clock::time_point now) {
       flushLocked(p);
     }
     const auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - l.lastHeard);
-    if (l.fd >= 0 || (!l.greeted && p > opts_.rank)) {
+    const bool retrying = l.retries > 0 && !l.greeted && l.fd < 0;
+    if (retrying && now >= l.reconnectAt && quiet <= opts_.silence) reconnectLocked(p);
+    if (l.fd >= 0 || (!l.greeted && p > opts_.rank) || retrying) {
       if (quiet <= opts_.silence) continue;
       const std::string host = hostDisplayName(opts_.hosts[p]);
-      fail(p, "was lost",
-           l.greeted || l.fd >= 0
-               ? "host " + host + " silent for " + secondsText(quiet) +
-                     ": no heartbeat on its liveness connection (SMDDP_PEER_TIMEOUT " +
-                     secondsText(opts_.silence) + "; link down, host down or stopped)"
-               : "it opened no liveness connection within " + secondsText(quiet));
+      std::string cause;
+      if (l.greeted || (l.fd >= 0 && !retrying)) {
+        cause = "host " + host + " silent for " + secondsText(quiet) +
+                ": no heartbeat on its liveness connection (SMDDP_PEER_TIMEOUT " +
+                secondsText(opts_.silence) + "; link down, host down or stopped)";
+      } else if (l.retries > 0) {
+        cause = "its liveness listener turned this rank's connection away " +
+                std::to_string(l.retries) + " time(s) (busy: flooded?) and no later one got "
+                "through within " + secondsText(quiet);
+      } else {
+        cause = "it opened no liveness connection within " + secondsText(quiet);
+      }
+      fail(p, "was lost", cause);
     }
   }
 }

@@ -100,6 +100,11 @@ class PeerMonitor {
     bool greeted = false;   // its hello arrived
     bool departed = false;  // it said goodbye: its close is no death
     bool reported = false;  // a failure was recorded for it
+    // Its listener turned this rank's connection away before any hello
+    // (kBusy): a retry, not a death. Only on links this rank connects.
+    bool turnedAway = false;
+    int retries = 0;
+    Clock::time_point reconnectAt{};
     Clock::time_point lastHeard{};
     uint8_t rx[kMessageBytes] = {};
     size_t have = 0;
@@ -124,6 +129,10 @@ class PeerMonitor {
   void acceptLocked();
   // Reads pending_[i]'s hello; false when the connection was dropped.
   bool readPendingLocked(size_t i);
+  // Closes pending_[i] after telling it the listener is busy (kBusy).
+  void turnAwayLocked(size_t i);
+  // Connects again to a lower peer whose listener turned this rank away.
+  void reconnectLocked(int peer);
   void readLinkLocked(int peer);
   void flushLocked(int peer);
   void queueLocked(int peer, uint8_t type);
@@ -153,6 +162,7 @@ class PeerMonitor {
   std::vector<Pending> pending_;   // accepted, hello not yet read; guarded by ioMu_
   bool goodbyeSaid_ = false;       // guarded by ioMu_
   bool frozen_ = false;            // guarded by ioMu_ (freezeForTest)
+  Clock::time_point listenPauseUntil_{};  // out of fds: the listener waits; guarded by ioMu_
 
   mutable std::mutex failMu_;
   PeerFailure failure_;            // guarded by failMu_

@@ -69,7 +69,8 @@ std::shared_ptr<ShmOwner> createOwner() {
     const std::string tag = randomTag();
     const std::string final = lockPath(tag);
     const std::string tmp = final + ".tmp";
-    int fd = open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
+    // 0600: only this user's processes (the job's ranks) open it to watch it.
+    int fd = open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
       if (errno == EEXIST) continue;
       return nullptr;  // no writable /dev/shm

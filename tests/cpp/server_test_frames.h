@@ -1,11 +1,26 @@
 // Test helpers shared by the standalone-server tests (test_server_wire.cc,
-// test_standalone_server.cc).
+// test_standalone_server.cc, test_server_security.cc): frames, the key,
+// and a worker driven byte by byte over a raw socket.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "common/dtype.h"
+#include "server/server_auth.h"
+#include "server/server_link.h"
 #include "server/server_wire.h"
+#include "server/standalone_server.h"
 
 namespace smddp {
 
@@ -18,6 +33,142 @@ inline ServerFrame dataFrame(uint64_t count, DataType dt = DataType::kFloat32) {
   f.count = count;
   f.payload = count * elementSize(dt);
   return f;
+}
+
+inline const std::string kTestKey = "test key: 0123456789abcdef0123456789abcdef";
+
+// A server on loopback with the test key.
+inline StandaloneServer::Options testServer(int count, const std::string& job = "") {
+  StandaloneServer::Options o;
+  o.bindAddress = "127.0.0.1";
+  o.count = count;
+  o.job = job;
+  o.key = kTestKey;
+  return o;
+}
+
+// A raw TCP connection to 127.0.0.1:port (-1 if it cannot connect).
+inline int rawConnect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};  // no read in a test waits longer
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+inline bool sendAll(int fd, const void* p, size_t n) {
+  return send(fd, p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n);
+}
+
+// A worker's challenge (`mine`, a fresh nonce) and the server's answer to
+// it, whole: its header (an answer, or an error) into `header`, and for an
+// answer the server's nonce and proof into `answer` (64 bytes). False if
+// the exchange broke off.
+inline bool rawChallenge(int fd, const Nonce& mine, ServerFrame* header, uint8_t* answer) {
+  ServerFrame c;
+  c.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
+  c.payload = kNonceBytes;
+  if (!sendAll(fd, &c, sizeof(c)) || !sendAll(fd, mine.bytes, kNonceBytes)) return false;
+  if (recv(fd, header, sizeof(*header), MSG_WAITALL) != sizeof(*header)) return false;
+  return header->kind != static_cast<uint8_t>(ServerFrameKind::kAnswer) ||
+         recv(fd, answer, 64, MSG_WAITALL) == 64;
+}
+
+// A worker's side of the handshake, byte by byte, on a connected socket:
+// challenge, the answer checked, the hello (with `hello`'s host fields)
+// and its proof. Returns "" once welcomed, else why not (an error frame's
+// text, "bad answer", ...). With `hello.flags` asking for integrity, `seal`
+// and `check` get the connection's frame seals.
+struct RawSession {
+  std::unique_ptr<FrameSeal> seal, check;
+};
+inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& job,
+                                const std::string& key = kTestKey, RawSession* session = nullptr) {
+  const Nonce mine = Nonce::random();
+  ServerFrame a;
+  uint8_t answer[64];
+  if (!rawChallenge(fd, mine, &a, answer)) return "no answer";
+  if (a.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
+    std::string text(std::min<uint64_t>(a.payload, kServerMaxText), '\0');
+    recv(fd, text.data(), text.size(), MSG_WAITALL);
+    return text;
+  }
+  if (!validateServerFrame(a, {ServerFrameKind::kAnswer}).empty()) return "bad answer";
+  Nonce theirs;
+  std::memcpy(theirs.bytes, answer, kNonceBytes);
+  const Handshake h(key, mine, theirs);
+  if (!macEquals(h.serverProof(), answer + kNonceBytes)) return "the server's proof is wrong";
+  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
+  hello.payload = kServerProofBytes + job.size();
+  const Mac proof = h.workerProof(hello, job);
+  if (!sendAll(fd, &hello, sizeof(hello)) || !sendAll(fd, proof.bytes, kMacBytes) ||
+      !sendAll(fd, job.data(), job.size())) {
+    return "send";
+  }
+  if (session && (hello.flags & kServerFlagIntegrity)) {
+    session->seal = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToServer);
+    session->check = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToWorker);
+  }
+  ServerFrame w;
+  if (recv(fd, &w, sizeof(w), MSG_WAITALL) != sizeof(w)) return "no welcome";
+  if (w.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
+    std::string text(std::min<uint64_t>(w.payload, kServerMaxText), '\0');
+    recv(fd, text.data(), text.size(), MSG_WAITALL);
+    return text;
+  }
+  if (session && session->check) {
+    uint8_t tag[kTagBytes];
+    if (recv(fd, tag, sizeof(tag), MSG_WAITALL) != sizeof(tag) ||
+        !tagEquals(session->check->next(w, nullptr), tag)) {
+      return "the welcome's MAC is wrong";
+    }
+  }
+  return validateServerFrame(w, {ServerFrameKind::kWelcome});
+}
+
+// A hello's host fields: host `host` of `hosts`, stream 0, group `group`,
+// pieces up to `maxPiece` bytes, waiting `waitMs` for the other hosts.
+inline ServerFrame helloFor(int hosts, int host, uint64_t group, uint64_t maxPiece = 1 << 20,
+                            uint64_t waitMs = 5000) {
+  ServerFrame h;
+  h.hosts = static_cast<uint16_t>(hosts);
+  h.host = static_cast<uint16_t>(host);
+  h.seq = static_cast<uint64_t>(host);
+  h.group = group;
+  h.count = maxPiece;
+  h.step = waitMs;
+  return h;
+}
+
+// A worker's links with the test key (host `host` of `hosts`, stream 0).
+inline std::unique_ptr<ServerLinks> testLinks(const std::vector<ServerAddress>& servers, int hosts,
+                                              int host, const std::string& job = "",
+                                              uint64_t group = 42, bool integrity = false,
+                                              const std::string& key = kTestKey) {
+  ServerLinks::Identity me;
+  me.job = job;
+  me.group = group;
+  me.hosts = hosts;
+  me.host = host;
+  me.rank = host;
+  me.key = key;
+  me.integrity = integrity;
+  return std::make_unique<ServerLinks>(servers, me, std::chrono::seconds(10));
+}
+
+inline std::vector<ServerAddress> loopback(const StandaloneServer& s) {
+  std::vector<ServerAddress> out;
+  for (size_t i = 0; i < s.ports().size(); ++i) {
+    out.push_back({"127.0.0.1", s.ports()[i], "SMDDP_SERVER_HOSTS[" + std::to_string(i) + "]"});
+  }
+  return out;
 }
 
 }  // namespace smddp

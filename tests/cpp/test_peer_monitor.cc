@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -224,4 +225,89 @@ TEST_CASE("peer monitor: beats keep up with the most impatient rank's SMDDP_PEER
   PeerFailure f;
   CHECK_FALSE(m[0]->failed(&f));
   CHECK_FALSE(m[1]->failed(&f));
+}
+
+TEST_CASE("peer monitor: a flood of connections on a listener while the group forms neither "
+          "displaces a peer's connection nor makes a live peer look dead",
+          "[liveness]") {
+  // Rank 0 listens and publishes its port; the flood starts then, and
+  // rank 1 (which connects to rank 0) joins only after 1.5 s of it: by
+  // then far more connections wait on rank 0's listener than it keeps
+  // (64) owing a hello, so rank 1's connection arrives behind them. The
+  // flood goes on for a second after rank 1 joined, and the monitors must
+  // then stay quiet for longer than the silence.
+  const milliseconds silence(1500);
+  InMemoryBootstrap boot;
+  std::vector<std::unique_ptr<PeerMonitor>> m(2);
+  std::vector<std::string> errors(2);
+  auto openRank = [&](int r) {
+    try {
+      InMemoryBootstrap mine(boot.state());
+      PeerMonitorOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.secret = kSecret;
+      o.hosts = {"h0" + kBoot, "h1" + kBoot};
+      o.address = "127.0.0.1";
+      o.silence = silence;
+      o.setupTimeout = milliseconds(20000);
+      m[r] = PeerMonitor::open(mine, o);
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+  };
+  std::thread rank0(openRank, 0);
+  std::string entry;
+  const auto t0 = Clock::now();
+  while (!boot.tryGet("liveness/0", &entry) && Clock::now() - t0 < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  REQUIRE(!entry.empty());
+  const int port = std::stoi(entry.substr(entry.find(' ') + 1));
+  // The flood: connections that say nothing, or a few bytes of garbage,
+  // opened as fast as the listener takes them and closed after a while.
+  std::atomic<bool> flooding{true};
+  std::atomic<int> opened{0};
+  std::thread flood([&] {
+    std::vector<int> held;
+    while (flooding.load()) {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));  // in progress or done
+      if (opened++ % 3 == 0) send(fd, "junk", 4, MSG_NOSIGNAL);
+      held.push_back(fd);
+      if (held.size() > 400) {
+        close(held.front());
+        held.erase(held.begin());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    for (int fd : held) close(fd);
+  });
+  std::this_thread::sleep_for(milliseconds(1500));
+  std::thread rank1(openRank, 1);
+  rank0.join();
+  rank1.join();
+  std::this_thread::sleep_for(milliseconds(1000));
+  flooding = false;
+  flood.join();
+  REQUIRE(errors[0] == "");
+  REQUIRE(errors[1] == "");
+  CHECK(opened.load() > 1000);
+  CHECK(m[0]->refusedConnections() > 64);  // the flood reached the listener and was turned away
+  // Both links are up and beating: longer than the silence, no one is
+  // reported dead or lost.
+  std::this_thread::sleep_for(silence * 2);
+  PeerFailure f;
+  CHECK_FALSE(m[0]->failed(&f));
+  INFO(f.who << " " << f.what << ": " << f.cause);
+  CHECK_FALSE(m[1]->failed(&f));
+  INFO(f.who << " " << f.what << ": " << f.cause);
+  // And a real death is still seen at once.
+  m[1]->dropWithoutGoodbye();
+  CHECK(secondsUntilFailure(*m[0], milliseconds(3000), &f) >= 0);
+  CHECK(f.what == "died");
 }

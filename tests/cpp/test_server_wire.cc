@@ -6,16 +6,20 @@
 // verdict on its servers from hand-made reports (closed forms).
 #include <catch2/catch.hpp>
 
+#include <openssl/evp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/error.h"
+#include "server/server_auth.h"
 #include "server/server_link.h"
 #include "server/server_wire.h"
 #include "server_test_frames.h"
@@ -57,9 +61,39 @@ TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[ser
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.hosts = 2;
   hello.host = 2;
+  hello.payload = kServerProofBytes;
   CHECK_THAT(validateServerFrame(hello, {ServerFrameKind::kHello}), Catch::Contains("host 2 of 2"));
   hello.host = 1;
   CHECK(validateServerFrame(hello, {ServerFrameKind::kHello}).empty());
+  // A hello carries its proof and a job id of at most 256 bytes, pieces of
+  // at most 256 MiB, and no flags but integrity.
+  ServerFrame g2 = hello;
+  g2.payload = kServerProofBytes - 1;
+  CHECK_THAT(validateServerFrame(g2, {ServerFrameKind::kHello}), Catch::Contains("a hello of 31"));
+  g2.payload = kServerProofBytes + kServerMaxJob + 1;
+  CHECK_FALSE(validateServerFrame(g2, {ServerFrameKind::kHello}).empty());
+  g2 = hello;
+  g2.count = kServerMaxPayload + 1;
+  CHECK_THAT(validateServerFrame(g2, {ServerFrameKind::kHello}), Catch::Contains("pieces of up"));
+  g2 = hello;
+  g2.flags = 2;
+  CHECK_THAT(validateServerFrame(g2, {ServerFrameKind::kHello}), Catch::Contains("unknown flags"));
+  g2.flags = kServerFlagIntegrity;
+  CHECK(validateServerFrame(g2, {ServerFrameKind::kHello}).empty());
+  // A challenge is exactly a nonce, an answer a nonce and a proof: a
+  // header announcing more is refused before a byte of it is read.
+  ServerFrame ch;
+  ch.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
+  ch.payload = 32;
+  CHECK(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
+  ch.payload = 256ull << 20;
+  CHECK_THAT(validateServerFrame(ch, {ServerFrameKind::kChallenge}),
+             Catch::Contains("challenge of 268435456 bytes"));
+  ch.kind = static_cast<uint8_t>(ServerFrameKind::kAnswer);
+  ch.payload = 64;
+  CHECK(validateServerFrame(ch, {ServerFrameKind::kAnswer}).empty());
+  ch.payload = 32;
+  CHECK_FALSE(validateServerFrame(ch, {ServerFrameKind::kAnswer}).empty());
   ServerFrame bye;
   bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);
   CHECK(validateServerFrame(bye, {ServerFrameKind::kBye}).empty());
@@ -168,6 +202,117 @@ TEST_CASE("FrameWriter and FrameReader carry frames through a socket in any spli
   close(sv[1]);
 }
 
+TEST_CASE("sealed frames cross in any split, and any altered, dropped or replayed one fails",
+          "[server]") {
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0);
+  const int small = 4096;
+  setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  const std::string session(32, 'k');
+  FrameSeal seal(session, SealDirection::kToWorker), check(session, SealDirection::kToWorker);
+  FrameWriter w;
+  w.sealWith(&seal);
+  FrameReader r;
+  r.checkWith(&check);
+  std::vector<std::vector<uint8_t>> payloads;
+  for (uint64_t i = 0; i < 20; ++i) {
+    payloads.emplace_back(i * 5000, static_cast<uint8_t>(i));
+  }
+  for (uint64_t i = 0; i < payloads.size(); ++i) {
+    ServerFrame f = dataFrame(payloads[i].size(), DataType::kUInt8);
+    f.step = i;
+    w.push(f, payloads[i].data());
+  }
+  std::string why;
+  std::vector<uint8_t> into;
+  size_t done = 0;
+  for (int turn = 0; done < payloads.size() && turn < 1000000; ++turn) {
+    while (!w.empty()) {
+      const FrameIo io = w.write(sv[0], &why);
+      REQUIRE(io != FrameIo::kFailed);
+      if (io != FrameIo::kDone) break;
+      w.pop();
+    }
+    while (done < payloads.size()) {
+      const FrameIo io = r.read(sv[1], &why);
+      REQUIRE(io != FrameIo::kFailed);
+      if (io == FrameIo::kAgain) break;
+      if (io == FrameIo::kHeader) {
+        into.assign(r.header().payload, 0);
+        r.payloadTo(into.data());
+        continue;
+      }
+      REQUIRE(into == std::vector<uint8_t>(payloads[done].begin(), payloads[done].end()));
+      r.next();
+      ++done;
+    }
+  }
+  CHECK(done == payloads.size());
+  // What went over the wire for one frame: header, payload, then the
+  // AES-256-GMAC of header and payload under the session key, its nonce
+  // direction 'S', three zero bytes and the counter (little-endian) -
+  // computed here through OpenSSL's GCM directly, not through FrameSeal.
+  ServerFrame f = dataFrame(3, DataType::kUInt8);
+  const uint8_t body[3] = {7, 8, 9};
+  FrameSeal fresh(session, SealDirection::kToWorker);
+  FrameWriter one;
+  one.sealWith(&fresh);
+  one.push(f, body);
+  REQUIRE(one.write(sv[0], &why) == FrameIo::kDone);
+  uint8_t wire[64 + 3 + 16];
+  REQUIRE(recv(sv[1], wire, sizeof(wire), MSG_WAITALL) == sizeof(wire));
+  const uint8_t iv[12] = {'S', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  uint8_t want[16];
+  EVP_CIPHER_CTX* gcm = EVP_CIPHER_CTX_new();
+  int n = 0;
+  REQUIRE(EVP_EncryptInit_ex(gcm, EVP_aes_256_gcm(), nullptr,
+                             reinterpret_cast<const unsigned char*>(session.data()), iv) == 1);
+  REQUIRE(EVP_EncryptUpdate(gcm, nullptr, &n, reinterpret_cast<const unsigned char*>(&f),
+                            sizeof(f)) == 1);
+  REQUIRE(EVP_EncryptUpdate(gcm, nullptr, &n, body, 3) == 1);
+  REQUIRE(EVP_EncryptFinal_ex(gcm, nullptr, &n) == 1);
+  REQUIRE(EVP_CIPHER_CTX_ctrl(gcm, EVP_CTRL_GCM_GET_TAG, 16, want) == 1);
+  EVP_CIPHER_CTX_free(gcm);
+  CHECK(std::memcmp(want, wire + 67, 16) == 0);
+  // A reader expecting frame 0 sees the same bytes with one bit changed
+  // anywhere, or frame 0 again after it (a replay): each fails the check.
+  for (size_t flip : {0ul, 40ul, 64ul, 66ul, 67ul, 82ul}) {
+    INFO("flipped byte " << flip);
+    uint8_t bad[sizeof(wire)];
+    std::memcpy(bad, wire, sizeof(wire));
+    bad[flip] ^= 1;
+    FrameSeal c(session, SealDirection::kToWorker);
+    FrameReader rr;
+    rr.checkWith(&c);
+    REQUIRE(send(sv[0], bad, sizeof(bad), 0) == sizeof(bad));
+    FrameIo io = rr.read(sv[1], &why);
+    if (io == FrameIo::kHeader) {  // (no flipped byte is in the length field)
+      into.assign(rr.header().payload, 0);
+      rr.payloadTo(into.data());
+      io = rr.read(sv[1], &why);
+    }
+    CHECK(io == FrameIo::kFailed);
+    CHECK_THAT(why, Catch::Contains("integrity check"));
+    char sink[256];
+    while (recv(sv[1], sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+    }
+  }
+  FrameSeal c2(session, SealDirection::kToWorker);
+  FrameReader replay;
+  replay.checkWith(&c2);
+  for (int copy = 0; copy < 2; ++copy) {
+    REQUIRE(send(sv[0], wire, sizeof(wire), 0) == sizeof(wire));
+    REQUIRE(replay.read(sv[1], &why) == FrameIo::kHeader);
+    into.assign(3, 0);
+    replay.payloadTo(into.data());
+    const FrameIo io = replay.read(sv[1], &why);
+    CHECK(io == (copy == 0 ? FrameIo::kDone : FrameIo::kFailed));
+    replay.next();
+  }
+  close(sv[0]);
+  close(sv[1]);
+}
+
 TEST_CASE("SMDDP_SERVER_HOSTS parses lists and names itself in every error", "[server]") {
   CHECK(parseServerHosts("").empty());
   CHECK(parseServerHosts("  ").empty());
@@ -178,6 +323,7 @@ TEST_CASE("SMDDP_SERVER_HOSTS parses lists and names itself in every error", "[s
   CHECK(v[1].host == "h2");
   CHECK(v[2].host == "::1");
   CHECK(v[2].port == 7);
+  CHECK(v[1].origin == "SMDDP_SERVER_HOSTS[1]");
   for (const char* bad : {"h1", "h1:", "h1:0", "h1:70000", "h1:x", ":80", "h1:80,,h2:80", "::1:80",
                           "h1:80,"}) {
     INFO(bad);

@@ -2,8 +2,9 @@
 // links accept from a socket (server/server_wire.h; docs/design.md,
 // "Standalone reduction servers"): validateServerFrame on a 64-byte header,
 // samePiece on two headers, a byte stream read frame by frame with
-// FrameReader exactly as the server's event loop reads it, and the
-// SMDDP_SERVER_HOSTS parser.
+// FrameReader exactly as the server's event loop reads it, the same with
+// every frame sealed (SMDDP_SERVER_INTEGRITY) and one byte perhaps changed
+// on the way, and the SMDDP_SERVER_HOSTS parser.
 //
 // Oracle: besides "no crash, no sanitizer report", every verdict is compared
 // with the wire spec written out below, on raw header bytes at the
@@ -15,20 +16,26 @@
 // and payload bytes, and to stop where the spec says the stream goes bad.
 //
 // The spec. Header: 64 bytes, little-endian, fields at these byte offsets:
-//   0 magic u32 = 0x56534d53 ("SMSV")  4 version u16 = 1  6 kind u8
-//   7 dtype u8  8 op u8  9 reserved[3]  12 divisor u32  16 secret u64
-//   24 seq u64  32 step u64  40 count u64  48 payload u64  56 hosts u16
-//   58 host u16  60 stream u16  62 server u16
-// kind: 1 hello, 2 welcome, 3 data, 4 result, 5 error, 6 bye.
+//   0 magic u32 = 0x56534d53 ("SMSV")  4 version u16 = 2  6 kind u8
+//   7 dtype u8  8 op u8  9 flags u8  10 reserved[2]  12 divisor u32
+//   16 group u64  24 seq u64  32 step u64  40 count u64  48 payload u64
+//   56 hosts u16  58 host u16  60 stream u16  62 server u16
+// kind: 1 hello, 2 welcome, 3 data, 4 result, 5 error, 6 bye, 7 challenge,
+// 8 answer.
 // A header is accepted for a set of kinds if and only if:
 //   S1 magic and version are as above, and kind is one of the set;
 //   S2 data or result: dtype < 9 and op < 8; bitwise ops (5, 6, 7) only on
 //      integer and bool dtypes (4..8), AVG (1) only on floating ones (0..3);
 //      divisor != 0; payload <= 2^28; payload == count * element size
 //      (sizes by dtype: 4 8 2 2 1 1 4 8 1), computed without wrapping;
-//   S3 hello: payload <= 256, hosts >= 2, host < hosts;
+//   S3 hello: 32 <= payload <= 32 + 256 (a proof, a job id), hosts >= 2,
+//      host < hosts, count (its piece limit) <= 2^28, flags only bit 0;
 //   S4 welcome or bye: payload == 0;
-//   S5 error: payload <= 4096.
+//   S5 error: payload <= 4096;
+//   S6 challenge: payload == 32; answer: payload == 64.
+// A sealed stream (every frame followed by its 16-byte tag) reads back
+// frame for frame; with one byte changed anywhere, no frame from the one
+// that holds it on is delivered, and the reader stops there.
 // samePiece(a, b) is "" if and only if seq, step, count, dtype, op and
 // divisor are equal.
 // SMDDP_SERVER_HOSTS is accepted (a list) or refused with an error that
@@ -51,7 +58,9 @@
 #include <string>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/error.h"
+#include "server/server_auth.h"
 #include "server/server_wire.h"
 
 using namespace smddp;
@@ -78,7 +87,7 @@ constexpr uint64_t kSpecSize[9] = {4, 8, 2, 2, 1, 1, 4, 8, 1};
 
 // The spec's verdict on raw header bytes: true if accepted for `kinds`.
 bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
-  if (at<uint32_t>(b, 0) != 0x56534d53u || at<uint16_t>(b, 4) != 1) return false;
+  if (at<uint32_t>(b, 0) != 0x56534d53u || at<uint16_t>(b, 4) != 2) return false;
   const uint8_t kind = b[6];
   bool listed = false;
   for (uint8_t k : kinds) listed = listed || k == kind;
@@ -100,12 +109,15 @@ bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
     }
     case 1: {
       const uint16_t hosts = at<uint16_t>(b, 56), host = at<uint16_t>(b, 58);
-      return payload <= 256 && hosts >= 2 && host < hosts;
+      return payload >= 32 && payload <= 32 + 256 && hosts >= 2 && host < hosts &&
+             at<uint64_t>(b, 40) <= (1ull << 28) && (b[9] & ~1) == 0;
     }
     case 2:
     case 6: return payload == 0;
     case 5: return payload <= 4096;
-    default: return false;  // not reachable: listed kinds are 1..6
+    case 7: return payload == 32;
+    case 8: return payload == 64;
+    default: return false;  // not reachable: listed kinds are 1..8
   }
 }
 
@@ -121,7 +133,9 @@ std::string validate(const uint8_t* b, const std::vector<uint8_t>& kinds) {
 }
 
 const std::vector<uint8_t> kKindSets[] = {
-    {1},     // the server's first frame: a hello
+    {7},     // the server's first frame: a challenge
+    {8, 5},  // a worker's answer to its challenge: answer or error
+    {1},     // the server's second: a hello
     {2, 5},  // a worker's answer to its hello: welcome or error
     {3, 6},  // the server, inside a stream: data or bye
     {4, 5},  // a worker, inside a stream: result or error
@@ -136,7 +150,8 @@ void consumeHeader(FuzzedDataProvider& in, uint8_t* b) {
     return;
   }
   ServerFrame f;
-  f.kind = in.ConsumeIntegralInRange<uint8_t>(1, 6);
+  f.kind = in.ConsumeIntegralInRange<uint8_t>(1, 8);
+  f.flags = in.ConsumeIntegralInRange<uint8_t>(0, 2);
   f.dtype = in.ConsumeIntegralInRange<uint8_t>(0, 9);
   f.op = in.ConsumeIntegralInRange<uint8_t>(0, 8);
   f.divisor = in.ConsumeIntegralInRange<uint32_t>(0, 4);
@@ -146,6 +161,10 @@ void consumeHeader(FuzzedDataProvider& in, uint8_t* b) {
                                : in.ConsumeIntegral<uint64_t>();
   f.hosts = in.ConsumeIntegralInRange<uint16_t>(0, 4);
   f.host = in.ConsumeIntegralInRange<uint16_t>(0, 4);
+  if (f.kind == 1 || f.kind == 7 || f.kind == 8) {  // near the handshake's sizes
+    f.payload = in.ConsumeIntegralInRange<uint64_t>(0, 300);
+    f.count = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 1ull << 29) : 0;
+  }
   std::memcpy(b, &f, 64);
   const int flips = in.ConsumeIntegralInRange<int>(0, 3);
   for (int i = 0; i < flips; ++i) {
@@ -154,7 +173,7 @@ void consumeHeader(FuzzedDataProvider& in, uint8_t* b) {
 }
 
 void checkHeader(FuzzedDataProvider& in) {
-  const auto& kinds = kKindSets[in.ConsumeIntegralInRange<size_t>(0, 3)];
+  const auto& kinds = kKindSets[in.ConsumeIntegralInRange<size_t>(0, 5)];
   uint8_t a[64], b[64];
   consumeHeader(in, a);
   const std::string why = validate(a, kinds);
@@ -276,6 +295,94 @@ void checkStream(FuzzedDataProvider& in) {
   }
 }
 
+// A sealed stream: well-formed data and bye frames, each followed by its
+// tag from the sender's FrameSeal, perhaps with one byte changed, read in
+// chunks by a FrameReader checking with the receiver's.
+void checkSealedStream(FuzzedDataProvider& in) {
+  std::string key = in.ConsumeBytesAsString(kGmacKeyBytes);
+  key.resize(kGmacKeyBytes, 'k');
+  FrameSeal sender(key, SealDirection::kToServer), receiver(key, SealDirection::kToServer);
+  std::vector<uint8_t> bytes;
+  std::vector<size_t> starts;
+  const int frames = in.ConsumeIntegralInRange<int>(0, 12);
+  for (int i = 0; i < frames; ++i) {
+    ServerFrame f;
+    f.kind = in.ConsumeIntegralInRange<int>(0, 4) ? 3 : 6;
+    f.dtype = static_cast<uint8_t>(DataType::kUInt8);
+    f.count = f.kind == 3 ? in.ConsumeIntegralInRange<uint64_t>(0, 300) : 0;
+    f.payload = f.count;
+    std::vector<uint8_t> body = in.ConsumeBytes<uint8_t>(f.payload);
+    body.resize(f.payload, 0);
+    const Tag tag = sender.next(f, body.data());
+    starts.push_back(bytes.size());
+    const auto* h = reinterpret_cast<const uint8_t*>(&f);
+    bytes.insert(bytes.end(), h, h + sizeof(f));
+    bytes.insert(bytes.end(), body.begin(), body.end());
+    bytes.insert(bytes.end(), tag.bytes, tag.bytes + kTagBytes);
+  }
+  starts.push_back(bytes.size());
+  // One byte changed, in frame `bad`: the frames before it must pass.
+  size_t bad = starts.size();
+  if (!bytes.empty() && in.ConsumeBool()) {
+    const size_t pos = in.ConsumeIntegralInRange<size_t>(0, bytes.size() - 1);
+    bytes[pos] ^= in.ConsumeIntegralInRange<uint8_t>(1, 255);
+    bad = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), pos) -
+                              starts.begin()) - 1;
+  }
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) != 0) return;
+  FrameReader r;
+  r.checkWith(&receiver);
+  std::vector<uint8_t> payload;
+  std::string why;
+  size_t got = 0;
+  bool stopped = false;
+  auto drain = [&] {
+    while (!stopped) {
+      const FrameIo io = r.read(sv[1], &why);
+      if (io == FrameIo::kAgain) return;
+      if (io == FrameIo::kFailed) {
+        stopped = true;
+        return;
+      }
+      if (io == FrameIo::kHeader) {
+        if (!validateServerFrame(r.header(), {ServerFrameKind::kData, ServerFrameKind::kBye})
+                 .empty()) {
+          stopped = true;
+          return;
+        }
+        payload.assign(std::min<uint64_t>(r.header().payload, bytes.size()), 0);
+        r.payloadTo(payload.data());
+        continue;
+      }
+      if (got >= bad) violated("a sealed frame with a changed byte was delivered", "");
+      if (std::memcmp(&r.header(), bytes.data() + starts[got], 64) != 0) {
+        violated("a sealed frame's header differs", "");
+      }
+      ++got;
+      r.next();
+    }
+  };
+  for (size_t put = 0; put < bytes.size() && !stopped;) {
+    const size_t n = std::min<size_t>(1 + in.ConsumeIntegralInRange<size_t>(0, 96),
+                                      bytes.size() - put);
+    if (send(sv[0], bytes.data() + put, n, MSG_NOSIGNAL) != static_cast<ssize_t>(n)) {
+      violated("a socket pair refused a small send", "");
+    }
+    put += n;
+    drain();
+  }
+  close(sv[0]);
+  drain();
+  close(sv[1]);
+  if (bad == starts.size() && got != starts.size() - 1) {
+    violated("an untouched sealed stream did not read back whole", why);
+  }
+  if (bad < starts.size() && got != bad) {
+    violated("the frames before a changed byte were not all delivered", std::to_string(got));
+  }
+}
+
 void checkServerHosts(FuzzedDataProvider& in) {
   const std::string spec = in.ConsumeRandomLengthString(512);
   try {
@@ -296,9 +403,10 @@ void checkServerHosts(FuzzedDataProvider& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
-  switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
     case 0: checkHeader(in); break;
     case 1: checkStream(in); break;
+    case 2: checkSealedStream(in); break;
     default: checkServerHosts(in); break;
   }
   return 0;

@@ -12,6 +12,9 @@ It only observes and writes ``<mode>.<rank>.json``; the test asserts.
 * ``loop``: 4 MiB all_reduces back to back until one raises or LOOP_S pass
   (the test kills the server meanwhile); writes what raised and when.
 * ``init``: only joins the group; writes the error it raised, if any.
+* ``steady``: 256 KiB all_reduces back to back for LOOP_S seconds, each
+  checked against its closed form (no servers needed: the peer-monitor
+  flood of test_server_security.py); writes the calls and the wrong ones.
 * ``big``: three 64 MiB all_reduces (closed form, exact), run with large
   shared-memory steps so that the steps in flight to a server hold far
   more than its sockets do; writes what each returned and stats().
@@ -147,7 +150,10 @@ def main():
         res = {"rank": rank, "world": world, "pid": os.getpid(), "attempt": attempt,
                "init_s": time.monotonic() - t_init,
                "path": torch_smddp.stats()["allreduce_path"],
-               "standalone_servers": torch_smddp.stats()["standalone_servers"]}
+               "standalone_servers": torch_smddp.stats()["standalone_servers"],
+               # torch_smddp hands servers found in a store to the engine
+               # directly: the variable stays as the launcher set it.
+               "env_server_hosts": os.environ.get("SMDDP_SERVER_HOSTS")}
         if mode == "check":
             res.update(check(torch, dist, torch_smddp, rank, world, nproc))
         elif mode == "failover":
@@ -173,6 +179,18 @@ def main():
                             if isinstance(v, (int, str))}
         elif mode == "loop":
             _loop_until_raised(torch, dist, out_dir, rank, loop_s, res)
+        elif mode == "steady":
+            base = torch.arange(1 << 16, dtype=torch.int64) % 7 + 1
+            want = (base * (world * (world + 1) // 2)).float()
+            res["calls"], res["bad"], end = 0, 0, time.monotonic() + loop_s
+            done = torch.zeros(1)
+            while not done.item():  # every rank stops at the same call
+                t = (base * (rank + 1)).float()
+                dist.all_reduce(t)
+                res["calls"] += 1
+                res["bad"] += int(not torch.equal(t, want))
+                done.fill_(float(time.monotonic() >= end))
+                dist.all_reduce(done, op=dist.ReduceOp.MAX)
         t0 = time.time()
         dist.destroy_process_group()
         res["destroy_s"] = time.time() - t0

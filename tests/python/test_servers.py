@@ -16,8 +16,6 @@ killed with its children in the end.
 
 import json
 import os
-import re
-import select
 import signal
 import subprocess
 import sys
@@ -27,48 +25,15 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mp_harness import REPO_ROOT, backend_under_test, descendants, find_free_port  # noqa: E402
+from mp_harness import REPO_ROOT, backend_under_test, find_free_port  # noqa: E402
+from server_harness import (Procs, env as _env, hosts_line as _hosts_line,  # noqa: E402
+                            start_server as _start_server, wait_results as _wait_results)
 
 pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
                                 reason="standalone reduction servers are smddp's")
 
 PY = sys.executable
 WORKER = os.path.join(HERE, "server_worker.py")
-START_S = 90.0  # torch imports on a loaded 2-core machine
-
-
-class Procs:
-    """Every process a test starts; kill() ends them and their children."""
-
-    def __init__(self):
-        self.procs = []
-
-    def start(self, cmd, env=None, log=None, **kw):
-        out = open(log, "wb") if log else subprocess.DEVNULL
-        # A server's stdout is a pipe the test reads only until the hosts
-        # line: its stderr (warnings) must not fill that pipe.
-        piped = kw.get("stdout") == subprocess.PIPE
-        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                             stdout=kw.pop("stdout", out),
-                             stderr=subprocess.DEVNULL if piped else subprocess.STDOUT,
-                             start_new_session=True, cwd=REPO_ROOT, **kw)
-        if log:
-            out.close()
-        self.procs.append(p)
-        return p
-
-    def kill(self):
-        for p in self.procs:
-            for pid in descendants(p.pid) + [p.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 @pytest.fixture
@@ -80,41 +45,6 @@ def procs():
         p.kill()
 
 
-def _env(**extra):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, HERE]),
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    for k in ("SMDDP_SERVER_HOSTS", "SMDDP_SERVER_COUNT", "SMDDP_SERVER_JOB"):
-        env.pop(k, None)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def _hosts_line(p, what):
-    """The SMDDP_SERVER_HOSTS=... line a starting server prints, read with a
-    deadline (never a blocking readline)."""
-    deadline = time.monotonic() + START_S
-    fd = p.stdout.fileno()
-    text = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            text += chunk
-            m = re.search(rb"^SMDDP_SERVER_HOSTS=(\S+)$", text, re.M)
-            if m:
-                return m.group(1).decode()
-    raise AssertionError(f"{what} did not start (exit {p.poll()}): {text[-2000:]!r}")
-
-
-def _start_server(procs, args, env=None):
-    """Starts ``python -m torch_smddp.server ARGS``; returns (proc, hosts)."""
-    p = procs.start([PY, "-m", "torch_smddp.server", *args], env=env or _env(),
-                    stdout=subprocess.PIPE)
-    return p, _hosts_line(p, "the server")
-
-
 def _local_world(procs, world, mode, out_dir, env_extra, args=()):
     port = find_free_port()
     for r in range(world):
@@ -123,29 +53,6 @@ def _local_world(procs, world, mode, out_dir, env_extra, args=()):
                    **env_extra)
         procs.start([PY, WORKER, mode, str(out_dir), *args], env=env,
                     log=os.path.join(out_dir, f"{mode}.{r}.log"))
-
-
-def _wait_results(out_dir, names, deadline_s, procs=None):
-    paths = [os.path.join(out_dir, n) for n in names]
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end and not all(os.path.exists(p) for p in paths):
-        time.sleep(0.1)
-    got = {}
-    for n, p in zip(names, paths):
-        try:
-            with open(p) as f:
-                got[n] = json.load(f)
-        except (OSError, ValueError):
-            got[n] = None
-    missing = [n for n, v in got.items() if v is None]
-    if missing:
-        logs = []
-        for name in sorted(os.listdir(out_dir)):
-            if name.endswith(".log"):
-                with open(os.path.join(out_dir, name), "rb") as f:
-                    logs.append(f"--- {name}\n" + f.read()[-3000:].decode("utf-8", "replace"))
-        raise AssertionError(f"no result from {missing} (hung or died):\n" + "\n".join(logs))
-    return got
 
 
 def _check_results(got, server_hosts):
@@ -188,17 +95,20 @@ def test_two_pretend_hosts_reduce_through_two_servers(procs, tmp_path):
 def test_servers_found_in_the_jobs_store(procs, tmp_path):
     port = find_free_port()
     # Workers first: rank 0 hosts the store the server then registers in.
+    # No key file on either side: the job's key, generated in its store.
     world = 2
     for r in range(world):
-        env = _env(RANK=r, WORLD_SIZE=world, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}", SMDDP_SERVER_COUNT=1,
-                   SMDDP_SERVER_JOB="storejob")
+        env = _env(keyed=False, RANK=r, WORLD_SIZE=world, LOCAL_WORLD_SIZE=1,
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}",
+                   SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="storejob")
         procs.start([PY, WORKER, "check", str(tmp_path)], env=env,
                     log=os.path.join(tmp_path, f"check.{r}.log"))
     _start_server(procs, ["--bind", "127.0.0.1", "--job", "storejob",
-                          "--rendezvous", f"127.0.0.1:{port}"])
+                          "--rendezvous", f"127.0.0.1:{port}"], env=_env(keyed=False))
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     _check_results(got, None)
+    # The addresses went from the store to the engine, not into os.environ.
+    assert all(r["env_server_hosts"] is None for r in got.values()), got
 
 
 def test_servers_found_at_torchruns_rendezvous_endpoint(procs, tmp_path):
@@ -206,14 +116,14 @@ def test_servers_found_at_torchruns_rendezvous_endpoint(procs, tmp_path):
     # run time, so the server registers at the rendezvous endpoint and the
     # workers look there (SMDDP_SERVER_RENDEZVOUS).
     port = find_free_port()
-    env = _env(SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="rdzvjob",
+    env = _env(keyed=False, SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="rdzvjob",
                SMDDP_SERVER_RENDEZVOUS=f"127.0.0.1:{port}", SERVER_TEST_HOST_PER_RANK=1)
     procs.start([PY, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                  f"127.0.0.1:{port}", "--nnodes", "1", "--nproc-per-node", "2",
                  "--max-restarts", "0", WORKER, "check", str(tmp_path)], env=env,
                 log=os.path.join(tmp_path, "torchrun.log"))
     _start_server(procs, ["--bind", "127.0.0.1", "--job", "rdzvjob",
-                          "--rendezvous", f"127.0.0.1:{port}"])
+                          "--rendezvous", f"127.0.0.1:{port}"], env=_env(keyed=False))
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     results = _check_results(got, None)
     assert all(r["standalone_servers"] == 1 for r in results), results
@@ -319,13 +229,25 @@ def test_a_foreign_job_and_bad_addresses_are_refused_clearly(procs, tmp_path):
     got = _wait_results(tmp_path, ["init.0.json", "init.1.json"], 120)
     for res in got.values():
         err = res.get("init_error", "")
-        assert "'beta'" in err and "'alpha'" in err, res
+        # The worker hears its own job named; the server's --job stays its own.
+        assert "'beta'" in err and "alpha" not in err, res
     bad = tmp_path / "bad"
     bad.mkdir()
     _local_world(procs, 2, "init", bad, {"SMDDP_SERVER_HOSTS": "127.0.0.1:notaport"})
     got = _wait_results(bad, ["init.0.json", "init.1.json"], 120)
     for res in got.values():
         assert "SMDDP_SERVER_HOSTS" in res.get("init_error", ""), res
+    # A key file others may read is refused, naming the variable and file.
+    loose = tmp_path / "loose.key"
+    loose.write_text("0123456789abcdef0123456789abcdef")
+    loose.chmod(0o644)
+    lk = tmp_path / "loosekey"
+    lk.mkdir()
+    _local_world(procs, 2, "init", lk, {"SMDDP_SERVER_HOSTS": hosts,
+                                        "SMDDP_SERVER_KEY_FILE": str(loose)})
+    for res in _wait_results(lk, ["init.0.json", "init.1.json"], 120).values():
+        err = res.get("init_error", "")
+        assert f"SMDDP_SERVER_KEY_FILE={loose}" in err and "mode 0644" in err, res
 
 
 # -- on a cluster of network namespaces ---------------------------------------

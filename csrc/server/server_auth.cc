@@ -1,0 +1,117 @@
+#include "server/server_auth.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/param.h"
+#include "common/unique_fd.h"
+
+namespace smddp {
+
+SMDDP_PARAM_STRING(paramServerKeyFile, "SMDDP_SERVER_KEY_FILE", "",
+                   "file holding the key shared by the standalone reduction servers and their "
+                   "workers (mode 0600; empty: a key generated per job, through the store the "
+                   "servers registered in)")
+SMDDP_PARAM_BOOL(paramServerIntegrity, "SMDDP_SERVER_INTEGRITY", false,
+                 "a MAC on every frame to and from the standalone reduction servers (workers ask "
+                 "for it; a server with it set refuses workers without it)")
+
+std::string serverKeyFileParam() { return paramServerKeyFile(); }
+bool serverIntegrityParam() { return paramServerIntegrity(); }
+
+std::string readServerKeyFile(const std::string& path, const std::string& what) {
+  auto bad = [&](const std::string& why) {
+    throwError(ErrorKind::kInvalidArgument, what + "=" + path + ": " + why);
+  };
+  // O_NOFOLLOW is not used: a secrets volume (Kubernetes) mounts keys
+  // through symbolic links. The checks below are on the file itself (fstat).
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) bad(std::string("cannot open the key file: ") + strerror(errno));
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) bad(std::string("cannot stat the key file: ") + strerror(errno));
+  if (!S_ISREG(st.st_mode)) bad("the key file is not a regular file");
+  if (st.st_mode & 077) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    bad(std::string("the key file has mode ") + mode +
+        ": others may read or change it (chmod 600 it)");
+  }
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    bad("the key file belongs to another user (uid " + std::to_string(st.st_uid) + ")");
+  }
+  constexpr size_t kMax = 4096;
+  std::string key(kMax + 1, '\0');
+  size_t got = 0;
+  while (got < key.size()) {
+    const ssize_t n = read(fd.get(), key.data() + got, key.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) bad(std::string("cannot read the key file: ") + strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  key.resize(got);
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ' ||
+                          key.back() == '\t')) {
+    key.pop_back();
+  }
+  if (key.size() > kMax) bad("the key file holds more than 4096 bytes");
+  if (key.size() < 16) {
+    bad("the key file holds " + std::to_string(key.size()) +
+        " bytes; a key needs at least 16 (e.g. openssl rand -hex 32 > FILE)");
+  }
+  return key;
+}
+
+std::string workerServerKey(const std::string& registered) {
+  const std::string path = paramServerKeyFile();
+  if (!path.empty()) return readServerKeyFile(path, "SMDDP_SERVER_KEY_FILE");
+  if (!registered.empty()) return registered;
+  throwError(ErrorKind::kInvalidArgument,
+             "the standalone reduction servers (SMDDP_SERVER_HOSTS) need a key: set "
+             "SMDDP_SERVER_KEY_FILE to the file the servers got with --key-file, or let them "
+             "register in the job's store (--rendezvous, SMDDP_SERVER_COUNT) for a key "
+             "generated per job");
+}
+
+uint64_t serverGroupId(uint64_t groupSecret) {
+  return sha256Prefix64({"smddp server group v2", bytesOf(&groupSecret, sizeof(groupSecret))});
+}
+
+Nonce Nonce::random() {
+  Nonce n;
+  randomBytes(n.bytes, sizeof(n.bytes));
+  return n;
+}
+
+Mac Handshake::serverProof() const {
+  return hmacSha256(key_, {"smddp server v2: server proof", bytesOf(worker_.bytes, kNonceBytes),
+                           bytesOf(server_.bytes, kNonceBytes)});
+}
+
+Mac Handshake::workerProof(const ServerFrame& hello, std::string_view job) const {
+  return hmacSha256(key_, {"smddp server v2: worker proof", bytesOf(worker_.bytes, kNonceBytes),
+                           bytesOf(server_.bytes, kNonceBytes), bytesOf(&hello, sizeof(hello)),
+                           job});
+}
+
+std::string Handshake::sessionKey() const {
+  const Mac m = hmacSha256(key_, {"smddp server v2: session", bytesOf(worker_.bytes, kNonceBytes),
+                                  bytesOf(server_.bytes, kNonceBytes)});
+  return std::string(reinterpret_cast<const char*>(m.bytes), kMacBytes);
+}
+
+Tag FrameSeal::next(const ServerFrame& header, const uint8_t* payload) {
+  uint8_t nonce[kGmacNonceBytes] = {static_cast<uint8_t>(direction_)};
+  const uint64_t n = counter_++;
+  std::memcpy(nonce + 4, &n, sizeof(n));
+  return aesGmac(key_, nonce, {bytesOf(&header, sizeof(header)),
+                               bytesOf(payload, payload ? header.payload : 0)});
+}
+
+}  // namespace smddp

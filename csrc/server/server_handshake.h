@@ -1,0 +1,65 @@
+// The server's side of one connection's handshake (server_auth.h:
+// challenge in, answer out, hello in and its proof checked), moved on
+// without blocking by the accept loop that took the connection. A
+// connection costs the server no thread and no buffer larger than a hello
+// until it has proved it holds the key: a flood of connections that never
+// do costs descriptors (bounded: SMDDP_SERVER_MAX_CONNECTIONS) and nothing
+// else.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "server/server_auth.h"
+#include "server/server_connection.h"
+#include "server/server_wire.h"
+
+namespace smddp {
+
+class ServerHandshake {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum class State { kGoing, kDone, kFailed };
+
+  // `key` must outlive the handshake.
+  ServerHandshake(ServerConnection conn, std::string_view key, Clock::time_point deadline);
+
+  // Moves on with whatever the socket holds or takes now. kDone: the hello
+  // is in and proved (hello(), job(), sessionKey()); kFailed: why() says
+  // why, and the caller closes the connection after telling it refusal()
+  // (unless empty: a peer that went away or said nothing hears nothing).
+  State step();
+  // What to poll the socket for while going.
+  short events() const;
+  Clock::time_point deadline() const { return deadline_; }
+  Clock::time_point started() const { return started_; }
+  int fd() const { return conn_.fd(); }
+
+  const std::string& why() const { return why_; }
+  const std::string& refusal() const { return refusal_; }
+  const ServerFrame& hello() const { return hello_; }
+  const std::string& job() const { return job_; }
+  std::string sessionKey() const { return Handshake(key_, worker_, server_).sessionKey(); }
+  ServerConnection release() { return std::move(conn_); }
+
+ private:
+  State fail(const std::string& why, const std::string& refusal);
+  State onChallenge();
+  State onHello();
+
+  ServerConnection conn_;
+  std::string_view key_;
+  Clock::time_point started_, deadline_;
+  enum class Phase { kChallenge, kAnswer, kHello } phase_ = Phase::kChallenge;
+  FrameReader reader_;
+  std::string payload_;  // the frame being read: a nonce, or a proof and a job id
+  std::string outbox_;   // the answer, until the socket took it
+  Nonce worker_, server_;
+  ServerFrame hello_;
+  std::string job_;
+  std::string why_, refusal_;
+};
+
+}  // namespace smddp

@@ -1,0 +1,189 @@
+"""The attacker's tools of test_server_security.py. A client of the
+standalone reduction servers written from the wire's spec
+(csrc/server/server_wire.h and server_auth.h; docs/design.md, "Security")
+with Python's own struct, hmac and hashlib: it shares no code with the
+library, so what the suite sends, with the key or without, is an
+independent reading of the protocol. A rogue server (Rogue) and an
+observer of /dev/shm (ShmWatch). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import hmac
+import os
+import select
+import socket
+import struct
+import threading
+import time
+
+# magic u32, version u16, kind, dtype, op, flags, 2 reserved, divisor u32,
+# group, seq, step, count, payload (u64 each), hosts, host, stream, server (u16)
+HEADER = struct.Struct("<IHBBBB2xIQQQQQHHHH")
+assert HEADER.size == 64
+MAGIC, VERSION = 0x56534D53, 2
+HELLO, WELCOME, DATA, RESULT, ERROR, BYE, CHALLENGE, ANSWER = range(1, 9)
+UINT8, SUM = 4, 0  # dtype and op numbers (common/dtype.h)
+FIELDS = ("magic", "version", "kind", "dtype", "op", "flags", "divisor", "group", "seq", "step",
+          "count", "payload", "hosts", "host", "stream", "server")
+
+
+def header(kind, *, dtype=0, op=0, flags=0, divisor=1, group=0, seq=0, step=0, count=0,
+           payload=0, hosts=0, host=0, stream=0, server=0, magic=MAGIC,
+           version=VERSION) -> bytes:
+    return HEADER.pack(magic, version, kind, dtype, op, flags, divisor, group, seq, step, count,
+                       payload, hosts, host, stream, server)
+
+
+def connect(port: int, timeout: float = 5.0) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.settimeout(timeout)
+    return s
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    """`n` bytes, or fewer if the peer closed or went quiet past the timeout."""
+    out = b""
+    try:
+        while len(out) < n:
+            chunk = s.recv(n - len(out))
+            if not chunk:
+                break
+            out += chunk
+    except OSError:
+        pass
+    return out
+
+
+def read_frame(s: socket.socket, most: int = 4096):
+    """(fields, payload) of the next frame, or None if it did not come."""
+    raw = recv_exact(s, 64)
+    if len(raw) < 64:
+        return None
+    f = dict(zip(FIELDS, HEADER.unpack(raw)))
+    if f["payload"] > most:
+        return None
+    return f, recv_exact(s, f["payload"])
+
+
+def mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+class Session:
+    """A connection that proved it holds the key (handshake()). It writes
+    no sealed frames (SMDDP_SERVER_INTEGRITY's AES-GMAC is not in Python's
+    standard library): the C++ tests cover those."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def send(self, head: bytes, payload: bytes = b"") -> None:
+        self.sock.sendall(head + payload)
+
+
+def handshake(s: socket.socket, key: bytes, *, hosts: int, host: int, group: int, stream=0,
+              job: bytes = b"", max_piece: int = 1 << 20, wait_ms: int = 5000):
+    """A worker's handshake (challenge, the server's proof checked, hello
+    with this side's proof). Returns (Session, "") once welcomed, else
+    (None, why): the server's error text, or what was wrong."""
+    nw = os.urandom(32)
+    s.sendall(header(CHALLENGE, payload=32) + nw)
+    body, why = _answer(s, ANSWER)
+    if why:
+        return None, why
+    if len(body) != 64:
+        return None, f"an answer of {len(body)} bytes"
+    ns, proof = body[:32], body[32:]
+    if not hmac.compare_digest(proof, mac(key, b"smddp server v2: server proof", nw, ns)):
+        return None, "the server's proof is wrong"
+    hello = header(HELLO, group=group, seq=host, step=wait_ms, count=max_piece,
+                   payload=32 + len(job), hosts=hosts, host=host, stream=stream)
+    s.sendall(hello + mac(key, b"smddp server v2: worker proof", nw, ns, hello, job) + job)
+    _, why = _answer(s, WELCOME)
+    return (None, why) if why else (Session(s), "")
+
+
+def _answer(s, kind):
+    """The payload of the server's next frame if it is of `kind`, else
+    (None, why): its error text, or what came instead."""
+    got = read_frame(s)
+    if got is None:
+        return None, f"no frame of kind {kind}"
+    f, body = got
+    if f["kind"] == ERROR:
+        return None, body.decode("utf-8", "replace")
+    if f["kind"] != kind:
+        return None, f"kind {f['kind']} where {kind} was expected"
+    return body, ""
+
+
+class Rogue:
+    """A listener that answers challenges with a proof it cannot compute and
+    records every byte each connection sends afterwards."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.got = []
+        self.done = threading.Event()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        end = time.monotonic() + 120
+        self.sock.settimeout(0.5)
+        while not self.done.is_set() and time.monotonic() < end:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            c.settimeout(5)
+            data = recv_exact(c, 96)
+            c.sendall(header(ANSWER, payload=64) + os.urandom(64))
+            data += recv_exact(c, 1 << 20)  # whatever follows, until it closes
+            self.got.append(len(data))
+            c.close()
+
+
+IN_CREATE, IN_MOVED_TO = 0x100, 0x80
+
+
+class ShmWatch:
+    """Every name created in /dev/shm while it runs (inotify), with its mode
+    where it could still be read: what an observer of /dev/shm sees."""
+
+    def __init__(self):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK)
+        assert self.fd >= 0
+        assert self.libc.inotify_add_watch(self.fd, b"/dev/shm", IN_CREATE | IN_MOVED_TO) >= 0
+        self.seen = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            r, _, _ = select.select([self.fd], [], [], 0.1)
+            if not r:
+                continue
+            buf = os.read(self.fd, 65536)
+            i = 0
+            while i + 16 <= len(buf):
+                _, _, _, n = struct.unpack_from("iIII", buf, i)
+                name = buf[i + 16:i + 16 + n].rstrip(b"\0").decode()
+                try:
+                    mode = os.stat("/dev/shm/" + name).st_mode & 0o777
+                except OSError:
+                    mode = None
+                self.seen.append((name, mode))
+                i += 16 + n
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+        os.close(self.fd)

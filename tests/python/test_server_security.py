@@ -1,0 +1,468 @@
+"""Hostile clients against a live standalone reduction server
+(``python -m torch_smddp.server``, run under RLIMIT_NOFILE=256) and a live
+2-rank job on loopback (docs/design.md, "Security").
+
+Each attack runs in its own round of the job (security_worker.py), with a
+bounded loop and a deadline of its own, while the job allreduces through
+the server (every result checked) unless the attack says otherwise. After
+every attack:
+
+* the server is alive;
+* its fds, threads and RSS (/proc/PID/fd, /proc/PID/task, /proc/PID/status)
+  are back to their level before the attack within 2 s of the attacker
+  leaving;
+* a following group of the job (new connections, handshake and stream)
+  gets the closed forms and the host-order sums of seeded inputs, through
+  the server (its steps counted), within a no-hang bound of its usual time.
+
+The attacker (hostile_client.py) is written from the wire's spec with
+Python's hmac, independently of the library. The rogue-registration attack
+runs a job of its own (it must fail naming the rogue). The flood of every
+peer-monitor listener while a group forms is test_liveness_flood.py. Every
+process has a hard deadline and is killed with its children in the end;
+traffic goes to 127.0.0.1 only.
+"""
+
+import os
+import re
+import resource
+import socket
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hostile_client as hc  # noqa: E402
+from mp_harness import backend_under_test, find_free_port  # noqa: E402
+from server_harness import PY, Procs, env, key_file, start_server, wait_results  # noqa: E402
+
+pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
+                                reason="standalone reduction servers are smddp's")
+
+JOB = "secret-job-name-7f3a"  # the server's --job: no refusal may echo it
+SETTLE_S = 2.0
+RSS_SLACK_KIB = 24 * 1024
+ROUND_S = 180.0
+
+
+# -- the server process, seen from /proc ---------------------------------------
+
+def snapshot(pid):
+    with open(f"/proc/{pid}/status") as f:
+        rss = int(re.search(r"^VmRSS:\s+(\d+)", f.read(), re.M).group(1))
+    return {"fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "threads": len(os.listdir(f"/proc/{pid}/task")), "rss_kib": rss}
+
+
+def accept_cpu_seconds(pid):
+    """CPU time of the server's accept loops (threads named smddp-accept)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().strip() != "smddp-accept":
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def quiet_snapshot(pid):
+    """The server's level once it stopped changing (a stream that just ended
+    may still be closing)."""
+    last = snapshot(pid)
+    end = time.monotonic() + 5.0
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        now = snapshot(pid)
+        if now["fds"] == last["fds"] and now["threads"] == last["threads"]:
+            return now
+        last = now
+    return last
+
+
+def settled(pid, before, left_at):
+    """Asserts the server is back to `before` within SETTLE_S of `left_at`."""
+    while True:
+        now = snapshot(pid)
+        if (now["fds"] <= before["fds"] and now["threads"] <= before["threads"]
+                and now["rss_kib"] <= before["rss_kib"] + RSS_SLACK_KIB):
+            return now
+        if time.monotonic() > left_at + SETTLE_S:
+            raise AssertionError(f"the server did not settle within {SETTLE_S} s of the attacker "
+                                 f"leaving: before {before}, now {now}")
+        time.sleep(0.05)
+
+
+# -- the live server and job -------------------------------------------------------
+
+class Live:
+    """The server, the 2-rank job, and the rounds that drive it."""
+
+    def __init__(self, procs, out):
+        self.procs, self.out, self.n = procs, out, 0
+        self.log = os.path.join(out, "server.log")
+        self.key = open(key_file(), "rb").read().strip()
+
+        def limit_fds():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+        self.server, hosts = start_server(
+            procs, ["--bind", "127.0.0.1", "--job", JOB, "--key-file", key_file()],
+            env=env(keyed=False), stderr=open(self.log, "wb"), preexec_fn=limit_fds)
+        self.port = int(hosts.rsplit(":", 1)[1])
+        port = find_free_port()
+        self.ranks = []
+        for r in range(2):
+            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                    SMDDP_SERVER_HOSTS=hosts, SMDDP_SERVER_JOB=JOB, SMDDP_SERVER_REQUIRED=1,
+                    FI_TCP_IFACE="lo")
+            self.ranks.append(procs.start([PY, os.path.join(HERE, "security_worker.py"), out],
+                                          env=e, log=os.path.join(out, f"rank{r}.log")))
+        first = self.results(0)
+        self.usual_s = max(r["fresh_s"] for r in first)
+        self.n = 1
+
+    def results(self, n):
+        names = [f"round.{n}.{r}.json" for r in range(2)]
+        end = time.monotonic() + ROUND_S
+        while time.monotonic() < end:
+            crashed = [c for c in os.listdir(self.out) if c.startswith("crashed.")]
+            if crashed or all(os.path.exists(os.path.join(self.out, x)) for x in names):
+                break
+            time.sleep(0.1)
+        return list(wait_results(self.out, names + [c for c in os.listdir(self.out)
+                                                    if c.startswith("crashed.")], 1).values())
+
+    def log_text(self):
+        with open(self.log, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def round(self, attack, cmd="live"):
+        """Runs `attack()` (which returns when the attacker left) during
+        round n of the job; checks the server and the following group."""
+        assert self.server.poll() is None, "the server died before the attack"
+        before = quiet_snapshot(self.server.pid)
+        n = self.n
+        self.n += 1
+        with open(os.path.join(self.out, f"cmd.{n}"), "w") as f:
+            f.write(cmd)
+        time.sleep(0.3)  # the live loop is under way
+        detail = attack()
+        left_at = time.monotonic()
+        assert self.server.poll() is None, ("the attack killed the server:\n" +
+                                            self.log_text()[-3000:])
+        after = settled(self.server.pid, before, left_at)
+        open(os.path.join(self.out, f"stop.{n}"), "w").close()
+        self.last = self.results(n)
+        for res in self.last:
+            assert "crashed" not in res, res
+            assert res["live_bad"] == 0, res
+            assert cmd != "live" or res["live_calls"] > 0, res
+            assert res["fresh_bad"] == [], res
+            # Through the server, not around it (SMDDP_SERVER_REQUIRED=1 too).
+            assert res["fresh_servers"] == 1 and res["fresh_server_steps"] > 0, res
+            assert res["fresh_s"] < 5 * self.usual_s + 10, (res, self.usual_s)  # no hang
+        assert self.server.poll() is None
+        return before, after, detail
+
+    def close(self):
+        with open(os.path.join(self.out, f"cmd.{self.n}"), "w") as f:
+            f.write("quit")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    procs = Procs()
+    try:
+        lv = Live(procs, str(tmp_path_factory.mktemp("live")))
+        yield lv
+        lv.close()
+    finally:
+        procs.kill()
+
+
+def answers(s, wait=0.5):
+    """Every error text the server sent on `s` before closing it (or `wait`)."""
+    s.settimeout(wait)
+    out = []
+    while True:
+        got = hc.read_frame(s)
+        if got is None:
+            return out
+        out.append(got[1].decode("utf-8", "replace"))
+
+
+# -- the attacks ------------------------------------------------------------------------
+
+def test_unauthenticated_clients_get_nothing_and_learn_nothing(live):
+    # Garbage, a protocol-1 hello, an oversized challenge, a hello with no
+    # challenge, a hello with a guessed proof, and a hello recorded from a
+    # real session replayed on a new one: 300 connections in all.
+    s = hc.connect(live.port)
+    nw = os.urandom(32)
+    s.sendall(hc.header(hc.CHALLENGE, payload=32) + nw)
+    f, body = hc.read_frame(s)
+    hello = hc.header(hc.HELLO, group=1, hosts=2, host=0, count=1 << 20, payload=32)
+    recorded = hc.header(hc.CHALLENGE, payload=32) + nw, hello + hc.mac(
+        live.key, b"smddp server v2: worker proof", nw, body[:32], hello)
+    s.close()
+    lines_before = live.log_text().count("\n")
+    texts = []
+
+    def attack():
+        end = time.monotonic() + 20
+        for i in range(300):
+            if time.monotonic() > end:
+                break
+            c = hc.connect(live.port)
+            try:
+                kind = i % 6
+                if kind == 0:
+                    c.sendall(b"GET / HTTP/1.1\r\n\r\n".ljust(64, b"x"))
+                elif kind == 1:
+                    c.sendall(hc.header(hc.HELLO, version=1, hosts=2, payload=len(JOB)) +
+                              JOB.encode())
+                elif kind == 2:
+                    c.sendall(hc.header(hc.CHALLENGE, payload=256 << 20))
+                elif kind == 3:
+                    c.sendall(hello + bytes(32))
+                elif kind == 4:
+                    c.sendall(hc.header(hc.CHALLENGE, payload=32) + os.urandom(32))
+                    hc.read_frame(c)
+                    c.sendall(hello + bytes(32))
+                else:
+                    c.sendall(recorded[0])
+                    hc.read_frame(c)
+                    c.sendall(recorded[1])
+                texts.extend(answers(c))
+            except OSError:
+                pass
+            finally:
+                c.close()
+        return None
+
+    live.round(attack)
+    assert texts, "the server answered none of the bad clients"
+    assert any("bad magic" in t for t in texts), texts[:6]
+    assert any("authentication failed" in t for t in texts), texts[:6]
+    for t in texts:
+        assert JOB not in t and live.key.decode() not in t and key_file() not in t, t
+    log = live.log_text()
+    assert live.key.decode() not in log
+    # 300 refusals, at most 20 lines per 10 s (and the line saying how many
+    # more there were).
+    assert log.count("\n") - lines_before <= 2 * 21, log[-4000:]
+
+
+def test_fd_exhaustion_under_rlimit_256_backs_off_logs_once_and_recovers(live):
+    held = []
+    cpu = {}
+
+    def attack():
+        end = time.monotonic() + 10
+        for _ in range(400):
+            if time.monotonic() > end:
+                break
+            c = socket.socket()
+            c.setblocking(False)
+            try:
+                c.connect(("127.0.0.1", live.port))
+            except BlockingIOError:
+                pass
+            except OSError:
+                c.close()
+                continue
+            held.append(c)
+        time.sleep(0.5)
+        t0, c0 = time.monotonic(), accept_cpu_seconds(live.server.pid)
+        time.sleep(2.0)  # the server is out of fds all along
+        cpu["share"] = (accept_cpu_seconds(live.server.pid) - c0) / (time.monotonic() - t0)
+        cpu["fds"] = snapshot(live.server.pid)["fds"]
+        for c in held:
+            c.close()
+
+    live.round(attack)
+    assert cpu["fds"] >= 250, cpu  # it really ran out
+    # An accept loop retrying accept4 on EMFILE at once spins a whole core.
+    assert cpu["share"] < 0.5, cpu
+    log = live.log_text()
+    assert log.count("cannot accept connections") == 1, log[-3000:]
+    assert "Too many open files" in log
+    assert "accepting connections again" in log, log[-3000:]
+
+
+def _stream(live, group, hosts=2, joined=None, **kw):
+    """`joined` (default all) hosts of a stream of `hosts`, each proved
+    with the key: their sessions."""
+    out = []
+    for h in range(hosts if joined is None else joined):
+        s = hc.connect(live.port)
+        session, why = hc.handshake(s, live.key, hosts=hosts, host=h, group=group,
+                                    job=JOB.encode(), **kw)
+        assert session, why
+        out.append(session)
+    return out
+
+
+def test_headers_that_announce_256_mib_take_no_memory(live):
+    seen = {}
+
+    def attack():
+        socks = []
+        # Without the key: a challenge or a hello that announces a huge
+        # payload is refused before a byte of it is read.
+        for i in range(100):
+            c = hc.connect(live.port)
+            c.sendall(hc.header(hc.CHALLENGE, payload=256 << 20) if i % 2 else
+                      hc.header(hc.HELLO, hosts=2, payload=1 << 62))
+            socks.append(c)
+        # With it (an insider): four streams whose hosts say pieces are up
+        # to 256 MiB, each host announcing one and sending 4 KiB of it.
+        for g in range(4):
+            for session in _stream(live, 900 + g, max_piece=256 << 20):
+                session.send(hc.header(hc.DATA, dtype=hc.UINT8, op=hc.SUM, group=900 + g,
+                                       count=256 << 20, payload=256 << 20), os.urandom(4096))
+                socks.append(session.sock)
+        time.sleep(1.0)
+        seen["during"] = snapshot(live.server.pid)
+        for c in socks:
+            c.close()
+
+    before, _, _ = live.round(attack)
+    # 2 GiB announced; what a zero-filled buffer per header would have cost.
+    assert seen["during"]["rss_kib"] - before["rss_kib"] < 64 * 1024, (before, seen)
+
+
+def test_connections_and_streams_cost_no_thread_until_a_stream_serves(live):
+    seen = {}
+
+    def attack():
+        socks = [hc.connect(live.port) for _ in range(60)]  # idle, unproven
+        for g in range(60):  # streams that never complete: one host of two
+            socks += [s.sock for s in _stream(live, 1000 + g, joined=1)]
+        for g in range(10):  # complete streams that say nothing
+            socks += [s.sock for s in _stream(live, 2000 + g)]
+        time.sleep(0.5)
+        seen["during"] = snapshot(live.server.pid)
+        for c in socks:
+            c.close()
+
+    before, _, _ = live.round(attack)
+    # A thread per complete stream, none per connection or waiting stream.
+    assert seen["during"]["threads"] <= before["threads"] + 10, (before, seen)
+    assert seen["during"]["fds"] >= before["fds"] + 60 + 60 + 20 - 5, (before, seen)
+
+
+def test_a_memory_limit_refuses_streams_not_the_server(live):
+    # Under RLIMIT_AS: 40 complete streams (a thread each) and a stream that
+    # announces 200 MiB pieces. Streams it cannot give a thread or a buffer
+    # are refused with an error to their hosts; the server lives on.
+    pid = live.server.pid
+    errors = []
+
+    def attack():
+        with open(f"/proc/{pid}/status") as f:
+            vm = int(re.search(r"^VmSize:\s+(\d+)", f.read(), re.M).group(1)) * 1024
+        old = resource.prlimit(pid, resource.RLIMIT_AS)
+        resource.prlimit(pid, resource.RLIMIT_AS, (vm + (160 << 20), old[1]))
+        try:
+            threads = snapshot(pid)["threads"]
+            streams = [_stream(live, 3000 + g) for g in range(40)]
+            for st in streams:
+                for session in st:
+                    errors.extend(answers(session.sock, wait=0.05))
+            for st in streams:
+                for session in st:
+                    session.sock.close()
+            # Their threads end (and leave their stacks for the next).
+            end = time.monotonic() + 5
+            while snapshot(pid)["threads"] > threads and time.monotonic() < end:
+                time.sleep(0.05)
+            big = _stream(live, 4000, max_piece=200 << 20)
+            for session in big:
+                session.send(hc.header(hc.DATA, dtype=hc.UINT8, op=hc.SUM, group=4000,
+                                       count=200 << 20, payload=200 << 20))
+            for session in big:
+                errors.extend(answers(session.sock, wait=2.0))
+                session.sock.close()
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_AS, old)
+
+    live.round(attack, cmd="idle")
+    assert any("cannot start a thread" in e for e in errors), errors[:5]
+    assert any("ran out of memory" in e for e in errors), errors[:5]
+
+
+def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, tmp_path):
+    # A third party registers itself at index 0 of a job's servers in the
+    # job's store before any real server does. The job holds a key file the
+    # rogue does not: every rank fails at set-up naming the rogue, and the
+    # rogue gets each rank's challenge (96 bytes) and nothing else.
+    rogue = hc.Rogue()
+    port = find_free_port()
+    procs = Procs()
+    try:
+        for r in range(2):
+            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                    SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="roguejob", FI_TCP_IFACE="lo",
+                    SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60)
+            procs.start([PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
+                        env=e, log=os.path.join(tmp_path, f"init.{r}.log"))
+        import torch.distributed as dist  # the attacker's store client
+        from datetime import timedelta
+
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=90))
+        store.add("smddp_servers/roguejob/count", 1)
+        store.set("smddp_servers/roguejob/0", f"127.0.0.1:{rogue.port}")
+        got = wait_results(str(tmp_path), ["init.0.json", "init.1.json"], 150)
+    finally:
+        rogue.done.set()
+        procs.kill()
+    for res in got.values():
+        err = res.get("init_error", "")
+        assert f"standalone reduction server 0 (127.0.0.1:{rogue.port}" in err, res
+        assert "failed authentication" in err, res
+    assert rogue.got and all(n == 96 for n in rogue.got), rogue.got
+    # The live server was never involved; it still serves a following group.
+    live.round(lambda: None)
+
+
+def test_no_secret_in_shm_names_command_lines_or_logs(live):
+    watch = hc.ShmWatch()
+    try:
+        live.round(lambda: time.sleep(0.2))  # its following group makes a segment
+    finally:
+        watch.close()
+    # This job's names (other jobs on the machine share /dev/shm).
+    tags = {t for res in live.last for t in res["owner_tags"]}
+    assert tags, live.last
+    ours = [(n, m) for n, m in watch.seen if any(n.startswith(f"smddp-{t}-") for t in tags)]
+    names = [n for n, _ in ours]
+    segments = [n for n in names if "-seg-" in n]
+    assert segments, watch.seen
+    for name in segments:
+        # The owner tag, then 32 random hex digits: no secret to read off.
+        assert re.fullmatch(r"smddp-o[0-9a-f]{16}-seg-[0-9a-f]{32}", name), name
+    for name, mode in ours:
+        if mode is not None:
+            assert mode & 0o077 == 0, (name, oct(mode))
+    # The group secrets of the live job, read from its store as any rank
+    # can: none is in a name (decimal, or hex as the segment name had it).
+    secrets = {int(x) for res in live.last for x in res["secrets"]}
+    assert secrets
+    for name in names:
+        for x in secrets:
+            assert str(x) not in name and format(x, "016x") not in name, name
+    # Nor is the key in a command line, an environment or the server's log.
+    key = live.key
+    for proc in [live.server] + live.ranks:
+        for what in ("cmdline", "environ"):
+            with open(f"/proc/{proc.pid}/{what}", "rb") as f:
+                assert key not in f.read(), (proc.pid, what)
+    assert key.decode() not in live.log_text()
