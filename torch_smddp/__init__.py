@@ -112,7 +112,35 @@ def _register() -> None:
     dist.Backend.register_backend("smddp", _create_backend, extended_api=True, devices=devices)
 
 
+def _refuse_torchcomms() -> None:
+    """Under TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 (torch 2.13), c10d hands every
+    backend to ``torchcomms.new_comm(name)`` instead of its registered
+    creator. smddp has no torchcomms backend, so a group made that way would
+    fail inside torchcomms with an error that does not say why: say why.
+    Where torchcomms is missing (or is the placeholder on PyPI, 0.0.1, which
+    has no new_comm), torch keeps the c10d path and smddp works unchanged
+    (docs/design.md, "torchcomms")."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if not getattr(c10d, "_TORCHCOMM_AVAILABLE", False) or getattr(c10d, "_smddp_guarded", False):
+        return
+    new_comm = c10d.new_comm
+
+    def guarded(backend, *args, **kwargs):
+        if str(backend) == "smddp":
+            raise RuntimeError(
+                "smddp has no torchcomms backend: with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 (or "
+                "dist_config.use_torchcomms) torch creates every backend through "
+                "torchcomms.new_comm, which knows nothing of smddp. Unset it for smddp groups "
+                "(smddp runs on c10d's backend API).")
+        return new_comm(backend, *args, **kwargs)
+
+    c10d.new_comm = guarded
+    c10d._smddp_guarded = True
+
+
 _register()
+_refuse_torchcomms()
 
 
 def _backend_of(group=None):
