@@ -97,11 +97,16 @@ def _create_backend(dist_backend_opts, backend_options=None):
     name = str(getattr(opts, "group_id", "default"))
     found = _servers_from_store(opts.store, opts.timeout)
     if found is None:
-        return _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout,
-                                    name)
-    hosts, origin, key = found
-    return _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name,
-                                server_hosts=hosts, server_origin=origin, server_key=key)
+        pg = _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name)
+    else:
+        hosts, origin, key = found
+        pg = _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name,
+                                  server_hosts=hosts, server_origin=origin, server_key=key)
+    # torch's flight recorder format names the world group "default_pg" and
+    # lists every group's global ranks (TORCH_FR_DUMP_TEMP_FILE dumps).
+    ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
+    pg._set_torch_group("default_pg" if not ranks else "undefined", ranks)
+    return pg
 
 
 def _register() -> None:

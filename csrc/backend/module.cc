@@ -233,7 +233,13 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
       .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)
       // Where this group instance's keys live in its store (tests read them).
-      .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix);
+      .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix)
+      // How torch's flight recorder format names the group (its desc and
+      // global ranks), for TORCH_FR_DUMP_TEMP_FILE dumps.
+      .def("_set_torch_group", [](ProcessGroupSmddp& pg, const std::string& desc,
+                                  const std::vector<int>& globalRanks) {
+        if (auto rec = pg.flightRecorder()) rec->setTorchGroup(desc, globalRanks);
+      });
 
   // A group still alive when Python finalizes is freed late in
   // finalization, when no other thread may take the GIL any more: an engine

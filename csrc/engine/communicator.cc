@@ -4,6 +4,8 @@
 // shutdown. The queue and worker thread are in task_queue.cc.
 #include "engine/communicator.h"
 
+#include "observe/torch_fr.h"
+
 #include <rdma/fi_errno.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -186,6 +188,7 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts)
   if (const int64_t ring = traceBufferSize(); ring > 0) {
     recorder_ = std::make_shared<FlightRecorder>(opts_.name, opts_.rank, opts_.size,
                                                  static_cast<size_t>(ring));
+    registerRecorder(recorder_);  // torch-format dumps cover every live group
     // The answering thread blocks in the store: its own connection. Asking
     // is a few quick calls: the group's connection.
     auto waitStore = store.clone();

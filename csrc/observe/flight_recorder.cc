@@ -11,17 +11,25 @@
 
 #include "common/dtype.h"
 #include "common/param.h"
+#include "observe/torch_fr.h"
 
 namespace smddp {
 
 SMDDP_PARAM_INT(paramTraceBufferSize, "SMDDP_TRACE_BUFFER_SIZE", 2000, 0, 10000000,
-                "collectives each group's flight recorder keeps (0: no recorder, no desync report)")
+                "collectives each group's flight recorder keeps (0: no recorder, no desync report); "
+                "TORCH_FR_BUFFER_SIZE is its alias, read where this one is unset")
+SMDDP_PARAM_INT(paramTorchBufferSize, "TORCH_FR_BUFFER_SIZE", 2000, 0, 10000000,
+                "torch's name for SMDDP_TRACE_BUFFER_SIZE (which wins where both are set)")
 SMDDP_PARAM_STRING(paramDebugDir, "SMDDP_DEBUG_DIR", "",
                    "directory where each rank dumps its flight recorder "
                    "(smddp_trace_rank<R>_g<group>.json) when a call fails or a peer asks for a "
                    "desync report; empty = no dumps")
 
-int64_t traceBufferSize() { return paramTraceBufferSize(); }
+int64_t traceBufferSize() {
+  const char* own = getenv("SMDDP_TRACE_BUFFER_SIZE");
+  if ((!own || !*own) && getenv("TORCH_FR_BUFFER_SIZE")) return paramTorchBufferSize();
+  return paramTraceBufferSize();
+}
 std::string debugDir() { return paramDebugDir(); }
 
 const char* toString(CallState s) {
@@ -201,6 +209,27 @@ FlightRecorder::FlightRecorder(std::string group, int rank, int size, size_t cap
   for (auto& e : ring_) e.seq = UINT64_MAX;  // empty
 }
 
+void FlightRecorder::setTorchGroup(std::string desc, std::vector<int> globalRanks) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  torchDesc_ = std::move(desc);
+  globalRanks_ = std::move(globalRanks);
+}
+
+std::string FlightRecorder::torchDesc() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return torchDesc_;
+}
+
+std::string FlightRecorder::torchRanks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out = "[";
+  for (int r = 0; r < size_; ++r) {
+    if (r) out += ", ";
+    out += std::to_string(globalRanks_.empty() ? r : globalRanks_[static_cast<size_t>(r)]);
+  }
+  return out + "]";
+}
+
 FlightEntry* FlightRecorder::slot(uint64_t seq) {
   FlightEntry& e = ring_[seq % ring_.size()];
   return e.seq == seq ? &e : nullptr;
@@ -343,14 +372,15 @@ std::string FlightRecorder::toJson() const {
 }
 
 std::string dumpFlightRecord(const FlightRecorder& rec, const std::string& reason) {
-  const std::string dir = debugDir();
-  if (dir.empty()) return "";
   int globalRank = rec.rank();
   if (const char* r = getenv("RANK")) {
     char* end = nullptr;
     long v = strtol(r, &end, 10);
     if (end && *end == '\0' && v >= 0) globalRank = static_cast<int>(v);
   }
+  (void)dumpTorchFlightRecord(globalRank);
+  const std::string dir = debugDir();
+  if (dir.empty()) return "";
   std::string tag;
   for (char c : rec.group()) tag += (isalnum(static_cast<unsigned char>(c)) ? c : '_');
   const std::string path = dir + "/smddp_trace_rank" + std::to_string(globalRank) + "_g" + tag +

@@ -100,6 +100,13 @@ class FlightRecorder {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
+  // How torch names this group in its flight recorder dumps (torch_fr.h):
+  // its description ("default_pg") and its global ranks ("[0, 1, 2]"). Set
+  // by the backend once it knows them; metadata, so const.
+  void setTorchGroup(std::string desc, std::vector<int> globalRanks) const;
+  std::string torchDesc() const;
+  std::string torchRanks() const;
+
  private:
   FlightEntry* slot(uint64_t seq);  // null if `seq` has left the ring; mu_ held
   RankPosition positionLocked() const;
@@ -111,13 +118,16 @@ class FlightRecorder {
   std::vector<FlightEntry> ring_;  // guarded by mu_; entry for seq s at s % size
   uint64_t next_ = 0;              // guarded by mu_: one past the newest queued sequence
   std::string reported_;           // guarded by mu_: notePosition
+  mutable std::string torchDesc_ = "undefined";  // guarded by mu_
+  mutable std::vector<int> globalRanks_;         // guarded by mu_: empty = 0..size-1
 };
 
 // Writes `json` to SMDDP_DEBUG_DIR/smddp_trace_rank<R>_g<group>.json, where
 // R is the process's global rank (RANK, else its rank in the group) and
 // <group> the group's name with every character but letters and digits as
 // '_'; returns the path, or "" when SMDDP_DEBUG_DIR is unset or the write
-// failed.
+// failed. With TORCH_FR_DUMP_TEMP_FILE set it also writes torch's dump of
+// every live group (torch_fr.h).
 std::string dumpFlightRecord(const FlightRecorder& rec, const std::string& reason);
 
 }  // namespace smddp

@@ -29,9 +29,12 @@ EXPECTED = [  # (collective, dtype, numel) of sequences 0..5, as cases_flight ca
 def test_flight_recorder_and_desync_report(tmp_path):
     dump_dir = tmp_path / "dumps"
     dump_dir.mkdir()
+    torch_dir = tmp_path / "torch_fr"
+    torch_dir.mkdir()
     results = run_world(3, "cases_flight:flight_job", backend=BACKEND, timeout=90,
                         pg_timeout=4.0, expect_failure=True,
-                        env={"SMDDP_DEBUG_DIR": str(dump_dir)})
+                        env={"SMDDP_DEBUG_DIR": str(dump_dir),
+                             "TORCH_FR_DUMP_TEMP_FILE": str(torch_dir / "smddp_fr_")})
     problems = []
     for rank, res in enumerate(results):
         es = res["entries"]
@@ -93,6 +96,17 @@ def test_flight_recorder_and_desync_report(tmp_path):
     report = results[0]["error"].split("Desync report: ", 1)[1].split("\n")[0]
     assert f"desync report: {report}" in out.stdout, out.stdout
     assert "rank 2 (pid" in out.stdout
+
+    # torch's own analyzer reads the torch-format dumps as they are, and
+    # names the rank that never issued the all_reduce and that all_reduce.
+    assert sorted(os.listdir(torch_dir)) == ["smddp_fr_0", "smddp_fr_1", "smddp_fr_2"]
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                          str(torch_dir), "--prefix", "smddp_fr_"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert re.search(r"all_reduce", text), text[-3000:]
+    assert re.search(r"[Mm]issing ranks?[^\n]*\b2\b|\{2\}", text), text[-3000:]
 
 
 def test_torch_debug_detail_wraps_smddp():
