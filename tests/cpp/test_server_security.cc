@@ -367,7 +367,9 @@ TEST_CASE("a stream's memory is what arrived: headers that announce 256 MiB take
   std::this_thread::sleep_for(milliseconds(300));
   const long during = rssKiB();
   INFO("RSS before " << before << " KiB, with 1 GiB announced " << during << " KiB");
-  CHECK(during - before < 32 * 1024);
+  // 1 GiB announced; what grows is the connections' own state (more under
+  // ASan, whose allocator keeps freed memory in quarantine), never a payload.
+  CHECK(during - before < 64 * 1024);
   for (int fd : fds) close(fd);
   // A host whose hello said 16-byte pieces sends 64: the stream fails,
   // naming the limit.
