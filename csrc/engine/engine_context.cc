@@ -114,6 +114,8 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
     fabric_ = std::make_shared<Fabric>(provider_);
     endpoint_ = std::make_unique<Endpoint>(fabric_);
   }
+  const size_t max = endpoint_->maxMessageSize();
+  maxPayload_ = max > sizeof(FrameHeader) ? max - sizeof(FrameHeader) : 0;
 }
 
 size_t EngineContext::progress() {

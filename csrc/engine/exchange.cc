@@ -59,6 +59,16 @@ void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t 
 
 void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, const void* src,
                     size_t bytes, std::function<void()> onSent) {
+  // Chunks grow past SMDDP_CHUNK_BYTES beyond kMaxChunksPerStream chunks
+  // per stream (algorithms.h); a provider with a smaller max_msg_size than
+  // that would fail the send inside libfabric, with a less useful error.
+  if (bytes > ctx_.maxPayloadBytes()) {
+    throwError(ErrorKind::kInvalidArgument,
+               "smddp: " + watch_.what() + ": a message of " + std::to_string(bytes) +
+                   " bytes to rank " + std::to_string(peer) + " exceeds provider " +
+                   ctx_.provider() + "'s max_msg_size (" +
+                   std::to_string(ctx_.maxPayloadBytes()) + " bytes of payload)");
+  }
   Request* r = ctx_.requests().acquire();
   r->type = Request::Type::kSend;
   r->owner = this;

@@ -30,6 +30,12 @@ void Communicator::postP2P(Request* r) {
     throwError(ErrorKind::kAborted,
                "the group is unusable after an earlier failure: " + ctx.control().brokenReason());
   }
+  if (r->type == Request::Type::kSend && r->payloadBytes > ctx.maxPayloadBytes()) {
+    throwError(ErrorKind::kInvalidArgument,
+               "a message of " + std::to_string(r->payloadBytes) + " bytes exceeds provider " +
+                   ctx.provider() + "'s max_msg_size (" + std::to_string(ctx.maxPayloadBytes()) +
+                   " bytes of payload)");
+  }
   iovec iov[3];
   size_t n = 0;
   iov[n++] = {&r->header, sizeof(FrameHeader)};
