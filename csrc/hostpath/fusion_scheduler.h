@@ -69,10 +69,6 @@ class FusionBufferScheduler final : public AllreducePath {
   void setServerLinks(std::unique_ptr<ServerLinks> links) { serverLinks_ = std::move(links); }
   void setStandaloneServers(int k) { standalone_ = k; }
 
-  uint64_t fusionBytes() const { return fusionBytes_; }
-  HostSegment& segment() const { return *segment_; }
-  const HostTopology& topology() const { return topo_; }
-
  private:
   struct Batch;
   void lead(Batch& b, std::vector<AllreduceCall*>& calls, AllreduceBatch& batch);
