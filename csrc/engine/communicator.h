@@ -161,7 +161,7 @@ class Communicator {
     uint64_t seq;
     std::vector<MemRange> touches;
   };
-  // The queue's side of one run of the allreduce path (task_queue.cc).
+  // The queue's side of one run of the allreduce path (run_tasks.cc).
   class QueuedRun;
 
   // --- Set-up and teardown (communicator.cc) ---

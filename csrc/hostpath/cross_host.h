@@ -179,7 +179,7 @@ class FusionBufferScheduler::CrossHost {
   // destructor cancels and waits for its receives before they are freed.
   // A receive it cannot confirm cancelled (a peer on a host gone silent)
   // quarantines the endpoint, which is then never progressed, nor closed
-  // (Communicator::releaseResources), so it cannot write here any more.
+  // (EngineContext::release), so it cannot write here any more.
   std::vector<Step> steps_;  // ring of `depth`: step k at k % depth
   std::vector<uint8_t> partials_;
   Exchange ex_;
