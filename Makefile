@@ -8,7 +8,7 @@ NPROC     ?= 2
 CMAKE_ARGS ?=
 LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: all setup build build-ext demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean \
+.PHONY: all setup build build-ext layers demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean \
         setup-cuda build-cuda-ext check-cuda test-gpu gpu-debs
 
 all: build
@@ -34,15 +34,21 @@ build-ext: setup $(BUILD)/CMakeCache.txt
 demo: build-ext
 	$(PY) -m torch.distributed.run --standalone --nproc-per-node $(NPROC) examples/train_ddp.py --backend smddp
 
-test: build
+test: build layers
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
 	$(PY) -m pytest -q --durations=15 tests/python
 	$(MAKE) --no-print-directory test-asan-ci
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS_CI)
 	$(MAKE) --no-print-directory check-cuda
 
-test-cpp: build
+test-cpp: build layers
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
+
+# Every include in csrc/ points down the layer table, and docs/design.md's
+# table agrees with scripts/check_layers.py's (the build runs the first
+# half before it compiles).
+layers:
+	python3 scripts/check_layers.py --design docs/design.md
 
 test-py: build
 	$(PY) -m pytest -q --durations=15 tests/python

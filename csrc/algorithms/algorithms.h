@@ -1,48 +1,81 @@
-// The collective algorithms the Communicator's worker thread runs. Each is
-// a plain function over an Exchange; all of them block (bounded by the group
-// timeout) and throw smddp::Error on failure.
+// The collective algorithms the engine thread runs, over the group's
+// context (engine/engine_context.h). Each is a plain function over an
+// Exchange; all of them block (bounded by the group timeout) and throw
+// smddp::Error on failure. collective_calls.h queues them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
-#include "engine/communicator.h"
+#include "common/dtype.h"
+#include "engine/allreduce_path.h"
+#include "engine/call.h"
+#include "engine/engine_config.h"
+#include "engine/engine_context.h"
 #include "reduce/shard_plan.h"
 
 namespace smddp {
 
+// The network path's parameters (allreduce.cc): shards and the receive ring.
+void readAllreduceParams(EngineConfig& c);
+
+// What the network-only allreduce paths share: allreduce over libfabric
+// through the reduction servers below, and the group's description (why
+// allreduce stays on the network, servers, chunk, ring depth, fusion).
+class NetworkPath : public AllreducePath {
+ public:
+  CallPath callPath() const override { return CallPath::kNetwork; }
+  std::string describe() const override;
+  int reductionServers() const override {
+    return static_cast<int>(ctx_.networkServers().size());
+  }
+
+ protected:
+  NetworkPath(EngineContext& ctx, std::string why) : ctx_(ctx), why_(std::move(why)) {}
+  EngineContext& ctx_;
+  const std::string why_;
+};
+
+// The plain network allreduce as the group's allreduce path: every call
+// alone (no fusion). `why` says why allreduce stays on the network.
+std::unique_ptr<AllreducePath> openNetworkAllreduce(EngineContext& ctx, std::string why);
+
 // Reduction servers: shard i of every rank's buffer goes to server i, which
-// combines the shards in rank order and sends the result back to all.
-void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+// combines the shards in rank order and sends the result back to all. The
+// engine has checked op and dtype (Communicator::allreduce).
+void runAllreduce(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                   DataType dtype, ReduceOp op);
 // Posts more messages in the same Exchange as an allreduce's data (network
 // fusion's cut proposals), so they cost no round trip of their own.
 class Exchange;
 using ExtraMessages = std::function<void(Exchange&)>;
-// runAllreduce without the argument check and the stats: `bufs` reduced as
-// one buffer (through the fusion buffer when several), `extra` riding along.
-void allreduceBuffers(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+// runAllreduce without the stats: `bufs` reduced as one buffer (through
+// the fusion buffer when several), `extra` riding along.
+void allreduceBuffers(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                       DataType dtype, ReduceOp op, const ExtraMessages& extra);
-void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+void runBroadcast(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                   DataType dtype, int root);
-void runAllgather(Communicator& comm, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
+void runAllgather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                   DataType dtype);
-void runBarrier(Communicator& comm, uint64_t seq);
+void runBarrier(EngineContext& ctx, uint64_t seq);
 // A barrier served by rank 0 with its own timeout: rank 0's error names
 // every rank that had not arrived.
-void runMonitoredBarrier(Communicator& comm, uint64_t seq, std::chrono::milliseconds timeout);
+void runMonitoredBarrier(EngineContext& ctx, uint64_t seq, std::chrono::milliseconds timeout);
 // ins[r] is the block destined for rank r; out receives this rank's reduced block.
-void runReduceScatter(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins,
+void runReduceScatter(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& ins,
                       Buffer out, DataType dtype, ReduceOp op);
-void runReduce(Communicator& comm, uint64_t seq, Buffer buf, DataType dtype, ReduceOp op,
+void runReduce(EngineContext& ctx, uint64_t seq, Buffer buf, DataType dtype, ReduceOp op,
                int root);
-void runGather(Communicator& comm, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
+void runGather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                DataType dtype, int root);
-void runScatter(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins, Buffer out,
+void runScatter(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& ins, Buffer out,
                 DataType dtype, int root);
 // ins[r] goes to rank r, outs[r] comes from rank r (sizes may differ).
-void runAlltoall(Communicator& comm, uint64_t seq, const std::vector<Buffer>& ins,
+void runAlltoall(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& ins,
                  const std::vector<Buffer>& outs, DataType dtype);
 
 // At most this many chunks per peer stream: providers hold a bounded number

@@ -1,7 +1,7 @@
 // Allreduce through reduction servers (docs/design.md, "The allreduce path").
 //
 // Every rank hosts one server (or SMDDP_SERVERS_PER_NODE ranks per host
-// do: Communicator::networkServers). The buffer is cut into one shard per server
+// do: EngineContext::networkServers). The buffer is cut into one shard per server
 // (or goes whole to one server when small). Each rank sends shard s to
 // server s; server s waits for shard s from every rank, combines them in rank
 // order (bitwise reproducible), and returns the result to every rank. Shards
@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/param.h"
@@ -36,22 +37,50 @@ void readAllreduceParams(EngineConfig& c) {
 
 namespace {
 
-void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
+// Worker side: receive every other server's result into place, then send
+// every other server its shard. The servers are interleaved chunk by chunk
+// so all of them can start reducing at once.
+void postWorkerSide(Exchange& ex, const ShardPlan& plan, const std::vector<int>& servers, int rank,
+                    uint8_t* data, size_t es) {
+  const int S = static_cast<int>(servers.size());
+  for (const Shard& s : plan.shards()) {
+    const int server = servers[s.server];
+    if (server == rank) continue;
+    for (const Chunk& c : s.chunks) {
+      ex.recv(server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es);
+    }
+  }
+  size_t maxChunks = 0;
+  for (const Shard& s : plan.shards()) maxChunks = std::max(maxChunks, s.chunks.size());
+  for (size_t k = 0; k < maxChunks; ++k) {
+    for (int i = 1; i < S + 1; ++i) {
+      // Start with a different server on every rank so servers are not all
+      // hit by rank 0 first.
+      const Shard* s = plan.shardFor((rank + i) % S);
+      if (!s || servers[s->server] == rank || k >= s->chunks.size()) continue;
+      const Chunk& c = s->chunks[k];
+      ex.send(servers[s->server], kPhaseToServer, c.index, c.elemOffset * es,
+              data + c.elemOffset * es, c.elemCount * es);
+    }
+  }
+}
+
+void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                    uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout,
                    const ExtraMessages& extra = nullptr) {
-  const int rank = comm.rank();
-  const int n = comm.size();
-  const std::vector<int>& servers = comm.networkServers();
+  const int rank = ctx.rank();
+  const int n = ctx.size();
+  const std::vector<int>& servers = ctx.networkServers();
   const int S = static_cast<int>(servers.size());
   int myServer = -1;  // this rank's server index
   for (int i = 0; i < S; ++i) {
     if (servers[i] == rank) myServer = i;
   }
   const size_t es = elementSize(sig.dtype);
-  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, comm.config().chunkBytes);
-  ShardPlan plan = ShardPlan::make(sig.numel, es, S, planSeq, comm.config().minShardBytes,
+  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, ctx.config().chunkBytes);
+  ShardPlan plan = ShardPlan::make(sig.numel, es, S, planSeq, ctx.config().minShardBytes,
                                    chunkBytes);
-  Exchange ex(comm, seq, sig, timeout);
+  Exchange ex(ctx, seq, sig, timeout);
 
   // Server side. Peers' chunks land in a small ring of slots per peer
   // (ringDepth chunks each), so what arrives is still in cache when it is
@@ -59,12 +88,12 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
   // The result is written straight into this rank's own buffer and sent
   // from there: no staging copy on the way in or out.
   const Shard* mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
-  const size_t depth = static_cast<size_t>(comm.config().ringDepth);  // resolved (>= 1) by the Communicator
+  const size_t depth = static_cast<size_t>(ctx.config().ringDepth);  // resolved (>= 1) by the engine context
   const size_t slotBytes = chunkBytes;
   uint8_t* ring = nullptr;
   std::vector<int> remaining;
   if (mine && n > 1) {
-    ring = comm.scratch(slotBytes * depth * n);
+    ring = ctx.scratch(slotBytes * depth * n);
     remaining.assign(mine->chunks.size(), n - 1);
   }
   auto slot = [&](int peer, size_t k) { return ring + slotBytes * (depth * peer + k % depth); };
@@ -78,7 +107,7 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
     for (int p = 0; p < n; ++p) inputs[p] = p == rank ? own : slot(p, k);
     auto t0 = std::chrono::steady_clock::now();
     reduceOrdered(own, inputs.data(), n, c.elemCount, sig.dtype, sig.op, n);
-    comm.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+    ctx.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                           std::chrono::steady_clock::now() - t0).count();
     for (int p = 0; p < n; ++p) {
       if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * es, own, bytes);
@@ -100,54 +129,33 @@ void allreduceCore(Communicator& comm, uint64_t seq, const CollectiveSignature& 
   if (mine && n > 1) {
     for (size_t k = 0; k < std::min(depth, mine->chunks.size()); ++k) armChunk(k);
   }
-  for (const Shard& s : plan.shards()) {
-    const int server = servers[s.server];
-    if (server == rank) continue;
-    for (const Chunk& c : s.chunks) {
-      ex.recv(server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es);
-    }
-  }
-  // Worker side: send every other server its shard. Interleave the servers
-  // chunk by chunk so all of them can start reducing at once.
-  size_t maxChunks = 0;
-  for (const Shard& s : plan.shards()) maxChunks = std::max(maxChunks, s.chunks.size());
-  for (size_t k = 0; k < maxChunks; ++k) {
-    for (int i = 1; i < S + 1; ++i) {
-      // Start with a different server on every rank so servers are not all
-      // hit by rank 0 first.
-      const Shard* s = plan.shardFor((rank + i) % S);
-      if (!s || servers[s->server] == rank || k >= s->chunks.size()) continue;
-      const Chunk& c = s->chunks[k];
-      ex.send(servers[s->server], kPhaseToServer, c.index, c.elemOffset * es,
-              data + c.elemOffset * es, c.elemCount * es);
-    }
-  }
+  postWorkerSide(ex, plan, servers, rank, data, es);
   if (extra) extra(ex);
   ex.run();
 }
 
 }  // namespace
 
-void allreduceBuffers(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+void allreduceBuffers(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                       DataType dtype, ReduceOp op, const ExtraMessages& extra) {
   const size_t es = elementSize(dtype);
   uint64_t total = 0;
   for (const auto& b : bufs) total += b.numel;
   CollectiveSignature sig{CollectiveType::kAllreduce, dtype, op, total, -1};
-  if (comm.size() == 1) return;  // one rank: every op is the identity (AVG divides by 1)
+  if (ctx.size() == 1) return;  // one rank: every op is the identity (AVG divides by 1)
   if (bufs.size() == 1) {
-    allreduceCore(comm, seq, sig, static_cast<uint8_t*>(bufs[0].data), seq, comm.timeout(),
+    allreduceCore(ctx, seq, sig, static_cast<uint8_t*>(bufs[0].data), seq, ctx.timeout(),
                   extra);
     return;
   }
   // Several tensors: fuse them into one buffer, reduce once, scatter back.
-  uint8_t* fused = comm.fusionBuffer(total * es);
+  uint8_t* fused = ctx.fusionBuffer(total * es);
   uint64_t off = 0;
   for (const auto& b : bufs) {
     if (b.numel) std::memcpy(fused + off * es, b.data, b.numel * es);
     off += b.numel;
   }
-  allreduceCore(comm, seq, sig, fused, seq, comm.timeout(), extra);
+  allreduceCore(ctx, seq, sig, fused, seq, ctx.timeout(), extra);
   off = 0;
   for (const auto& b : bufs) {
     if (b.numel) std::memcpy(b.data, fused + off * es, b.numel * es);
@@ -155,30 +163,59 @@ void allreduceBuffers(Communicator& comm, uint64_t seq, const std::vector<Buffer
   }
 }
 
-void runAllreduce(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+void runAllreduce(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                   DataType dtype, ReduceOp op) {
-  std::string why;
-  SMDDP_CHECK(isSupported(op, dtype, &why), kInvalidArgument,
-              std::string("allreduce: ") + toString(op) + " on " + toString(dtype) + ": " + why);
-  if (bufs.size() > 1 && comm.size() > 1) {
+  if (bufs.size() > 1 && ctx.size() > 1) {
     uint64_t total = 0;
     for (const auto& b : bufs) total += b.numel;
-    comm.counters().fusionFlushes++;
-    comm.counters().fusionBytes += total * elementSize(dtype);
+    ctx.counters().fusionFlushes++;
+    ctx.counters().fusionBytes += total * elementSize(dtype);
   }
-  allreduceBuffers(comm, seq, bufs, dtype, op, nullptr);
+  allreduceBuffers(ctx, seq, bufs, dtype, op, nullptr);
 }
 
-void runBarrier(Communicator& comm, uint64_t seq) {
+void runBarrier(EngineContext& ctx, uint64_t seq) {
   // A zero-byte allreduce: everyone checks in with one server, which
   // releases everyone once all have arrived.
   CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, -1};
-  allreduceCore(comm, seq, sig, nullptr, seq, comm.timeout());
+  allreduceCore(ctx, seq, sig, nullptr, seq, ctx.timeout());
 }
 
-void runMonitoredBarrier(Communicator& comm, uint64_t seq, std::chrono::milliseconds timeout) {
+void runMonitoredBarrier(EngineContext& ctx, uint64_t seq, std::chrono::milliseconds timeout) {
   CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0};
-  allreduceCore(comm, seq, sig, nullptr, /*planSeq: server 0*/ 0, timeout);
+  allreduceCore(ctx, seq, sig, nullptr, /*planSeq: server 0*/ 0, timeout);
+}
+
+namespace {
+
+// Allreduce on the network, every call alone: the path when queued calls
+// cannot fuse (one rank, or a rank with SMDDP_FUSION_BUFFER_BYTES=0).
+class NetworkAllreduce final : public NetworkPath {
+ public:
+  NetworkAllreduce(EngineContext& ctx, std::string why) : NetworkPath(ctx, std::move(why)) {}
+  bool fuses() const override { return false; }
+  void run(AllreduceBatch& batch) override {
+    const AllreduceCall& call = batch.first();
+    runAllreduce(ctx_, call.seq, call.bufs, call.dtype, call.op);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AllreducePath> openNetworkAllreduce(EngineContext& ctx, std::string why) {
+  return std::make_unique<NetworkAllreduce>(ctx, std::move(why));
+}
+
+std::string NetworkPath::describe() const {
+  auto kib = [](uint64_t b) { return std::to_string(b >> 10) + " KiB"; };
+  const EngineConfig& config = ctx_.config();
+  const bool fusing = fuses();
+  std::ostringstream o;
+  o << "over libfabric only (" << why_ << "): " << ctx_.networkServers().size()
+    << " reduction server(s), chunk " << kib(config.chunkBytes) << ", ring depth "
+    << config.ringDepth << ", "
+    << (fusing ? "fusion buffer " + kib(config.fusionBytes) : std::string("no fusion"));
+  return o.str();
 }
 
 }  // namespace smddp

@@ -30,18 +30,18 @@ std::vector<Chunk> splitChunks(uint64_t numel, size_t elemSize, uint64_t chunkBy
   return out;
 }
 
-void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& bufs,
+void runBroadcast(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                   DataType dtype, int root) {
   const size_t es = elementSize(dtype);
   uint64_t total = 0;
   for (const auto& b : bufs) total += b.numel;
   CollectiveSignature sig{CollectiveType::kBroadcast, dtype, ReduceOp::kSum, total, root};
-  if (comm.size() == 1) return;
+  if (ctx.size() == 1) return;
   uint8_t* data = static_cast<uint8_t*>(bufs.empty() ? nullptr : bufs[0].data);
   bool fused = bufs.size() > 1;
   if (fused) {
-    data = comm.fusionBuffer(total * es);
-    if (comm.rank() == root) {
+    data = ctx.fusionBuffer(total * es);
+    if (ctx.rank() == root) {
       uint64_t off = 0;
       for (const auto& b : bufs) {
         if (b.numel) std::memcpy(data + off * es, b.data, b.numel * es);
@@ -49,12 +49,12 @@ void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& b
       }
     }
   }
-  Exchange ex(comm, seq, sig);
-  auto chunks = splitChunks(total, es, comm.config().chunkBytes);
-  if (comm.rank() == root) {
+  Exchange ex(ctx, seq, sig);
+  auto chunks = splitChunks(total, es, ctx.config().chunkBytes);
+  if (ctx.rank() == root) {
     // Root: send every chunk to every other rank.
     for (const Chunk& c : chunks) {
-      for (int p = 0; p < comm.size(); ++p) {
+      for (int p = 0; p < ctx.size(); ++p) {
         if (p != root) {
           ex.send(p, kPhaseToServer, c.index, c.elemOffset * es, data + c.elemOffset * es,
                   c.elemCount * es);
@@ -68,7 +68,7 @@ void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& b
     }
   }
   ex.run();
-  if (fused && comm.rank() != root) {
+  if (fused && ctx.rank() != root) {
     uint64_t off = 0;
     for (const auto& b : bufs) {
       if (b.numel) std::memcpy(b.data, data + off * es, b.numel * es);
@@ -77,22 +77,22 @@ void runBroadcast(Communicator& comm, uint64_t seq, const std::vector<Buffer>& b
   }
 }
 
-void runAllgather(Communicator& comm, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
+void runAllgather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                   DataType dtype) {
   const size_t es = elementSize(dtype);
-  const int n = comm.size();
+  const int n = ctx.size();
   SMDDP_CHECK(static_cast<int>(outs.size()) == n, kInvalidArgument,
               "allgather needs one output per rank");
   CollectiveSignature sig{CollectiveType::kAllgather, dtype, ReduceOp::kSum, in.numel, -1};
-  if (in.numel && outs[comm.rank()].data != in.data) {
-    std::memmove(outs[comm.rank()].data, in.data, in.numel * es);
+  if (in.numel && outs[ctx.rank()].data != in.data) {
+    std::memmove(outs[ctx.rank()].data, in.data, in.numel * es);
   }
   if (n == 1) return;
-  Exchange ex(comm, seq, sig);
-  auto chunks = splitChunks(in.numel, es, comm.config().chunkBytes);
+  Exchange ex(ctx, seq, sig);
+  auto chunks = splitChunks(in.numel, es, ctx.config().chunkBytes);
   // Receive every peer's buffer into its slot, then send ours to everyone.
   for (int p = 0; p < n; ++p) {
-    if (p == comm.rank()) continue;
+    if (p == ctx.rank()) continue;
     auto* dst = static_cast<uint8_t*>(outs[p].data);
     for (const Chunk& c : chunks) {
       ex.recv(p, kPhaseToServer, c.index, dst + c.elemOffset * es, c.elemCount * es);
@@ -100,7 +100,7 @@ void runAllgather(Communicator& comm, uint64_t seq, Buffer in, const std::vector
   }
   const auto* src = static_cast<const uint8_t*>(in.data);
   for (int p = 0; p < n; ++p) {
-    if (p == comm.rank()) continue;
+    if (p == ctx.rank()) continue;
     for (const Chunk& c : chunks) {
       ex.send(p, kPhaseToServer, c.index, c.elemOffset * es, src + c.elemOffset * es,
               c.elemCount * es);

@@ -16,6 +16,7 @@
 #include "backend/call_support.h"
 #include "backend/device_collectives.h"
 #include "backend/process_group.h"
+#include "algorithms/collective_calls.h"
 
 namespace c10d_smddp {
 

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include "backend/work.h"
 #include "common/error.h"
+#include "hostpath/allreduce_paths.h"
 #include "observe/timeline.h"
 
 namespace c10d_smddp {
@@ -53,7 +54,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   opts.name = groupName_;
   opts.servers = servers_;
   try {
-    comm_ = std::make_unique<smddp::Communicator>(boot, opts);
+    comm_ = std::make_unique<smddp::Communicator>(boot, opts, smddp::standardEngineParts());
     WorkSmddp::setDefaultSpin(std::chrono::microseconds(comm_->config().spinUs));
   } catch (const smddp::Error& e) {
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
@@ -125,7 +126,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     intra.store = store_;
     intra.rank = rank_;
     intra.size = size_;
-    intra.ranksByHost = comm_->peers().ranksByHost();
+    intra.ranksByHost = comm_->context().peers().ranksByHost();
     intra.groupName = groupName_;
     intra.timeout = timeout_;
     intra.sim = dev.is_cpu();
@@ -240,7 +241,7 @@ bool ProcessGroupSmddp::allreduceNow(at::Tensor& tensor, const c10d::ReduceOp& r
   if (!engineDt || coalescingNow()) return false;
   const DataType dt = *engineDt;
   const smddp::ReduceOp op = toReduceOp(reduceOp, dt, "all_reduce");  // names an unsupported pair
-  comm_->counters().directCalls++;
+  comm_->context().counters().directCalls++;
   try {
     comm_->allreduceSync({bufferOf(tensor)}, dt, op, {extentOf(tensor)});
   } catch (const smddp::Error& e) {
@@ -305,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tens
   // The root reads its tensor, the others write theirs.
   Buffer b = bufferOf(call.staging.stage(tensors[0], rank_ == root ? Use::kIn : Use::kOut));
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->broadcast({b}, dt, root, std::move(done), std::move(hooks));
+    return smddp::broadcast(*comm_, {b}, dt, root, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::BROADCAST, "smddp:broadcast", tensors, tensors, call);
 }
@@ -338,7 +339,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
     outs.push_back(bufferOf(call.staging.stage(o, Use::kOut)));
   }
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->allgather(inB, outs, dt, std::move(done), std::move(hooks));
+    return smddp::allgather(*comm_, inB, outs, dt, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::ALLGATHER, "smddp:all_gather", outputs[0], inputs, call);
 }
@@ -358,7 +359,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
   Buffer inB = bufferOf(call.staging.stage(input, Use::kIn));
   std::vector<Buffer> outs = slices(call.staging.stage(output, Use::kOut), size_, input.numel());
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->allgather(inB, outs, dt, std::move(done), std::move(hooks));
+    return smddp::allgather(*comm_, inB, outs, dt, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::_ALLGATHER_BASE, "smddp:all_gather_into_tensor", {output}, {input},
                 call);
@@ -383,7 +384,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOpt
   }
   EngineCall call;
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks) {
-    return comm_->barrier(std::move(done));
+    return smddp::barrier(*comm_, std::move(done));
   });
   return submit(c10d::OpType::BARRIER, "smddp:barrier", {}, {}, call);
 }

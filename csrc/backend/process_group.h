@@ -120,27 +120,27 @@ class ProcessGroupSmddp : public c10d::Backend {
   smddp::Stats stats() const { return comm_ ? comm_->stats() : smddp::Stats{}; }
   // Per (collective, size class) counts and latency percentiles.
   std::vector<smddp::LatencyHistograms::Cell> latencyStats() const {
-    return comm_ ? comm_->counters().latency.cells()
+    return comm_ ? comm_->context().counters().latency.cells()
                  : std::vector<smddp::LatencyHistograms::Cell>{};
   }
   // torch_smddp.reset_stats(): every counter back to zero.
   void resetStats() {
-    if (comm_) comm_->counters().reset();
+    if (comm_) comm_->context().counters().reset();
   }
   std::string provider() const { return comm_ ? comm_->provider() : ""; }
   // "shared-memory" when allreduce runs through the host segment, else the
   // libfabric provider.
   std::string allreducePath() const {
-    return comm_ && comm_->usesHostPath() ? "shared-memory" : provider();
+    return comm_ && comm_->allreducePath().throughHostSegment() ? "shared-memory" : provider();
   }
-  int reductionServers() const { return comm_ ? comm_->reductionServers() : 0; }
-  int standaloneServers() const { return comm_ ? comm_->standaloneServers() : 0; }
+  int reductionServers() const { return comm_ ? comm_->allreducePath().reductionServers() : 0; }
+  int standaloneServers() const { return comm_ ? comm_->allreducePath().standaloneServers() : 0; }
   // The network path's receive ring per peer (SMDDP_RING_DEPTH, resolved).
   int64_t ringDepth() const { return comm_ ? comm_->config().ringDepth : 0; }
   // The ranks on other hosts this rank keeps liveness connections to.
   std::vector<int> livenessPeers() const {
-    return comm_ && comm_->peers().monitor() ? comm_->peers().monitor()->watchedRanks()
-                                         : std::vector<int>{};
+    const smddp::PeerMonitor* monitor = comm_ ? comm_->context().peers().monitor() : nullptr;
+    return monitor ? monitor->watchedRanks() : std::vector<int>{};
   }
   std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
   // The group's flight recorder; null with SMDDP_TRACE_BUFFER_SIZE=0.

@@ -26,7 +26,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_into_tensor_coalesce
         slices(call.staging.stage(outputs[i], Use::kOut, i), size_, inputs[i].numel());
     call.parts.push_back([this, in, outs, dt](smddp::Communicator::Done done,
                                               smddp::CallHooks hooks) {
-      return comm_->allgather(in, outs, dt, std::move(done), std::move(hooks));
+      return smddp::allgather(*comm_, in, outs, dt, std::move(done), std::move(hooks));
     });
   }
   return submit(c10d::OpType::COALESCED, "smddp:all_gather_into_tensor_coalesced", outputs, inputs,
@@ -66,7 +66,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_coalesced(
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     call.parts.push_back([&, i](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-      return comm_->allgather(ins[i], outs[i], dts[i], std::move(done), std::move(hooks));
+      return smddp::allgather(*comm_, ins[i], outs[i], dts[i], std::move(done), std::move(hooks));
     });
   }
   return submit(c10d::OpType::ALLGATHER_COALESCED, "smddp:all_gather_coalesced", flatOutputs,

@@ -68,7 +68,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall_base(
   std::vector<Buffer> ins = splitViews(call.staging.stage(input, Use::kIn), inCounts);
   std::vector<Buffer> outs = splitViews(call.staging.stage(output, Use::kOut), outCounts);
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->alltoall(ins, outs, dt, std::move(done), std::move(hooks));
+    return smddp::alltoall(*comm_, ins, outs, dt, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::ALLTOALL_BASE, "smddp:all_to_all_single", {output}, {input}, call);
 }
@@ -100,7 +100,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall(std::vector<at::Tenso
     outs.push_back(bufferOf(call.staging.stage(outputs[r], Use::kOut)));
   }
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->alltoall(ins, outs, dt, std::move(done), std::move(hooks));
+    return smddp::alltoall(*comm_, ins, outs, dt, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::ALLTOALL, "smddp:all_to_all", outputs, inputs, call);
 }

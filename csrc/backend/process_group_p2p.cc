@@ -6,6 +6,7 @@
 #include "backend/call_support.h"
 #include "backend/device_collectives.h"
 #include "backend/process_group.h"
+#include "algorithms/collective_calls.h"
 
 namespace c10d_smddp {
 
@@ -77,7 +78,7 @@ void ProcessGroupSmddp::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
   std::promise<void> p;
   auto f = p.get_future();
   try {
-    comm_->monitoredBarrier(timeout, [&p](std::exception_ptr e) {
+    smddp::monitoredBarrier(*comm_, timeout, [&p](std::exception_ptr e) {
       if (e) p.set_exception(e);
       else p.set_value();
     });

@@ -35,7 +35,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
   }
   Buffer o = bufferOf(call.staging.stage(out, Use::kOut));
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->reduceScatter(ins, o, dt, op, std::move(done), std::move(hooks));
+    return smddp::reduceScatter(*comm_, ins, o, dt, op, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::REDUCE_SCATTER, "smddp:reduce_scatter", outputs, inputs[0], call);
 }
@@ -75,7 +75,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter_tensor_coalesce
     Buffer o = bufferOf(call.staging.stage(outputs[i], Use::kOut, i));
     call.parts.push_back([this, ins, o, dt, op](smddp::Communicator::Done done,
                                                 smddp::CallHooks hooks) {
-      return comm_->reduceScatter(ins, o, dt, op, std::move(done), std::move(hooks));
+      return smddp::reduceScatter(*comm_, ins, o, dt, op, std::move(done), std::move(hooks));
     });
   }
   return submit(c10d::OpType::_REDUCE_SCATTER_BASE, "smddp:reduce_scatter_tensor", outputs,

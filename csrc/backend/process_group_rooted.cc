@@ -53,7 +53,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce(std::vector<at::Tensor>
   Buffer b = bufferOf(factor ? call.staging.stageScaled(tensors[0], *factor, rank_ == root)
                              : call.staging.stage(tensors[0], Use::kInOut));
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->reduce(b, dt, op, root, std::move(done), std::move(hooks));
+    return smddp::reduce(*comm_, b, dt, op, root, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::REDUCE, "smddp:reduce", tensors, tensors, call);
 }
@@ -81,7 +81,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::gather(
     outs.push_back(bufferOf(call.staging.stage(o, Use::kOut)));
   }
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->gather(inB, outs, dt, root, std::move(done), std::move(hooks));
+    return smddp::gather(*comm_, inB, outs, dt, root, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::GATHER, "smddp:gather", outTensors, inputs, call);
 }
@@ -109,7 +109,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::scatter(
   }
   Buffer o = bufferOf(call.staging.stage(out, Use::kOut));
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
-    return comm_->scatter(ins, o, dt, root, std::move(done), std::move(hooks));
+    return smddp::scatter(*comm_, ins, o, dt, root, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::SCATTER, "smddp:scatter", outputs, inTensors, call);
 }

@@ -10,7 +10,7 @@
 #include <chrono>
 
 #include "common/error.h"
-#include "hostpath/host_segment.h"
+#include "engine/allreduce_path.h"  // kMaxFusedCalls
 
 namespace smddp {
 

@@ -1,8 +1,8 @@
 // The error and control plane of one group (docs/design.md, "Failure
 // model"): error frames that tell every peer a call failed here, stall
 // probes that let a waiting rank learn which call a peer is in, and the
-// group's broken state. It rides on the Communicator's endpoint, request
-// pool and progress loop, which hands it the control completions.
+// group's broken state. It rides on the engine context's endpoint,
+// request pool and progress loop, which hands it the control completions.
 #pragma once
 
 #include <sys/uio.h>
@@ -27,18 +27,18 @@ namespace smddp {
 class ControlPlane {
  public:
   // What the control plane needs of the engine loop it rides on. The
-  // Communicator implements it with a small adapter, so none of its own
+  // engine context implements it with a small adapter, so none of its own
   // calls become virtual; these are called only while a control frame
   // waits for its peer.
   class Engine {
    public:
-    // Reads completions and dispatches them (Communicator::progress).
+    // Reads completions and dispatches them (EngineContext::progress).
     virtual size_t progress() = 0;
     // Inside progress(), which is never re-entered.
     virtual bool inProgress() const = 0;
     // Nothing polls the endpoint any more: quarantined, or shutting down.
     virtual bool pollingStopped() const = 0;
-    // The group timeout (Communicator::timeout).
+    // The group timeout (EngineContext::timeout).
     virtual std::chrono::milliseconds timeout() const = 0;
 
    protected:
@@ -53,7 +53,7 @@ class ControlPlane {
 
   // Once the endpoint and the peers' addresses exist: posts the receives
   // that stay armed for control frames. `sink` ends each of them (see
-  // Communicator::overflowSink).
+  // EngineContext::overflowSink).
   void start(Endpoint& endpoint, uint64_t secret, iovec sink);
   // Shutdown, before the request pool is cleared: forgets the frames that
   // still wait for their peer (their requests go with the pool).
@@ -110,7 +110,7 @@ class ControlPlane {
     return true;
   }
 
-  // --- Called by Communicator::progress ---
+  // --- Called by EngineContext::progress ---
   // A completion of one of the control receives (Request::Type::kErrorRecv).
   void handleFrame(Request* r, const Completion& c);
   // Control frames wait for their peer (the engine keeps polling meanwhile).

@@ -25,24 +25,24 @@ void readExchangeParams(EngineConfig& c) {
 }
 
 
-Exchange::Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
+Exchange::Exchange(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                    std::chrono::milliseconds timeout)
-    : comm_(comm), seq_(seq), sig_(sig),
-      timeout_(timeout.count() > 0 ? timeout : comm.timeout()),
-      watch_(comm, sig.describe() + " at sequence " + std::to_string(seq), timeout_),
-      heardFrom_(static_cast<size_t>(comm.size()), false) {}
+    : ctx_(ctx), seq_(seq), sig_(sig),
+      timeout_(timeout.count() > 0 ? timeout : ctx.timeout()),
+      watch_(ctx, sig.describe() + " at sequence " + std::to_string(seq), timeout_),
+      heardFrom_(static_cast<size_t>(ctx.size()), false) {}
 
 Exchange::~Exchange() {
   abandonOutstanding();
   try {
-    comm_.control().noteSignature(seq_, sig_);
+    ctx_.control().noteSignature(seq_, sig_);
   } catch (...) {
   }
 }
 
 void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t bytes,
                     std::function<void()> onArrive, bool urgent) {
-  Request* r = comm_.requests().acquire();
+  Request* r = ctx_.requests().acquire();
   r->type = Request::Type::kRecv;
   r->owner = this;
   r->peer = peer;
@@ -59,14 +59,24 @@ void Exchange::recv(int peer, uint32_t phase, uint32_t chunk, void* dst, size_t 
 
 void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, const void* src,
                     size_t bytes, std::function<void()> onSent) {
-  Request* r = comm_.requests().acquire();
+  // Chunks grow past SMDDP_CHUNK_BYTES beyond kMaxChunksPerStream chunks
+  // per stream (algorithms.h); a provider with a smaller max_msg_size than
+  // that would fail the send inside libfabric, with a less useful error.
+  if (bytes > ctx_.maxPayloadBytes()) {
+    throwError(ErrorKind::kInvalidArgument,
+               "smddp: " + watch_.what() + ": a message of " + std::to_string(bytes) +
+                   " bytes to rank " + std::to_string(peer) + " exceeds provider " +
+                   ctx_.provider() + "'s max_msg_size (" +
+                   std::to_string(ctx_.maxPayloadBytes()) + " bytes of payload)");
+  }
+  Request* r = ctx_.requests().acquire();
   r->type = Request::Type::kSend;
   r->owner = this;
   r->peer = peer;
   r->phase = phase;
   r->chunk = chunk;
   r->tag = makeTag(TagClass::kData, seq_, phase, chunk);
-  r->header = makeHeader(FrameKind::kData, comm_.jobSecret(), seq_, comm_.rank(), chunk, offset,
+  r->header = makeHeader(FrameKind::kData, ctx_.jobSecret(), seq_, ctx_.rank(), chunk, offset,
                          bytes, sig_);
   r->payload = const_cast<void*>(src);
   r->payloadBytes = bytes;
@@ -82,10 +92,10 @@ bool Exchange::postOne(Request* r) {
     if (r->payloadBytes) iov[n++] = {r->payload, r->payloadBytes};
     int rc;
     if (r->type == Request::Type::kSend) {
-      rc = comm_.endpoint().postSend(comm_.peers().addr(r->peer), r->tag, iov, n, &r->ctx);
+      rc = ctx_.endpoint().postSend(ctx_.peers().addr(r->peer), r->tag, iov, n, &r->ctx);
     } else {
-      iov[n++] = comm_.overflowSink();
-      rc = comm_.endpoint().postRecv(comm_.peers().addr(r->peer), r->tag, 0, iov, n, &r->ctx);
+      iov[n++] = ctx_.overflowSink();
+      rc = ctx_.endpoint().postRecv(ctx_.peers().addr(r->peer), r->tag, 0, iov, n, &r->ctx);
     }
     if (rc == -FI_EAGAIN) return false;  // queue full: progress first
     r->posted = true;
@@ -99,7 +109,7 @@ void Exchange::postPending() {
   // than ~1024), and a message whose receive is not posted yet simply waits
   // at the receiver as unexpected. Sends have their own queue so a capped
   // receive queue can never hold them back (that would deadlock the ranks).
-  const size_t cap = static_cast<size_t>(comm_.config().maxPostedRecvs);
+  const size_t cap = static_cast<size_t>(ctx_.config().maxPostedRecvs);
   while (!recvsToPost_.empty() && postedRecvs_ < cap) {
     if (!postOne(recvsToPost_.front())) break;
     recvsToPost_.pop_front();
@@ -120,8 +130,8 @@ void Exchange::complete(Request* r, const Completion& c) {
     if (c.err == FI_ETRUNC && isRecv) {
       // The peer sent more than this rank expects: the header still landed.
       std::string why;
-      FrameExpectation e{comm_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
-                         static_cast<uint32_t>(comm_.size()), r->payloadBytes,
+      FrameExpectation e{ctx_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
+                         static_cast<uint32_t>(ctx_.size()), r->payloadBytes,
                          r->payloadBytes, sig_};
       validateFrame(r->header, sizeof(FrameHeader) + r->payloadBytes, e, &why);
       failed_ = true;
@@ -144,10 +154,10 @@ void Exchange::complete(Request* r, const Completion& c) {
       // and receive again, the frame this receive is for still comes.
       // Anything else is a transport fault; the header check alone would
       // not catch a same-sized chunk of this very call.
-      comm_.counters().framesRejected++;
+      ctx_.counters().framesRejected++;
       const FrameHeader& h = r->header;
       if (c.len >= sizeof(FrameHeader) && h.magic == kFrameMagic &&
-          h.jobSecret == comm_.jobSecret() && h.seq < seq_) {
+          h.jobSecret == ctx_.jobSecret() && h.seq < seq_) {
         recv(r->peer, r->phase, r->chunk, r->payload, r->payloadBytes, std::move(r->onArrive));
       } else {
         failed_ = true;
@@ -159,26 +169,26 @@ void Exchange::complete(Request* r, const Completion& c) {
       }
     } else if (c.err == 0 && isRecv) {
       std::string why;
-      FrameExpectation e{comm_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
-                         static_cast<uint32_t>(comm_.size()), r->payloadBytes,
+      FrameExpectation e{ctx_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
+                         static_cast<uint32_t>(ctx_.size()), r->payloadBytes,
                          r->payloadBytes, sig_};
       FrameVerdict v = validateFrame(r->header, c.len, e, &why);
       if (v != FrameVerdict::kOk) {
-        comm_.counters().framesRejected++;
+        ctx_.counters().framesRejected++;
         failed_ = true;
         errorKind_ = v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol;
         error_ = why;
       } else {
         heardFrom_[static_cast<size_t>(r->peer)] = true;
-        comm_.counters().bytesReceived += r->payloadBytes;
+        ctx_.counters().bytesReceived += r->payloadBytes;
         runCallback(r);
       }
     } else if (c.err == 0) {
-      comm_.counters().bytesSent += r->payloadBytes;
+      ctx_.counters().bytesSent += r->payloadBytes;
       runCallback(r);
     }
   }
-  comm_.requests().release(r);
+  ctx_.requests().release(r);
 }
 
 void Exchange::runCallback(Request* r) {
@@ -216,12 +226,12 @@ std::string Exchange::notSeen() const {
   // never hears from directly (a small allreduce goes only to its server)
   // can still be told apart: the server stalls too, and probes everyone.
   std::vector<bool> seen = heardFrom_;
-  seen[static_cast<size_t>(comm_.rank())] = true;
-  for (int p : comm_.control().probedAt(seq_)) {
-    if (p >= 0 && p < comm_.size()) seen[static_cast<size_t>(p)] = true;
+  seen[static_cast<size_t>(ctx_.rank())] = true;
+  for (int p : ctx_.control().probedAt(seq_)) {
+    if (p >= 0 && p < ctx_.size()) seen[static_cast<size_t>(p)] = true;
   }
   std::string s;
-  for (int p = 0; p < comm_.size(); ++p) {
+  for (int p = 0; p < ctx_.size(); ++p) {
     if (!seen[static_cast<size_t>(p)]) s += (s.empty() ? "" : ", ") + std::to_string(p);
   }
   return s.empty() ? "every rank was seen at this call" : "not seen at this call: rank(s) " + s;
@@ -234,7 +244,7 @@ void Exchange::fail(ErrorKind kind, const std::string& msg) {
 
 void Exchange::abandonOutstanding() {
   // The caller releases or reuses the memory this call's messages point
-  // into (its tensors, the communicator's scratch) as soon as the call
+  // into (its tensors, the context's scratch) as soon as the call
   // fails, so nothing posted may still touch it by then. Receives are
   // cancelled, and waited for until each one's completion (the cancel's,
   // or the message's if the provider had already matched it) has been
@@ -246,17 +256,17 @@ void Exchange::abandonOutstanding() {
     r->onArrive = nullptr;
     if (r->type != Request::Type::kRecv) {
       ++abandonedSends_;
-      comm_.counters().abandonedSends++;
+      ctx_.counters().abandonedSends++;
       continue;
     }
     // 0, or -FI_ENOENT when it was already matched: the completion still
     // comes. Any other code is a provider that cannot cancel; the message
     // that matches it then completes it, so the wait is the same.
-    const int rc = comm_.endpoint().cancel(&r->ctx);
+    const int rc = ctx_.endpoint().cancel(&r->ctx);
     if (rc != 0 && rc != -FI_ENOENT) cancelRefused_ = rc;
   }
-  for (Request* r : recvsToPost_) comm_.requests().release(r);
-  for (Request* r : sendsToPost_) comm_.requests().release(r);
+  for (Request* r : recvsToPost_) ctx_.requests().release(r);
+  for (Request* r : sendsToPost_) ctx_.requests().release(r);
   recvsToPost_.clear();
   sendsToPost_.clear();
   postedRecvs_ = 0;
@@ -270,9 +280,9 @@ void Exchange::awaitAbandoned() {
   // completes at all. Bounded (and cut short by shutdown, which closes the
   // endpoint before anything polls it again): receives for up to 2 s,
   // sends for a short while only. Past the bound, a receive still posted
-  // makes the communicator stop polling its endpoint altogether, so a late
+  // makes the context stop polling its endpoint altogether, so a late
   // completion can never write into memory that has been handed back; a
-  // send still posted holds the call's memory (Communicator::holdForSend)
+  // send still posted holds the call's memory (EngineContext::holdForSend)
   // until it completes or shutdown closes the endpoint: a leak, never a
   // use after free. (A quarantined endpoint is never closed, nor
   // progressed: what its operations point into may then go at shutdown.)
@@ -287,15 +297,15 @@ void Exchange::awaitAbandoned() {
   // the link comes back, so stop waiting at once, as when the bounds pass.
   auto allFromLostPeers = [&] {
     return std::all_of(outstanding_.begin(), outstanding_.end(), [&](const Request* r) {
-      return r->peer >= 0 && comm_.peers().lost(r->peer);
+      return r->peer >= 0 && ctx_.peers().lost(r->peer);
     });
   };
-  while (!outstanding_.empty() && !comm_.stopRequested()) {
+  while (!outstanding_.empty() && !ctx_.stopRequested()) {
     bool recvs = false, sends = false;
     for (Request* r : outstanding_) (r->type == Request::Type::kRecv ? recvs : sends) = true;
     const auto now = clock::now();
     if ((!recvs || now >= recvsUntil) && (!sends || now >= sendsUntil)) break;
-    if (comm_.progress() == 0) {
+    if (ctx_.progress() == 0) {
       if (allFromLostPeers()) break;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -307,36 +317,36 @@ void Exchange::awaitAbandoned() {
     if (r->type == Request::Type::kRecv) {
       if (recvPeer < 0) recvPeer = r->peer;
     } else {
-      comm_.holdForSend(r);
+      ctx_.holdForSend(r);
       ++sendsLeft;
     }
   }
-  comm_.counters().abandonedSendsConfirmed += abandonedSends_ - sendsLeft;
+  ctx_.counters().abandonedSendsConfirmed += abandonedSends_ - sendsLeft;
   abandonedSends_ = 0;
   outstanding_.clear();
   if (recvPeer < 0) return;
   const int peer = recvPeer;
-  comm_.quarantine("smddp: " + watch_.what() + ": a receive from rank " + std::to_string(peer) +
+  ctx_.quarantine("smddp: " + watch_.what() + ": a receive from rank " + std::to_string(peer) +
                    " could not be confirmed cancelled" +
                    (cancelRefused_ ? std::string(" (fi_cancel: ") + fi_strerror(-cancelRefused_) + ")"
                                    : std::string()) +
-                   (comm_.stopRequested() ? ": the process group was shut down" : ""));
+                   (ctx_.stopRequested() ? ": the process group was shut down" : ""));
 }
 
 void Exchange::run() {
   using clock = std::chrono::steady_clock;
-  const auto spin = std::chrono::microseconds(comm_.config().spinUs);
-  const auto maxSleep = std::chrono::microseconds(comm_.config().sleepUs);
+  const auto spin = std::chrono::microseconds(ctx_.config().spinUs);
+  const auto maxSleep = std::chrono::microseconds(ctx_.config().sleepUs);
   auto idleSince = clock::now();
   auto sleep = std::chrono::microseconds(1);
   const std::string& what = watch_.what();
   while (pending_ > 0 && !failed_) {
     // Shutdown and abort must not wait out a call stuck on a lost peer.
-    if (comm_.stopRequested()) {
+    if (ctx_.stopRequested()) {
       fail(ErrorKind::kAborted, "smddp: " + what + ": the process group was shut down");
     }
     postPending();
-    size_t n = comm_.progress();
+    size_t n = ctx_.progress();
     if (failed_) break;
     if (n > 0) {
       idleSince = clock::now();
@@ -364,13 +374,13 @@ void Exchange::run() {
 }
 
 size_t Exchange::poll() {
-  if (comm_.stopRequested()) {
+  if (ctx_.stopRequested()) {
     fail(ErrorKind::kAborted, "smddp: " + watch_.what() + ": the process group was shut down");
   }
   size_t n = 0;
   if (!failed_) {
     postPending();
-    n = comm_.progress();
+    n = ctx_.progress();
   }
   if (failed_) raiseFailure();
   return n;
@@ -391,13 +401,13 @@ void Exchange::raiseFailure() {
     const auto until = clock::now() + std::chrono::milliseconds(100);
     std::string remote;
     do {
-      if (comm_.stopRequested()) break;
-      comm_.progress();
-      if (comm_.control().remoteErrorFor(seq_, &remote)) {
+      if (ctx_.stopRequested()) break;
+      ctx_.progress();
+      if (ctx_.control().remoteErrorFor(seq_, &remote)) {
         fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
       }
       try {
-        comm_.peers().checkAlive(what);
+        ctx_.peers().checkAlive(what);
       } catch (const Error& e) {
         fail(e.kind(), e.what());
       }

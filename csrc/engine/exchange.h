@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/communicator.h"
+#include "engine/engine_context.h"
 #include "engine/stall_watch.h"
 
 namespace smddp {
@@ -21,7 +21,7 @@ namespace smddp {
 class Exchange {
  public:
   // `timeout` 0 means the group's timeout.
-  Exchange(Communicator& comm, uint64_t seq, const CollectiveSignature& sig,
+  Exchange(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
            std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   ~Exchange();
   Exchange(const Exchange&) = delete;
@@ -51,7 +51,7 @@ class Exchange {
   // The ranks whose messages this call still waits for.
   std::string waitingOn() const;
 
-  // Called by Communicator::progress for this exchange's completions.
+  // Called by EngineContext::progress for this exchange's completions.
   void complete(Request* r, const Completion& c);
 
   uint64_t seq() const { return seq_; }
@@ -71,7 +71,7 @@ class Exchange {
   void awaitAbandoned();
   std::string notSeen() const;
 
-  Communicator& comm_;
+  EngineContext& ctx_;
   uint64_t seq_;
   CollectiveSignature sig_;
   std::chrono::milliseconds timeout_;

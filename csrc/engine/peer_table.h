@@ -1,6 +1,6 @@
 // Host topology and liveness of one group: who every rank is (host, pid,
 // shm owner, fabric address), how the ranks group into hosts, and whether a
-// peer is still alive. The Communicator builds it while it sets the group
+// peer is still alive. The engine context builds it while it sets the group
 // up; every wait of the engine asks it about lost peers (checkAlive).
 #pragma once
 
@@ -26,7 +26,7 @@ struct PeerInfo {
   std::string owner;         // its shm owner tag: a lock that says it lives
 };
 
-// Set up by the Communicator's constructor in two steps (gather, then
+// Set up by the engine context's constructor in two steps (gather, then
 // watch once the endpoint exists) and released by its shutdown; read by
 // the worker thread (or a caller running its own call) in between. The
 // monitor's own methods may be called from any thread.

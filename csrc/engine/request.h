@@ -1,6 +1,6 @@
 // One posted libfabric operation, and the pool that owns it. The fi_context2
 // comes first so the context pointer libfabric hands back is the Request
-// itself. Requests are owned by the Communicator's pool, never by an
+// itself. Requests are owned by the engine context's pool, never by an
 // Exchange, so a completion that arrives after its collective failed still
 // finds live memory.
 #pragma once
@@ -47,7 +47,7 @@ struct Request {
   size_t payloadBytes = 0;
   std::string text;                 // error-frame text (send or receive buffer)
   std::function<void()> onArrive;   // receives: runs after validation; sends: once complete
-  // Communicator-level operations (point-to-point): called with the raw
+  // Group-level operations (point-to-point): called with the raw
   // completion; the request is released afterwards.
   std::function<void(Request*, const Completion&)> onComplete;
   std::chrono::steady_clock::time_point deadline{};

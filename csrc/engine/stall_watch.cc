@@ -1,18 +1,18 @@
 #include "engine/stall_watch.h"
 
 #include "common/error.h"
-#include "engine/communicator.h"
+#include "engine/engine_context.h"
 
 namespace smddp {
 
-StallWatch::StallWatch(Communicator& comm, std::string what, std::chrono::milliseconds timeout)
-    : comm_(comm), what_(std::move(what)), timeout_(timeout),
+StallWatch::StallWatch(EngineContext& ctx, std::string what, std::chrono::milliseconds timeout)
+    : ctx_(ctx), what_(std::move(what)), timeout_(timeout),
       start_(std::chrono::steady_clock::now()), deadline_(start_ + timeout),
       nextLiveness_(start_ + std::chrono::milliseconds(200)) {}
 
-StallWatch::StallWatch(Communicator& comm, const CollectiveSignature& sig, uint64_t seq,
+StallWatch::StallWatch(EngineContext& ctx, const CollectiveSignature& sig, uint64_t seq,
                        std::chrono::milliseconds timeout)
-    : StallWatch(comm, std::string(), timeout) {
+    : StallWatch(ctx, std::string(), timeout) {
   sig_ = sig;
   seq_ = seq;
 }
@@ -27,15 +27,15 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
                        const std::function<std::string()>& notSeen) {
   std::string remote;
   for (size_t i = 0; i < count; ++i) {
-    if (comm_.control().remoteErrorFor(firstSeq + i, &remote)) {
+    if (ctx_.control().remoteErrorFor(firstSeq + i, &remote)) {
       throwError(ErrorKind::kMismatch, "smddp: " + what() + " failed on another rank: " + remote);
     }
-    if (comm_.control().probeMismatch(firstSeq + i, sigs[i], &remote)) {
+    if (ctx_.control().probeMismatch(firstSeq + i, sigs[i], &remote)) {
       throwError(ErrorKind::kMismatch, "smddp: " + what() + ": " + remote);
     }
   }
   // A peer timed out or lost a rank: this call cannot complete either.
-  if (comm_.control().brokenByPeer(&remote)) {
+  if (ctx_.control().brokenByPeer(&remote)) {
     throwError(ErrorKind::kAborted, "smddp: " + what() + " failed on another rank: " + remote);
   }
   const auto now = std::chrono::steady_clock::now();
@@ -43,13 +43,13 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
   // wait for its endpoint, and a dead peer is the better answer anyway.
   if (now > nextLiveness_) {
     nextLiveness_ = now + std::chrono::milliseconds(200);
-    comm_.peers().checkAlive(what());
+    ctx_.peers().checkAlive(what());
   }
   // A call still waiting after 200 ms tells its peers what it is (see
   // ControlPlane::sendProbe): one header per peer, once per call.
   if (!probed_ && (probeNow_ || now - start_ > std::chrono::milliseconds(200))) {
     probed_ = true;
-    for (int p = 0; p < comm_.size(); ++p) comm_.control().sendProbe(p, firstSeq, sigs[0], false);
+    for (int p = 0; p < ctx_.size(); ++p) ctx_.control().sendProbe(p, firstSeq, sigs[0], false);
   }
   if (now > deadline_) {
     throwError(ErrorKind::kTimeout, "smddp: " + what() + " timed out: timeout of " +

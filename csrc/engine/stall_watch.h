@@ -15,15 +15,15 @@
 
 namespace smddp {
 
-class Communicator;
+class EngineContext;
 
 class StallWatch {
  public:
   // `what` names the call in messages ("allreduce(...) at sequence 7").
-  StallWatch(Communicator& comm, std::string what, std::chrono::milliseconds timeout);
+  StallWatch(EngineContext& ctx, std::string what, std::chrono::milliseconds timeout);
   // The same, named "<sig> at sequence <seq>", spelled out only when a
   // message needs it (a small call has no time for the string).
-  StallWatch(Communicator& comm, const CollectiveSignature& sig, uint64_t seq,
+  StallWatch(EngineContext& ctx, const CollectiveSignature& sig, uint64_t seq,
              std::chrono::milliseconds timeout);
 
   // Throws smddp::Error when the wait must end. The calls waited on are
@@ -39,7 +39,7 @@ class StallWatch {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
-  Communicator& comm_;
+  EngineContext& ctx_;
   mutable std::string what_;  // filled from sig_ and seq_ on first use when empty
   CollectiveSignature sig_{};
   uint64_t seq_ = 0;

@@ -1,6 +1,6 @@
 // FusionBufferScheduler::CrossHost: the pipelined network step of a
 // multi-host batch (docs/design.md, "The allreduce path", step 5). Used by
-// FusionBufferScheduler::stream only (fusion_scheduler.cc).
+// FusionBufferScheduler's data steps only (fusion_steps.cc).
 #pragma once
 
 #include <chrono>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/communicator.h"
+#include "engine/engine_context.h"
 #include "engine/exchange.h"
 #include "hostpath/fusion_batch.h"
 #include "hostpath/fusion_scheduler.h"
@@ -34,10 +34,10 @@ class FusionBufferScheduler::CrossHost {
   CrossHost(FusionBufferScheduler& s, Batch& b, int server, uint64_t depth, uint64_t chunkElems)
       : s_(s), b_(b), H_(s.topo_.hosts()), myHost_(s.topo_.hostIndex),
         local_(s.segment_->serverRank(server)), K_(s.standalone_),
-        share_(serverShareMillionths(H_, K_, s.comm_.config().serverSharePercent)),
+        share_(serverShareMillionths(H_, K_, s.ctx_.config().serverSharePercent)),
         wide_(s.widePartials(b.dtype)),
         acc_(wide_ ? DataType::kFloat32 : b.dtype), es_(elementSize(acc_)),
-        steps_(depth), ex_(s.comm_, b.firstSeq, b.sigs[0]) {
+        steps_(depth), ex_(s.ctx_, b.firstSeq, b.sigs[0]) {
     // Each step's pieces from the other hosts land in a slice of their own.
     pieceBytes_ = ((chunkElems + H_ - 1) / H_ + 1) * es_;
     partials_.resize(depth * H_ * pieceBytes_ + 1);
@@ -65,7 +65,7 @@ class FusionBufferScheduler::CrossHost {
       f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
       f.dtype = static_cast<uint8_t>(acc_);
       f.op = static_cast<uint8_t>(b_.op);
-      f.divisor = b_.op == ReduceOp::kAvg ? static_cast<uint32_t>(s_.comm_.size()) : 1;
+      f.divisor = b_.op == ReduceOp::kAvg ? static_cast<uint32_t>(s_.ctx_.size()) : 1;
       f.seq = b_.firstSeq;
       f.step = k;
       f.count = p.count;
@@ -73,7 +73,7 @@ class FusionBufferScheduler::CrossHost {
       // Queued, not waited for: the socket takes what it can now, and
       // poll() sends the rest and reads the result back into place.
       st.tickets[j] = s_.serverLinks_->post(j, f, data + p.offset * es_, data + p.offset * es_);
-      s_.comm_.counters().standaloneServerBytes += f.payload;
+      s_.ctx_.counters().standaloneServerBytes += f.payload;
     }
     const Range mine = piece[myHost_];
     const size_t mineBytes = mine.count * es_;
@@ -89,8 +89,8 @@ class FusionBufferScheduler::CrossHost {
       for (int h = 0; h < H_; ++h) in[h] = h == myHost_ ? own : partials + h * mineBytes;
       auto t0 = std::chrono::steady_clock::now();
       reduceOrdered(own, in.data(), H_, mine.count, acc_, b_.op,
-                    b_.op == ReduceOp::kAvg ? static_cast<double>(s_.comm_.size()) : 1.0);
-      s_.comm_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0);
+      s_.ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::steady_clock::now() - t0).count();
       for (int h = 0; h < H_; ++h) {
         if (h != myHost_) ex_.send(peerOf(h), kPhaseHostsReturn, tag, mine.offset * es_, own,
@@ -125,7 +125,7 @@ class FusionBufferScheduler::CrossHost {
     const uint64_t before = done_;
     while (done_ < posted_ && stepDone(steps_[done_ % steps_.size()])) {
       Step& st = steps_[done_ % steps_.size()];
-      if (K_) s_.comm_.counters().standaloneServerSteps++;
+      if (K_) s_.ctx_.counters().standaloneServerSteps++;
       if (wide_) narrowFromFloat(st.data, reinterpret_cast<const float*>(st.data), st.len, b_.dtype);
       ++done_;
     }
@@ -179,7 +179,7 @@ class FusionBufferScheduler::CrossHost {
   // destructor cancels and waits for its receives before they are freed.
   // A receive it cannot confirm cancelled (a peer on a host gone silent)
   // quarantines the endpoint, which is then never progressed, nor closed
-  // (Communicator::releaseResources), so it cannot write here any more.
+  // (EngineContext::release), so it cannot write here any more.
   std::vector<Step> steps_;  // ring of `depth`: step k at k % depth
   std::vector<uint8_t> partials_;
   Exchange ex_;

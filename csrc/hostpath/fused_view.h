@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/communicator.h"
+#include "engine/call.h"
 #include "hostpath/fusion_scheduler.h"
 #include "reduce/stream_copy.h"
 
@@ -16,9 +16,9 @@ namespace smddp {
 
 class FusedView {
  public:
-  FusedView(const std::vector<FusibleCall*>& calls, size_t elemSize) : es_(elemSize) {
+  FusedView(const std::vector<AllreduceCall*>& calls, size_t elemSize) : es_(elemSize) {
     uint64_t off = 0;
-    for (const FusibleCall* c : calls) {
+    for (const AllreduceCall* c : calls) {
       for (const Buffer& b : c->bufs) {
         if (b.numel == 0) continue;
         parts_.push_back({static_cast<uint8_t*>(b.data), off, b.numel});

@@ -1,6 +1,6 @@
 // One fusion batch as the scheduler's two halves see it: the plan (who
-// fuses what, fusion_plan.cc) and the data steps (fusion_scheduler.cc).
-// Private to the engine.
+// fuses what, fusion_plan.cc) and the data steps (fusion_steps.cc).
+// Private to the fusion scheduler.
 #pragma once
 
 #include <chrono>

@@ -6,16 +6,15 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "engine/communicator.h"
 #include "engine/exchange.h"
 #include "hostpath/fusion_batch.h"
 #include "hostpath/fusion_scheduler.h"
 
 namespace smddp {
 
-void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
-                                 const TakeNext& takeNext) {
-  const FusibleCall& first = *calls[0];
+void FusionBufferScheduler::lead(Batch& b, std::vector<AllreduceCall*>& calls,
+                                 AllreduceBatch& batch) {
+  const AllreduceCall& first = *calls[0];
   const size_t es = elementSize(first.dtype);
   uint64_t bytes = first.numel * es;
   // Across hosts the group's rank 0 (host 0's leader) cuts every batch and
@@ -26,26 +25,26 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
     limit = issuedOnHost(b.firstSeq);
     if (topo_.hosts() > 1) limit = std::min(limit, gatherIssued(b));
   } else {
-    takeRemotePlan(b, calls, takeNext);
+    takeRemotePlan(b, calls, batch);
   }
   // Fuse what is queued now: same dtype and op, consecutive, within budget,
   // and issued everywhere (Horovod's rule: a rank whose caller waits on
   // call k before issuing k + 1 must never be asked for k + 1 to finish k).
   // Never wait for more: the plan is the leader's to make, not to delay.
   while (planner && calls.size() < static_cast<size_t>(kMaxFusedCalls) && bytes < fusionBytes_) {
-    FusibleCall* next = nullptr;
-    auto accept = [&](const FusibleCall& c) {
+    AllreduceCall* next = nullptr;
+    auto accept = [&](const AllreduceCall& c) {
       return c.dtype == first.dtype && c.op == first.op && c.seq == calls.back()->seq + 1 &&
              c.seq < limit && bytes + c.numel * es <= fusionBytes_;
     };
-    if (takeNext(std::chrono::microseconds(0), accept, &next) != Take::kTaken) break;
+    if (batch.takeNext(std::chrono::microseconds(0), accept, &next) != Take::kTaken) break;
     calls.push_back(next);
     b.sigs.push_back(next->signature());
     bytes += next->numel * es;
   }
   if (planner && topo_.hosts() > 1) sendPlan(b, calls);
   uint64_t total = 0;
-  for (const FusibleCall* c : calls) total += c->numel;
+  for (const AllreduceCall* c : calls) total += c->numel;
   const int S = segment_->servers();
   const uint64_t chunkElems = this->chunkElems(first.dtype);
   const uint64_t maxShard = (total + S - 1) / S;
@@ -90,7 +89,7 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<FusibleCall*>& calls,
   b.joined = true;
   // Before this rank counts as arrived, so the next cut sees its fences
   // past this batch gone.
-  comm_.noteBatchCut(calls.back()->seq + 1);
+  batch.noteCut(calls.back()->seq + 1);
   segment_->publish(ctl.arrived[0], b.index + 1);
 }
 
@@ -122,7 +121,7 @@ uint64_t FusionBufferScheduler::issuedOnHost(uint64_t firstSeq) const {
 uint64_t FusionBufferScheduler::gatherIssued(Batch& b) {
   // Every other host's leader reports what its host has issued.
   std::vector<uint64_t> issued(topo_.hosts(), UINT64_MAX);
-  Exchange ex(comm_, b.firstSeq, b.sigs[0]);
+  Exchange ex(ctx_, b.firstSeq, b.sigs[0]);
   for (int h = 1; h < topo_.hosts(); ++h) {
     ex.recv(topo_.ranksOfHost[h][0], kPhasePlan, 1, &issued[h], sizeof(uint64_t));
   }
@@ -132,15 +131,15 @@ uint64_t FusionBufferScheduler::gatherIssued(Batch& b) {
 }
 
 std::string FusionBufferScheduler::takeCut(
-    Batch& b, std::vector<FusibleCall*>& calls, uint32_t count, int planner,
-    const std::function<CollectiveSignature(uint32_t)>& theirs, const TakeNext& takeNext) {
+    Batch& b, std::vector<AllreduceCall*>& calls, uint32_t count, int planner,
+    const std::function<CollectiveSignature(uint32_t)>& theirs, AllreduceBatch& batch) {
   // Every call of the cut is issued on this rank (the cut holds only
   // those), so it is queued or about to be; takeNext waits for it.
   auto differs = [&](uint32_t i, const std::string& mine) {
     return "rank " + std::to_string(planner) + " called " + theirs(i).describe() +
            " at sequence " + std::to_string(b.firstSeq + i) + " but this rank called " + mine;
   };
-  auto check = [&](uint32_t i, const FusibleCall& c, std::string* mismatch) {
+  auto check = [&](uint32_t i, const AllreduceCall& c, std::string* mismatch) {
     if (mismatch->empty() && (c.seq != b.firstSeq + i || !(c.signature() == theirs(i)))) {
       *mismatch = differs(i, c.signature().describe() + " at sequence " + std::to_string(c.seq));
     }
@@ -149,11 +148,11 @@ std::string FusionBufferScheduler::takeCut(
   for (uint32_t i = 0; i < calls.size(); ++i) check(i, *calls[i], &mismatch);
   try {
     for (uint32_t i = static_cast<uint32_t>(calls.size()); i < count; ++i) {
-      FusibleCall* next = nullptr;
+      AllreduceCall* next = nullptr;
       while (true) {
         uint32_t seen = segment_->wakeValue();
-        Take t = takeNext(std::chrono::microseconds(200), [](const FusibleCall&) { return true; },
-                          &next);
+        Take t = batch.takeNext(std::chrono::microseconds(200),
+                                [](const AllreduceCall&) { return true; }, &next);
         if (t == Take::kTaken) break;
         if (t == Take::kOther) {
           return mismatch.empty() ? differs(i, "another collective at that sequence") : mismatch;
@@ -176,27 +175,27 @@ std::string FusionBufferScheduler::takeCut(
   return mismatch;
 }
 
-void FusionBufferScheduler::sendPlan(Batch& b, const std::vector<FusibleCall*>& calls) {
+void FusionBufferScheduler::sendPlan(Batch& b, const std::vector<AllreduceCall*>& calls) {
   WirePlan wp{};
   wp.count = static_cast<uint32_t>(calls.size());
   wp.dtype = static_cast<uint8_t>(calls[0]->dtype);
   wp.op = static_cast<uint8_t>(calls[0]->op);
   for (size_t i = 0; i < calls.size(); ++i) wp.numel[i] = calls[i]->numel;
-  Exchange ex(comm_, b.firstSeq, b.sigs[0]);
+  Exchange ex(ctx_, b.firstSeq, b.sigs[0]);
   for (int h = 1; h < topo_.hosts(); ++h) {
     ex.send(topo_.ranksOfHost[h][0], kPhasePlan, 0, 0, &wp, sizeof(wp));
   }
   ex.run();
 }
 
-void FusionBufferScheduler::takeRemotePlan(Batch& b, std::vector<FusibleCall*>& calls,
-                                           const TakeNext& takeNext) {
+void FusionBufferScheduler::takeRemotePlan(Batch& b, std::vector<AllreduceCall*>& calls,
+                                           AllreduceBatch& batch) {
   WirePlan wp{};
   const int planner = topo_.ranksOfHost[0][0];
   {
     // What this host has issued goes to rank 0; the cut comes back.
     const uint64_t issued = issuedOnHost(b.firstSeq);
-    Exchange ex(comm_, b.firstSeq, b.sigs[0]);
+    Exchange ex(ctx_, b.firstSeq, b.sigs[0]);
     ex.recv(planner, kPhasePlan, 0, &wp, sizeof(wp));
     ex.send(planner, kPhasePlan, 1, 0, &issued, sizeof(issued));
     ex.run();
@@ -213,12 +212,12 @@ void FusionBufferScheduler::takeRemotePlan(Batch& b, std::vector<FusibleCall*>& 
                                static_cast<ReduceOp>(wp.op), wp.numel[i], -1};
   };
   // The rest of the cut comes from this rank's own queue, as on a follower.
-  std::string why = takeCut(b, calls, wp.count, planner, theirs, takeNext);
+  std::string why = takeCut(b, calls, wp.count, planner, theirs, batch);
   if (!why.empty()) throwError(ErrorKind::kMismatch, "smddp: " + b.what() + ": " + why);
 }
 
-void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
-                                   const TakeNext& takeNext) {
+void FusionBufferScheduler::follow(Batch& b, std::vector<AllreduceCall*>& calls,
+                                   AllreduceBatch& batch) {
   auto& ctl = segment_->ctl();
   const uint64_t mySeq = calls[0]->seq;
   while (true) {
@@ -246,9 +245,9 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
       CollectiveSignature leaders{CollectiveType::kAllreduce, static_cast<DataType>(p.dtype),
                                   static_cast<ReduceOp>(p.op), p.numel[0], -1};
       CollectiveSignature mine;
-      std::string what = comm_.control().calledAt(p.firstSeq, &mine) ? mine.describe()
+      std::string what = ctx_.control().calledAt(p.firstSeq, &mine) ? mine.describe()
                                                            : std::string("another collective");
-      skipBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: rank " +
+      skipBatch(b, "rank " + std::to_string(ctx_.rank()) + " reported: rank " +
                        std::to_string(leader_) + " called " + leaders.describe() +
                        " at sequence " + std::to_string(p.firstSeq) + " but this rank called " +
                        what + " at sequence " + std::to_string(p.firstSeq));
@@ -277,9 +276,9 @@ void FusionBufferScheduler::follow(Batch& b, std::vector<FusibleCall*>& calls,
                         std::to_string(mySeq));
   }
   // The rest of the leader's batch from this rank's queue.
-  std::string why = takeCut(b, calls, plan.count, leader_, leaderCall, takeNext);
+  std::string why = takeCut(b, calls, plan.count, leader_, leaderCall, batch);
   if (!why.empty()) failMismatch(b, why);
-  comm_.noteBatchCut(calls.back()->seq + 1);  // before arrived: see lead()
+  batch.noteCut(calls.back()->seq + 1);  // before arrived: see lead()
   segment_->publish(ctl.arrived[me_], b.index + 1);
 }
 

@@ -1,24 +1,19 @@
+// The fusion scheduler (fusion_scheduler.h): its parameters, one batch's
+// life (run), the group's description, and the waits, aborts and releases
+// every phase shares. Who fuses what is in fusion_plan.cc, the data steps
+// in fusion_steps.cc.
 #include "hostpath/fusion_scheduler.h"
 
 #include <sched.h>
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <thread>
 
 #include "common/caller_waiting.h"
 #include "common/error.h"
 #include "common/param.h"
-#include "engine/communicator.h"
-#include "hostpath/cross_host.h"
-#include "engine/exchange.h"
-#include "hostpath/fused_view.h"
-#include "reduce/reduce_kernels.h"
-#include "reduce/shard_plan.h"
 #include "hostpath/fusion_batch.h"
-#include "engine/stall_watch.h"
-#include "reduce/stream_copy.h"
 #include "observe/timeline.h"
 
 namespace smddp {
@@ -55,42 +50,57 @@ void readFusionParams(EngineConfig& c) {
 }
 
 
-CollectiveSignature FusibleCall::signature() const {
-  return CollectiveSignature{CollectiveType::kAllreduce, dtype, op, numel, -1};
-}
-
-FusionBufferScheduler::FusionBufferScheduler(Communicator& comm,
+FusionBufferScheduler::FusionBufferScheduler(EngineContext& ctx,
                                              std::unique_ptr<HostSegment> segment,
                                              HostTopology topo, uint64_t fusionBytes)
-    : comm_(comm), segment_(std::move(segment)), topo_(std::move(topo)),
+    : ctx_(ctx), segment_(std::move(segment)), topo_(std::move(topo)),
       me_(topo_.localRank), leader_(topo_.ranksOfHost[topo_.hostIndex][0]),
-      fusionBytes_(fusionBytes) {
+      fusionBytes_(fusionBytes), servers_(segment_->servers()) {
   // With more ranks than cores a polling rank holds a core its peer needs.
-  streamSpinUs_ = topo_.oversubscribed ? comm.config().spinUs
-                                        : std::max<int64_t>(comm.config().spinUs,
-                                                            comm.config().streamSpinUs);
-  smallBytes_ = std::min<uint64_t>(comm.config().smallBytes, segment_->slotBytes());
+  streamSpinUs_ = topo_.oversubscribed ? ctx.config().spinUs
+                                        : std::max<int64_t>(ctx.config().spinUs,
+                                                            ctx.config().streamSpinUs);
+  smallBytes_ = std::min<uint64_t>(ctx.config().smallBytes, segment_->slotBytes());
 }
 
 FusionBufferScheduler::~FusionBufferScheduler() = default;
 
-void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext,
-                                bool onCaller) {
+std::string FusionBufferScheduler::describe() const {
+  auto kib = [](uint64_t b) { return std::to_string(b >> 10) + " KiB"; };
+  std::string o = "through each host's shared-memory segment";
+  if (topo_.hosts() > 1) o += ", then across hosts over libfabric";
+  o += ": " + std::to_string(segment_->servers()) + " reduction server(s) per host, slot " +
+       kib(segment_->slotBytes()) + " x depth " + std::to_string(segment_->depth()) +
+       ", fusion buffer " + kib(fusionBytes_);
+  if (standalone_ > 0) {
+    o += ", plus " + std::to_string(standalone_) +
+         " standalone reduction server(s) across hosts (SMDDP_SERVER_HOSTS)";
+  }
+  return o;
+}
+
+void FusionBufferScheduler::release() {
+  serverLinks_.reset();
+  segment_.reset();
+}
+
+void FusionBufferScheduler::run(AllreduceBatch& batch) {
   using clock = std::chrono::steady_clock;
+  std::vector<AllreduceCall*> calls{&batch.first()};
   Batch b;
-  b.onCaller = onCaller;
+  b.onCaller = batch.onCaller();
   b.index = nextBatch_;
   b.plan = &segment_->ctl().plans[b.index % kPlanDepth];
   b.firstSeq = calls[0]->seq;
   b.idleSince = clock::now();
-  b.watch.emplace(comm_, calls[0]->signature(), b.firstSeq, comm_.timeout());
+  b.watch.emplace(ctx_, calls[0]->signature(), b.firstSeq, ctx_.timeout());
   b.sigs.push_back(calls[0]->signature());
   const int64_t tlBegin = timeline::on() ? timeline::nowNs() : 0;
   try {
-    if (me_ == 0) lead(b, calls, takeNext);
-    else follow(b, calls, takeNext);
+    if (me_ == 0) lead(b, calls, batch);
+    else follow(b, calls, batch);
     if (timeline::on()) {
-      timeline::phase(timeline::Phase::kCut, comm_.name(), b.index, b.firstStep,
+      timeline::phase(timeline::Phase::kCut, ctx_.name(), b.index, b.firstStep,
                       b.firstStep + b.steps, b.totalNumel * elementSize(b.dtype), tlBegin,
                       timeline::nowNs());
     }
@@ -111,23 +121,23 @@ void FusionBufferScheduler::run(std::vector<FusibleCall*>& calls, const TakeNext
   } catch (const Error& e) {
     // A timeout: the text the other ranks of the host read carries the
     // desync report too.
-    const std::string text = comm_.withDesyncReport(e);
+    const std::string text = ctx_.withDesyncReport(e);
     if (b.joined) {
-      abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + text);
+      abortBatch(b, "rank " + std::to_string(ctx_.rank()) + " reported: " + text);
       releaseBatch(b, b.firstStep + b.steps);
     }
     for (size_t i = 0; i < calls.size(); ++i) {
-      comm_.control().noteSignature(calls[i]->seq, calls[i]->signature());
+      ctx_.control().noteSignature(calls[i]->seq, calls[i]->signature());
     }
     if (text != e.what()) throw Error(e.kind(), text);
     throw;
   }
-  for (FusibleCall* c : calls) comm_.control().noteSignature(c->seq, c->signature());
-  auto& st = comm_.counters();
+  for (AllreduceCall* c : calls) ctx_.control().noteSignature(c->seq, c->signature());
+  auto& st = ctx_.counters();
   st.fusionFlushes++;
   uint64_t bytes = b.totalNumel * elementSize(b.dtype);
   if (timeline::on()) {
-    timeline::batch(comm_.name(), b.index, calls[0]->seq, static_cast<uint32_t>(calls.size()),
+    timeline::batch(ctx_.name(), b.index, calls[0]->seq, static_cast<uint32_t>(calls.size()),
                     bytes, b.small, tlBegin, timeline::nowNs());
   }
   st.fusionBytes += bytes;
@@ -139,257 +149,6 @@ uint64_t FusionBufferScheduler::chunkElems(DataType dt) const {
   return std::max<uint64_t>(1, segment_->slotBytes() / slotElemBytes);
 }
 
-void FusionBufferScheduler::stream(Batch& b, const std::vector<FusibleCall*>& calls) {
-  b.streaming = true;
-  b.idleSince = std::chrono::steady_clock::now();
-  if (b.small) {
-    streamSmall(b, calls);
-    return;
-  }
-  auto& ctl = segment_->ctl();
-  HostSegment& seg = *segment_;
-  const int rank = me_;
-  const int n = topo_.localSize;
-  const int S = seg.servers();
-  const size_t es = elementSize(b.dtype);
-  const uint64_t chunkElems = this->chunkElems(b.dtype);
-  const bool wide = widePartials(b.dtype);
-  const uint64_t depth = seg.depth();
-  const uint64_t f = b.firstStep;
-  const uint64_t end = b.firstStep + b.steps;
-  const int myServer = seg.serverIndexOf(rank);
-  const bool multiHost = topo_.hosts() > 1;
-  const bool largeBatch = b.totalNumel * es >= comm_.config().streamingBytes;
-  const FusedView view(calls, es);
-  // Balanced: shards differ by at most one element, and the leftovers
-  // rotate with the batch index so no server is favoured over a run.
-  std::vector<Range> shards(S);
-  for (int s = 0; s < S; ++s) shards[s] = balancedShard(b.totalNumel, S, s, b.index);
-  auto shardOff = [&](int s) { return shards[s].offset; };
-  auto shardLen = [&](int s) { return shards[s].count; };
-  // Step t carries chunk (t - f) of every shard.
-  auto chunkOf = [&](int s, uint64_t t, uint64_t* off) {
-    uint64_t k = (t - f) * chunkElems;
-    uint64_t len = shardLen(s);
-    *off = shardOff(s) + std::min(k, len);
-    return k >= len ? 0 : std::min(chunkElems, len - k);
-  };
-  auto minOver = [&](SharedCounter* cs, bool serversOnly) {
-    uint64_t m = UINT64_MAX;
-    if (serversOnly) {
-      for (int s = 0; s < S; ++s) m = std::min(m, cs[seg.serverRank(s)].value.load());
-    } else {
-      for (int p = 0; p < n; ++p) m = std::min(m, cs[p].value.load());
-    }
-    return m;
-  };
-  auto lagging = [&](SharedCounter* cs, uint64_t need, bool serversOnly) {
-    std::vector<int> ranks;
-    for (int p = 0; p < n; ++p) {
-      if (serversOnly && seg.serverIndexOf(p) < 0) continue;
-      if (cs[p].value.load() < need) ranks.push_back(globalRank(p));
-    }
-    return rankList(ranks);
-  };
-
-  std::vector<const void*> inputs(n);
-  auto& st = comm_.counters();
-  uint64_t w = f, r = f, c = f;
-  if (myServer < 0) r = end;
-  std::unique_ptr<CrossHost> xh;
-  if (multiHost && myServer >= 0) xh = std::make_unique<CrossHost>(*this, b, myServer, depth, chunkElems);
-  // SMDDP_TIMELINE: one span per run of consecutive steps of a phase.
-  const bool tl = timeline::on();
-  auto mark = [&](timeline::Phase p, uint64_t from, uint64_t to, int64_t t0) {
-    if (to > from) {
-      timeline::phase(p, comm_.name(), b.index, from, to, 0, t0, timeline::nowNs());
-    }
-  };
-  while (c < end) {
-    const uint32_t seen = seg.wakeValue();
-    bool moved = false;
-    int64_t t0 = tl ? timeline::nowNs() : 0;
-    const uint64_t w0 = w;
-    // 1. Copy this rank's part of step w into every server's slot. The slot
-    //    is free once every rank has copied out step w - depth.
-    while (w < end && (w < depth || minOver(ctl.consumed, false) >= w - depth + 1)) {
-      for (int s = 0; s < S; ++s) {
-        uint64_t off;
-        uint64_t len = chunkOf(s, w, &off);
-        // A server's own part stays in the caller's tensor (step 2 reads it
-        // there): one copy fewer per byte it serves.
-        if (s == myServer && view.direct(off, len)) continue;
-        if (len) view.read(off, len, seg.contribution(s, rank, w));
-        if (seg.serverRank(s) != rank) st.bytesSent += len * es;
-      }
-      ++w;
-      seg.publish(ctl.written[rank], w);
-      moved = true;
-    }
-    if (tl) {
-      mark(timeline::Phase::kCopyIn, w0, w, t0);
-      t0 = timeline::nowNs();
-    }
-    const uint64_t r0 = r;
-    // 2. As a server: once every rank wrote step r, combine the parts in
-    //    rank order (bitwise reproducible) into the result slot.
-    while (r < end && minOver(ctl.written, false) >= r + 1) {
-      uint64_t off;
-      uint64_t len = chunkOf(myServer, r, &off);
-      if (len) {
-        for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(myServer, p, r);
-        if (const uint8_t* own = view.direct(off, len)) inputs[rank] = own;
-        auto t0 = std::chrono::steady_clock::now();
-        // Across hosts, AVG sums here and divides once at the end, and
-        // f16/bf16 partials stay in f32 until then (one rounding in all).
-        const ReduceOp hostOp = multiHost && b.op == ReduceOp::kAvg ? ReduceOp::kSum : b.op;
-        if (wide) {
-          reduceOrderedToFloat(reinterpret_cast<float*>(seg.result(myServer, r)), inputs.data(),
-                               n, len, b.dtype, hostOp);
-        } else {
-          reduceOrdered(seg.result(myServer, r), inputs.data(), n, len, b.dtype, hostOp,
-                        multiHost ? 1.0 : n);
-        }
-        st.serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                 std::chrono::steady_clock::now() - t0).count();
-      }
-      ++r;
-      if (xh) xh->post(r - 1 - f, seg.result(myServer, r - 1), len);
-      else seg.publish(ctl.reduced[rank], r);
-      moved = true;
-    }
-    // Across hosts, a step counts as reduced once its network step is done.
-    if (xh && xh->poll()) {
-      seg.publish(ctl.reduced[rank], f + xh->done());
-      moved = true;
-    }
-    if (tl) {
-      mark(timeline::Phase::kCombine, r0, r, t0);
-      t0 = timeline::nowNs();
-    }
-    const uint64_t c0 = c;
-    // 3. Once every server reduced step c, copy the results out.
-    while (c < end && minOver(ctl.reduced, true) >= c + 1) {
-      // A large result goes out with streaming stores when the engine
-      // thread writes it: the caller reads it on its own core, maybe while
-      // computing (DDP's backward), and cache-to-cache transfers and
-      // evicting its working set cost it more than the stores save. A
-      // caller running its own call reads the result from its own core's
-      // caches next, so there it goes through them (4-8 MiB at world 2:
-      // 1.3-1.4x faster; benchmarks/RESULTS.md), unless ranks share
-      // cores, where another rank's turn evicts it first.
-      const bool streaming = largeBatch && (topo_.oversubscribed || !b.onCaller);
-      for (int s = 0; s < S; ++s) {
-        uint64_t off;
-        uint64_t len = chunkOf(s, c, &off);
-        if (len) view.write(off, len, seg.result(s, c), streaming);
-        if (seg.serverRank(s) != rank) st.bytesReceived += len * es;
-      }
-      ++c;
-      if (streaming) streamingFence();
-      seg.publish(ctl.consumed[rank], c);
-      moved = true;
-    }
-    if (tl) mark(timeline::Phase::kCopyOut, c0, c, t0);
-    if (w - c > st.chunksInFlightMax.load()) st.chunksInFlightMax = w - c;
-    if (b.plan->aborted.load() == b.index + 1) idle(b, seen, [] { return std::string(); });
-    if (moved) {
-      b.idleSince = std::chrono::steady_clock::now();
-      continue;
-    }
-    // Waiting on the network: its completions publish nothing in the
-    // segment, so poll them (yielding the core), then sleep only briefly.
-    const bool onNetwork = xh && xh->inFlight();
-    idle(b, seen, [&] {
-      if (onNetwork) return xh->waitingOn();
-      if (c < w && r < end && minOver(ctl.written, false) < r + 1) {
-        return lagging(ctl.written, r + 1, false);
-      }
-      if (c < w) return lagging(ctl.reduced, c + 1, true);
-      return lagging(ctl.consumed, w - depth + 1, false);
-    }, !onNetwork);
-    if (onNetwork) {
-      if (std::chrono::steady_clock::now() - b.idleSince < std::chrono::microseconds(streamSpinUs_)) {
-        sched_yield();
-      } else {
-        seg.sleep(seen, std::chrono::microseconds(50));
-      }
-    }
-  }
-}
-
-void FusionBufferScheduler::streamSmall(Batch& b, const std::vector<FusibleCall*>& calls) {
-  auto& ctl = segment_->ctl();
-  HostSegment& seg = *segment_;
-  const int n = topo_.localSize;
-  const int rank = me_;
-  const uint64_t w = b.firstStep;  // the batch's one step
-  const uint64_t depth = seg.depth();
-  const size_t es = elementSize(b.dtype);
-  const uint64_t count = b.totalNumel;
-  const FusedView view(calls, es);
-  auto minOver = [&](SharedCounter* cs) {
-    uint64_t m = UINT64_MAX;
-    for (int p = 0; p < n; ++p) m = std::min(m, cs[p].value.load());
-    return m;
-  };
-  auto waitAll = [&](SharedCounter* cs, uint64_t need) {
-    while (true) {
-      const uint32_t seen = seg.wakeValue();
-      if (minOver(cs) >= need) return;
-      // idle() raises an abort another rank recorded, the timeout, a lost
-      // peer; it polls, then sleeps until the next publish.
-      idle(b, seen, [&] {
-        std::vector<int> behind;
-        for (int p = 0; p < n; ++p) {
-          if (cs[p].value.load() < need) behind.push_back(globalRank(p));
-        }
-        return rankList(behind);
-      });
-    }
-  };
-  // 1. This rank's whole part into its own slot of step w, once every rank
-  //    has finished reading the step that used the slot before.
-  if (w >= depth) waitAll(ctl.consumed, w - depth + 1);
-  const bool tl = timeline::on();
-  const uint64_t bytes = count * es;
-  int64_t t0 = tl ? timeline::nowNs() : 0;
-  view.read(0, count, seg.contribution(0, rank, w));
-  seg.publish(ctl.written[rank], w + 1);
-  if (tl) timeline::phase(timeline::Phase::kCopyIn, comm_.name(), b.index, w, w + 1, bytes, t0,
-                          timeline::nowNs());
-  // 2. Once every rank's part is there, combine them all in rank order,
-  //    straight into the caller's tensor when the batch is one tensor (a
-  //    kernel's output may be one of its inputs: this rank's own part is
-  //    read from the tensor, the peers read its slot).
-  waitAll(ctl.written, w + 1);
-  const void* inputs[kHostMaxRanks];  // n <= kHostMaxRanks (the segment's own bound)
-  for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(0, p, w);
-  uint8_t* out = view.direct(0, count);
-  if (out) inputs[rank] = out;
-  uint8_t* result = out ? out : comm_.scratch(count * es);
-  if (tl) t0 = timeline::nowNs();
-  // Not a server's work: server_reduce_seconds stays the servers' own.
-  reduceOrdered(result, inputs, n, count, b.dtype, b.op, n);
-  if (tl) {
-    const int64_t t1 = timeline::nowNs();
-    timeline::phase(timeline::Phase::kCombine, comm_.name(), b.index, w, w + 1, bytes, t0, t1);
-    t0 = t1;
-  }
-  auto& st = comm_.counters();
-  if (!out) {
-    view.write(0, count, result, false);
-    if (tl) timeline::phase(timeline::Phase::kCopyOut, comm_.name(), b.index, w, w + 1, bytes,
-                            t0, timeline::nowNs());
-  }
-  st.smallBatches++;
-  st.bytesSent += count * es * (n - 1);
-  st.bytesReceived += count * es * (n - 1);
-  // 3. Done with the peers' slots: they may reuse them (step w + depth).
-  ctl.reduced[rank].value.store(w + 1);
-  seg.publish(ctl.consumed[rank], w + 1);
-}
-
 void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
                                  const std::function<std::string()>& waitingOn, bool mayBlock) {
   using clock = std::chrono::steady_clock;
@@ -397,7 +156,7 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
     std::string text(b.plan->abortText, strnlen(b.plan->abortText, kAbortTextBytes));
     throwError(ErrorKind::kMismatch, "smddp: " + b.what() + " failed on another rank: " + text);
   }
-  if (comm_.stopRequested()) {
+  if (ctx_.stopRequested()) {
     throwError(ErrorKind::kAborted, "smddp: " + b.what() + ": the process group was shut down");
   }
   auto now = clock::now();
@@ -405,7 +164,7 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
   // looked at every 100 us, not on every poll.
   if (now >= b.nextNetworkCheck) {
     b.nextNetworkCheck = now + std::chrono::microseconds(100);
-    comm_.progress();
+    ctx_.progress();
     b.watch->check(b.firstSeq, b.sigs.data(), b.sigs.size(), waitingOn, [&] {
       // Who has not reached this batch at all (this host's ranks; a rank on
       // another host shows up in the network step's own message).
@@ -427,7 +186,7 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
   // polling would take its core, so sleep at once.
   const int64_t spinUs = !aCallerIsWaiting() ? 0
                          : b.streaming     ? streamSpinUs_
-                                           : comm_.config().spinUs;
+                                           : ctx_.config().spinUs;
   if (now - b.idleSince < std::chrono::microseconds(spinUs)) {
     // With a core per rank, watch the wake word (every publish bumps it)
     // for a moment first: a peer's publish is then seen in well under a
@@ -484,7 +243,7 @@ void FusionBufferScheduler::abortBatch(Batch& b, const std::string& why) {
 
 void FusionBufferScheduler::failMismatch(Batch& b, const std::string& why) {
   std::string msg = "smddp: " + b.what() + ": " + why;
-  abortBatch(b, "rank " + std::to_string(comm_.rank()) + " reported: " + why);
+  abortBatch(b, "rank " + std::to_string(ctx_.rank()) + " reported: " + why);
   throwError(ErrorKind::kMismatch, msg);
 }
 

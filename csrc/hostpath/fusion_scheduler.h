@@ -15,6 +15,9 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "engine/allreduce_path.h"
+#include "engine/engine_config.h"
+#include "engine/engine_context.h"
 #include "hostpath/host_path.h"
 #include "hostpath/host_segment.h"
 #include "server/server_link.h"
@@ -22,66 +25,58 @@
 
 namespace smddp {
 
-class Communicator;
-struct Buffer;
+// The fusion scheduler's parameters (fusion_scheduler.cc): data-step
+// polling, small batches, streaming stores.
+void readFusionParams(EngineConfig& c);
 
-// One queued allreduce that may ride in a fusion buffer.
-struct FusibleCall {
-  uint64_t seq = 0;
-  std::vector<Buffer> bufs;
-  DataType dtype = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-  uint64_t numel = 0;
-  CollectiveSignature signature() const;
-};
-
-class FusionBufferScheduler {
+// The group's allreduce path when every host's segment is open
+// (openHostPath): the engine hands it each run of queued calls.
+class FusionBufferScheduler final : public AllreducePath {
  public:
-  enum class Take { kTaken, kEmpty, kOther };
-  // Removes the next queued call from the queue if it is fusible and
-  // `accept` agrees; waits up to `wait` for one to be queued.
-  using TakeNext = std::function<Take(std::chrono::microseconds wait,
-                                      const std::function<bool(const FusibleCall&)>& accept,
-                                      FusibleCall** out)>;
+  using Take = AllreduceBatch::Take;
 
   // Several hosts: each host's servers reduce its ranks' parts, then the
   // servers with the same index on every host reduce the host partials
   // among themselves over the network (reduction servers again, in host
   // order), and the result comes back through the segment. Rank 0 cuts
   // the batches for every host (see sendPlan).
-  FusionBufferScheduler(Communicator& comm, std::unique_ptr<HostSegment> segment,
+  FusionBufferScheduler(EngineContext& ctx, std::unique_ptr<HostSegment> segment,
                         HostTopology topo, uint64_t fusionBytes);
-  ~FusionBufferScheduler();
+  ~FusionBufferScheduler() override;
 
-  // Runs `calls[0]` together with the calls it fuses with (appended to
-  // `calls`). Throws smddp::Error on failure; the whole batch then fails.
-  // `onCaller`: the calling thread is the caller of calls[0] (runOnCaller),
+  // --- AllreducePath ---
+  bool fuses() const override { return true; }
+  CallPath callPath() const override {
+    return topo_.hosts() > 1 ? CallPath::kHierarchy : CallPath::kSharedMemory;
+  }
+  // Runs batch.first() together with the calls it fuses with (taken from
+  // the batch). Throws smddp::Error on failure; the whole batch then fails.
+  // batch.onCaller(): the calling thread is the caller of the first call,
   // which reads the result next.
-  void run(std::vector<FusibleCall*>& calls, const TakeNext& takeNext, bool onCaller = false);
-
+  void run(AllreduceBatch& batch) override;
   // The caller has issued every collective below `next` (caller thread).
-  void noteIssued(uint64_t next);
+  void noteIssued(uint64_t next) override;
+  std::string describe() const override;
+  int reductionServers() const override { return servers_; }
+  int standaloneServers() const override { return standalone_; }
+  // Unmaps the segment and closes the standalone servers' links.
+  void release() override;
 
   // Across hosts: this rank's connections to the standalone reduction
   // servers (SMDDP_SERVER_HOSTS), set only on a host's server ranks. Each
   // step's host partial is then cut into H + K pieces: the hosts' own
   // servers reduce the first H, the K standalone servers the rest.
   void setServerLinks(std::unique_ptr<ServerLinks> links) { serverLinks_ = std::move(links); }
-  int standaloneServers() const { return standalone_; }
   void setStandaloneServers(int k) { standalone_ = k; }
-
-  uint64_t fusionBytes() const { return fusionBytes_; }
-  HostSegment& segment() const { return *segment_; }
-  const HostTopology& topology() const { return topo_; }
 
  private:
   struct Batch;
-  void lead(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  void lead(Batch& b, std::vector<AllreduceCall*>& calls, AllreduceBatch& batch);
   // Across hosts: rank 0 sends each batch's cut to the other hosts'
   // leaders, which take the same calls from their queues (or fail naming
   // both sides when theirs differ).
-  void sendPlan(Batch& b, const std::vector<FusibleCall*>& calls);
-  void takeRemotePlan(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
+  void sendPlan(Batch& b, const std::vector<AllreduceCall*>& calls);
+  void takeRemotePlan(Batch& b, std::vector<AllreduceCall*>& calls, AllreduceBatch& batch);
   // Sequences below the result are issued on every rank of this host (at
   // least calls[0]: this rank holds it, the others will issue it).
   uint64_t issuedOnHost(uint64_t firstSeq) const;
@@ -92,17 +87,27 @@ class FusionBufferScheduler {
   // theirs(i). The first call that differs is recorded and the rest of the
   // cut is still taken, so a failing batch spans the same calls on every
   // rank. Returns the mismatch text, or "".
-  std::string takeCut(Batch& b, std::vector<FusibleCall*>& calls, uint32_t count, int planner,
+  std::string takeCut(Batch& b, std::vector<AllreduceCall*>& calls, uint32_t count, int planner,
                       const std::function<CollectiveSignature(uint32_t)>& theirs,
-                      const TakeNext& takeNext);
-  void follow(Batch& b, std::vector<FusibleCall*>& calls, const TakeNext& takeNext);
-  void stream(Batch& b, const std::vector<FusibleCall*>& calls);
+                      AllreduceBatch& batch);
+  void follow(Batch& b, std::vector<AllreduceCall*>& calls, AllreduceBatch& batch);
+  // The batch's data steps (fusion_steps.cc): copy in, combine and copy
+  // out, repeated until this rank's last step is out.
+  void stream(Batch& b, const std::vector<AllreduceCall*>& calls);
+  struct Steps;
+  // Each phase moves as many steps as it can without waiting; true if any.
+  bool copyIn(Batch& b, Steps& st);
+  bool combine(Batch& b, Steps& st);
+  void reduceStep(Batch& b, Steps& st, uint64_t off, uint64_t len);  // step st.r, as a server
+  bool copyOut(Batch& b, Steps& st);
+  // Nothing moved: waits briefly for a peer's publish or the network.
+  void awaitSteps(Batch& b, Steps& st, uint32_t seen);
   // A batch of at most smallBytes_ on one host: one step in which every
   // rank writes its whole part to its own slot and, once every part is
   // there, combines them all in rank order itself. One round of flags
   // instead of three (written, reduced, consumed) and no copy out; the
   // same kernel and order as a server's, so the same bits on every rank.
-  void streamSmall(Batch& b, const std::vector<FusibleCall*>& calls);
+  void streamSmall(Batch& b, const std::vector<AllreduceCall*>& calls);
   // Whether the leader cuts a batch of `numel` elements as a small one.
   bool smallBatch(uint64_t numel, DataType dt) const {
     return topo_.hosts() == 1 && numel > 0 && numel * elementSize(dt) <= smallBytes_;
@@ -119,7 +124,7 @@ class FusionBufferScheduler {
   void skipBatch(Batch& b, const std::string& why);
   [[noreturn]] void failMismatch(Batch& b, const std::string& why);
   // The network step of a multi-host batch, pipelined over its steps
-  // (fusion_scheduler.cc).
+  // (cross_host.h).
   class CrossHost;
   int globalRank(int local) const { return topo_.ranksOfHost[topo_.hostIndex][local]; }
   // Across hosts, f16/bf16 host partials stay in f32 (in the result slots
@@ -130,12 +135,13 @@ class FusionBufferScheduler {
   // Elements of one shard per pipeline step: what a result slot holds.
   uint64_t chunkElems(DataType dt) const;
 
-  Communicator& comm_;
-  std::unique_ptr<HostSegment> segment_;
+  EngineContext& ctx_;
+  std::unique_ptr<HostSegment> segment_;  // null once released
   HostTopology topo_;
   int me_;      // this rank in the segment (its local rank)
   int leader_;  // global rank of this host's leader
   uint64_t fusionBytes_;
+  int servers_;  // reduction servers per host (the segment's), kept past release()
   int64_t streamSpinUs_ = 0;  // polling budget inside a batch's data steps
   uint64_t smallBytes_ = 0;   // SMDDP_SMALL_BYTES, at most one slot
   std::unique_ptr<ServerLinks> serverLinks_;  // worker thread only

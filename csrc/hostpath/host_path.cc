@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "common/param.h"
 #include "common/logging.h"
-#include "engine/communicator.h"
+#include "engine/engine_context.h"
 #include "hostpath/fusion_scheduler.h"
 #include "hostpath/host_segment.h"
 #include "server/server_auth.h"
@@ -76,23 +76,6 @@ void readHostPathParams(EngineConfig& c) {
   c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
 }
 
-void applyRegisteredServers(EngineConfig& c, const std::optional<RegisteredServers>& servers) {
-  if (servers) {
-    c.serverHosts = servers->hosts;
-    c.serverKey = servers->key;
-  }
-  const int64_t count = c.serverCount;
-  SMDDP_CHECK(count == 0 || c.serverHosts.empty() ||
-                  count == static_cast<int64_t>(c.serverHosts.size()),
-              kInvalidArgument,
-              "SMDDP_SERVER_COUNT=" + std::to_string(count) + " but SMDDP_SERVER_HOSTS lists " +
-                  std::to_string(c.serverHosts.size()) + " server(s)");
-  SMDDP_CHECK(count == 0 || !c.serverHosts.empty(), kInvalidArgument,
-              "SMDDP_SERVER_COUNT is set but no server addresses: torch_smddp looks them up in "
-              "the job's store when the group is made through torch.distributed "
-              "(python -m torch_smddp.server --rendezvous HOST:PORT --job SMDDP_SERVER_JOB)");
-}
-
 ServerLookup serverLookupParams() {
   ServerLookup l;
   l.count = paramServerCount();
@@ -112,6 +95,62 @@ unsigned onlineCores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Across hosts, each host server rank connects to every standalone
+// reduction server (SMDDP_SERVER_HOSTS), into `links`; every rank learns
+// which of them every server rank reached, so the whole group leaves out
+// the same ones (failover: a server that died, then a restarted job) or
+// raises the same error, instead of a timeout somewhere. Returns how many
+// the group uses.
+int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTopology& topo,
+                          const HostSegment& seg, std::unique_ptr<ServerLinks>* links) {
+  const EngineConfig& config = ctx.config();
+  const int K = static_cast<int>(config.serverHosts.size());
+  if (K == 0 || topo.hosts() == 1) return 0;
+  std::string error;
+  std::vector<std::string> unreachable;
+  const int stream = seg.serverIndexOf(topo.localRank);
+  if (stream >= 0) {
+    try {
+      ServerLinks::Identity me;
+      me.job = config.serverJob;
+      me.group = serverGroupId(ctx.jobSecret());  // the secret itself never leaves the group
+      me.hosts = topo.hosts();
+      me.host = topo.hostIndex;
+      me.stream = stream;
+      me.rank = ctx.rank();
+      me.key = workerServerKey(config.serverKey);
+      me.integrity = serverIntegrityParam();
+      me.maxPiece = seg.slotBytes();  // a step's pieces fit in one slot
+      const auto wait = std::min<std::chrono::milliseconds>(
+          std::chrono::seconds(config.serverWaitSeconds), ctx.timeout() / 2);
+      *links = std::make_unique<ServerLinks>(config.serverHosts, me, wait);
+      unreachable = (*links)->unreachable();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  auto reports = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "serverlinks",
+                                    reachStatus(error, unreachable, K), ctx.timeout());
+  const ServerVerdict verdict = agreeOnServers(reports, K, config.serverRequired);
+  if (!verdict.error.empty()) throwError(ErrorKind::kPeerLost, verdict.error);
+  const int inUse = verdict.inUse();
+  if (inUse < K) {
+    std::string text = "group '" + ctx.name() + "' goes on with " +
+                       std::to_string(inUse) + " of " + std::to_string(K) +
+                       " standalone reduction server(s), leaving out what some rank could not "
+                       "reach within SMDDP_SERVER_WAIT (SMDDP_SERVER_REQUIRED=1 makes that an "
+                       "error): ";
+    for (int i = 0, n = 0; i < K; ++i) {
+      if (!verdict.live[i]) text += (n++ ? "; " : "") + verdict.why[i];
+    }
+    if (ctx.rank() == 0) SMDDP_LOG(kWarn) << text;
+    else SMDDP_LOG(kDebug) << text;
+    if (*links) (*links)->keep(verdict.live);
+    if (inUse == 0) links->reset();
+  }
+  return inUse;
 }
 
 }  // namespace
@@ -143,12 +182,12 @@ bool HostTopology::uniform() const {
   return true;
 }
 
-std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstrap& bootstrap,
+std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstrap& bootstrap,
                                                     const std::vector<std::string>& hostOfRank,
                                                     const std::vector<std::string>& ownerOfRank,
                                                     std::string* reason, std::string* whyNot) {
-  const EngineConfig& config = comm.config();
-  HostTopology topo = HostTopology::of(hostOfRank, comm.rank());
+  const EngineConfig& config = ctx.config();
+  HostTopology topo = HostTopology::of(hostOfRank, ctx.rank());
   if (!topo.uniform()) {
     *reason = "the hosts hold different numbers of ranks";
     return nullptr;
@@ -191,14 +230,14 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
   try {
     PrefixBootstrap local(bootstrap, "host" + std::to_string(topo.hostIndex) + "/");
     seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers, slot, depth,
-                                        owner, comm.timeout());
+                                        owner, ctx.timeout());
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kTransport) throw;
     status = e.what();
   }
   // Every host must take the same path.
-  auto all = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "hostpath", status,
-                                comm.timeout());
+  auto all = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "hostpath", status,
+                                ctx.timeout());
   auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return s != "ok"; });
   if (bad != all.end()) {
     *reason = "shared memory is unavailable on some rank";
@@ -209,59 +248,9 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
     }
     return nullptr;
   }
-  // Across hosts, each host server rank connects to every standalone
-  // reduction server; every rank learns which of them every server rank
-  // reached, so the whole group leaves out the same ones (failover: a
-  // server that died, then a restarted job) or raises the same error,
-  // instead of a timeout somewhere.
-  const int K = static_cast<int>(config.serverHosts.size());
   std::unique_ptr<ServerLinks> links;
-  int inUse = 0;
-  if (K > 0 && topo.hosts() > 1) {
-    std::string error;
-    std::vector<std::string> unreachable;
-    const int stream = seg->serverIndexOf(topo.localRank);
-    if (stream >= 0) {
-      try {
-        ServerLinks::Identity me;
-        me.job = config.serverJob;
-        me.group = serverGroupId(comm.jobSecret());  // the secret itself never leaves the group
-        me.hosts = topo.hosts();
-        me.host = topo.hostIndex;
-        me.stream = stream;
-        me.rank = comm.rank();
-        me.key = workerServerKey(config.serverKey);
-        me.integrity = serverIntegrityParam();
-        me.maxPiece = slot;  // a step's pieces fit in one slot
-        const auto wait = std::min<std::chrono::milliseconds>(
-            std::chrono::seconds(config.serverWaitSeconds), comm.timeout() / 2);
-        links = std::make_unique<ServerLinks>(config.serverHosts, me, wait);
-        unreachable = links->unreachable();
-      } catch (const Error& e) {
-        error = e.what();
-      }
-    }
-    auto reports = bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "serverlinks",
-                                      reachStatus(error, unreachable, K), comm.timeout());
-    const ServerVerdict verdict = agreeOnServers(reports, K, config.serverRequired);
-    if (!verdict.error.empty()) throwError(ErrorKind::kPeerLost, verdict.error);
-    inUse = verdict.inUse();
-    if (inUse < K) {
-      std::string text = "group '" + comm.name() + "' goes on with " +
-                         std::to_string(inUse) + " of " + std::to_string(K) +
-                         " standalone reduction server(s), leaving out what some rank could not "
-                         "reach within SMDDP_SERVER_WAIT (SMDDP_SERVER_REQUIRED=1 makes that an "
-                         "error): ";
-      for (int i = 0, n = 0; i < K; ++i) {
-        if (!verdict.live[i]) text += (n++ ? "; " : "") + verdict.why[i];
-      }
-      if (comm.rank() == 0) SMDDP_LOG(kWarn) << text;
-      else SMDDP_LOG(kDebug) << text;
-      if (links) links->keep(verdict.live);
-      if (inUse == 0) links.reset();
-    }
-  }
-  auto scheduler = std::make_unique<FusionBufferScheduler>(comm, std::move(seg), std::move(topo),
+  const int inUse = linkStandaloneServers(ctx, bootstrap, topo, *seg, &links);
+  auto scheduler = std::make_unique<FusionBufferScheduler>(ctx, std::move(seg), std::move(topo),
                                                            config.fusionBytes);
   if (inUse > 0) {
     scheduler->setStandaloneServers(inUse);

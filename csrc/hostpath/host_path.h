@@ -12,8 +12,13 @@
 
 namespace smddp {
 
-class Communicator;
+class EngineContext;
 class FusionBufferScheduler;
+struct EngineConfig;
+
+// The host path's parameters (host_path.cc): segment geometry, fusion
+// size, standalone reduction servers.
+void readHostPathParams(EngineConfig& c);
 
 // Which ranks share a host. Hosts are numbered by their lowest rank.
 struct HostTopology {
@@ -50,7 +55,7 @@ ServerLookup serverLookupParams();
 // went wrong, for the one warning the caller gives (empty when the layout
 // alone rules the path out). `hostOfRank` and `ownerOfRank` (each rank's
 // shm owner tag, transport/shm_owner.h) come from the group's peer exchange.
-std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstrap& bootstrap,
+std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstrap& bootstrap,
                                                     const std::vector<std::string>& hostOfRank,
                                                     const std::vector<std::string>& ownerOfRank,
                                                     std::string* reason, std::string* whyNot);

@@ -10,13 +10,13 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/allreduce_path.h"  // kMaxFusedCalls: a plan holds that many calls
 #include "transport/bootstrap.h"
 
 namespace smddp {
 
 constexpr int kHostMaxRanks = 64;
 constexpr int kPlanDepth = 4;
-constexpr int kMaxFusedCalls = 256;
 constexpr size_t kAbortTextBytes = 2048;
 // How a rank's status starts when /dev/shm cannot hold the segment (the
 // caller then tells the user about --shm-size).

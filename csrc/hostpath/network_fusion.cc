@@ -1,5 +1,5 @@
-// Fusion batches on the network-only path: the cut rule, and the
-// Communicator's half that cuts a batch from its queue and runs it.
+// Fusion batches on the network-only path: the cut rule, and the path
+// that cuts a batch from the engine's queue and runs it.
 #include "hostpath/network_fusion.h"
 
 #include <algorithm>
@@ -7,9 +7,7 @@
 
 #include "common/error.h"
 #include "algorithms/algorithms.h"
-#include "engine/communicator.h"
 #include "engine/exchange.h"
-#include "hostpath/fusion_scheduler.h"
 #include "observe/timeline.h"
 
 namespace smddp {
@@ -40,10 +38,29 @@ uint32_t agreedCut(const std::vector<CutProposal>& proposals) {
   return cut;
 }
 
-CutProposal Communicator::proposeCut(const FusibleCall& first) {
+namespace {
+
+class NetworkFusion final : public NetworkPath {
+ public:
+  NetworkFusion(EngineContext& ctx, std::string why) : NetworkPath(ctx, std::move(why)) {}
+  bool fuses() const override { return true; }
+  void run(AllreduceBatch& batch) override;
+
+ private:
+  // What this rank could fuse from batch.first() on: the calls already in
+  // its own queue (so issued here).
+  CutProposal proposeCut(AllreduceBatch& batch) const;
+  // The cut's calls after the first, from this rank's queue, in order.
+  std::vector<AllreduceCall*> takeRest(AllreduceBatch& batch, uint32_t cut) const;
+
+  uint64_t batches_ = 0;  // batches run: worker thread only
+};
+
+CutProposal NetworkFusion::proposeCut(AllreduceBatch& batch) const {
   // Only what is queued now: every call in it is issued on this rank, so
   // the agreed cut (the least over the ranks) holds only calls every rank
   // has issued, and no rank waits for a call its caller has not made.
+  const AllreduceCall& first = batch.first();
   CutProposal p;
   p.count = 1;
   p.dtype = static_cast<uint8_t>(first.dtype);
@@ -51,97 +68,96 @@ CutProposal Communicator::proposeCut(const FusibleCall& first) {
   p.numel[0] = first.numel;
   const size_t es = elementSize(first.dtype);
   uint64_t bytes = first.numel * es;
-  std::lock_guard<std::mutex> lock(queueMu_);
-  // A call that overlaps an earlier call the batch could hold is fenced
-  // (enqueue): the batch ends before it.
-  auto fence = std::upper_bound(fences_.begin(), fences_.end(), first.seq);
-  const uint64_t fencedFrom = fence == fences_.end() ? UINT64_MAX : *fence;
-  for (const Task& t : queue_) {
-    if (p.count >= static_cast<uint32_t>(kMaxFusedCalls) || t.p2p || !t.fusible) break;
-    const FusibleCall& c = *t.fusible;
-    if (c.seq != first.seq + p.count || c.seq >= fencedFrom || c.dtype != first.dtype ||
-        c.op != first.op || bytes + c.numel * es > config_.fusionBytes) {
-      break;
+  // The visit stops before an overlap fence: the batch ends there.
+  batch.visitQueued([&](const AllreduceCall& c) {
+    if (p.count >= static_cast<uint32_t>(kMaxFusedCalls) || c.seq != first.seq + p.count ||
+        c.dtype != first.dtype || c.op != first.op ||
+        bytes + c.numel * es > ctx_.config().fusionBytes) {
+      return false;
     }
     p.numel[p.count++] = c.numel;
     bytes += c.numel * es;
-  }
+    return true;
+  });
   return p;
 }
 
-void Communicator::runNetworkBatch(std::vector<Task>& tasks, CallPath path, bool onCaller) {
-  // tasks grows below (pointers into it move): keep what is needed by value.
-  const std::shared_ptr<FusibleCall> first = tasks[0].fusible;
-  const uint64_t firstSeq = tasks[0].seq;
+std::vector<AllreduceCall*> NetworkFusion::takeRest(AllreduceBatch& batch, uint32_t cut) const {
+  // Each was in this rank's proposal, and only this thread takes from the
+  // queue: a call missing there is an engine fault.
+  const uint64_t firstSeq = batch.first().seq;
+  std::vector<AllreduceCall*> rest;
+  for (uint32_t i = 1; i < cut; ++i) {
+    AllreduceCall* next = nullptr;
+    auto expected = [&](const AllreduceCall& c) { return c.seq == firstSeq + i; };
+    if (batch.takeNext(std::chrono::microseconds(0), expected, &next) !=
+        AllreduceBatch::Take::kTaken) {
+      throwError(ErrorKind::kInternal, "smddp: call " + std::to_string(firstSeq + i) +
+                                           " of a fusion batch left the queue");
+    }
+    rest.push_back(next);
+  }
+  return rest;
+}
+
+void NetworkFusion::run(AllreduceBatch& batch) {
+  const AllreduceCall& first = batch.first();
   const int64_t tlBegin = timeline::on() ? timeline::nowNs() : 0;
   // 1. The first call runs at once, and every rank's proposal rides in its
   //    exchange: one small message to each peer, sent with the data, so a
   //    call that fuses with nothing costs no extra round trip.
-  std::vector<CutProposal> all(static_cast<size_t>(size()));
-  all[static_cast<size_t>(rank())] = proposeCut(*first);
-  const CutProposal& mine = all[static_cast<size_t>(rank())];
+  const int rank = ctx_.rank();
+  std::vector<CutProposal> all(static_cast<size_t>(ctx_.size()));
+  all[static_cast<size_t>(rank)] = proposeCut(batch);
+  const CutProposal& mine = all[static_cast<size_t>(rank)];
   auto proposals = [&](Exchange& ex) {
-    for (int p = 0; p < size(); ++p) {
-      if (p == rank()) continue;
+    for (int p = 0; p < ctx_.size(); ++p) {
+      if (p == rank) continue;
       ex.recv(p, kPhaseCut, 0, &all[static_cast<size_t>(p)], sizeof(CutProposal));
       ex.send(p, kPhaseCut, 0, 0, &mine, sizeof(CutProposal));
     }
   };
-  allreduceBuffers(*this, firstSeq, first->bufs, first->dtype, first->op, proposals);
+  allreduceBuffers(ctx_, first.seq, first.bufs, first.dtype, first.op, proposals);
   // 2. The same proposals on every rank give the same cut.
   uint32_t cut = 1;
   try {
     cut = agreedCut(all);
   } catch (const Error& e) {
-    throwError(e.kind(), "smddp: " + tasks[0].name() + " at sequence " + std::to_string(firstSeq) +
-                             ": " + e.what());
+    throwError(e.kind(), "smddp: " + first.signature().describe() + " at sequence " +
+                             std::to_string(first.seq) + ": " + e.what());
   }
-  noteBatchCut(firstSeq + cut);
-  // 3. The rest of the cut from this rank's queue: each was in its proposal,
-  //    and only this thread takes from the queue.
-  std::vector<Buffer> rest;
+  batch.noteCut(first.seq + cut);
+  // 3. The rest of the cut as one buffer, under its first call's sequence
+  //    number (each rank's cut is the same, so are the numbers and sizes).
+  const std::vector<AllreduceCall*> rest = takeRest(batch, cut);
+  std::vector<Buffer> restBufs;
   uint64_t restNumel = 0;
-  for (uint32_t i = 1; i < cut; ++i) {
-    {
-      std::lock_guard<std::mutex> lock(queueMu_);
-      if (stopping_) {
-        throwError(ErrorKind::kAborted, "smddp: " + tasks[0].name() + " at sequence " +
-                                            std::to_string(firstSeq) +
-                                            ": the process group was shut down");
-      }
-      if (queue_.empty() || !queue_.front().fusible || queue_.front().seq != firstSeq + i) {
-        throwError(ErrorKind::kInternal, "smddp: call " + std::to_string(firstSeq + i) +
-                                             " of a fusion batch left the queue");
-      }
-      tasks.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-      queued_.store(queue_.size(), std::memory_order_release);
-    }
-    Task& t = tasks.back();
-    if (recorder_) {
-      recorder_->started(t.seq, path, firstSeq, onCaller, std::chrono::steady_clock::now());
-    }
-    // Every call before it has completed or rides in this batch, which
-    // touches none of its memory (fences_).
-    if (t.prepare) t.prepare();
-    for (const Buffer& b : t.fusible->bufs) rest.push_back(b);
-    restNumel += t.fusible->numel;
+  for (const AllreduceCall* c : rest) {
+    restBufs.insert(restBufs.end(), c->bufs.begin(), c->bufs.end());
+    restNumel += c->numel;
   }
-  // 4. The rest as one buffer, under its first call's sequence number
-  //    (each rank's cut is the same, so are the numbers and the sizes).
   if (restNumel > 0) {
-    allreduceBuffers(*this, firstSeq + 1, rest, first->dtype, first->op, nullptr);
+    allreduceBuffers(ctx_, first.seq + 1, restBufs, first.dtype, first.op, nullptr);
   }
-  for (const Task& t : tasks) control_.noteSignature(t.seq, t.fusible->signature());
-  const uint64_t bytes = (first->numel + restNumel) * elementSize(first->dtype);
-  stats_.fusionFlushes++;
-  stats_.fusionBytes += bytes;
-  stats_.fusedCalls += tasks.size();
+  ControlPlane& control = ctx_.control();
+  control.noteSignature(first.seq, first.signature());
+  for (const AllreduceCall* c : rest) control.noteSignature(c->seq, c->signature());
+  const uint64_t bytes = (first.numel + restNumel) * elementSize(first.dtype);
+  StatsCounters& stats = ctx_.counters();
+  stats.fusionFlushes++;
+  stats.fusionBytes += bytes;
+  stats.fusedCalls += cut;
   if (timeline::on()) {
-    timeline::batch(opts_.name, netBatches_, firstSeq, static_cast<uint32_t>(tasks.size()), bytes,
-                    false, tlBegin, timeline::nowNs());
+    timeline::batch(ctx_.name(), batches_, first.seq, cut, bytes, false, tlBegin,
+                    timeline::nowNs());
   }
-  ++netBatches_;
+  ++batches_;
+}
+
+}  // namespace
+
+std::unique_ptr<AllreducePath> openNetworkFusion(EngineContext& ctx, std::string why) {
+  return std::make_unique<NetworkFusion>(ctx, std::move(why));
 }
 
 }  // namespace smddp

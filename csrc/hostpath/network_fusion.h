@@ -5,10 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
-#include "hostpath/host_segment.h"  // kMaxFusedCalls
+#include "engine/allreduce_path.h"  // kMaxFusedCalls
+#include "engine/engine_context.h"
 
 namespace smddp {
 
@@ -32,5 +35,11 @@ struct CutProposal {
 // sides named. At least 1 (the first call, which runs in any case).
 // Throws kProtocol naming the rank whose proposal is unreadable.
 uint32_t agreedCut(const std::vector<CutProposal>& proposals);
+
+// The network-only allreduce path that fuses queued calls: a batch starts
+// with its first call, whose exchange carries every rank's proposal; the
+// agreed cut's other calls are reduced as one buffer. `why` says why
+// allreduce stays on the network, for the group's description.
+std::unique_ptr<AllreducePath> openNetworkFusion(EngineContext& ctx, std::string why);
 
 }  // namespace smddp

@@ -56,6 +56,8 @@ class Endpoint {
   // Reads up to `max` completions, error entries included. Never blocks.
   size_t poll(Completion* out, size_t max);
 
+  // The provider's max_msg_size: the longest message, header included, it
+  // carries (EngineContext::maxPayloadBytes turns it into a check).
   size_t maxMessageSize() const { return maxMsgSize_; }
 
  private:

@@ -125,7 +125,7 @@ constexpr uint64_t kP2PAnySourceIgnore = 0;
 // Throws (kInternal) when phase or chunk does not fit its field.
 uint64_t makeTag(TagClass cls, uint64_t seq, uint32_t phase, uint32_t chunk);
 // Matches every class-1 tag. Not used for posted receives: ignore bits
-// break libfabric 1.17's shm tag matching (see engine/communicator.cc).
+// break libfabric 1.17's shm tag matching (see engine/control_frames.cc).
 constexpr uint64_t kErrorTagIgnore = (1ULL << 60) - 1;
 constexpr uint32_t kMaxChunksPerPhase = 1u << 24;
 // The chunk field of the network step of a multi-host batch: the step

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "algorithms/collective_calls.h"
 #include "engine/communicator.h"
 #include "world.h"
 
@@ -69,7 +70,7 @@ TEST_CASE("coalesced allreduce, broadcast, allgather and barrier", "[collectives
       for (int root = 0; root < n; ++root) {
         std::vector<double> v(3000, r == root ? 1.5 * root : -1.0);
         std::promise<void> p;
-        comm.broadcast({{v.data(), v.size()}}, DataType::kFloat64, root,
+        broadcast(comm, {{v.data(), v.size()}}, DataType::kFloat64, root,
                        [&](std::exception_ptr e) { e ? p.set_exception(e) : p.set_value(); });
         p.get_future().get();
         for (auto x : v) if (x != 1.5 * root) return "broadcast wrong";
@@ -80,12 +81,12 @@ TEST_CASE("coalesced allreduce, broadcast, allgather and barrier", "[collectives
       std::vector<Buffer> outs;
       for (auto& o : out) outs.push_back({o.data(), o.size()});
       std::promise<void> p2;
-      comm.allgather({in.data(), in.size()}, outs, DataType::kInt64,
+      allgather(comm, {in.data(), in.size()}, outs, DataType::kInt64,
                      [&](std::exception_ptr e) { e ? p2.set_exception(e) : p2.set_value(); });
       p2.get_future().get();
       for (int q = 0; q < n; ++q) for (auto x : out[q]) if (x != q + 7) return "allgather wrong";
       std::promise<void> p3;
-      comm.barrier([&](std::exception_ptr e) { e ? p3.set_exception(e) : p3.set_value(); });
+      barrier(comm, [&](std::exception_ptr e) { e ? p3.set_exception(e) : p3.set_value(); });
       p3.get_future().get();
       return "";
     });

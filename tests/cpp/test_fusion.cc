@@ -22,6 +22,8 @@
 using namespace smddp;
 using smddp::test::runWorld;
 using smddp::test::ScopedEnv;
+using smddp::test::fusesOnNetwork;
+using smddp::test::usesHostPath;
 
 namespace {
 
@@ -116,7 +118,7 @@ std::string skewedJob(Communicator& comm, int calls, bool leaderBursts) {
   // Every rank follows rank 0's cut (on its host or, across hosts, as its
   // host's leader took it), so every rank must have fused.
   Stats s = comm.stats();
-  if (leaderBursts && comm.usesHostPath() && s.fusedCalls <= s.fusionFlushes) {
+  if (leaderBursts && usesHostPath(comm) && s.fusedCalls <= s.fusionFlushes) {
     return "rank " + std::to_string(r) + ": no call was fused: " + std::to_string(s.fusedCalls) +
            " calls in " + std::to_string(s.fusionFlushes) + " buffers";
   }
@@ -163,7 +165,7 @@ TEST_CASE("a tiny fusion budget and the network path give the same results", "[f
   SECTION("SMDDP_SHM_ALLREDUCE=0: reduction servers over libfabric") {
     ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
     auto results = runWorld(3, [](Communicator& comm) {
-      if (comm.usesHostPath()) return std::string("host path used although disabled");
+      if (usesHostPath(comm)) return std::string("host path used although disabled");
       return skewedJob(comm, 40, false);
     });
     for (const auto& r : results) CHECK(r == "");
@@ -198,8 +200,8 @@ TEST_CASE("SMDDP_SERVERS_PER_NODE sets how many ranks reduce", "[fusion]") {
   for (int servers : {1, 2, 4}) {
     ScopedEnv sv("SMDDP_SERVERS_PER_NODE", std::to_string(servers));
     auto results = runWorld(4, [servers](Communicator& comm) -> std::string {
-      if (comm.reductionServers() != servers) {
-        return "reductionServers() = " + std::to_string(comm.reductionServers());
+      if (comm.allreducePath().reductionServers() != servers) {
+        return "reductionServers() = " + std::to_string(comm.allreducePath().reductionServers());
       }
       std::string err = skewedJob(comm, 30, false);
       if (!err.empty()) return err;
@@ -238,10 +240,10 @@ TEST_CASE("SMDDP_SERVERS_PER_NODE on the network path", "[fusion][hosts]") {
     auto results = runWorld(
         n,
         [&l](Communicator& comm) -> std::string {
-          if (comm.usesHostPath()) return "the shared-memory path was used";
-          if (comm.networkServers() != l.serverRanks) {
+          if (usesHostPath(comm)) return "the shared-memory path was used";
+          if (comm.context().networkServers() != l.serverRanks) {
             std::string got;
-            for (int r : comm.networkServers()) got += std::to_string(r) + " ";
+            for (int r : comm.context().networkServers()) got += std::to_string(r) + " ";
             return "networkServers() = " + got;
           }
           std::string err = skewedJob(comm, 30, false);
@@ -309,8 +311,8 @@ TEST_CASE("pretend hosts reduce through their segments, then between hosts", "[f
     auto results = runWorld(
         l.world,
         [l](Communicator& comm) -> std::string {
-          if (comm.usesHostPath() != (l.perHost > 1)) {
-            return std::string("usesHostPath() = ") + (comm.usesHostPath() ? "true" : "false");
+          if (usesHostPath(comm) != (l.perHost > 1)) {
+            return std::string("usesHostPath() = ") + (usesHostPath(comm) ? "true" : "false");
           }
           // Rank 0 issues in bursts: its cut holds several calls, and
           // every other host's leader must take the same cut.

@@ -21,6 +21,8 @@
 using namespace smddp;
 using smddp::test::runWorld;
 using smddp::test::ScopedEnv;
+using smddp::test::fusesOnNetwork;
+using smddp::test::usesHostPath;
 using namespace reduce_ref;
 
 namespace {
@@ -220,7 +222,7 @@ TEST_CASE("f16/bf16 across pretend hosts accumulate in f32 and round once",
   for (bool hostPath : {true, false}) {
     ScopedEnv path("SMDDP_SHM_ALLREDUCE", hostPath ? "1" : "0");
     auto results = runWorld(4, [hostPath](Communicator& comm) -> std::string {
-      if (comm.usesHostPath() != hostPath) return "wrong allreduce path";
+      if (usesHostPath(comm) != hostPath) return "wrong allreduce path";
       return halfAcrossHostsJob(comm);
     }, std::chrono::milliseconds(30000), std::chrono::seconds(90), [](int r) {
       setenv("SMDDP_HOST_ID", r < 2 ? "hostA" : "hostB", 1);
@@ -238,7 +240,7 @@ TEST_CASE("overlapping allreduces keep call order on the network-only path",
   // whose calls overlap (only rank 1 reuses its buffer) ends it for all.
   ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
   auto results = runWorld(3, [](Communicator& comm) {
-    if (!comm.fusesOnNetwork()) return std::string("network fusion is off");
+    if (!fusesOnNetwork(comm)) return std::string("network fusion is off");
     return overlappingCallsJob(comm);
   });
   for (const auto& r : results) CHECK(r == "");

@@ -16,6 +16,8 @@
 using namespace smddp;
 using smddp::test::runWorld;
 using smddp::test::ScopedEnv;
+using smddp::test::fusesOnNetwork;
+using smddp::test::usesHostPath;
 
 namespace {
 
@@ -75,7 +77,7 @@ TEST_CASE("queued allreduces fuse on the network-only path", "[netfusion]") {
   ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
   for (int n : {2, 3}) {
     auto results = runWorld(n, [](Communicator& comm) -> std::string {
-      if (comm.usesHostPath() || !comm.fusesOnNetwork()) return "wrong allreduce path";
+      if (usesHostPath(comm) || !fusesOnNetwork(comm)) return "wrong allreduce path";
       const int r = comm.rank();
       const int size = comm.size();
       // A large call first, so the small ones queue behind it on every rank.

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "algorithms/collective_calls.h"
 #include "engine/communicator.h"
 #include "engine/exchange.h"
 #include "world.h"
@@ -39,7 +40,7 @@ constexpr uint8_t kGuard = 0xa5;
 
 std::string barrierSync(Communicator& comm) {
   std::promise<std::exception_ptr> p;
-  comm.barrier([&](std::exception_ptr e) { p.set_value(e); });
+  barrier(comm, [&](std::exception_ptr e) { p.set_value(e); });
   auto e = p.get_future().get();
   if (!e) return "";
   try {
@@ -71,7 +72,7 @@ TEST_CASE("an exchange that gives up leaves no receive that can still write its 
       for (size_t i = 0; i < mem.size(); ++i) mem[i] = static_cast<uint8_t>(i * 7 + 1);
       // Sends whose receives were cancelled never complete: this run ends
       // in its (short) timeout, which is expected.
-      Exchange ex(comm, kSeq, sig, std::chrono::milliseconds(4000));
+      Exchange ex(comm.context(), kSeq, sig, std::chrono::milliseconds(4000));
       for (uint32_t k = 0; k < kChunks; ++k) {
         ex.send(0, 0, k, k * kChunk, mem.data() + k * kChunk, kChunk);
       }
@@ -83,7 +84,7 @@ TEST_CASE("an exchange that gives up leaves no receive that can still write its 
     }
     bool threw = false;
     {
-      Exchange ex(comm, kSeq, sig);
+      Exchange ex(comm.context(), kSeq, sig);
       bool first = true;
       for (uint32_t k = 0; k < kChunks; ++k) {
         ex.recv(1, 0, k, mem.data() + k * kChunk, kChunk, [&] {
@@ -103,7 +104,7 @@ TEST_CASE("an exchange that gives up leaves no receive that can still write its 
     std::memset(mem.data(), kGuard, mem.size());
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
     while (std::chrono::steady_clock::now() < until) {
-      if (comm.progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (comm.context().progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     for (size_t i = 0; i < mem.size(); ++i) {
       if (mem[i] != kGuard) {
@@ -162,11 +163,11 @@ TEST_CASE("a failed call's memory outlives the sends it left posted", "[stuck][h
       // Rank 0's sends are posted by now; nothing is queued here, so this
       // thread may use the endpoint.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      comm.control().broadcastError(0, "test: rank 1 gives up on this call", 1, false);
+      comm.context().control().broadcastError(0, "test: rank 1 gives up on this call", 1, false);
       if (!waitFlag("failed")) return "rank 0 never reported its failed call";
       std::vector<uint8_t> got(kBytes, 0);
       std::promise<std::exception_ptr> p;
-      comm.broadcast({{got.data(), kBytes}}, DataType::kUInt8, 0,
+      broadcast(comm, {{got.data(), kBytes}}, DataType::kUInt8, 0,
                      [&](std::exception_ptr e) { p.set_value(e); });
       if (auto e = p.get_future().get()) {
         try {
@@ -192,7 +193,7 @@ TEST_CASE("a failed call's memory outlives the sends it left posted", "[stuck][h
     std::weak_ptr<std::vector<uint8_t>> watch = mem;
     std::promise<std::exception_ptr> p;
     uint8_t* data = mem->data();
-    comm.broadcast({{data, kBytes}}, DataType::kUInt8, 0,
+    broadcast(comm, {{data, kBytes}}, DataType::kUInt8, 0,
                    [&p, keep = std::move(mem)](std::exception_ptr e) { p.set_value(e); });
     auto e = p.get_future().get();
     if (!e) return "rank 0's broadcast succeeded although rank 1 reported a failure";

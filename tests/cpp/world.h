@@ -23,9 +23,19 @@
 #include <vector>
 
 #include "engine/communicator.h"
+#include "hostpath/allreduce_paths.h"
 #include "transport/bootstrap.h"
 
 namespace smddp::test {
+
+// Allreduce runs through the host's shared-memory segment.
+inline bool usesHostPath(const Communicator& comm) {
+  return comm.allreducePath().throughHostSegment();
+}
+// Allreduce runs over libfabric only and fuses queued calls there.
+inline bool fusesOnNetwork(const Communicator& comm) {
+  return comm.allreducePath().fuses() && !usesHostPath(comm);
+}
 
 // Sets an environment variable for the lifetime of the object (children
 // inherit it).
@@ -67,7 +77,7 @@ inline std::vector<std::string> runWorld(
         opts.size = size;
         opts.timeout = timeout;
         opts.name = "test";
-        Communicator comm(boot, opts);
+        Communicator comm(boot, opts, standardEngineParts());
         result = fn(comm);
       } catch (const std::exception& e) {
         result = std::string("rank threw: ") + e.what();

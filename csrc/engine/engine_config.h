@@ -1,0 +1,71 @@
+// A group's options and tunables. CommOptions come from the caller (rank,
+// size, timeout, name); EngineConfig holds every layer's SMDDP_* values,
+// read once per group. Each layer reads its own, next to the code that
+// uses them (the NCCL_PARAM pattern): the engine's here, the algorithms'
+// and the host path's above it; hostpath/allreduce_paths.h assembles them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/server_wire.h"
+
+namespace smddp {
+
+// Standalone reduction servers found in a store (torch_smddp/__init__.py:
+// registered by python -m torch_smddp.server --rendezvous), in place of
+// SMDDP_SERVER_HOSTS, with the key generated for the job there.
+struct RegisteredServers {
+  std::vector<ServerAddress> hosts;
+  std::string key;  // never logged
+};
+
+struct CommOptions {
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{300000};
+  std::string name = "default";  // for messages and logs
+  std::optional<RegisteredServers> servers;
+};
+
+struct EngineConfig {
+  // engine/ (readEngineParams)
+  uint64_t chunkBytes = 0;
+  int64_t maxPostedRecvs = 0;
+  int64_t spinUs = 0;
+  int64_t sleepUs = 0;
+  bool hostPath = false;       // allreduce through the host's shared memory segment
+  int64_t serversPerNode = 0;  // reduction servers per host; 0 = every rank
+  // algorithms/ (readAllreduceParams)
+  uint64_t minShardBytes = 0;
+  int64_t ringDepth = 0;  // 0 (auto) until the engine resolves it: 4, or 2 across hosts
+  // hostpath/ (readHostPathParams, readFusionParams)
+  int64_t streamSpinUs = 0;    // polling inside a shared-memory batch's data steps
+  uint64_t fusionBytes = 0;    // fusion buffer budget
+  uint64_t shmSlotBytes = 0;   // one pipeline step of one shard
+  int64_t shmDepth = 0;        // pipeline steps in flight
+  uint64_t streamingBytes = 0; // batches this large write results with streaming stores
+  uint64_t smallBytes = 0;     // batches up to this size: one step, every rank reduces all parts
+  std::vector<ServerAddress> serverHosts;  // standalone reduction servers (SMDDP_SERVER_HOSTS)
+  std::string serverJob;                   // SMDDP_SERVER_JOB
+  int64_t serverCount = 0;                 // SMDDP_SERVER_COUNT
+  std::string serverKey;                   // the key a store handed out (else the key file)
+  int serverSharePercent = -1;             // SMDDP_SERVER_SHARE (-1: balanced)
+  int64_t serverWaitSeconds = 60;          // SMDDP_SERVER_WAIT
+  bool serverRequired = false;             // SMDDP_SERVER_REQUIRED
+};
+
+// The engine's own parameters: the engine thread's polling, the path
+// choice, the servers per host (communicator.cc) and the exchange's wire
+// chunking and posted receives (readExchangeParams, exchange.cc).
+void readEngineParams(EngineConfig& c);
+void readExchangeParams(EngineConfig& c);
+// Servers a store handed out replace SMDDP_SERVER_HOSTS; then the lists
+// must agree with SMDDP_SERVER_COUNT (engine_context.cc; the group's
+// constructor calls it). Throws kInvalidArgument.
+void applyRegisteredServers(EngineConfig& c, const std::optional<RegisteredServers>& servers);
+
+}  // namespace smddp

@@ -1,0 +1,302 @@
+// The engine context (engine_context.h): the group's set-up up to its
+// endpoint, progress(), which hands each completion to its owner, the
+// running call's memory, and the release of it all at shutdown.
+#include "engine/engine_context.h"
+
+#include <rdma/fi_errno.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+
+#include "common/crypto.h"
+#include "common/logging.h"
+#include "engine/exchange.h"
+
+namespace smddp {
+
+namespace {
+
+// From the OS's CSPRNG (common/crypto.h): it guards the group's frames,
+// liveness hellos and error frames against anyone who does not read the
+// store.
+uint64_t randomSecret() {
+  uint64_t s = 0;
+  randomBytes(&s, sizeof(s));
+  return s ? s : 1;
+}
+
+}  // namespace
+
+void applyRegisteredServers(EngineConfig& c, const std::optional<RegisteredServers>& servers) {
+  if (servers) {
+    c.serverHosts = servers->hosts;
+    c.serverKey = servers->key;
+  }
+  const int64_t count = c.serverCount;
+  SMDDP_CHECK(count == 0 || c.serverHosts.empty() ||
+                  count == static_cast<int64_t>(c.serverHosts.size()),
+              kInvalidArgument,
+              "SMDDP_SERVER_COUNT=" + std::to_string(count) + " but SMDDP_SERVER_HOSTS lists " +
+                  std::to_string(c.serverHosts.size()) + " server(s)");
+  SMDDP_CHECK(count == 0 || !c.serverHosts.empty(), kInvalidArgument,
+              "SMDDP_SERVER_COUNT is set but no server addresses: torch_smddp looks them up in "
+              "the job's store when the group is made through torch.distributed "
+              "(python -m torch_smddp.server --rendezvous HOST:PORT --job SMDDP_SERVER_JOB)");
+}
+
+EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineConfig config,
+                             std::vector<std::string>& shmTrouble)
+    : rank_(opts.rank), size_(opts.size), name_(opts.name), timeoutMs_(opts.timeout.count()),
+      config_(std::move(config)) {
+  applyRegisteredServers(config_, opts.servers);  // the key lives on in config_ only
+  SMDDP_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, kInvalidArgument,
+              "invalid rank " + std::to_string(rank_) + " for world size " +
+                  std::to_string(size_));
+  // 0. This group instance's own key space: a store reused by a later
+  //    group (or a restarted job) still holds the keys of earlier ones.
+  storePrefix_ = "smddp/" + joinGroupInstance(store, rank_, size_, opts.timeout, name_) + "/";
+  PrefixBootstrap bootstrap(store, storePrefix_);
+  // 1. Who is where: host identity, pid, PID namespace and shm owner of every rank.
+  peers_.gather(bootstrap, rank_, size_, opts.timeout);
+  placeNetworkServers();
+  // The network path's receive ring: across hosts, more than two chunks
+  // per peer in flight only queue at the link (benchmarks/RESULTS.md,
+  // "The network path's ring across hosts").
+  if (config_.ringDepth == 0) config_.ringDepth = peers_.oneHost() ? 4 : 2;
+  // 2. The same provider on every rank (everyone saw the same host list).
+  provider_ = chooseProvider(peers_.oneHost(), &providerReason_);
+  // 3. A per-group secret: frames without it are dropped.
+  agreeOnSecret(bootstrap);
+  sink_.reserve();
+  // 4. Endpoint and addresses, then the control plane's receives.
+  openEndpoint(bootstrap, shmTrouble);
+  auto names = bootstrapAllGather(bootstrap, rank_, size_, "addr", endpoint_->name(), opts.timeout);
+  peers_.watch(bootstrap, *endpoint_, endpoint_->insertPeers(names), jobSecret_, opts.timeout);
+  control_.start(*endpoint_, jobSecret_, overflowSink());
+}
+
+EngineContext::~EngineContext() = default;
+
+void EngineContext::placeNetworkServers() {
+  // Network-path reduction servers: every rank, or SMDDP_SERVERS_PER_NODE
+  // ranks per host spread over its ranks (as on the shared-memory path).
+  for (const auto& ranks : peers_.ranksByHost()) {
+    const int local = static_cast<int>(ranks.size());
+    const int k = config_.serversPerNode > 0
+                      ? std::min<int>(local, static_cast<int>(config_.serversPerNode))
+                      : local;
+    for (int s = 0; s < k; ++s) netServers_.push_back(ranks[s * local / k]);
+  }
+  std::sort(netServers_.begin(), netServers_.end());
+}
+
+void EngineContext::agreeOnSecret(Bootstrap& bootstrap) {
+  if (rank_ == 0) {
+    jobSecret_ = randomSecret();
+    bootstrap.set("secret", std::to_string(jobSecret_));
+  } else {
+    jobSecret_ = std::stoull(bootstrap.get("secret", timeout()));
+  }
+}
+
+void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>& shmTrouble) {
+  // libfabric's shm provider refuses a /dev/shm it finds too small, and
+  // its region may not fit: then every rank of the one-host job takes tcp
+  // instead (never one rank alone).
+  const bool forced = providerReason_.rfind("SMDDP_FI_PROVIDER", 0) == 0;
+  std::string shmStatus = "ok";
+  try {
+    fabric_ = std::make_shared<Fabric>(provider_);
+    endpoint_ = std::make_unique<Endpoint>(fabric_);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kTransport || provider_ != "shm" || forced) throw;
+    shmStatus = e.what();
+    endpoint_.reset();
+    fabric_.reset();
+  }
+  if (provider_ == "shm" && !forced) {
+    auto verdicts =
+        bootstrapAllGather(bootstrap, rank_, size_, "shmprovider", shmStatus, timeout());
+    auto bad = std::find_if(verdicts.begin(), verdicts.end(),
+                            [](const std::string& v) { return v != "ok"; });
+    if (bad != verdicts.end()) {
+      // libfabric refuses shm when /dev/shm has less free space than its
+      // region size times the cores, and our reservation may not fit.
+      shmTrouble.push_back("libfabric's shm provider is unusable on rank " +
+                           std::to_string(bad - verdicts.begin()) + " (" + *bad +
+                           "; it wants its region size per core free in /dev/shm)");
+      provider_ = "tcp;ofi_rxm";
+      providerReason_ = "one host, but the shm provider is unusable on some rank";
+      endpoint_.reset();
+      fabric_.reset();
+    }
+  }
+  if (!endpoint_) {
+    fabric_ = std::make_shared<Fabric>(provider_);
+    endpoint_ = std::make_unique<Endpoint>(fabric_);
+  }
+  const size_t max = endpoint_->maxMessageSize();
+  maxPayload_ = max > sizeof(FrameHeader) ? max - sizeof(FrameHeader) : 0;
+}
+
+size_t EngineContext::progress() {
+  if (quarantined_) return 0;
+  Completion batch[16];
+  size_t n = endpoint_->poll(batch, 16);
+  progressing_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{progressing_};
+  if (control_.hasPending()) control_.retryPending();
+  for (size_t i = 0; i < n; ++i) {
+    Request* r = static_cast<Request*>(batch[i].context);
+    if (!r || !requests_.owns(r)) continue;
+    if (r->owner) {
+      r->owner->complete(r, batch[i]);
+    } else if (r->onComplete) {
+      auto onComplete = std::move(r->onComplete);
+      r->onComplete = nullptr;
+      --p2pInFlight_;
+      onComplete(r, batch[i]);
+      requests_.release(r);
+    } else if (r->type == Request::Type::kErrorRecv) {
+      control_.handleFrame(r, batch[i]);
+    } else {
+      requests_.release(r);  // orphaned, cancelled, or a fire-and-forget error send
+    }
+  }
+  return n;
+}
+
+void EngineContext::quarantine(const std::string& why) {
+  if (quarantined_) return;
+  quarantined_ = true;
+  control_.markBroken(why);
+  SMDDP_LOG(kWarn) << "group '" << name_ << "' rank " << rank_
+                   << " stops using its endpoint: " << why;
+  failP2P(why, false);
+}
+
+std::string EngineContext::withDesyncReport(const Error& e) {
+  // Only a timeout asks: a lost peer is named in its error already, and its
+  // survivors must fail within moments of noticing (a rank cut off from the
+  // store, on a host whose link went down, would wait out the budget).
+  if (!desync_ || desyncReported_ || e.kind() != ErrorKind::kTimeout || control_.broken()) {
+    return e.what();
+  }
+  desyncReported_ = true;
+  // Long enough for a store round trip to every rank on a loaded host
+  // (the answering threads may wait for a core), short next to the
+  // timeout that brought us here.
+  const auto budget = std::clamp(timeout() / 2, std::chrono::milliseconds(1000),
+                                 std::chrono::milliseconds(5000));
+  const std::string report =
+      desync_->collect(budget, [this](int r) { return peers_.lost(r); }, e.what());
+  return std::string(e.what()) + ". Desync report: " + report;
+}
+
+uint8_t* EngineContext::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+uint8_t* EngineContext::fusionBuffer(size_t bytes) {
+  if (fusion_.size() < bytes) fusion_.resize(bytes);
+  return fusion_.data();
+}
+
+void EngineContext::holdForSend(Request* r) {
+  if (!callHeld_) callHeld_ = std::make_shared<HeldMemory>();
+  r->held = callHeld_;
+  stats_.abandonedSendsHeld++;
+}
+
+std::shared_ptr<HeldMemory> EngineContext::detachHeldMemory() {
+  if (!callHeld_) return nullptr;
+  callHeld_->scratch.swap(scratch_);
+  callHeld_->fusion.swap(fusion_);
+  return std::move(callHeld_);  // the sends hold it now
+}
+
+void EngineContext::failP2P(const std::string& why, bool timedOut) {
+  std::vector<Request*> p2p;
+  for (auto& [raw, owned] : requests_.live()) {
+    if (raw->onComplete) p2p.push_back(raw);
+  }
+  for (Request* r : p2p) {
+    Completion c;
+    c.err = FI_ECANCELED;
+    c.errText = why;
+    if (timedOut) r->text = "timed out";
+    auto onComplete = std::move(r->onComplete);
+    r->onComplete = nullptr;
+    if (r->posted && p2pInFlight_ > 0) --p2pInFlight_;
+    try {
+      onComplete(r, c);
+    } catch (...) {
+    }
+    if (r->posted) {
+      // The provider still holds the operation, and may still read (a send)
+      // or write (a receive) its buffer: the completion, which owns that
+      // buffer in the backend, stays with the request until the provider
+      // completes it or shutdown closes the endpoint.
+      r->held = std::make_shared<HeldMemory>();
+      r->held->owners.push_back([keep = std::move(onComplete)] {});
+      if (r->type == Request::Type::kSend) {
+        stats_.abandonedSends++;
+        stats_.abandonedSendsHeld++;
+      }
+    }
+  }
+}
+
+void EngineContext::closeLiveness() {
+  desync_.reset();        // its answering thread ends (or is left behind on a hung store)
+  peers_.closeMonitor();  // says goodbye: peers on other hosts do not take this for a death
+}
+
+void EngineContext::release() {
+  // Point-to-point operations still posted get an "aborted" completion.
+  failP2P("the process group was shut down", false);
+  // Closing the endpoint discards whatever is still posted; only then may
+  // the requests' memory go. A quarantined endpoint is never closed: it
+  // holds receives that were never confirmed cancelled (and sends to a
+  // peer that is gone), and fi_close progresses it one last time. rxm
+  // (libfabric 1.17, over tcp) then flushes its connections' completion
+  // queue and runs its handlers over those abandoned transfers: a late
+  // receive may land in memory handed back long ago, and an error
+  // completion without a context crashes it (SIGSEGV in
+  // rxm_handle_comp_error under rxm_ep_close, seen in test_cluster's
+  // link-down case when many cross-host steps were in flight). Nothing
+  // progresses a leaked endpoint (manual progress), so the requests, the
+  // sink and the buffers its operations point into can go; its sockets
+  // and provider memory stay until the process exits, like a held send's
+  // buffer.
+  if (quarantined_) {
+    SMDDP_LOG(kDebug) << "group '" << name_ << "' rank " << rank_
+                      << ": its quarantined endpoint is left open, never closed";
+    (void)endpoint_.release();  // deliberately leaked, with the fabric it holds
+  } else {
+    endpoint_.reset();
+  }
+  fabric_.reset();
+  control_.close();  // their requests go with requests_
+  requests_.clear();
+  sink_.release();
+  peers_.releaseLocks();
+}
+
+void EngineContext::Sink::reserve() {
+  void* p = mmap(nullptr, kSinkBytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  SMDDP_CHECK(p != MAP_FAILED, kInternal, "cannot reserve the overflow sink");
+  base = p;
+}
+
+void EngineContext::Sink::release() {
+  if (base) munmap(base, kSinkBytes);
+  base = nullptr;
+}
+
+}  // namespace smddp

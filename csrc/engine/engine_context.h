@@ -1,0 +1,201 @@
+// What the parts of one group's engine share: the group's identity and
+// tunables, its endpoint, peers, control plane, request pool and counters,
+// the running call's memory, and progress(), which hands each completion
+// to its owner. The Communicator owns one and runs its queue on it;
+// Exchange, StallWatch, the algorithms and the allreduce paths take this
+// context instead of the Communicator, so none of them sees the queue.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/control_frames.h"
+#include "engine/engine_config.h"
+#include "engine/peer_table.h"
+#include "engine/request.h"
+#include "observe/desync.h"
+#include "observe/stats.h"
+#include "transport/bootstrap.h"
+#include "transport/endpoint.h"
+#include "transport/fabric.h"
+
+namespace smddp {
+
+class EngineContext {
+ public:
+  // The group's set-up up to its endpoint: its key space in the store, who
+  // is where (the peer table), the provider, the per-group secret, the
+  // endpoint and the peers' addresses, the control plane. Throws on
+  // failure (bounded by opts.timeout). `shmTrouble` gets why shared memory
+  // was given up, if it was (for the group's one warning).
+  EngineContext(Bootstrap& store, const CommOptions& opts, EngineConfig config,
+                std::vector<std::string>& shmTrouble);
+  ~EngineContext();
+  EngineContext(const EngineContext&) = delete;
+  EngineContext& operator=(const EngineContext&) = delete;
+
+  // --- Identity and configuration (any thread) ---
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }  // the group's, for logs and the timeline
+  const EngineConfig& config() const { return config_; }
+  const std::string& provider() const { return provider_; }
+  const std::string& providerReason() const { return providerReason_; }
+  // "smddp/<nonce>/": where this group instance's keys live in the store.
+  const std::string& storePrefix() const { return storePrefix_; }
+  // Frames without it are dropped.
+  uint64_t jobSecret() const { return jobSecret_; }
+  // The ranks that run reduction servers on the network path, ascending
+  // (server index i is rank networkServers()[i]).
+  const std::vector<int>& networkServers() const { return netServers_; }
+  // The group timeout. Any thread may change it (c10d's setTimeout) while
+  // the worker reads it, hence the atomic; a call already waiting keeps the
+  // deadline it started with.
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
+  }
+  void setTimeout(std::chrono::milliseconds t) {
+    timeoutMs_.store(t.count(), std::memory_order_relaxed);
+  }
+  // Set once shutdown starts: long waits give up.
+  bool stopRequested() const { return stopRequested_.load(); }
+  void requestStop() { stopRequested_ = true; }
+
+  // --- The group's parts ---
+  // Host topology and liveness: who and where every rank is, its fabric
+  // address, and whether it is still alive (peer_table.h). Any thread
+  // once constructed; its monitor() is thread-safe.
+  const PeerTable& peers() const { return peers_; }
+  // Error frames, stall probes and the group's broken state
+  // (control_frames.h): worker thread only.
+  ControlPlane& control() { return control_; }
+  // Every posted Request, until its completion (request.h): worker thread only.
+  RequestPool& requests() { return requests_; }
+  Endpoint& endpoint() { return *endpoint_; }
+  // The longest payload one frame may carry: the provider's max_msg_size
+  // less the frame header. Every provider here takes any size (SIZE_MAX);
+  // a message past it fails naming the limit instead of inside the
+  // provider (Exchange::send, point-to-point sends).
+  size_t maxPayloadBytes() const { return maxPayload_; }
+  // torch_smddp.stats(): atomics, any thread.
+  StatsCounters& counters() { return stats_; }
+
+  // --- Worker thread only (or a caller running its own call) ---
+  // Reads completions and dispatches them; returns how many were read.
+  size_t progress();
+  // The endpoint may still write into memory that was handed back (a
+  // receive whose cancellation was never confirmed): stop polling it for
+  // good, fail the point-to-point operations in flight and mark the group
+  // unusable with `why`. Nothing progresses the endpoint afterwards, not
+  // even a close: release() leaves it open.
+  void quarantine(const std::string& why);
+  // The message of `e` with the desync report added (desync.h) when `e` is
+  // a timeout that breaks the group here first; else e.what(). Asks every
+  // rank through the store, within half the timeout (1 to 5 s).
+  std::string withDesyncReport(const Error& e);
+  // Null without a flight recorder or a clonable store.
+  void setDesyncResponder(std::unique_ptr<DesyncResponder> responder) {
+    desync_ = std::move(responder);
+  }
+  // The running call's memory. Scratch memory is reused across
+  // collectives. A send of the running call that is still posted although
+  // the call gave up on it (Exchange::abandonOutstanding) holds the call's
+  // memory (its completions, once run, and the scratch buffers) until the
+  // send completes (holdForSend).
+  uint8_t* scratch(size_t bytes);
+  uint8_t* fusionBuffer(size_t bytes);
+  void holdForSend(Request* r);
+  // Once a call ended: what its still-posted sends hold, now with the
+  // scratch buffers (the next call allocates new ones), for the caller to
+  // add the call's completions to; null when no send holds anything.
+  std::shared_ptr<HeldMemory> detachHeldMemory();
+  // Every receive ends in this iov: a peer that sends more than expected
+  // (a mismatched call) spills here instead of truncating, so the frame's
+  // header can still be read and reported. Virtual memory, never touched
+  // by a well-behaved job.
+  iovec overflowSink() const { return {sink_.base, kSinkBytes}; }
+  static constexpr size_t kSinkBytes = 1ull << 30;
+  // Point-to-point operations posted and not yet completed (engine/p2p.cc).
+  size_t p2pInFlight() const { return p2pInFlight_; }
+  void p2pPosted() { ++p2pInFlight_; }
+  // Completes every point-to-point operation in flight with `why`; their
+  // requests stay pooled until the endpoint's completion or close.
+  void failP2P(const std::string& why, bool timedOut);
+
+  // --- Shutdown, once no thread runs calls any more ---
+  // First: the desync responder's thread ends, and the liveness
+  // connections say goodbye (peers on other hosts do not take this rank
+  // for dead).
+  void closeLiveness();
+  // Last: point-to-point operations fail, the endpoint closes (unless
+  // quarantined), then the requests, the sink and the owner locks go.
+  void release();
+
+ private:
+  // Set-up steps (the constructor, in this order).
+  void placeNetworkServers();
+  void agreeOnSecret(Bootstrap& bootstrap);
+  void openEndpoint(Bootstrap& bootstrap, std::vector<std::string>& shmTrouble);
+
+  const int rank_;
+  const int size_;
+  const std::string name_;
+  std::atomic<int64_t> timeoutMs_;
+  std::atomic<bool> stopRequested_{false};
+  EngineConfig config_;
+  std::string provider_;
+  std::string providerReason_;
+  uint64_t jobSecret_ = 0;
+  std::string storePrefix_;
+  std::vector<int> netServers_;
+  std::shared_ptr<Fabric> fabric_;
+  std::unique_ptr<Endpoint> endpoint_;
+  size_t maxPayload_ = 0;
+
+  RequestPool requests_;          // worker thread only
+  std::vector<uint8_t> scratch_;  // worker thread only
+  std::vector<uint8_t> fusion_;   // worker thread only
+  // What the running call's unconfirmed sends hold (holdForSend), until
+  // detachHeldMemory. Worker thread only.
+  std::shared_ptr<HeldMemory> callHeld_;
+  size_t p2pInFlight_ = 0;     // worker thread only
+  bool progressing_ = false;   // inside progress(): worker thread only
+  bool quarantined_ = false;   // never poll the endpoint again: worker thread only
+  // The overflow sink's reservation, unmapped by its destructor too, so a
+  // constructor that throws after reserving it leaks nothing.
+  struct Sink {
+    void* base = nullptr;
+    void reserve();
+    void release();
+    ~Sink() { release(); }
+  };
+  Sink sink_;
+  // Set up by the constructor; closeLiveness closes its monitor and
+  // release() its locks; this rank's owner lock goes with the object.
+  PeerTable peers_;
+  StatsCounters stats_;
+  // The control plane's view of this engine: progress() and the state
+  // that says whether waiting for a peer is still allowed.
+  struct ControlEngine final : ControlPlane::Engine {
+    explicit ControlEngine(EngineContext& c) : ctx(c) {}
+    size_t progress() override { return ctx.progress(); }
+    bool inProgress() const override { return ctx.progressing_; }
+    bool pollingStopped() const override { return ctx.quarantined_ || ctx.stopRequested(); }
+    std::chrono::milliseconds timeout() const override { return ctx.timeout(); }
+    EngineContext& ctx;
+  };
+  ControlEngine controlEngine_{*this};
+  // Error frames, probes, broken state: worker thread only.
+  ControlPlane control_{controlEngine_, peers_, requests_, stats_};
+  std::unique_ptr<DesyncResponder> desync_;  // null without a recorder or a clonable store
+  bool desyncReported_ = false;              // worker thread only
+};
+
+}  // namespace smddp

@@ -1,0 +1,68 @@
+// The choice of a group's allreduce path (allreduce_paths.h), and the
+// configuration every layer contributes to.
+#include "hostpath/allreduce_paths.h"
+
+#include <algorithm>
+
+#include "algorithms/algorithms.h"
+#include "common/logging.h"
+#include "hostpath/fusion_scheduler.h"
+#include "hostpath/host_path.h"
+#include "hostpath/network_fusion.h"
+
+namespace smddp {
+
+EngineConfig readEngineConfig() {
+  EngineConfig c;
+  readEngineParams(c);
+  readAllreduceParams(c);
+  readHostPathParams(c);
+  readFusionParams(c);
+  return c;
+}
+
+std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& bootstrap,
+                                                 std::vector<std::string>& shmTrouble) {
+  const EngineConfig& config = ctx.config();
+  // 1. Through each host's shared segment when the layout allows.
+  std::string networkOnly = !config.hostPath ? "SMDDP_SHM_ALLREDUCE=0" : "one rank";
+  if (config.hostPath && ctx.size() > 1) {
+    std::vector<std::string> hosts;
+    std::vector<std::string> owners;
+    for (const auto& p : ctx.peers().all()) {
+      hosts.push_back(p.host);
+      owners.push_back(p.owner);
+    }
+    std::string whyNot;
+    auto scheduler = openHostPath(ctx, bootstrap, hosts, owners, &networkOnly, &whyNot);
+    if (!whyNot.empty()) shmTrouble.push_back(whyNot);
+    if (scheduler) return scheduler;
+  }
+  // 2. Otherwise over libfabric only, fusing queued calls there
+  //    (network_fusion.h) if every rank does: a rank with
+  //    SMDDP_FUSION_BUFFER_BYTES=0 would never read its peers' cut
+  //    proposals. (Different budgets are harmless: the cut is the least
+  //    proposal.)
+  bool fusing = false;
+  if (ctx.size() > 1) {
+    auto votes = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "netfusion",
+                                    config.fusionBytes > 0 ? "on" : "off", ctx.timeout());
+    fusing = std::all_of(votes.begin(), votes.end(), [](const std::string& v) { return v == "on"; });
+  }
+  if (!config.serverHosts.empty() && ctx.peers().hostCount() > 1 && ctx.rank() == 0) {
+    SMDDP_LOG(kWarn) << "SMDDP_SERVER_HOSTS is set, but group '" << ctx.name()
+                     << "' takes the network-only allreduce path, which does not use standalone "
+                        "reduction servers (docs/design.md, \"Standalone reduction servers\")";
+  }
+  if (fusing) return openNetworkFusion(ctx, std::move(networkOnly));
+  return openNetworkAllreduce(ctx, std::move(networkOnly));
+}
+
+EngineParts standardEngineParts() {
+  EngineParts parts;
+  parts.config = readEngineConfig();
+  parts.openAllreducePath = openAllreducePath;
+  return parts;
+}
+
+}  // namespace smddp
