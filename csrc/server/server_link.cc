@@ -72,8 +72,7 @@ ServerLinks::ServerLinks(const std::vector<ServerAddress>& servers, const Identi
     for (int i = 0; i < static_cast<int>(servers.size()); ++i) connectTo(i, me, deadline);
   } catch (...) {
     broken_ = true;
-    for (auto& l : links_) close(l.fd);
-    links_.clear();
+    links_.clear();  // closes every socket
     listed_.clear();
     throw;
   }
@@ -95,17 +94,9 @@ void ServerLinks::connectTo(int i, const Identity& me, Clock::time_point deadlin
   // pending push or pull within SMDDP_PEER_TIMEOUT, not the group's.
   boundSilence(fd, PeerMonitor::configuredSilence());
   Link l;
-  l.fd = fd;
-  try {
-    why = handshake(i, me, l, std::max(deadline, Clock::now() + seconds(5)));
-  } catch (...) {
-    close(fd);
-    throw;
-  }
-  if (!why.empty()) {
-    close(fd);
-    return unreachable(why);
-  }
+  l.fd = UniqueFd(fd);
+  why = handshake(i, me, l, std::max(deadline, Clock::now() + seconds(5)));
+  if (!why.empty()) return unreachable(why);  // l's socket closes
   links_.push_back(std::move(l));
   listed_.push_back(i);
 }
@@ -117,7 +108,7 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
   const Nonce mine = Nonce::random();
   ServerFrame challenge;
   challenge.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
-  std::string why = writeTextFrame(l.fd, challenge, std::string(bytesOf(mine.bytes, kNonceBytes)),
+  std::string why = writeTextFrame(l.fd.get(), challenge, std::string(bytesOf(mine.bytes, kNonceBytes)),
                                    answerBy);
   if (!why.empty()) return "challenge: " + why;
   // 2. Its answer must prove it holds the key before it hears anything
@@ -125,7 +116,7 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
   //    out, never believed further.
   std::string answer;
   FrameReader reader;
-  why = readFrameBefore(l.fd, reader, {ServerFrameKind::kAnswer, ServerFrameKind::kError},
+  why = readFrameBefore(l.fd.get(), reader, {ServerFrameKind::kAnswer, ServerFrameKind::kError},
                         kServerMaxText, &answer, answerBy);
   if (why == "closed" || why == "silent" || why == "timed out") return "no answer: " + why;
   if (why.empty() && reader.header().kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
@@ -158,7 +149,7 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
   hello.server = static_cast<uint16_t>(i);
   hello.payload = kServerProofBytes + me.job.size();
   const Mac proof = proofs.workerProof(hello, me.job);
-  why = writeTextFrame(l.fd, hello, std::string(bytesOf(proof.bytes, kMacBytes)) + me.job,
+  why = writeTextFrame(l.fd.get(), hello, std::string(bytesOf(proof.bytes, kMacBytes)) + me.job,
                        answerBy);
   if (!why.empty()) return "hello: " + why;
   if (me.integrity) {
@@ -168,7 +159,7 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
     l.in.checkWith(l.check.get());
   }
   std::string text;
-  why = readFrameBefore(l.fd, l.in, {ServerFrameKind::kWelcome, ServerFrameKind::kError},
+  why = readFrameBefore(l.fd.get(), l.in, {ServerFrameKind::kWelcome, ServerFrameKind::kError},
                         kServerMaxText, &text, answerBy);
   if (why == "closed" || why == "silent" || why == "timed out") return "no welcome: " + why;
   std::string refusal;
@@ -192,8 +183,7 @@ void ServerLinks::keep(const std::vector<bool>& live) {
       listed.push_back(listed_[k]);
       continue;
     }
-    sayGoodbye(links_[k].fd, links_[k].seal.get(), group_);
-    close(links_[k].fd);
+    sayGoodbye(links_[k].fd.get(), links_[k].seal.get(), group_);
   }
   links_ = std::move(kept);
   listed_ = std::move(listed);
@@ -202,8 +192,9 @@ void ServerLinks::keep(const std::vector<bool>& live) {
 ServerLinks::~ServerLinks() {
   for (auto& l : links_) {
     // A frame half sent would swallow the goodbye: only between frames.
-    if (!broken_ && abandoned_.empty() && l.out.empty()) sayGoodbye(l.fd, l.seal.get(), group_);
-    close(l.fd);
+    if (!broken_ && abandoned_.empty() && l.out.empty()) {
+      sayGoodbye(l.fd.get(), l.seal.get(), group_);
+    }
   }
 }
 
@@ -252,7 +243,7 @@ bool ServerLinks::send(int k) {
   std::string why;
   while (!l.out.empty()) {
     const ServerFrame& f = l.out.front();
-    const FrameIo io = l.out.write(l.fd, &why);
+    const FrameIo io = l.out.write(l.fd.get(), &why);
     if (io == FrameIo::kFailed) {
       // A server that closed may have said why first (say, another host
       // left): its error frame names the cause better than a broken pipe.
@@ -276,7 +267,7 @@ bool ServerLinks::receive(int k) {
   const uint64_t before = l.in.bytes();
   std::string why;
   while (true) {
-    const FrameIo io = l.in.read(l.fd, &why);
+    const FrameIo io = l.in.read(l.fd.get(), &why);
     if (io == FrameIo::kAgain) return l.in.bytes() != before;
     if (io == FrameIo::kFailed) {
       fail(k, connectionLost(why), during());
@@ -338,7 +329,7 @@ void ServerLinks::wait(int k, uint64_t ticket, std::chrono::steady_clock::time_p
     }
     std::vector<pollfd> p;
     for (auto& l : links_) {
-      p.push_back({l.fd, static_cast<short>((l.expect.empty() ? 0 : POLLIN) |
+      p.push_back({l.fd.get(), static_cast<short>((l.expect.empty() ? 0 : POLLIN) |
                                             (l.out.empty() ? 0 : POLLOUT)), 0});
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();

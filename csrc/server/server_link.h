@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "server/server_auth.h"
 #include "server/server_wire.h"
 
@@ -92,7 +93,7 @@ class ServerLinks {
 
  private:
   struct Link {
-    int fd = -1;
+    UniqueFd fd;
     FrameWriter out;  // data frames, payloads in the caller's memory
     FrameReader in;   // results, read straight into their step's slot
     struct Expect {

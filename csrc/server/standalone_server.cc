@@ -34,38 +34,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-UniqueFd listenOnPort(const std::string& ip, int port, int* bound) {
-  sockaddr_storage sa{};
-  socklen_t len = 0;
-  if (inet_pton(AF_INET, ip.c_str(), &reinterpret_cast<sockaddr_in*>(&sa)->sin_addr) == 1) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&sa);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(sockaddr_in);
-  } else if (inet_pton(AF_INET6, ip.c_str(), &reinterpret_cast<sockaddr_in6*>(&sa)->sin6_addr) == 1) {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&sa);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(sockaddr_in6);
-  } else {
-    throwError(ErrorKind::kInvalidArgument,
-               "reduction server: '" + ip + "' is not a numeric address to listen on");
-  }
-  UniqueFd fd(socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  SMDDP_CHECK(fd, kTransport, std::string("reduction server: socket: ") + strerror(errno));
-  int one = 1;
-  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd.get(), 256) != 0) {
-    throwError(ErrorKind::kTransport, "reduction server: cannot listen on " + ip + ":" +
-                                          std::to_string(port) + ": " + strerror(errno));
-  }
-  len = sizeof(sa);
-  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
-  *bound = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
-                                          : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
-  return fd;
-}
-
 ServerFrame errorFrame() {
   ServerFrame f;
   f.kind = static_cast<uint8_t>(ServerFrameKind::kError);
@@ -136,7 +104,7 @@ StandaloneServer::StandaloneServer(Options options) : options_(std::move(options
     const int want = options_.basePort ? options_.basePort + i : 0;
     SMDDP_CHECK(want <= 65535, kInvalidArgument,
                 "reduction server: port " + std::to_string(want) + " is past 65535");
-    listeners_.push_back(listenOnPort(options_.bindAddress, want, &port));
+    listeners_.push_back(listenOn(options_.bindAddress, want, &port, "reduction server", 256));
     ports_.push_back(port);
   }
   std::lock_guard<std::mutex> g(mu_);

@@ -106,7 +106,7 @@ std::unique_ptr<PeerMonitor> PeerMonitor::open(Bootstrap& bootstrap, PeerMonitor
                                 : "-",
                              opts.setupTimeout);
   } catch (...) {
-    if (listenFd >= 0) close(listenFd);
+    if (listenFd >= 0) close(listenFd);  // not yet the monitor's
     throw;
   }
   if (!on) return nullptr;
@@ -139,15 +139,15 @@ std::unique_ptr<PeerMonitor> PeerMonitor::open(Bootstrap& bootstrap, PeerMonitor
 PeerMonitor::PeerMonitor(PeerMonitorOptions opts, int listenFd, std::vector<std::string> addresses,
                          std::vector<int> ports)
     : opts_(std::move(opts)), addresses_(std::move(addresses)), ports_(std::move(ports)),
-      listenFd_(listenFd), creatorPid_(getpid()), links_(opts_.size), lost_(opts_.size, 0) {
+      listenFd_(UniqueFd(listenFd)), creatorPid_(getpid()), links_(opts_.size), lost_(opts_.size, 0) {
   beatEvery_ = opts_.beatEvery;
   sockaddr_storage sa{};
   socklen_t len = sizeof(sa);
-  if (getsockname(listenFd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+  if (getsockname(listenFd_.get(), reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
     listenPort_ = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
                                                  : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
   }
-  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wakeFd_ = UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   started_ = Clock::now();
   nextBeat_ = started_ + beatEvery_;
   const std::string& mine = opts_.hosts[opts_.rank];
@@ -167,18 +167,14 @@ void PeerMonitor::connectToLowerPeers() {
     std::string why;
     int fd = connectBefore(opts_.address, addresses_[p], ports_[p], deadline, &why);
     if (fd < 0) {
-      for (auto& l : links_) {
-        if (l.fd >= 0) close(l.fd);
-        l.fd = -1;
-      }
-      close(listenFd_);
-      close(wakeFd_);
-      listenFd_ = wakeFd_ = -1;
+      for (auto& l : links_) l.fd.reset();
+      listenFd_.reset();
+      wakeFd_.reset();
       throwError(ErrorKind::kTransport, "smddp: cannot open the liveness connection to " +
                                             describe(p) + " (port " + std::to_string(ports_[p]) +
                                             "): " + why);
     }
-    links_[p].fd = fd;
+    links_[p].fd = UniqueFd(fd);
     links_[p].lastHeard = Clock::now();
     queueLocked(p, kHello);
     flushLocked(p);
@@ -201,43 +197,38 @@ PeerMonitor::~PeerMonitor() {
   sayGoodbye();
   std::lock_guard<std::mutex> lock(ioMu_);
   closeSockets(/*drainFirst=*/true);
-  if (wakeFd_ >= 0) close(wakeFd_);
-  wakeFd_ = -1;
+  wakeFd_.reset();
 }
 
 void PeerMonitor::stopThread() {
   stop_ = true;
   uint64_t one = 1;
-  if (wakeFd_ >= 0 && write(wakeFd_, &one, sizeof(one)) < 0) {
+  if (wakeFd_ && write(wakeFd_.get(), &one, sizeof(one)) < 0) {
   }
   if (thread_.joinable()) thread_.join();
 }
 
 void PeerMonitor::closeSockets(bool drainFirst) {
   for (auto& l : links_) {
-    if (l.fd < 0) continue;
+    if (!l.fd) continue;
     if (drainFirst) {
       // Read what the peer sent first: closing over unread bytes resets the
       // connection, and a reset may overtake the goodbye.
       uint8_t sink[256];
-      while (recv(l.fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+      while (recv(l.fd.get(), sink, sizeof(sink), MSG_DONTWAIT) > 0) {
       }
     }
-    close(l.fd);
-    l.fd = -1;
+    l.fd.reset();
   }
-  for (auto& p : pending_) close(p.fd);
   pending_.clear();
-  if (listenFd_ >= 0) close(listenFd_);
-  listenFd_ = -1;
+  listenFd_.reset();
 }
 
 void PeerMonitor::closeInForkedChild() {
   // Only this thread exists in the child; ioMu_ may be held by a thread
   // that did not survive the fork, so it is not taken.
   closeSockets(/*drainFirst=*/false);
-  if (wakeFd_ >= 0) close(wakeFd_);
-  wakeFd_ = -1;
+  wakeFd_.reset();
 }
 
 void PeerMonitor::sayGoodbye() {
@@ -246,10 +237,10 @@ void PeerMonitor::sayGoodbye() {
   goodbyeSaid_ = true;
   for (int p = 0; p < opts_.size; ++p) {
     Link& l = links_[p];
-    if (l.fd < 0) continue;
+    if (!l.fd) continue;
     queueLocked(p, kBye);
     flushLocked(p);
-    if (l.fd >= 0) shutdown(l.fd, SHUT_WR);
+    if (l.fd) shutdown(l.fd.get(), SHUT_WR);
   }
 }
 
@@ -317,22 +308,22 @@ void PeerMonitor::run() {
   while (!stop_.load()) {
     fds.clear();
     slots.clear();
-    fds.push_back({wakeFd_, POLLIN, 0});
+    fds.push_back({wakeFd_.get(), POLLIN, 0});
     slots.push_back({0, 0});
     {
       std::lock_guard<std::mutex> lock(ioMu_);
-      if (listenFd_ >= 0 && Clock::now() >= listenPauseUntil_) {
-        fds.push_back({listenFd_, POLLIN, 0});
+      if (listenFd_ && Clock::now() >= listenPauseUntil_) {
+        fds.push_back({listenFd_.get(), POLLIN, 0});
         slots.push_back({1, 0});
       }
       for (size_t i = 0; i < pending_.size(); ++i) {
-        fds.push_back({pending_[i].fd, POLLIN, 0});
+        fds.push_back({pending_[i].fd.get(), POLLIN, 0});
         slots.push_back({2, static_cast<int>(i)});
       }
       for (int p = 0; p < opts_.size; ++p) {
         const Link& l = links_[p];
-        if (l.fd < 0) continue;
-        fds.push_back({l.fd, static_cast<short>(POLLIN | (l.tx.empty() ? 0 : POLLOUT)), 0});
+        if (!l.fd) continue;
+        fds.push_back({l.fd.get(), static_cast<short>(POLLIN | (l.tx.empty() ? 0 : POLLOUT)), 0});
         slots.push_back({3, p});
       }
     }
@@ -357,13 +348,13 @@ void PeerMonitor::run() {
         const int peer = slots[i].index;
         if (slots[i].kind == 0) {
           uint64_t v;
-          if (read(wakeFd_, &v, sizeof(v)) < 0) {
+          if (read(wakeFd_.get(), &v, sizeof(v)) < 0) {
           }
         } else if (slots[i].kind == 1) {
           acceptLocked();
-        } else if (slots[i].kind == 3 && links_[peer].fd == fds[i].fd) {
+        } else if (slots[i].kind == 3 && links_[peer].fd.get() == fds[i].fd) {
           if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) readLinkLocked(peer);
-          if (links_[peer].fd >= 0 && (fds[i].revents & POLLOUT)) flushLocked(peer);
+          if (links_[peer].fd && (fds[i].revents & POLLOUT)) flushLocked(peer);
         }
       }
     }
@@ -381,8 +372,8 @@ void PeerMonitor::queueLocked(int peer, uint8_t type) {
 
 void PeerMonitor::flushLocked(int peer) {
   Link& l = links_[peer];
-  while (l.fd >= 0 && !l.tx.empty()) {
-    ssize_t n = send(l.fd, l.tx.data(), l.tx.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (l.fd && !l.tx.empty()) {
+    ssize_t n = send(l.fd.get(), l.tx.data(), l.tx.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0) {
       l.tx.erase(0, static_cast<size_t>(n));
       continue;
@@ -391,7 +382,7 @@ void PeerMonitor::flushLocked(int peer) {
     if (n < 0 && errno == EINTR) continue;
     // EPIPE, ECONNRESET: the reader sees the same end (and any goodbye first).
     readLinkLocked(peer);
-    if (l.fd >= 0) linkClosedLocked(peer, std::string("its liveness connection failed (") +
+    if (l.fd) linkClosedLocked(peer, std::string("its liveness connection failed (") +
                                               strerror(errno) + ")");
     return;
   }
@@ -400,7 +391,6 @@ void PeerMonitor::flushLocked(int peer) {
 void PeerMonitor::checkDeadlinesLocked(Clock::time_point now) {
   for (size_t i = pending_.size(); i-- > 0;) {
     if (now > pending_[i].giveUp) {
-      close(pending_[i].fd);
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
       ++refused_;
     }
@@ -410,18 +400,18 @@ void PeerMonitor::checkDeadlinesLocked(Clock::time_point now) {
   for (int p = 0; p < opts_.size; ++p) {
     Link& l = links_[p];
     if (!l.watched || l.departed || l.reported) continue;
-    if (l.fd >= 0 && beat) {
+    if (l.fd && beat) {
       queueLocked(p, kBeat);
       flushLocked(p);
     }
     const auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - l.lastHeard);
-    const bool retrying = l.retries > 0 && !l.greeted && l.fd < 0;
+    const bool retrying = l.retries > 0 && !l.greeted && !l.fd;
     if (retrying && now >= l.reconnectAt && quiet <= opts_.silence) reconnectLocked(p);
-    if (l.fd >= 0 || (!l.greeted && p > opts_.rank) || retrying) {
+    if (l.fd || (!l.greeted && p > opts_.rank) || retrying) {
       if (quiet <= opts_.silence) continue;
       const std::string host = hostDisplayName(opts_.hosts[p]);
       std::string cause;
-      if (l.greeted || (l.fd >= 0 && !retrying)) {
+      if (l.greeted || (l.fd && !retrying)) {
         cause = "host " + host + " silent for " + secondsText(quiet) +
                 ": no heartbeat on its liveness connection (SMDDP_PEER_TIMEOUT " +
                 secondsText(opts_.silence) + "; link down, host down or stopped)";

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "transport/bootstrap.h"
 
 namespace smddp {
@@ -95,7 +96,7 @@ class PeerMonitor {
   static constexpr size_t kMessageBytes = 24;
   // The connection to one rank on another host.
   struct Link {
-    int fd = -1;
+    UniqueFd fd;
     bool watched = false;   // on another host, with liveness on
     bool greeted = false;   // its hello arrived
     bool departed = false;  // it said goodbye: its close is no death
@@ -112,7 +113,7 @@ class PeerMonitor {
   };
   // An accepted connection whose hello has not arrived yet.
   struct Pending {
-    int fd = -1;
+    UniqueFd fd;
     uint8_t rx[kMessageBytes] = {};
     size_t have = 0;
     Clock::time_point giveUp{};
@@ -151,10 +152,10 @@ class PeerMonitor {
   std::vector<std::string> addresses_;  // every rank's published IP ("" if it is not watched)
   std::chrono::milliseconds beatEvery_;
   std::vector<int> ports_;              // every rank's listening port
-  int listenFd_ = -1;
+  UniqueFd listenFd_;
   int listenPort_ = 0;
   Clock::time_point started_{}, nextBeat_{};  // monitor thread only
-  int wakeFd_ = -1;  // eventfd: ends the thread's poll at once
+  UniqueFd wakeFd_;  // eventfd: ends the thread's poll at once
   long creatorPid_ = 0;
 
   mutable std::mutex ioMu_;  // every socket and everything below

@@ -20,7 +20,7 @@ using namespace liveness;
 
 void PeerMonitor::acceptLocked() {
   while (true) {
-    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(listenFd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       // Out of descriptors: the connection stays queued and poll would
       // report it again at once. Leave the listener alone for a while.
@@ -36,10 +36,10 @@ void PeerMonitor::acceptLocked() {
     }
     setNoDelay(fd);
     Pending p;
-    p.fd = fd;
+    p.fd = UniqueFd(fd);
     // A peer says hello as soon as it connects; anything slower is refused.
     p.giveUp = Clock::now() + std::min<Clock::duration>(opts_.silence, std::chrono::seconds(5));
-    pending_.push_back(p);
+    pending_.push_back(std::move(p));
     // Its hello is usually in already (a peer sends it right after
     // connecting): judged now, a real peer's connection never waits in the
     // queue a flood fills.
@@ -49,7 +49,7 @@ void PeerMonitor::acceptLocked() {
 
 void PeerMonitor::turnAwayLocked(size_t i) {
   const Message busy{kMagic, kVersion, kBusy, 0, static_cast<uint32_t>(opts_.rank), kAnyone, 0};
-  const int fd = pending_[i].fd;
+  const int fd = pending_[i].fd.get();
   (void)send(fd, &busy, sizeof(busy), MSG_DONTWAIT | MSG_NOSIGNAL);
   // Read what it sent first (a peer's hello, at most a few bytes): closing
   // over unread bytes resets the connection, and the reset may overtake
@@ -57,14 +57,13 @@ void PeerMonitor::turnAwayLocked(size_t i) {
   uint8_t sink[256];
   for (int k = 0; k < 16 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++k) {
   }
-  close(fd);
-  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));  // closes it
   ++refused_;
 }
 
 bool PeerMonitor::readPendingLocked(size_t i) {
   Pending& p = pending_[i];
-  ssize_t n = recv(p.fd, p.rx + p.have, kMessageBytes - p.have, MSG_DONTWAIT);
+  ssize_t n = recv(p.fd.get(), p.rx + p.have, kMessageBytes - p.have, MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
   bool keep = false;
   int from = -1;
@@ -79,29 +78,28 @@ bool PeerMonitor::readPendingLocked(size_t i) {
     keep = m.magic == kMagic && m.version == kVersion && m.type == kHello &&
            m.secret == opts_.secret && m.to == static_cast<uint32_t>(opts_.rank) &&
            m.from < static_cast<uint32_t>(opts_.size) && from > opts_.rank &&
-           links_[from].watched && links_[from].fd < 0 && !links_[from].greeted;
+           links_[from].watched && !links_[from].fd && !links_[from].greeted;
   }
-  const int fd = p.fd;
+  UniqueFd fd = std::move(p.fd);
   pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
   if (!keep) {
-    close(fd);
-    ++refused_;
+    ++refused_;  // fd closes
     return false;
   }
   Link& l = links_[from];
-  l.fd = fd;
+  l.fd = std::move(fd);
   l.greeted = true;
   l.lastHeard = Clock::now();
   queueLocked(from, kHello);
   flushLocked(from);
-  if (l.fd >= 0) readLinkLocked(from);  // a beat may already follow the hello
+  if (l.fd) readLinkLocked(from);  // a beat may already follow the hello
   return true;
 }
 
 void PeerMonitor::readLinkLocked(int peer) {
   Link& l = links_[peer];
-  while (l.fd >= 0) {
-    ssize_t n = recv(l.fd, l.rx + l.have, kMessageBytes - l.have, MSG_DONTWAIT);
+  while (l.fd) {
+    ssize_t n = recv(l.fd.get(), l.rx + l.have, kMessageBytes - l.have, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
@@ -127,8 +125,7 @@ void PeerMonitor::readLinkLocked(int peer) {
     if (!valid) {
       // Nobody else can write into an established connection: this is not
       // the peer we connected to (its port reused after it died), or a bug.
-      close(l.fd);
-      l.fd = -1;
+      l.fd.reset();
       fail(peer, "was lost", "its liveness connection sent a message that is not the group's");
       return;
     }
@@ -140,8 +137,7 @@ void PeerMonitor::readLinkLocked(int peer) {
 
 void PeerMonitor::linkClosedLocked(int peer, const std::string& how) {
   Link& l = links_[peer];
-  close(l.fd);
-  l.fd = -1;
+  l.fd.reset();
   if (l.departed) return;  // it left the group in order
   if (l.turnedAway && !l.greeted) {
     // Its listener turned this connection away unheard (a flood filled
@@ -167,7 +163,7 @@ void PeerMonitor::reconnectLocked(int peer) {
     l.reconnectAt = Clock::now() + std::chrono::milliseconds(200);
     return;
   }
-  l.fd = fd;
+  l.fd = UniqueFd(fd);
   l.have = 0;
   l.tx.clear();
   queueLocked(peer, kHello);

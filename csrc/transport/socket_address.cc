@@ -91,23 +91,27 @@ std::string fallbackAddress() {
   return found.empty() ? "127.0.0.1" : found;
 }
 
-int listenOn(const std::string& ip, int* port) {
+UniqueFd listenOn(const std::string& ip, int port, int* bound, const std::string& who,
+                  int backlog) {
   sockaddr_storage sa{};
   socklen_t len = 0;
-  SMDDP_CHECK(parseAddress(ip, 0, &sa, &len), kTransport,
-              "liveness listener: '" + ip + "' is not a numeric address");
-  int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  SMDDP_CHECK(fd >= 0, kTransport, std::string("liveness listener: socket: ") + strerror(errno));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd, 128) != 0) {
-    const int e = errno;
-    close(fd);
-    throwError(ErrorKind::kTransport,
-               "liveness listener: cannot listen on " + ip + ": " + strerror(e));
+  SMDDP_CHECK(parseAddress(ip, port, &sa, &len), kInvalidArgument,
+              who + ": '" + ip + "' is not a numeric address to listen on");
+  UniqueFd fd(socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  SMDDP_CHECK(fd, kTransport, who + ": socket: " + strerror(errno));
+  if (port != 0) {
+    int one = 1;
+    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  }
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 ||
+      listen(fd.get(), backlog) != 0) {
+    throwError(ErrorKind::kTransport, who + ": cannot listen on " + ip + ":" +
+                                          std::to_string(port) + ": " + strerror(errno));
   }
   len = sizeof(sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  *port = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
-                                         : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
+  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
+  *bound = ntohs(sa.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
   return fd;
 }
 

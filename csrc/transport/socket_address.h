@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <string>
 
+#include "common/unique_fd.h"
+
 namespace smddp {
 
 // The numeric IP of a socket address (sockaddr_in or sockaddr_in6 bytes),
@@ -27,9 +29,16 @@ void boundSilence(int fd, std::chrono::milliseconds silence);
 // A non-loopback IPv4 address of an interface that is up, else loopback.
 std::string fallbackAddress();
 
-// A non-blocking listening socket on `ip` (numeric), on a port the kernel
-// picks, returned in *port. Throws a transport Error naming the address.
-int listenOn(const std::string& ip, int* port);
+// A non-blocking listening socket on `ip` (numeric) and `port` (0: one the
+// kernel picks; a fixed port is bound with SO_REUSEADDR), the port bound
+// returned in *bound. Errors name `who`: a non-numeric address is
+// kInvalidArgument, a failed bind or listen kTransport.
+UniqueFd listenOn(const std::string& ip, int port, int* bound, const std::string& who,
+                  int backlog = 128);
+// The liveness connections' listener (any port); the caller owns the fd.
+inline int listenOn(const std::string& ip, int* port) {
+  return listenOn(ip, 0, port, "liveness listener").release();
+}
 
 // A connected non-blocking socket from `fromIp` (when it is an address of
 // the same family) to ip:port, retrying refusals until `deadline`; -1 with
