@@ -7,6 +7,7 @@
 
 #include "backend/device_context.h"
 #include "backend/process_group.h"
+#include "backend/store_bootstrap.h"
 #include "common/param.h"
 #include "observe/flight_recorder.h"
 #include "reduce/reduce_kernels.h"
@@ -125,15 +126,31 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-smddp native extension";
   // True when this build has the CUDA path (SMDDP_WITH_CUDA).
   m.def("built_with_cuda", &c10d_smddp::builtWithCuda);
+  // Handed to a group's constructor, cancel() from another thread stops
+  // it forming: the constructor then raises within about 20 ms
+  // (store_bootstrap.h). torch_smddp.torchft's abort() uses it.
+  py::class_<c10d_smddp::FormationCancel, std::shared_ptr<c10d_smddp::FormationCancel>>(
+      m, "FormationCancel")
+      .def(py::init<>())
+      .def("cancel", &c10d_smddp::FormationCancel::cancel)
+      .def_property_readonly("cancelled", &c10d_smddp::FormationCancel::cancelled);
   py::class_<ProcessGroupSmddp, c10d::Backend, NoGilHolder<ProcessGroupSmddp>>(
       m, "ProcessGroupSmddp")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string name) {
+                       std::chrono::milliseconds timeout, std::string name,
+                       std::shared_ptr<c10d_smddp::FormationCancel> cancel) {
              return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
-                 store, rank, size, timeout, std::move(name)));
+                 store, rank, size, timeout, std::move(name), /*hostOnly=*/false,
+                 std::move(cancel)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-           py::arg("group_name") = "default", py::call_guard<py::gil_scoped_release>())
+           py::arg("group_name") = "default", py::arg("cancel") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
+      // The group's asynchronous error as text, or None (async_error.h),
+      // and its c10d ErrorType (Backend::getError: SUCCESS, TIMEOUT,
+      // COMM_ERROR), which torch binds only for its own backends.
+      .def("errored", &ProcessGroupSmddp::errorMessage)
+      .def("get_error", &ProcessGroupSmddp::getError)
       // Both join the engine thread, which may need the GIL (see NoGilHolder).
       .def("shutdown", &ProcessGroupSmddp::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("abort", &ProcessGroupSmddp::abort, py::call_guard<py::gil_scoped_release>())
