@@ -53,4 +53,7 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
     install_requires=["torch==2.13.0"],
+    # pip install 'torch-smddp[ft]': torch_smddp.torchft, smddp as a torchft
+    # process group (docs/fault-tolerance.md). The core never imports it.
+    extras_require={"ft": ["torchft==0.2.0"]},
 )
