@@ -6,9 +6,10 @@ on a new store prefix. ``ProcessGroupSmddp`` is that group with smddp
 underneath, in place of torchft's ``ProcessGroupGloo``::
 
     from torchft import Manager
-    from torch_smddp.torchft import ProcessGroupSmddp
+    from torch_smddp.torchft import DistributedDataParallel, ProcessGroupSmddp
 
     manager = Manager(pg=ProcessGroupSmddp(), ...)
+    model = DistributedDataParallel(manager, model)   # torchft's, its hook fixed
 
 What it adds to torchft's wrapper:
 
@@ -18,6 +19,12 @@ What it adds to torchft's wrapper:
 - ``abort()`` from another thread also stops a group that is still forming
   (a reconfigure whose peers never come): ``configure`` then raises within
   about 20 ms instead of waiting out the timeout.
+- A Work's ``wait()`` returns once the call has ended and never raises, as
+  with NCCL: a failure stays in its future (``get_future()``), in
+  ``exception()`` and in ``errored()``. torchft's Manager relies on that: it
+  reports a failed future and skips the step, but a ``wait()`` that raises
+  leaves its DDP comm hook without a future (torchft 0.2.0 then fails an
+  assertion, as it does with its own Gloo wrapper when a peer dies).
 
 docs/fault-tolerance.md, "Under torchft", has the whole picture.
 """
@@ -32,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 try:
+    import torchft.ddp
     from torchft.process_group import ProcessGroupWrapper, create_store_client
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(
@@ -42,7 +50,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
 import torch_smddp
 from torch_smddp import _C
 
-__all__ = ["ProcessGroupSmddp"]
+__all__ = ["ProcessGroupSmddp", "DistributedDataParallel"]
 
 
 class ProcessGroupSmddp(ProcessGroupWrapper):
@@ -63,6 +71,9 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
 
     def getBackendName(self) -> str:
         return "torchft-smddp"
+
+    def _wrap_work(self, work: dist.Work, opts: object) -> dist.Work:
+        return _FailureInFutureWork(work)
 
     def configure(
         self,
@@ -159,6 +170,69 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
         backend = _backend(pg) if pg is not None else None
         if backend is not None:
             backend.set_timeout(timeout)
+
+
+class DistributedDataParallel(torchft.ddp.DistributedDataParallel):
+    """torchft's DDP (``torchft.ddp.DistributedDataParallel(manager, module)``)
+    with its comm hook fixed for failures, whatever the process group.
+
+    Once a step has failed, ``Manager.allreduce`` returns a placeholder Work
+    for the step's remaining buckets, and torchft 0.2.0's hook fails an
+    assertion on it (``fut._fut``): a survivor of a dead peer crashes in
+    backward for any model of more than one DDP bucket. Here the hook hands
+    DDP the placeholder's own (completed) future instead; the step is then
+    not committed, as torchft intends.
+    """
+
+    @staticmethod
+    def _comm_hook(state, bucket):  # no annotations: DDP checks them (and this
+        # module's are strings)
+        work = state.allreduce(bucket.buffer())
+        work.wait()
+        fut = work.get_future()
+        inner = getattr(fut, "_fut", None)  # a _ManagedFuture's chain
+        return inner if inner is not None else fut
+
+
+class _FailureInFutureWork(dist.Work):
+    """A Work whose wait() never raises (NCCL's model, which torchft expects):
+    a failure stays in the future, exception() and the group's errored()."""
+
+    def __init__(self, work: dist.Work) -> None:
+        super().__init__()
+        self._work = work
+        self._future = work.get_future()
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        try:
+            if timeout is None:
+                self._work.wait()
+            else:
+                self._work.wait(timeout)
+        except Exception:  # noqa: BLE001 - kept in the future and errored()
+            pass
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def result(self) -> list:
+        return self._work.result()
+
+    def synchronize(self) -> None:
+        self.wait()
 
 
 def _backend(pg: dist.ProcessGroup) -> Optional[_C.ProcessGroupSmddp]:
