@@ -202,6 +202,18 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
   if (K > 0 && topo.hosts() > 1) {
     std::string error;
     std::vector<std::string> unreachable;
+    // A server that died under an earlier group of some rank's process
+    // (torchft rebuilds the group after a failure) gets one quick attempt
+    // from every rank, not SMDDP_SERVER_WAIT: the group goes on without it.
+    std::string mine(K, '0');
+    for (int i = 0; i < K; ++i) {
+      if (ServerLinks::knownDown(config.serverHosts[i])) mine[i] = '1';
+    }
+    std::vector<bool> quick(K, false);
+    for (const auto& v : bootstrapAllGather(bootstrap, comm.rank(), comm.size(), "serversdown",
+                                            mine, comm.timeout())) {
+      for (int i = 0; i < K && i < static_cast<int>(v.size()); ++i) quick[i] = quick[i] || v[i] == '1';
+    }
     const int stream = seg->serverIndexOf(topo.localRank);
     if (stream >= 0) {
       try {
@@ -209,7 +221,7 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(Communicator& comm, Bootstra
                                  stream, comm.rank()};
         const auto wait = std::min<std::chrono::milliseconds>(
             std::chrono::seconds(config.serverWaitSeconds), comm.timeout() / 2);
-        links = std::make_unique<ServerLinks>(config.serverHosts, me, wait);
+        links = std::make_unique<ServerLinks>(config.serverHosts, me, wait, quick);
         unreachable = links->unreachable();
       } catch (const Error& e) {
         error = e.what();

@@ -60,7 +60,11 @@ def test_torchfts_own_tests_pass_with_smddp_in_glooss_place(tmp_path):
     except (OSError, ValueError):
         results = {}
     groups = results.pop("smddp_groups", 0)
-    tail = text[-6000:]
+    # A crash: what the runner printed around it (faulthandler's header and
+    # the test that ran), else the end of its output.
+    at = min([i for i in (text.find("Fatal Python error"), text.find("terminate called"))
+              if i >= 0], default=-1)
+    tail = text[max(0, at - 3000):at + 3000] if at >= 0 else text[-6000:]
     assert not timed_out, f"torchft's tests hung past {SUITE_DEADLINE_S} s:\n{tail}"
     assert code == 0, f"the suite runner exited {code}:\n{tail}"
     failed = {k: v for k, v in results.items() if v != "pass"}
