@@ -18,7 +18,7 @@ What it adds to torchft's wrapper:
   ``Manager.should_commit`` turns into a skipped step and a reconfigure.
 - ``abort()`` from another thread also stops a group that is still forming
   (a reconfigure whose peers never come): ``configure`` then raises within
-  about 20 ms instead of waiting out the timeout.
+  a few ms instead of waiting out the timeout.
 - A Work's ``wait()`` returns once the call has ended and never raises, as
   with NCCL: a failure stays in its future (``get_future()``), in
   ``exception()`` and in ``errored()``. torchft's Manager relies on that: it

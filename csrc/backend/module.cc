@@ -127,7 +127,7 @@ PYBIND11_MODULE(_C, m) {
   // True when this build has the CUDA path (SMDDP_WITH_CUDA).
   m.def("built_with_cuda", &c10d_smddp::builtWithCuda);
   // Handed to a group's constructor, cancel() from another thread stops
-  // it forming: the constructor then raises within about 20 ms
+  // it forming: the constructor then raises within a few ms
   // (store_bootstrap.h). torch_smddp.torchft's abort() uses it.
   py::class_<c10d_smddp::FormationCancel, std::shared_ptr<c10d_smddp::FormationCancel>>(
       m, "FormationCancel")

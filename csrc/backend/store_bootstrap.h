@@ -19,7 +19,7 @@ namespace c10d_smddp {
 
 // Lets another thread stop a group that is still forming (torchft aborts
 // a reconfigure whose peers never come): once cancelled, every store wait
-// of the group's bootstrap throws kAborted within kCancelPoll (20 ms).
+// of the group's bootstrap throws kAborted within kCancelPoll (5 ms).
 class FormationCancel {
  public:
   void cancel() { cancelled_.store(true); }
@@ -117,7 +117,7 @@ class StoreBootstrap : public smddp::Bootstrap {
     return dynamic_cast<c10d::TCPStore*>(s) != nullptr;
   }
 
-  static constexpr std::chrono::milliseconds kCancelPoll{20};
+  static constexpr std::chrono::milliseconds kCancelPoll{5};
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::shared_ptr<FormationCancel> cancel_;  // null: not cancellable
