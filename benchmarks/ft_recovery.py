@@ -183,8 +183,8 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
         if post[0]["loss"] > 0.9 * first_loss:
             raise ScenarioError(f"replica {r}'s loss went back to {post[0]['loss']:.3f} "
                                 f"(it started at {first_loss:.3f})")
-        result.setdefault("loss_before_kill", rows[[i for i, x in enumerate(rows)
-                                                    if x.get("t", 0) <= t_kill][-1]].get("loss"))
+        result.setdefault("loss_before_kill",
+                          [x["loss"] for x in rows if "loss" in x and x["t"] <= t_kill][-1])
         result.setdefault("loss_after", post[0]["loss"])
     got = {r: json.load(open(finals[r])) for r in range(replicas)}
     if len({g["digest"] for g in got.values()}) != 1 or {g["step"] for g in got.values()} != {last}:
@@ -257,6 +257,7 @@ def main(argv=None) -> int:
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--steps", type=int, default=100000,
                    help="torchft: a bound; they stop a few steps after the replacement joined")
+    p.add_argument("--torchrun-steps", type=int, default=60, help="torchrun: the job's steps")
     p.add_argument("--kill-at", type=int, default=20)
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--replace-after", type=float, default=3.0)
@@ -275,7 +276,8 @@ def main(argv=None) -> int:
                 out = tempfile.mkdtemp(prefix=f"ft-{mode}-")
                 try:
                     if mode == "torchrun":
-                        res = run_torchrun(cluster, out, args.replicas, args.steps, args.kill_at,
+                        res = run_torchrun(cluster, out, args.replicas, args.torchrun_steps,
+                                           args.kill_at,
                                            args.ckpt_every, deadline_s=600)
                     else:
                         res = run_torchft(cluster, mode, out, args.replicas, args.steps,
@@ -288,12 +290,13 @@ def main(argv=None) -> int:
                 res["run"] = rep
                 results.append(res)
                 print(json.dumps(res), flush=True)
-    print(f"\n# {args.replicas} hosts, 1 rank each, demo model; SIGKILL of host "
-          f"h{args.replicas - 1} at step {args.kill_at} of {args.steps}; commit {git_commit()}, "
-          f"{platform.node()} ({os.cpu_count()} cores)")
-    print(f"{'mode':34s} {'steps lost':>10s} {'recovery s':>11s}")
+    print(f"\n# {args.replicas} hosts, 1 rank each, demo model; host h{args.replicas - 1} "
+          f"killed once every host completed {args.kill_at} steps (torchrun: its worker); "
+          f"commit {git_commit()}, {platform.node()} ({os.cpu_count()} cores)")
+    print(f"{'mode':34s} {'run':>3s} {'steps lost':>10s} {'recovery s':>11s} {'replacement s':>14s}")
     for r in results:
-        print(f"{r['mode']:34s} {r['steps_lost']:10d} {r['recovery_s']:11.2f}")
+        repl = f"{r['replacement_s']:14.2f}" if "replacement_s" in r else f"{'-':>14s}"
+        print(f"{r['mode']:34s} {r['run']:3d} {r['steps_lost']:10d} {r['recovery_s']:11.2f} {repl}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

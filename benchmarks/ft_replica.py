@@ -102,6 +102,31 @@ def main(argv=None) -> None:
 
         pg = ProcessGroupGloo(timeout=timeout)
 
+    # Where a reconfigure's time goes: torchft calls configure() from its
+    # quorum thread; each call's abort of the old group and formation of
+    # the new one go to the step log as "configure" events.
+    log = open(os.path.join(args.out, f"steps.{args.replica}.jsonl"), "a", buffering=1)
+    cls = type(pg)
+
+    class Timed(cls):
+        def abort(self, *a, **kw):
+            t0 = time.time()
+            try:
+                return super().abort(*a, **kw)
+            finally:
+                log.write(json.dumps({"event": "abort", "t": time.time(), "s": time.time() - t0})
+                          + "\n")
+
+        def _create_pg(self, *a, **kw):
+            t0 = time.time()
+            try:
+                return super()._create_pg(*a, **kw)
+            finally:
+                log.write(json.dumps({"event": "form", "t": time.time(), "s": time.time() - t0})
+                          + "\n")
+
+    pg.__class__ = Timed
+
     text, _ = load_corpus(int(args.corpus_mb * 1e6))
     windows = Windows(encode(text), args.seq_len)
     torch.manual_seed(1234)  # the same initial weights everywhere (init_sync checks it)
@@ -132,7 +157,6 @@ def main(argv=None) -> None:
         xs, ys = zip(*(windows[i] for i in idx))
         return torch.stack(xs), torch.stack(ys)
 
-    log = open(os.path.join(args.out, f"steps.{args.replica}.jsonl"), "a", buffering=1)
     log.write(json.dumps({"event": "start", "t": time.time(), "pid": os.getpid()}) + "\n")
     stop_file = os.path.join(args.out, "stop_at")
 
@@ -147,15 +171,19 @@ def main(argv=None) -> None:
 
     while manager.current_step() < target():
         before = manager.current_step()
+        t0 = time.time()
         optimizer.zero_grad()  # starts the quorum
         x, y = batch(before)
         logits = ddp(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
+        t1 = time.time()
+        loss.backward()  # waits for the quorum, then allreduces
+        t2 = time.time()
         optimizer.step()  # should_commit, then the optimizer step if committed
         after = manager.current_step()
         row = {"t": time.time(), "step": before, "after": after, "committed": after > before,
-               "loss": loss.item(), "participants": manager.num_participants()}
+               "loss": loss.item(), "participants": manager.num_participants(),
+               "t0": t0, "fwd_s": t1 - t0, "bwd_s": t2 - t1, "commit_s": time.time() - t2}
         if os.environ.get("FT_REPLICA_DIGESTS"):
             row["digest"] = state_digest(model, opt)[:12]
         log.write(json.dumps(row) + "\n")
