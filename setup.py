@@ -53,7 +53,10 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
     install_requires=["torch==2.13.0"],
-    # SageMaker's import paths (smdistributed.dataparallel...), a distribution
-    # of its own (compat/sagemaker) so it never shadows SageMaker's library.
-    extras_require={"sagemaker": ["torch-smddp-sagemaker"]},
+    # Optional extras: 'torch-smddp[sagemaker]' adds SageMaker's import paths
+    # (smdistributed.dataparallel..., a distribution of its own,
+    # compat/sagemaker, so it never shadows SageMaker's library);
+    # 'torch-smddp[ft]' adds torchft for torch_smddp.torchft, smddp as a
+    # torchft process group (docs/fault-tolerance.md). The core imports neither.
+    extras_require={"sagemaker": ["torch-smddp-sagemaker"], "ft": ["torchft==0.2.0"]},
 )

@@ -142,23 +142,39 @@ class Cluster:
     def kill_host(self, host: int) -> None:
         self._sh("kill", str(host))
 
+    def spawn(self, host, cmd: list[str], log_path: str, env: dict | None = None,
+              cwd: str | None = None) -> subprocess.Popen:
+        """Starts CMD on host `host` (or "hub"), in a session of its own
+        that down() and reset() kill, its output appended to log_path."""
+        child_env = dict(self.env, PYTHONUNBUFFERED="1")
+        child_env.update({k: str(v) for k, v in (env or {}).items()})
+        where = ["hub"] if host == "hub" else ["exec", str(host)]
+        with open(log_path, "ab") as log:
+            p = subprocess.Popen([SCRIPT, *where, *cmd], env=child_env, stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 cwd=cwd or REPO_ROOT)
+        self._jobs.append(p)
+        return p
+
     def pids(self, host: int) -> list[int]:
         r = subprocess.run(["ip", "netns", "pids", f"{self.prefix}-h{host}"],
                            capture_output=True, text=True, timeout=30)
         return [int(p) for p in r.stdout.split()]
 
     def torchrun(self, job: str, cmd: list[str], nproc: int, out_dir: str,
-                 env: dict | None = None, pythonpath: tuple[str, ...] = ()) -> None:
+                 env: dict | None = None, pythonpath: tuple[str, ...] = (),
+                 max_restarts: int = 0, hosts: list[int] | None = None) -> None:
         """Starts `torchrun CMD` on every host (CMD is a script and its
         arguments, or ["-m", module, ...]), all in one rendezvous `job` in
         the hub, from out_dir, where each host's log lands. The workers
-        find out_dir in SMDDP_CLUSTER_OUT and this checkout on their path."""
+        find out_dir in SMDDP_CLUSTER_OUT and this checkout on their path.
+        `hosts` starts only those (a replacement for a host that died)."""
         hub = self.addr("hub")
-        for h in range(self.hosts):
+        for h in (range(self.hosts) if hosts is None else hosts):
             child_env = dict(self.env, SMDDP_CLUSTER_OUT=out_dir, PYTHONUNBUFFERED="1",
                              PYTHONPATH=os.pathsep.join([*pythonpath, REPO_ROOT]))
             child_env.update({k: str(v) for k, v in (env or {}).items()})
-            log = open(os.path.join(out_dir, f"torchrun.h{h}.log"), "wb")
+            log = open(os.path.join(out_dir, f"torchrun.h{h}.log"), "ab")
             self._jobs.append(subprocess.Popen(
                 [SCRIPT, "exec", str(h), sys.executable, "-m", "torch.distributed.run",
                  "--nnodes", str(self.hosts), "--nproc-per-node", str(nproc),
@@ -166,7 +182,7 @@ class Cluster:
                  "--rdzv-id", job, "--rdzv-conf", "is_host=0",
                  # Ranks follow the agents' addresses (they sort by them):
                  # host h gets ranks h * nproc .. h * nproc + nproc - 1.
-                 "--local-addr", self.addr(h), "--max-restarts", "0",
+                 "--local-addr", self.addr(h), "--max-restarts", str(max_restarts),
                  *cmd],
                 env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=out_dir))

@@ -87,7 +87,13 @@ inline c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::submitParts(
     return launchParts(rank_, type, title, std::move(outputs), inputs, call.staging,
                        static_cast<int>(call.parts.size()),
                        [&](int i, smddp::Communicator::Done done, smddp::CallHooks hooks) {
-                         return call.parts[i](std::move(done), std::move(hooks));
+                         // The group's asynchronous error sees every failure.
+                         auto noted = [errors = asyncError_, done = std::move(done)](
+                                          std::exception_ptr e) {
+                           if (e) errors->note(e);
+                           done(e);
+                         };
+                         return call.parts[i](std::move(noted), std::move(hooks));
                        });
   });
 }

@@ -7,6 +7,7 @@
 
 #include "backend/device_context.h"
 #include "backend/process_group.h"
+#include "backend/store_bootstrap.h"
 #include "common/param.h"
 #include "hostpath/host_path.h"
 #include "observe/flight_recorder.h"
@@ -149,6 +150,14 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch-smddp native extension";
   // True when this build has the CUDA path (SMDDP_WITH_CUDA).
   m.def("built_with_cuda", &c10d_smddp::builtWithCuda);
+  // Handed to a group's constructor, cancel() from another thread stops
+  // it forming: the constructor then raises within a few ms
+  // (store_bootstrap.h). torch_smddp.torchft's abort() uses it.
+  py::class_<c10d_smddp::FormationCancel, std::shared_ptr<c10d_smddp::FormationCancel>>(
+      m, "FormationCancel")
+      .def(py::init<>())
+      .def("cancel", &c10d_smddp::FormationCancel::cancel)
+      .def_property_readonly("cancelled", &c10d_smddp::FormationCancel::cancelled);
   py::class_<ProcessGroupSmddp, c10d::Backend, NoGilHolder<ProcessGroupSmddp>>(
       m, "ProcessGroupSmddp")
       // server_hosts/server_key: the standalone reduction servers
@@ -157,16 +166,23 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::string name,
                        std::optional<std::vector<std::string>> serverHosts,
-                       const std::string& serverOrigin, const std::string& serverKey) {
+                       const std::string& serverOrigin, const std::string& serverKey,
+                       std::shared_ptr<c10d_smddp::FormationCancel> cancel) {
              std::optional<smddp::RegisteredServers> servers;
              if (serverHosts) servers = registeredServers(*serverHosts, serverOrigin, serverKey);
              return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
-                 store, rank, size, timeout, std::move(name), false, std::move(servers)));
+                 store, rank, size, timeout, std::move(name), /*hostOnly=*/false,
+                 std::move(servers), std::move(cancel)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("group_name") = "default", py::arg("server_hosts") = py::none(),
            py::arg("server_origin") = "", py::arg("server_key") = "",
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("cancel") = py::none(), py::call_guard<py::gil_scoped_release>())
+      // The group's asynchronous error as text, or None (async_error.h),
+      // and its c10d ErrorType (Backend::getError: SUCCESS, TIMEOUT,
+      // COMM_ERROR), which torch binds only for its own backends.
+      .def("errored", &ProcessGroupSmddp::errorMessage)
+      .def("get_error", &ProcessGroupSmddp::getError)
       // Both join the engine thread, which may need the GIL (see NoGilHolder).
       .def("shutdown", &ProcessGroupSmddp::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("abort", &ProcessGroupSmddp::abort, py::call_guard<py::gil_scoped_release>())

@@ -35,7 +35,8 @@ bool ProcessGroupSmddp::checkingOnly() { return tCheckOnly > 0; }
 ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout,
                                      std::string groupName, bool hostOnly,
-                                     std::optional<smddp::RegisteredServers> servers)
+                                     std::optional<smddp::RegisteredServers> servers,
+                                     std::shared_ptr<FormationCancel> cancel)
     : c10d::Backend(rank, size),
       groupName_(std::move(groupName)),
       store_(store),
@@ -46,7 +47,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   // SMDDP_TIMELINE: the first group of the process (the world group) opens
   // the file named after its rank.
   smddp::timeline::configure(rank);
-  StoreBootstrap boot(store);
+  StoreBootstrap boot(store, cancel);
   smddp::CommOptions opts;
   opts.rank = rank;
   opts.size = size;
@@ -65,7 +66,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
     // in the order the device calls were made (device_collectives.h).
     hostGroup_ = c10::make_intrusive<ProcessGroupSmddp>(
         c10::make_intrusive<c10d::PrefixStore>("device", store_), rank_, size_, timeout_,
-        groupName_ + "/device", /*hostOnly=*/true, servers_);
+        groupName_ + "/device", /*hostOnly=*/true, servers_, cancel);
   }
   std::lock_guard<std::mutex> lock(gLiveMu);
   gLive.insert(this);
@@ -84,6 +85,23 @@ ProcessGroupSmddp::~ProcessGroupSmddp() {
 void ProcessGroupSmddp::shutdownAll() {
   std::lock_guard<std::mutex> lock(gLiveMu);
   for (ProcessGroupSmddp* pg : gLive) pg->shutdown();
+}
+
+void ProcessGroupSmddp::abort() {
+  asyncError_->record(smddp::ErrorKind::kAborted, "smddp: the group was aborted");
+  shutdown();
+}
+
+c10d::ErrorType ProcessGroupSmddp::getError() {
+  if (hostGroup_ && hostGroup_->getError() != c10d::ErrorType::SUCCESS) {
+    return hostGroup_->getError();
+  }
+  return asyncError_->type();
+}
+
+std::optional<std::string> ProcessGroupSmddp::errorMessage() const {
+  if (auto m = asyncError_->message()) return m;
+  return hostGroup_ ? hostGroup_->errorMessage() : std::nullopt;
 }
 
 void ProcessGroupSmddp::shutdown() {
@@ -245,6 +263,7 @@ bool ProcessGroupSmddp::allreduceNow(at::Tensor& tensor, const c10d::ReduceOp& r
   try {
     comm_->allreduceSync({bufferOf(tensor)}, dt, op, {extentOf(tensor)});
   } catch (const smddp::Error& e) {
+    asyncError_->note(std::current_exception());
     C10_THROW_ERROR(DistBackendError, e.what());
   }
   return true;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "backend/async_error.h"
 #include "common/error.h"
 #include "engine/communicator.h"
 
@@ -22,6 +23,7 @@ namespace c10d_smddp {
 
 struct EngineCall;
 class DeviceCollectives;
+class FormationCancel;
 
 class ProcessGroupSmddp : public c10d::Backend {
  public:
@@ -30,7 +32,8 @@ class ProcessGroupSmddp : public c10d::Backend {
   ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout, std::string groupName,
                     bool hostOnly = false,
-                    std::optional<smddp::RegisteredServers> servers = std::nullopt);
+                    std::optional<smddp::RegisteredServers> servers = std::nullopt,
+                    std::shared_ptr<FormationCancel> cancel = nullptr);
   ~ProcessGroupSmddp() override;
 
   const std::string getBackendName() const override { return "smddp"; }
@@ -111,8 +114,13 @@ class ProcessGroupSmddp : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return comm_ ? comm_->nextSequence() : 0; }
   void setSequenceNumberForGroup() override {}
   void setTimeout(std::chrono::milliseconds timeout) override;
-  void abort() override { shutdown(); }
+  void abort() override;
   void shutdown() override;
+  // The group's asynchronous error (async_error.h): TIMEOUT or COMM_ERROR
+  // once a call failed in a way that leaves the group unusable, or after
+  // abort(); SUCCESS until then. errorMessage() is its text.
+  c10d::ErrorType getError() override;
+  std::optional<std::string> errorMessage() const;
   // Shuts down every group of this process that is still alive (the
   // module's atexit hook: module.cc).
   static void shutdownAll();
@@ -241,6 +249,9 @@ class ProcessGroupSmddp : public c10d::Backend {
   }
 
   std::unique_ptr<smddp::Communicator> comm_;
+  // Every call's failure passes through it (submitParts, pointToPoint,
+  // allreduceNow); shared with the Works' completions.
+  std::shared_ptr<AsyncError> asyncError_ = std::make_shared<AsyncError>();
   std::string groupName_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;

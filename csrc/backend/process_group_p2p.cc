@@ -44,7 +44,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::pointToPoint(std::vector<at::T
       isSend ? "smddp:send" : "smddp:recv", tensors, tensors);
   work->setFinisher(staging.finisher(0));
   auto keep = std::make_shared<std::vector<at::Tensor>>(staging.work);
-  auto done = [work, keep](std::exception_ptr e, int src) {
+  auto done = [work, keep, errors = asyncError_](std::exception_ptr e, int src) {
+    if (e) errors->note(e);
     work->setSourceRank(src);
     work->complete(e);
   };

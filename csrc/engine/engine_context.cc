@@ -65,6 +65,15 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   if (config_.ringDepth == 0) config_.ringDepth = peers_.oneHost() ? 4 : 2;
   // 2. The same provider on every rank (everyone saw the same host list).
   provider_ = chooseProvider(peers_.oneHost(), &providerReason_);
+  if (provider_ == "shm" && peers_.sharesProcess() &&
+      providerReason_.rfind("SMDDP_FI_PROVIDER", 0) != 0) {
+    // Ranks that are threads of one process (torchft's tests, say): the shm
+    // provider hands an endpoint of the process its peer's own region
+    // rather than a mapping of it, so a peer that closes first leaves the
+    // others a dangling pointer (a crash in their next send).
+    provider_ = "tcp;ofi_rxm";
+    providerReason_ = "ranks of this group share a process: tcp with the rxm reliability layer";
+  }
   // 3. A per-group secret: frames without it are dropped.
   agreeOnSecret(bootstrap);
   sink_.reserve();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -95,6 +96,19 @@ void PeerTable::gather(Bootstrap& bootstrap, int rank, int size,
     ranksByHost_[it - hostNames.begin()].push_back(r);
   }
   hostCount_ = static_cast<int>(ranksByHost_.size());
+}
+
+bool PeerTable::sharesProcess() const {
+  // One shm owner per process (transport/shm_owner.h); without one, the
+  // pid in its PID namespace.
+  std::set<std::string> seen;
+  for (const PeerInfo& p : peers_) {
+    const std::string who = p.host + "\n" +
+                            (p.owner.empty() ? p.pidNamespace + "\n" + std::to_string(p.pid)
+                                             : p.owner);
+    if (!seen.insert(who).second) return true;
+  }
+  return false;
 }
 
 void PeerTable::watch(Bootstrap& bootstrap, Endpoint& endpoint, std::vector<fi_addr_t> addrs,

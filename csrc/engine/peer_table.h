@@ -57,6 +57,8 @@ class PeerTable {
   const std::vector<PeerInfo>& all() const { return peers_; }
   fi_addr_t addr(int r) const { return addrs_[r]; }
   bool oneHost() const { return hostCount_ == 1; }
+  // Two ranks of the group are threads of one process (one shm owner).
+  bool sharesProcess() const;
   bool sameHost(int r) const { return peers_[r].host == peers_[rank_].host; }
   int hostCount() const { return hostCount_; }
   // Ranks by host, hosts in order of their lowest rank, ranks ascending.

@@ -41,7 +41,13 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
   const auto now = std::chrono::steady_clock::now();
   // Liveness before the probe: a probe to a peer that cannot take it may
   // wait for its endpoint, and a dead peer is the better answer anyway.
-  if (now > nextLiveness_) {
+  // A peer on another host is known dead the moment its liveness
+  // connection closes (one atomic flag: read on every pass, so a survivor
+  // fails at once, as torchft's recovery wants); the owner locks of peers
+  // on this host cost a syscall each, so those every 200 ms.
+  PeerFailure lostPeer;
+  const PeerMonitor* monitor = ctx_.peers().monitor();
+  if (now > nextLiveness_ || (monitor && monitor->failed(&lostPeer))) {
     nextLiveness_ = now + std::chrono::milliseconds(200);
     ctx_.peers().checkAlive(what());
   }

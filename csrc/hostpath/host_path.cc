@@ -110,6 +110,18 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
   if (K == 0 || topo.hosts() == 1) return 0;
   std::string error;
   std::vector<std::string> unreachable;
+  // A server that died under an earlier group of some rank's process
+  // (torchft rebuilds the group after a failure) gets one quick attempt
+  // from every rank, not SMDDP_SERVER_WAIT: the group goes on without it.
+  std::string mine(K, '0');
+  for (int i = 0; i < K; ++i) {
+    if (ServerLinks::knownDown(config.serverHosts[i])) mine[i] = '1';
+  }
+  std::vector<bool> quick(K, false);
+  for (const auto& v : bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "serversdown", mine,
+                                          ctx.timeout())) {
+    for (int i = 0; i < K && i < static_cast<int>(v.size()); ++i) quick[i] = quick[i] || v[i] == '1';
+  }
   const int stream = seg.serverIndexOf(topo.localRank);
   if (stream >= 0) {
     try {
@@ -125,7 +137,7 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
       me.maxPiece = seg.slotBytes();  // a step's pieces fit in one slot
       const auto wait = std::min<std::chrono::milliseconds>(
           std::chrono::seconds(config.serverWaitSeconds), ctx.timeout() / 2);
-      *links = std::make_unique<ServerLinks>(config.serverHosts, me, wait);
+      *links = std::make_unique<ServerLinks>(config.serverHosts, me, wait, quick);
       unreachable = (*links)->unreachable();
     } catch (const Error& e) {
       error = e.what();

@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "common/error.h"
 #include "transport/peer_monitor.h"
@@ -19,6 +21,18 @@ namespace smddp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Servers that failed during a step in this process ("host:port").
+std::mutex gDownMu;
+std::set<std::string> gDown;  // guarded by gDownMu
+
+std::string addressKey(const ServerAddress& a) { return a.host + ":" + std::to_string(a.port); }
+
+void setDown(const ServerAddress& a, bool down) {
+  std::lock_guard<std::mutex> lock(gDownMu);
+  if (down) gDown.insert(addressKey(a));
+  else gDown.erase(addressKey(a));
+}
 
 std::string resolve(const std::string& host, std::string* why) {
   addrinfo hints{};
@@ -64,12 +78,21 @@ std::string ServerLinks::describe(int k) const {
   return describeServer(servers_[i], ips_[i], i);
 }
 
+bool ServerLinks::knownDown(const ServerAddress& server) {
+  std::lock_guard<std::mutex> lock(gDownMu);
+  return gDown.count(addressKey(server)) > 0;
+}
+
 ServerLinks::ServerLinks(const std::vector<ServerAddress>& servers, const Identity& me,
-                         std::chrono::milliseconds wait)
+                         std::chrono::milliseconds wait, const std::vector<bool>& quick)
     : servers_(servers), ips_(servers.size()), unreachable_(servers.size()), group_(me.group) {
   const auto deadline = Clock::now() + wait;
   try {
-    for (int i = 0; i < static_cast<int>(servers.size()); ++i) connectTo(i, me, deadline);
+    for (int i = 0; i < static_cast<int>(servers.size()); ++i) {
+      const bool once = i < static_cast<int>(quick.size()) && quick[i];
+      connectTo(i, me, once ? Clock::now() : deadline);
+      if (unreachable_[i].empty()) setDown(servers[i], false);  // back, or never gone
+    }
   } catch (...) {
     broken_ = true;
     links_.clear();  // closes every socket
@@ -209,6 +232,9 @@ void ServerLinks::fail(int k, const std::string& given, const std::string& durin
   // A wait that ran out is a timeout (the group's desync report follows);
   // anything else means the server is gone or broke the protocol.
   const ErrorKind kind = why == "timed out" ? ErrorKind::kTimeout : ErrorKind::kPeerLost;
+  if (kind == ErrorKind::kPeerLost && k >= 0 && k < static_cast<int>(listed_.size())) {
+    setDown(servers_[listed_[k]], true);  // the next group of this process tries it once
+  }
   throwError(kind, "smddp: " + describe(k) + ": " + why + " (" + during + ")");
 }
 

@@ -48,9 +48,18 @@ class ServerLinks {
   // a server that failed authentication, refused the hello (another job,
   // another host count) or answered with garbage: those are a rogue server
   // or mistakes in the job's set-up, not failures to fail over.
+  // `quick` (one flag per server, or empty): servers the group already
+  // knows died (knownDown on some rank) get one attempt of about a second,
+  // not `wait`: a group rebuilt after a server died (torchft's
+  // reconfigure) goes on without it at once, and still takes back a
+  // server started again at its address.
   ServerLinks(const std::vector<ServerAddress>& servers, const Identity& me,
-              std::chrono::milliseconds wait);
+              std::chrono::milliseconds wait, const std::vector<bool>& quick = {});
   ~ServerLinks();  // says goodbye and closes
+  // Process-wide verdicts: a server whose connection failed during a step
+  // (closed, silent) is down until a group of this process reaches it
+  // again. Any thread.
+  static bool knownDown(const ServerAddress& server);
   ServerLinks(const ServerLinks&) = delete;
   ServerLinks& operator=(const ServerLinks&) = delete;
 

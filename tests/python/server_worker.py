@@ -15,6 +15,9 @@ It only observes and writes ``<mode>.<rank>.json``; the test asserts.
 * ``steady``: 256 KiB all_reduces back to back for LOOP_S seconds, each
   checked against its closed form (no servers needed: the peer-monitor
   flood of test_server_security.py); writes the calls and the wrong ones.
+* ``reconfigure``: ``loop`` until an allreduce raises (the test kills a
+  server), then, as torchft does, a new group on a new store prefix: how
+  long it took to form, how many servers it uses, a closed-form allreduce.
 * ``big``: three 64 MiB all_reduces (closed form, exact), run with large
   shared-memory steps so that the steps in flight to a server hold far
   more than its sockets do; writes what each returned and stats().
@@ -191,6 +194,24 @@ def main():
                 res["bad"] += int(not torch.equal(t, want))
                 done.fill_(float(time.monotonic() >= end))
                 dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        elif mode == "reconfigure":
+            # As torchft after a failure: the group that lost a server is
+            # aborted, and a new one is made on a new store prefix.
+            _loop_until_raised(torch, dist, out_dir, rank, loop_s, res)
+            store = dist.distributed_c10d._get_default_store()
+            t0 = time.monotonic()
+            pg = torch_smddp._C.ProcessGroupSmddp(dist.PrefixStore("quorum2", store), rank, world,
+                                                  datetime.timedelta(seconds=timeout), "quorum2")
+            res["reform_s"] = time.monotonic() - t0
+            st = pg.stats()
+            res["reformed_servers"] = st["standalone_servers"]
+            t = torch.arange(1 << 18, dtype=torch.float32) * (rank + 1)
+            pg.allreduce([t], dist.AllreduceOptions()).wait()
+            s = world * (world + 1) // 2
+            res["reformed_ok"] = bool(torch.equal(t, torch.arange(1 << 18, dtype=torch.float32) * s))
+            res["reformed_path"] = pg.stats()["allreduce_path"]
+            res["reformed_server_steps"] = pg.stats()["standalone_server_steps"]
+            pg.abort()
         t0 = time.time()
         dist.destroy_process_group()
         res["destroy_s"] = time.time() - t0

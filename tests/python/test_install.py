@@ -2,8 +2,9 @@
 wheel in pip's isolated build environment (pyproject.toml pins torch), and
 that wheel, installed into a fresh venv that has nothing but torch, runs a
 world-2 allreduce from outside the source tree (checked against the closed
-form). The wheel holds the torch_smddp package and nothing else. Costs a
-full compile of the extension (a few minutes)."""
+form). The wheel holds the torch_smddp package and nothing else, and
+offers torchft as the optional [ft] extra, which the core does not need.
+Costs a full compile of the extension (a few minutes)."""
 
 import os
 import subprocess
@@ -68,3 +69,18 @@ def test_wheel_builds_in_isolation_and_runs_from_a_fresh_venv():
         assert not timed_out and code == 0, tail
         line = next(l for l in text.splitlines() if l.startswith("INSTALLED-OK"))
         assert line.split()[1].startswith(venv), f"imported from outside the venv: {line}"
+        # torchft is the optional [ft] extra: the core runs without it (above),
+        # and torch_smddp.torchft says how to get it.
+        with zipfile.ZipFile(os.path.join(dist_dir, wheels[0])) as whl:
+            meta = next(whl.read(n).decode() for n in whl.namelist()
+                        if n.endswith(".dist-info/METADATA"))
+        assert "Provides-Extra: ft" in meta, meta
+        assert any(l.startswith("Requires-Dist: torchft==0.2.0") and "extra" in l
+                   for l in meta.splitlines()), meta
+        code, _, text = run_with_deadline(
+            [py, "-c", "import importlib.util, sys\n"
+                       "assert importlib.util.find_spec('torchft') is None\n"
+                       "try:\n    import torch_smddp.torchft\n"
+                       "except ImportError as e:\n    print('NO-FT', e)\n"],
+            timeout=120, env=env, cwd=run_dir)
+        assert code == 0 and "NO-FT" in text and "torch-smddp[ft]" in text, text[-3000:]

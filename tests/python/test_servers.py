@@ -221,6 +221,32 @@ def test_a_dead_server_is_left_out_when_torchrun_restarts_the_job(procs, tmp_pat
         assert "SMDDP_SERVER_REQUIRED" in err and host_b in err and "cannot connect" in err, res
 
 
+def test_a_group_rebuilt_after_a_server_died_goes_on_without_it_at_once(procs, tmp_path):
+    # torchft's reconfigure: the group that lost server 1 mid-step is
+    # replaced by a new one (new store prefix) in the same processes. Its
+    # ranks carry the verdict: they try the dead server once, not for
+    # SMDDP_SERVER_WAIT (30 s here), and reduce through server 0 and the
+    # hosts' own.
+    _, host_a = _start_server(procs, ["--bind", "127.0.0.1"])
+    server_b, host_b = _start_server(procs, ["--bind", "127.0.0.1"])
+    hosts = f"{host_a},{host_b}"
+    _local_world(procs, 2, "reconfigure", tmp_path,
+                 {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_WAIT": 30,
+                  "SMDDP_SERVER_SHARE": 40, "SERVER_TEST_TIMEOUT_S": 120}, args=["60"])
+    _wait_results(tmp_path, ["ready.0.json", "ready.1.json"], 180)
+    time.sleep(0.5)
+    os.kill(server_b.pid, signal.SIGKILL)
+    got = _wait_results(tmp_path, ["reconfigure.0.json", "reconfigure.1.json"], 120)
+    assert any("standalone reduction server 1 (" + host_b in r.get("msg", "") for r in got.values()), got
+    for res in got.values():
+        assert "crashed" not in res, res
+        assert res["standalone_servers"] == 2 and res["raised"], res
+        assert res["reformed_servers"] == 1, res
+        assert res["reformed_ok"] and res["reformed_path"] == "shared-memory", res
+        assert res["reformed_server_steps"] > 0, res  # server 0 still carries its share
+        assert res["reform_s"] < 15, res  # SMDDP_SERVER_WAIT is 30 s
+
+
 def test_a_foreign_job_and_bad_addresses_are_refused_clearly(procs, tmp_path):
     _, hosts = _start_server(procs, ["--bind", "127.0.0.1", "--job", "alpha"])
     _local_world(procs, 2, "init", tmp_path,

@@ -1,0 +1,67 @@
+"""Ranks of test_torchft.py: torch_smddp.torchft.ProcessGroupSmddp driven as
+torchft's Manager drives it, its ranks threads of one process."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+
+def abort_while_forming(rank: int, world: int) -> dict:
+    """configure() at world 2 whose peer never comes, aborted from another
+    thread; then a group of two threads on a new prefix, a closed-form
+    all_reduce, errored() before and after an abort."""
+    import torch
+    import torch.distributed as dist
+
+    from torch_smddp.torchft import ProcessGroupSmddp
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    addr = f"127.0.0.1:{store.port}"
+    timeout = datetime.timedelta(seconds=60)
+    out: dict = {}
+
+    lonely = ProcessGroupSmddp(timeout=timeout)
+    raised: list[str] = []
+
+    def form():
+        try:
+            lonely.configure(f"{addr}/forming", "0", 0, 2)
+            raised.append("formed")
+        except Exception as e:  # noqa: BLE001
+            raised.append(f"{type(e).__name__}: {e}")
+
+    th = threading.Thread(target=form)
+    th.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    lonely.abort()
+    th.join(timeout=30)
+    out["forming_raised"] = raised[0] if raised else "still forming"
+    out["abort_to_raise_s"] = time.monotonic() - t0
+    out["errored_after_abort"] = str(lonely.errored())
+
+    pgs = [ProcessGroupSmddp(timeout=timeout) for _ in range(2)]
+    # The aborted wrapper forms again too: rank 0 of the new group.
+    pgs[0] = lonely
+    sums = [None, None]
+
+    def rank_main(r):
+        pgs[r].configure(f"{addr}/quorum1", "0", r, 2)
+        t = torch.full((8,), float(r + 1))
+        pgs[r].allreduce([t], dist.ReduceOp.SUM).wait()
+        sums[r] = t.tolist()
+
+    ths = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(timeout=60)
+    out["sums"] = sums
+    out["errored_healthy"] = [str(p.errored()) for p in pgs]
+    out["backend_name"] = pgs[0].getBackendName()
+    for p in pgs:
+        p.abort()
+    out["errored_aborted"] = [str(p.errored()) for p in pgs]
+    return out
