@@ -144,12 +144,45 @@ smddp::RegisteredServers registeredServers(const std::vector<std::string>& hosts
   return r;
 }
 
-}  // namespace
+py::dict groupStats(ProcessGroupSmddp& pg) {
+  py::dict d = statsToDict(pg.stats());
+  d["allreduce_path"] = pg.allreducePath();
+  d["reduction_servers"] = pg.reductionServers();
+  d["ring_depth"] = pg.ringDepth();
+  d["standalone_servers"] = pg.standaloneServers();
+  d["device_calls"] = pg.deviceCalls();
+  d["intra_route"] = pg.intraRoute();
+  // Per collective: calls, and per size class (power-of-4 bytes)
+  // the count and latency (queued to completed) percentiles, read
+  // from log-spaced bins (within a factor sqrt(2)).
+  py::dict counts;
+  py::dict latency;
+  for (const auto& c : pg.latencyStats()) {
+    const char* name = smddp::toString(static_cast<smddp::CollectiveType>(c.collective));
+    py::str key(name);
+    counts[key] = (counts.contains(key) ? counts[key].cast<uint64_t>() : 0) + c.count;
+    if (!latency.contains(key)) latency[key] = py::list();
+    py::dict cell;
+    const uint64_t lo = c.sizeClass == 0 ? 0 : uint64_t{1} << (2 * c.sizeClass);
+    cell["size_class"] = c.sizeClass;
+    cell["min_bytes"] = lo;
+    cell["max_bytes"] = c.sizeClass == smddp::LatencyHistograms::kSizeClasses - 1
+                            ? py::object(py::none())
+                            : py::object(py::int_((uint64_t{1} << (2 * c.sizeClass + 2)) - 1));
+    cell["count"] = c.count;
+    cell["mean_us"] = c.meanUs;
+    cell["p50_us"] = c.p50Us;
+    cell["p99_us"] = c.p99Us;
+    latency[key].cast<py::list>().append(cell);
+  }
+  d["collective_counts"] = counts;
+  d["latency"] = latency;
+  return d;
+}
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch-smddp native extension";
-  // True when this build has the CUDA path (SMDDP_WITH_CUDA).
-  m.def("built_with_cuda", &c10d_smddp::builtWithCuda);
+// The process group and what it needs from Python: the formation cancel
+// token, the group, and the atexit hook that stops live groups.
+void bindProcessGroup(py::module_& m) {
   // Handed to a group's constructor, cancel() from another thread stops
   // it forming: the constructor then raises within a few ms
   // (store_bootstrap.h). torch_smddp.torchft's abort() uses it.
@@ -186,41 +219,7 @@ PYBIND11_MODULE(_C, m) {
       // Both join the engine thread, which may need the GIL (see NoGilHolder).
       .def("shutdown", &ProcessGroupSmddp::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("abort", &ProcessGroupSmddp::abort, py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](ProcessGroupSmddp& pg) {
-        py::dict d = statsToDict(pg.stats());
-        d["allreduce_path"] = pg.allreducePath();
-        d["reduction_servers"] = pg.reductionServers();
-        d["ring_depth"] = pg.ringDepth();
-        d["standalone_servers"] = pg.standaloneServers();
-        d["device_calls"] = pg.deviceCalls();
-        d["intra_route"] = pg.intraRoute();
-        // Per collective: calls, and per size class (power-of-4 bytes)
-        // the count and latency (queued to completed) percentiles, read
-        // from log-spaced bins (within a factor sqrt(2)).
-        py::dict counts;
-        py::dict latency;
-        for (const auto& c : pg.latencyStats()) {
-          const char* name = smddp::toString(static_cast<smddp::CollectiveType>(c.collective));
-          py::str key(name);
-          counts[key] = (counts.contains(key) ? counts[key].cast<uint64_t>() : 0) + c.count;
-          if (!latency.contains(key)) latency[key] = py::list();
-          py::dict cell;
-          const uint64_t lo = c.sizeClass == 0 ? 0 : uint64_t{1} << (2 * c.sizeClass);
-          cell["size_class"] = c.sizeClass;
-          cell["min_bytes"] = lo;
-          cell["max_bytes"] = c.sizeClass == smddp::LatencyHistograms::kSizeClasses - 1
-                                  ? py::object(py::none())
-                                  : py::object(py::int_((uint64_t{1} << (2 * c.sizeClass + 2)) - 1));
-          cell["count"] = c.count;
-          cell["mean_us"] = c.meanUs;
-          cell["p50_us"] = c.p50Us;
-          cell["p99_us"] = c.p99Us;
-          latency[key].cast<py::list>().append(cell);
-        }
-        d["collective_counts"] = counts;
-        d["latency"] = latency;
-        return d;
-      })
+      .def("stats", &groupStats)
       // The flight recorder's entries, oldest first (torch_smddp.flight_recorder).
       .def("flight_recorder", [](const ProcessGroupSmddp& pg) {
         py::list out;
@@ -265,6 +264,11 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("atexit").attr("register")(py::cpp_function(
       [] { ProcessGroupSmddp::shutdownAll(); }, py::call_guard<py::gil_scoped_release>()));
 
+}
+
+// The parameters (torch_smddp.info, docs/configuration.md), the server
+// lookup and the desync report.
+void bindParamsAndReports(py::module_& m) {
   // What torch_smddp looks the standalone reduction servers up with, read
   // and checked where the variables are declared (hostpath/host_path.h).
   m.def("server_lookup", [] {
@@ -324,6 +328,10 @@ PYBIND11_MODULE(_C, m) {
     }
     return smddp::formatDesyncReport(ps);
   });
+}
+
+// python -m torch_smddp.server, and what torch_smddp.info shows.
+void bindServerAndInfo(py::module_& m) {
   // python -m torch_smddp.server (torch_smddp/server.py): the torch-free
   // standalone reduction servers, run on threads of their own.
   // The key: `key` (the job's, from a store), else the file at
@@ -383,6 +391,17 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(b, smddp::LatencyHistograms::binLowUs(b),
                           smddp::LatencyHistograms::binHighUs(b));
   });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch-smddp native extension";
+  // True when this build has the CUDA path (SMDDP_WITH_CUDA).
+  m.def("built_with_cuda", &c10d_smddp::builtWithCuda);
+  bindProcessGroup(m);
+  bindParamsAndReports(m);
+  bindServerAndInfo(m);
   m.attr("built_with_torch") = SMDDP_BUILT_WITH_TORCH;
   c10d_smddp::bindSimTesting(m);
 }
