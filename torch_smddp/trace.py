@@ -3,6 +3,7 @@ trace-event JSON per rank) and flight-recorder dumps (SMDDP_DEBUG_DIR).
 
     python -m torch_smddp.trace plot DIR --out step.png [--step -1] [--profile PATTERN]
     python -m torch_smddp.trace analyze DIR [--last 5]
+    python -m torch_smddp.trace stragglers DIR [--group NAME]
 
 ``analyze`` reads the flight-recorder dumps a failed job left in
 ``SMDDP_DEBUG_DIR`` and prints, per group, the desync report its error
@@ -14,6 +15,13 @@ carried (which rank is behind, on which call) and each rank's last calls
 batches and their shared-memory phases: plan, copy in, combine, copy out) and,
 when a torch.profiler trace of that rank is given or found in DIR
 (``profile.rank<R>.json``), the backward pass's autograd ops.
+
+``stragglers`` reads the SMDDP_TIMELINE files of a job and ranks who holds
+the others back: for every collective that all ranks of a group recorded,
+the rank that called it last, and the wait that alone caused (its call
+minus the one before the last, the time the others waited for it only).
+Call times are the timeline's wall clock: exact between ranks of one host,
+as good as the hosts' clock sync across hosts.
 
 Each subcommand lives in its own function; ``main`` only parses arguments.
 """
@@ -270,6 +278,65 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- stragglers --------------------------------------------------------------
+
+def stragglers(directory: str, group: str | None = None) -> dict[str, dict]:
+    """{group: ranking} from the SMDDP_TIMELINE files in ``directory``.
+
+    A ranking holds ``calls`` (collectives every rank of the group recorded),
+    ``ranks`` (the ranks seen) and ``rows``: one per rank, most wait caused
+    first, each with ``rank``, ``last`` (calls it was last to make),
+    ``share`` (of ``calls``) and ``caused_ms`` (the wait it alone caused:
+    per call it was last, its call time minus the one before the last).
+    """
+    per_rank = {r: collective_spans(ev) for r, ev in load_timelines(directory).items()}
+    groups: dict[str, dict[int, dict[int, float]]] = {}
+    for rank, spans in per_rank.items():
+        for s in spans:
+            if group is not None and s["group"] != group:
+                continue
+            groups.setdefault(s["group"], {}).setdefault(s["seq"], {})[rank] = s["begin"]
+    out = {}
+    for name, calls in groups.items():
+        ranks = sorted({r for by_rank in calls.values() for r in by_rank})
+        last = {r: 0 for r in ranks}
+        caused = {r: 0.0 for r in ranks}
+        n = 0
+        for by_rank in calls.values():
+            if len(by_rank) != len(ranks) or len(ranks) < 2:
+                continue  # not recorded by every rank (a file cut short)
+            n += 1
+            order = sorted(by_rank.items(), key=lambda kv: kv[1])
+            who, when = order[-1]
+            last[who] += 1
+            caused[who] += (when - order[-2][1]) / 1000.0  # us -> ms
+        rows = [{"rank": r, "last": last[r], "share": last[r] / n if n else 0.0,
+                 "caused_ms": caused[r]} for r in ranks]
+        rows.sort(key=lambda x: (-x["caused_ms"], -x["last"], x["rank"]))
+        out[name] = {"calls": n, "ranks": ranks, "rows": rows}
+    return out
+
+
+def format_stragglers(result: dict[str, dict]) -> str:
+    lines = []
+    for name, g in sorted(result.items()):
+        lines.append(f"group {name}: {g['calls']} collective(s) recorded by all "
+                     f"{len(g['ranks'])} ranks")
+        lines.append(f"  {'rank':>4}  {'last':>6}  {'share':>6}  {'wait caused ms':>14}  "
+                     f"{'per call ms':>11}")
+        for row in g["rows"]:
+            per = row["caused_ms"] / g["calls"] if g["calls"] else 0.0
+            lines.append(f"  {row['rank']:>4}  {row['last']:>6}  {row['share']:>6.0%}  "
+                         f"{row['caused_ms']:>14.1f}  {per:>11.2f}")
+    return "\n".join(lines) if lines else "no collectives in the timeline files"
+
+
+def _cmd_stragglers(args: argparse.Namespace) -> int:
+    result = stragglers(args.dir, group=args.group)
+    print(format_stragglers(result))
+    return 0 if result else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m torch_smddp.trace",
                                      description="Tools for SMDDP_TIMELINE trace files and "
@@ -279,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("dir", help="the SMDDP_DEBUG_DIR of the failed job")
     a.add_argument("--last", type=int, default=5, help="calls to show per rank (default 5)")
     a.set_defaults(func=_cmd_analyze)
+    g = sub.add_parser("stragglers", help="which rank holds the others back, from timeline files")
+    g.add_argument("dir", help="directory holding the timeline.rank<R>.json files (SMDDP_TIMELINE)")
+    g.add_argument("--group", default=None, help="only this group (default: every group)")
+    g.set_defaults(func=_cmd_stragglers)
     p = sub.add_parser("plot", help="draw one DDP step across ranks")
     p.add_argument("dir", help="directory holding the timeline.rank<R>.json files")
     p.add_argument("--out", required=True, help="PNG to write")
