@@ -71,6 +71,19 @@ PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilHolder<T>, true)
 
 namespace {
 
+// Runs make() with the GIL released and returns what it built, the GIL
+// held again. A factory py::init must not release the GIL with
+// py::call_guard: the guard stays released while pybind registers the new
+// instance in its instance map, which only the GIL guards, and a thread
+// creating or freeing pybind objects meanwhile corrupts the map
+// ("pybind11_object_dealloc(): Tried to deallocate unregistered instance!",
+// pybind/pybind11#5473; torchft configures groups on a thread of its own).
+template <typename Make>
+auto releaseWhile(Make&& make) {
+  py::gil_scoped_release release;
+  return make();
+}
+
 py::dict statsToDict(const smddp::Stats& s) {
   py::dict d;
   d["bytes_sent"] = s.bytesSent;
@@ -203,14 +216,19 @@ void bindProcessGroup(py::module_& m) {
                        std::shared_ptr<c10d_smddp::FormationCancel> cancel) {
              std::optional<smddp::RegisteredServers> servers;
              if (serverHosts) servers = registeredServers(*serverHosts, serverOrigin, serverKey);
-             return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
-                 store, rank, size, timeout, std::move(name), /*hostOnly=*/false,
-                 std::move(servers), std::move(cancel)));
+             // Forming the group waits on its peers, so it runs without the
+             // GIL; pybind then registers the instance, which needs the GIL
+             // back (releaseWhile).
+             return releaseWhile([&] {
+               return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
+                   store, rank, size, timeout, std::move(name), /*hostOnly=*/false,
+                   std::move(servers), std::move(cancel)));
+             });
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("group_name") = "default", py::arg("server_hosts") = py::none(),
            py::arg("server_origin") = "", py::arg("server_key") = "",
-           py::arg("cancel") = py::none(), py::call_guard<py::gil_scoped_release>())
+           py::arg("cancel") = py::none())
       // The group's asynchronous error as text, or None (async_error.h),
       // and its c10d ErrorType (Backend::getError: SUCCESS, TIMEOUT,
       // COMM_ERROR), which torch binds only for its own backends.
@@ -348,15 +366,14 @@ void bindServerAndInfo(py::module_& m) {
              o.keyFile = keyFile;
              o.key = key;
              try {
-               return std::make_unique<smddp::StandaloneServer>(o);
+               return releaseWhile([&] { return std::make_unique<smddp::StandaloneServer>(o); });
              } catch (const smddp::Error& e) {
                if (e.kind() == smddp::ErrorKind::kInvalidArgument) throw py::value_error(e.what());
                throw;
              }
            }),
            py::arg("bind"), py::arg("base_port"), py::arg("count"), py::arg("job"),
-           py::arg("key_file") = "", py::arg("key") = "",
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("key_file") = "", py::arg("key") = "")
       .def_property_readonly("ports", &smddp::StandaloneServer::ports)
       .def("stop", &smddp::StandaloneServer::stop, py::call_guard<py::gil_scoped_release>())
       .def("pieces_reduced", &smddp::StandaloneServer::piecesReduced)

@@ -423,3 +423,51 @@ def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin:
     return {"provider": provider, "sent": sent_line.strip(), "expected_rejects": expected,
             "rejected_delta": delta, "wrong": wrong, "calls": calls, "intruder_exit": code,
             "errors": torch_smddp.stats()["errors"]}
+
+
+def construct_while_churning(groups: int) -> dict:
+    """Constructs `groups` world-1 groups and as many standalone servers on a
+    thread (both constructors release the GIL while they work) while the
+    main thread creates and frees pybind objects of this module, as
+    torchft does when it configures a group on its quorum thread. A
+    constructor that registered its instance without the GIL corrupted
+    pybind's instance map: the process aborted within about 2 s
+    ("pybind11_object_dealloc(): Tried to deallocate unregistered
+    instance!"). Returns what was built and how much churn ran beside it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from torch_smddp import _C
+
+    built = {"groups": 0, "servers": 0, "sums": []}
+    errors = []
+
+    def construct():
+        try:
+            for i in range(groups):
+                pg = _C.ProcessGroupSmddp(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30),
+                                          f"churn{i}")
+                import torch
+                t = torch.full((4,), float(i))
+                pg.all_reduce_now(t, dist.ReduceOp.SUM)
+                built["sums"].append(t.tolist())
+                pg.shutdown()
+                del pg
+                built["groups"] += 1
+                server = _C.StandaloneServer("127.0.0.1", 0, 1, "churn", key="k" * 64)
+                server.stop()
+                del server
+                built["servers"] += 1
+        except Exception as e:  # noqa: BLE001  (reported to the test)
+            errors.append(f"{type(e).__name__}: {e}")
+
+    worker = threading.Thread(target=construct)
+    worker.start()
+    churned = 0
+    while worker.is_alive():
+        objs = [_C.FormationCancel() for _ in range(200)]
+        churned += len(objs)
+        del objs
+    worker.join()
+    return {**built, "churned": churned, "errors": errors}

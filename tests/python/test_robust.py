@@ -6,6 +6,7 @@ children report JSON (cases_robust.py, cases_failures.py) and the
 assertions are made here.
 """
 
+import json
 import os
 import random
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases_robust as cr  # noqa: E402  (torch-free at import time)
-from mp_harness import backend_under_test, run_world  # noqa: E402
+from mp_harness import backend_under_test, run_with_deadline, run_world  # noqa: E402
 
 BACKEND = backend_under_test()
 pytestmark = pytest.mark.skipif("smddp" not in BACKEND,
@@ -156,3 +157,33 @@ def test_foreign_libfabric_frames_are_rejected_and_counted(provider):
     print(f"\n{provider}: " + "; ".join(
         f"rank {r}: {res['sent']}, rejected {res['rejected_delta']}, {res['calls']} allreduces ok"
         for r, res in enumerate(results)))
+
+
+# ---------------------------------------------------------------------------
+# 4. constructors that release the GIL, beside threads that hold it
+# ---------------------------------------------------------------------------
+
+CHURN_GROUPS = 20
+
+
+def test_constructing_on_a_thread_while_another_makes_pybind_objects_does_not_abort():
+    """torchft forms its groups on a quorum thread while the training thread
+    runs Python. The group's and the server's constructors release the GIL
+    while they form; pybind then registers the new instance, which must
+    happen with the GIL held again (pybind/pybind11#5473): otherwise the
+    process aborts in pybind11_object_dealloc. Oracle: the process lives,
+    every group's allreduce of i on one rank gives i, and the churn really
+    ran beside the constructors."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import cases_robust as cr; "
+            f"print('RESULT ' + json.dumps(cr.construct_while_churning({CHURN_GROUPS})))")
+    code, timed_out, text = run_with_deadline(
+        [sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))], 120,
+        dict(os.environ))
+    assert not timed_out, f"hung:\n{text[-3000:]}"
+    assert code == 0, f"exited {code}:\n{text[-3000:]}"
+    res = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+    assert res["errors"] == [], res["errors"]
+    assert res["groups"] == res["servers"] == CHURN_GROUPS, res
+    assert res["sums"] == [[float(i)] * 4 for i in range(CHURN_GROUPS)]
+    assert res["churned"] > 0
+    print(f"\n{CHURN_GROUPS} groups and servers built beside {res['churned']} pybind objects")
