@@ -157,6 +157,34 @@ smddp::RegisteredServers registeredServers(const std::vector<std::string>& hosts
   return r;
 }
 
+// Who issued the recent collectives last (hostpath/arrivals.h): calls,
+// window, ranks (those covered) and rows, most wait caused first; None
+// where the group's path cannot tell.
+py::object stragglersToDict(const smddp::Stragglers& st) {
+  if (st.rows.empty()) return py::none();
+  py::dict s;
+  s["calls"] = st.calls;
+  s["window"] = st.window;
+  py::list ranks;
+  std::vector<smddp::StragglerRow> rows = st.rows;
+  for (const auto& r : rows) ranks.append(r.rank);
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.causedNs != b.causedNs ? a.causedNs > b.causedNs : a.last > b.last;
+  });
+  py::list out;
+  for (const auto& r : rows) {
+    py::dict row;
+    row["rank"] = r.rank;
+    row["last"] = r.last;
+    row["share"] = st.calls ? static_cast<double>(r.last) / static_cast<double>(st.calls) : 0.0;
+    row["caused_ms"] = static_cast<double>(r.causedNs) / 1e6;
+    out.append(row);
+  }
+  s["ranks"] = ranks;
+  s["rows"] = out;
+  return s;
+}
+
 py::dict groupStats(ProcessGroupSmddp& pg) {
   py::dict d = statsToDict(pg.stats());
   d["allreduce_path"] = pg.allreducePath();
@@ -165,6 +193,7 @@ py::dict groupStats(ProcessGroupSmddp& pg) {
   d["standalone_servers"] = pg.standaloneServers();
   d["device_calls"] = pg.deviceCalls();
   d["intra_route"] = pg.intraRoute();
+  d["stragglers"] = stragglersToDict(pg.stragglers());
   // Per collective: calls, and per size class (power-of-4 bytes)
   // the count and latency (queued to completed) percentiles, read
   // from log-spaced bins (within a factor sqrt(2)).

@@ -142,6 +142,9 @@ class ProcessGroupSmddp : public c10d::Backend {
     return comm_ && comm_->allreducePath().throughHostSegment() ? "shared-memory" : provider();
   }
   int reductionServers() const { return comm_ ? comm_->allreducePath().reductionServers() : 0; }
+  smddp::Stragglers stragglers() const {
+    return comm_ ? comm_->allreducePath().stragglers() : smddp::Stragglers{};
+  }
   int standaloneServers() const { return comm_ ? comm_->allreducePath().standaloneServers() : 0; }
   // The network path's receive ring per peer (SMDDP_RING_DEPTH, resolved).
   int64_t ringDepth() const { return comm_ ? comm_->config().ringDepth : 0; }

@@ -78,6 +78,21 @@ class AllreduceBatch {
   bool onCaller_;
 };
 
+// Who issued the group's recent collectives last (hostpath/arrivals.h):
+// over the last `calls` of at most `window` collectives, per rank how often
+// it was the last to issue one and the wait that alone caused (its issue
+// time minus the one before it). Empty where the path cannot tell.
+struct StragglerRow {
+  int rank = 0;
+  uint64_t last = 0;
+  int64_t causedNs = 0;
+};
+struct Stragglers {
+  uint64_t calls = 0;
+  uint64_t window = 0;
+  std::vector<StragglerRow> rows;  // one per rank it covers
+};
+
 class AllreducePath {
  public:
   virtual ~AllreducePath() = default;
@@ -95,6 +110,9 @@ class AllreducePath {
   // For the group's description: how allreduce runs, its geometry and why.
   virtual std::string describe() const = 0;
   virtual int reductionServers() const = 0;
+  // Straggler attribution; only the host segment's path can tell (its
+  // ranks share a clock), and only for the ranks of this host.
+  virtual Stragglers stragglers() const { return {}; }
   // Standalone reduction servers it shards over (those it reached).
   virtual int standaloneServers() const { return 0; }
   // Shutdown, once no thread runs calls: gives back what the path holds

@@ -3,10 +3,15 @@
 // every host when there are several), publishes it in the segment, and the
 // other ranks take the same calls from their queues, checking each.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "engine/exchange.h"
+#include "hostpath/arrivals.h"
 #include "hostpath/fusion_batch.h"
 #include "hostpath/fusion_scheduler.h"
 
@@ -107,7 +112,49 @@ struct WirePlan {
 }  // namespace
 
 void FusionBufferScheduler::noteIssued(uint64_t next) {
-  segment_->ctl().issued[me_].value.store(next, std::memory_order_release);
+  auto& ctl = segment_->ctl();
+  const uint64_t from = issuedMark_;
+  if (next <= from) {
+    ctl.issued[me_].value.store(next, std::memory_order_release);
+    return;
+  }
+  issuedMark_ = next;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  stampArrivals(ctl.arrivals, me_, from, next, now);
+  ctl.issued[me_].value.store(next, std::memory_order_release);
+  if (topo_.localSize < 2) return;
+  // Against a rank publishing at the same time: one of the two sees both.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const int boundaries = attributeArrivals(ctl.arrivals, topo_.localSize, from, next, [&](int p) {
+    return ctl.issued[p].value.load(std::memory_order_acquire);
+  });
+  if (boundaries > 0 && stragglerReport_ > 0) reportStragglers();
+}
+
+Stragglers FusionBufferScheduler::stragglers() const {
+  std::lock_guard<std::mutex> lock(segmentMu_);
+  if (!segment_ || topo_.localSize < 2) return {};
+  Stragglers s = readStragglers(segment_->ctl().arrivals, topo_.localSize);
+  for (auto& row : s.rows) row.rank = globalRank(row.rank);
+  return s;
+}
+
+void FusionBufferScheduler::reportStragglers() {
+  Stragglers s = readStragglers(segment_->ctl().arrivals, topo_.localSize);
+  if (s.calls < kStragglerWindow / 2) return;
+  auto top = std::max_element(s.rows.begin(), s.rows.end(),
+                              [](const auto& a, const auto& b) { return a.last < b.last; });
+  if (top->last * 100 <= static_cast<uint64_t>(stragglerReport_) * s.calls) return;
+  char wait[32];
+  std::snprintf(wait, sizeof(wait), "%.1f", static_cast<double>(top->causedNs) / 1e6);
+  SMDDP_LOG(kWarn) << "smddp: group '" << ctx_.name() << "': rank " << globalRank(top->rank)
+                   << " was the last to issue " << top->last << " of this host's last "
+                   << s.calls << " collectives (" << (top->last * 100 / s.calls)
+                   << "%), which alone kept the others waiting " << wait
+                   << " ms (SMDDP_STRAGGLER_REPORT=" << stragglerReport_
+                   << "; torch_smddp.stats()['stragglers'])";
 }
 
 uint64_t FusionBufferScheduler::issuedOnHost(uint64_t firstSeq) const {

@@ -39,6 +39,10 @@ SMDDP_PARAM_INT(paramStreamSpinUs, "SMDDP_STREAM_SPIN_US", 500, 0, 1000000,
 SMDDP_PARAM_BYTES(paramSmallBytes, "SMDDP_SMALL_BYTES", 65536, 0, 1LL << 28,
                   "fusion batches up to this size (and at most one SMDDP_SHM_SLOT_BYTES slot) run "
                   "in one step in which every rank reduces every rank's part (0: never)")
+SMDDP_PARAM_INT(paramStragglerReport, "SMDDP_STRAGGLER_REPORT", 0, 0, 100,
+                "log a warning when one rank of a host was the last to issue more than this "
+                "percentage of the host's last 256 collectives (checked every 256; 0: never). "
+                "torch_smddp.stats()['stragglers'] has the counts either way")
 SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
                   "fusion buffers at least this large copy results out with non-temporal stores, "
                   "unless a caller runs its own synchronous call on a host with a core per rank")
@@ -61,6 +65,7 @@ FusionBufferScheduler::FusionBufferScheduler(EngineContext& ctx,
                                         : std::max<int64_t>(ctx.config().spinUs,
                                                             ctx.config().streamSpinUs);
   smallBytes_ = std::min<uint64_t>(ctx.config().smallBytes, segment_->slotBytes());
+  stragglerReport_ = static_cast<int>(paramStragglerReport());
 }
 
 FusionBufferScheduler::~FusionBufferScheduler() = default;
@@ -81,6 +86,7 @@ std::string FusionBufferScheduler::describe() const {
 
 void FusionBufferScheduler::release() {
   serverLinks_.reset();
+  std::lock_guard<std::mutex> lock(segmentMu_);
   segment_.reset();
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,8 @@ class FusionBufferScheduler final : public AllreducePath {
   void noteIssued(uint64_t next) override;
   std::string describe() const override;
   int reductionServers() const override { return servers_; }
+  // The ranks of this host (arrivals.h), in the group's ranks.
+  Stragglers stragglers() const override;
   int standaloneServers() const override { return standalone_; }
   // Unmaps the segment and closes the standalone servers' links.
   void release() override;
@@ -148,6 +151,14 @@ class FusionBufferScheduler final : public AllreducePath {
   int standalone_ = 0;                        // K, the same on every rank
   uint64_t nextBatch_ = 0;  // worker thread only
   uint64_t nextStep_ = 0;   // worker thread only
+  // Straggler attribution (arrivals.h): the issued mark this rank last
+  // published (caller threads, under the queue's lock), and
+  // SMDDP_STRAGGLER_REPORT's share in percent (0: no log line).
+  uint64_t issuedMark_ = 0;
+  int stragglerReport_ = 0;
+  void reportStragglers();
+  // stats() reads the segment from any thread; release() unmaps it.
+  mutable std::mutex segmentMu_;
 };
 
 }  // namespace smddp

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/allreduce_path.h"  // kMaxFusedCalls: a plan holds that many calls
+#include "hostpath/arrivals.h"
 #include "transport/bootstrap.h"
 
 namespace smddp {
@@ -65,7 +66,10 @@ struct SegmentControl {
   // A batch only fuses calls every rank has issued: a rank whose caller
   // waits on call k before issuing k + 1 is never asked for k + 1 early.
   SharedCounter issued[kHostMaxRanks];
+  // When each rank issued its recent collectives, and who was last.
+  ArrivalBoard arrivals;
 };
+static_assert(kArrivalMaxRanks == kHostMaxRanks);
 
 class HostSegment {
  public:

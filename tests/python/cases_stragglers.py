@@ -1,6 +1,6 @@
 """World-4 job for test_stragglers.py: the same allreduces on two groups,
 rank 2 sleeping 20 ms before each call on the first ("slow") and nobody on
-the second ("even"), recorded with SMDDP_TIMELINE."""
+the second ("even"), recorded with SMDDP_TIMELINE, and what torch_smddp.stats() says live."""
 
 import time
 
@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch_smddp
 
 CALLS = 30
+WINDOW = 256  # hostpath/arrivals.h kStragglerWindow
 
 
 def _phase(rank, world, group, sleeper):
@@ -24,6 +25,32 @@ def _phase(rank, world, group, sleeper):
     return bad
 
 
+def _window_phase(rank, world, group, sleeper, calls):
+    """`calls` allreduces, `sleeper` sleeping 2 ms before each; returns the
+    smddp log lines this process wrote meanwhile (fd 2)."""
+    import os
+    import tempfile
+    bad = 0
+    want = world * (world + 1) / 2
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            for _ in range(calls):
+                t = torch.ones(1024) * (rank + 1)
+                if rank == sleeper:
+                    time.sleep(0.002)
+                dist.all_reduce(t, group=group)
+                bad += int(not torch.all(t == want))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        lines = [ln for ln in f.read().decode(errors="replace").splitlines()
+                 if "SMDDP_STRAGGLER_REPORT" in ln]
+    return bad, lines
+
+
 def stragglers(rank, world):
     ranks = list(range(world))
     slow = dist.new_group(ranks, backend="smddp", group_desc="slow")
@@ -32,6 +59,17 @@ def stragglers(rank, world):
     bad += _phase(rank, world, even, sleeper=-1)
     names = {"slow": dist.distributed_c10d._get_process_group_name(slow),
              "even": dist.distributed_c10d._get_process_group_name(even)}
+    # The live counts, as every rank of the host reads them.
+    live = {"slow": torch_smddp.stats(slow)["stragglers"],
+            "even": torch_smddp.stats(even)["stragglers"]}
+    # SMDDP_STRAGGLER_REPORT (set by the test): one window (WINDOW calls)
+    # with rank 1 sleeping, then one without.
+    window = dist.new_group(ranks, backend="smddp", group_desc="window")
+    b, report_slow = _window_phase(rank, world, window, 1, WINDOW)
+    bad += b
+    b, report_even = _window_phase(rank, world, window, -1, WINDOW)
+    bad += b
     dist.barrier()
     torch_smddp._C.timeline_flush()
-    return {"bad": bad, "names": names}
+    return {"bad": bad, "names": names, "live": live,
+            "report": {"slow": report_slow, "even": report_even}}
