@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 #include "common/error.h"
@@ -44,23 +45,42 @@ FiInfoPtr makeHints(const std::string& provider) {
   return hints;
 }
 
+// Our defaults for libfabric's providers. Defaults only: a value the user
+// set wins. Set before the process's first fi_getinfo, since a provider
+// reads some of its variables once, when that call loads it.
+//
 // rxm over tcp, as libfabric 1.17 ships it, sends a message above 16 KiB
 // in segments through bounce buffers (SAR) or by rendezvous, and copies
 // even eager ones into a bounce buffer first. A cross-host step's piece is
 // 64-128 KiB (a 256 KiB slot over 2-4 hosts): sent eager, from the
 // caller's buffer, a 4 x 2 cluster at 2 Gbit/s moves 64 MiB at 85-90% of
-// the link bound instead of 70-85% (docs/notes/2026-11-rxm-eager-limit.md). Defaults only: a value the user set wins. rxm reads both when
-// it opens an endpoint (rxm_ep_settings_init; FI_LOG_LEVEL=info prints
-// "Protocol limits: Eager: 262144"), which comes after this.
-void tuneRxmOverTcp() {
-  setenv("FI_OFI_RXM_EAGER_LIMIT", "262144", 0);
-  setenv("FI_OFI_RXM_ENABLE_DIRECT_SEND", "1", 0);
+// the link bound instead of 70-85% (docs/notes/2026-11-rxm-eager-limit.md).
+// rxm reads these two when it opens an endpoint (FI_LOG_LEVEL=info prints
+// "Protocol limits: Eager: 262144").
+//
+// rxm also makes FI_OFI_RXM_MSG_RX_SIZE receive buffers for its endpoint
+// and for each connection, read when the provider loads. At the default
+// of 128, opening an endpoint took 20-60 ms in a training process, most of
+// the 45-65 ms in which a torchft survivor formed its new group after a
+// replica died (Gloo: 1 ms); at 16, 10-14 ms. Our receives are posted
+// before their data arrives, so these buffers only take control frames and
+// data that beats its receive, and a full queue only holds the sender back:
+// at 2 Gbit the cross-host allreduce reached the same share of the link
+// from 64 KiB to 64 MiB with 16 as with 128
+// (docs/notes/2026-11-25-group-formation.md).
+void libfabricDefaults() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    setenv("FI_OFI_RXM_EAGER_LIMIT", "262144", 0);
+    setenv("FI_OFI_RXM_ENABLE_DIRECT_SEND", "1", 0);
+    setenv("FI_OFI_RXM_MSG_RX_SIZE", "16", 0);
+  });
 }
 
 // getinfo, keeping only entries whose provider name matches exactly (the
 // "tcp" request must not silently come back as "tcp;ofi_rxm" or vice versa).
 FiInfoPtr getInfo(const std::string& provider) {
-  if (provider == "tcp;ofi_rxm") tuneRxmOverTcp();
+  libfabricDefaults();
   FiInfoPtr hints = makeHints(provider);
   fi_info* raw = nullptr;
   int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
@@ -99,6 +119,7 @@ std::string chooseProvider(bool allRanksOnOneHost, std::string* why) {
 }
 
 std::vector<std::string> availableProviders() {
+  libfabricDefaults();
   FiInfoPtr hints = makeHints("");
   fi_info* raw = nullptr;
   std::vector<std::string> out;

@@ -37,7 +37,8 @@ def provider_and_collectives(rank, world):
         collective_oracle.HOST_GROUPS = list(groups.values())
     res = collectives_vs_gloo(rank, world, quick=True)
     return {"provider": backend.provider, "closed_form_ok": closed_form_ok,
-            "rxm_env": _process_env("FI_OFI_RXM_EAGER_LIMIT", "FI_OFI_RXM_ENABLE_DIRECT_SEND"),
+            "rxm_env": _process_env("FI_OFI_RXM_EAGER_LIMIT", "FI_OFI_RXM_ENABLE_DIRECT_SEND",
+                                    "FI_OFI_RXM_MSG_RX_SIZE"),
             "allreduce_path": torch_smddp.stats()["allreduce_path"],
             "ring_depth": torch_smddp.stats()["ring_depth"],
             "call_order_bad": overlapping_calls(rank, world),
