@@ -64,19 +64,18 @@ class StoreBootstrap : public smddp::Bootstrap {
   }
   // A TCPStore blocks on the key in its server, so a waiting thread costs
   // nothing; other stores (a FileStore polls its file) are polled slowly.
-  // A cancellable wait polls instead, backing off to kCancelPoll: a store
+  // A cancellable wait polls instead (PollPause), backing off to kCancelPoll: a store
   // wait cannot be interrupted, and one cut into slices logs a warning per
   // slice that runs out.
   bool waitFor(const std::string& key, std::chrono::milliseconds timeout) override {
     const auto until = std::chrono::steady_clock::now() + timeout;
     if (cancel_) {
-      auto pause = std::chrono::microseconds(500);
+      smddp::PollPause pause(kCancelPoll);
       while (true) {
         cancel_->check();
         if (store_->check({key})) return true;
         if (std::chrono::steady_clock::now() >= until) return false;
-        std::this_thread::sleep_for(pause);
-        pause = std::min<std::chrono::microseconds>(pause * 2, kCancelPoll);
+        std::this_thread::sleep_for(pause.next());
       }
     }
     if (!blocksOnWait()) {

@@ -59,7 +59,7 @@ std::string joinGroupInstance(Bootstrap& b, int rank, int size,
   std::vector<std::string> answered(size);
   std::vector<bool> joined(size, false);
   joined[0] = true;
-  auto pause = std::chrono::microseconds(200);
+  PollPause pause(std::chrono::microseconds(20000));
   while (true) {
     std::string missing;
     for (int r = 1; r < size; ++r) {
@@ -81,8 +81,7 @@ std::string joinGroupInstance(Bootstrap& b, int rank, int size,
                                           std::to_string(timeout.count()) +
                                           " ms waiting for rank(s) " + missing + " to join");
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+    std::this_thread::sleep_for(pause.next());
   }
 }
 

@@ -3,6 +3,7 @@
 // directory (processes). Nothing here knows about libfabric.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -30,6 +31,27 @@ class Bootstrap {
   // Another handle on the same keys through the same connection (an owned
   // copy of a view that may not outlive its caller); null if unsupported.
   virtual std::unique_ptr<Bootstrap> share() { return clone(); }
+};
+
+// The sleeps of a wait that polls the store: 200 us while the wait is
+// younger than 50 ms, then doubling up to `cap`. Ranks forming the same
+// group mostly arrive within tens of ms of each other; a pause that had
+// already doubled to many ms by then added about as much again to the
+// formation (torchft forms a group after each quorum change). A wait for
+// a rank that is not coming soon still costs the store little.
+class PollPause {
+ public:
+  explicit PollPause(std::chrono::microseconds cap) : cap_(cap) {}
+  std::chrono::microseconds next() {
+    if (std::chrono::steady_clock::now() - start_ < std::chrono::milliseconds(50)) return pause_;
+    pause_ = std::min(pause_ * 2, cap_);
+    return pause_;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::microseconds pause_{200};
+  std::chrono::microseconds cap_;
 };
 
 // Joins this instance of a group and returns its nonce, which prefixes
