@@ -108,22 +108,19 @@ def main(argv=None) -> None:
     log = open(os.path.join(args.out, f"steps.{args.replica}.jsonl"), "a", buffering=1)
     cls = type(pg)
 
+    def timed(event, call, *a, **kw):
+        t0 = time.time()
+        try:
+            return call(*a, **kw)
+        finally:
+            log.write(json.dumps({"event": event, "t": time.time(), "s": time.time() - t0}) + "\n")
+
     class Timed(cls):
         def abort(self, *a, **kw):
-            t0 = time.time()
-            try:
-                return super().abort(*a, **kw)
-            finally:
-                log.write(json.dumps({"event": "abort", "t": time.time(), "s": time.time() - t0})
-                          + "\n")
+            return timed("abort", super().abort, *a, **kw)
 
         def _create_pg(self, *a, **kw):
-            t0 = time.time()
-            try:
-                return super()._create_pg(*a, **kw)
-            finally:
-                log.write(json.dumps({"event": "form", "t": time.time(), "s": time.time() - t0})
-                          + "\n")
+            return timed("form", super()._create_pg, *a, **kw)
 
     pg.__class__ = Timed
 

@@ -91,27 +91,19 @@ def debug_log(rank, world):
     """With SMDDP_LOG_LEVEL=debug (set by the test): the group line that a new
     group logs at info, and one debug line per collective, captured from this
     process's stderr (fd 2, where the C++ logger writes)."""
-    import os
-    import tempfile
+    from mp_harness import captured_stderr
     sizes = [3, 5, 7]
-    with tempfile.TemporaryFile() as f:
-        saved = os.dup(2)
-        os.dup2(f.fileno(), 2)
-        try:
-            g = dist.new_group(list(range(world)))
-            ts = [torch.full((n,), float(rank + 1)) for n in sizes]
-            works = [dist.all_reduce(t, group=g, async_op=True) for t in ts]
-            for w in works:
-                w.wait()
-            b = torch.full((11,), float(rank))
-            dist.broadcast(b, src=0, group=g)
-            dist.destroy_process_group(g)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        f.seek(0)
-        text = f.read().decode(errors="replace")
+    lines = []
+    with captured_stderr(lines):
+        g = dist.new_group(list(range(world)))
+        ts = [torch.full((n,), float(rank + 1)) for n in sizes]
+        works = [dist.all_reduce(t, group=g, async_op=True) for t in ts]
+        for w in works:
+            w.wait()
+        b = torch.full((11,), float(rank))
+        dist.broadcast(b, src=0, group=g)
+        dist.destroy_process_group(g)
     expect = float(world * (world + 1) // 2)
     ok = all(torch.equal(t, torch.full_like(t, expect)) for t in ts) and \
         torch.equal(b, torch.zeros(11))
-    return {"ok": ok, "lines": text.splitlines()}
+    return {"ok": ok, "lines": lines}

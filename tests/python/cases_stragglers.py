@@ -7,48 +7,34 @@ import time
 import torch
 import torch.distributed as dist
 import torch_smddp
+from mp_harness import captured_stderr
 
 CALLS = 30
 WINDOW = 256  # hostpath/arrivals.h kStragglerWindow
 
 
-def _phase(rank, world, group, sleeper):
+def _phase(rank, world, group, sleeper, calls=CALLS, sleep_s=0.020, numel=16384):
+    """`calls` allreduces, `sleeper` sleeping `sleep_s` before each; returns
+    how many gave a wrong sum."""
     bad = 0
     want = world * (world + 1) / 2
-    for _ in range(CALLS):
-        t = torch.ones(16384) * (rank + 1)
+    for _ in range(calls):
+        t = torch.ones(numel) * (rank + 1)
         torch.mul(t, 1.0)  # the same small work on every rank
         if rank == sleeper:
-            time.sleep(0.020)
+            time.sleep(sleep_s)
         dist.all_reduce(t, group=group)
         bad += int(not torch.all(t == want))
     return bad
 
 
-def _window_phase(rank, world, group, sleeper, calls):
-    """`calls` allreduces, `sleeper` sleeping 2 ms before each; returns the
-    smddp log lines this process wrote meanwhile (fd 2)."""
-    import os
-    import tempfile
-    bad = 0
-    want = world * (world + 1) / 2
-    with tempfile.TemporaryFile() as f:
-        saved = os.dup(2)
-        os.dup2(f.fileno(), 2)
-        try:
-            for _ in range(calls):
-                t = torch.ones(1024) * (rank + 1)
-                if rank == sleeper:
-                    time.sleep(0.002)
-                dist.all_reduce(t, group=group)
-                bad += int(not torch.all(t == want))
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        f.seek(0)
-        lines = [ln for ln in f.read().decode(errors="replace").splitlines()
-                 if "SMDDP_STRAGGLER_REPORT" in ln]
-    return bad, lines
+def _window_phase(rank, world, group, sleeper):
+    """One window of allreduces, `sleeper` sleeping 2 ms before each; returns
+    the SMDDP_STRAGGLER_REPORT lines this process logged meanwhile."""
+    lines = []
+    with captured_stderr(lines):
+        bad = _phase(rank, world, group, sleeper, calls=WINDOW, sleep_s=0.002, numel=1024)
+    return bad, [ln for ln in lines if "SMDDP_STRAGGLER_REPORT" in ln]
 
 
 def stragglers(rank, world):
@@ -65,9 +51,9 @@ def stragglers(rank, world):
     # SMDDP_STRAGGLER_REPORT (set by the test): one window (WINDOW calls)
     # with rank 1 sleeping, then one without.
     window = dist.new_group(ranks, backend="smddp", group_desc="window")
-    b, report_slow = _window_phase(rank, world, window, 1, WINDOW)
+    b, report_slow = _window_phase(rank, world, window, 1)
     bad += b
-    b, report_even = _window_phase(rank, world, window, -1, WINDOW)
+    b, report_even = _window_phase(rank, world, window, -1)
     bad += b
     dist.barrier()
     torch_smddp._C.timeline_flush()

@@ -452,6 +452,22 @@ def run_with_deadline(cmd, timeout, env, cwd=REPO_ROOT):
     return proc.returncode, timed_out, text
 
 
+@contextlib.contextmanager
+def captured_stderr(lines: list[str]):
+    """Appends to ``lines`` what this process writes to fd 2 (where the
+    C++ logger writes) inside the block."""
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            lines.extend(f.read().decode(errors="replace").splitlines())
+
+
 def expect_raises(fn: Callable[[], Any], exc: type | tuple = Exception,
                   what: str = "") -> str:
     """Call ``fn``; it must raise ``exc``. Returns the exception's message.
