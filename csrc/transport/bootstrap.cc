@@ -1,6 +1,7 @@
 #include "transport/bootstrap.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <fstream>
 #include <map>
@@ -8,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <unistd.h>
@@ -142,14 +144,22 @@ std::string fileNameFor(const std::string& dir, const std::string& key) {
 void FileBootstrap::set(const std::string& key, const std::string& value) {
   // Write then rename, so a reader never sees a half-written value.
   std::string path = fileNameFor(dir_, key);
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  // The temporary name is unique per call, not per process: ranks run as
+  // threads of one process in tests (and several writers may answer one key,
+  // such as a desync request), and two writers sharing a temporary file
+  // would each rename the other's away.
+  static std::atomic<uint64_t> serial{0};
+  std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." +
+                    std::to_string(serial.fetch_add(1, std::memory_order_relaxed));
   {
     std::ofstream f(tmp, std::ios::binary);
     f.write(value.data(), static_cast<std::streamsize>(value.size()));
     SMDDP_CHECK(f.good(), kInternal, "cannot write bootstrap file " + tmp);
   }
-  SMDDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, kInternal,
-              "cannot rename bootstrap file " + tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throwError(ErrorKind::kInternal, "cannot rename bootstrap file " + tmp + " to " + path);
+  }
 }
 
 bool FileBootstrap::tryGet(const std::string& key, std::string* value) {
