@@ -22,7 +22,7 @@ from . import _C  # noqa: E402  (needs torch.distributed's pybind types first)
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "all_reduce_", "stats", "reset_stats", "flight_recorder",
-           "ProcessGroupSmddp"]
+           "Options", "ProcessGroupSmddp"]
 
 ProcessGroupSmddp = _C.ProcessGroupSmddp
 
@@ -92,16 +92,57 @@ def job_server_key(store, job: str) -> str:
     return store.compare_set(f"smddp_servers/{job}/key", "", secrets.token_hex(32)).decode()
 
 
+class Options:
+    """One smddp group's own settings, given as ``pg_options``::
+
+        grads = dist.new_group(backend="smddp",
+                               pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
+        model = DistributedDataParallel(model, process_group=grads)
+
+    Args:
+        cross_host_dtype: what the group's f32 partials cross hosts in:
+            ``"fp32"``, ``"bf16"`` or ``"fp16"`` (SMDDP_CROSS_HOST_DTYPE,
+            which applies when this is None; docs/design.md, "Compression
+            between hosts"). Every rank of the group must give the same.
+    """
+
+    def __init__(self, cross_host_dtype: str | None = None) -> None:
+        if cross_host_dtype is not None and not isinstance(cross_host_dtype, str):
+            raise TypeError("torch_smddp.Options: cross_host_dtype must be a str such as 'bf16', "
+                            f"not {type(cross_host_dtype).__name__}")
+        self.cross_host_dtype = cross_host_dtype
+
+    def __repr__(self) -> str:
+        return f"torch_smddp.Options(cross_host_dtype={self.cross_host_dtype!r})"
+
+
+def _server_kwargs(store, timeout) -> dict:
+    """The standalone reduction servers found in a store, as keyword
+    arguments of ``_C.ProcessGroupSmddp`` (none when SMDDP_SERVER_HOSTS or
+    nothing names them)."""
+    found = _servers_from_store(store, timeout)
+    if found is None:
+        return {}
+    hosts, origin, key = found
+    return {"server_hosts": hosts, "server_origin": origin, "server_key": key}
+
+
+def _option_kwargs(options) -> dict:
+    """``pg_options`` as keyword arguments of ``_C.ProcessGroupSmddp``."""
+    if options is None:
+        return {}
+    if not isinstance(options, Options):
+        raise TypeError("backend 'smddp' takes pg_options=torch_smddp.Options(...), not "
+                        f"{type(options).__name__}")
+    return {"cross_host_dtype": options.cross_host_dtype or ""}
+
+
 def _create_backend(dist_backend_opts, backend_options=None):
     opts = dist_backend_opts
     name = str(getattr(opts, "group_id", "default"))
-    found = _servers_from_store(opts.store, opts.timeout)
-    if found is None:
-        pg = _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name)
-    else:
-        hosts, origin, key = found
-        pg = _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name,
-                                  server_hosts=hosts, server_origin=origin, server_key=key)
+    pg = _C.ProcessGroupSmddp(opts.store, opts.group_rank, opts.group_size, opts.timeout, name,
+                              **_server_kwargs(opts.store, opts.timeout),
+                              **_option_kwargs(backend_options))
     # torch's flight recorder format names the world group "default_pg" and
     # lists every group's global ranks (TORCH_FR_DUMP_TEMP_FILE dumps).
     ranks = list(getattr(opts, "global_ranks_in_group", []) or [])

@@ -125,13 +125,9 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
             if self._group_rank is not None and self._group_world_size:
                 name += f"_rank_{self._group_rank % self._group_world_size}"
         # Standalone reduction servers registered in a store (SMDDP_SERVER_COUNT).
-        found = torch_smddp._servers_from_store(store, self._timeout)
-        servers = {}
-        if found is not None:
-            hosts, origin, key = found
-            servers = {"server_hosts": hosts, "server_origin": origin, "server_key": key}
         backend = _C.ProcessGroupSmddp(store, rank, world_size, self._timeout, name,
-                                       cancel=cancel, **servers)
+                                       cancel=cancel,
+                                       **torch_smddp._server_kwargs(store, self._timeout))
         pg = dist.ProcessGroup(store, rank, world_size)
         pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
         pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)

@@ -97,7 +97,7 @@ std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& c
   route->rail = c10::make_intrusive<ProcessGroupSmddp>(
       c10::make_intrusive<c10d::PrefixStore>(base + "rail" + std::to_string(localRank) + "/", s.store),
       hostIdx, route->hosts, s.timeout, s.groupName + "/rail" + std::to_string(localRank),
-      /*hostOnly=*/true, s.servers);
+      /*hostOnly=*/true, s.servers, nullptr, s.crossHostDtype);
   auto entered = ctx.enter();
   const auto opts = at::TensorOptions().dtype(at::kByte).device(ctx.torchDevice());
   for (int i = 0; i < slots; ++i) route->scratch.push_back(at::empty({static_cast<int64_t>(slotBytes)}, opts));

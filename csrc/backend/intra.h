@@ -41,6 +41,7 @@ struct IntraSetup {
   std::chrono::milliseconds timeout{300000};
   bool sim = false;
   std::optional<smddp::RegisteredServers> servers;  // the rail group's (cross-host) servers
+  std::string crossHostDtype;                       // the rail group's cross_host_dtype
 };
 
 // SMDDP_INTRA: auto (NCCL where every host has 2 or more distinct GPUs),

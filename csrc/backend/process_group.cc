@@ -36,13 +36,15 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
                                      int size, std::chrono::milliseconds timeout,
                                      std::string groupName, bool hostOnly,
                                      std::optional<smddp::RegisteredServers> servers,
-                                     std::shared_ptr<FormationCancel> cancel)
+                                     std::shared_ptr<FormationCancel> cancel,
+                                     std::string crossHostDtype)
     : c10d::Backend(rank, size),
       groupName_(std::move(groupName)),
       store_(store),
       timeout_(timeout),
       hostOnly_(hostOnly),
-      servers_(std::move(servers)) {
+      servers_(std::move(servers)),
+      crossHostDtype_(std::move(crossHostDtype)) {
   if (!hostOnly_) simDevice_ = deviceSimRequested();
   // SMDDP_TIMELINE: the first group of the process (the world group) opens
   // the file named after its rank.
@@ -54,6 +56,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   opts.timeout = timeout;
   opts.name = groupName_;
   opts.servers = servers_;
+  opts.crossHostDtype = crossHostDtype_;
   try {
     comm_ = std::make_unique<smddp::Communicator>(boot, opts, smddp::standardEngineParts());
     WorkSmddp::setDefaultSpin(std::chrono::microseconds(comm_->config().spinUs));
@@ -66,7 +69,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
     // in the order the device calls were made (device_collectives.h).
     hostGroup_ = c10::make_intrusive<ProcessGroupSmddp>(
         c10::make_intrusive<c10d::PrefixStore>("device", store_), rank_, size_, timeout_,
-        groupName_ + "/device", /*hostOnly=*/true, servers_, cancel);
+        groupName_ + "/device", /*hostOnly=*/true, servers_, cancel, crossHostDtype_);
   }
   std::lock_guard<std::mutex> lock(gLiveMu);
   gLive.insert(this);
@@ -149,6 +152,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     intra.timeout = timeout_;
     intra.sim = dev.is_cpu();
     intra.servers = servers_;
+    intra.crossHostDtype = crossHostDtype_;
     device_ = std::make_unique<DeviceCollectives>(std::move(ctx), hostGroup_, rank_, timeout_,
                                                   std::move(intra));
   }

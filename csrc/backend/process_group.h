@@ -33,7 +33,8 @@ class ProcessGroupSmddp : public c10d::Backend {
                     std::chrono::milliseconds timeout, std::string groupName,
                     bool hostOnly = false,
                     std::optional<smddp::RegisteredServers> servers = std::nullopt,
-                    std::shared_ptr<FormationCancel> cancel = nullptr);
+                    std::shared_ptr<FormationCancel> cancel = nullptr,
+                    std::string crossHostDtype = "");
   ~ProcessGroupSmddp() override;
 
   const std::string getBackendName() const override { return "smddp"; }
@@ -261,6 +262,7 @@ class ProcessGroupSmddp : public c10d::Backend {
   const bool hostOnly_;    // the device path's private host group: never routes to a device
   // Servers found in a store, handed on to the device path's host group.
   const std::optional<smddp::RegisteredServers> servers_;
+  const std::string crossHostDtype_;  // torch_smddp.Options' cross_host_dtype ("": the variable)
   bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
   // The device path's private host-only group, made with the group (every
   // rank is there then), where a device path is possible: a later first

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "server/server_wire.h"
 
 namespace smddp {
@@ -29,6 +30,9 @@ struct CommOptions {
   std::chrono::milliseconds timeout{300000};
   std::string name = "default";  // for messages and logs
   std::optional<RegisteredServers> servers;
+  // The group's own SMDDP_CROSS_HOST_DTYPE (torch_smddp.Options); empty:
+  // the variable decides.
+  std::string crossHostDtype;
 };
 
 struct EngineConfig {
@@ -56,7 +60,17 @@ struct EngineConfig {
   int serverSharePercent = -1;             // SMDDP_SERVER_SHARE (-1: balanced)
   int64_t serverWaitSeconds = 60;          // SMDDP_SERVER_WAIT
   bool serverRequired = false;             // SMDDP_SERVER_REQUIRED
+  // What f32 partials cross hosts in: kFloat32, kBFloat16 or kFloat16
+  // (SMDDP_CROSS_HOST_DTYPE, or the group's option; reduce/narrow_wire.h).
+  DataType crossHostDtype = DataType::kFloat32;
 };
+
+// "fp32", "bf16" or "fp16" (also float32, bfloat16, float16, half) as the
+// wire type; anything else throws kInvalidArgument naming `source` (the
+// variable or the option that held it).
+DataType parseCrossHostDtype(const std::string& value, const std::string& source);
+// The name parseCrossHostDtype takes back: "fp32", "bf16" or "fp16".
+const char* crossHostDtypeName(DataType t);
 
 // The engine's own parameters: the engine thread's polling, the path
 // choice, the servers per host (communicator.cc) and the exchange's wire

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include "common/crypto.h"
 #include "common/logging.h"
@@ -44,11 +45,32 @@ void applyRegisteredServers(EngineConfig& c, const std::optional<RegisteredServe
               "(python -m torch_smddp.server --rendezvous HOST:PORT --job SMDDP_SERVER_JOB)");
 }
 
+DataType parseCrossHostDtype(const std::string& value, const std::string& source) {
+  std::string v;
+  for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "fp32" || v == "float32") return DataType::kFloat32;
+  if (v == "bf16" || v == "bfloat16") return DataType::kBFloat16;
+  if (v == "fp16" || v == "float16" || v == "half") return DataType::kFloat16;
+  throwError(ErrorKind::kInvalidArgument,
+             source + "='" + value + "' is not a cross-host dtype: use fp32, bf16 or fp16");
+}
+
+const char* crossHostDtypeName(DataType t) {
+  switch (t) {
+    case DataType::kBFloat16: return "bf16";
+    case DataType::kFloat16: return "fp16";
+    default: return "fp32";
+  }
+}
+
 EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineConfig config,
                              std::vector<std::string>& shmTrouble)
     : rank_(opts.rank), size_(opts.size), name_(opts.name), timeoutMs_(opts.timeout.count()),
       config_(std::move(config)) {
   applyRegisteredServers(config_, opts.servers);  // the key lives on in config_ only
+  if (!opts.crossHostDtype.empty()) {
+    config_.crossHostDtype = parseCrossHostDtype(opts.crossHostDtype, "cross_host_dtype");
+  }
   SMDDP_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, kInvalidArgument,
               "invalid rank " + std::to_string(rank_) + " for world size " +
                   std::to_string(size_));

@@ -54,6 +54,12 @@ std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& 
                      << "' takes the network-only allreduce path, which does not use standalone "
                         "reduction servers (docs/design.md, \"Standalone reduction servers\")";
   }
+  if (config.crossHostDtype != DataType::kFloat32 && ctx.peers().hostCount() > 1 &&
+      ctx.rank() == 0) {
+    SMDDP_LOG(kWarn) << "SMDDP_CROSS_HOST_DTYPE is " << crossHostDtypeName(config.crossHostDtype)
+                     << ", but group '" << ctx.name() << "' takes the network-only allreduce path ("
+                     << networkOnly << "), where partials cross hosts in their own dtype";
+  }
   if (fusing) return openNetworkFusion(ctx, std::move(networkOnly));
   return openNetworkAllreduce(ctx, std::move(networkOnly));
 }

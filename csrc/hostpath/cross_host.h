@@ -13,6 +13,7 @@
 #include "engine/exchange.h"
 #include "hostpath/fusion_batch.h"
 #include "hostpath/fusion_scheduler.h"
+#include "reduce/narrow_wire.h"
 #include "reduce/reduce_kernels.h"
 #include "server/server_wire.h"
 #include "transport/frame.h"
@@ -37,10 +38,21 @@ class FusionBufferScheduler::CrossHost {
         share_(serverShareMillionths(H_, K_, s.ctx_.config().serverSharePercent)),
         wide_(s.widePartials(b.dtype)),
         acc_(wide_ ? DataType::kFloat32 : b.dtype), es_(elementSize(acc_)),
-        steps_(depth), ex_(s.ctx_, b.firstSeq, b.sigs[0]) {
-    // Each step's pieces from the other hosts land in a slice of their own.
-    pieceBytes_ = ((chunkElems + H_ - 1) / H_ + 1) * es_;
-    partials_.resize(depth * H_ * pieceBytes_ + 1);
+        wire_(s.crossHostWire(b.dtype, b.op)), steps_(depth), ex_(s.ctx_, b.firstSeq, b.sigs[0]) {
+    maxPiece_ = (chunkElems + H_ - 1) / H_ + 1;
+    pieceBytes_ = maxPiece_ * es_;
+    if (narrow()) {
+      // Per step, 3H wire slices: this host's pieces going out (slice
+      // myHost_: its server's result going back), the other hosts'
+      // partials of this host's piece, and their results for theirs.
+      sliceBytes_ = (narrowWireBytes(maxPiece_, wire_) + 63) & ~size_t{63};
+      wireSlices_.resize(depth * 3 * H_ * sliceBytes_ + 1);
+      // Room to scale one piece, then each host's partial widened.
+      scratch_.resize((H_ + 1) * maxPiece_);
+    } else {
+      // Each step's pieces from the other hosts land in a slice of their own.
+      partials_.resize(depth * H_ * pieceBytes_ + 1);
+    }
     SMDDP_CHECK(K_ == 0 || (s.serverLinks_ && s.serverLinks_->count() == K_), kInternal,
                 "smddp: a host server rank without its standalone-server links");
   }
@@ -78,6 +90,9 @@ class FusionBufferScheduler::CrossHost {
     const Range mine = piece[myHost_];
     const size_t mineBytes = mine.count * es_;
     SMDDP_CHECK(mineBytes <= pieceBytes_, kInternal, "smddp: a cross-host piece outgrew its slice");
+    st.len = len;
+    ++posted_;
+    if (narrow()) return postNarrow(k, st, piece, tag);
     uint8_t* partials = partials_.data() + (k % steps_.size()) * H_ * pieceBytes_;
     // Outstanding: H-1 partials in, H-1 pieces back, 2(H-1) sends.
     st.partialsLeft = H_ - 1;
@@ -113,8 +128,6 @@ class FusionBufferScheduler::CrossHost {
       ex_.send(peerOf(h), kPhaseHostsToServer, tag, piece[h].offset * es_,
                data + piece[h].offset * es_, piece[h].count * es_, sent);
     }
-    st.len = len;
-    ++posted_;
   }
 
   // Reads what completed; true if any step finished. Throws on failure.
@@ -165,6 +178,80 @@ class FusionBufferScheduler::CrossHost {
     return true;
   }
   int peerOf(int h) const { return s_.topo_.ranksOfHost[h][local_]; }
+  bool narrow() const { return wire_ != DataType::kFloat32; }
+
+  // post() across hosts in the narrow wire type (reduce/narrow_wire.h):
+  // this host's pieces go out packed; host h's server widens the partials
+  // (its own one rounded the same way), sums them in f32 in host order, and
+  // packs the result once, which every host then reads back (itself
+  // included), so every rank gets the same bytes.
+  void postNarrow(uint64_t k, Step& st, const std::vector<Range>& piece, uint32_t tag) {
+    float* data = reinterpret_cast<float*>(st.data);
+    uint8_t* slices = wireSlices_.data() + (k % steps_.size()) * 3 * H_ * sliceBytes_;
+    auto out = [this, slices](int h) { return slices + h * sliceBytes_; };
+    auto partial = [this, slices](int h) { return slices + (H_ + h) * sliceBytes_; };
+    auto result = [this, slices](int h) { return slices + (2 * H_ + h) * sliceBytes_; };
+    const Range mine = piece[myHost_];
+    const size_t es = elementSize(wire_);
+    st.partialsLeft = H_ - 1;
+    st.left = 4 * (H_ - 1);
+    auto sent = [&st] { --st.left; };
+    auto reduceAndReturn = [this, &st, data, mine, out, partial, tag, es, sent] {
+      float* own = data + mine.offset;
+      std::vector<const void*> in(H_);
+      auto t0 = std::chrono::steady_clock::now();
+      // Its own partial is rounded through the wire form too: every
+      // host's partial is then rounded once whichever host serves an
+      // element (the pieces move with the batch), so bf16 gives the same
+      // bits from run to run.
+      packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_.data());
+      for (int h = 0; h < H_; ++h) {
+        float* wide = scratch_.data() + (h + 1) * maxPiece_;
+        unpackOrThrow(wide, h == myHost_ ? out(h) : partial(h), mine.count, h, "partial");
+        in[h] = wide;
+      }
+      reduceOrdered(own, in.data(), H_, mine.count, DataType::kFloat32, b_.op,
+                    b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0);
+      packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_.data());
+      unpackOrThrow(own, out(myHost_), mine.count, myHost_, "result");
+      s_.ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - t0).count();
+      const size_t bytes = narrowWireBytes(mine.count, wire_);
+      for (int h = 0; h < H_; ++h) {
+        if (h != myHost_) ex_.send(peerOf(h), kPhaseHostsReturn, tag, mine.offset * es,
+                                   out(myHost_), bytes, sent);
+      }
+    };
+    for (int h = 0; h < H_; ++h) {
+      if (h == myHost_) continue;
+      ex_.recv(peerOf(h), kPhaseHostsToServer, tag, partial(h),
+               narrowWireBytes(mine.count, wire_), [&st, reduceAndReturn] {
+                 --st.left;
+                 if (--st.partialsLeft == 0) reduceAndReturn();
+               });
+      const Range p = piece[h];
+      ex_.recv(peerOf(h), kPhaseHostsReturn, tag, result(h), narrowWireBytes(p.count, wire_),
+               [this, &st, data, p, h, result] {
+                 unpackOrThrow(data + p.offset, result(h), p.count, h, "result");
+                 --st.left;
+               });
+    }
+    for (int h = 0; h < H_; ++h) {
+      if (h == myHost_) continue;
+      packNarrowWire(out(h), data + piece[h].offset, piece[h].count, wire_, scratch_.data());
+      ex_.send(peerOf(h), kPhaseHostsToServer, tag, piece[h].offset * es, out(h),
+               narrowWireBytes(piece[h].count, wire_), sent);
+    }
+  }
+  void unpackOrThrow(float* dst, const uint8_t* src, uint64_t count, int host, const char* what) {
+    if (!unpackNarrowWire(dst, src, count, wire_)) {
+      throwError(ErrorKind::kMismatch,
+                 "smddp: the cross-host " + std::string(what) + " from host " +
+                     std::to_string(host) + " (rank " + std::to_string(peerOf(host)) +
+                     ") carries an invalid scale for " + crossHostDtypeName(wire_) +
+                     " (SMDDP_CROSS_HOST_DTYPE)");
+    }
+  }
 
   FusionBufferScheduler& s_;
   Batch& b_;
@@ -174,6 +261,7 @@ class FusionBufferScheduler::CrossHost {
   const bool wide_;
   const DataType acc_;
   const size_t es_;
+  const DataType wire_;  // kFloat32: the partials cross in acc_
   // The buffers the posted messages point into come before the exchange,
   // so they outlive it: when a failure unwinds the batch, the exchange's
   // destructor cancels and waits for its receives before they are freed.
@@ -181,9 +269,13 @@ class FusionBufferScheduler::CrossHost {
   // quarantines the endpoint, which is then never progressed, nor closed
   // (EngineContext::release), so it cannot write here any more.
   std::vector<Step> steps_;  // ring of `depth`: step k at k % depth
-  std::vector<uint8_t> partials_;
+  std::vector<uint8_t> partials_;     // acc_: the other hosts' partials
+  std::vector<uint8_t> wireSlices_;   // narrow: see postNarrow
+  std::vector<float> scratch_;        // narrow: scaling and widening
   Exchange ex_;
+  uint64_t maxPiece_ = 0;  // elements of the largest piece of a step
   size_t pieceBytes_ = 0;
+  size_t sliceBytes_ = 0;
   uint64_t posted_ = 0, done_ = 0;
 };
 

@@ -155,6 +155,14 @@ uint64_t FusionBufferScheduler::chunkElems(DataType dt) const {
   return std::max<uint64_t>(1, segment_->slotBytes() / slotElemBytes);
 }
 
+DataType FusionBufferScheduler::crossHostWire(DataType dt, ReduceOp op) const {
+  const bool f32Partials = dt == DataType::kFloat32 || widePartials(dt);
+  if (topo_.hosts() < 2 || !f32Partials || (op != ReduceOp::kSum && op != ReduceOp::kAvg)) {
+    return DataType::kFloat32;
+  }
+  return ctx_.config().crossHostDtype;
+}
+
 void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
                                  const std::function<std::string()>& waitingOn, bool mayBlock) {
   using clock = std::chrono::steady_clock;

@@ -135,6 +135,10 @@ class FusionBufferScheduler final : public AllreducePath {
   bool widePartials(DataType dt) const {
     return topo_.hosts() > 1 && (dt == DataType::kFloat16 || dt == DataType::kBFloat16);
   }
+  // What a batch's f32 partials cross hosts in (SMDDP_CROSS_HOST_DTYPE):
+  // the narrow type for SUM and AVG of f32, f16 and bf16; otherwise (and
+  // on one host) kFloat32, meaning the partials' own type.
+  DataType crossHostWire(DataType dt, ReduceOp op) const;
   // Elements of one shard per pipeline step: what a result slot holds.
   uint64_t chunkElems(DataType dt) const;
 

@@ -54,6 +54,14 @@ SMDDP_PARAM_INT(paramServerWait, "SMDDP_SERVER_WAIT", 60, 0, 86400,
                 "seconds a worker waits at group creation for each standalone reduction server "
                 "to accept (a server may start after the workers; at most half the group "
                 "timeout); the group goes on without one that some rank could not reach by then")
+SMDDP_PARAM_STRING(paramCrossHostDtype, "SMDDP_CROSS_HOST_DTYPE", "fp32",
+                   "what f32 host partials cross hosts in on the shared-memory path: fp32, bf16 "
+                   "or fp16 (f16 scaled per piece by a power of two, so it never overflows); "
+                   "each host reduces in f32, the hosts' servers accumulate in f32 and return "
+                   "the result in this type (SUM and AVG of f32, f16 and bf16 only; the same "
+                   "on every rank; a group's torch_smddp.Options(cross_host_dtype=...) "
+                   "overrides it)")
+
 SMDDP_PARAM_BOOL(paramServerRequired, "SMDDP_SERVER_REQUIRED", false,
                  "a standalone reduction server unreachable at group creation fails the group "
                  "instead of being left out")
@@ -74,6 +82,7 @@ void readHostPathParams(EngineConfig& c) {
   }
   c.shmDepth = paramShmDepth();
   c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
+  c.crossHostDtype = parseCrossHostDtype(paramCrossHostDtype(), "SMDDP_CROSS_HOST_DTYPE");
 }
 
 ServerLookup serverLookupParams() {
@@ -213,8 +222,11 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
   // the network-only path, which fuses queued calls too (at 2 Gbit/s, 64
   // MiB: 2 x 1 hosts 88% of the link bound through the segment, 93-97%
   // without; benchmarks/RESULTS.md). Standalone reduction servers are
-  // reached from the hierarchical path only, so they keep it.
-  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty()) {
+  // reached from the hierarchical path only, so they keep it, and so does
+  // a narrow SMDDP_CROSS_HOST_DTYPE: the network-only path's ring would
+  // round a partial at every hop.
+  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty() &&
+      config.crossHostDtype == DataType::kFloat32) {
     *reason = "one rank per host";
     return nullptr;
   }
@@ -247,9 +259,18 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
     if (e.kind() != ErrorKind::kTransport) throw;
     status = e.what();
   }
-  // Every host must take the same path.
-  auto all = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "hostpath", status,
-                                ctx.timeout());
+  // Every host must take the same path, and send the same type across.
+  const std::string wire = crossHostDtypeName(config.crossHostDtype);
+  auto all = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "hostpath",
+                                wire + " " + status, ctx.timeout());
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::string theirs = all[r].substr(0, all[r].find(' '));
+    SMDDP_CHECK(theirs == wire, kInvalidArgument,
+                "group '" + ctx.name() + "': rank " + std::to_string(ctx.rank()) +
+                    " has SMDDP_CROSS_HOST_DTYPE (or cross_host_dtype) " + wire + " but rank " +
+                    std::to_string(r) + " has " + theirs + "; it must be the same on every rank");
+    all[r] = all[r].substr(all[r].find(' ') + 1);
+  }
   auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return s != "ok"; });
   if (bad != all.end()) {
     *reason = "shared memory is unavailable on some rank";

@@ -83,3 +83,79 @@ def pipelined_steps(rank, world):
             bad.append(f"{key}{i}")
     st = torch_smddp.stats()
     return {"bad": bad, "cases": len(cases) + len(ts), "path": st["allreduce_path"]}
+
+
+def compressed_group(rank, world):
+    """2 pretend hosts x 2 ranks. A group made with
+    ``pg_options=torch_smddp.Options(cross_host_dtype="bf16")`` sends its f32
+    partials across hosts in bf16; the world group (fp32) is untouched.
+    Oracles: Gloo's sum of the same inputs (f64 for the bound), the bf16
+    rounding of torch itself, and the other ranks' bytes."""
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = {}
+    gloo = dist.new_group(backend="gloo")
+    narrow = dist.new_group(backend="smddp",
+                            pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
+    gen = torch.Generator().manual_seed(1234 + rank)
+    # Magnitudes from 2^-40 to 2^40, and values that cancel between hosts.
+    x = torch.randn(200_003, generator=gen) * torch.pow(2.0, torch.randint(-40, 41, (200_003,),
+                                                                           generator=gen))
+    x[::7] = 1e6 * (1 if rank < 2 else -1) + torch.randn(x[::7].shape, generator=gen)
+    exact = x.double().clone()
+    dist.all_reduce(exact, group=gloo)  # f64: exact enough to bound an f32/bf16 sum
+    plain, small = x.clone(), x.clone()
+    dist.all_reduce(plain)
+    dist.all_reduce(small, group=narrow)
+    # The world group is untouched: the f32 result, within f32's rounding.
+    absum = x.double().abs()
+    dist.all_reduce(absum, group=gloo)
+    err32 = (plain.double() - exact).abs()
+    out["fp32_within_f32_bound"] = bool((err32 <= 4 * 2.0 ** -24 * absum).all())
+    # bf16 across: every element is a bf16 value (the result crossed in bf16).
+    out["bf16_representable"] = bool(torch.equal(small.to(torch.bfloat16).float(), small))
+    out["fp32_not_representable"] = not torch.equal(plain.to(torch.bfloat16).float(), plain)
+    # The bound of docs/design.md, "Compression between hosts", with the
+    # host partials' magnitudes over-estimated by the inputs' (sum |x|).
+    bound = 2.0 ** -8 * 1.01 * (absum + exact.abs()) + 6 * 2.0 ** -24 * absum
+    err = (small.double() - exact).abs()
+    out["bf16_within_bound"] = bool((err <= bound).all())
+    out["bf16_error_seen"] = float((err / bound.clamp_min(1e-300)).max())
+    # Every rank holds the same bytes.
+    mine = small.view(torch.int32).to(torch.int64).sum().item()
+    all_sums = [None] * world
+    dist.all_gather_object(all_sums, mine, group=gloo)
+    out["same_bytes_everywhere"] = len(set(all_sums)) == 1
+    # DDP on the compressed group trains as on Gloo (same seed, same data).
+    def train(group):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
+        ddp = DDP(model, process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(99 + rank)
+        w = torch.linspace(-1, 1, 32)
+        losses = []
+        for _ in range(40):
+            inp = torch.randn(64, 32, generator=g)
+            loss = ((ddp(inp).squeeze(1) - 0.3 * (inp @ w)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+    out["loss_gloo"] = train(gloo)
+    out["loss_bf16"] = train(narrow)
+    # A value that names no dtype, and options of another backend.
+    try:
+        dist.new_group(backend="smddp", pg_options=torch_smddp.Options(cross_host_dtype="fp8"))
+        out["bad_value"] = "no error"
+    except (ValueError, RuntimeError) as e:
+        out["bad_value"] = str(e)
+    try:
+        dist.new_group(backend="smddp", pg_options=object())
+        out["bad_type"] = "no error"
+    except TypeError as e:
+        out["bad_type"] = str(e)
+    dist.barrier(group=gloo)
+    return out

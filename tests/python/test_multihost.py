@@ -121,3 +121,22 @@ def test_hosts_keep_many_network_steps_in_flight():
         assert res["path"] == "shared-memory", (rank, res["path"])
         assert res["bad"] == [], (rank, res["bad"])
         assert res["cases"] == 29, (rank, res["cases"])
+
+
+def test_a_group_can_cross_hosts_in_bf16_and_stays_within_the_bound():
+    # docs/design.md, "Compression between hosts": only the group made with
+    # torch_smddp.Options(cross_host_dtype="bf16") narrows; the bound and the
+    # bytes are checked against Gloo's f64 sum of the same inputs.
+    results = run_world(4, "cases_multihost:compressed_group", timeout=240,
+                        env={"SMDDP_HOST_ID": lambda rank: f"host{rank // 2}"})
+    for rank, res in enumerate(results):
+        assert res["fp32_within_f32_bound"] and res["fp32_not_representable"], rank
+        assert res["bf16_representable"], rank
+        assert res["bf16_within_bound"], rank
+        assert res["bf16_error_seen"] > 0.05, (rank, res["bf16_error_seen"])
+        assert res["same_bytes_everywhere"], rank
+        for a, b in zip(res["loss_gloo"], res["loss_bf16"]):
+            assert abs(a - b) <= 0.02 * abs(a) + 1e-4, (rank, res["loss_gloo"], res["loss_bf16"])
+        assert res["loss_bf16"][-1] < 0.7 * res["loss_bf16"][0], (rank, res["loss_bf16"])
+        assert "cross_host_dtype='fp8' is not a cross-host dtype" in res["bad_value"], res
+        assert "torch_smddp.Options" in res["bad_type"], res

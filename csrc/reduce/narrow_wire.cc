@@ -1,0 +1,83 @@
+#include "reduce/narrow_wire.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/error.h"
+#include "reduce/reduce_kernels.h"
+
+namespace smddp {
+
+namespace {
+
+constexpr size_t kScaleBytes = sizeof(float);
+
+void checkWire(DataType wire) {
+  SMDDP_CHECK(wire == DataType::kBFloat16 || wire == DataType::kFloat16, kInternal,
+              std::string("smddp: no narrow wire form for ") + toString(wire));
+}
+
+// The power of two that maps the largest finite magnitude where the wire
+// type keeps it finite (see the header).
+float chooseScale(const float* src, size_t count, DataType wire) {
+  float m = 0.0f;
+  for (size_t i = 0; i < count; ++i) {
+    const float a = std::fabs(src[i]);
+    if (a > m && std::isfinite(a)) m = a;  // NaN compares false
+  }
+  if (m == 0.0f) return 1.0f;
+  int e = 0;
+  std::frexp(m, &e);  // m < 2^e
+  int se = wire == DataType::kFloat16 ? 15 - e : std::min(0, 127 - e);
+  se = std::clamp(se, -126, 127);
+  return std::ldexp(1.0f, se);
+}
+
+}  // namespace
+
+size_t narrowWireBytes(size_t count, DataType wire) {
+  checkWire(wire);
+  return kScaleBytes + count * elementSize(wire);
+}
+
+void packNarrowWire(void* dst, const float* src, size_t count, DataType wire, float* scratch) {
+  checkWire(wire);
+  const float scale = chooseScale(src, count, wire);
+  auto* out = static_cast<unsigned char*>(dst);
+  std::memcpy(out, &scale, kScaleBytes);
+  if (count == 0) return;
+  const float* from = src;
+  if (scale != 1.0f) {
+    for (size_t i = 0; i < count; ++i) scratch[i] = src[i] * scale;
+    from = scratch;
+  }
+  narrowFromFloat(out + kScaleBytes, from, count, wire);
+}
+
+bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire) {
+  checkWire(wire);
+  const auto* in = static_cast<const unsigned char*>(src);
+  float scale;
+  std::memcpy(&scale, in, kScaleBytes);
+  int e = 0;
+  if (!std::isfinite(scale) || std::frexp(scale, &e) != 0.5f || e < -125 || e > 128) return false;
+  if (count == 0) return true;
+  const void* elems = in + kScaleBytes;
+  reduceOrderedToFloat(dst, &elems, 1, count, wire, ReduceOp::kSum);
+  if (scale != 1.0f) {
+    // A power of two: exact. Only a value within half a wire ulp of f32's
+    // largest can round up past it; it reads back as the largest.
+    const float inv = 1.0f / scale;
+    const float most = std::numeric_limits<float>::max();
+    for (size_t i = 0; i < count; ++i) {
+      const float w = dst[i];
+      const float v = w * inv;
+      dst[i] = std::isinf(v) && !std::isinf(w) ? std::copysign(most, w) : v;
+    }
+  }
+  return true;
+}
+
+}  // namespace smddp

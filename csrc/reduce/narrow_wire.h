@@ -1,0 +1,40 @@
+// The narrow wire form of f32 values crossing hosts (SMDDP_CROSS_HOST_DTYPE,
+// docs/design.md, "Compression between hosts"): a 4-byte f32 scale, a power
+// of two, then `count` bf16 or f16 elements, each round(x * scale) (nearest,
+// ties to even). Reading divides by the scale again, exactly.
+//
+// The scale keeps f16 from overflowing: it maps the largest finite |x| of
+// the piece into [2^14, 2^15), so no finite value rounds to infinity, and
+// small pieces keep f16's 11 significant bits instead of sinking into its
+// subnormals. bf16 has f32's exponent range and is scaled only where a
+// value would round past bf16's largest (|x| >= 2^127). Infinities and
+// NaNs cross as themselves; a finite value within half a wire ulp of f32's
+// largest, which rounds up past it, reads back as f32's largest.
+//
+// Error per element, for a finite x whose piece has largest magnitude m:
+// bf16: |read - x| <= 2^-8 |x| + 2^-134 (one rounding; the second term
+//       only below f32's normal range);
+// f16:  |read - x| <= 2^-11 |x| + 2^-39 m, for m >= 2^-112 (the second
+//       term: half of f16's subnormal spacing, at the piece's scale).
+#pragma once
+
+#include <cstddef>
+
+#include "common/dtype.h"
+
+namespace smddp {
+
+// Bytes of `count` elements in the wire form of `wire` (kBFloat16 or kFloat16).
+size_t narrowWireBytes(size_t count, DataType wire);
+
+// Writes src[0..count) in the wire form to `dst` (narrowWireBytes bytes).
+// `scratch` holds `count` floats for the scaled copy (f16, and bf16's rare
+// scaled case).
+void packNarrowWire(void* dst, const float* src, size_t count, DataType wire, float* scratch);
+
+// Reads the wire form back: dst[i] = widen(element i) / scale. False, with
+// nothing written, if the scale is not a power of two in [2^-126, 2^127]
+// (not a piece packNarrowWire wrote).
+[[nodiscard]] bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire);
+
+}  // namespace smddp
