@@ -28,6 +28,14 @@ noisy on a shared VM than separate jobs. Reversing every other round cancels
 a drift that is linear in time (warming caches, a neighbour's load ramping
 up) out of each pair of rounds, which a plain rotation does not.
 
+--paired also times "allreduce only" per backend: the step's gradient
+bytes in DDP's buckets (1 MiB, then 25 MiB each), issued together and
+waited for, with no compute; and prints the overlap share, (compute +
+allreduce alone - step) / min(compute, allreduce alone): 1 when the step
+takes the larger of the two, 0 when it takes their sum. --compressed adds
+"smddp bf16" (a group crossing hosts in bf16) and "gloo bf16 hook" (Gloo
+under DDP's bf16_compress_hook).
+
 --hosts H (with --paired) runs the paired job across H hosts of --ranks
 ranks each: network namespaces on this machine with links shaped to
 --rate (tools/smddp_cluster.py, as `python -m torch_smddp.bench --hosts`).
@@ -138,19 +146,31 @@ def paired_worker(args) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import torch_smddp  # noqa: F401
+    import torch_smddp
     torch.set_num_threads(max(1, args.threads))
     dist.init_process_group("smddp")
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
+    copies = [("smddp", None), ("gloo", gloo), ("ddp no comm", None)]
+    if args.compressed:
+        # Partials cross hosts in bf16 (docs/design.md, "Compression between
+        # hosts"), against Gloo with DDP's bf16 hook, which compresses the
+        # whole allreduce.
+        narrow = dist.new_group(backend="smddp",
+                                pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
+        copies += [("smddp bf16", narrow), ("gloo bf16 hook", gloo)]
     models = {}
-    for name, pg in (("smddp", None), ("gloo", gloo), ("ddp no comm", None)):
+    for name, pg in copies:
         torch.manual_seed(0)
         m = build_model(torch, seq=args.seq)
         ddp = DDP(m, process_group=pg, gradient_as_bucket_view=args.bucket_view)
         if name == "ddp no comm":
             ddp.register_comm_hook(None, no_comm_hook)
+        if name == "gloo bf16 hook":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(gloo, default_hooks.bf16_compress_hook)
         models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+    groups = {name: pg for name, pg in copies}
     nparams = sum(p.numel() for p in models["smddp"][0].parameters())
     g = torch.Generator().manual_seed(rank)
     x = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
@@ -169,16 +189,51 @@ def paired_worker(args) -> None:
         opt.step()
         return loss.item()
 
-    names = ("smddp", "gloo", "ddp no comm", "compute only")
+    # "allreduce only": the gradient bytes alone, in DDP's buckets (its
+    # default 25 MiB cap, the first bucket 1 MiB), issued together and
+    # waited for, per backend: the communication the step has to hide.
+    nbytes = sum(p.numel() for p in models["smddp"][0].parameters()) * 4
+    sizes, left, cap = [], nbytes, 1 << 20
+    while left > 0:
+        sizes.append(min(cap, left))
+        left -= sizes[-1]
+        cap = 25 << 20
+    buckets = [torch.ones(n // 4) for n in sizes]
+
+    def allreduce_only(name):
+        pg = groups[name]
+        if name == "gloo bf16 hook":
+            works = []
+            halves = [b.to(torch.bfloat16) for b in buckets]
+            works = [dist.all_reduce(h, group=pg, async_op=True) for h in halves]
+            for w, h, b in zip(works, halves, buckets):
+                w.wait()
+                b.copy_(h)
+        else:
+            for w in [dist.all_reduce(b, group=pg, async_op=True) for b in buckets]:
+                w.wait()
+        for b in buckets:
+            b.fill_(1.0)
+
+    comm_names = [n for n, _ in copies if n != "ddp no comm"]
+    names = (*comm_names, "ddp no comm", "compute only",
+             *[f"{n} allreduce only" for n in comm_names])
+
+    def run(name):
+        if name.endswith(" allreduce only"):
+            allreduce_only(name[:-len(" allreduce only")])
+        else:
+            step(name)
+
     for _ in range(args.warmup):
         for name in names:
-            step(name)
+            run(name)
     times = {name: [] for name in names}
     for i in range(args.steps):
         for name in abba_order(names, i):
             dist.barrier(group=gloo)
             t0 = time.perf_counter()
-            step(name)
+            run(name)
             times[name].append(time.perf_counter() - t0)
     # The slowest rank defines each step.
     for name in times:
@@ -189,8 +244,16 @@ def paired_worker(args) -> None:
         ratios = [a / b for a, b in zip(times["smddp"], times["gloo"])]
         floor = [a / b for a, b in zip(times["compute only"], times["gloo"])]
         ddp_floor = [a / b for a, b in zip(times["ddp no comm"], times["gloo"])]
+        median = {k: statistics.median(v) for k, v in times.items()}
+        # (compute + allreduce alone - step) / min(compute, allreduce alone):
+        # 1 when the step is the larger of the two, 0 when it is their sum.
+        overlap = {}
+        for n in comm_names:
+            c, a, st = median["compute only"], median[f"{n} allreduce only"], median[n]
+            overlap[n] = (c + a - st) / min(c, a)
         with open(args.out, "w") as f:
-            json.dump({"params": nparams, "world": world, "times": times,
+            json.dump({"params": nparams, "world": world, "times": times, "overlap": overlap,
+                       "gradient_bytes": nbytes, "comm_names": comm_names,
                        "median": {k: statistics.median(v) for k, v in times.items()},
                        "ratio": statistics.median(ratios),
                        "floor_ratio": statistics.median(floor),
@@ -204,6 +267,8 @@ def launch(backend: str, args) -> dict:
            "--seq", str(args.seq), "--threads", str(args.threads)]
     if args.bucket_view:
         cmd.append("--bucket-view")
+    if getattr(args, "compressed", False):
+        cmd.append("--compressed")
     return launch_ranks(cmd, args.world, args.timeout, f"{backend} run")
 
 
@@ -222,6 +287,9 @@ def main() -> int:
                     help="one job: smddp and Gloo DDP copies taking turns step by step, in ABBA order")
     ap.add_argument("--bucket-view", action="store_true",
                     help="DDP(gradient_as_bucket_view=True): no gradient copies into and out of buckets")
+    ap.add_argument("--compressed", action="store_true",
+                    help="with --paired: add smddp crossing hosts in bf16 and Gloo with DDP's "
+                         "bf16_compress_hook")
     ap.add_argument("--hosts", type=int, help="with --paired: across this many namespace hosts")
     ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate")
@@ -244,6 +312,8 @@ def main() -> int:
                    str(args.seq), "--threads", str(args.threads)]
             if args.bucket_view:
                 cmd.append("--bucket-view")
+            if args.compressed:
+                cmd.append("--compressed")
             res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
                                     "ddp_step.py --paired --hosts")
             args.world = res["world"]
@@ -254,11 +324,17 @@ def main() -> int:
               f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} rounds of steps, "
               f"smddp, Gloo, DDP without communication and no DDP at all taking turns in the "
               f"same processes{', gradient_as_bucket_view' if args.bucket_view else ''}")
-        print(f"{'backend':>12} {'median step ms':>15} {'samples/s':>10}   steps (ms)")
-        for b in ("smddp", "gloo", "ddp no comm", "compute only"):
+        print(f"{'backend':>30} {'median step ms':>15} {'samples/s':>10}   steps (ms)")
+        for b in res["times"]:
             m = res["median"][b]
             steps = " ".join(f"{x * 1e3:.0f}" for x in res["times"][b])
-            print(f"{b:>12} {m * 1e3:>15.1f} {args.batch * args.world / m:>10.2f}   {steps}")
+            print(f"{b:>30} {m * 1e3:>15.1f} {args.batch * args.world / m:>10.2f}   {steps}")
+        print(f"gradients: {res['gradient_bytes'] / 1e6:.1f} MB per step; overlap share, "
+              "(compute + allreduce alone - step) / min(compute, allreduce alone): " +
+              ", ".join(f"{n} {v:.2f}" for n, v in res["overlap"].items()))
+        for n in res["comm_names"]:
+            if n != "gloo":
+                print(f"throughput {n} / gloo: {res['median']['gloo'] / res['median'][n]:.2f}x")
         print(f"median of per-pair step time smddp/gloo: {res['ratio']:.3f}; "
               f"best possible (ddp no comm/gloo): {res['ddp_floor_ratio']:.3f}; "
               f"compute only/gloo: {res['floor_ratio']:.3f}")

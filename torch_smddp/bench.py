@@ -22,6 +22,9 @@ bytes, in the same processes between the same calls. Its share of the
 bound is what TCP/IP framing (1448 payload bytes per 1514-byte frame on
 these 1500-byte MTU links), ACKs sharing each direction and the tbf
 bucket leave of the nominal rate: the most any algorithm can reach here.
+`smddp-bf16` is an smddp group whose partials cross hosts in bf16
+(torch_smddp.Options(cross_host_dtype="bf16")): it can pass the f32 link
+bound, up to twice it.
 time = mean seconds per allreduce (max over ranks); algbw = bytes / time;
 busbw = algbw * 2(n-1)/n, the nccl-tests definition for allreduce.
 
@@ -214,13 +217,18 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    import torch_smddp  # noqa: F401
+    import torch_smddp
 
     torch.set_num_threads(1)
     dist.init_process_group("smddp")
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     groups = {"smddp": None, "gloo": gloo}
+    if "smddp-bf16" in args.backends:
+        # Partials cross hosts in bf16 (docs/design.md, "Compression between
+        # hosts"); the closed form's small integers are exact in bf16.
+        groups["smddp-bf16"] = dist.new_group(
+            backend="smddp", pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
     mesh = TcpMesh(gloo, rank, world, args.tcp_conns) if "tcp" in args.backends else None
     results = []
     expected = closed_form_sum(world)
@@ -531,9 +539,9 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     resolve_sizes(args)
-    unknown = set(args.backends) - {"smddp", "gloo", "tcp"}
+    unknown = set(args.backends) - {"smddp", "gloo", "tcp", "smddp-bf16"}
     if unknown:
-        ap.error(f"--backends: unknown {sorted(unknown)} (smddp, gloo, tcp)")
+        ap.error(f"--backends: unknown {sorted(unknown)} (smddp, gloo, tcp, smddp-bf16)")
     if "tcp" in args.backends and args.hosts is None:
         ap.error("--backends tcp measures the links of a cluster: it needs --hosts")
     if args.hosts is not None:

@@ -53,7 +53,10 @@ def test_a_replica_killed_mid_step_the_survivor_goes_on_and_a_replacement_joins(
         finally:
             cluster.reset()
     # The checks are run_torchft's; these restate the essentials.
-    assert res["steps_lost"] >= 1, res  # the step in flight was not committed
+    # At most the step in flight is lost: 1 when the kill lands before the
+    # victim's vote on it, 0 when after (the survivors commit it, then
+    # reconfigure on the next).
+    assert res["steps_lost"] in (0, 1), res
     assert res["replacement_joined_at_step"] > 8, res
     print(f"\nsteps lost {res['steps_lost']}, recovery {res['recovery_s']:.2f} s, "
           f"replacement joined at step {res['replacement_joined_at_step']}")
