@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import sys
 import time
 
@@ -135,6 +136,17 @@ def no_comm_hook(state, bucket):
     return fut
 
 
+def gloo_bf16_hook(group, bucket):
+    """DDP's bf16_compress_hook (the bucket divided by the world size, cast to
+    bf16, allreduced, cast back), which DDP registers only with NCCL or
+    XCCL: torch's own code (default_hooks._compress_hook), under another
+    name."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks._compress_hook(torch.bfloat16, group, bucket)
+
+
 def paired_worker(args) -> None:
     """smddp and Gloo in the same processes, step by step: two DDP copies of
     the same model, one on the default (smddp) group and one on a Gloo
@@ -167,8 +179,7 @@ def paired_worker(args) -> None:
         if name == "ddp no comm":
             ddp.register_comm_hook(None, no_comm_hook)
         if name == "gloo bf16 hook":
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-            ddp.register_comm_hook(gloo, default_hooks.bf16_compress_hook)
+            ddp.register_comm_hook(gloo, gloo_bf16_hook)
         models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
     groups = {name: pg for name, pg in copies}
     nparams = sum(p.numel() for p in models["smddp"][0].parameters())
@@ -229,17 +240,25 @@ def paired_worker(args) -> None:
         for name in names:
             run(name)
     times = {name: [] for name in names}
+    cpu = {name: [] for name in names}  # this process's CPU seconds, every thread
     for i in range(args.steps):
         for name in abba_order(names, i):
             dist.barrier(group=gloo)
+            c0 = resource.getrusage(resource.RUSAGE_SELF)
             t0 = time.perf_counter()
             run(name)
             times[name].append(time.perf_counter() - t0)
-    # The slowest rank defines each step.
+            c1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu[name].append(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
+    # The slowest rank defines each step; CPU time is summed over the ranks.
+    cpu_median = {}
     for name in times:
         t = torch.tensor(times[name], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
         times[name] = t.tolist()
+        c = torch.tensor(cpu[name], dtype=torch.float64)
+        dist.all_reduce(c, group=gloo)
+        cpu_median[name] = statistics.median(c.tolist())
     if rank == 0:
         ratios = [a / b for a, b in zip(times["smddp"], times["gloo"])]
         floor = [a / b for a, b in zip(times["compute only"], times["gloo"])]
@@ -253,6 +272,7 @@ def paired_worker(args) -> None:
             overlap[n] = (c + a - st) / min(c, a)
         with open(args.out, "w") as f:
             json.dump({"params": nparams, "world": world, "times": times, "overlap": overlap,
+                       "cpu": cpu_median, "cores": len(os.sched_getaffinity(0)),
                        "gradient_bytes": nbytes, "comm_names": comm_names,
                        "median": {k: statistics.median(v) for k, v in times.items()},
                        "ratio": statistics.median(ratios),
@@ -324,11 +344,13 @@ def main() -> int:
               f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} rounds of steps, "
               f"smddp, Gloo, DDP without communication and no DDP at all taking turns in the "
               f"same processes{', gradient_as_bucket_view' if args.bucket_view else ''}")
-        print(f"{'backend':>30} {'median step ms':>15} {'samples/s':>10}   steps (ms)")
+        print(f"{'backend':>30} {'median step ms':>15} {'samples/s':>10} {'CPU s':>6}   steps (ms)"
+              f"   (CPU s: every rank's CPU time, all threads, summed; {res['cores']} cores here)")
         for b in res["times"]:
             m = res["median"][b]
             steps = " ".join(f"{x * 1e3:.0f}" for x in res["times"][b])
-            print(f"{b:>30} {m * 1e3:>15.1f} {args.batch * args.world / m:>10.2f}   {steps}")
+            print(f"{b:>30} {m * 1e3:>15.1f} {args.batch * args.world / m:>10.2f} "
+                  f"{res['cpu'][b]:>6.2f}   {steps}")
         print(f"gradients: {res['gradient_bytes'] / 1e6:.1f} MB per step; overlap share, "
               "(compute + allreduce alone - step) / min(compute, allreduce alone): " +
               ", ".join(f"{n} {v:.2f}" for n, v in res["overlap"].items()))

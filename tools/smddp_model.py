@@ -443,6 +443,56 @@ def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, 
         print(f"\nplot: {plot}", file=out)
 
 
+# ---------------------------------------------------------------- out of sample
+def predict(params, hosts, ranks, rate_bps, sizes, like, burst_bytes=2_500_000):
+    """Predicted seconds per allreduce, smddp and Gloo, for `hosts` x `ranks`
+    at `rate_bps`, before any measurement of that shape. The tbf refill
+    between calls (idle) is taken from `like`, a measured shape's points,
+    at the same size (the time between calls is the ranks' refill and
+    check of the tensor, which does not depend on the hosts)."""
+    L = rate_bps / 8
+    share = max(1.0, hosts * ranks / params.get("cores", math.inf))
+    between = {q["S"]: q for q in like}
+    rows = []
+    for S in sizes:
+        ref = between.get(S, {})
+        q = dict(S=S, H=hosts, R=ranks, N=hosts * ranks, L=L, share=share,
+                 idle_smddp=min(burst_bytes / L, ref.get("idle_smddp", 0.0)),
+                 idle_gloo=min(burst_bytes / L, ref.get("idle_gloo", 0.0)))
+        rows.append({"bytes": S, "smddp": model_for("smddp", q, params),
+                     "gloo": model_for("ring", q, params)})
+    return {"hosts": hosts, "ranks_per_host": ranks, "rate_bps": rate_bps, "rows": rows}
+
+
+def check(predicted, measured, out=sys.stdout, tol=0.20):
+    """Each measured point against its prediction; True if every point of
+    1 MiB and up is within `tol`."""
+    want = {r["bytes"]: r for r in predicted["rows"]}
+    ok, worst = True, 0.0
+    print(f"# {measured['hosts']} hosts x {measured['ranks_per_host']} rank(s): predicted "
+          f"before measuring, against the measurement", file=out)
+    print(f"{'size':>6} {'smddp ms':>9} {'predicted':>9} {'err':>7} "
+          f"{'gloo ms':>9} {'predicted':>9} {'err':>7}", file=out)
+    for row in measured["rows"]:
+        pr = want.get(row["bytes"])
+        if pr is None:
+            continue
+        cells = []
+        for col in ("smddp", "gloo"):
+            if not row.get(col):
+                cells.append(f"{'-':>9} {'-':>9} {'-':>7}")
+                continue
+            err = (pr[col] - row[col]) / row[col]
+            if row["bytes"] >= MIB:
+                worst = max(worst, abs(err))
+                ok &= abs(err) <= tol
+            cells.append(f"{row[col] * 1e3:9.3f} {pr[col] * 1e3:9.3f} {err * 100:+6.1f}%")
+        print(f"{fmt_bytes(row['bytes']):>6} " + " ".join(cells), file=out)
+    print(f"verdict: {'within' if ok else 'NOT within'} {tol:.0%} for every size >= 1 MiB "
+          f"(worst {worst:.1%})", file=out)
+    return ok
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tools.smddp_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -462,7 +512,38 @@ def main(argv=None):
     p.add_argument("--server-hosts", type=int, help="k extra server hosts (default k = H)")
     p.add_argument("--mem-gbs", type=float, help="host memory bandwidth for smddp's host part, "
                    "GB/s (default: the fitted B_mem)")
+    pr = sub.add_parser("predict", help="predict a shape before measuring it (JSON)")
+    pr.add_argument("--params", required=True)
+    pr.add_argument("--hosts", type=int, required=True)
+    pr.add_argument("--ranks", type=int, default=1)
+    pr.add_argument("--rate-bps", type=float, default=2e9)
+    pr.add_argument("--like", required=True,
+                    help="a measured bench --save JSON whose time between calls to reuse")
+    pr.add_argument("--out", required=True)
+    ck = sub.add_parser("check", help="a measurement against its prediction")
+    ck.add_argument("predicted")
+    ck.add_argument("measured")
+    ck.add_argument("--tol", type=float, default=0.20)
     args = ap.parse_args(argv)
+    if args.cmd == "predict":
+        with open(args.params) as fh:
+            params = json.load(fh)
+        like = load([args.like])
+        sizes = sorted({q["S"] for q in like})
+        res = predict(params, args.hosts, args.ranks, args.rate_bps, sizes, like)
+        res["params"] = params
+        with open(args.out, "w") as fh:
+            json.dump(res, fh, indent=1)
+        for r in res["rows"]:
+            print(f"{fmt_bytes(r['bytes']):>6} smddp {r['smddp'] * 1e3:9.3f} ms  "
+                  f"gloo {r['gloo'] * 1e3:9.3f} ms")
+        return 0
+    if args.cmd == "check":
+        with open(args.predicted) as fh:
+            predicted = json.load(fh)
+        with open(args.measured) as fh:
+            measured = json.load(fh)
+        return 0 if check(predicted, measured, tol=args.tol) else 1
     if args.cmd == "fit":
         pts = load(args.files, args.cores)
         params = {"smddp": fit_smddp(pts) if any(q.get("smddp") for q in pts) else None,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -22,11 +23,18 @@ void checkWire(DataType wire) {
 // The power of two that maps the largest finite magnitude where the wire
 // type keeps it finite (see the header).
 float chooseScale(const float* src, size_t count, DataType wire) {
-  float m = 0.0f;
+  // The largest finite magnitude, on the bits: for non-negative floats
+  // their order is the integers' order, and an exponent of all ones (an
+  // infinity, a NaN) counts as 0. Branch-free, so the compiler vectorizes it.
+  uint32_t most = 0;
   for (size_t i = 0; i < count; ++i) {
-    const float a = std::fabs(src[i]);
-    if (a > m && std::isfinite(a)) m = a;  // NaN compares false
+    uint32_t b;
+    std::memcpy(&b, src + i, sizeof(b));
+    b &= 0x7fffffffu;
+    most = std::max(most, b < 0x7f800000u ? b : 0u);
   }
+  float m;
+  std::memcpy(&m, &most, sizeof(m));
   if (m == 0.0f) return 1.0f;
   int e = 0;
   std::frexp(m, &e);  // m < 2^e
