@@ -1,0 +1,69 @@
+"""Worker of test_cluster_paths.py, started by torchrun on each host of a
+namespace cluster of one rank per host: ``cluster_paths_worker.py --out F``.
+
+It records which allreduce path the world group took, reduces the same
+inputs through smddp and Gloo, and through an smddp group whose partials
+cross hosts in bf16; rank 0 writes what every rank saw to F. The parent
+asserts; the worker only observes."""
+
+import argparse
+import datetime
+import json
+
+import torch
+import torch.distributed as dist
+
+import torch_smddp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("smddp", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    narrow = dist.new_group(backend="smddp",
+                            pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
+    res = {"rank": rank, "world_path": torch_smddp.stats()["allreduce_path"],
+           "narrow_path": torch_smddp.stats(narrow)["allreduce_path"]}
+    g = torch.Generator().manual_seed(7 + rank)
+    ints = torch.randint(-2**40, 2**40, (300_001,), generator=g)
+    floats = torch.randn(1_000_003, generator=g, dtype=torch.float64)
+    a, b = ints.clone(), ints.clone()
+    dist.all_reduce(a)
+    dist.all_reduce(b, group=gloo)
+    res["int64_equal_gloo"] = bool(torch.equal(a, b))
+    a, b = floats.clone(), floats.clone()
+    dist.all_reduce(a)
+    dist.all_reduce(b, group=gloo)
+    # The two sum in different orders: each within f64's rounding of the
+    # other, (n - 1) 2^-53 sum |x| apiece.
+    mag = floats.abs()
+    dist.all_reduce(mag, group=gloo)
+    res["f64_within_rounding_of_gloo"] = bool(((a - b).abs() <= 2 * world * 2.0 ** -53 * mag).all())
+    # bf16 crossing: within the bound of docs/design.md against Gloo's f64 sum.
+    x = torch.randn(1_000_003, generator=g) * 100
+    exact, absum = x.double(), x.double().abs()
+    dist.all_reduce(exact, group=gloo)
+    dist.all_reduce(absum, group=gloo)
+    y = x.clone()
+    dist.all_reduce(y, group=narrow)
+    bound = 2.0 ** -8 * 1.01 * (absum + exact.abs()) + (world + 3) * 2.0 ** -24 * absum
+    err = (y.double() - exact).abs()
+    res["bf16_within_bound"] = bool((err <= bound).all())
+    res["bf16_worst_of_bound"] = float((err / bound).max())
+    res["bf16_representable"] = bool(torch.equal(y.to(torch.bfloat16).float(), y))
+    res["bf16_bytes"] = int(y.view(torch.int32).to(torch.int64).sum())
+    everyone = [None] * world
+    dist.all_gather_object(everyone, res, group=gloo)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(everyone, f)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""One rank per host on a cluster of network namespaces (3 hosts of 1 rank,
+2 Gbit/s links): the world group takes the network-only path (a host
+segment would only copy), and matches Gloo on the same inputs; a group
+crossing hosts in bf16 keeps the shared-memory path (docs/design.md,
+"Compression between hosts"), stays within the stated bound of Gloo's f64
+sum, and leaves the same bytes on every host. One job; the cluster's
+context and launch_on_cluster's deadline kill whatever is left."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster as cl  # noqa: E402  (torch-free)
+from mp_harness import backend_under_test  # noqa: E402
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif("smddp" not in backend_under_test(), reason="smddp's allreduce paths"),
+]
+
+HOSTS = 3
+
+
+def test_one_rank_per_host_routes_to_the_network_path_and_bf16_keeps_the_hierarchy():
+    why = cl.why_unavailable()
+    if why:
+        pytest.skip(f"no cluster of network namespaces here: {why}")
+    from torch_smddp.bench import launch_on_cluster
+
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_paths_worker.py")
+    try:
+        res = launch_on_cluster([worker], HOSTS, 1, "2gbit", 240, "cluster_paths_worker")
+    except SystemExit as e:
+        pytest.fail(str(e))
+    assert len(res) == HOSTS
+    for r in res:
+        assert r["world_path"] != "shared-memory", r  # one rank per host: network only
+        assert r["narrow_path"] == "shared-memory", r  # bf16 crossing keeps the hierarchy
+        assert r["int64_equal_gloo"], r
+        assert r["f64_within_rounding_of_gloo"], r
+        assert r["bf16_within_bound"], r
+        assert r["bf16_worst_of_bound"] > 0.05, r  # it did cross in bf16
+        assert r["bf16_representable"], r
+    assert len({r["bf16_bytes"] for r in res}) == 1, res
