@@ -29,7 +29,7 @@ a drift that is linear in time (warming caches, a neighbour's load ramping
 up) out of each pair of rounds, which a plain rotation does not.
 
 --paired also times "allreduce only" per backend: the step's gradient
-bytes in DDP's buckets (1 MiB, then 25 MiB each), issued together and
+bytes in DDP's buckets (1 MiB, then --bucket-mb each), issued together and
 waited for, with no compute; and prints the overlap share, (compute +
 allreduce alone - step) / min(compute, allreduce alone): 1 when the step
 takes the larger of the two, 0 when it takes their sum. --compressed adds
@@ -175,7 +175,8 @@ def paired_worker(args) -> None:
     for name, pg in copies:
         torch.manual_seed(0)
         m = build_model(torch, seq=args.seq)
-        ddp = DDP(m, process_group=pg, gradient_as_bucket_view=args.bucket_view)
+        ddp = DDP(m, process_group=pg, gradient_as_bucket_view=args.bucket_view,
+                  bucket_cap_mb=args.bucket_mb)
         if name == "ddp no comm":
             ddp.register_comm_hook(None, no_comm_hook)
         if name == "gloo bf16 hook":
@@ -208,7 +209,7 @@ def paired_worker(args) -> None:
     while left > 0:
         sizes.append(min(cap, left))
         left -= sizes[-1]
-        cap = 25 << 20
+        cap = int(args.bucket_mb * (1 << 20))
     buckets = [torch.ones(n // 4) for n in sizes]
 
     def allreduce_only(name):
@@ -289,6 +290,7 @@ def launch(backend: str, args) -> dict:
         cmd.append("--bucket-view")
     if getattr(args, "compressed", False):
         cmd.append("--compressed")
+    cmd += ["--bucket-mb", str(getattr(args, "bucket_mb", 25.0))]
     return launch_ranks(cmd, args.world, args.timeout, f"{backend} run")
 
 
@@ -307,6 +309,8 @@ def main() -> int:
                     help="one job: smddp and Gloo DDP copies taking turns step by step, in ABBA order")
     ap.add_argument("--bucket-view", action="store_true",
                     help="DDP(gradient_as_bucket_view=True): no gradient copies into and out of buckets")
+    ap.add_argument("--bucket-mb", type=float, default=25.0,
+                    help="with --paired: DDP's bucket_cap_mb for every copy (default 25, DDP's)")
     ap.add_argument("--compressed", action="store_true",
                     help="with --paired: add smddp crossing hosts in bf16 and Gloo with DDP's "
                          "bf16_compress_hook")
@@ -334,6 +338,7 @@ def main() -> int:
                 cmd.append("--bucket-view")
             if args.compressed:
                 cmd.append("--compressed")
+            cmd += ["--bucket-mb", str(args.bucket_mb)]
             res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
                                     "ddp_step.py --paired --hosts")
             args.world = res["world"]

@@ -12,6 +12,7 @@
 #include "hostpath/cross_host.h"
 #include "hostpath/fused_view.h"
 #include "hostpath/fusion_batch.h"
+#include "common/caller_waiting.h"
 #include "hostpath/fusion_scheduler.h"
 #include "observe/timeline.h"
 #include "reduce/reduce_kernels.h"
@@ -232,8 +233,11 @@ void FusionBufferScheduler::awaitSteps(Batch& b, Steps& st, uint32_t seen) {
     return st.lagging(st.ctl.consumed, st.w - st.depth + 1, false);
   }, !onNetwork);
   if (onNetwork) {
-    if (std::chrono::steady_clock::now() - b.idleSince <
-        std::chrono::microseconds(streamSpinUs_)) {
+    // Only while a caller waits: during DDP's backward the caller computes,
+    // and a server rank yielding in a loop for each step of the network
+    // phase took the cores backward needed (docs/notes/2026-11-26-overlap.md).
+    if (aCallerIsWaiting() && std::chrono::steady_clock::now() - b.idleSince <
+                                  std::chrono::microseconds(streamSpinUs_)) {
       sched_yield();
     } else {
       st.seg.sleep(seen, std::chrono::microseconds(50));
