@@ -366,9 +366,13 @@ void Exchange::run() {
       continue;
     }
     // Idle past the spin budget: back off so we never steal a core that
-    // compute needs, capped so latency stays bounded.
+    // compute needs, capped so latency stays bounded. While no caller
+    // waits (DDP's backward computes) the cap is kIdleSleepCap: each
+    // wake-up polls the provider's sockets, and at SMDDP_SLEEP_US's 100 us
+    // that cost four ranks a third of a core on a link-bound allreduce
+    // (docs/notes/2026-11-26-cross-host.md).
     std::this_thread::sleep_for(sleep);
-    sleep = std::min(maxSleep, sleep * 2);
+    sleep = std::min(aCallerIsWaiting() ? maxSleep : std::max(maxSleep, kIdleSleepCap), sleep * 2);
   }
   if (failed_) raiseFailure();
 }

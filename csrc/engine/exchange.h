@@ -90,6 +90,10 @@ class Exchange {
   std::string error_;
 };
 
+// The longest an exchange sleeps between polls while no caller waits on
+// any call (a caller that starts to wait meets at most this much).
+inline constexpr std::chrono::microseconds kIdleSleepCap{1000};
+
 // Phases of a tag: which step of an algorithm a message belongs to.
 constexpr uint32_t kPhaseToServer = 0;
 constexpr uint32_t kPhaseFromServer = 1;

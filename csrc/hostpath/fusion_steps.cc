@@ -240,7 +240,9 @@ void FusionBufferScheduler::awaitSteps(Batch& b, Steps& st, uint32_t seen) {
                                   std::chrono::microseconds(streamSpinUs_)) {
       sched_yield();
     } else {
-      st.seg.sleep(seen, std::chrono::microseconds(50));
+      // A local peer's publish wakes it at once; only the network's
+      // completions wait out the sleep (longer while no caller waits).
+      st.seg.sleep(seen, aCallerIsWaiting() ? std::chrono::microseconds(50) : kIdleSleepCap);
     }
   }
 }
