@@ -240,9 +240,11 @@ void FusionBufferScheduler::awaitSteps(Batch& b, Steps& st, uint32_t seen) {
                                   std::chrono::microseconds(streamSpinUs_)) {
       sched_yield();
     } else {
-      // A local peer's publish wakes it at once; only the network's
-      // completions wait out the sleep (longer while no caller waits).
-      st.seg.sleep(seen, aCallerIsWaiting() ? std::chrono::microseconds(50) : kIdleSleepCap);
+      // Short: a step's network completions publish nothing that would
+      // wake the sleep, and the loop moves at most a step or so per turn
+      // (a 1 ms sleep here held bf16 crossing at 4 x 1 to 935 ms a DDP step
+      // from 775; docs/notes/2026-11-26-cross-host.md).
+      st.seg.sleep(seen, std::chrono::microseconds(50));
     }
   }
 }
