@@ -67,10 +67,9 @@ struct EngineConfig {
 
 // "fp32", "bf16" or "fp16" (also float32, bfloat16, float16, half) as the
 // wire type; anything else throws kInvalidArgument naming `source` (the
-// variable or the option that held it).
+// variable or the option that held it). toString(DataType) names the
+// result in a form it takes back.
 DataType parseCrossHostDtype(const std::string& value, const std::string& source);
-// The name parseCrossHostDtype takes back: "fp32", "bf16" or "fp16".
-const char* crossHostDtypeName(DataType t);
 
 // The engine's own parameters: the engine thread's polling, the path
 // choice, the servers per host (communicator.cc) and the exchange's wire

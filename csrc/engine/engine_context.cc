@@ -55,14 +55,6 @@ DataType parseCrossHostDtype(const std::string& value, const std::string& source
              source + "='" + value + "' is not a cross-host dtype: use fp32, bf16 or fp16");
 }
 
-const char* crossHostDtypeName(DataType t) {
-  switch (t) {
-    case DataType::kBFloat16: return "bf16";
-    case DataType::kFloat16: return "fp16";
-    default: return "fp32";
-  }
-}
-
 EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineConfig config,
                              std::vector<std::string>& shmTrouble)
     : rank_(opts.rank), size_(opts.size), name_(opts.name), timeoutMs_(opts.timeout.count()),

@@ -56,7 +56,7 @@ std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& 
   }
   if (config.crossHostDtype != DataType::kFloat32 && ctx.peers().hostCount() > 1 &&
       ctx.rank() == 0) {
-    SMDDP_LOG(kWarn) << "SMDDP_CROSS_HOST_DTYPE is " << crossHostDtypeName(config.crossHostDtype)
+    SMDDP_LOG(kWarn) << "SMDDP_CROSS_HOST_DTYPE is " << toString(config.crossHostDtype)
                      << ", but group '" << ctx.name() << "' takes the network-only allreduce path ("
                      << networkOnly << "), where partials cross hosts in their own dtype";
   }

@@ -248,7 +248,7 @@ class FusionBufferScheduler::CrossHost {
       throwError(ErrorKind::kMismatch,
                  "smddp: the cross-host " + std::string(what) + " from host " +
                      std::to_string(host) + " (rank " + std::to_string(peerOf(host)) +
-                     ") carries an invalid scale for " + crossHostDtypeName(wire_) +
+                     ") carries an invalid scale for " + toString(wire_) +
                      " (SMDDP_CROSS_HOST_DTYPE)");
     }
   }

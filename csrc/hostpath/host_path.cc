@@ -260,7 +260,7 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
     status = e.what();
   }
   // Every host must take the same path, and send the same type across.
-  const std::string wire = crossHostDtypeName(config.crossHostDtype);
+  const std::string wire = toString(config.crossHostDtype);
   auto all = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "hostpath",
                                 wire + " " + status, ctx.timeout());
   for (size_t r = 0; r < all.size(); ++r) {
