@@ -149,10 +149,10 @@ test-gpu: build-cuda-ext
 	$(CUDA_RUN) -m pytest -q -rs -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
 
 # The Debian packages a GPU machine without apt or network needs for
-# scripts/gpu_check.sh (libfabric and its libraries, Catch2), as .deb files
+# scripts/gpu_check.sh (libfabric and its libraries, Catch2, OpenSSL's libcrypto), as .deb files
 # in .gpu-debs/ to carry there.
 GPU_DEBS := libfabric1 libfabric-dev catch2 libibverbs1 ibverbs-providers librdmacm1 libpsm2-2 \
-            libpsm-infinipath1 libnl-3-200 libnl-route-3-200
+            libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libssl-dev libssl3
 gpu-debs:
 	mkdir -p .gpu-debs && cd .gpu-debs && apt-get download $(GPU_DEBS)
 

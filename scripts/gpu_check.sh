@@ -22,7 +22,7 @@
 # the build stays in build-cuda between them. REPORT defaults to
 # $OUT/gpu_report.md where $OUT is set, else build-cuda/gpu_report.md.
 #
-# libfabric and Catch2 come from Debian packages: where the machine has
+# libfabric, Catch2 and OpenSSL's libcrypto come from Debian packages: where the machine has
 # none, carry them as .deb files in .gpu-debs/ (`make gpu-debs` fetches
 # them on a machine with apt) and they are unpacked into .gpu-prefix/.
 set -uo pipefail
@@ -38,9 +38,12 @@ section() { log ""; log "## $*"; log ""; }
 run_step() {  # run_step NAME LIMIT_S CMD...: output into the report, fenced
   local name=$1 limit=$2
   shift 2
+  # GPU_CHECK_LIMIT caps every step (a lent machine's minutes are few).
+  [ "${GPU_CHECK_LIMIT:-$limit}" -lt "$limit" ] && limit=$GPU_CHECK_LIMIT
   log '```'
   local t0=$SECONDS
-  timeout --signal=KILL "$limit" "$@" 2>&1 | tail -n 80 | tee -a "$report"
+  # The report keeps the tail; $report.$name.log keeps all of it.
+  timeout --signal=KILL "$limit" "$@" 2>&1 | tee "$report.$name.log" | tail -n 80 | tee -a "$report"
   local rc=${PIPESTATUS[0]}
   log '```'
   log "$name: exit $rc after $((SECONDS - t0)) s"
@@ -50,7 +53,8 @@ run_step() {  # run_step NAME LIMIT_S CMD...: output into the report, fenced
 
 # ---- the machine's own packages, or the carried Debian ones ----------------
 prefix=$PWD/.gpu-prefix
-if ! ldconfig -p 2>/dev/null | grep -q libfabric.so.1 || [ ! -e /usr/include/catch2/catch.hpp ]; then
+if ! ldconfig -p 2>/dev/null | grep -q libfabric.so.1 || [ ! -e /usr/include/catch2/catch.hpp ] ||
+   [ ! -e /usr/include/openssl/hmac.h ]; then
   if ls .gpu-debs/*.deb >/dev/null 2>&1; then
     mkdir -p "$prefix"
     for d in .gpu-debs/*.deb; do dpkg -x "$d" "$prefix"; done
@@ -62,6 +66,8 @@ if [ -d "$prefix/usr" ]; then
   lib=$prefix/usr/lib/x86_64-linux-gnu
   # -rpath-link: libfabric's own dependencies (libibverbs, ...) live there too.
   cmake_args="-DCMAKE_PREFIX_PATH=$prefix/usr -DCatch2_DIR=$prefix/usr/lib/cmake/Catch2"
+  # OpenSSL's headers: Debian keeps configuration.h in the multiarch folder.
+  cmake_args+=" -DOPENSSL_ROOT_DIR=$prefix/usr -DCMAKE_CXX_FLAGS=-I$prefix/usr/include/x86_64-linux-gnu"
   cmake_args+=" -DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$lib -DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$lib"
 else
   cmake_args=""
@@ -87,7 +93,7 @@ fi
 
 if [ "$stage" = all ] || [ "$stage" = tests ]; then
   section "tests/cuda through ctest"
-  out=$(cd build-cuda && timeout --signal=KILL 300 ctest -L cuda --output-on-failure 2>&1)
+  out=$(cd build-cuda && timeout --signal=KILL "${GPU_CHECK_LIMIT:-300}" ctest -L cuda --output-on-failure 2>&1)
   rc=$?
   log '```'; tail -n 40 <<<"$out" | tee -a "$report"; log '```'
   if [ $rc -ne 0 ] || grep -q "(Skipped)\|tests did not run" <<<"$out"; then

@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include "backend/torch_compat.h"
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -83,7 +85,7 @@ inline smddp::ReduceOp toReduceOpScaled(const c10d::ReduceOp& op, DataType dt, c
                         dt == DataType::kFloat16 || dt == DataType::kBFloat16,
                     "smddp ", coll, ": PREMUL_SUM is only supported on floating dtypes, got ",
                     smddp::toString(dt));
-  auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  auto* sup = dynamic_cast<PreMulSumSupplement*>(op.supplement_.get());
   TORCH_CHECK_VALUE(sup != nullptr, "smddp ", coll, ": PREMUL_SUM without a factor");
   if (sup->tensor_factor.defined()) {
     TORCH_CHECK_VALUE(sup->tensor_factor.numel() == 1, "smddp ", coll,

@@ -235,14 +235,14 @@ std::vector<std::vector<at::Tensor>> DeviceStage::map(
 
 c10d::ReduceOp DeviceStage::mapOp(const c10d::ReduceOp& op) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return op;
-  auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+  auto* sup = dynamic_cast<PreMulSumSupplement*>(op.supplement_.get());
   if (!sup || !sup->tensor_factor.defined() || sup->tensor_factor.device() != ctx_.torchDevice()) {
     return op;
   }
   TORCH_CHECK_VALUE(sup->tensor_factor.numel() == 1, "smddp ", coll_,
                     ": the PREMUL_SUM factor tensor must have one element, got ",
                     sup->tensor_factor.numel());
-  return c10d::makePreMulSum(map(sup->tensor_factor, /*read=*/true, /*write=*/false));
+  return makePreMulSum(map(sup->tensor_factor, /*read=*/true, /*write=*/false));
 }
 
 // ---- DeviceCollectives --------------------------------------------------------

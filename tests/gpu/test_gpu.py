@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 BACKEND = backend_under_test()
 WORLD = 2
+# SMDDP_GPU_TEST_TIMEOUT bounds every job here (a device lent for minutes).
 JOB_TIMEOUT = float(os.environ.get("SMDDP_GPU_TEST_TIMEOUT", "600"))
 
 
@@ -78,7 +79,7 @@ def test_the_gpu_paths_defects_stay_fixed(results):
                          ids=["one_connection", "launch_blocking"])
 def test_isend_irecv_rings_in_any_order(env):
     env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
-    results = run_world(WORLD, "cases_gpu_defects:p2p_rings", backend=BACKEND, timeout=300, env=env)
+    results = run_world(WORLD, "cases_gpu_defects:p2p_rings", backend=BACKEND, timeout=min(300, JOB_TIMEOUT), env=env)
     failures = [f for r in results for f in r["failures"]]
     assert not failures, failures
 
@@ -86,7 +87,7 @@ def test_isend_irecv_rings_in_any_order(env):
 def test_a_killed_peer_fails_the_synchronous_call():
     from mp_harness import ExitedRank
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
-    results = run_world(WORLD, "cases_gpu_defects:killed_peer", backend=BACKEND, timeout=120, pg_timeout=60.0,
+    results = run_world(WORLD, "cases_gpu_defects:killed_peer", backend=BACKEND, timeout=min(120, JOB_TIMEOUT), pg_timeout=60.0,
                         expect_failure=True, allow_exit={1}, args=(1,), env=env)
     assert isinstance(results[1], ExitedRank)
     assert results[0]["raised"], results[0]
