@@ -118,7 +118,7 @@ CUDA_PYTESTS      ?= test_device_sim.py test_collectives.py test_more_collective
 CUDA_PYTEST_ARGS  ?= -k "not harness and not demo"
 
 setup-cuda:
-	@SMDDP_VENV=$(CUDA_VENV) SMDDP_TORCH_PIN=$(CUDA_TORCH_PIN) SMDDP_PY_PACKAGES="pytest numpy expecttest" \
+	@SMDDP_VENV=$(CUDA_VENV) SMDDP_TORCH_PIN=$(CUDA_TORCH_PIN) SMDDP_PY_PACKAGES="pytest numpy expecttest nvidia-cuda-cuobjdump==13.5.37" \
 	  scripts/bootstrap.sh
 
 $(CUDA_BUILD)/CMakeCache.txt: CMakeLists.txt | $(CUDA_SETUP)
@@ -146,7 +146,7 @@ check-cuda: build-cuda-ext
 # The GPU path's own tests (tests/gpu); they skip where there is no GPU.
 test-gpu: build-cuda-ext
 	cd $(CUDA_BUILD) && ctest -L cuda --output-on-failure --timeout 300
-	$(CUDA_RUN) -m pytest -q -rs -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
+	$(CUDA_RUN) -m pytest -q -rsP -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests/gpu
 
 # The Debian packages a GPU machine without apt or network needs for
 # scripts/gpu_check.sh (libfabric and its libraries, Catch2, OpenSSL's libcrypto), as .deb files

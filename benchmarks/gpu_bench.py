@@ -8,7 +8,9 @@ tensors, in one run on the same machine,
 2. allreduce of 64 MiB float32: smddp against Gloo (on CUDA tensors), time,
    algbw and busbw the nccl-tests way (busbw = algbw x 2(n-1)/n), and
    smddp's time over the copy bound;
-3. a DDP step of a ~20M-parameter MLP: smddp against Gloo in the same
+3. allreduce from 256 KiB to 256 MiB on CUDA tensors and on CPU tensors,
+   smddp and Gloo: the CPU rows are the host part alone;
+4. a DDP step of a ~20M-parameter MLP: smddp against Gloo in the same
    processes, taking turns (ABBA), median step time.
 
     PYTHONPATH=build-cuda/pkg python3 benchmarks/gpu_bench.py [--world N] [--report FILE]
@@ -90,6 +92,28 @@ def ddp_steps(torch, dist, gloo, dev, steps: int = 12) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+SWEEP = (256 << 10, 4 << 20, 16 << 20, 64 << 20, 256 << 20)
+
+
+def sweep(torch, dist, gloo, dev) -> dict:
+    """Each size on CUDA tensors and on CPU tensors, smddp and Gloo, in the
+    same processes: the CPU rows are the host part alone, so the gap between
+    a CUDA row and its CPU row is what staging through the host costs."""
+    out = {}
+    for size in SWEEP:
+        iters = max(4, min(50, (64 << 20) // size))
+        row = {}
+        for where in ("cuda", "cpu"):
+            x = torch.ones(size // 4, device=dev if where == "cuda" else "cpu")
+            row[f"smddp_{where}"] = timed(torch, dist, lambda: dist.all_reduce(x), iters)
+            try:
+                row[f"gloo_{where}"] = timed(torch, dist, lambda: dist.all_reduce(x, group=gloo), iters)
+            except RuntimeError:
+                row[f"gloo_{where}"] = None
+        out[str(size)] = row
+    return out
+
+
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
@@ -111,6 +135,7 @@ def worker(args) -> None:
     except RuntimeError as e:  # a Gloo without CUDA allreduce
         res["gloo"] = None
         res["gloo_error"] = str(e)[:200]
+    res["sweep"] = sweep(torch, dist, gloo, dev)
     res["ddp"] = ddp_steps(torch, dist, gloo, dev)
     if rank == 0:
         with open(args.out, "w") as f:
@@ -176,6 +201,22 @@ def main() -> int:
         alg = SIZE / t / 1e9
         lines.append(f"| {name} | {t * 1e3:.1f} | {alg:.2f} | {alg * 2 * (world - 1) / world:.2f} | "
                      f"{t / bound:.2f} |")
+    busbw = 2 * (world - 1) / world
+    lines += ["", "| allreduce float32 | smddp CUDA (ms) | smddp CPU tensors (ms) | Gloo CUDA (ms) | "
+              "Gloo CPU tensors (ms) | smddp CUDA busbw (GB/s) | Gloo CUDA busbw (GB/s) |",
+              "|---|---|---|---|---|---|---|"]
+
+    def ms(t):
+        return "refused" if t is None else f"{t * 1e3:.2f}"
+
+    def bus(size, t):
+        return "" if t is None else f"{size / t / 1e9 * busbw:.2f}"
+
+    for size in SWEEP:
+        r = res["sweep"][str(size)]
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        lines.append(f"| {label} | {ms(r['smddp_cuda'])} | {ms(r['smddp_cpu'])} | {ms(r['gloo_cuda'])} | "
+                     f"{ms(r['gloo_cpu'])} | {bus(size, r['smddp_cuda'])} | {bus(size, r['gloo_cuda'])} |")
     d = res["ddp"]
     lines += ["", "| DDP step (MLP, 21M params, batch 64) | median step (ms) |", "|---|---|",
               f"| smddp | {d['smddp'] * 1e3:.1f} |", f"| gloo | {d['gloo'] * 1e3:.1f} |",

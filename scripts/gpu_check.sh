@@ -93,11 +93,15 @@ fi
 
 if [ "$stage" = all ] || [ "$stage" = tests ]; then
   section "tests/cuda through ctest"
-  out=$(cd build-cuda && timeout --signal=KILL "${GPU_CHECK_LIMIT:-300}" ctest -L cuda --output-on-failure 2>&1)
+  out=$(cd build-cuda && timeout --signal=KILL "${GPU_CHECK_LIMIT:-300}" ctest -L cuda -V 2>&1)
   rc=$?
-  log '```'; tail -n 40 <<<"$out" | tee -a "$report"; log '```'
-  if [ $rc -ne 0 ] || grep -q "(Skipped)\|tests did not run" <<<"$out"; then
-    log "tests/cuda: FAILED (a test failed, or skipped although there is a GPU)"
+  log '```'; grep -E "Test +#|SMDDP_TEST_SKIPPED|tests passed|FAILED|Failed|rror" <<<"$out" | tail -n 60 |
+    tee -a "$report"; log '```'
+  # A skip is a failure here, except a test that needs more GPUs than there are.
+  ngpu=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  skips=$(grep -o "SMDDP_TEST_SKIPPED: .*" <<<"$out" | { [ "$ngpu" -lt 2 ] && grep -v "needs 2 CUDA devices" || cat; })
+  if [ $rc -ne 0 ] || [ -n "$skips" ] || grep -q "tests did not run\|No tests were found" <<<"$out"; then
+    log "tests/cuda: FAILED (a test failed, or skipped although there is a GPU: ${skips:-none})"
     failed+=("tests/cuda")
   fi
   section "make test-gpu (tests/gpu)"
