@@ -317,6 +317,8 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, help="with --paired: across this many namespace hosts")
     ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate")
+    ap.add_argument("--save", help="with --paired: also write the results as JSON to this file "
+                    "(tools/smddp_model.py step reads it)")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--backend")
     ap.add_argument("--out")
@@ -345,6 +347,11 @@ def main() -> int:
             print(f"\n# across {args.hosts} hosts x {args.ranks} ranks, links of {args.rate}")
         else:
             res = launch("paired", args)
+        if args.save:
+            with open(args.save, "w") as f:
+                json.dump(dict(res, hosts=args.hosts or 1, ranks_per_host=args.ranks if args.hosts
+                               else args.world, rate=args.rate if args.hosts else None,
+                               batch=args.batch, seq=args.seq, bucket_mb=args.bucket_mb), f, indent=1)
         print(f"\n# DDP step, transformer {res['params'] / 1e6:.1f}M params, world {args.world}, "
               f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} rounds of steps, "
               f"smddp, Gloo, DDP without communication and no DDP at all taking turns in the "

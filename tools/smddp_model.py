@@ -108,8 +108,12 @@ def _combine(host, net, p):
     return np.maximum(host, net) + p * np.minimum(host, net)
 
 
-def smddp_host(S, R, a_host, B_mem, share=1.0):
-    return share * (a_host + S * (R + 1) / B_mem)
+def smddp_host(S, R, a_host, B_mem, share=1.0, wire=1.0):
+    """The host part; with a narrow wire (wire < 1: bf16/fp16 crossing is
+    0.5) also the pack of the host's partial and the unpack of the result,
+    read S and write wire*S, then the reverse: 2(1+wire)S more bytes."""
+    pack = np.where(np.asarray(wire) < 1.0, 2 * (1 + np.asarray(wire)) * S, 0.0)
+    return share * (a_host + (S * (R + 1) + pack) / B_mem)
 
 
 def link_time(X, eta, L, idle=0.0):
@@ -124,13 +128,16 @@ def net_bytes_time(X, eta, L, B_net, share, idle=0.0):
     return np.maximum(link_time(X, eta, L, idle), share * X / B_net)
 
 
-def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1.0, idle=0.0):
-    """Hierarchical smddp allreduce of S bytes on H hosts x R ranks, links of L B/s."""
+def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1.0, idle=0.0,
+               a_step=0.0, wire=1.0):
+    """Hierarchical smddp allreduce of S bytes on H hosts x R ranks, links of L B/s.
+    wire: bytes crossing hosts per byte of S (0.5 with bf16/fp16 crossing).
+    a_step: a fixed network latency per call, on top of a_net per message."""
     S, H, R, L = (np.asarray(v, dtype=float) for v in (S, H, R, L))
-    host = smddp_host(S, R, a_host, B_mem, share)
+    host = smddp_host(S, R, a_host, B_mem, share, wire)
     Ls = np.where(H > 1, L, 1.0)
-    X = 2 * (H - 1) / H * S
-    net = np.where(H > 1, share * 2 * (H - 1) * a_net
+    X = 2 * (H - 1) / H * S * wire
+    net = np.where(H > 1, share * 2 * (a_step + (H - 1) * a_net)
                    + net_bytes_time(X, eta, Ls, B_net, share, idle), 0.0)
     return _combine(host, net, p)
 
@@ -236,8 +243,11 @@ def _exp(z):
 
 
 def _smddp_params(x):
-    return dict(a_host=_exp(x[0]), B_mem=_exp(x[1]), a_net=_exp(x[2]),
-                eta=_exp(x[3]), p=1 / (1 + _exp(-x[4])), B_net=_exp(x[5]))
+    d = dict(a_host=_exp(x[0]), B_mem=_exp(x[1]), a_net=_exp(x[2]),
+             eta=_exp(x[3]), p=1 / (1 + _exp(-x[4])), B_net=_exp(x[5]))
+    if len(x) > 6:
+        d["a_step"] = _exp(x[6])
+    return d
 
 
 def _ring_params(x):
@@ -253,7 +263,9 @@ def _arrays(pts, col):
     return a, np.array([q[col] for q in use], dtype=float)
 
 
-def fit_smddp(pts):
+def fit_smddp(pts, a_step=False):
+    """smddp's parameters; with a_step, the network latency per call is
+    2(a_step + (H-1) a_net) rather than 2(H-1) a_net (model v2)."""
     a, y = _arrays(pts, "smddp")
 
     def resid(x):
@@ -261,8 +273,10 @@ def fit_smddp(pts):
                                          share=a["share"], idle=a["idle"]) / y))
 
     starts = [[math.log(v) for v in (a0, bm, an, e)] + [pz, math.log(bn)]
+              + ([math.log(st)] if a_step else [])
               for a0 in (1e-5, 1e-3) for bm in (1e9, 1e10) for an in (1e-4, 1e-3)
-              for e in (0.5, 1.0) for pz in (-2.0, 1.0) for bn in (1e8, 1e10)]
+              for e in (0.5, 1.0) for pz in (-2.0, 1.0) for bn in (1e8, 1e10)
+              for st in ((1e-4, 1e-3) if a_step else (None,))]
     best = min((levenberg_marquardt(resid, s) for s in starts), key=lambda t: t[1])
     return _smddp_params(best[0])
 
@@ -281,11 +295,14 @@ def fit_ring(pts):
     return _ring_params(best[0])
 
 
+WIRE = {"smddp": 1.0, "smddp-bf16": 0.5}   # bytes crossing hosts per byte of f32
+
+
 def model_for(col, q, params):
     idle = q.get(f"idle_{col}", 0.0)
-    if col == "smddp":
+    if col in WIRE:
         return float(smddp_time(q["S"], q["H"], q["R"], q["L"], **params["smddp"],
-                                share=q["share"], idle=idle))
+                                share=q["share"], idle=idle, wire=WIRE[col]))
     return float(ring_time(q["S"], q["N"], q["H"], q["L"], **params["ring"], share=q["share"],
                            idle=idle))
 
@@ -340,8 +357,8 @@ def print_params(params, out=sys.stdout, pts=()):
         return "unbounded" if b > 1e15 else f"{b / 1e9:.2f} GB/s"
 
     print(f"smddp: a_host {s['a_host'] * 1e6:.1f} us, B_mem {gbs(s['B_mem'])}, a_net "
-          f"{s['a_net'] * 1e6:.1f} us, eta {s['eta']:.3f}, p {s['p']:.3f}, "
-          f"B_net {gbs(s.get('B_net', math.inf))}", file=out)
+          f"{s['a_net'] * 1e6:.1f} us, a_step {s.get('a_step', 0.0) * 1e6:.1f} us, "
+          f"eta {s['eta']:.3f}, p {s['p']:.3f}, B_net {gbs(s.get('B_net', math.inf))}", file=out)
     print(f"ring:  a_ring {r['a_ring'] * 1e6:.1f} us, a_wait {r.get('a_wait', 0.0) * 1e6:.1f} us, "
           f"eta_ring {r['eta_ring']:.3f}, B_ring {gbs(r['B_ring'])}, "
           f"p_ring {r.get('p_ring', 1.0):.3f}", file=out)
@@ -351,17 +368,63 @@ def print_params(params, out=sys.stdout, pts=()):
 def exposed_time(t_bucket, n_buckets, backward):
     """DDP: buckets ready evenly through the backward pass, allreduced one at a
     time in order; returns the time the last one ends after the backward."""
-    end = 0.0
-    for i in range(n_buckets):
-        end = max(backward * (i + 1) / n_buckets, end) + t_bucket
-    return end - backward
+    return exposed_tail([t_bucket] * n_buckets, [1.0] * n_buckets, backward)
+
+
+def exposed_tail(t_buckets, sizes, backward):
+    """Buckets in DDP's order, each ready once backward has produced its
+    share of the gradient bytes (sizes), allreduced one at a time: the time
+    the last one ends after the end of the backward (>= 0)."""
+    total, done, end = float(sum(sizes)), 0.0, 0.0
+    for t, n in zip(t_buckets, sizes):
+        done += n
+        end = max(backward * done / total, end) + t
+    return max(0.0, end - backward)
+
+
+def ddp_buckets(grad_bytes, bucket_bytes, first_bytes=1 << 20):
+    """DDP's bucket sizes in the order they become ready: the first capped
+    at 1 MiB (torch's default first bucket), then bucket_bytes each."""
+    sizes, left, cap = [], grad_bytes, first_bytes
+    while left > 0:
+        sizes.append(min(cap, left))
+        left -= sizes[-1]
+        cap = bucket_bytes
+    return sizes
+
+
+BACKWARD_SHARE = 2 / 3   # backward's part of forward + backward (2 of the 3 matrix passes)
+
+
+def ddp_step_time(compute, t_buckets, sizes, backward_share=BACKWARD_SHARE, cpu_compute=None,
+                  cpu_allreduce=None, cores=None):
+    """The DDP step with the allreduce behind backward.
+
+    compute: forward + backward + optimizer alone; t_buckets: each bucket's
+    allreduce time (the model's, per bucket). Where each rank has cores to
+    spare (a GPU computes, the reduction runs on the host's CPUs):
+        step = compute + the allreduce's tail after backward.
+    Where compute keeps every core busy (this VM's namespace cluster: all
+    ranks share 2 vCPUs and compute on them), the allreduce's CPU work
+    (cpu_allreduce, CPU seconds over all ranks) can only come out of
+    compute's cores too (cpu_compute CPU seconds over `cores`):
+        step = max(compute + tail, (cpu_compute + cpu_allreduce) / cores)."""
+    pipeline = compute + exposed_tail(t_buckets, sizes, compute * backward_share)
+    if cpu_compute is None:
+        return pipeline
+    return max(pipeline, (cpu_compute + cpu_allreduce) / cores)
 
 
 def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, R=8,
-            server_hosts=None, mem_bw=None, out=sys.stdout):
+            server_hosts=None, mem_bw=None, pcie_bw=None, out=sys.stdout):
     host = {k: params["smddp"][k] for k in ("a_host", "B_mem", "p")}
     if mem_bw:
         host["B_mem"] = mem_bw
+    if pcie_bw:
+        # The GPU path stages every byte through the host: copy-in and
+        # copy-out overlap each other, chunk by chunk, and the host's
+        # memory carries them too, so they count as bytes over B_mem.
+        host["B_mem"] = 1 / (1 / host["B_mem"] + 1 / ((R + 1) * pcie_bw))
     net = dict(a_net=EFA_ALPHA, eta=EFA_ETA)
     ring = dict(a_ring=EFA_ALPHA, eta_ring=EFA_ETA, B_ring=NVLINK_BUSBW)
     print("EFA figures used (per host link, each way):", file=out)
@@ -370,7 +433,8 @@ def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, 
     print(f"  link efficiency {EFA_ETA} (nccl#527); a_net = a_ring = {EFA_ALPHA * 1e6:g} us per "
           "message (assumed, not cited)", file=out)
     print(f"  smddp host part: a_host {host['a_host'] * 1e6:.1f} us, p {host['p']:.2f} (fit), "
-          f"B_mem {host['B_mem'] / 1e9:.2f} GB/s ({'--mem-gbs' if mem_bw else 'fit'}); "
+          f"B_mem {host['B_mem'] / 1e9:.2f} GB/s ({'--mem-gbs' if mem_bw else 'fit'}"
+          f"{f', with PCIe staging at {pcie_bw / 1e9:g} GB/s per GPU (--pcie-gbs)' if pcie_bw else ''}); "
           f"{R} GPUs per host; ring steps inside a host at {NVLINK_BUSBW / 1e9:g} GB/s "
           "(nccl#527)", file=out)
     print("  a_net is charged per message, 2(H-1) of them in a row: conservative for smddp "
@@ -381,11 +445,17 @@ def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, 
         L, N = Lb / 8, H * R
         k = server_hosts or H
         return {"smddp": float(smddp_time(S, H, R, L, **host, **net)),
+                "smddp bf16 cross": float(smddp_time(S, H, R, L, **host, **net, wire=0.5)),
                 "smddp net-only": smddp_netonly_time(S, H, R, L, **host, **net),
                 f"smddp+{'k' if server_hosts is None else k} servers":
                     smddp_servers_time(S, H, R, L, k, **host, **net),
-                "ring": float(ring_time(S, N, H, L, **ring))}
+                "ring": float(ring_time(S, N, H, L, **ring)),
+                "ring bf16 hook": float(ring_time(S / 2, N, H, L, **ring))}
 
+    print("\nPROJECTION: every figure below is the model's, with the EFA figures above in "
+          "place of the measured links; none was measured. busbw is counted in the f32 "
+          "buffer's bytes for every column, so a bf16 column's gain is the compression's.",
+          file=out)
     sizes = [1 << e for e in range(16, 31, 2)]
     hosts = [1, 2, 4, 8, 16, 32]
     curves = {}
@@ -419,6 +489,28 @@ def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, 
             t = paths(bucket, H, Lg * 1e9)
             ex = [exposed_time(t[n], nb, backward) * 1e3 for n in names]
             print(f"{Lg:>4}Gbit {H * R:>5} " + " ".join(f"{e:15.1f} ms" for e in ex), file=out)
+    # The step with the allreduce behind backward, gradients in f32 (where
+    # crossing hosts in bf16 has something to save), each rank with cores
+    # to spare (the GPU computes): step = compute + the tail after backward.
+    f32_bytes = grad_bytes * 2
+    compute = backward / BACKWARD_SHARE
+    bsizes = ddp_buckets(f32_bytes, int(bucket))
+    print(f"\n# PROJECTION, DDP step with the allreduce behind backward: {f32_bytes / 1e9:g} GB "
+          f"of f32 gradients (1.3 B parameters) in {len(bsizes)} DDP buckets ({bucket / 1e6:g} "
+          f"MB, the first 1 MiB), compute {compute * 1e3:.0f} ms (backward {backward * 1e3:g} ms "
+          "= 2/3 of it); step ms and overlap share (compute + allreduce alone - step) / "
+          "min(compute, allreduce alone)", file=out)
+    step_names = ["smddp", "smddp bf16 cross", "ring", "ring bf16 hook"]
+    print(f"{'link':>8} {'GPUs':>5} " + " ".join(f"{n:>24}" for n in step_names), file=out)
+    for Lg in EFA_LINKS_GBIT:
+        for H in (2, 8, 32):
+            cells = []
+            for n in step_names:
+                t_b = [paths(b, H, Lg * 1e9)[n] for b in bsizes]
+                st = ddp_step_time(compute, t_b, bsizes)
+                alone = sum(t_b)
+                cells.append(f"{st * 1e3:9.0f} ms, share {(compute + alone - st) / min(compute, alone):5.2f}")
+            print(f"{Lg:>4}Gbit {H * R:>5} " + " ".join(f"{c:>24}" for c in cells), file=out)
     if plot:
         import matplotlib
         matplotlib.use("Agg")
@@ -459,8 +551,10 @@ def predict(params, hosts, ranks, rate_bps, sizes, like, burst_bytes=2_500_000):
         q = dict(S=S, H=hosts, R=ranks, N=hosts * ranks, L=L, share=share,
                  idle_smddp=min(burst_bytes / L, ref.get("idle_smddp", 0.0)),
                  idle_gloo=min(burst_bytes / L, ref.get("idle_gloo", 0.0)))
+        q["idle_smddp-bf16"] = q["idle_smddp"]
         rows.append({"bytes": S, "smddp": model_for("smddp", q, params),
-                     "gloo": model_for("ring", q, params)})
+                     "gloo": model_for("ring", q, params),
+                     "smddp-bf16": model_for("smddp-bf16", q, params)})
     return {"hosts": hosts, "ranks_per_host": ranks, "rate_bps": rate_bps, "rows": rows}
 
 
@@ -469,27 +563,92 @@ def check(predicted, measured, out=sys.stdout, tol=0.20):
     1 MiB and up is within `tol`."""
     want = {r["bytes"]: r for r in predicted["rows"]}
     ok, worst = True, 0.0
+    cols = [c for c in ("smddp", "gloo", "smddp-bf16")
+            if any(c in r for r in measured["rows"]) and any(c in r for r in predicted["rows"])]
     print(f"# {measured['hosts']} hosts x {measured['ranks_per_host']} rank(s): predicted "
           f"before measuring, against the measurement", file=out)
-    print(f"{'size':>6} {'smddp ms':>9} {'predicted':>9} {'err':>7} "
-          f"{'gloo ms':>9} {'predicted':>9} {'err':>7}", file=out)
+    print(f"{'size':>6} " + " ".join(f"{c + ' ms':>10} {'predicted':>9} {'err':>7}" for c in cols),
+          file=out)
     for row in measured["rows"]:
         pr = want.get(row["bytes"])
         if pr is None:
             continue
         cells = []
-        for col in ("smddp", "gloo"):
+        for col in cols:
             if not row.get(col):
-                cells.append(f"{'-':>9} {'-':>9} {'-':>7}")
+                cells.append(f"{'-':>10} {'-':>9} {'-':>7}")
                 continue
             err = (pr[col] - row[col]) / row[col]
             if row["bytes"] >= MIB:
                 worst = max(worst, abs(err))
                 ok &= abs(err) <= tol
-            cells.append(f"{row[col] * 1e3:9.3f} {pr[col] * 1e3:9.3f} {err * 100:+6.1f}%")
+            cells.append(f"{row[col] * 1e3:10.3f} {pr[col] * 1e3:9.3f} {err * 100:+6.1f}%")
         print(f"{fmt_bytes(row['bytes']):>6} " + " ".join(cells), file=out)
     print(f"verdict: {'within' if ok else 'NOT within'} {tol:.0%} for every size >= 1 MiB "
           f"(worst {worst:.1%})", file=out)
+    return ok
+
+
+def _rate_bps(rate):
+    import re
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)?", str(rate).strip().lower())
+    return float(m.group(1)) * {"bit": 1, None: 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)]
+
+
+def bucket_model(params, name, S, H, R, L, share):
+    """One bucket's allreduce in the model, per DDP variant of ddp_step.py."""
+    sm, ring = params["smddp"], params["ring"]
+    if name in ("smddp", "smddp bf16"):
+        return float(smddp_time(S, H, R, L, **sm, share=share,
+                                wire=0.5 if name == "smddp bf16" else 1.0))
+    if name in ("gloo", "gloo bf16 hook"):   # the hook: a ring of bf16 (S/2 bytes)
+        return float(ring_time(S / 2 if name == "gloo bf16 hook" else S, H * R, H, L, **ring,
+                               share=share))
+    raise ValueError(f"no model for {name!r}")
+
+
+def step_check(params, runs, out=None, tol=0.20):
+    """Each variant's DDP step (ddp_step.py --paired --save) against the
+    model: its buckets priced by the allreduce model, hidden behind backward
+    as ddp_step_time says, with the CPU floor from the run's measured CPU
+    seconds (compute alone, the variant's allreduce alone) over its cores.
+    True if every step is within `tol`."""
+    out = out or sys.stdout
+    ok, worst = True, 0.0
+    for run in runs:
+        H, R = int(run["hosts"]), int(run["ranks_per_host"])
+        L = _rate_bps(run["rate"]) / 8 if run.get("rate") else math.inf
+        share = max(1.0, H * R / params.get("cores", math.inf))
+        sizes = ddp_buckets(run["gradient_bytes"], int(run.get("bucket_mb", 25) * MIB))
+        med, cpu = run["median"], run["cpu"]
+        compute, cores = med["compute only"], run["cores"]
+        print(f"\n# DDP step, {H} hosts x {R} ranks, {run.get('rate')}: "
+              f"{run['gradient_bytes'] / 1e6:.0f} MB of gradients in {len(sizes)} buckets; compute "
+              f"alone {compute * 1e3:.0f} ms, {cpu['compute only']:.2f} CPU s on {cores} cores",
+              file=out)
+        print(f"{'variant':>15} {'step ms':>8} {'model':>7} {'err':>7} {'free cores':>10} | "
+              f"{'alone ms':>8} {'model':>7} | {'overlap':>7} {'model':>6} {'free cores':>10}",
+              file=out)
+        for n in run["comm_names"]:
+            t_b = [bucket_model(params, n, S, H, R, L, share) for S in sizes]
+            alone = sum(t_b)
+            free = ddp_step_time(compute, t_b, sizes)
+            bound = ddp_step_time(compute, t_b, sizes, cpu_compute=cpu["compute only"],
+                                  cpu_allreduce=cpu[f"{n} allreduce only"], cores=cores)
+            step, alone_m = med[n], med[f"{n} allreduce only"]
+            err = (bound - step) / step
+            worst, ok = max(worst, abs(err)), ok and abs(err) <= tol
+
+            def share_of(st, a):
+                return (compute + a - st) / min(compute, a)
+
+            print(f"{n:>15} {step * 1e3:8.0f} {bound * 1e3:7.0f} {err * 100:+6.1f}% "
+                  f"{free * 1e3:10.0f} | {alone_m * 1e3:8.0f} {alone * 1e3:7.0f} | "
+                  f"{share_of(step, alone_m):7.2f} {share_of(bound, alone):6.2f} "
+                  f"{share_of(free, alone):10.2f}", file=out)
+    print(f"\nverdict: every step {'within' if ok else 'NOT within'} {tol:.0%} of the model "
+          f"(worst {worst:.1%}); 'free cores' is the same step where each rank has cores to "
+          "spare (the GPU case): only the tail after backward shows", file=out)
     return ok
 
 
@@ -501,6 +660,9 @@ def main(argv=None):
     f.add_argument("files", nargs="+")
     f.add_argument("--out", help="write the fitted parameters here")
     f.add_argument("--tol", type=float, default=0.20)
+    f.add_argument("--a-step", action="store_true",
+                   help="model v2: a fixed network latency per call (a_step) beside a_net per "
+                        "message")
     f.add_argument("--cores", type=float, default=os.cpu_count(),
                    help="cores of the machine the measurements ran on (namespace cluster: all "
                         "hosts share them; default: this machine's)")
@@ -512,6 +674,8 @@ def main(argv=None):
     p.add_argument("--server-hosts", type=int, help="k extra server hosts (default k = H)")
     p.add_argument("--mem-gbs", type=float, help="host memory bandwidth for smddp's host part, "
                    "GB/s (default: the fitted B_mem)")
+    p.add_argument("--pcie-gbs", type=float, help="each GPU's copy bandwidth to and from the host, "
+                   "GB/s (the GPU path's staging; gpu_bench.py measures it: 55 on an H200)")
     pr = sub.add_parser("predict", help="predict a shape before measuring it (JSON)")
     pr.add_argument("--params", required=True)
     pr.add_argument("--hosts", type=int, required=True)
@@ -520,6 +684,10 @@ def main(argv=None):
     pr.add_argument("--like", required=True,
                     help="a measured bench --save JSON whose time between calls to reuse")
     pr.add_argument("--out", required=True)
+    st = sub.add_parser("step", help="DDP steps (ddp_step.py --paired --save) against the model")
+    st.add_argument("--params", required=True)
+    st.add_argument("runs", nargs="+")
+    st.add_argument("--tol", type=float, default=0.20)
     ck = sub.add_parser("check", help="a measurement against its prediction")
     ck.add_argument("predicted")
     ck.add_argument("measured")
@@ -538,6 +706,14 @@ def main(argv=None):
             print(f"{fmt_bytes(r['bytes']):>6} smddp {r['smddp'] * 1e3:9.3f} ms  "
                   f"gloo {r['gloo'] * 1e3:9.3f} ms")
         return 0
+    if args.cmd == "step":
+        with open(args.params) as fh:
+            params = json.load(fh)
+        runs = []
+        for path in args.runs:
+            with open(path) as fh:
+                runs.append(json.load(fh))
+        return 0 if step_check(params, runs, tol=args.tol) else 1
     if args.cmd == "check":
         with open(args.predicted) as fh:
             predicted = json.load(fh)
@@ -546,7 +722,8 @@ def main(argv=None):
         return 0 if check(predicted, measured, tol=args.tol) else 1
     if args.cmd == "fit":
         pts = load(args.files, args.cores)
-        params = {"smddp": fit_smddp(pts) if any(q.get("smddp") for q in pts) else None,
+        params = {"smddp": fit_smddp(pts, a_step=args.a_step) if any(q.get("smddp") for q in pts)
+                  else None,
                   "ring": fit_ring(pts) if any(q.get("gloo") for q in pts) else None}
         if None in params.values():
             raise SystemExit("need both smddp and gloo columns to fit")
@@ -563,7 +740,8 @@ def main(argv=None):
         params = json.load(fh)
     project(params, plot=args.plot, backward=args.backward_ms / 1e3,
             bucket=args.bucket_mb * 1e6, server_hosts=args.server_hosts,
-            mem_bw=args.mem_gbs * 1e9 if args.mem_gbs else None)
+            mem_bw=args.mem_gbs * 1e9 if args.mem_gbs else None,
+            pcie_bw=args.pcie_gbs * 1e9 if args.pcie_gbs else None)
     return 0
 
 

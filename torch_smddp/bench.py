@@ -462,13 +462,16 @@ def print_cluster_table(data: dict, backends: list[str]) -> None:
     h, r, rate_bps = data["hosts"], data["ranks_per_host"], data["rate_bps"]
     print(f"\n# allreduce, float32, SUM, {h} hosts x {r} ranks, links of {data['rate']} "
           f"({rate_bps / 8e9:.3f} GB/s each way)")
-    print(f"# link bound: each host sends and receives 2(H-1)/H of the buffer: "
-          f"algbw <= {rate_bps / 8e9 / (2 * (h - 1) / h):.3f} GB/s")
+    if h > 1:
+        print(f"# link bound: each host sends and receives 2(H-1)/H of the buffer: "
+              f"algbw <= {rate_bps / 8e9 / (2 * (h - 1) / h):.3f} GB/s")
+    else:
+        print("# one host: nothing crosses a link, so there is no link bound")
     n = h * r
     print(f"# busbw = algbw x 2(n-1)/n over all {n} ranks (nccl-tests); 'of bound' = bound / time")
     _print_rows(data["rows"], backends, n, backends[1] + "/" + backends[0] + " time"
                 if len(backends) >= 2 else "",
-                bound_of=lambda nbytes: link_bound_seconds(nbytes, h, rate_bps))
+                bound_of=(lambda nbytes: link_bound_seconds(nbytes, h, rate_bps)) if h > 1 else None)
 
 
 def print_table(data: dict, backends: list[str]) -> None:
@@ -548,10 +551,10 @@ def main(argv=None) -> int:
         if args.hosts < 1 or args.ranks < 1:
             ap.error("--hosts and --ranks must be at least 1")
         data = run_cluster(args)
-        print_cluster_table(data, args.backends)
-        if args.save:
+        if args.save:   # first: a measurement outlives a failure to print it
             with open(args.save, "w") as f:
                 json.dump(data, f, indent=1)
+        print_cluster_table(data, args.backends)
         return 0
     all_data = []
     for w in args.world:

@@ -257,3 +257,61 @@ def test_cli_fit_says_when_it_does_not_agree(tmp_path):
     p = _cli("fit", f, "--cores", "64")
     assert p.returncode == 1
     assert "verdict: the model DOES NOT AGREE" in p.stdout
+
+
+def test_narrow_wire_halves_the_link_and_adds_the_pack_passes():
+    """wire=0.5 (bf16/fp16 crossing): half the bytes on the link, and the
+    pack and unpack of the host's partial, 2(1+w)S bytes, in the host part."""
+    S, L = 64 << 20, 2.5e8
+    p = dict(SMDDP, p=0.0)
+    X = 2 * 3 / 4 * S
+    link = 2 * 3 * p["a_net"] + X * 0.5 / (p["eta"] * L)
+    host = p["a_host"] + (S * 3 + 2 * 1.5 * S) / p["B_mem"]
+    assert m.smddp_time(S, 4, 2, L, **p, wire=0.5) == pytest.approx(max(host, link))
+    assert m.smddp_host(S, 2, p["a_host"], p["B_mem"], wire=1.0) == pytest.approx(
+        p["a_host"] + 3 * S / p["B_mem"])
+    # One host: nothing crosses, only the pack passes are left (a group that
+    # narrows on one host keeps the shared-memory path, which packs nothing
+    # in the library; the model is not asked about it).
+    # a_step: a fixed network latency per call, beside a_net per message.
+    assert m.smddp_time(4096, 3, 1, L, **p, a_step=1e-3) == pytest.approx(
+        max(p["a_host"] + 2 * 4096 / p["B_mem"],
+            2 * (1e-3 + 2 * p["a_net"]) + 2 * 2 / 3 * 4096 / (p["eta"] * L)))
+
+
+def test_ddp_buckets_and_the_tail_after_backward():
+    assert m.ddp_buckets(60 << 20, 25 << 20) == [1 << 20, 25 << 20, 25 << 20, 9 << 20]
+    # Each bucket ready when backward has made its bytes: [1, 1] over 1 s.
+    assert m.exposed_tail([0.1, 0.1], [1, 1], 1.0) == pytest.approx(0.1)
+    # The first is slow: the second queues behind it.
+    assert m.exposed_tail([0.9, 0.1], [1, 1], 1.0) == pytest.approx(0.5)
+    # Fast buckets hide entirely but for the last.
+    assert m.exposed_tail([0.01] * 4, [1] * 4, 1.0) == pytest.approx(0.01)
+    # Free cores: compute + tail. backward = 2/3 of compute.
+    assert m.ddp_step_time(0.3, [0.1, 0.1], [1, 1]) == pytest.approx(0.3 + 0.1)
+    # Cores held by compute: the CPU floor wins when it is larger.
+    assert m.ddp_step_time(0.3, [0.1, 0.1], [1, 1], cpu_compute=0.6, cpu_allreduce=0.4,
+                           cores=2) == pytest.approx(0.5)
+    assert m.ddp_step_time(0.3, [0.1, 0.1], [1, 1], cpu_compute=0.2, cpu_allreduce=0.1,
+                           cores=2) == pytest.approx(0.4)
+
+
+def test_step_check_against_a_step_built_from_the_model(capsys):
+    """A ddp_step --save result made from the model's own numbers agrees;
+    one 30% slower does not."""
+    params = {"smddp": dict(SMDDP), "ring": dict(RING), "cores": 2.0}
+    grad = 82 << 20
+    sizes = m.ddp_buckets(grad, 25 << 20)
+    H, R, L = 2, 2, 2e9 / 8
+    med, cpu = {"compute only": 0.4}, {"compute only": 0.8}
+    for n in ("smddp", "gloo"):
+        t_b = [m.bucket_model(params, n, S, H, R, L, 2.0) for S in sizes]
+        cpu[f"{n} allreduce only"] = 0.3
+        med[f"{n} allreduce only"] = sum(t_b)
+        med[n] = m.ddp_step_time(0.4, t_b, sizes, cpu_compute=0.8, cpu_allreduce=0.3, cores=2)
+    run = dict(hosts=H, ranks_per_host=R, rate="2gbit", gradient_bytes=grad, bucket_mb=25,
+               median=med, cpu=cpu, cores=2, comm_names=["smddp", "gloo"])
+    assert m.step_check(params, [run])
+    slow = dict(run, median=dict(med, smddp=med["smddp"] * 1.3))
+    assert not m.step_check(params, [slow])
+    assert "NOT within" in capsys.readouterr().out
