@@ -5,6 +5,10 @@ root (development tooling, not part of the installed package):
     python -m tools.smddp_model fit F.json [F.json ...] [--out params.json]
     python -m tools.smddp_model project --params params.json [--plot out.png]
                                         [--backward-ms 300] [--bucket-mb 25]
+                                        [--mem-gbs G] [--pcie-gbs G]
+    python -m tools.smddp_model predict --params P --hosts H --ranks R --like F.json --out O.json
+    python -m tools.smddp_model check O.json F.json
+    python -m tools.smddp_model step --params P STEP.json [...]   (ddp_step.py --paired --save)
 
 F.json is what ``python -m torch_smddp.bench --hosts H --ranks R --rate RATE
 --save F.json`` writes ({"world", "rows": [{"bytes", "smddp", "gloo"}],
@@ -25,6 +29,13 @@ smddp, hierarchical (docs/design.md, "The allreduce path"):
     t          = max(host, net) + p*min(host, net)   steps pipeline through
                   the segment; p (0..1) is the part that does not overlap
     H = 1: t = host.
+    Model v2 (fit --a-step) adds a fixed latency per call: the network
+    latency is 2(a_step + (H-1) a_net), not 2(H-1) a_net.
+    Compression between hosts (SMDDP_CROSS_HOST_DTYPE=bf16|fp16): wire = 0.5
+    of the bytes cross, so X becomes wire*X in the link and B_net terms, and
+    the host part gains the pack of the host's partial and the unpack of
+    the result, read S and write wire*S and back: 2(1+wire)S bytes over
+    B_mem. No new parameter: the bf16 points are never fitted.
     A tbf-shaped link (the namespace cluster) lets a burst through above its
     rate after it idled: the bench records the time each call's ranks spent
     between calls (filling and checking the tensor), during which the bucket
@@ -71,6 +82,19 @@ efficiency 0.61, a per-message latency of 20 us that is an assumption),
 8 GPUs per host, up to 32 hosts; busbw = algbw * 2(n-1)/n. "DDP step
 overhead" is the allreduce time left after the backward pass when 25 MB
 buckets of a 1.3 B-parameter fp16 model become ready evenly through it.
+It also prints, for f32 gradients, the step with the allreduce behind
+backward for smddp f32, bf16 crossing, a ring and a ring under DDP's bf16
+hook (a ring of S/2 bytes), and with --pcie-gbs the GPU path's staging
+(S/pcie per GPU in the host part). Every figure it prints is a projection.
+
+The DDP step (`step`, ddp_step_time): DDP's buckets (the first 1 MiB, then
+25 MB) become ready as backward makes their bytes (backward = 2/3 of the
+compute), each allreduced one at a time as the model prices it; where each
+rank has cores to spare, step = compute + the tail after backward. Where
+compute keeps every core busy (this VM), the allreduce's CPU comes out of
+the same cores: step = max(that, (CPU s of compute + CPU s of the
+allreduce alone) / cores), the CPU seconds being the run's measured ones.
+
 This module needs numpy (matplotlib for --plot), not torch.
 """
 
@@ -134,6 +158,7 @@ def smddp_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1
     wire: bytes crossing hosts per byte of S (0.5 with bf16/fp16 crossing).
     a_step: a fixed network latency per call, on top of a_net per message."""
     S, H, R, L = (np.asarray(v, dtype=float) for v in (S, H, R, L))
+    wire = np.where(H > 1, wire, 1.0)    # one host: nothing crosses, nothing narrows
     host = smddp_host(S, R, a_host, B_mem, share, wire)
     Ls = np.where(H > 1, L, 1.0)
     X = 2 * (H - 1) / H * S * wire

@@ -270,9 +270,8 @@ def test_narrow_wire_halves_the_link_and_adds_the_pack_passes():
     assert m.smddp_time(S, 4, 2, L, **p, wire=0.5) == pytest.approx(max(host, link))
     assert m.smddp_host(S, 2, p["a_host"], p["B_mem"], wire=1.0) == pytest.approx(
         p["a_host"] + 3 * S / p["B_mem"])
-    # One host: nothing crosses, only the pack passes are left (a group that
-    # narrows on one host keeps the shared-memory path, which packs nothing
-    # in the library; the model is not asked about it).
+    # One host: nothing crosses, so nothing narrows (as in the library).
+    assert m.smddp_time(S, 1, 4, 0, **p, wire=0.5) == pytest.approx(m.smddp_time(S, 1, 4, 0, **p))
     # a_step: a fixed network latency per call, beside a_net per message.
     assert m.smddp_time(4096, 3, 1, L, **p, a_step=1e-3) == pytest.approx(
         max(p["a_host"] + 2 * 4096 / p["B_mem"],
