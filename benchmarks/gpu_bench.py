@@ -9,7 +9,8 @@ tensors, in one run on the same machine,
    algbw and busbw the nccl-tests way (busbw = algbw x 2(n-1)/n), and
    smddp's time over the copy bound;
 3. allreduce from 256 KiB to 256 MiB on CUDA tensors and on CPU tensors,
-   smddp and Gloo: the CPU rows are the host part alone;
+   smddp and Gloo: the CPU rows are the host part alone (item 2 is this
+   sweep's 64 MiB row on CUDA tensors);
 4. a DDP step of a ~20M-parameter MLP: smddp against Gloo in the same
    processes, taking turns (ABBA), median step time.
 
@@ -95,21 +96,23 @@ def ddp_steps(torch, dist, gloo, dev, steps: int = 12) -> dict:
 SWEEP = (256 << 10, 4 << 20, 16 << 20, 64 << 20, 256 << 20)
 
 
-def sweep(torch, dist, gloo, dev) -> dict:
+def sweep(torch, dist, gloo, dev, iters: int) -> dict:
     """Each size on CUDA tensors and on CPU tensors, smddp and Gloo, in the
     same processes: the CPU rows are the host part alone, so the gap between
-    a CUDA row and its CPU row is what staging through the host costs."""
+    a CUDA row and its CPU row is what staging through the host costs.
+    `iters` timed calls per size, more (up to 50) for the small ones."""
     out = {}
     for size in SWEEP:
-        iters = max(4, min(50, (64 << 20) // size))
+        n = max(iters, min(50, (64 << 20) // size))
         row = {}
         for where in ("cuda", "cpu"):
             x = torch.ones(size // 4, device=dev if where == "cuda" else "cpu")
-            row[f"smddp_{where}"] = timed(torch, dist, lambda: dist.all_reduce(x), iters)
+            row[f"smddp_{where}"] = timed(torch, dist, lambda: dist.all_reduce(x), n)
             try:
-                row[f"gloo_{where}"] = timed(torch, dist, lambda: dist.all_reduce(x, group=gloo), iters)
-            except RuntimeError:
+                row[f"gloo_{where}"] = timed(torch, dist, lambda: dist.all_reduce(x, group=gloo), n)
+            except RuntimeError as e:  # a Gloo without CUDA allreduce
                 row[f"gloo_{where}"] = None
+                row[f"gloo_{where}_error"] = str(e)[:200]
         out[str(size)] = row
     return out
 
@@ -126,16 +129,7 @@ def worker(args) -> None:
     torch.cuda.set_device(dev)
     dist.init_process_group("smddp")
     gloo = dist.new_group(backend="gloo")
-    n = SIZE // 4
-    x = torch.ones(n, device=dev)
-    res = {}
-    res["smddp"] = timed(torch, dist, lambda: dist.all_reduce(x), args.iters)
-    try:
-        res["gloo"] = timed(torch, dist, lambda: dist.all_reduce(x, group=gloo), args.iters)
-    except RuntimeError as e:  # a Gloo without CUDA allreduce
-        res["gloo"] = None
-        res["gloo_error"] = str(e)[:200]
-    res["sweep"] = sweep(torch, dist, gloo, dev)
+    res = {"sweep": sweep(torch, dist, gloo, dev, args.iters)}
     res["ddp"] = ddp_steps(torch, dist, gloo, dev)
     if rank == 0:
         with open(args.out, "w") as f:
@@ -193,10 +187,11 @@ def main() -> int:
              f"64 MiB takes at least {bound * 1e3:.1f} ms through the host", "",
              "| 64 MiB float32 allreduce | time (ms) | algbw (GB/s) | busbw (GB/s) | time / copy bound |",
              "|---|---|---|---|---|"]
+    head = res["sweep"][str(SIZE)]   # the sweep's 64 MiB row, on CUDA tensors
     for name in ("smddp", "gloo"):
-        t = res.get(name)
+        t = head[f"{name}_cuda"]
         if t is None:
-            lines.append(f"| {name} | refused: {res.get(name + '_error', '')} | | | |")
+            lines.append(f"| {name} | refused: {head.get(name + '_cuda_error', '')} | | | |")
             continue
         alg = SIZE / t / 1e9
         lines.append(f"| {name} | {t * 1e3:.1f} | {alg:.2f} | {alg * 2 * (world - 1) / world:.2f} | "

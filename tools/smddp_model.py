@@ -108,6 +108,8 @@ import sys
 
 import numpy as np
 
+from tools.smddp_cluster import parse_rate
+
 MIB = 1 << 20
 
 # EFA figures for the projection (public sources, also printed):
@@ -320,16 +322,28 @@ def fit_ring(pts):
     return _ring_params(best[0])
 
 
-WIRE = {"smddp": 1.0, "smddp-bf16": 0.5}   # bytes crossing hosts per byte of f32
+# Every variant the model prices, by the names bench (columns), ddp_step.py
+# (DDP variants) and the projection give them: its path, and the bytes of
+# the f32 buffer that its wire carries (0.5: bf16 crossing hosts for smddp;
+# for a ring under DDP's bf16 hook, every step of the ring).
+VARIANTS = {
+    "smddp": ("smddp", 1.0), "smddp-bf16": ("smddp", 0.5), "smddp bf16": ("smddp", 0.5),
+    "gloo": ("ring", 1.0), "ring": ("ring", 1.0),
+    "gloo bf16 hook": ("ring", 0.5), "ring bf16 hook": ("ring", 0.5),
+}
+
+
+def variant_time(name, S, H, R, L, smddp, ring, share=1.0, idle=0.0):
+    """Seconds for an allreduce of S f32 bytes by variant `name` (VARIANTS)."""
+    path, wire = VARIANTS[name]
+    if path == "smddp":
+        return float(smddp_time(S, H, R, L, **smddp, share=share, idle=idle, wire=wire))
+    return float(ring_time(S * wire, H * R, H, L, **ring, share=share, idle=idle))
 
 
 def model_for(col, q, params):
-    idle = q.get(f"idle_{col}", 0.0)
-    if col in WIRE:
-        return float(smddp_time(q["S"], q["H"], q["R"], q["L"], **params["smddp"],
-                                share=q["share"], idle=idle, wire=WIRE[col]))
-    return float(ring_time(q["S"], q["N"], q["H"], q["L"], **params["ring"], share=q["share"],
-                           idle=idle))
+    return variant_time(col, q["S"], q["H"], q["R"], q["L"], params["smddp"], params["ring"],
+                        share=q["share"], idle=q.get(f"idle_{col}", 0.0))
 
 
 def fmt_bytes(n):
@@ -467,15 +481,16 @@ def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, 
           "(2(N-1) latencies: NCCL would switch to trees at small sizes)", file=out)
 
     def paths(S, H, Lb):
-        L, N = Lb / 8, H * R
+        L = Lb / 8
         k = server_hosts or H
-        return {"smddp": float(smddp_time(S, H, R, L, **host, **net)),
-                "smddp bf16 cross": float(smddp_time(S, H, R, L, **host, **net, wire=0.5)),
-                "smddp net-only": smddp_netonly_time(S, H, R, L, **host, **net),
+        sm = dict(host, **net)
+        return {"smddp": variant_time("smddp", S, H, R, L, sm, ring),
+                "smddp bf16": variant_time("smddp bf16", S, H, R, L, sm, ring),
+                "smddp net-only": smddp_netonly_time(S, H, R, L, **sm),
                 f"smddp+{'k' if server_hosts is None else k} servers":
-                    smddp_servers_time(S, H, R, L, k, **host, **net),
-                "ring": float(ring_time(S, N, H, L, **ring)),
-                "ring bf16 hook": float(ring_time(S / 2, N, H, L, **ring))}
+                    smddp_servers_time(S, H, R, L, k, **sm),
+                "ring": variant_time("ring", S, H, R, L, sm, ring),
+                "ring bf16 hook": variant_time("ring bf16 hook", S, H, R, L, sm, ring)}
 
     print("\nPROJECTION: every figure below is the model's, with the EFA figures above in "
           "place of the measured links; none was measured. busbw is counted in the f32 "
@@ -525,7 +540,7 @@ def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, 
           f"MB, the first 1 MiB), compute {compute * 1e3:.0f} ms (backward {backward * 1e3:g} ms "
           "= 2/3 of it); step ms and overlap share (compute + allreduce alone - step) / "
           "min(compute, allreduce alone)", file=out)
-    step_names = ["smddp", "smddp bf16 cross", "ring", "ring bf16 hook"]
+    step_names = ["smddp", "smddp bf16", "ring", "ring bf16 hook"]
     print(f"{'link':>8} {'GPUs':>5} " + " ".join(f"{n:>24}" for n in step_names), file=out)
     for Lg in EFA_LINKS_GBIT:
         for H in (2, 8, 32):
@@ -577,9 +592,8 @@ def predict(params, hosts, ranks, rate_bps, sizes, like, burst_bytes=2_500_000):
                  idle_smddp=min(burst_bytes / L, ref.get("idle_smddp", 0.0)),
                  idle_gloo=min(burst_bytes / L, ref.get("idle_gloo", 0.0)))
         q["idle_smddp-bf16"] = q["idle_smddp"]
-        rows.append({"bytes": S, "smddp": model_for("smddp", q, params),
-                     "gloo": model_for("ring", q, params),
-                     "smddp-bf16": model_for("smddp-bf16", q, params)})
+        rows.append({col: model_for(col, q, params) for col in ("smddp", "gloo", "smddp-bf16")}
+                    | {"bytes": S})
     return {"hosts": hosts, "ranks_per_host": ranks, "rate_bps": rate_bps, "rows": rows}
 
 
@@ -614,24 +628,6 @@ def check(predicted, measured, out=sys.stdout, tol=0.20):
     return ok
 
 
-def _rate_bps(rate):
-    import re
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)?", str(rate).strip().lower())
-    return float(m.group(1)) * {"bit": 1, None: 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)]
-
-
-def bucket_model(params, name, S, H, R, L, share):
-    """One bucket's allreduce in the model, per DDP variant of ddp_step.py."""
-    sm, ring = params["smddp"], params["ring"]
-    if name in ("smddp", "smddp bf16"):
-        return float(smddp_time(S, H, R, L, **sm, share=share,
-                                wire=0.5 if name == "smddp bf16" else 1.0))
-    if name in ("gloo", "gloo bf16 hook"):   # the hook: a ring of bf16 (S/2 bytes)
-        return float(ring_time(S / 2 if name == "gloo bf16 hook" else S, H * R, H, L, **ring,
-                               share=share))
-    raise ValueError(f"no model for {name!r}")
-
-
 def step_check(params, runs, out=None, tol=0.20):
     """Each variant's DDP step (ddp_step.py --paired --save) against the
     model: its buckets priced by the allreduce model, hidden behind backward
@@ -642,7 +638,7 @@ def step_check(params, runs, out=None, tol=0.20):
     ok, worst = True, 0.0
     for run in runs:
         H, R = int(run["hosts"]), int(run["ranks_per_host"])
-        L = _rate_bps(run["rate"]) / 8 if run.get("rate") else math.inf
+        L = parse_rate(run["rate"]) / 8 if run.get("rate") else math.inf
         share = max(1.0, H * R / params.get("cores", math.inf))
         sizes = ddp_buckets(run["gradient_bytes"], int(run.get("bucket_mb", 25) * MIB))
         med, cpu = run["median"], run["cpu"]
@@ -655,7 +651,8 @@ def step_check(params, runs, out=None, tol=0.20):
               f"{'alone ms':>8} {'model':>7} | {'overlap':>7} {'model':>6} {'free cores':>10}",
               file=out)
         for n in run["comm_names"]:
-            t_b = [bucket_model(params, n, S, H, R, L, share) for S in sizes]
+            t_b = [variant_time(n, S, H, R, L, params["smddp"], params["ring"], share)
+                   for S in sizes]
             alone = sum(t_b)
             free = ddp_step_time(compute, t_b, sizes)
             bound = ddp_step_time(compute, t_b, sizes, cpu_compute=cpu["compute only"],

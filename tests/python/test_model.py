@@ -304,7 +304,7 @@ def test_step_check_against_a_step_built_from_the_model(capsys):
     H, R, L = 2, 2, 2e9 / 8
     med, cpu = {"compute only": 0.4}, {"compute only": 0.8}
     for n in ("smddp", "gloo"):
-        t_b = [m.bucket_model(params, n, S, H, R, L, 2.0) for S in sizes]
+        t_b = [m.variant_time(n, S, H, R, L, params["smddp"], params["ring"], 2.0) for S in sizes]
         cpu[f"{n} allreduce only"] = 0.3
         med[f"{n} allreduce only"] = sum(t_b)
         med[n] = m.ddp_step_time(0.4, t_b, sizes, cpu_compute=0.8, cpu_allreduce=0.3, cores=2)
