@@ -18,6 +18,7 @@
 #include "observe/timeline.h"
 #include "transport/fabric.h"
 #include "transport/socket_address.h"
+#include "transport/spare_endpoints.h"
 
 namespace py = pybind11;
 using c10d_smddp::ProcessGroupSmddp;
@@ -416,6 +417,15 @@ void bindServerAndInfo(py::module_& m) {
       .def("last_error", &smddp::StandaloneServer::lastError);
   m.def("default_address", &smddp::fallbackAddress);
   m.def("libfabric_version", &smddp::libfabricVersion);
+  // Spare endpoints of this process (transport/spare_endpoints.h), for tests.
+  m.def("spare_endpoint_counts", [] {
+    const smddp::SpareCounts c = smddp::spareEndpointCounts();
+    py::dict d;
+    d["ready"] = c.ready;
+    d["opening"] = c.opening;
+    d["waiting"] = c.waiting;
+    return d;
+  });
   m.def("available_providers", &smddp::availableProviders);
   m.def("choose_provider", [](bool oneHost) {
     std::string why;

@@ -57,6 +57,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   opts.name = groupName_;
   opts.servers = servers_;
   opts.crossHostDtype = crossHostDtype_;
+  opts.keepSpare = cancel != nullptr;  // torchft's formations (torch_smddp/torchft.py)
   try {
     comm_ = std::make_unique<smddp::Communicator>(boot, opts, smddp::standardEngineParts());
     WorkSmddp::setDefaultSpin(std::chrono::microseconds(comm_->config().spinUs));

@@ -40,6 +40,7 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
   PrefixBootstrap bootstrap(store, ctx_->storePrefix());
   path_ = parts.openAllreducePath(*ctx_, bootstrap, shmTrouble);
   SMDDP_CHECK(path_ != nullptr, kInternal, "smddp: no allreduce path was opened");
+  ctx_->formationLap("path");
   fuses_ = path_->fuses();
   warnShmTrouble(shmTrouble);
   // 6. The observer (and its flight recorder), and a thread that tells a
@@ -57,6 +58,7 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
     }
   }
   worker_ = std::thread([this] { workerLoop(); });
+  ctx_->formationLap("observer");
   SMDDP_LOG(kInfo) << describeGroup();
 }
 
@@ -83,6 +85,7 @@ std::string Communicator::describeGroup() const {
       << " rank(s) on other hosts (port " << monitor->listenPort() << ", SMDDP_PEER_TIMEOUT "
       << PeerMonitor::configuredSilence().count() / 1000 << " s)";
   }
+  o << "; " << ctx_->formationTimes();
   return o.str();
 }
 

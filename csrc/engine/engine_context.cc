@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 
 #include "common/crypto.h"
 #include "common/logging.h"
 #include "engine/exchange.h"
+#include "transport/spare_endpoints.h"
 
 namespace smddp {
 
@@ -70,8 +72,10 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   //    group (or a restarted job) still holds the keys of earlier ones.
   storePrefix_ = "smddp/" + joinGroupInstance(store, rank_, size_, opts.timeout, name_) + "/";
   PrefixBootstrap bootstrap(store, storePrefix_);
+  formationLap("join");
   // 1. Who is where: host identity, pid, PID namespace and shm owner of every rank.
   peers_.gather(bootstrap, rank_, size_, opts.timeout);
+  formationLap("peers");
   placeNetworkServers();
   // The network path's receive ring: across hosts, more than two chunks
   // per peer in flight only queue at the link (benchmarks/RESULTS.md,
@@ -91,11 +95,35 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   // 3. A per-group secret: frames without it are dropped.
   agreeOnSecret(bootstrap);
   sink_.reserve();
+  formationLap("secret");
   // 4. Endpoint and addresses, then the control plane's receives.
   openEndpoint(bootstrap, shmTrouble);
+  formationLap("endpoint");
   auto names = bootstrapAllGather(bootstrap, rank_, size_, "addr", endpoint_->name(), opts.timeout);
+  formationLap("addresses");
   peers_.watch(bootstrap, *endpoint_, endpoint_->insertPeers(names), jobSecret_, opts.timeout);
+  formationLap("liveness");
   control_.start(*endpoint_, jobSecret_, overflowSink());
+  if (opts.keepSpare) prepareSpareEndpoint(provider_, kSparePause);
+}
+
+void EngineContext::formationLap(const char* phase) {
+  const auto now = std::chrono::steady_clock::now();
+  laps_.emplace_back(phase, std::chrono::duration<double, std::milli>(now - lapStart_).count());
+  lapStart_ = now;
+}
+
+std::string EngineContext::formationTimes() const {
+  double total = 0;
+  std::string parts;
+  char buf[64];
+  for (const auto& [phase, ms] : laps_) {
+    total += ms;
+    std::snprintf(buf, sizeof(buf), "%s%s %.1f", parts.empty() ? "" : ", ", phase, ms);
+    parts += buf;
+  }
+  std::snprintf(buf, sizeof(buf), "formed in %.1f ms (", total);
+  return buf + parts + ")";
 }
 
 EngineContext::~EngineContext() = default;
@@ -128,9 +156,16 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
   // instead (never one rank alone).
   const bool forced = providerReason_.rfind("SMDDP_FI_PROVIDER", 0) == 0;
   std::string shmStatus = "ok";
+  OpenedEndpoint spare = takeSpareEndpoint(provider_);  // none on shm
+  if (spare.endpoint) {
+    fabric_ = std::move(spare.fabric);
+    endpoint_ = std::move(spare.endpoint);
+  }
   try {
-    fabric_ = std::make_shared<Fabric>(provider_);
-    endpoint_ = std::make_unique<Endpoint>(fabric_);
+    if (!endpoint_) {
+      fabric_ = std::make_shared<Fabric>(provider_);
+      endpoint_ = std::make_unique<Endpoint>(fabric_);
+    }
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kTransport || provider_ != "shm" || forced) throw;
     shmStatus = e.what();

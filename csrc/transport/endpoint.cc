@@ -137,6 +137,46 @@ std::vector<fi_addr_t> Endpoint::insertPeers(const std::vector<std::string>& nam
   return addrs;
 }
 
+bool Endpoint::warmUp(std::chrono::milliseconds timeout) {
+  const std::string self = name();
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  if (fi_av_insert(av_.get(), self.data(), 1, &addr, 0, nullptr) != 1) return false;
+  // On the heap, and leaked if the message does not come back: the
+  // provider may still write the receive or read the send until the
+  // caller has closed the endpoint.
+  struct Message {
+    uint64_t out = 1, in = 0;
+    iovec sendIov{&out, sizeof(out)}, recvIov{&in, sizeof(in)};
+    fi_context2 sendCtx{}, recvCtx{};
+  };
+  auto m = std::make_unique<Message>();
+  constexpr uint64_t kTag = 0x5741524d;  // "WARM"; nothing else is posted here
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto posted = [&](auto post) {
+    while (post() == -FI_EAGAIN) {
+      Completion c;
+      (void)poll(&c, 1);  // nothing else is posted, nothing completes
+      if (std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return true;
+  };
+  int done = 0;
+  if (posted([&] { return postRecv(addr, kTag, 0, &m->recvIov, 1, &m->recvCtx); }) &&
+      posted([&] { return postSend(addr, kTag, &m->sendIov, 1, &m->sendCtx); })) {
+    while (done < 2 && std::chrono::steady_clock::now() <= deadline) {
+      Completion c[2];
+      const size_t n = poll(c, 2);
+      for (size_t i = 0; i < n; ++i) done += c[i].err ? -8 : 1;
+      if (done < 0) break;
+    }
+  }
+  if (done != 2 || m->in != m->out) {
+    (void)m.release();
+    return false;
+  }
+  return true;
+}
+
 int Endpoint::postSend(fi_addr_t dest, uint64_t tag, const iovec* iov, size_t iovCount, void* ctx) {
   ssize_t rc = fi_tsendv(ep_.get(), iov, nullptr, iovCount, dest, tag, ctx);
   if (rc == -FI_EAGAIN) return -FI_EAGAIN;

@@ -9,6 +9,7 @@
 #include <rdma/fi_tagged.h>
 #include <sys/uio.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,14 @@ class Endpoint {
   int cancel(void* ctx);
   // Reads up to `max` completions, error entries included. Never blocks.
   size_t poll(Completion* out, size_t max);
+
+  // Sends one message to itself and waits (up to `timeout`) for it: the
+  // provider then holds what a first send costs. rxm over tcp allocates
+  // its transmit pool there, 17 MB at our eager limit, whose first touch
+  // took ~9 ms of a group's first call (spare_endpoints.h). Leaves this
+  // endpoint's own address in its AV. False if the message did not come
+  // back in time: the caller closes the endpoint.
+  bool warmUp(std::chrono::milliseconds timeout);
 
   // The provider's max_msg_size: the longest message, header included, it
   // carries (EngineContext::maxPayloadBytes turns it into a check).

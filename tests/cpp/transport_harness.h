@@ -28,6 +28,7 @@
 #include "transport/endpoint.h"
 #include "transport/fabric.h"
 #include "transport/frame.h"
+#include "transport/spare_endpoints.h"
 
 namespace transport_test {
 
@@ -237,12 +238,14 @@ class Side {
 };
 
 using SideFn = std::function<std::string(Side&)>;
+// How a child gets its endpoint; throws to fail the child.
+using OpenFn = std::function<OpenedEndpoint(const std::string& provider, int rank)>;
 
 // Forks rank 0 and rank 1, each with its own Fabric + Endpoint over
-// `provider`, and returns their verdicts. A child that hangs past the hard
-// deadline is killed and reported.
+// `provider` (or from `open`), and returns their verdicts. A child that
+// hangs past the hard deadline is killed and reported.
 inline std::vector<std::string> runPair(const std::string& provider, const SideFn& rank0,
-                                 const SideFn& rank1) {
+                                        const SideFn& rank1, const OpenFn& open = nullptr) {
   char tmpl[] = "/tmp/smddp-transport-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   pid_t pids[2];
@@ -251,9 +254,14 @@ inline std::vector<std::string> runPair(const std::string& provider, const SideF
     if (pids[r] == 0) {
       std::string result;
       try {
-        auto fabric = std::make_shared<Fabric>(provider);
-        Endpoint ep(fabric);
-        Side side(r, dir, ep);
+        OpenedEndpoint opened;
+        if (open) {
+          opened = open(provider, r);
+        } else {
+          opened.fabric = std::make_shared<Fabric>(provider);
+          opened.endpoint = std::make_unique<Endpoint>(opened.fabric);
+        }
+        Side side(r, dir, *opened.endpoint);
         side.connect();
         result = (r == 0 ? rank0 : rank1)(side);
         // Nobody closes while the other still talks; a failed side only

@@ -61,6 +61,30 @@ def abort_while_forming(rank: int, world: int) -> dict:
     out["sums"] = sums
     out["errored_healthy"] = [str(p.errored()) for p in pgs]
     out["backend_name"] = pgs[0].getBackendName()
+
+    # Each formation asked for a spare endpoint for the next (the ranks
+    # share a process, so they use tcp;ofi_rxm): two, opened after a pause.
+    from torch_smddp import _C
+
+    deadline = time.monotonic() + 20
+    while _C.spare_endpoint_counts()["ready"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["spares_before_reform"] = _C.spare_endpoint_counts()
+    sums2 = [None, None]
+
+    def reform(r):
+        pgs[r].configure(f"{addr}/quorum2", "0", r, 2)
+        t = torch.arange(1000, dtype=torch.float32) * (r + 1)
+        pgs[r].allreduce([t], dist.ReduceOp.SUM).wait()
+        sums2[r] = bool(torch.equal(t, torch.arange(1000, dtype=torch.float32) * 3))
+
+    ths = [threading.Thread(target=reform, args=(r,)) for r in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(timeout=60)
+    out["spares_after_reform"] = _C.spare_endpoint_counts()
+    out["sums_on_spares"] = sums2
     for p in pgs:
         p.abort()
     out["errored_aborted"] = [str(p.errored()) for p in pgs]

@@ -83,4 +83,9 @@ def test_abort_stops_a_forming_group_and_the_wrapper_forms_again():
     assert res["sums"] == [[3.0] * 8, [3.0] * 8], res
     assert res["errored_healthy"] == ["None", "None"], res
     assert res["backend_name"] == "torchft-smddp", res
+    # The next formation took the two spare endpoints the first left, and
+    # its all_reduce on them matches the closed form.
+    assert res["spares_before_reform"]["ready"] == 2, res
+    assert res["spares_after_reform"]["ready"] == 0, res
+    assert res["sums_on_spares"] == [True, True], res
     assert all("aborted" in e for e in res["errored_aborted"]), res
