@@ -28,6 +28,12 @@ Reported per mode:
   checkpoint's step) plus the one in flight.
 - recovery s: from the kill to the moment every survivor has completed its
   next step (torchrun: every rank of the restarted job).
+- quorum to step ms (torchft): the part the backend owns. Most of the
+  recovery is torchft's: the lighthouse hands out the new quorum about 1 s
+  after the kill (its join timeout), give or take 50 ms. This column starts
+  when the survivors begin to configure on that quorum (the abort of their
+  old group) and ends at their first completed step; "form ms" is the new
+  group's formation within it. The largest over the survivors.
 
 Checked, and a failure exits non-zero: the survivors never restarted
 (torchft), their step count went on from where it was and the loss did not
@@ -95,6 +101,29 @@ def _wait(cond, deadline: float, what: str, out: str, poll: float = 0.1, procs=(
 def _steps_done(rows: list[dict]) -> int:
     """The highest step count reached (committed) in these rows."""
     return max((r["after"] for r in rows if "after" in r), default=0)
+
+
+def _after_quorum(paths: list[str], survivors: list[int], t_kill: float) -> dict:
+    """The part of the recovery the backend owns, from the survivors' step
+    logs: from the configure that torchft began on the new quorum (its
+    abort of the old group) to the first step completed after it, and the
+    formation of the new group within that; the largest over survivors.
+    Empty when the kill fell between steps and no group was formed again."""
+    after, form = [], []
+    for r in survivors:
+        rows = _read_steps(paths[r])
+        forms = [x for x in rows if x.get("event") == "form" and x["t"] > t_kill]
+        if not forms:
+            return {}
+        f = forms[0]
+        aborts = [x for x in rows if x.get("event") == "abort" and x["t"] <= f["t"] - f["s"]]
+        steps = [x for x in rows if x.get("committed") and x["t"] > f["t"]]
+        if not aborts or not steps:
+            return {}
+        start = aborts[-1]["t"] - aborts[-1]["s"]
+        after.append(steps[0]["t"] - start)
+        form.append(f["s"])
+    return {"after_quorum_s": max(after), "form_s": max(form)}
 
 
 def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at: int,
@@ -166,6 +195,7 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
     for r in survivors:
         procs[r].wait(timeout=30)
     result = {"mode": f"torchft + {mode}", "steps_lost": lost, "recovery_s": recovery_s}
+    result.update(_after_quorum(paths, survivors, t_kill))
     # --- checks ---
     for r in survivors:
         rows = _read_steps(paths[r])
@@ -293,10 +323,14 @@ def main(argv=None) -> int:
     print(f"\n# {args.replicas} hosts, 1 rank each, demo model; host h{args.replicas - 1} "
           f"killed once every host completed {args.kill_at} steps (torchrun: its worker); "
           f"commit {git_commit()}, {platform.node()} ({os.cpu_count()} cores)")
-    print(f"{'mode':34s} {'run':>3s} {'steps lost':>10s} {'recovery s':>11s} {'replacement s':>14s}")
+    print(f"{'mode':34s} {'run':>3s} {'steps lost':>10s} {'recovery s':>11s} {'replacement s':>14s} "
+          f"{'quorum to step ms':>18s} {'form ms':>8s}")
     for r in results:
         repl = f"{r['replacement_s']:14.2f}" if "replacement_s" in r else f"{'-':>14s}"
-        print(f"{r['mode']:34s} {r['run']:3d} {r['steps_lost']:10d} {r['recovery_s']:11.2f} {repl}")
+        after = (f"{1e3 * r['after_quorum_s']:18.1f} {1e3 * r['form_s']:8.1f}"
+                 if "after_quorum_s" in r else f"{'-':>18s} {'-':>8s}")
+        print(f"{r['mode']:34s} {r['run']:3d} {r['steps_lost']:10d} {r['recovery_s']:11.2f} {repl} "
+              f"{after}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -110,6 +110,7 @@ Communicator::~Communicator() {
 }
 
 void Communicator::shutdown() {
+  std::lock_guard<std::mutex> once(shutdownMu_);
   std::deque<Task> leftover;
   {
     std::lock_guard<std::mutex> lock(queueMu_);

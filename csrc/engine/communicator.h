@@ -111,7 +111,8 @@ class Communicator {
   void recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDone done);
 
   // --- Lifecycle and statistics (any thread) ---
-  // Fails queued work, joins the worker, closes the endpoint. Idempotent.
+  // Fails queued work, joins the worker, closes the endpoint. Idempotent;
+  // a second caller while the first is at work waits for it to finish.
   void shutdown();
   // After shutdown(): the engine thread was stuck in the provider and still
   // runs, so this object must be leaked, never destroyed.
@@ -223,6 +224,7 @@ class Communicator {
   std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only
 
   std::atomic<uint64_t> nextSeq_{0};
+  std::mutex shutdownMu_;  // one shutdown at a time (abort from another thread)
   std::mutex queueMu_;
   std::condition_variable queueCv_;
   std::deque<Task> queue_;  // guarded by queueMu_

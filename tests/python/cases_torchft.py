@@ -85,6 +85,36 @@ def abort_while_forming(rank: int, world: int) -> dict:
         t.join(timeout=60)
     out["spares_after_reform"] = _C.spare_endpoint_counts()
     out["sums_on_spares"] = sums2
+
+    # A group with an error: rank 0 calls alone and times out. The first
+    # errored() that reports it starts releasing the group on a thread of
+    # its own (once); the error stays; abort() after it is prompt.
+    import torch_smddp.torchft as tft
+
+    released: list[tuple[str, bool]] = []  # (thread, finished)
+    real_abort = tft._abort_backend
+
+    def counting_abort(pg):
+        released.append((threading.current_thread().name, False))
+        real_abort(pg)
+        released.append((threading.current_thread().name, True))
+
+    tft._abort_backend = counting_abort
+    pgs[0].set_timeout(datetime.timedelta(seconds=1))
+    lone = torch.ones(4)
+    pgs[0].allreduce([lone], dist.ReduceOp.SUM).wait()
+    errs = [str(pgs[0].errored()) for _ in range(3)]
+    deadline = time.monotonic() + 30
+    while len(released) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # a second release would have begun by now
+    tft._abort_backend = real_abort
+    out["failed_errors"] = errs
+    out["releases"] = released
+    out["error_after_release"] = str(pgs[0].errored())
+    t0 = time.monotonic()
+    pgs[0].abort()
+    out["abort_after_release_s"] = time.monotonic() - t0
     for p in pgs:
         p.abort()
     out["errored_aborted"] = [str(p.errored()) for p in pgs]

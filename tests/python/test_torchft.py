@@ -88,4 +88,12 @@ def test_abort_stops_a_forming_group_and_the_wrapper_forms_again():
     assert res["spares_before_reform"]["ready"] == 2, res
     assert res["spares_after_reform"]["ready"] == 0, res
     assert res["sums_on_spares"] == [True, True], res
+    # The group that timed out: released once, in the background, its
+    # error kept; the abort after it has nothing left to do.
+    assert all("timed out" in e or "Timeout" in e or "timeout" in e
+               for e in res["failed_errors"]), res
+    assert res["releases"] == [["smddp-release-failed", False],
+                               ["smddp-release-failed", True]], res
+    assert res["error_after_release"] == res["failed_errors"][0], res
+    assert res["abort_after_release_s"] < 0.5, res
     assert all("aborted" in e for e in res["errored_aborted"]), res
