@@ -156,8 +156,6 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
     t_kill = time.time()
     cluster.kill_host(victim)
     survivors = [r for r in range(replicas) if r != victim]
-    at_kill = {r: _steps_done([x for x in _read_steps(paths[r]) if x["t"] <= t_kill])
-               for r in survivors}
 
     def recovered():
         firsts = []
@@ -173,6 +171,10 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
     firsts = _wait(recovered, deadline, "the survivors to commit a step after the kill", out,
                    procs=live)
     recovery_s = max(t for t, _ in firsts) - t_kill
+    # Where each survivor was at the kill, read only now: a step that ended
+    # just before the kill may have reached its log just after.
+    at_kill = {r: _steps_done([x for x in _read_steps(paths[r]) if x["t"] <= t_kill])
+               for r in survivors}
     lost = max(n for _, n in firsts)
     time.sleep(replace_after)
     t_replace = time.time()

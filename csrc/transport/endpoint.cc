@@ -174,7 +174,10 @@ bool Endpoint::warmUp(std::chrono::milliseconds timeout) {
     (void)m.release();
     return false;
   }
-  return true;
+  // Leave the AV as a fresh endpoint's: the group's peers get the
+  // addresses a fresh endpoint would give them (rxm closes the loopback
+  // connection; the transmit pool stays).
+  return fi_av_remove(av_.get(), &addr, 1, 0) == 0;
 }
 
 int Endpoint::postSend(fi_addr_t dest, uint64_t tag, const iovec* iov, size_t iovCount, void* ctx) {

@@ -60,9 +60,9 @@ class Endpoint {
   // Sends one message to itself and waits (up to `timeout`) for it: the
   // provider then holds what a first send costs. rxm over tcp allocates
   // its transmit pool there, 17 MB at our eager limit, whose first touch
-  // took ~9 ms of a group's first call (spare_endpoints.h). Leaves this
-  // endpoint's own address in its AV. False if the message did not come
-  // back in time: the caller closes the endpoint.
+  // took ~9 ms of a group's first call (spare_endpoints.h). Its own
+  // address leaves the AV again. False if the message did not come back
+  // in time: the caller closes the endpoint.
   bool warmUp(std::chrono::milliseconds timeout);
 
   // The provider's max_msg_size: the longest message, header included, it
