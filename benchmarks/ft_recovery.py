@@ -126,9 +126,34 @@ def _after_quorum(paths: list[str], survivors: list[int], t_kill: float) -> dict
     return {"after_quorum_s": max(after), "form_s": max(form)}
 
 
+def _check_step_digests(paths: list[str]) -> int:
+    """With FT_REPLICA_DIGESTS=1 every step row carries a digest of the
+    state after it: any two replicas that committed the same step must hold
+    the same state there. Returns the number of pairs compared."""
+    seen: dict[int, tuple[int, str]] = {}
+    pairs = 0
+    for r, path in enumerate(paths):
+        for x in _read_steps(path):
+            if not x.get("committed") or "digest" not in x:
+                continue
+            first = seen.setdefault(x["after"], (r, x["digest"]))
+            if first[0] != r:
+                pairs += 1
+                if first[1] != x["digest"]:
+                    raise ScenarioError(f"replicas {first[0]} and {r} hold different states "
+                                        f"after step {x['after']}")
+    return pairs
+
+
 def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at: int,
-                replace_after: float, deadline_s: float, timeout_s: float = 30.0) -> dict:
-    """One torchft scenario; returns its figures, raises ScenarioError."""
+                replace_after: float, deadline_s: float, timeout_s: float = 30.0,
+                between: bool = False, digests: bool = False) -> dict:
+    """One torchft scenario; returns its figures, raises ScenarioError.
+    between: the victim SIGKILLs itself right after it commits step
+    kill_at, before it asks for the next quorum (no step fails), instead of
+    dying mid-step. digests: every replica logs a digest of its state at
+    every step, and any two that committed a step must agree there (also
+    FT_REPLICA_DIGESTS=1)."""
     deadline = time.monotonic() + deadline_s
     hub = cluster.addr("hub")
     lighthouse = f"http://{hub}:{LIGHTHOUSE_PORT}"
@@ -139,20 +164,23 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
     cluster.spawn("hub", [sys.executable, "-c", code], os.path.join(out, "lighthouse.log"))
     victim = replicas - 1
     env = {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": REPO,
-           "FT_REPLICA_DIGESTS": os.environ.get("FT_REPLICA_DIGESTS", "")}
+           "FT_REPLICA_DIGESTS": "1" if digests else os.environ.get("FT_REPLICA_DIGESTS", "")}
 
-    def start(r: int):
+    def start(r: int, die_after: int = 0):
         cmd = [sys.executable, os.path.join(HERE, "ft_replica.py"), "--pg", mode,
                "--replica", str(r), "--addr", cluster.addr(r), "--lighthouse", lighthouse,
                "--steps", str(steps), "--min-replicas", "1", "--timeout", str(timeout_s),
-               "--out", out]
+               "--out", out, "--die-after", str(die_after)]
         return cluster.spawn(r, cmd, os.path.join(out, f"replica{r}.log"), env=env, cwd=out)
 
-    procs = [start(r) for r in range(replicas)]
+    procs = [start(r, kill_at if between and r == victim else 0) for r in range(replicas)]
     paths = [os.path.join(out, f"steps.{r}.jsonl") for r in range(replicas)]
     _wait(lambda: all(_steps_done(_read_steps(p)) >= kill_at for p in paths), deadline,
           f"every replica to reach step {kill_at}", out, procs=procs)
-    # Mid-step: the replicas train back to back.
+    if between:
+        _wait(lambda: procs[victim].poll() is not None, deadline,
+              f"replica {victim} to kill itself after step {kill_at}", out, poll=0.005)
+    # Otherwise mid-step: the replicas train back to back.
     t_kill = time.time()
     cluster.kill_host(victim)
     survivors = [r for r in range(replicas) if r != victim]
@@ -218,6 +246,7 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
         result.setdefault("loss_before_kill",
                           [x["loss"] for x in rows if "loss" in x and x["t"] <= t_kill][-1])
         result.setdefault("loss_after", post[0]["loss"])
+    result["step_pairs_compared"] = _check_step_digests(paths)
     got = {r: json.load(open(finals[r])) for r in range(replicas)}
     if len({g["digest"] for g in got.values()}) != 1 or {g["step"] for g in got.values()} != {last}:
         raise ScenarioError(f"the replicas ended with different states: {got}")
@@ -291,6 +320,9 @@ def main(argv=None) -> int:
                    help="torchft: a bound; they stop a few steps after the replacement joined")
     p.add_argument("--torchrun-steps", type=int, default=60, help="torchrun: the job's steps")
     p.add_argument("--kill-at", type=int, default=20)
+    p.add_argument("--kill-between", action="store_true",
+                   help="torchft: the last host's replica SIGKILLs itself between steps (after "
+                        "it commits --kill-at, before its next quorum), so no step fails")
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--replace-after", type=float, default=3.0)
     p.add_argument("--rate", default="2gbit")
@@ -313,7 +345,8 @@ def main(argv=None) -> int:
                                            args.ckpt_every, deadline_s=600)
                     else:
                         res = run_torchft(cluster, mode, out, args.replicas, args.steps,
-                                          args.kill_at, args.replace_after, deadline_s=600)
+                                          args.kill_at, args.replace_after, deadline_s=600,
+                                          between=args.kill_between)
                 except ScenarioError as e:
                     print(f"{mode}: FAILED: {e}", file=sys.stderr)
                     return 1
@@ -323,7 +356,8 @@ def main(argv=None) -> int:
                 results.append(res)
                 print(json.dumps(res), flush=True)
     print(f"\n# {args.replicas} hosts, 1 rank each, demo model; host h{args.replicas - 1} "
-          f"killed once every host completed {args.kill_at} steps (torchrun: its worker); "
+          f"killed once every host completed {args.kill_at} steps"
+          f"{' (torchft: between steps, by itself)' if args.kill_between else ''} (torchrun: its worker); "
           f"commit {git_commit()}, {platform.node()} ({os.cpu_count()} cores)")
     print(f"{'mode':34s} {'run':>3s} {'steps lost':>10s} {'recovery s':>11s} {'replacement s':>14s} "
           f"{'quorum to step ms':>18s} {'form ms':>8s}")

@@ -19,6 +19,7 @@ import datetime
 import hashlib
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -42,6 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--corpus-mb", type=float, default=0.3)
+    p.add_argument("--die-after", type=int, default=0,
+                   help="SIGKILL this process right after it commits this step, before it "
+                        "asks for the next quorum: a death between steps (0: never)")
     return p.parse_args(argv)
 
 
@@ -184,6 +188,8 @@ def main(argv=None) -> None:
         if os.environ.get("FT_REPLICA_DIGESTS"):
             row["digest"] = state_digest(model, opt)[:12]
         log.write(json.dumps(row) + "\n")
+        if args.die_after and row["committed"] and after == args.die_after:
+            os.kill(os.getpid(), signal.SIGKILL)
     with open(os.path.join(args.out, f"final.{args.replica}.json.tmp"), "w") as f:
         json.dump({"step": manager.current_step(), "digest": state_digest(model, opt)}, f)
     os.replace(os.path.join(args.out, f"final.{args.replica}.json.tmp"),

@@ -68,7 +68,8 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
         self._forming: Optional[_C.FormationCancel] = None  # guarded by _lock
         # Set by abort(): errored() reports it until the next configure.
         self._aborted: Optional[Exception] = None  # guarded by _lock
-        # The failed group errored() has begun to release (_release_failed).
+        # The failed group errored() has begun to release (_release_failed),
+        # until the next configure.
         self._released: Optional[dist.ProcessGroup] = None  # guarded by _lock
 
     def getBackendName(self) -> str:
@@ -104,6 +105,7 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
         with self._lock:
             self._forming = cancel
             self._aborted = None
+            self._released = None  # the old group is gone: hold it no longer
         try:
             store = create_store_client(store_addr, timeout=self._timeout)
             pg = self._create_pg(store, rank, world_size, cancel)
@@ -128,7 +130,7 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
                 name += f"_rank_{self._group_rank % self._group_world_size}"
         # Standalone reduction servers registered in a store (SMDDP_SERVER_COUNT).
         backend = _C.ProcessGroupSmddp(store, rank, world_size, self._timeout, name,
-                                       cancel=cancel,
+                                       cancel=cancel, keep_spare=True,
                                        **torch_smddp._server_kwargs(store, self._timeout))
         pg = dist.ProcessGroup(store, rank, world_size)
         pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)

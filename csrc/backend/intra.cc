@@ -88,7 +88,7 @@ std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& c
     auto local = c10::make_intrusive<ProcessGroupSmddp>(
         c10::make_intrusive<c10d::PrefixStore>(base + "local" + std::to_string(hostIdx) + "/", s.store),
         localRank, static_cast<int>(g), s.timeout, s.groupName + "/intra" + std::to_string(hostIdx),
-        /*hostOnly=*/true);
+        GroupOptions{.hostOnly = true});
     route->host = makeSimIntraHost(std::move(local));
   } else {
     route->host = makeNcclIntraHost(s.store, base + "nccl/" + std::to_string(hostIdx),
@@ -97,7 +97,7 @@ std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& c
   route->rail = c10::make_intrusive<ProcessGroupSmddp>(
       c10::make_intrusive<c10d::PrefixStore>(base + "rail" + std::to_string(localRank) + "/", s.store),
       hostIdx, route->hosts, s.timeout, s.groupName + "/rail" + std::to_string(localRank),
-      /*hostOnly=*/true, s.servers, nullptr, s.crossHostDtype);
+      GroupOptions{.hostOnly = true, .servers = s.servers, .crossHostDtype = s.crossHostDtype});
   auto entered = ctx.enter();
   const auto opts = at::TensorOptions().dtype(at::kByte).device(ctx.torchDevice());
   for (int i = 0; i < slots; ++i) route->scratch.push_back(at::empty({static_cast<int64_t>(slotBytes)}, opts));

@@ -240,27 +240,34 @@ void bindProcessGroup(py::module_& m) {
       // torch_smddp found in a store ("host:port" each, in server order)
       // and the job's key from there; None: SMDDP_SERVER_HOSTS decides.
       // cross_host_dtype: torch_smddp.Options'; "": SMDDP_CROSS_HOST_DTYPE.
+      // keep_spare: the process forms groups again and again (torchft):
+      // keep a warm endpoint for the next (GroupOptions::keepSpare).
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, std::string name,
                        std::optional<std::vector<std::string>> serverHosts,
                        const std::string& serverOrigin, const std::string& serverKey,
                        std::shared_ptr<c10d_smddp::FormationCancel> cancel,
-                       std::string crossHostDtype) {
-             std::optional<smddp::RegisteredServers> servers;
-             if (serverHosts) servers = registeredServers(*serverHosts, serverOrigin, serverKey);
+                       std::string crossHostDtype, bool keepSpare) {
+             c10d_smddp::GroupOptions options;
+             if (serverHosts) {
+               options.servers = registeredServers(*serverHosts, serverOrigin, serverKey);
+             }
+             options.cancel = std::move(cancel);
+             options.crossHostDtype = std::move(crossHostDtype);
+             options.keepSpare = keepSpare;
              // Forming the group waits on its peers, so it runs without the
              // GIL; pybind then registers the instance, which needs the GIL
              // back (releaseWhile).
              return releaseWhile([&] {
                return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
-                   store, rank, size, timeout, std::move(name), /*hostOnly=*/false,
-                   std::move(servers), std::move(cancel), std::move(crossHostDtype)));
+                   store, rank, size, timeout, std::move(name), std::move(options)));
              });
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("group_name") = "default", py::arg("server_hosts") = py::none(),
            py::arg("server_origin") = "", py::arg("server_key") = "",
-           py::arg("cancel") = py::none(), py::arg("cross_host_dtype") = "")
+           py::arg("cancel") = py::none(), py::arg("cross_host_dtype") = "",
+           py::arg("keep_spare") = false)
       // The group's asynchronous error as text, or None (async_error.h),
       // and its c10d ErrorType (Backend::getError: SUCCESS, TIMEOUT,
       // COMM_ERROR), which torch binds only for its own backends.

@@ -34,22 +34,19 @@ bool ProcessGroupSmddp::checkingOnly() { return tCheckOnly > 0; }
 
 ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout,
-                                     std::string groupName, bool hostOnly,
-                                     std::optional<smddp::RegisteredServers> servers,
-                                     std::shared_ptr<FormationCancel> cancel,
-                                     std::string crossHostDtype)
+                                     std::string groupName, GroupOptions options)
     : c10d::Backend(rank, size),
       groupName_(std::move(groupName)),
       store_(store),
       timeout_(timeout),
-      hostOnly_(hostOnly),
-      servers_(std::move(servers)),
-      crossHostDtype_(std::move(crossHostDtype)) {
+      hostOnly_(options.hostOnly),
+      servers_(options.servers),
+      crossHostDtype_(options.crossHostDtype) {
   if (!hostOnly_) simDevice_ = deviceSimRequested();
   // SMDDP_TIMELINE: the first group of the process (the world group) opens
   // the file named after its rank.
   smddp::timeline::configure(rank);
-  StoreBootstrap boot(store, cancel);
+  StoreBootstrap boot(store, options.cancel);
   smddp::CommOptions opts;
   opts.rank = rank;
   opts.size = size;
@@ -57,7 +54,7 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   opts.name = groupName_;
   opts.servers = servers_;
   opts.crossHostDtype = crossHostDtype_;
-  opts.keepSpare = cancel != nullptr;  // torchft's formations (torch_smddp/torchft.py)
+  opts.keepSpare = options.keepSpare;
   try {
     comm_ = std::make_unique<smddp::Communicator>(boot, opts, smddp::standardEngineParts());
     WorkSmddp::setDefaultSpin(std::chrono::microseconds(comm_->config().spinUs));
@@ -67,10 +64,12 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   }
   if (!hostOnly_ && (simDevice_ || cudaDeviceCount() > 0)) {
     // A private host-only group carries the device calls' CPU collectives,
-    // in the order the device calls were made (device_collectives.h).
+    // in the order the device calls were made (device_collectives.h). It
+    // forms with the group, as it will again, on the same cancel.
+    options.hostOnly = true;
     hostGroup_ = c10::make_intrusive<ProcessGroupSmddp>(
         c10::make_intrusive<c10d::PrefixStore>("device", store_), rank_, size_, timeout_,
-        groupName_ + "/device", /*hostOnly=*/true, servers_, cancel, crossHostDtype_);
+        groupName_ + "/device", std::move(options));
   }
   std::lock_guard<std::mutex> lock(gLiveMu);
   gLive.insert(this);

@@ -25,16 +25,27 @@ struct EngineCall;
 class DeviceCollectives;
 class FormationCancel;
 
+// How a group forms, beyond its store, rank, size, timeout and name.
+struct GroupOptions {
+  // The device path's private host group: never routes to a device.
+  bool hostOnly = false;
+  // The standalone reduction servers torch_smddp found in a store (and the
+  // key it got there), in place of SMDDP_SERVER_HOSTS.
+  std::optional<smddp::RegisteredServers> servers;
+  // cancel() from another thread stops the formation (store_bootstrap.h).
+  std::shared_ptr<FormationCancel> cancel;
+  // torch_smddp.Options' cross_host_dtype ("": SMDDP_CROSS_HOST_DTYPE).
+  std::string crossHostDtype;
+  // The process forms groups again and again (torchft's reconfigure): keep
+  // an endpoint open and warm for the next one (spare_endpoints.h).
+  bool keepSpare = false;
+};
+
 class ProcessGroupSmddp : public c10d::Backend {
  public:
-  // `servers`: the standalone reduction servers torch_smddp found in a
-  // store (and the key it got there), in place of SMDDP_SERVER_HOSTS.
   ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     std::chrono::milliseconds timeout, std::string groupName,
-                    bool hostOnly = false,
-                    std::optional<smddp::RegisteredServers> servers = std::nullopt,
-                    std::shared_ptr<FormationCancel> cancel = nullptr,
-                    std::string crossHostDtype = "");
+                    GroupOptions options = {});
   ~ProcessGroupSmddp() override;
 
   const std::string getBackendName() const override { return "smddp"; }
@@ -259,10 +270,10 @@ class ProcessGroupSmddp : public c10d::Backend {
   std::string groupName_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
-  const bool hostOnly_;    // the device path's private host group: never routes to a device
-  // Servers found in a store, handed on to the device path's host group.
+  const bool hostOnly_;  // GroupOptions::hostOnly
+  // Handed on to the device path's groups.
   const std::optional<smddp::RegisteredServers> servers_;
-  const std::string crossHostDtype_;  // torch_smddp.Options' cross_host_dtype ("": the variable)
+  const std::string crossHostDtype_;
   bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
   // The device path's private host-only group, made with the group (every
   // rank is there then), where a device path is possible: a later first

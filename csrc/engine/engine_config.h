@@ -33,9 +33,9 @@ struct CommOptions {
   // The group's own SMDDP_CROSS_HOST_DTYPE (torch_smddp.Options); empty:
   // the variable decides.
   std::string crossHostDtype;
-  // The process will form group after group (torchft's reconfigures, which
-  // form with a FormationCancel): once formed, this group asks for a spare
-  // endpoint for the next (transport/spare_endpoints.h).
+  // The process will form group after group (torchft's reconfigures;
+  // c10d_smddp::GroupOptions::keepSpare): once formed, this group asks for
+  // a spare endpoint for the next (transport/spare_endpoints.h).
   bool keepSpare = false;
 };
 

@@ -3,12 +3,8 @@
 // The reserve is one per process, so every case runs in forked children
 // (runPair, or inChild below), never in the test runner itself.
 #include <catch2/catch.hpp>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 
 #include "transport_harness.h"
 
@@ -28,46 +24,13 @@ bool waitReady(int ready, milliseconds limit = milliseconds(10000)) {
   return true;
 }
 
-// Runs `fn` in a forked child under the hard deadline; its verdict.
+// Runs `fn` in a forked child under the hard deadline; its verdict. The
+// child ends with exit(), not _exit(): the reserve's exit handler must stop
+// its thread and close the spares without a crash (the status says).
 std::string inChild(const std::function<std::string()>& fn) {
-  char tmpl[] = "/tmp/smddp-spare-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  const std::string path = dir + "/result";
-  std::fflush(nullptr);  // the child's exit() must not print the runner's output again
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::string result;
-    try {
-      result = fn();
-    } catch (const std::exception& e) {
-      result = std::string("threw: ") + e.what();
-    }
-    std::ofstream(path) << result;
-    // exit(), not _exit(): the reserve's exit handler must stop its thread
-    // and close the spares without a crash (the status says).
-    std::exit(0);
-  }
-  const auto deadline = Clock::now() + kHardDeadline;
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) != pid) {
-    if (Clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      return "the child hung and was killed";
-    }
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string out = ss.str();
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    out += " (child ended with status " + std::to_string(status) + ")";
-  }
-  std::string cmd = "rm -rf '" + dir + "'";
-  if (std::system(cmd.c_str()) != 0) {
-  }
-  return out;
+  return smddp::test::runChildren(
+      1, [&](int, const std::string&) { return fn(); }, kHardDeadline,
+      smddp::test::ChildExit::kExitHandlers)[0];
 }
 
 // Each side posts receives for the other's messages, then sends its own:

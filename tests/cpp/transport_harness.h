@@ -29,6 +29,7 @@
 #include "transport/fabric.h"
 #include "transport/frame.h"
 #include "transport/spare_endpoints.h"
+#include "fork_children.h"
 
 namespace transport_test {
 
@@ -246,14 +247,9 @@ using OpenFn = std::function<OpenedEndpoint(const std::string& provider, int ran
 // hangs past the hard deadline is killed and reported.
 inline std::vector<std::string> runPair(const std::string& provider, const SideFn& rank0,
                                         const SideFn& rank1, const OpenFn& open = nullptr) {
-  char tmpl[] = "/tmp/smddp-transport-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  pid_t pids[2];
-  for (int r = 0; r < 2; ++r) {
-    pids[r] = fork();
-    if (pids[r] == 0) {
-      std::string result;
-      try {
+  return smddp::test::runChildren(
+      2,
+      [&](int r, const std::string& dir) {
         OpenedEndpoint opened;
         if (open) {
           opened = open(provider, r);
@@ -263,49 +259,14 @@ inline std::vector<std::string> runPair(const std::string& provider, const SideF
         }
         Side side(r, dir, *opened.endpoint);
         side.connect();
-        result = (r == 0 ? rank0 : rank1)(side);
+        std::string result = (r == 0 ? rank0 : rank1)(side);
         // Nobody closes while the other still talks; a failed side only
         // signals, so its peer is not left waiting for it.
         if (result.empty()) side.barrier("end");
         else side.setFlag("end." + std::to_string(r));
-      } catch (const std::exception& e) {
-        result = "rank " + std::to_string(r) + " threw: " + e.what();
-      }
-      std::ofstream(dir + "/result." + std::to_string(r)) << result;
-      _exit(0);  // skip the parent's atexit handlers and Catch's state
-    }
-  }
-  std::vector<std::string> out(2);
-  bool reaped[2] = {false, false};
-  auto deadline = Clock::now() + kHardDeadline;
-  while (!(reaped[0] && reaped[1])) {
-    for (int r = 0; r < 2; ++r) {
-      int status = 0;
-      if (!reaped[r] && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        reaped[r] = true;
-        std::ifstream f(dir + "/result." + std::to_string(r));
-        std::stringstream ss;
-        ss << f.rdbuf();
-        out[r] = f.good() ? ss.str()
-                          : "rank " + std::to_string(r) + " died (status " +
-                                std::to_string(status) + ")";
-      }
-    }
-    if (Clock::now() > deadline) {
-      for (int r = 0; r < 2; ++r) {
-        if (reaped[r]) continue;
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], nullptr, 0);
-        reaped[r] = true;
-        out[r] = "rank " + std::to_string(r) + " hung and was killed";
-      }
-    }
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  std::string cmd = "rm -rf '" + dir + "'";
-  if (std::system(cmd.c_str()) != 0) {
-  }
-  return out;
+        return result;
+      },
+      kHardDeadline);
 }
 
 // "" when `c` is the clean arrival of message `m` (tag, length, header,

@@ -9,22 +9,16 @@
 // address space is not a configuration it supports.
 #pragma once
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/communicator.h"
 #include "hostpath/allreduce_paths.h"
 #include "transport/bootstrap.h"
+#include "fork_children.h"
 
 namespace smddp::test {
 
@@ -62,14 +56,9 @@ inline std::vector<std::string> runWorld(
     std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
     std::chrono::seconds hardDeadline = std::chrono::seconds(60),
     const std::function<void(int rank)>& beforeInit = nullptr) {
-  char tmpl[] = "/tmp/smddp-world-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < size; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      std::string result;
-      try {
+  return runChildren(
+      size,
+      [&](int r, const std::string& dir) {
         if (beforeInit) beforeInit(r);  // e.g. per-rank SMDDP_HOST_ID
         FileBootstrap boot(dir);
         CommOptions opts;
@@ -78,50 +67,9 @@ inline std::vector<std::string> runWorld(
         opts.timeout = timeout;
         opts.name = "test";
         Communicator comm(boot, opts, standardEngineParts());
-        result = fn(comm);
-      } catch (const std::exception& e) {
-        result = std::string("rank threw: ") + e.what();
-      }
-      std::ofstream(dir + "/result." + std::to_string(r)) << result;
-      _exit(0);
-    }
-    pids.push_back(pid);
-  }
-  auto deadline = std::chrono::steady_clock::now() + hardDeadline;
-  std::vector<std::string> out(size);
-  std::vector<bool> done(size, false);
-  int remaining = size;
-  while (remaining > 0) {
-    for (int r = 0; r < size; ++r) {
-      if (done[r]) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        done[r] = true;
-        --remaining;
-        std::ifstream f(dir + "/result." + std::to_string(r));
-        std::stringstream ss;
-        ss << f.rdbuf();
-        out[r] = f.good() ? ss.str()
-                          : "rank " + std::to_string(r) + " died (status " +
-                                std::to_string(status) + ")";
-      }
-    }
-    if (remaining > 0 && std::chrono::steady_clock::now() > deadline) {
-      for (int r = 0; r < size; ++r) {
-        if (!done[r]) {
-          kill(pids[r], SIGKILL);
-          waitpid(pids[r], nullptr, 0);
-          out[r] = "rank " + std::to_string(r) + " hung and was killed";
-        }
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  std::string cmd = "rm -rf '" + dir + "'";
-  if (std::system(cmd.c_str()) != 0) {
-  }
-  return out;
+        return fn(comm);
+      },
+      hardDeadline);
 }
 
 }  // namespace smddp::test

@@ -8,6 +8,17 @@ import threading
 import time
 
 
+def _two_ranks(fn) -> None:
+    """fn(0) and fn(1) on two threads, the ranks of one group; a thread
+    still running after 60 s leaves its result unset, which the test
+    reports."""
+    ths = [threading.Thread(target=fn, args=(r,), daemon=True) for r in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(timeout=60)
+
+
 def abort_while_forming(rank: int, world: int) -> dict:
     """configure() at world 2 whose peer never comes, aborted from another
     thread; then a group of two threads on a new prefix, a closed-form
@@ -21,6 +32,24 @@ def abort_while_forming(rank: int, world: int) -> dict:
     addr = f"127.0.0.1:{store.port}"
     timeout = datetime.timedelta(seconds=60)
     out: dict = {}
+
+    # A group formed with a cancel handle but not keep_spare (only the
+    # torchft wrapper asks): no spare endpoint is wanted after it.
+    from torch_smddp import _C
+
+    plain_sums = [None, None]
+
+    def plain(r):
+        sub = dist.PrefixStore("plain", dist.TCPStore("127.0.0.1", store.port, is_master=False))
+        pg = _C.ProcessGroupSmddp(sub, r, 2, timeout, "plain", cancel=_C.FormationCancel())
+        t = torch.full((4,), float(r + 1))
+        pg.allreduce([t]).wait()
+        plain_sums[r] = t.tolist()
+        pg.shutdown()
+
+    _two_ranks(plain)
+    out["plain_sums"] = plain_sums
+    out["spares_after_plain"] = _C.spare_endpoint_counts()
 
     lonely = ProcessGroupSmddp(timeout=timeout)
     raised: list[str] = []
@@ -53,19 +82,13 @@ def abort_while_forming(rank: int, world: int) -> dict:
         pgs[r].allreduce([t], dist.ReduceOp.SUM).wait()
         sums[r] = t.tolist()
 
-    ths = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(timeout=60)
+    _two_ranks(rank_main)
     out["sums"] = sums
     out["errored_healthy"] = [str(p.errored()) for p in pgs]
     out["backend_name"] = pgs[0].getBackendName()
 
     # Each formation asked for a spare endpoint for the next (the ranks
     # share a process, so they use tcp;ofi_rxm): two, opened after a pause.
-    from torch_smddp import _C
-
     deadline = time.monotonic() + 20
     while _C.spare_endpoint_counts()["ready"] < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -78,11 +101,7 @@ def abort_while_forming(rank: int, world: int) -> dict:
         pgs[r].allreduce([t], dist.ReduceOp.SUM).wait()
         sums2[r] = bool(torch.equal(t, torch.arange(1000, dtype=torch.float32) * 3))
 
-    ths = [threading.Thread(target=reform, args=(r,)) for r in range(2)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(timeout=60)
+    _two_ranks(reform)
     out["spares_after_reform"] = _C.spare_endpoint_counts()
     out["sums_on_spares"] = sums2
 

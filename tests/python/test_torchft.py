@@ -79,6 +79,9 @@ def test_abort_stops_a_forming_group_and_the_wrapper_forms_again():
     (res,) = run_world(1, "cases_torchft:abort_while_forming", timeout=120)
     assert "aborted" in res["forming_raised"], res
     assert res["abort_to_raise_s"] < 10, res  # its timeout is 60 s
+    # A group with a cancel handle but without keep_spare wants no spare.
+    assert res["plain_sums"] == [[3.0] * 4, [3.0] * 4], res
+    assert res["spares_after_plain"] == {"ready": 0, "opening": 0, "waiting": 0}, res
     assert "aborted" in res["errored_after_abort"], res
     assert res["sums"] == [[3.0] * 8, [3.0] * 8], res
     assert res["errored_healthy"] == ["None", "None"], res
