@@ -156,21 +156,15 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
   // instead (never one rank alone).
   const bool forced = providerReason_.rfind("SMDDP_FI_PROVIDER", 0) == 0;
   std::string shmStatus = "ok";
-  OpenedEndpoint spare = takeSpareEndpoint(provider_);  // none on shm
-  if (spare.endpoint) {
-    fabric_ = std::move(spare.fabric);
-    endpoint_ = std::move(spare.endpoint);
-  }
+  auto adopt = [this](OpenedEndpoint opened) {
+    fabric_ = std::move(opened.fabric);
+    endpoint_ = std::move(opened.endpoint);
+  };
   try {
-    if (!endpoint_) {
-      fabric_ = std::make_shared<Fabric>(provider_);
-      endpoint_ = std::make_unique<Endpoint>(fabric_);
-    }
+    adopt(spareOrFreshEndpoint(provider_));  // never a spare on shm
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kTransport || provider_ != "shm" || forced) throw;
     shmStatus = e.what();
-    endpoint_.reset();
-    fabric_.reset();
   }
   if (provider_ == "shm" && !forced) {
     auto verdicts =
@@ -189,10 +183,7 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
       fabric_.reset();
     }
   }
-  if (!endpoint_) {
-    fabric_ = std::make_shared<Fabric>(provider_);
-    endpoint_ = std::make_unique<Endpoint>(fabric_);
-  }
+  if (!endpoint_) adopt(spareOrFreshEndpoint(provider_));
   const size_t max = endpoint_->maxMessageSize();
   maxPayload_ = max > sizeof(FrameHeader) ? max - sizeof(FrameHeader) : 0;
 }

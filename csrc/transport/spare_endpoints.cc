@@ -168,6 +168,15 @@ OpenedEndpoint takeSpareEndpoint(const std::string& provider) {
   return Reserve::instance().take(provider);
 }
 
+OpenedEndpoint spareOrFreshEndpoint(const std::string& provider) {
+  OpenedEndpoint opened = takeSpareEndpoint(provider);
+  if (!opened.endpoint) {
+    opened.fabric = std::make_shared<Fabric>(provider);
+    opened.endpoint = std::make_unique<Endpoint>(opened.fabric);
+  }
+  return opened;
+}
+
 void prepareSpareEndpoint(const std::string& provider, std::chrono::milliseconds pause) {
   if (provider == "shm" || !paramSpareEndpoint()) return;
   Reserve::instance().prepare(provider, pause);

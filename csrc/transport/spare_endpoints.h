@@ -33,6 +33,10 @@ struct OpenedEndpoint {
 // pause is not opened (the caller asks again once formed).
 OpenedEndpoint takeSpareEndpoint(const std::string& provider);
 
+// takeSpareEndpoint's spare if there is one, else a freshly opened
+// endpoint; throws what opening one throws.
+OpenedEndpoint spareOrFreshEndpoint(const std::string& provider);
+
 // Opens a spare for `provider` after `pause` on the background thread,
 // unless spares are off, the provider is shm, or the process already holds
 // or awaits kMaxSpares of them (a process that forms two groups at a time,
