@@ -182,7 +182,7 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
               f"replica {victim} to kill itself after step {kill_at}", out, poll=0.005)
     # Otherwise mid-step: the replicas train back to back.
     t_kill = time.time()
-    cluster.kill_host(victim)
+    cluster.kill_host(victim)  # between steps: already dead; this only tidies up
     survivors = [r for r in range(replicas) if r != victim]
 
     def recovered():
@@ -247,6 +247,18 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
                           [x["loss"] for x in rows if "loss" in x and x["t"] <= t_kill][-1])
         result.setdefault("loss_after", post[0]["loss"])
     result["step_pairs_compared"] = _check_step_digests(paths)
+    if mode == "smddp":
+        # How many survivors re-formed on a spare endpoint: one more taken
+        # by the first step committed after the kill than before it.
+        def taken(rows):
+            return rows[-1].get("spares_taken", 0) if rows else 0
+
+        result["survivors_on_spares"] = 0
+        for r in survivors:
+            rows = [x for x in _read_steps(paths[r]) if "after" in x]
+            before = taken([x for x in rows if x["t"] <= t_kill])
+            first = [x for x in rows if x["t"] > t_kill and x["committed"]][:1]
+            result["survivors_on_spares"] += taken(first) > before
     got = {r: json.load(open(finals[r])) for r in range(replicas)}
     if len({g["digest"] for g in got.values()}) != 1 or {g["step"] for g in got.values()} != {last}:
         raise ScenarioError(f"the replicas ended with different states: {got}")

@@ -84,6 +84,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=args.timeout)
     if args.pg == "smddp":
+        from torch_smddp import _C
         from torch_smddp.torchft import ProcessGroupSmddp
 
         pg = ProcessGroupSmddp(timeout=timeout)
@@ -187,6 +188,9 @@ def main(argv=None) -> None:
                "t0": t0, "fwd_s": t1 - t0, "bwd_s": t2 - t1, "commit_s": time.time() - t2}
         if os.environ.get("FT_REPLICA_DIGESTS"):
             row["digest"] = state_digest(model, opt)[:12]
+        if args.pg == "smddp":
+            # Spare endpoints this process has formed groups on so far.
+            row["spares_taken"] = _C.spare_endpoint_counts()["taken"]
         log.write(json.dumps(row) + "\n")
         if args.die_after and row["committed"] and after == args.die_after:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -431,6 +431,7 @@ void bindServerAndInfo(py::module_& m) {
     d["ready"] = c.ready;
     d["opening"] = c.opening;
     d["waiting"] = c.waiting;
+    d["taken"] = c.taken;
     return d;
   });
   m.def("available_providers", &smddp::availableProviders);

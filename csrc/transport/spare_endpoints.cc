@@ -56,6 +56,7 @@ class Reserve {
     if (i < 0) return {};
     OpenedEndpoint out = std::move(ready_[i].opened);
     ready_.erase(ready_.begin() + i);
+    ++taken_;
     return out;
   }
 
@@ -75,7 +76,7 @@ class Reserve {
   SpareCounts counts() {
     std::lock_guard<std::mutex> lock(mu_);
     return {static_cast<int>(ready_.size()), opening_.empty() ? 0 : 1,
-            static_cast<int>(wanted_.size())};
+            static_cast<int>(wanted_.size()), taken_};
   }
 
  private:
@@ -117,8 +118,7 @@ class Reserve {
   static OpenedEndpoint open(const std::string& provider) {
     OpenedEndpoint out;
     try {
-      out.fabric = std::make_shared<Fabric>(provider);
-      out.endpoint = std::make_unique<Endpoint>(out.fabric);
+      out = openFreshEndpoint(provider);
       if (!out.endpoint->warmUp(kWarmUpTimeout)) {
         SMDDP_LOG(kDebug) << "spare endpoint (" << provider << "): its own message did not "
                           << "come back; dropped";
@@ -156,6 +156,7 @@ class Reserve {
   std::deque<Wanted> wanted_;
   std::vector<Spare> ready_;
   std::string opening_;  // the provider being opened, or ""
+  int taken_ = 0;
   bool stop_ = false;
   bool threadDone_ = false;
   std::thread thread_;
@@ -168,13 +169,16 @@ OpenedEndpoint takeSpareEndpoint(const std::string& provider) {
   return Reserve::instance().take(provider);
 }
 
+OpenedEndpoint openFreshEndpoint(const std::string& provider) {
+  OpenedEndpoint opened;
+  opened.fabric = std::make_shared<Fabric>(provider);
+  opened.endpoint = std::make_unique<Endpoint>(opened.fabric);
+  return opened;
+}
+
 OpenedEndpoint spareOrFreshEndpoint(const std::string& provider) {
   OpenedEndpoint opened = takeSpareEndpoint(provider);
-  if (!opened.endpoint) {
-    opened.fabric = std::make_shared<Fabric>(provider);
-    opened.endpoint = std::make_unique<Endpoint>(opened.fabric);
-  }
-  return opened;
+  return opened.endpoint ? std::move(opened) : openFreshEndpoint(provider);
 }
 
 void prepareSpareEndpoint(const std::string& provider, std::chrono::milliseconds pause) {

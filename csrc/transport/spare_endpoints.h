@@ -33,8 +33,11 @@ struct OpenedEndpoint {
 // pause is not opened (the caller asks again once formed).
 OpenedEndpoint takeSpareEndpoint(const std::string& provider);
 
-// takeSpareEndpoint's spare if there is one, else a freshly opened
-// endpoint; throws what opening one throws.
+// A freshly opened endpoint on its own Fabric; throws what opening one
+// throws.
+OpenedEndpoint openFreshEndpoint(const std::string& provider);
+
+// takeSpareEndpoint's spare if there is one, else openFreshEndpoint's.
 OpenedEndpoint spareOrFreshEndpoint(const std::string& provider);
 
 // Opens a spare for `provider` after `pause` on the background thread,
@@ -48,6 +51,7 @@ struct SpareCounts {
   int ready = 0;
   int opening = 0;
   int waiting = 0;
+  int taken = 0;  // handed out since the process started
 };
 SpareCounts spareEndpointCounts();
 

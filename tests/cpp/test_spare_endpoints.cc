@@ -76,12 +76,7 @@ TEST_CASE("a spare endpoint from the reserve carries messages both ways like a f
   // Rank 0 on a spare and rank 1 on a fresh endpoint, or both on spares.
   const bool bothSpare = GENERATE(false, true);
   auto open = [bothSpare](const std::string& provider, int rank) {
-    if (rank == 1 && !bothSpare) {
-      OpenedEndpoint fresh;
-      fresh.fabric = std::make_shared<Fabric>(provider);
-      fresh.endpoint = std::make_unique<Endpoint>(fresh.fabric);
-      return fresh;
-    }
+    if (rank == 1 && !bothSpare) return openFreshEndpoint(provider);
     prepareSpareEndpoint(provider, milliseconds(0));
     if (!waitReady(1)) throw std::runtime_error("no spare within 10 s");
     OpenedEndpoint spare = takeSpareEndpoint(provider);

@@ -250,13 +250,8 @@ inline std::vector<std::string> runPair(const std::string& provider, const SideF
   return smddp::test::runChildren(
       2,
       [&](int r, const std::string& dir) {
-        OpenedEndpoint opened;
-        if (open) {
-          opened = open(provider, r);
-        } else {
-          opened.fabric = std::make_shared<Fabric>(provider);
-          opened.endpoint = std::make_unique<Endpoint>(opened.fabric);
-        }
+        // Never a spare: each test opens what it tests.
+        OpenedEndpoint opened = open ? open(provider, r) : openFreshEndpoint(provider);
         Side side(r, dir, *opened.endpoint);
         side.connect();
         std::string result = (r == 0 ? rank0 : rank1)(side);

@@ -1,11 +1,16 @@
 """A replica group dies under torchft with smddp, on a cluster of network
 namespaces (scripts/cluster.sh; docs/fault-tolerance.md, "Under torchft"):
-2 replica groups on 2 hosts train the demo model (examples/train_ddp.py's
+replica groups on separate hosts train the demo model (examples/train_ddp.py's
 CharTransformer) through torch_smddp.torchft, with a lighthouse in the hub.
-Once both have completed 8 steps, every process of host h1 is SIGKILLed
-mid-step; or h1's replica SIGKILLs itself between steps 8 and 9, after it
-committed one and before it asked for the next quorum, so that no step
-fails and the survivor re-forms its group on a spare endpoint.
+Two cases:
+- mid-step: 2 replicas; once both have completed 8 steps, every process of
+  host h1 is SIGKILLed mid-step;
+- between steps: 3 replicas; h2's replica SIGKILLs itself right after it
+  commits step 12, before it asks for the next quorum, so that no step
+  fails. The two survivors' new group still spans hosts, so each re-forms
+  on the spare endpoint it made ready (a group of one would take the shm
+  provider, which has none): the path of the one unexplained divergence
+  (docs/notes/2026-11-26-spare-endpoint.md).
 
 benchmarks/ft_recovery.py's scenario, smaller, checked, untimed (its
 timings go to benchmarks/RESULTS.md). Oracles, all from the replicas' own
@@ -18,7 +23,9 @@ step logs and the parent's record of the kill:
   quorum, and both end at the same step with bitwise identical weights and
   optimizer state;
 - at every step that two replicas both committed, their states agree bit
-  for bit (a digest at every step).
+  for bit (a digest at every step);
+- between steps, both survivors formed their next group on a spare (the
+  count of spares each process was handed, logged at every step).
 """
 
 import importlib.util
@@ -50,10 +57,11 @@ def test_a_replica_killed_the_survivor_goes_on_and_a_replacement_joins(tmp_path,
     if why:
         pytest.skip(f"no cluster of network namespaces here: {why}")
     between = when == "between steps"
-    with cl.Cluster(2, "2gbit") as cluster:
+    replicas, kill_at = (3, 12) if between else (2, 8)
+    with cl.Cluster(replicas, "2gbit") as cluster:
         try:
-            res = ft_recovery.run_torchft(cluster, "smddp", str(tmp_path), replicas=2,
-                                          steps=100000, kill_at=8, replace_after=0.5,
+            res = ft_recovery.run_torchft(cluster, "smddp", str(tmp_path), replicas=replicas,
+                                          steps=100000, kill_at=kill_at, replace_after=0.5,
                                           deadline_s=DEADLINE_S, between=between,
                                           digests=True)
         except ft_recovery.ScenarioError as e:
@@ -65,8 +73,12 @@ def test_a_replica_killed_the_survivor_goes_on_and_a_replacement_joins(tmp_path,
     # victim's vote on it, 0 when after (the survivors commit it, then
     # reconfigure on the next). Between steps none fails.
     assert res["steps_lost"] in ((0,) if between else (0, 1)), res
-    assert res["replacement_joined_at_step"] > 8, res
-    # Steps 1-8 at least, both replicas, and the steps they shared at the end.
-    assert res["step_pairs_compared"] >= 8, res
+    assert res["replacement_joined_at_step"] > kill_at, res
+    # The steps up to the kill at least, every pair of replicas, and the
+    # steps they shared at the end.
+    assert res["step_pairs_compared"] >= kill_at * (replicas - 1), res
+    if between:
+        assert res["survivors_on_spares"] == 2, res
     print(f"\nsteps lost {res['steps_lost']}, recovery {res['recovery_s']:.2f} s, "
-          f"replacement joined at step {res['replacement_joined_at_step']}")
+          f"replacement joined at step {res['replacement_joined_at_step']}, "
+          f"survivors on spares {res.get('survivors_on_spares')}")
