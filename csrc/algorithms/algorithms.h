@@ -57,6 +57,10 @@ using ExtraMessages = std::function<void(Exchange&)>;
 // the fusion buffer when several), `extra` riding along.
 void allreduceBuffers(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                       DataType dtype, ReduceOp op, const ExtraMessages& extra);
+// Whether allreduceBuffers sends this call in SMDDP_CROSS_HOST_DTYPE's
+// narrow wire form: f32 SUM or AVG, in a group with one rank per host (the
+// network-only path then carries only what crosses hosts).
+bool narrowsOnNetwork(const EngineContext& ctx, DataType dtype, ReduceOp op);
 void runBroadcast(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                   DataType dtype, int root);
 void runAllgather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,

@@ -18,6 +18,8 @@
 #include "common/param.h"
 #include "algorithms/algorithms.h"
 #include "engine/exchange.h"
+#include "engine/peer_table.h"
+#include "reduce/narrow_wire.h"
 #include "reduce/reduce_kernels.h"
 #include "reduce/shard_plan.h"
 
@@ -37,12 +39,29 @@ void readAllreduceParams(EngineConfig& c) {
 
 namespace {
 
+// The chunks this rank sends to the other servers, in the order it sends
+// them: interleaved chunk by chunk over the servers, so all of them can
+// start reducing at once, and starting with a different server on every
+// rank, so servers are not all hit by rank 0 first.
+template <typename SendFn>
+void forEachChunkOut(const ShardPlan& plan, const std::vector<int>& servers, int rank,
+                     SendFn&& send) {
+  const int S = static_cast<int>(servers.size());
+  size_t maxChunks = 0;
+  for (const Shard& s : plan.shards()) maxChunks = std::max(maxChunks, s.chunks.size());
+  for (size_t k = 0; k < maxChunks; ++k) {
+    for (int i = 1; i < S + 1; ++i) {
+      const Shard* s = plan.shardFor((rank + i) % S);
+      if (!s || servers[s->server] == rank || k >= s->chunks.size()) continue;
+      send(servers[s->server], s->chunks[k]);
+    }
+  }
+}
+
 // Worker side: receive every other server's result into place, then send
-// every other server its shard. The servers are interleaved chunk by chunk
-// so all of them can start reducing at once.
+// every other server its shard.
 void postWorkerSide(Exchange& ex, const ShardPlan& plan, const std::vector<int>& servers, int rank,
                     uint8_t* data, size_t es) {
-  const int S = static_cast<int>(servers.size());
   for (const Shard& s : plan.shards()) {
     const int server = servers[s.server];
     if (server == rank) continue;
@@ -50,19 +69,10 @@ void postWorkerSide(Exchange& ex, const ShardPlan& plan, const std::vector<int>&
       ex.recv(server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es);
     }
   }
-  size_t maxChunks = 0;
-  for (const Shard& s : plan.shards()) maxChunks = std::max(maxChunks, s.chunks.size());
-  for (size_t k = 0; k < maxChunks; ++k) {
-    for (int i = 1; i < S + 1; ++i) {
-      // Start with a different server on every rank so servers are not all
-      // hit by rank 0 first.
-      const Shard* s = plan.shardFor((rank + i) % S);
-      if (!s || servers[s->server] == rank || k >= s->chunks.size()) continue;
-      const Chunk& c = s->chunks[k];
-      ex.send(servers[s->server], kPhaseToServer, c.index, c.elemOffset * es,
-              data + c.elemOffset * es, c.elemCount * es);
-    }
-  }
+  forEachChunkOut(plan, servers, rank, [&](int server, const Chunk& c) {
+    ex.send(server, kPhaseToServer, c.index, c.elemOffset * es, data + c.elemOffset * es,
+            c.elemCount * es);
+  });
 }
 
 void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
@@ -134,7 +144,126 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   ex.run();
 }
 
+// allreduceCore with every chunk crossing in SMDDP_CROSS_HOST_DTYPE's
+// wire form (reduce/narrow_wire.h): the network-only path of a group with
+// one rank per host (narrowsOnNetwork). Each rank packs the chunks it sends;
+// server s widens the n contributions to a chunk of its shard (its own
+// rounded through the wire form too, so every contribution is rounded once
+// whichever rank serves it), sums them in f32 in rank order, packs the
+// result once and sends those bytes; every rank, the server itself
+// included, reads the result from the same bytes. The hierarchical path's
+// CrossHost::postNarrow does the same between host servers.
+void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
+                         float* data, uint64_t planSeq, const ExtraMessages& extra) {
+  const int rank = ctx.rank();
+  const int n = ctx.size();
+  const DataType wire = ctx.config().crossHostDtype;
+  const std::vector<int>& servers = ctx.networkServers();
+  const int S = static_cast<int>(servers.size());
+  int myServer = -1;
+  for (int i = 0; i < S; ++i) {
+    if (servers[i] == rank) myServer = i;
+  }
+  const size_t es = sizeof(float);
+  const size_t wes = elementSize(wire);
+  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, ctx.config().chunkBytes);
+  ShardPlan plan = ShardPlan::make(sig.numel, es, S, planSeq, ctx.config().minShardBytes,
+                                   chunkBytes);
+  uint64_t chunks = 0, maxChunk = 0;
+  for (const Shard& s : plan.shards()) {
+    chunks += s.chunks.size();
+    for (const Chunk& c : s.chunks) maxChunk = std::max(maxChunk, c.elemCount);
+  }
+  const Shard* mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
+  const size_t depth = static_cast<size_t>(ctx.config().ringDepth);
+  // Scratch: per chunk of the plan a slot going out (this rank's
+  // contribution, or, for its own shard, the result) and one coming back
+  // (another server's result); the server's receive ring; and f32 room to
+  // scale one chunk and widen n contributions.
+  const size_t slot = (narrowWireBytes(maxChunk, wire) + 63) & ~size_t{63};
+  const size_t ringSlots = mine ? depth * n : 0;
+  const size_t floatsAt = (2 * chunks + ringSlots) * slot;
+  uint8_t* base = ctx.scratch(floatsAt + (n + 1) * maxChunk * sizeof(float));
+  auto out = [&](const Chunk& c) { return base + c.index * slot; };
+  auto back = [&](const Chunk& c) { return base + (chunks + c.index) * slot; };
+  auto ring = [&](int peer, size_t k) {
+    return base + (2 * chunks + depth * peer + k % depth) * slot;
+  };
+  float* wide = reinterpret_cast<float*>(base + floatsAt);  // n + 1 chunks
+  auto unpack = [&](float* dst, const uint8_t* src, uint64_t count, int from, const char* what) {
+    if (!unpackNarrowWire(dst, src, count, wire)) {
+      throwError(ErrorKind::kMismatch,
+                 "smddp: the " + std::string(what) + " from rank " + std::to_string(from) +
+                     " carries an invalid scale for " + toString(wire) +
+                     " (SMDDP_CROSS_HOST_DTYPE)");
+    }
+  };
+  Exchange ex(ctx, seq, sig);
+
+  std::vector<int> remaining;
+  if (mine) remaining.assign(mine->chunks.size(), n - 1);
+  std::function<void(size_t)> armChunk;
+  auto reduceAndReturn = [&](size_t k) {
+    const Chunk& c = mine->chunks[k];
+    float* own = data + c.elemOffset;
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<const void*> in(n);
+    packNarrowWire(out(c), own, c.elemCount, wire, wide);
+    for (int p = 0; p < n; ++p) {
+      float* w = wide + (p + 1) * maxChunk;
+      unpack(w, p == rank ? out(c) : ring(p, k), c.elemCount, p, "contribution");
+      in[p] = w;
+    }
+    reduceOrdered(own, in.data(), n, c.elemCount, DataType::kFloat32, sig.op, n);
+    packNarrowWire(out(c), own, c.elemCount, wire, wide);
+    unpack(own, out(c), c.elemCount, rank, "result");
+    ctx.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - t0).count();
+    const size_t bytes = narrowWireBytes(c.elemCount, wire);
+    for (int p = 0; p < n; ++p) {
+      if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * wes, out(c), bytes);
+    }
+    if (k + depth < mine->chunks.size()) armChunk(k + depth);
+  };
+  armChunk = [&](size_t k) {
+    const Chunk& c = mine->chunks[k];
+    for (int p = 0; p < n; ++p) {
+      if (p == rank) continue;
+      ex.recv(p, kPhaseToServer, c.index, ring(p, k), narrowWireBytes(c.elemCount, wire),
+              [&, k] {
+                if (--remaining[k] == 0) reduceAndReturn(k);
+              }, /*urgent=*/true);
+    }
+  };
+  if (mine) {
+    for (size_t k = 0; k < std::min(depth, mine->chunks.size()); ++k) armChunk(k);
+  }
+  // Worker side, as postWorkerSide: results in first, then contributions
+  // out, each packed just before it goes.
+  for (const Shard& s : plan.shards()) {
+    const int server = servers[s.server];
+    if (server == rank) continue;
+    for (const Chunk& c : s.chunks) {
+      ex.recv(server, kPhaseFromServer, c.index, back(c), narrowWireBytes(c.elemCount, wire),
+              [&, c, server] { unpack(data + c.elemOffset, back(c), c.elemCount, server, "result"); });
+    }
+  }
+  forEachChunkOut(plan, servers, rank, [&](int server, const Chunk& c) {
+    packNarrowWire(out(c), data + c.elemOffset, c.elemCount, wire, wide);
+    ex.send(server, kPhaseToServer, c.index, c.elemOffset * wes, out(c),
+            narrowWireBytes(c.elemCount, wire));
+  });
+  if (extra) extra(ex);
+  ex.run();
+}
+
 }  // namespace
+
+bool narrowsOnNetwork(const EngineContext& ctx, DataType dtype, ReduceOp op) {
+  return ctx.config().crossHostDtype != DataType::kFloat32 && dtype == DataType::kFloat32 &&
+         (op == ReduceOp::kSum || op == ReduceOp::kAvg) && ctx.size() > 1 &&
+         ctx.peers().hostCount() == ctx.size();
+}
 
 void allreduceBuffers(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& bufs,
                       DataType dtype, ReduceOp op, const ExtraMessages& extra) {
@@ -143,9 +272,16 @@ void allreduceBuffers(EngineContext& ctx, uint64_t seq, const std::vector<Buffer
   for (const auto& b : bufs) total += b.numel;
   CollectiveSignature sig{CollectiveType::kAllreduce, dtype, op, total, -1};
   if (ctx.size() == 1) return;  // one rank: every op is the identity (AVG divides by 1)
+  const bool narrow = narrowsOnNetwork(ctx, dtype, op);
+  auto core = [&](uint8_t* data) {
+    if (narrow) {
+      allreduceCoreNarrow(ctx, seq, sig, reinterpret_cast<float*>(data), seq, extra);
+    } else {
+      allreduceCore(ctx, seq, sig, data, seq, ctx.timeout(), extra);
+    }
+  };
   if (bufs.size() == 1) {
-    allreduceCore(ctx, seq, sig, static_cast<uint8_t*>(bufs[0].data), seq, ctx.timeout(),
-                  extra);
+    core(static_cast<uint8_t*>(bufs[0].data));
     return;
   }
   // Several tensors: fuse them into one buffer, reduce once, scatter back.
@@ -155,7 +291,7 @@ void allreduceBuffers(EngineContext& ctx, uint64_t seq, const std::vector<Buffer
     if (b.numel) std::memcpy(fused + off * es, b.data, b.numel * es);
     off += b.numel;
   }
-  allreduceCore(ctx, seq, sig, fused, seq, ctx.timeout(), extra);
+  core(fused);
   off = 0;
   for (const auto& b : bufs) {
     if (b.numel) std::memcpy(b.data, fused + off * es, b.numel * es);
@@ -215,6 +351,9 @@ std::string NetworkPath::describe() const {
     << " reduction server(s), chunk " << kib(config.chunkBytes) << ", ring depth "
     << config.ringDepth << ", "
     << (fusing ? "fusion buffer " + kib(config.fusionBytes) : std::string("no fusion"));
+  if (narrowsOnNetwork(ctx_, DataType::kFloat32, ReduceOp::kSum)) {
+    o << ", f32 sums crossing hosts in " << toString(config.crossHostDtype);
+  }
   return o.str();
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "algorithms/algorithms.h"
+#include "common/error.h"
 #include "common/logging.h"
 #include "hostpath/fusion_scheduler.h"
 #include "hostpath/host_path.h"
@@ -43,11 +44,25 @@ std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& 
   //    SMDDP_FUSION_BUFFER_BYTES=0 would never read its peers' cut
   //    proposals. (Different budgets are harmless: the cut is the least
   //    proposal.)
+  //    Every rank must send the same type across hosts, too.
   bool fusing = false;
+  const bool narrowing = ctx.size() > 1 && ctx.peers().hostCount() == ctx.size() &&
+                         config.crossHostDtype != DataType::kFloat32;
   if (ctx.size() > 1) {
+    const std::string wire = toString(config.crossHostDtype);
     auto votes = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "netfusion",
-                                    config.fusionBytes > 0 ? "on" : "off", ctx.timeout());
-    fusing = std::all_of(votes.begin(), votes.end(), [](const std::string& v) { return v == "on"; });
+                                    (config.fusionBytes > 0 ? "on " : "off ") + wire,
+                                    ctx.timeout());
+    fusing = true;
+    for (size_t r = 0; r < votes.size(); ++r) {
+      const size_t space = votes[r].find(' ');
+      const std::string theirs = space == std::string::npos ? "" : votes[r].substr(space + 1);
+      SMDDP_CHECK(theirs == wire, kInvalidArgument,
+                  "group '" + ctx.name() + "': rank " + std::to_string(ctx.rank()) +
+                      " has SMDDP_CROSS_HOST_DTYPE (or cross_host_dtype) " + wire + " but rank " +
+                      std::to_string(r) + " has " + theirs + "; it must be the same on every rank");
+      fusing = fusing && votes[r].substr(0, space) == "on";
+    }
   }
   if (!config.serverHosts.empty() && ctx.peers().hostCount() > 1 && ctx.rank() == 0) {
     SMDDP_LOG(kWarn) << "SMDDP_SERVER_HOSTS is set, but group '" << ctx.name()
@@ -55,7 +70,7 @@ std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& 
                         "reduction servers (docs/design.md, \"Standalone reduction servers\")";
   }
   if (config.crossHostDtype != DataType::kFloat32 && ctx.peers().hostCount() > 1 &&
-      ctx.rank() == 0) {
+      !narrowing && ctx.rank() == 0) {
     SMDDP_LOG(kWarn) << "SMDDP_CROSS_HOST_DTYPE is " << toString(config.crossHostDtype)
                      << ", but group '" << ctx.name() << "' takes the network-only allreduce path ("
                      << networkOnly << "), where partials cross hosts in their own dtype";

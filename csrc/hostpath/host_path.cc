@@ -221,12 +221,11 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
   // in, a copy out and a step per slot, for the same bytes on the link as
   // the network-only path, which fuses queued calls too (at 2 Gbit/s, 64
   // MiB: 2 x 1 hosts 88% of the link bound through the segment, 93-97%
-  // without; benchmarks/RESULTS.md). Standalone reduction servers are
-  // reached from the hierarchical path only, so they keep it, and so does
-  // a narrow SMDDP_CROSS_HOST_DTYPE: the network-only path's ring would
-  // round a partial at every hop.
-  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty() &&
-      config.crossHostDtype == DataType::kFloat32) {
+  // without; benchmarks/RESULTS.md), and sends a narrow
+  // SMDDP_CROSS_HOST_DTYPE's wire form there (narrowsOnNetwork). Standalone
+  // reduction servers are reached from the hierarchical path only, so they
+  // keep it.
+  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty()) {
     *reason = "one rank per host";
     return nullptr;
   }

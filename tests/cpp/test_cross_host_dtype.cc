@@ -10,6 +10,7 @@
 // not compress, or a bound too loose to mean anything, fails.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -179,7 +180,12 @@ std::string compressedJob(Communicator& comm, Layout layout, DataType wire) {
   const size_t N = 300007;  // several pipeline steps of every shard
   const int n = comm.size();
   const int L = layout.perHost, H = layout.hosts;
-  if (!usesHostPath(comm)) return "the group did not take the shared-memory path";
+  // One rank per host takes the network-only path, which compresses every
+  // f32 sum there; otherwise the hierarchy compresses only what crosses.
+  if (usesHostPath(comm) != (L > 1)) {
+    return L > 1 ? "the group did not take the shared-memory path"
+                 : "one rank per host took the shared-memory path";
+  }
   uint64_t hash = 1469598103934665603ull;
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
     std::vector<float> first;
@@ -253,6 +259,18 @@ std::string compressedJob(Communicator& comm, Layout layout, DataType wire) {
       hash = (hash ^ b) * 1099511628211ull;
     }
   }
+  // MAX is not compressed: the exact maximum, on either path.
+  std::vector<float> v(N);
+  for (size_t j = 0; j < N; ++j) v[j] = adversarial(comm.rank(), comm.rank() / L, j);
+  comm.allreduceSync({{v.data(), N}}, DataType::kFloat32, ReduceOp::kMax);
+  for (size_t j = 0; j < N; ++j) {
+    float want = adversarial(0, 0, j);
+    for (int r = 1; r < n; ++r) want = std::max(want, adversarial(r, r / L, j));
+    if (!(v[j] == want)) {
+      return "MAX element " + std::to_string(j) + " = " + std::to_string(v[j]) + ", not " +
+             std::to_string(want);
+    }
+  }
   return " " + std::to_string(hash);
 }
 
@@ -282,16 +300,21 @@ TEST_CASE("bf16 and fp16 crossing pretend hosts stay within the stated bound on 
   runCompressed({2, 2}, DataType::kFloat16);
 }
 
-TEST_CASE("one rank per host keeps the shared-memory path when crossing narrow",
+TEST_CASE("one rank per host crosses narrow on the network-only path, within the same bound",
           "[cross_host][hosts]") {
   runCompressed({3, 1}, DataType::kBFloat16);
+  runCompressed({3, 1}, DataType::kFloat16);
 }
 
 TEST_CASE("ranks that disagree on SMDDP_CROSS_HOST_DTYPE fail to form, naming it",
           "[cross_host][hosts][errors]") {
+  // 2 x 2 takes the shared-memory path, 4 x 1 the network-only one.
+  const int perHost = GENERATE(2, 1);
+  INFO(perHost << " rank(s) per host");
   auto results = runWorld(4, [](Communicator&) { return std::string("formed"); },
-                          std::chrono::milliseconds(10000), std::chrono::seconds(60), [](int r) {
-    setenv("SMDDP_HOST_ID", r < 2 ? "hostA" : "hostB", 1);
+                          std::chrono::milliseconds(10000), std::chrono::seconds(60),
+                          [perHost](int r) {
+    setenv("SMDDP_HOST_ID", ("host" + std::to_string(r / perHost)).c_str(), 1);
     setenv("SMDDP_CROSS_HOST_DTYPE", r == 3 ? "fp32" : "bf16", 1);
   });
   for (const auto& r : results) {
