@@ -237,6 +237,11 @@ void narrowFromFloat(void* out, const float* in, size_t count, DataType dtype) {
   }
 }
 
+uint32_t maxFiniteMagnitudeBits(const float* src, size_t count) {
+  return useAvx2() ? maxFiniteMagnitudeBitsAvx2(src, count)
+                   : maxFiniteMagnitudeBitsScalar(src, count);
+}
+
 const char* reduceKernelIsa() { return useAvx2() ? "avx2" : "scalar"; }
 
 bool setForceScalarKernels(bool force) { return gForceScalar.exchange(force); }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/dtype.h"
 
@@ -33,6 +34,10 @@ void reduceOrderedToFloat(float* out, const void* const* inputs, size_t n, size_
 // f16/bf16 only: out[i] = round(in[i]) (nearest, ties to even); `out` may be
 // `in` itself (narrowing in place).
 void narrowFromFloat(void* out, const float* in, size_t count, DataType dtype);
+
+// The bits of the largest finite |src[i]|, 0 if there is none (infinities
+// and NaNs count as 0); the wire form's scale (reduce/narrow_wire.h).
+uint32_t maxFiniteMagnitudeBits(const float* src, size_t count);
 
 // Which implementation reduceOrdered dispatches to ("avx2" or "scalar").
 const char* reduceKernelIsa();

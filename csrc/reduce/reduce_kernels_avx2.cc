@@ -229,6 +229,25 @@ bool avx2Available() {
   return available;
 }
 
+SMDDP_AVX2 uint32_t maxFiniteMagnitudeBitsAvx2(const float* src, size_t count) {
+  // The magnitudes' bits are below 2^31, so the signed compare and max
+  // order them as the scalar code's unsigned ones do.
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+  const __m256i inf = _mm256_set1_epi32(0x7f800000);
+  __m256i most = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i b = _mm256_and_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)), magnitude);
+    most = _mm256_max_epi32(most, _mm256_and_si256(b, _mm256_cmpgt_epi32(inf, b)));
+  }
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), most);
+  uint32_t m = maxFiniteMagnitudeBitsScalar(src + i, count - i);
+  for (uint32_t v : lanes) m = std::max(m, v);
+  return m;
+}
+
 void overlayAvx2Kernels(DataType t, ReduceOp op, TileKernels* k) {
   switch (t) {
     case DataType::kFloat32: overlayFloat<F32Lane>(op, k); break;
@@ -252,6 +271,9 @@ void overlayAvx2Kernels(DataType t, ReduceOp op, TileKernels* k) {
 namespace smddp::reduce_internal {
 bool avx2Available() { return false; }
 void overlayAvx2Kernels(DataType, ReduceOp, TileKernels*) {}
+uint32_t maxFiniteMagnitudeBitsAvx2(const float* src, size_t count) {
+  return maxFiniteMagnitudeBitsScalar(src, count);
+}
 }  // namespace smddp::reduce_internal
 
 #endif

@@ -167,4 +167,17 @@ bool avx2Available();
 // never kAvg here (AVG combines as SUM). The rest stay scalar.
 void overlayAvx2Kernels(DataType t, ReduceOp op, TileKernels* k);
 
+// The bits of the largest finite |src[i]| (0 if none): for non-negative
+// floats their order is the integers' order, and an infinity or a NaN
+// counts as 0. maxFiniteMagnitudeBits (reduce_kernels.h) picks one.
+inline uint32_t maxFiniteMagnitudeBitsScalar(const float* src, size_t count) {
+  uint32_t most = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t b = std::bit_cast<uint32_t>(src[i]) & 0x7fffffffu;
+    most = std::max(most, b < 0x7f800000u ? b : 0u);
+  }
+  return most;
+}
+uint32_t maxFiniteMagnitudeBitsAvx2(const float* src, size_t count);
+
 }  // namespace smddp::reduce_internal

@@ -4,8 +4,14 @@
 // values. Every check runs on both the AVX2 and the forced-scalar path.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
 
 #include "reduce_reference.h"
 
@@ -174,4 +180,40 @@ TEST_CASE("reduceKernelIsa reports the path and setForceScalarKernels toggles it
   CHECK((isa == "avx2") == (f16c && __builtin_cpu_supports("avx2")));
 #endif
   smddp::setForceScalarKernels(before);
+}
+
+TEST_CASE("the largest finite magnitude matches a plain scan on both paths", "[reduce]") {
+  // The narrow wire form's scale comes from it (reduce/narrow_wire.h).
+  std::mt19937_64 rng(2026);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            -0.0f,
+                            std::numeric_limits<float>::denorm_min(),
+                            -std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::max()};
+  for (size_t count : {0, 1, 7, 8, 9, 15, 16, 17, 33, 1000}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> v(count);
+      std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+      for (float& x : v) {
+        const uint64_t r = rng();
+        x = r % 5 == 0 ? specials[(r >> 8) % 8] : std::ldexp(unit(rng), static_cast<int>(r % 250) - 140);
+      }
+      float want = 0.0f;  // the oracle: fabs, finite ones only
+      for (float x : v) {
+        if (std::isfinite(x)) want = std::max(want, std::fabs(x));
+      }
+      for (int scalar = 0; scalar < 2; ++scalar) {
+        ScopedIsa isa(scalar == 1);
+        const uint32_t got = smddp::maxFiniteMagnitudeBits(v.data(), v.size());
+        float g;
+        std::memcpy(&g, &got, sizeof(g));
+        INFO("count " << count << ", trial " << trial << (scalar ? ", scalar" : ", avx2"));
+        CHECK(g == want);
+        CHECK(!std::signbit(g));
+      }
+    }
+  }
 }
