@@ -55,7 +55,8 @@ SMDDP_PARAM_INT(paramServerWait, "SMDDP_SERVER_WAIT", 60, 0, 86400,
                 "to accept (a server may start after the workers; at most half the group "
                 "timeout); the group goes on without one that some rank could not reach by then")
 SMDDP_PARAM_STRING(paramCrossHostDtype, "SMDDP_CROSS_HOST_DTYPE", "fp32",
-                   "what f32 host partials cross hosts in on the shared-memory path: fp32, bf16 "
+                   "what f32 host partials cross hosts in on the shared-memory path, and f32 "
+                   "sums on the network-only path of one rank per host: fp32, bf16 "
                    "or fp16 (f16 scaled per piece by a power of two, so it never overflows); "
                    "each host reduces in f32, the hosts' servers accumulate in f32 and return "
                    "the result in this type (SUM and AVG of f32, f16 and bf16 only; the same "
