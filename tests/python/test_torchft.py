@@ -81,7 +81,7 @@ def test_abort_stops_a_forming_group_and_the_wrapper_forms_again():
     assert res["abort_to_raise_s"] < 10, res  # its timeout is 60 s
     # A group with a cancel handle but without keep_spare wants no spare.
     assert res["plain_sums"] == [[3.0] * 4, [3.0] * 4], res
-    assert res["spares_after_plain"] == {"ready": 0, "opening": 0, "waiting": 0}, res
+    assert res["spares_after_plain"] == {"ready": 0, "opening": 0, "waiting": 0, "taken": 0}, res
     assert "aborted" in res["errored_after_abort"], res
     assert res["sums"] == [[3.0] * 8, [3.0] * 8], res
     assert res["errored_healthy"] == ["None", "None"], res
@@ -90,6 +90,7 @@ def test_abort_stops_a_forming_group_and_the_wrapper_forms_again():
     # its all_reduce on them matches the closed form.
     assert res["spares_before_reform"]["ready"] == 2, res
     assert res["spares_after_reform"]["ready"] == 0, res
+    assert res["spares_after_reform"]["taken"] - res["spares_before_reform"]["taken"] == 2, res
     assert res["sums_on_spares"] == [True, True], res
     # The group that timed out: released once, in the background, its
     # error kept; the abort after it has nothing left to do.
