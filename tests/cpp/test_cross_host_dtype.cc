@@ -11,11 +11,15 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -321,5 +325,72 @@ TEST_CASE("ranks that disagree on SMDDP_CROSS_HOST_DTYPE fail to form, naming it
     INFO(r);
     CHECK(r.find("SMDDP_CROSS_HOST_DTYPE") != std::string::npos);
     CHECK(r.find("must be the same on every rank") != std::string::npos);
+  }
+}
+
+TEST_CASE("queued bf16-crossing calls fuse on the network-only path into the bytes of one at a time",
+          "[cross_host][hosts][netfusion]") {
+  // bf16's scale is 1 for these values, so every element is rounded the
+  // same way whatever chunk it lands in: fused or alone, the bytes must be
+  // the same. The calls alone are the oracle (their bound is checked above).
+  ScopedEnv env("SMDDP_CROSS_HOST_DTYPE", "bf16");
+  auto results = runWorld(3, [](Communicator& comm) -> std::string {
+    if (usesHostPath(comm) || !test::fusesOnNetwork(comm)) return "wrong allreduce path";
+    const int r = comm.rank();
+    auto input = [r](int call, size_t count) {
+      std::vector<float> v(count);
+      for (size_t j = 0; j < count; ++j) v[j] = adversarial(r, r, j * 131 + call);
+      return v;
+    };
+    // A large call first, so the small ones queue behind it on every rank.
+    const int calls = 24;
+    std::vector<std::vector<float>> fused(calls + 1);
+    fused[0] = input(0, 1 << 20);
+    for (int i = 1; i <= calls; ++i) fused[i] = input(i, 1000 + 37 * i);
+    std::atomic<int> done{0}, failed{0};
+    auto onDone = [&](std::exception_ptr e) {
+      if (e) failed++;
+      done++;
+    };
+    const Stats before = comm.stats();
+    for (auto& v : fused) {
+      comm.allreduce({{v.data(), v.size()}}, DataType::kFloat32, ReduceOp::kSum, onDone);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+    while (done.load() < calls + 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (done.load() < calls + 1 || failed.load()) return "queued calls failed or hung";
+    const Stats after = comm.stats();
+    const uint64_t fusedCalls = after.fusedCalls - before.fusedCalls;
+    const uint64_t flushes = after.fusionFlushes - before.fusionFlushes;
+    if (fusedCalls != static_cast<uint64_t>(calls + 1) || flushes >= fusedCalls) {
+      return "not fused: " + std::to_string(fusedCalls) + " calls in " + std::to_string(flushes) +
+             " batches";
+    }
+    for (int i = 0; i <= calls; ++i) {
+      std::vector<float> alone = input(i, fused[i].size());
+      comm.allreduceSync({{alone.data(), alone.size()}}, DataType::kFloat32, ReduceOp::kSum);
+      for (size_t j = 0; j < alone.size(); ++j) {
+        if (std::memcmp(&alone[j], &fused[i][j], sizeof(float)) != 0) {
+          return "call " + std::to_string(i) + " element " + std::to_string(j) + ": fused " +
+                 std::to_string(fused[i][j]) + ", alone " + std::to_string(alone[j]);
+        }
+        // It crossed in bf16: the result is a bf16 value.
+        uint32_t b;
+        std::memcpy(&b, &alone[j], sizeof(b));
+        if (std::isfinite(alone[j]) && (b & 0xffffu) != 0) {
+          return "call " + std::to_string(i) + " element " + std::to_string(j) + " = " +
+                 std::to_string(alone[j]) + " is not a bf16 value";
+        }
+      }
+    }
+    return "";
+  }, std::chrono::milliseconds(30000), std::chrono::seconds(120), [](int r) {
+    setenv("SMDDP_HOST_ID", ("host" + std::to_string(r)).c_str(), 1);
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << results[r]);
+    CHECK(results[r] == "");
   }
 }

@@ -86,7 +86,7 @@ def pipelined_steps(rank, world):
 
 
 def compressed_group(rank, world):
-    """2 pretend hosts x 2 ranks. A group made with
+    """2 pretend hosts x 2 ranks, or 3 x 1 (the network-only path). A group made with
     ``pg_options=torch_smddp.Options(cross_host_dtype="bf16")`` sends its f32
     partials across hosts in bf16; the world group (fp32) is untouched.
     Oracles: Gloo's sum of the same inputs (f64 for the bound), the bf16
@@ -98,6 +98,7 @@ def compressed_group(rank, world):
     gloo = dist.new_group(backend="gloo")
     narrow = dist.new_group(backend="smddp",
                             pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
+    out["narrow_path"] = torch_smddp.stats(narrow)["allreduce_path"]
     gen = torch.Generator().manual_seed(1234 + rank)
     # Magnitudes from 2^-40 to 2^40, and values that cancel between hosts.
     x = torch.randn(200_003, generator=gen) * torch.pow(2.0, torch.randint(-40, 41, (200_003,),

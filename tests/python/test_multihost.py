@@ -123,13 +123,16 @@ def test_hosts_keep_many_network_steps_in_flight():
         assert res["cases"] == 29, (rank, res["cases"])
 
 
-def test_a_group_can_cross_hosts_in_bf16_and_stays_within_the_bound():
+@pytest.mark.parametrize("hosts,per_host", [(2, 2), (3, 1)], ids=["2x2", "3x1"])
+def test_a_group_can_cross_hosts_in_bf16_and_stays_within_the_bound(hosts, per_host):
     # docs/design.md, "Compression between hosts": only the group made with
     # torch_smddp.Options(cross_host_dtype="bf16") narrows; the bound and the
-    # bytes are checked against Gloo's f64 sum of the same inputs.
-    results = run_world(4, "cases_multihost:compressed_group", timeout=240,
-                        env={"SMDDP_HOST_ID": lambda rank: f"host{rank // 2}"})
+    # bytes are checked against Gloo's f64 sum of the same inputs. 2 x 2
+    # narrows in the hierarchy, 3 x 1 on the network-only path.
+    results = run_world(hosts * per_host, "cases_multihost:compressed_group", timeout=240,
+                        env={"SMDDP_HOST_ID": lambda rank: f"host{rank // per_host}"})
     for rank, res in enumerate(results):
+        assert (res["narrow_path"] == "shared-memory") == (per_host > 1), (rank, res["narrow_path"])
         assert res["fp32_within_f32_bound"] and res["fp32_not_representable"], rank
         assert res["bf16_representable"], rank
         assert res["bf16_within_bound"], rank
