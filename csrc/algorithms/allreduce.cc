@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
@@ -39,11 +40,11 @@ void readAllreduceParams(EngineConfig& c) {
 
 namespace {
 
-// The chunks this rank sends to the other servers, in the order it sends
-// them: interleaved chunk by chunk over the servers, so all of them can
-// start reducing at once, and starting with a different server on every
-// rank, so servers are not all hit by rank 0 first.
-// `send(shard, k)` for chunk k of every other server's shard, k < `upTo`.
+// Calls send(shard, k) for chunk k < `upTo` of every shard that another
+// rank serves, in the order this rank sends them: chunk by chunk across the
+// servers, so that all of them can start reducing at once, and from a
+// different server on each rank, so that rank 0 does not reach every server
+// first.
 template <typename SendFn>
 void forEachChunkOut(const ShardPlan& plan, const std::vector<int>& servers, int rank,
                      SendFn&& send, size_t upTo = SIZE_MAX) {
@@ -77,71 +78,130 @@ void postWorkerSide(Exchange& ex, const ShardPlan& plan, const std::vector<int>&
   });
 }
 
+// What both cores derive from a call: this rank's index among the network
+// servers (-1: it serves none), the chunk size, the shard plan and this
+// rank's shard in it.
+struct CallPlan {
+  CallPlan(const EngineContext& ctx, const CollectiveSignature& sig, uint64_t planSeq) {
+    const std::vector<int>& servers = ctx.networkServers();
+    const int S = static_cast<int>(servers.size());
+    for (int i = 0; i < S; ++i) {
+      if (servers[i] == ctx.rank()) myServer = i;
+    }
+    const size_t es = elementSize(sig.dtype);
+    chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, ctx.config().chunkBytes);
+    plan = ShardPlan::make(sig.numel, es, S, planSeq, ctx.config().minShardBytes, chunkBytes);
+    mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
+  }
+  CallPlan(const CallPlan&) = delete;  // `mine` points into `plan`
+  CallPlan& operator=(const CallPlan&) = delete;
+
+  int myServer = -1;
+  uint64_t chunkBytes = 0;
+  ShardPlan plan;
+  const Shard* mine = nullptr;
+};
+
+// A reduction server's side of a call: peers' chunks of this rank's shard
+// land in a small ring of slots per peer (ringDepth chunks each), so what
+// arrives is still in cache when it is reduced. Once chunk k is in from
+// every peer, `reduce(k, in)` runs with in[p] peer p's slot (in[rank] is
+// null: the caller's own part), and the slots re-arm for chunk k + depth.
+// `wireBytes(count)` is what a chunk of `count` elements takes on the wire.
+class ServerRing {
+ public:
+  using Reduce = std::function<void(size_t k, std::vector<const void*>& in)>;
+  using WireBytes = size_t (*)(uint64_t count, DataType wire);
+
+  // Bytes of scratch the ring needs.
+  static size_t scratchBytes(int n, size_t depth, size_t slotBytes) {
+    return slotBytes * depth * n;
+  }
+  ServerRing(EngineContext& ctx, Exchange& ex, const Shard& mine, uint8_t* scratch,
+             size_t slotBytes, WireBytes wireBytes, DataType wire, Reduce reduce)
+      : ex_(ex), mine_(mine), rank_(ctx.rank()), n_(ctx.size()),
+        depth_(static_cast<size_t>(ctx.config().ringDepth)),  // resolved (>= 1) by the context
+        base_(scratch), slotBytes_(slotBytes), wireBytes_(wireBytes), wire_(wire),
+        reduce_(std::move(reduce)), remaining_(mine.chunks.size(), n_ - 1), in_(n_) {}
+
+  // Posts the first `depth` chunks' receives (urgent: a server re-arming
+  // its ring must never wait behind result receives).
+  void start() {
+    for (size_t k = 0; k < std::min(depth_, mine_.chunks.size()); ++k) arm(k);
+  }
+
+ private:
+  uint8_t* slot(int peer, size_t k) const {
+    return base_ + slotBytes_ * (depth_ * peer + k % depth_);
+  }
+  void arm(size_t k) {
+    const Chunk& c = mine_.chunks[k];
+    for (int p = 0; p < n_; ++p) {
+      if (p == rank_) continue;
+      ex_.recv(p, kPhaseToServer, c.index, slot(p, k), wireBytes_(c.elemCount, wire_), [this, k] {
+        if (--remaining_[k] == 0) reduceAndRearm(k);
+      }, /*urgent=*/true);
+    }
+  }
+  void reduceAndRearm(size_t k) {
+    for (int p = 0; p < n_; ++p) in_[p] = p == rank_ ? nullptr : slot(p, k);
+    reduce_(k, in_);
+    if (k + depth_ < mine_.chunks.size()) arm(k + depth_);
+  }
+
+  Exchange& ex_;
+  const Shard& mine_;
+  const int rank_, n_;
+  const size_t depth_;
+  uint8_t* const base_;
+  const size_t slotBytes_;
+  const WireBytes wireBytes_;
+  const DataType wire_;
+  const Reduce reduce_;
+  std::vector<int> remaining_;     // peers still to arrive, per chunk
+  std::vector<const void*> in_;    // reused for every chunk
+};
+
+// A chunk's bytes in its own dtype (`wire`), for ServerRing.
+size_t plainBytes(uint64_t count, DataType wire) { return count * elementSize(wire); }
+
 void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                    uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout,
                    const ExtraMessages& extra = nullptr) {
   const int rank = ctx.rank();
   const int n = ctx.size();
-  const std::vector<int>& servers = ctx.networkServers();
-  const int S = static_cast<int>(servers.size());
-  int myServer = -1;  // this rank's server index
-  for (int i = 0; i < S; ++i) {
-    if (servers[i] == rank) myServer = i;
-  }
   const size_t es = elementSize(sig.dtype);
-  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, ctx.config().chunkBytes);
-  ShardPlan plan = ShardPlan::make(sig.numel, es, S, planSeq, ctx.config().minShardBytes,
-                                   chunkBytes);
+  const CallPlan cp(ctx, sig, planSeq);
   Exchange ex(ctx, seq, sig, timeout);
 
-  // Server side. Peers' chunks land in a small ring of slots per peer
-  // (ringDepth chunks each), so what arrives is still in cache when it is
-  // reduced; a slot is re-armed for chunk k+depth once chunk k is reduced.
-  // The result is written straight into this rank's own buffer and sent
-  // from there: no staging copy on the way in or out.
-  const Shard* mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
-  const size_t depth = static_cast<size_t>(ctx.config().ringDepth);  // resolved (>= 1) by the engine context
-  const size_t slotBytes = chunkBytes;
-  uint8_t* ring = nullptr;
-  std::vector<int> remaining;
-  if (mine && n > 1) {
-    ring = ctx.scratch(slotBytes * depth * n);
-    remaining.assign(mine->chunks.size(), n - 1);
+  // Server side: the reduction goes straight into this rank's own buffer
+  // and is sent from there: no staging copy on the way in or out.
+  std::optional<ServerRing> server;
+  if (cp.mine && n > 1) {
+    const size_t depth = static_cast<size_t>(ctx.config().ringDepth);
+    uint8_t* scratch = ctx.scratch(ServerRing::scratchBytes(n, depth, cp.chunkBytes));
+    server.emplace(ctx, ex, *cp.mine, scratch, cp.chunkBytes, plainBytes, sig.dtype,
+                   [&](size_t k, std::vector<const void*>& in) {
+                     const Chunk& c = cp.mine->chunks[k];
+                     uint8_t* own = data + c.elemOffset * es;
+                     in[rank] = own;
+                     auto t0 = std::chrono::steady_clock::now();
+                     reduceOrdered(own, in.data(), n, c.elemCount, sig.dtype, sig.op, n);
+                     ctx.counters().serverReduceNs +=
+                         std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - t0).count();
+                     for (int p = 0; p < n; ++p) {
+                       if (p != rank) {
+                         ex.send(p, kPhaseFromServer, c.index, c.elemOffset * es, own,
+                                 c.elemCount * es);
+                       }
+                     }
+                   });
   }
-  auto slot = [&](int peer, size_t k) { return ring + slotBytes * (depth * peer + k % depth); };
-
-  std::function<void(size_t)> armChunk;
-  auto reduceAndReturn = [&](size_t k) {
-    const Chunk& c = mine->chunks[k];
-    uint8_t* own = data + c.elemOffset * es;
-    size_t bytes = c.elemCount * es;
-    std::vector<const void*> inputs(n);
-    for (int p = 0; p < n; ++p) inputs[p] = p == rank ? own : slot(p, k);
-    auto t0 = std::chrono::steady_clock::now();
-    reduceOrdered(own, inputs.data(), n, c.elemCount, sig.dtype, sig.op, n);
-    ctx.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - t0).count();
-    for (int p = 0; p < n; ++p) {
-      if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * es, own, bytes);
-    }
-    if (k + depth < mine->chunks.size()) armChunk(k + depth);
-  };
-  // Receive chunk k of this rank's shard from every peer into the ring.
-  armChunk = [&](size_t k) {
-    const Chunk& c = mine->chunks[k];
-    for (int p = 0; p < n; ++p) {
-      if (p == rank) continue;
-      ex.recv(p, kPhaseToServer, c.index, slot(p, k), c.elemCount * es, [&, k] {
-        if (--remaining[k] == 0) reduceAndReturn(k);
-      }, /*urgent=*/true);
-    }
-  };
 
   // Receives first (so frames land in place), then sends.
-  if (mine && n > 1) {
-    for (size_t k = 0; k < std::min(depth, mine->chunks.size()); ++k) armChunk(k);
-  }
-  postWorkerSide(ex, plan, servers, rank, data, es);
+  if (server) server->start();
+  postWorkerSide(ex, cp.plan, ctx.networkServers(), rank, data, es);
   if (extra) extra(ex);
   ex.run();
 }
@@ -171,20 +231,13 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   const DataType wire = ctx.config().crossHostDtype;
   const std::vector<int>& servers = ctx.networkServers();
   const int S = static_cast<int>(servers.size());
-  int myServer = -1;
-  for (int i = 0; i < S; ++i) {
-    if (servers[i] == rank) myServer = i;
-  }
-  const size_t es = sizeof(float);
   const size_t wes = elementSize(wire);
-  const uint64_t chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, ctx.config().chunkBytes);
-  ShardPlan plan = ShardPlan::make(sig.numel, es, S, planSeq, ctx.config().minShardBytes,
-                                   chunkBytes);
+  const CallPlan cp(ctx, sig, planSeq);
   uint64_t maxChunk = 0;
-  for (const Shard& s : plan.shards()) {
+  for (const Shard& s : cp.plan.shards()) {
     for (const Chunk& c : s.chunks) maxChunk = std::max(maxChunk, c.elemCount);
   }
-  const Shard* mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
+  const Shard* mine = cp.mine;
   const size_t depth = static_cast<size_t>(ctx.config().ringDepth);
   const size_t W = kNarrowWindow;
   // Scratch, in wire slots: per server a ring of W going out and W coming
@@ -193,63 +246,51 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   // chunk and widen n contributions.
   const size_t slot = (narrowWireBytes(maxChunk, wire) + 63) & ~size_t{63};
   const size_t ownChunks = mine ? mine->chunks.size() : 0;
-  const size_t ringAt = 2 * S * W + ownChunks;
-  const size_t floatsAt = (ringAt + (mine ? depth * n : 0)) * slot;
+  const size_t ringAt = (2 * S * W + ownChunks) * slot;
+  const size_t floatsAt = ringAt + (mine ? ServerRing::scratchBytes(n, depth, slot) : 0);
   uint8_t* base = ctx.scratch(floatsAt + (n + 1) * maxChunk * sizeof(float));
   auto out = [&](const Shard& s, size_t k) { return base + (s.server * W + k % W) * slot; };
   auto back = [&](const Shard& s, size_t k) {
     return base + ((S + s.server) * W + k % W) * slot;
   };
   auto result = [&](size_t k) { return base + (2 * S * W + k) * slot; };
-  auto ring = [&](int peer, size_t k) { return base + (ringAt + depth * peer + k % depth) * slot; };
   float* wide = reinterpret_cast<float*>(base + floatsAt);  // n + 1 chunks
-  auto unpack = [&](float* dst, const uint8_t* src, uint64_t count, int from, const char* what) {
+  auto unpack = [&](float* dst, const void* src, uint64_t count, int from, const char* what) {
     if (!unpackNarrowWire(dst, src, count, wire)) {
-      throwError(ErrorKind::kMismatch,
-                 "smddp: the " + std::string(what) + " from rank " + std::to_string(from) +
-                     " carries an invalid scale for " + toString(wire) +
-                     " (SMDDP_CROSS_HOST_DTYPE)");
+      throwInvalidWireScale(wire, "the " + std::string(what) + " from rank " +
+                                      std::to_string(from));
     }
   };
   Exchange ex(ctx, seq, sig);
 
-  // Server side, as allreduceCore's.
-  std::vector<int> remaining(ownChunks, n - 1);
-  std::function<void(size_t)> armChunk;
-  auto reduceAndReturn = [&](size_t k) {
-    const Chunk& c = mine->chunks[k];
-    float* own = data + c.elemOffset;
-    uint8_t* res = result(k);
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<const void*> in(n);
-    packNarrowWire(res, own, c.elemCount, wire, wide);
-    for (int p = 0; p < n; ++p) {
-      float* w = wide + (p + 1) * maxChunk;
-      unpack(w, p == rank ? res : ring(p, k), c.elemCount, p, "contribution");
-      in[p] = w;
-    }
-    reduceOrdered(own, in.data(), n, c.elemCount, DataType::kFloat32, sig.op, n);
-    packNarrowWire(res, own, c.elemCount, wire, wide);
-    unpack(own, res, c.elemCount, rank, "result");
-    ctx.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                         std::chrono::steady_clock::now() - t0).count();
-    const size_t bytes = narrowWireBytes(c.elemCount, wire);
-    for (int p = 0; p < n; ++p) {
-      if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * wes, res, bytes);
-    }
-    if (k + depth < ownChunks) armChunk(k + depth);
-  };
-  armChunk = [&](size_t k) {
-    const Chunk& c = mine->chunks[k];
-    for (int p = 0; p < n; ++p) {
-      if (p == rank) continue;
-      ex.recv(p, kPhaseToServer, c.index, ring(p, k), narrowWireBytes(c.elemCount, wire),
-              [&, k] {
-                if (--remaining[k] == 0) reduceAndReturn(k);
-              }, /*urgent=*/true);
-    }
-  };
-  for (size_t k = 0; k < std::min(depth, ownChunks); ++k) armChunk(k);
+  // Server side: widen every contribution (its own through the wire form
+  // too), sum in f32, pack once, send and read back those bytes.
+  std::optional<ServerRing> server;
+  if (mine) {
+    server.emplace(ctx, ex, *mine, base + ringAt, slot, narrowWireBytes, wire,
+                   [&](size_t k, std::vector<const void*>& in) {
+      const Chunk& c = mine->chunks[k];
+      float* own = data + c.elemOffset;
+      uint8_t* res = result(k);
+      auto t0 = std::chrono::steady_clock::now();
+      packNarrowWire(res, own, c.elemCount, wire, wide);
+      for (int p = 0; p < n; ++p) {
+        float* w = wide + (p + 1) * maxChunk;
+        unpack(w, p == rank ? res : in[p], c.elemCount, p, "contribution");
+        in[p] = w;
+      }
+      reduceOrdered(own, in.data(), n, c.elemCount, DataType::kFloat32, sig.op, n);
+      packNarrowWire(res, own, c.elemCount, wire, wide);
+      unpack(own, res, c.elemCount, rank, "result");
+      ctx.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           std::chrono::steady_clock::now() - t0).count();
+      const size_t bytes = narrowWireBytes(c.elemCount, wire);
+      for (int p = 0; p < n; ++p) {
+        if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * wes, res, bytes);
+      }
+    });
+    server->start();
+  }
 
   // Worker side, as postWorkerSide, through the rings.
   std::function<void(const Shard&, size_t)> armResult = [&](const Shard& s, size_t k) {
@@ -270,11 +311,11 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
               if (k + W < sp->chunks.size()) sendChunk(*sp, k + W);
             });
   };
-  for (const Shard& s : plan.shards()) {
+  for (const Shard& s : cp.plan.shards()) {
     if (servers[s.server] == rank) continue;
     for (size_t k = 0; k < std::min(W, s.chunks.size()); ++k) armResult(s, k);
   }
-  forEachChunkOut(plan, servers, rank, sendChunk, W);
+  forEachChunkOut(cp.plan, servers, rank, sendChunk, W);
   if (extra) extra(ex);
   ex.run();
 }

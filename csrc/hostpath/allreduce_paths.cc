@@ -46,22 +46,11 @@ std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& 
   //    proposal.)
   //    Every rank must send the same type across hosts, too.
   bool fusing = false;
-  const bool narrowing = ctx.size() > 1 && ctx.peers().hostCount() == ctx.size() &&
-                         config.crossHostDtype != DataType::kFloat32;
   if (ctx.size() > 1) {
-    const std::string wire = toString(config.crossHostDtype);
-    auto votes = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "netfusion",
-                                    (config.fusionBytes > 0 ? "on " : "off ") + wire,
-                                    ctx.timeout());
     fusing = true;
-    for (size_t r = 0; r < votes.size(); ++r) {
-      const size_t space = votes[r].find(' ');
-      const std::string theirs = space == std::string::npos ? "" : votes[r].substr(space + 1);
-      SMDDP_CHECK(theirs == wire, kInvalidArgument,
-                  "group '" + ctx.name() + "': rank " + std::to_string(ctx.rank()) +
-                      " has SMDDP_CROSS_HOST_DTYPE (or cross_host_dtype) " + wire + " but rank " +
-                      std::to_string(r) + " has " + theirs + "; it must be the same on every rank");
-      fusing = fusing && votes[r].substr(0, space) == "on";
+    for (const std::string& vote : gatherVotesSameWire(ctx, bootstrap, "netfusion",
+                                                       config.fusionBytes > 0 ? "on" : "off")) {
+      fusing = fusing && vote == "on";
     }
   }
   if (!config.serverHosts.empty() && ctx.peers().hostCount() > 1 && ctx.rank() == 0) {
@@ -70,7 +59,7 @@ std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& 
                         "reduction servers (docs/design.md, \"Standalone reduction servers\")";
   }
   if (config.crossHostDtype != DataType::kFloat32 && ctx.peers().hostCount() > 1 &&
-      !narrowing && ctx.rank() == 0) {
+      !narrowsOnNetwork(ctx, DataType::kFloat32, ReduceOp::kSum) && ctx.rank() == 0) {
     SMDDP_LOG(kWarn) << "SMDDP_CROSS_HOST_DTYPE is " << toString(config.crossHostDtype)
                      << ", but group '" << ctx.name() << "' takes the network-only allreduce path ("
                      << networkOnly << "), where partials cross hosts in their own dtype";

@@ -245,11 +245,9 @@ class FusionBufferScheduler::CrossHost {
   }
   void unpackOrThrow(float* dst, const uint8_t* src, uint64_t count, int host, const char* what) {
     if (!unpackNarrowWire(dst, src, count, wire_)) {
-      throwError(ErrorKind::kMismatch,
-                 "smddp: the cross-host " + std::string(what) + " from host " +
-                     std::to_string(host) + " (rank " + std::to_string(peerOf(host)) +
-                     ") carries an invalid scale for " + toString(wire_) +
-                     " (SMDDP_CROSS_HOST_DTYPE)");
+      throwInvalidWireScale(wire_, "the cross-host " + std::string(what) + " from host " +
+                                       std::to_string(host) + " (rank " +
+                                       std::to_string(peerOf(host)) + ")");
     }
   }
 

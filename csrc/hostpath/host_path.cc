@@ -204,6 +204,23 @@ bool HostTopology::uniform() const {
   return true;
 }
 
+std::vector<std::string> gatherVotesSameWire(EngineContext& ctx, Bootstrap& bootstrap,
+                                             const std::string& key, const std::string& vote) {
+  const std::string wire = toString(ctx.config().crossHostDtype);
+  auto all = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), key, wire + " " + vote,
+                                ctx.timeout());
+  for (size_t r = 0; r < all.size(); ++r) {
+    const size_t space = all[r].find(' ');
+    const std::string theirs = all[r].substr(0, space);
+    SMDDP_CHECK(theirs == wire, kInvalidArgument,
+                "group '" + ctx.name() + "': rank " + std::to_string(ctx.rank()) +
+                    " has SMDDP_CROSS_HOST_DTYPE (or cross_host_dtype) " + wire + " but rank " +
+                    std::to_string(r) + " has " + theirs + "; it must be the same on every rank");
+    all[r] = space == std::string::npos ? "" : all[r].substr(space + 1);
+  }
+  return all;
+}
+
 std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstrap& bootstrap,
                                                     const std::vector<std::string>& hostOfRank,
                                                     const std::vector<std::string>& ownerOfRank,
@@ -260,17 +277,7 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
     status = e.what();
   }
   // Every host must take the same path, and send the same type across.
-  const std::string wire = toString(config.crossHostDtype);
-  auto all = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "hostpath",
-                                wire + " " + status, ctx.timeout());
-  for (size_t r = 0; r < all.size(); ++r) {
-    const std::string theirs = all[r].substr(0, all[r].find(' '));
-    SMDDP_CHECK(theirs == wire, kInvalidArgument,
-                "group '" + ctx.name() + "': rank " + std::to_string(ctx.rank()) +
-                    " has SMDDP_CROSS_HOST_DTYPE (or cross_host_dtype) " + wire + " but rank " +
-                    std::to_string(r) + " has " + theirs + "; it must be the same on every rank");
-    all[r] = all[r].substr(all[r].find(' ') + 1);
-  }
+  auto all = gatherVotesSameWire(ctx, bootstrap, "hostpath", status);
   auto bad = std::find_if(all.begin(), all.end(), [](const std::string& s) { return s != "ok"; });
   if (bad != all.end()) {
     *reason = "shared memory is unavailable on some rank";

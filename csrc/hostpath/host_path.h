@@ -47,6 +47,14 @@ struct ServerLookup {
 };
 ServerLookup serverLookupParams();
 
+// Every rank's `vote` under `key` (through `bootstrap`, bounded by the
+// group timeout), gathered with the SMDDP_CROSS_HOST_DTYPE each rank sends
+// across hosts, which must be the same on every rank: throws
+// kInvalidArgument naming a rank whose differs and both types. Returns the
+// votes alone, rank by rank.
+std::vector<std::string> gatherVotesSameWire(EngineContext& ctx, Bootstrap& bootstrap,
+                                             const std::string& key, const std::string& vote);
+
 // Opens each host's segment (through `bootstrap`, bounded by the group
 // timeout) and returns the scheduler that runs allreduce over it, or null
 // when the layout or some rank's shared memory does not allow it; every

@@ -81,4 +81,9 @@ bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire) 
   return true;
 }
 
+void throwInvalidWireScale(DataType wire, const std::string& what) {
+  throwError(ErrorKind::kMismatch, "smddp: " + what + " carries an invalid scale for " +
+                                       toString(wire) + " (SMDDP_CROSS_HOST_DTYPE)");
+}
+
 }  // namespace smddp

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "common/dtype.h"
 
@@ -36,5 +37,11 @@ void packNarrowWire(void* dst, const float* src, size_t count, DataType wire, fl
 // nothing written, if the scale is not a power of two in [2^-126, 2^127]
 // (not a piece packNarrowWire wrote).
 [[nodiscard]] bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire);
+
+// The error for a piece whose scale unpackNarrowWire refused (kMismatch):
+// "smddp: <what> carries an invalid scale for bf16 (SMDDP_CROSS_HOST_DTYPE)",
+// where `what` names the piece and its sender ("the cross-host partial from
+// host 1 (rank 2)").
+[[noreturn]] void throwInvalidWireScale(DataType wire, const std::string& what);
 
 }  // namespace smddp
