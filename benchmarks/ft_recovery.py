@@ -175,8 +175,19 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
 
     procs = [start(r, kill_at if between and r == victim else 0) for r in range(replicas)]
     paths = [os.path.join(out, f"steps.{r}.jsonl") for r in range(replicas)]
-    _wait(lambda: all(_steps_done(_read_steps(p)) >= kill_at for p in paths), deadline,
-          f"every replica to reach step {kill_at}", out, procs=procs)
+    # Between steps the victim ends by itself once it has committed kill_at,
+    # which can be before the others have logged that step: only they must
+    # keep running meanwhile, and the victim only until it logged kill_at.
+    # (Counting its end as a failure failed one run of a batch of 36.)
+    def reached():
+        if between and procs[victim].poll() is not None and \
+                _steps_done(_read_steps(paths[victim])) < kill_at:
+            raise ScenarioError(f"replica {victim} ended (exit {procs[victim].returncode}) "
+                                f"before step {kill_at}\n{_logs(out)}")
+        return all(_steps_done(_read_steps(p)) >= kill_at for p in paths)
+
+    others = [p for r, p in enumerate(procs) if not (between and r == victim)]
+    _wait(reached, deadline, f"every replica to reach step {kill_at}", out, procs=others)
     if between:
         _wait(lambda: procs[victim].poll() is not None, deadline,
               f"replica {victim} to kill itself after step {kill_at}", out, poll=0.005)

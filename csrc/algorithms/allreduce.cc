@@ -107,7 +107,8 @@ struct CallPlan {
 // arrives is still in cache when it is reduced. Once chunk k is in from
 // every peer, `reduce(k, in)` runs with in[p] peer p's slot (in[rank] is
 // null: the caller's own part), and the slots re-arm for chunk k + depth.
-// `wireBytes(count)` is what a chunk of `count` elements takes on the wire.
+// `wireBytes(count, wire)` is what a chunk of `count` elements takes on the
+// wire in `wire`'s form.
 class ServerRing {
  public:
   using Reduce = std::function<void(size_t k, std::vector<const void*>& in)>;
