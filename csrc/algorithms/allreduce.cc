@@ -78,13 +78,13 @@ void postWorkerSide(Exchange& ex, const ShardPlan& plan, const std::vector<int>&
   });
 }
 
-// What both cores derive from a call: this rank's index among the network
-// servers (-1: it serves none), the chunk size, the shard plan and this
-// rank's shard in it.
+// What both cores derive from a call: the chunk size, the shard plan and
+// this rank's shard in it (null: it serves none).
 struct CallPlan {
   CallPlan(const EngineContext& ctx, const CollectiveSignature& sig, uint64_t planSeq) {
     const std::vector<int>& servers = ctx.networkServers();
     const int S = static_cast<int>(servers.size());
+    int myServer = -1;
     for (int i = 0; i < S; ++i) {
       if (servers[i] == ctx.rank()) myServer = i;
     }
@@ -96,7 +96,6 @@ struct CallPlan {
   CallPlan(const CallPlan&) = delete;  // `mine` points into `plan`
   CallPlan& operator=(const CallPlan&) = delete;
 
-  int myServer = -1;
   uint64_t chunkBytes = 0;
   ShardPlan plan;
   const Shard* mine = nullptr;
@@ -104,25 +103,31 @@ struct CallPlan {
 
 // A reduction server's side of a call: peers' chunks of this rank's shard
 // land in a small ring of slots per peer (ringDepth chunks each), so what
-// arrives is still in cache when it is reduced. Once chunk k is in from
+// arrives is still in cache when it is reduced. `chunkBytes(count)` is what
+// a chunk of `count` elements takes on the wire. Once chunk k is in from
 // every peer, `reduce(k, in)` runs with in[p] peer p's slot (in[rank] is
-// null: the caller's own part), and the slots re-arm for chunk k + depth.
-// `wireBytes(count, wire)` is what a chunk of `count` elements takes on the
-// wire in `wire`'s form.
+// null: the caller's own part) and returns the result's bytes; the ring
+// counts its time as the server's, sends those bytes to every peer and
+// re-arms the slots for chunk k + depth.
 class ServerRing {
  public:
-  using Reduce = std::function<void(size_t k, std::vector<const void*>& in)>;
-  using WireBytes = size_t (*)(uint64_t count, DataType wire);
+  struct Result {
+    const void* data;
+    size_t bytes;
+    uint64_t offset;  // the result's byte offset in the call, the send's tag
+  };
+  using Reduce = std::function<Result(size_t k, std::vector<const void*>& in)>;
+  using ChunkBytes = std::function<size_t(uint64_t count)>;
 
   // Bytes of scratch the ring needs.
   static size_t scratchBytes(int n, size_t depth, size_t slotBytes) {
     return slotBytes * depth * n;
   }
   ServerRing(EngineContext& ctx, Exchange& ex, const Shard& mine, uint8_t* scratch,
-             size_t slotBytes, WireBytes wireBytes, DataType wire, Reduce reduce)
-      : ex_(ex), mine_(mine), rank_(ctx.rank()), n_(ctx.size()),
+             size_t slotBytes, ChunkBytes chunkBytes, Reduce reduce)
+      : ctx_(ctx), ex_(ex), mine_(mine), rank_(ctx.rank()), n_(ctx.size()),
         depth_(static_cast<size_t>(ctx.config().ringDepth)),  // resolved (>= 1) by the context
-        base_(scratch), slotBytes_(slotBytes), wireBytes_(wireBytes), wire_(wire),
+        base_(scratch), slotBytes_(slotBytes), chunkBytes_(std::move(chunkBytes)),
         reduce_(std::move(reduce)), remaining_(mine.chunks.size(), n_ - 1), in_(n_) {}
 
   // Posts the first `depth` chunks' receives (urgent: a server re-arming
@@ -139,32 +144,36 @@ class ServerRing {
     const Chunk& c = mine_.chunks[k];
     for (int p = 0; p < n_; ++p) {
       if (p == rank_) continue;
-      ex_.recv(p, kPhaseToServer, c.index, slot(p, k), wireBytes_(c.elemCount, wire_), [this, k] {
+      ex_.recv(p, kPhaseToServer, c.index, slot(p, k), chunkBytes_(c.elemCount), [this, k] {
         if (--remaining_[k] == 0) reduceAndRearm(k);
       }, /*urgent=*/true);
     }
   }
   void reduceAndRearm(size_t k) {
     for (int p = 0; p < n_; ++p) in_[p] = p == rank_ ? nullptr : slot(p, k);
-    reduce_(k, in_);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result res = reduce_(k, in_);
+    ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0).count();
+    const uint64_t index = mine_.chunks[k].index;
+    for (int p = 0; p < n_; ++p) {
+      if (p != rank_) ex_.send(p, kPhaseFromServer, index, res.offset, res.data, res.bytes);
+    }
     if (k + depth_ < mine_.chunks.size()) arm(k + depth_);
   }
 
+  EngineContext& ctx_;
   Exchange& ex_;
   const Shard& mine_;
   const int rank_, n_;
   const size_t depth_;
   uint8_t* const base_;
   const size_t slotBytes_;
-  const WireBytes wireBytes_;
-  const DataType wire_;
+  const ChunkBytes chunkBytes_;
   const Reduce reduce_;
   std::vector<int> remaining_;     // peers still to arrive, per chunk
   std::vector<const void*> in_;    // reused for every chunk
 };
-
-// A chunk's bytes in its own dtype (`wire`), for ServerRing.
-size_t plainBytes(uint64_t count, DataType wire) { return count * elementSize(wire); }
 
 void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                    uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout,
@@ -181,22 +190,14 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   if (cp.mine && n > 1) {
     const size_t depth = static_cast<size_t>(ctx.config().ringDepth);
     uint8_t* scratch = ctx.scratch(ServerRing::scratchBytes(n, depth, cp.chunkBytes));
-    server.emplace(ctx, ex, *cp.mine, scratch, cp.chunkBytes, plainBytes, sig.dtype,
+    server.emplace(ctx, ex, *cp.mine, scratch, cp.chunkBytes,
+                   [es](uint64_t count) { return count * es; },
                    [&](size_t k, std::vector<const void*>& in) {
                      const Chunk& c = cp.mine->chunks[k];
                      uint8_t* own = data + c.elemOffset * es;
                      in[rank] = own;
-                     auto t0 = std::chrono::steady_clock::now();
                      reduceOrdered(own, in.data(), n, c.elemCount, sig.dtype, sig.op, n);
-                     ctx.counters().serverReduceNs +=
-                         std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now() - t0).count();
-                     for (int p = 0; p < n; ++p) {
-                       if (p != rank) {
-                         ex.send(p, kPhaseFromServer, c.index, c.elemOffset * es, own,
-                                 c.elemCount * es);
-                       }
-                     }
+                     return ServerRing::Result{own, c.elemCount * es, c.elemOffset * es};
                    });
   }
 
@@ -268,12 +269,12 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   // too), sum in f32, pack once, send and read back those bytes.
   std::optional<ServerRing> server;
   if (mine) {
-    server.emplace(ctx, ex, *mine, base + ringAt, slot, narrowWireBytes, wire,
+    server.emplace(ctx, ex, *mine, base + ringAt, slot,
+                   [wire](uint64_t count) { return narrowWireBytes(count, wire); },
                    [&](size_t k, std::vector<const void*>& in) {
       const Chunk& c = mine->chunks[k];
       float* own = data + c.elemOffset;
       uint8_t* res = result(k);
-      auto t0 = std::chrono::steady_clock::now();
       packNarrowWire(res, own, c.elemCount, wire, wide);
       for (int p = 0; p < n; ++p) {
         float* w = wide + (p + 1) * maxChunk;
@@ -283,12 +284,7 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
       reduceOrdered(own, in.data(), n, c.elemCount, DataType::kFloat32, sig.op, n);
       packNarrowWire(res, own, c.elemCount, wire, wide);
       unpack(own, res, c.elemCount, rank, "result");
-      ctx.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                           std::chrono::steady_clock::now() - t0).count();
-      const size_t bytes = narrowWireBytes(c.elemCount, wire);
-      for (int p = 0; p < n; ++p) {
-        if (p != rank) ex.send(p, kPhaseFromServer, c.index, c.elemOffset * wes, res, bytes);
-      }
+      return ServerRing::Result{res, narrowWireBytes(c.elemCount, wire), c.elemOffset * wes};
     });
     server->start();
   }
