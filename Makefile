@@ -105,16 +105,20 @@ CUDA_LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_
 # Run from the package dir: `python -m` puts the working directory first on
 # sys.path, and the checkout's torch_smddp holds the CPU build's _C.
 CUDA_RUN       := cd $(CUDA_PKG) && PYTHONPATH=$(abspath $(CUDA_PKG))$${PYTHONPATH:+:$$PYTHONPATH} $(abspath $(CUDA_PY))
-# What check-cuda runs of tests/python against the CUDA build (about 3 of
-# the suite's 20 minutes here, so that `make test` stays under 40): every
-# collective against Gloo (also through the device path on the simulated
-# device, test_device_sim.py), the backend's surface, directly made groups, the
-# parameters, DDP and FSDP2 against Gloo. Left out: the install, cluster and
-# benchmark tests, the harness's self-tests and the torchrun demo (nothing
-# of the extension's build in them), and the long engine, failure,
-# robustness and torch-suite runs, which the CPU build runs on the same C++.
-CUDA_PYTESTS      ?= test_device_sim.py test_collectives.py test_more_collectives.py test_surface.py test_direct_group.py \
-                     test_params.py test_ddp.py test_fsdp.py
+# What check-cuda runs of tests/python against the CUDA build (about 2.5
+# minutes here): every collective against Gloo, also through the device path
+# on the simulated device (test_device_sim.py's calls, bad inputs and DDP:
+# its rules and failure cases run on the CPU build, on the same C++), the
+# backend's surface, directly made groups, the parameters, DDP and FSDP2
+# against Gloo. Left out: the install, cluster and benchmark tests, the
+# harness's self-tests and the torchrun demo (nothing of the extension's
+# build in them), and the long engine, failure, robustness and torch-suite
+# runs, which the CPU build runs on the same C++.
+CUDA_SIM_TESTS    := test_collectives_vs_gloo_through_the_device_path test_more_collectives_through_the_device_path \
+                     test_bad_inputs_are_rejected_on_the_callers_thread test_ddp_through_the_device_path_matches_gloo \
+                     test_tensors_on_devices_it_cannot_serve_fail_at_once_naming_the_call
+CUDA_PYTESTS      ?= $(addprefix test_device_sim.py::,$(CUDA_SIM_TESTS)) test_collectives.py test_more_collectives.py \
+                     test_surface.py test_direct_group.py test_params.py test_ddp.py test_fsdp.py
 CUDA_PYTEST_ARGS  ?= -k "not harness and not demo"
 
 setup-cuda:
