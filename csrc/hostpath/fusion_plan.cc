@@ -147,6 +147,7 @@ void FusionBufferScheduler::reportStragglers() {
   auto top = std::max_element(s.rows.begin(), s.rows.end(),
                               [](const auto& a, const auto& b) { return a.last < b.last; });
   if (top->last * 100 <= static_cast<uint64_t>(stragglerReport_) * s.calls) return;
+  if (top->causedNs < kStragglerReportMinWaitNs * static_cast<int64_t>(s.calls)) return;
   char wait[32];
   std::snprintf(wait, sizeof(wait), "%.1f", static_cast<double>(top->causedNs) / 1e6);
   SMDDP_LOG(kWarn) << "smddp: group '" << ctx_.name() << "': rank " << globalRank(top->rank)

@@ -41,7 +41,8 @@ SMDDP_PARAM_BYTES(paramSmallBytes, "SMDDP_SMALL_BYTES", 65536, 0, 1LL << 28,
                   "in one step in which every rank reduces every rank's part (0: never)")
 SMDDP_PARAM_INT(paramStragglerReport, "SMDDP_STRAGGLER_REPORT", 0, 0, 100,
                 "log a warning when one rank of a host was the last to issue more than this "
-                "percentage of the host's last 256 collectives (checked every 256; 0: never). "
+                "percentage of the host's last 256 collectives and the waits it caused "
+                "averaged 0.1 ms a call or more (checked every 256; 0: never). "
                 "torch_smddp.stats()['stragglers'] has the counts either way")
 SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
                   "fusion buffers at least this large copy results out with non-temporal stores, "
