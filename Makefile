@@ -105,7 +105,7 @@ CUDA_LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_
 # Run from the package dir: `python -m` puts the working directory first on
 # sys.path, and the checkout's torch_smddp holds the CPU build's _C.
 CUDA_RUN       := cd $(CUDA_PKG) && PYTHONPATH=$(abspath $(CUDA_PKG))$${PYTHONPATH:+:$$PYTHONPATH} $(abspath $(CUDA_PY))
-# What check-cuda runs of tests/python against the CUDA build (about 2.5
+# What check-cuda runs of tests/python against the CUDA build (about 2
 # minutes here): every collective against Gloo, also through the device path
 # on the simulated device (test_device_sim.py's calls, bad inputs and DDP:
 # its rules and failure cases run on the CPU build, on the same C++), the

@@ -180,11 +180,11 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
     # keep running meanwhile, and the victim only until it logged kill_at.
     # (Counting its end as a failure failed one run of a batch of 36.)
     def reached():
-        if between and procs[victim].poll() is not None and \
-                _steps_done(_read_steps(paths[victim])) < kill_at:
+        done = [_steps_done(_read_steps(p)) for p in paths]
+        if between and procs[victim].poll() is not None and done[victim] < kill_at:
             raise ScenarioError(f"replica {victim} ended (exit {procs[victim].returncode}) "
                                 f"before step {kill_at}\n{_logs(out)}")
-        return all(_steps_done(_read_steps(p)) >= kill_at for p in paths)
+        return all(d >= kill_at for d in done)
 
     others = [p for r, p in enumerate(procs) if not (between and r == victim)]
     _wait(reached, deadline, f"every replica to reach step {kill_at}", out, procs=others)
