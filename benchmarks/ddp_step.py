@@ -82,6 +82,52 @@ def build_model(torch, vocab=8192, d=384, layers=8, heads=6, seq=128):
     return LM()
 
 
+def offcpu_model(torch, lm, compute_s):
+    """`lm`'s parameters (the same module, so the same order and DDP the
+    same buckets) under a forward and backward that sleep instead of
+    computing: compute that holds no core, as a GPU's does. The chain runs
+    the LM's parts in forward order (embedding, the encoder layers, the
+    output layer) and backward in reverse; each part sleeps its share of
+    compute_s (a third forward, two thirds backward, as BACKWARD_SHARE in
+    tools/smddp_model.py) by its parameter count (the embedding's lookup
+    counts as nothing), then hands back a gradient for each of its
+    parameters, every element 1e-3 * (rank + 1)."""
+    import torch.distributed as dist
+
+    class Part(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h, fwd_s, bwd_s, fill, *params):
+            ctx.bwd_s, ctx.fill, ctx.params = bwd_s, fill, params
+            time.sleep(fwd_s)
+            return h * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(ctx.bwd_s)
+            return (g, None, None, None, *[torch.full_like(p, ctx.fill) for p in ctx.params])
+
+    parts = [([lm.emb.weight, lm.pos], 0)]
+    parts += [(list(layer.parameters()), sum(p.numel() for p in layer.parameters()))
+              for layer in lm.body.layers]
+    parts.append((list(lm.head.parameters()), sum(p.numel() for p in lm.head.parameters())))
+    weight = sum(w for _, w in parts)
+
+    class OffCpu(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, x):
+            h = x.float()
+            fill = 1e-3 * (dist.get_rank() + 1)
+            for params, w in parts:
+                share = compute_s * w / weight
+                h = Part.apply(h, share / 3, share * 2 / 3, fill, *params)
+            return h
+
+    return OffCpu()
+
+
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
@@ -175,6 +221,8 @@ def paired_worker(args) -> None:
     for name, pg in copies:
         torch.manual_seed(0)
         m = build_model(torch, seq=args.seq)
+        if args.offcpu_ms:
+            m = offcpu_model(torch, m, args.offcpu_ms / 1e3)
         ddp = DDP(m, process_group=pg, gradient_as_bucket_view=args.bucket_view,
                   bucket_cap_mb=args.bucket_mb)
         if name == "ddp no comm":
@@ -189,15 +237,29 @@ def paired_worker(args) -> None:
     y = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    def step(name):
+    def step(name, check=False):
         # "compute only": the smddp copy under no_sync(), so no allreduce at
         # all; the floor that no backend can beat.
         ddp, opt = models["smddp" if name == "compute only" else name]
         opt.zero_grad(set_to_none=True)
         with ddp.no_sync() if name == "compute only" else contextlib.nullcontext():
             out = ddp(x)
-            loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            if args.offcpu_ms:
+                loss = out.sum()
+            else:
+                loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
             loss.backward()
+        if check and args.offcpu_ms and name not in ("compute only", "ddp no comm"):
+            # Every rank's gradient is 1e-3 * (rank + 1) everywhere: the
+            # average over the ranks, as exact as the wire allows (in the
+            # warm-up steps only, so the check is not timed).
+            want = 1e-3 * (world + 1) / 2
+            tol = 1e-2 * want if "bf16" in name else 1e-6 * want
+            for p in ddp.parameters():
+                err = (p.grad - want).abs().max().item()
+                if err > tol:
+                    raise RuntimeError(f"{name}: a gradient is off the ranks' average by {err:.3g} "
+                                       f"(want {want:.6g})")
         opt.step()
         return loss.item()
 
@@ -231,15 +293,15 @@ def paired_worker(args) -> None:
     names = (*comm_names, "ddp no comm", "compute only",
              *[f"{n} allreduce only" for n in comm_names])
 
-    def run(name):
+    def run(name, check=False):
         if name.endswith(" allreduce only"):
             allreduce_only(name[:-len(" allreduce only")])
         else:
-            step(name)
+            step(name, check)
 
     for _ in range(args.warmup):
         for name in names:
-            run(name)
+            run(name, check=True)
     times = {name: [] for name in names}
     cpu = {name: [] for name in names}  # this process's CPU seconds, every thread
     for i in range(args.steps):
@@ -290,7 +352,8 @@ def launch(backend: str, args) -> dict:
         cmd.append("--bucket-view")
     if getattr(args, "compressed", False):
         cmd.append("--compressed")
-    cmd += ["--bucket-mb", str(getattr(args, "bucket_mb", 25.0))]
+    cmd += ["--bucket-mb", str(getattr(args, "bucket_mb", 25.0)),
+            "--offcpu-ms", str(getattr(args, "offcpu_ms", 0.0))]
     return launch_ranks(cmd, args.world, args.timeout, f"{backend} run")
 
 
@@ -314,6 +377,10 @@ def main() -> int:
     ap.add_argument("--compressed", action="store_true",
                     help="with --paired: add smddp crossing hosts in bf16 and Gloo with DDP's "
                          "bf16_compress_hook")
+    ap.add_argument("--offcpu-ms", type=float, default=0.0,
+                    help="with --paired: compute that holds no core, as a GPU's: the model's "
+                         "parameters under a forward and backward that sleep this many ms in all "
+                         "(offcpu_model); gradients are checked against the ranks' average")
     ap.add_argument("--hosts", type=int, help="with --paired: across this many namespace hosts")
     ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate")
@@ -340,7 +407,7 @@ def main() -> int:
                 cmd.append("--bucket-view")
             if args.compressed:
                 cmd.append("--compressed")
-            cmd += ["--bucket-mb", str(args.bucket_mb)]
+            cmd += ["--bucket-mb", str(args.bucket_mb), "--offcpu-ms", str(args.offcpu_ms)]
             res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
                                     "ddp_step.py --paired --hosts")
             args.world = res["world"]
@@ -351,7 +418,8 @@ def main() -> int:
             with open(args.save, "w") as f:
                 json.dump(dict(res, hosts=args.hosts or 1, ranks_per_host=args.ranks if args.hosts
                                else args.world, rate=args.rate if args.hosts else None,
-                               batch=args.batch, seq=args.seq, bucket_mb=args.bucket_mb), f, indent=1)
+                               batch=args.batch, seq=args.seq, bucket_mb=args.bucket_mb,
+                               offcpu_ms=args.offcpu_ms), f, indent=1)
         print(f"\n# DDP step, transformer {res['params'] / 1e6:.1f}M params, world {args.world}, "
               f"batch {args.batch}x{args.seq} tokens per rank, {args.steps} rounds of steps, "
               f"smddp, Gloo, DDP without communication and no DDP at all taking turns in the "
