@@ -36,6 +36,11 @@ takes the larger of the two, 0 when it takes their sum. --compressed adds
 "smddp bf16" (a group crossing hosts in bf16) and "gloo bf16 hook" (Gloo
 under DDP's bf16_compress_hook).
 
+--offcpu-ms MS (with --paired) keeps the model's parameters but replaces
+its forward and backward with sleeps that add up to MS (offcpu_model):
+compute that holds no core, as a GPU's, so that the allreduce has the
+host's cores to itself while backward runs.
+
 --hosts H (with --paired) runs the paired job across H hosts of --ranks
 ranks each: network namespaces on this machine with links shaped to
 --rate (tools/smddp_cluster.py, as `python -m torch_smddp.bench --hosts`).
@@ -82,7 +87,7 @@ def build_model(torch, vocab=8192, d=384, layers=8, heads=6, seq=128):
     return LM()
 
 
-def offcpu_model(torch, lm, compute_s):
+def offcpu_model(torch, lm, compute_s, rank):
     """`lm`'s parameters (the same module, so the same order and DDP the
     same buckets) under a forward and backward that sleep instead of
     computing: compute that holds no core, as a GPU's does. The chain runs
@@ -92,8 +97,6 @@ def offcpu_model(torch, lm, compute_s):
     tools/smddp_model.py) by its parameter count (the embedding's lookup
     counts as nothing), then hands back a gradient for each of its
     parameters, every element 1e-3 * (rank + 1)."""
-    import torch.distributed as dist
-
     class Part(torch.autograd.Function):
         @staticmethod
         def forward(ctx, h, fwd_s, bwd_s, fill, *params):
@@ -119,7 +122,7 @@ def offcpu_model(torch, lm, compute_s):
 
         def forward(self, x):
             h = x.float()
-            fill = 1e-3 * (dist.get_rank() + 1)
+            fill = 1e-3 * (rank + 1)
             for params, w in parts:
                 share = compute_s * w / weight
                 h = Part.apply(h, share / 3, share * 2 / 3, fill, *params)
@@ -222,7 +225,7 @@ def paired_worker(args) -> None:
         torch.manual_seed(0)
         m = build_model(torch, seq=args.seq)
         if args.offcpu_ms:
-            m = offcpu_model(torch, m, args.offcpu_ms / 1e3)
+            m = offcpu_model(torch, m, args.offcpu_ms / 1e3, rank)
         ddp = DDP(m, process_group=pg, gradient_as_bucket_view=args.bucket_view,
                   bucket_cap_mb=args.bucket_mb)
         if name == "ddp no comm":

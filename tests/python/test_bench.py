@@ -9,6 +9,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -88,6 +89,29 @@ def test_ddp_steps_no_comm_hook_hands_each_bucket_back_untouched():
     fut = load_ddp_step().no_comm_hook(None, Bucket(t))
     assert fut.done() and fut.wait() is t
     assert torch.equal(t, torch.arange(10, dtype=torch.float32))
+
+
+def test_ddp_steps_offcpu_model_sleeps_its_compute_and_hands_back_each_gradient():
+    # --offcpu-ms: the LM's own parameters, in the LM's order (so DDP makes
+    # the same buckets), every one of them given a gradient of 1e-3 *
+    # (rank + 1), after at least the compute asked for, a third of it in
+    # forward.
+    ddp_step = load_ddp_step()
+    torch.manual_seed(0)
+    lm = ddp_step.build_model(torch, vocab=512, d=32, layers=2, heads=2, seq=16)
+    model = ddp_step.offcpu_model(torch, lm, 0.3, rank=2)
+    assert [id(p) for p in model.parameters()] == [id(p) for p in lm.parameters()]
+    x = torch.randint(0, 512, (1, 16))
+    t0 = time.monotonic()
+    out = model(x)
+    t1 = time.monotonic()
+    out.sum().backward()
+    t2 = time.monotonic()
+    assert t1 - t0 >= 0.1 - 1e-3, t1 - t0
+    assert t2 - t0 >= 0.3 - 1e-3, t2 - t0
+    for name, p in lm.named_parameters():
+        assert p.grad is not None and p.grad.shape == p.shape, name
+        assert torch.equal(p.grad, torch.full_like(p, 3e-3)), name
 
 
 def test_bench_runs_and_checks_real_results():
