@@ -46,12 +46,12 @@ class FusionBufferScheduler::CrossHost {
       // myHost_: its server's result going back), the other hosts'
       // partials of this host's piece, and their results for theirs.
       sliceBytes_ = (narrowWireBytes(maxPiece_, wire_) + 63) & ~size_t{63};
-      wireSlices_.resize(depth * 3 * H_ * sliceBytes_ + 1);
+      wireSlices_ = reuse(s.crossHostBytes_, depth * 3 * H_ * sliceBytes_ + 1);
       // Room to scale one piece, then each host's partial widened.
-      scratch_.resize((H_ + 1) * maxPiece_);
+      scratch_ = reuse(s.crossHostScratch_, (H_ + 1) * maxPiece_);
     } else {
       // Each step's pieces from the other hosts land in a slice of their own.
-      partials_.resize(depth * H_ * pieceBytes_ + 1);
+      partials_ = reuse(s.crossHostBytes_, depth * H_ * pieceBytes_ + 1);
     }
     SMDDP_CHECK(K_ == 0 || (s.serverLinks_ && s.serverLinks_->count() == K_), kInternal,
                 "smddp: a host server rank without its standalone-server links");
@@ -93,7 +93,7 @@ class FusionBufferScheduler::CrossHost {
     st.len = len;
     ++posted_;
     if (narrow()) return postNarrow(k, st, piece, tag);
-    uint8_t* partials = partials_.data() + (k % steps_.size()) * H_ * pieceBytes_;
+    uint8_t* partials = partials_ + (k % steps_.size()) * H_ * pieceBytes_;
     // Outstanding: H-1 partials in, H-1 pieces back, 2(H-1) sends.
     st.partialsLeft = H_ - 1;
     st.left = 4 * (H_ - 1);
@@ -179,6 +179,13 @@ class FusionBufferScheduler::CrossHost {
   }
   int peerOf(int h) const { return s_.topo_.ranksOfHost[h][local_]; }
   bool narrow() const { return wire_ != DataType::kFloat32; }
+  // The scheduler's buffer `v`, grown to at least n elements (nothing in
+  // it is read before this batch writes it).
+  template <typename T>
+  static T* reuse(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
 
   // post() across hosts in the narrow wire type (reduce/narrow_wire.h):
   // this host's pieces go out packed; host h's server widens the partials
@@ -187,7 +194,7 @@ class FusionBufferScheduler::CrossHost {
   // included), so every rank gets the same bytes.
   void postNarrow(uint64_t k, Step& st, const std::vector<Range>& piece, uint32_t tag) {
     float* data = reinterpret_cast<float*>(st.data);
-    uint8_t* slices = wireSlices_.data() + (k % steps_.size()) * 3 * H_ * sliceBytes_;
+    uint8_t* slices = wireSlices_ + (k % steps_.size()) * 3 * H_ * sliceBytes_;
     auto out = [this, slices](int h) { return slices + h * sliceBytes_; };
     auto partial = [this, slices](int h) { return slices + (H_ + h) * sliceBytes_; };
     auto result = [this, slices](int h) { return slices + (2 * H_ + h) * sliceBytes_; };
@@ -204,15 +211,15 @@ class FusionBufferScheduler::CrossHost {
       // host's partial is then rounded once whichever host serves an
       // element (the pieces move with the batch), so bf16 gives the same
       // bits from run to run.
-      packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_.data());
+      packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_);
       for (int h = 0; h < H_; ++h) {
-        float* wide = scratch_.data() + (h + 1) * maxPiece_;
+        float* wide = scratch_ + (h + 1) * maxPiece_;
         unpackOrThrow(wide, h == myHost_ ? out(h) : partial(h), mine.count, h, "partial");
         in[h] = wide;
       }
       reduceOrdered(own, in.data(), H_, mine.count, DataType::kFloat32, b_.op,
                     b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0);
-      packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_.data());
+      packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_);
       unpackOrThrow(own, out(myHost_), mine.count, myHost_, "result");
       s_.ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::steady_clock::now() - t0).count();
@@ -238,7 +245,7 @@ class FusionBufferScheduler::CrossHost {
     }
     for (int h = 0; h < H_; ++h) {
       if (h == myHost_) continue;
-      packNarrowWire(out(h), data + piece[h].offset, piece[h].count, wire_, scratch_.data());
+      packNarrowWire(out(h), data + piece[h].offset, piece[h].count, wire_, scratch_);
       ex_.send(peerOf(h), kPhaseHostsToServer, tag, piece[h].offset * es, out(h),
                narrowWireBytes(piece[h].count, wire_), sent);
     }
@@ -260,16 +267,17 @@ class FusionBufferScheduler::CrossHost {
   const DataType acc_;
   const size_t es_;
   const DataType wire_;  // kFloat32: the partials cross in acc_
-  // The buffers the posted messages point into come before the exchange,
-  // so they outlive it: when a failure unwinds the batch, the exchange's
-  // destructor cancels and waits for its receives before they are freed.
-  // A receive it cannot confirm cancelled (a peer on a host gone silent)
-  // quarantines the endpoint, which is then never progressed, nor closed
-  // (EngineContext::release), so it cannot write here any more.
+  // The buffers the posted messages point into are the scheduler's
+  // (crossHostBytes_, crossHostScratch_), so they outlive the exchange:
+  // when a failure unwinds the batch, the exchange's destructor cancels
+  // and waits for its receives. A receive it cannot confirm cancelled (a
+  // peer on a host gone silent) quarantines the endpoint, which is then
+  // never progressed, nor closed (EngineContext::release), so it cannot
+  // write there any more.
   std::vector<Step> steps_;  // ring of `depth`: step k at k % depth
-  std::vector<uint8_t> partials_;     // acc_: the other hosts' partials
-  std::vector<uint8_t> wireSlices_;   // narrow: see postNarrow
-  std::vector<float> scratch_;        // narrow: scaling and widening
+  uint8_t* partials_ = nullptr;    // acc_: the other hosts' partials
+  uint8_t* wireSlices_ = nullptr;  // narrow: see postNarrow
+  float* scratch_ = nullptr;       // narrow: scaling and widening
   Exchange ex_;
   uint64_t maxPiece_ = 0;  // elements of the largest piece of a step
   size_t pieceBytes_ = 0;

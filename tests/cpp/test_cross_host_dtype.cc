@@ -394,3 +394,55 @@ TEST_CASE("queued bf16-crossing calls fuse on the network-only path into the byt
     CHECK(results[r] == "");
   }
 }
+
+TEST_CASE("batches of every wire form and element size in turn read none of each other's bytes",
+          "[cross_host][hosts]") {
+  // The hosts' servers keep their cross-host buffers from batch to batch
+  // (FusionBufferScheduler::crossHostBytes_), so a batch must write every
+  // byte it reads there. Each call below has new values and a closed form,
+  // and the calls take turns: f32 crossing in bf16, f64 (8-byte partials),
+  // f32 MAX (not narrowed), in sizes of one step and of many.
+  ScopedEnv env("SMDDP_CROSS_HOST_DTYPE", "bf16");
+  auto results = runWorld(4, [](Communicator& comm) -> std::string {
+    if (!usesHostPath(comm)) return "the group did not take the shared-memory path";
+    const int r = comm.rank(), n = comm.size();
+    for (int i = 0; i < 6; ++i) {
+      const size_t count = i % 2 ? 300007 : 1000 + 77 * i;
+      // Small integers: exact in bf16 (no sum passes 4 x 31 = 124), so
+      // the closed form holds to the last bit.
+      auto val = [i](int rank, size_t j) { return static_cast<double>((rank + 1) * (i + 1) + j % 8); };
+      std::vector<float> f(count), m(count);
+      std::vector<double> d(count);
+      for (size_t j = 0; j < count; ++j) {
+        f[j] = static_cast<float>(val(r, j));
+        d[j] = val(r, j) * 0.5 + 0.25;
+        m[j] = static_cast<float>(val(r, j) * ((j + r) % 3 == 0 ? -1 : 1));
+      }
+      comm.allreduceSync({{f.data(), count}}, DataType::kFloat32, ReduceOp::kSum);
+      comm.allreduceSync({{d.data(), count}}, DataType::kFloat64, ReduceOp::kSum);
+      comm.allreduceSync({{m.data(), count}}, DataType::kFloat32, ReduceOp::kMax);
+      for (size_t j = 0; j < count; ++j) {
+        double sum = 0, dsum = 0;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int q = 0; q < n; ++q) {
+          sum += val(q, j);
+          dsum += val(q, j) * 0.5 + 0.25;
+          mx = std::max(mx, static_cast<float>(val(q, j) * ((j + q) % 3 == 0 ? -1 : 1)));
+        }
+        if (f[j] != sum || d[j] != dsum || m[j] != mx) {
+          return "round " + std::to_string(i) + " element " + std::to_string(j) + ": f32 " +
+                 std::to_string(f[j]) + " (want " + std::to_string(sum) + "), f64 " +
+                 std::to_string(d[j]) + " (want " + std::to_string(dsum) + "), max " +
+                 std::to_string(m[j]) + " (want " + std::to_string(mx) + ")";
+        }
+      }
+    }
+    return "";
+  }, std::chrono::milliseconds(30000), std::chrono::seconds(120), [](int r) {
+    setenv("SMDDP_HOST_ID", ("host" + std::to_string(r / 2)).c_str(), 1);
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << results[r]);
+    CHECK(results[r] == "");
+  }
+}
