@@ -46,12 +46,13 @@ class FusionBufferScheduler::CrossHost {
       // myHost_: its server's result going back), the other hosts'
       // partials of this host's piece, and their results for theirs.
       sliceBytes_ = (narrowWireBytes(maxPiece_, wire_) + 63) & ~size_t{63};
-      wireSlices_ = reuse(s.crossHostBytes_, depth * 3 * H_ * sliceBytes_ + 1);
-      // Room to scale one piece, then each host's partial widened.
-      scratch_ = reuse(s.crossHostScratch_, (H_ + 1) * maxPiece_);
+      // Then room to scale one piece, and each host's partial widened.
+      const size_t floatsAt = depth * 3 * H_ * sliceBytes_;
+      wireSlices_ = s.ctx_.scratch(floatsAt + (H_ + 1) * maxPiece_ * sizeof(float));
+      scratch_ = reinterpret_cast<float*>(wireSlices_ + floatsAt);
     } else {
       // Each step's pieces from the other hosts land in a slice of their own.
-      partials_ = reuse(s.crossHostBytes_, depth * H_ * pieceBytes_ + 1);
+      partials_ = s.ctx_.scratch(depth * H_ * pieceBytes_ + 1);
     }
     SMDDP_CHECK(K_ == 0 || (s.serverLinks_ && s.serverLinks_->count() == K_), kInternal,
                 "smddp: a host server rank without its standalone-server links");
@@ -179,13 +180,6 @@ class FusionBufferScheduler::CrossHost {
   }
   int peerOf(int h) const { return s_.topo_.ranksOfHost[h][local_]; }
   bool narrow() const { return wire_ != DataType::kFloat32; }
-  // The scheduler's buffer `v`, grown to at least n elements (nothing in
-  // it is read before this batch writes it).
-  template <typename T>
-  static T* reuse(std::vector<T>& v, size_t n) {
-    if (v.size() < n) v.resize(n);
-    return v.data();
-  }
 
   // post() across hosts in the narrow wire type (reduce/narrow_wire.h):
   // this host's pieces go out packed; host h's server widens the partials
@@ -267,10 +261,13 @@ class FusionBufferScheduler::CrossHost {
   const DataType acc_;
   const size_t es_;
   const DataType wire_;  // kFloat32: the partials cross in acc_
-  // The buffers the posted messages point into are the scheduler's
-  // (crossHostBytes_, crossHostScratch_), so they outlive the exchange:
-  // when a failure unwinds the batch, the exchange's destructor cancels
-  // and waits for its receives. A receive it cannot confirm cancelled (a
+  // The buffers the posted messages point into are the engine's scratch
+  // (EngineContext::scratch, kept from call to call, so a batch does not
+  // allocate and zero 4-6 MiB again; nothing in it is read before this
+  // batch writes it). They outlive the exchange: when a failure unwinds
+  // the batch, the exchange's destructor cancels and waits for its
+  // receives, and a send it leaves posted holds the scratch
+  // (EngineContext::holdForSend). A receive it cannot confirm cancelled (a
   // peer on a host gone silent) quarantines the endpoint, which is then
   // never progressed, nor closed (EngineContext::release), so it cannot
   // write there any more.

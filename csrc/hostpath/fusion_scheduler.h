@@ -155,14 +155,6 @@ class FusionBufferScheduler final : public AllreducePath {
   int standalone_ = 0;                        // K, the same on every rank
   uint64_t nextBatch_ = 0;  // worker thread only
   uint64_t nextStep_ = 0;   // worker thread only
-  // CrossHost's buffers (the other hosts' partials, or the narrow wire's
-  // slices and scratch), kept from batch to batch: grown, never shrunk,
-  // so a batch does not allocate and zero them again (4-6 MiB a server
-  // at 256 KiB x 16 steps: about half of a 64 KiB call's time at 2 x 2
-  // hosts; docs/notes/2026-11-27-cross-host-buffers.md). Worker thread
-  // only: one batch streams at a time.
-  std::vector<uint8_t> crossHostBytes_;
-  std::vector<float> crossHostScratch_;
   // Straggler attribution (arrivals.h): the issued mark this rank last
   // published (caller threads, under the queue's lock), and
   // SMDDP_STRAGGLER_REPORT's share in percent (0: no log line).
