@@ -88,6 +88,19 @@ void runAlltoall(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& in
 constexpr uint64_t kMaxChunksPerStream = 128;
 uint64_t effectiveChunkBytes(uint64_t numel, size_t elemSize, uint64_t chunkBytes);
 
+// A shard's chunks pipeline its sends, reductions and results; a shard of
+// only a few chunks spends much of its time filling and draining that
+// pipeline (7 hosts x 1 rank at 2 Gbit/s, 4 MiB: 66-69% of the link bound
+// with 256 KiB chunks, 99% with 128 KiB; docs/notes). So a shard short of
+// kChunksPerShard chunks of `chunkBytes` gets smaller ones, down to
+// `minWireBytes` on the wire (an element takes `wireElemSize` there: a
+// narrow wire form's chunks stay as they were, since 64 KiB messages made
+// bf16 crossing slower). Returns the chunk's size in elements of
+// `elemSize` bytes, as bytes; effectiveChunkBytes still applies.
+constexpr uint64_t kChunksPerShard = 16;
+uint64_t shardChunkBytes(uint64_t shardElems, size_t elemSize, size_t wireElemSize,
+                         uint64_t chunkBytes, uint64_t minWireBytes);
+
 // Cuts [0, numel) into chunks of at most chunkBytes (at least one chunk,
 // possibly empty), numbering them from `firstIndex`.
 std::vector<Chunk> splitChunks(uint64_t numel, size_t elemSize, uint64_t chunkBytes,

@@ -28,12 +28,16 @@ namespace smddp {
 
 SMDDP_PARAM_BYTES(paramMinShardBytes, "SMDDP_MIN_SHARD_BYTES", 16384, 1, 1LL << 30,
                   "a call smaller than servers x this goes whole to one server (round-robin)")
+SMDDP_PARAM_BYTES(paramMinChunkBytes, "SMDDP_MIN_CHUNK_BYTES", 131072, 4096, 1LL << 30,
+                  "smallest chunk on the wire the network path cuts a shard into, when the "
+                  "shard is short of 16 chunks of SMDDP_CHUNK_BYTES")
 SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 0, 0, 1024,
                 "chunks per peer a reduction server keeps in flight (cache-resident receive "
                 "ring; 0: 4, or 2 when the group spans hosts)")
 
 void readAllreduceParams(EngineConfig& c) {
   c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
+  c.minChunkBytes = static_cast<uint64_t>(paramMinChunkBytes());
   c.ringDepth = paramRingDepth();
 }
 
@@ -79,9 +83,11 @@ void postWorkerSide(Exchange& ex, const ShardPlan& plan, const std::vector<int>&
 }
 
 // What both cores derive from a call: the chunk size, the shard plan and
-// this rank's shard in it (null: it serves none).
+// this rank's shard in it (null: it serves none). `wireElemSize` is an
+// element's size on the wire (the narrow core's wire form).
 struct CallPlan {
-  CallPlan(const EngineContext& ctx, const CollectiveSignature& sig, uint64_t planSeq) {
+  CallPlan(const EngineContext& ctx, const CollectiveSignature& sig, uint64_t planSeq,
+           size_t wireElemSize) {
     const std::vector<int>& servers = ctx.networkServers();
     const int S = static_cast<int>(servers.size());
     int myServer = -1;
@@ -89,7 +95,11 @@ struct CallPlan {
       if (servers[i] == ctx.rank()) myServer = i;
     }
     const size_t es = elementSize(sig.dtype);
-    chunkBytes = effectiveChunkBytes(sig.numel / S + 1, es, ctx.config().chunkBytes);
+    const EngineConfig& config = ctx.config();
+    chunkBytes = effectiveChunkBytes(
+        sig.numel / S + 1, es,
+        shardChunkBytes(sig.numel / S + 1, es, wireElemSize, config.chunkBytes,
+                        config.minChunkBytes));
     plan = ShardPlan::make(sig.numel, es, S, planSeq, ctx.config().minShardBytes, chunkBytes);
     mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
   }
@@ -181,7 +191,7 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   const int rank = ctx.rank();
   const int n = ctx.size();
   const size_t es = elementSize(sig.dtype);
-  const CallPlan cp(ctx, sig, planSeq);
+  const CallPlan cp(ctx, sig, planSeq, es);
   Exchange ex(ctx, seq, sig, timeout);
 
   // Server side: the reduction goes straight into this rank's own buffer
@@ -234,7 +244,7 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   const std::vector<int>& servers = ctx.networkServers();
   const int S = static_cast<int>(servers.size());
   const size_t wes = elementSize(wire);
-  const CallPlan cp(ctx, sig, planSeq);
+  const CallPlan cp(ctx, sig, planSeq, wes);
   uint64_t maxChunk = 0;
   for (const Shard& s : cp.plan.shards()) {
     for (const Chunk& c : s.chunks) maxChunk = std::max(maxChunk, c.elemCount);
@@ -408,7 +418,8 @@ std::string NetworkPath::describe() const {
   const bool fusing = fuses();
   std::ostringstream o;
   o << "over libfabric only (" << why_ << "): " << ctx_.networkServers().size()
-    << " reduction server(s), chunk " << kib(config.chunkBytes) << ", ring depth "
+    << " reduction server(s), chunk " << kib(config.chunkBytes) << " (down to "
+    << kib(std::min(config.minChunkBytes, config.chunkBytes)) << " for short shards), ring depth "
     << config.ringDepth << ", "
     << (fusing ? "fusion buffer " + kib(config.fusionBytes) : std::string("no fusion"));
   if (narrowsOnNetwork(ctx_, DataType::kFloat32, ReduceOp::kSum)) {

@@ -2,6 +2,7 @@
 // Both are direct: at the world sizes of one host (<= 8 ranks) a direct
 // pattern has the fewest steps; large payloads are pipelined in chunks.
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -13,6 +14,15 @@ namespace smddp {
 uint64_t effectiveChunkBytes(uint64_t numel, size_t elemSize, uint64_t chunkBytes) {
   uint64_t perChunk = (numel + kMaxChunksPerStream - 1) / kMaxChunksPerStream;
   return std::max<uint64_t>(chunkBytes, perChunk * elemSize);
+}
+
+uint64_t shardChunkBytes(uint64_t shardElems, size_t elemSize, size_t wireElemSize,
+                         uint64_t chunkBytes, uint64_t minWireBytes) {
+  const uint64_t capElems = std::max<uint64_t>(1, chunkBytes / elemSize);
+  const uint64_t floorElems =
+      std::min(capElems, std::max<uint64_t>(1, minWireBytes / std::max<size_t>(1, wireElemSize)));
+  const uint64_t want = (shardElems + kChunksPerShard - 1) / kChunksPerShard;
+  return std::clamp(want, floorElems, capElems) * elemSize;
 }
 
 std::vector<Chunk> splitChunks(uint64_t numel, size_t elemSize, uint64_t chunkBytes,

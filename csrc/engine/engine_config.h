@@ -49,6 +49,7 @@ struct EngineConfig {
   int64_t serversPerNode = 0;  // reduction servers per host; 0 = every rank
   // algorithms/ (readAllreduceParams)
   uint64_t minShardBytes = 0;
+  uint64_t minChunkBytes = 0;  // wire bytes; chunks shrink toward it for short shards
   int64_t ringDepth = 0;  // 0 (auto) until the engine resolves it: 4, or 2 across hosts
   // hostpath/ (readHostPathParams, readFusionParams)
   int64_t streamSpinUs = 0;    // polling inside a shared-memory batch's data steps

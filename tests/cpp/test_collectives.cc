@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "algorithms/algorithms.h"
 #include "algorithms/collective_calls.h"
 #include "engine/communicator.h"
 #include "world.h"
@@ -33,6 +34,54 @@ TEST_CASE("allreduce SUM float32 matches the closed form", "[collectives]") {
   ScopedEnv chunk("SMDDP_CHUNK_BYTES", "8192");  // force multi-chunk pipelining
   for (int n : {1, 2, 3, 4}) {
     for (uint64_t numel : {0ull, 1ull, 7ull, 1000ull, 4097ull, 100000ull}) {
+      auto results = runWorld(n, [&](Communicator& comm) -> std::string {
+        std::vector<float> v(numel);
+        for (uint64_t i = 0; i < numel; ++i) v[i] = inputOf(comm.rank(), i);
+        comm.allreduceSync({{v.data(), numel}}, DataType::kFloat32, ReduceOp::kSum);
+        for (uint64_t i = 0; i < numel; ++i) {
+          if (v[i] != sumOf(comm.size(), i)) {
+            return "rank " + std::to_string(comm.rank()) + " element " + std::to_string(i) +
+                   " = " + std::to_string(v[i]) + " expected " + std::to_string(sumOf(n, i));
+          }
+        }
+        return "";
+      });
+      for (const auto& r : results) {
+        INFO("provider " << provider << " n=" << n << " numel=" << numel);
+        CHECK(r == "");
+      }
+    }
+  }
+}
+
+TEST_CASE("a short shard is cut into smaller chunks, down to the wire floor", "[collectives]") {
+  // f32, 256 KiB chunks, 128 KiB floor: 16 chunks of the cap from a 4 MiB
+  // shard up; below that a sixteenth of the shard, never under the floor.
+  const uint64_t KiB = 1024;
+  CHECK(shardChunkBytes(16 * 65536, 4, 4, 256 * KiB, 128 * KiB) == 256 * KiB);
+  CHECK(shardChunkBytes(64 * 65536, 4, 4, 256 * KiB, 128 * KiB) == 256 * KiB);
+  CHECK(shardChunkBytes(12 * 65536, 4, 4, 256 * KiB, 128 * KiB) == 192 * KiB);
+  CHECK(shardChunkBytes(12 * 65536 + 1, 4, 4, 256 * KiB, 128 * KiB) == 192 * KiB + 4);
+  CHECK(shardChunkBytes(1000, 4, 4, 256 * KiB, 128 * KiB) == 128 * KiB);
+  // The floor is in wire bytes: f32 sent as bf16 keeps 64 Ki elements.
+  CHECK(shardChunkBytes(1000, 4, 2, 256 * KiB, 128 * KiB) == 256 * KiB);
+  CHECK(shardChunkBytes(12 * 65536, 4, 2, 256 * KiB, 128 * KiB) == 256 * KiB);
+  // A floor above the cap is the cap: SMDDP_MIN_CHUNK_BYTES >=
+  // SMDDP_CHUNK_BYTES gives every shard chunks of SMDDP_CHUNK_BYTES.
+  CHECK(shardChunkBytes(1000, 4, 4, 8 * KiB, 128 * KiB) == 8 * KiB);
+  CHECK(shardChunkBytes(1000, 4, 4, 256 * KiB, 256 * KiB) == 256 * KiB);
+  CHECK(shardChunkBytes(0, 8, 8, 256 * KiB, 4 * KiB) == 4 * KiB);
+}
+
+TEST_CASE("allreduce with chunks sized to the shard matches the closed form", "[collectives]") {
+  // Chunks of 64 KiB down to 4 KiB: shards of these sizes are cut into 16
+  // chunks of odd sizes, or into chunks of the floor, or of the cap.
+  auto provider = GENERATE(std::string("shm"), std::string("tcp;ofi_rxm"));
+  ScopedEnv env("SMDDP_FI_PROVIDER", provider);
+  ScopedEnv chunk("SMDDP_CHUNK_BYTES", "65536");
+  ScopedEnv floor("SMDDP_MIN_CHUNK_BYTES", "4096");
+  for (int n : {2, 3}) {
+    for (uint64_t numel : {5000ull, 77777ull, 300001ull, 1000000ull}) {
       auto results = runWorld(n, [&](Communicator& comm) -> std::string {
         std::vector<float> v(numel);
         for (uint64_t i = 0; i < numel; ++i) v[i] = inputOf(comm.rank(), i);
