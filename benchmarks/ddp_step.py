@@ -347,20 +347,27 @@ def paired_worker(args) -> None:
     dist.destroy_process_group()
 
 
-def launch(backend: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--backend", backend,
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-           "--seq", str(args.seq), "--threads", str(args.threads)]
+def worker_args(backend: str, args) -> list:
+    """The worker's command line after the script's path: every option a
+    worker reads, forwarded from `args` (the same list for local ranks and
+    for the namespace cluster)."""
+    cmd = ["--worker", "--backend", backend, "--steps", str(args.steps), "--warmup",
+           str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq), "--threads",
+           str(args.threads)]
     if args.bucket_view:
         cmd.append("--bucket-view")
     if getattr(args, "compressed", False):
         cmd.append("--compressed")
-    cmd += ["--bucket-mb", str(getattr(args, "bucket_mb", 25.0)),
-            "--offcpu-ms", str(getattr(args, "offcpu_ms", 0.0))]
+    return cmd + ["--bucket-mb", str(getattr(args, "bucket_mb", 25.0)),
+                  "--offcpu-ms", str(getattr(args, "offcpu_ms", 0.0))]
+
+
+def launch(backend: str, args) -> dict:
+    cmd = [sys.executable, __file__] + worker_args(backend, args)
     return launch_ranks(cmd, args.world, args.timeout, f"{backend} run")
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
@@ -392,6 +399,11 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--backend")
     ap.add_argument("--out")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     args = ap.parse_args()
     if args.worker:
         if args.backend == "paired":
@@ -403,14 +415,7 @@ def main() -> int:
         ap.error("--hosts needs --paired")
     if args.paired:
         if args.hosts:
-            cmd = [__file__, "--worker", "--backend", "paired", "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq",
-                   str(args.seq), "--threads", str(args.threads)]
-            if args.bucket_view:
-                cmd.append("--bucket-view")
-            if args.compressed:
-                cmd.append("--compressed")
-            cmd += ["--bucket-mb", str(args.bucket_mb), "--offcpu-ms", str(args.offcpu_ms)]
+            cmd = [__file__] + worker_args("paired", args)
             res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
                                     "ddp_step.py --paired --hosts")
             args.world = res["world"]

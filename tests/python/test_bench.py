@@ -75,6 +75,24 @@ def test_ddp_step_takes_turns_in_abba_order():
     assert three == [["smddp", "gloo", "compute only"], ["compute only", "gloo", "smddp"]]
 
 
+def test_ddp_step_forwards_every_option_a_worker_reads():
+    # Local ranks and the namespace cluster get their worker's command line
+    # from worker_args; parsed by the script's own parser it must give the
+    # worker what the user asked for.
+    ddp_step = load_ddp_step()
+    ap = ddp_step.parser()
+    asked = ap.parse_args(["--paired", "--steps", "7", "--warmup", "2", "--batch", "3",
+                           "--seq", "64", "--threads", "2", "--bucket-view", "--compressed",
+                           "--bucket-mb", "4", "--offcpu-ms", "400"])
+    got = ap.parse_args(ddp_step.worker_args("paired", asked))
+    assert got.worker and got.backend == "paired"
+    for field in ("steps", "warmup", "batch", "seq", "threads", "bucket_view", "compressed",
+                  "bucket_mb", "offcpu_ms"):
+        assert getattr(got, field) == getattr(asked, field), field
+    plain = ap.parse_args(ddp_step.worker_args("smddp", ap.parse_args([])))
+    assert not plain.bucket_view and not plain.compressed and plain.offcpu_ms == 0.0
+
+
 def test_ddp_steps_no_comm_hook_hands_each_bucket_back_untouched():
     # The "ddp no comm" floor: DDP does its own bucket work, and the hook
     # neither communicates nor changes a value.
