@@ -674,6 +674,37 @@ def step_check(params, runs, out=None, tol=0.20):
     return ok
 
 
+STEP_VARIANTS = ("smddp", "gloo", "smddp bf16", "gloo bf16 hook")
+
+
+def predict_step(params, hosts, ranks, rate_bps, grad_bytes, bucket_mb, compute_s,
+                 variants=STEP_VARIANTS, out=None):
+    """The DDP step where compute holds no core (ddp_step.py --offcpu-ms):
+    for each variant, compute plus the allreduce's tail after backward
+    (ddp_step_time), DDP's buckets priced one at a time, and the overlap
+    share; predicted before measuring. Returns {variant: (step, alone,
+    share)} in seconds and prints a table beside the issue's target."""
+    out = out or sys.stdout
+    L = rate_bps / 8
+    share = max(1.0, hosts * ranks / params.get("cores", math.inf))
+    sizes = ddp_buckets(grad_bytes, int(bucket_mb * MIB))
+    bound = 2 * (hosts - 1) / hosts * grad_bytes / L
+    print(f"{hosts} hosts x {ranks} ranks, {rate_bps / 1e9:g}gbit, bucket_cap_mb {bucket_mb:g}, "
+          f"compute {compute_s * 1e3:.0f} ms; link bound {bound * 1e3:.0f} ms, target step <= "
+          f"{1.15 * max(compute_s, bound) * 1e3:.0f} ms", file=out)
+    print(f"{'variant':>15} {'step ms':>8} {'alone ms':>9} {'share':>6}", file=out)
+    res = {}
+    for n in variants:
+        t_b = [variant_time(n, S, hosts, ranks, L, params["smddp"], params["ring"], share)
+               for S in sizes]
+        alone = sum(t_b)
+        step = ddp_step_time(compute_s, t_b, sizes)
+        ov = (compute_s + alone - step) / min(compute_s, alone)
+        res[n] = (step, alone, ov)
+        print(f"{n:>15} {step * 1e3:8.0f} {alone * 1e3:9.0f} {ov:6.2f}", file=out)
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tools.smddp_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -710,6 +741,16 @@ def main(argv=None):
     st.add_argument("--params", required=True)
     st.add_argument("runs", nargs="+")
     st.add_argument("--tol", type=float, default=0.20)
+    ps = sub.add_parser("predict-step", help="predict DDP steps with compute off the CPU "
+                        "(ddp_step.py --paired --offcpu-ms) before measuring them")
+    ps.add_argument("--params", required=True)
+    ps.add_argument("--shapes", nargs="+", default=["2x2", "4x1"], help="HxR, hosts x ranks")
+    ps.add_argument("--rate-bps", type=float, default=2e9)
+    ps.add_argument("--gradient-bytes", type=int, required=True,
+                    help="the model's gradient bytes (ddp_step.py --save writes gradient_bytes)")
+    ps.add_argument("--bucket-mb", type=float, nargs="+", default=[25.0, 4.0])
+    ps.add_argument("--compute-ms", type=float, nargs="+", default=[400.0, 440.0],
+                    help="compute alone, an input: values that bracket the run's 'compute only'")
     ck = sub.add_parser("check", help="a measurement against its prediction")
     ck.add_argument("predicted")
     ck.add_argument("measured")
@@ -727,6 +768,17 @@ def main(argv=None):
         for r in res["rows"]:
             print(f"{fmt_bytes(r['bytes']):>6} smddp {r['smddp'] * 1e3:9.3f} ms  "
                   f"gloo {r['gloo'] * 1e3:9.3f} ms")
+        return 0
+    if args.cmd == "predict-step":
+        with open(args.params) as fh:
+            params = json.load(fh)
+        for shape in args.shapes:
+            hosts, ranks = (int(x) for x in shape.lower().split("x"))
+            for bucket in args.bucket_mb:
+                for compute in args.compute_ms:
+                    print()
+                    predict_step(params, hosts, ranks, args.rate_bps, args.gradient_bytes,
+                                 bucket, compute / 1e3)
         return 0
     if args.cmd == "step":
         with open(args.params) as fh:

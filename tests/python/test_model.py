@@ -314,3 +314,28 @@ def test_step_check_against_a_step_built_from_the_model(capsys):
     slow = dict(run, median=dict(med, smddp=med["smddp"] * 1.3))
     assert not m.step_check(params, [slow])
     assert "NOT within" in capsys.readouterr().out
+
+
+def test_predict_step_reproduces_the_committed_off_cpu_predictions(capsys):
+    """benchmarks/cluster/predicted_offcpu_steps.txt was written before the
+    runs by a script of its own; `predict-step` must give the same tables."""
+    path = os.path.join(REPO, "benchmarks", "cluster", "predicted_offcpu_steps.txt")
+    with open(path) as fh:
+        committed = [ln for ln in fh.read().splitlines() if not ln.startswith("#")]
+    assert m.main(["predict-step", "--params",
+                   os.path.join(REPO, "benchmarks", "cluster", "params_v2.json"),
+                   "--gradient-bytes", "82178048"]) == 0
+    assert capsys.readouterr().out.splitlines() == committed
+
+
+def test_predict_step_closed_form(capsys):
+    """One bucket, free cores: the step is compute plus that bucket's whole
+    allreduce (it is ready only at the end of backward)."""
+    params = {"smddp": dict(SMDDP), "ring": dict(RING), "cores": 64.0}
+    res = m.predict_step(params, 2, 1, 2e9, 1 << 20, 25.0, 0.4, variants=("smddp",))
+    t = m.variant_time("smddp", 1 << 20, 2, 1, 2e9 / 8, params["smddp"], params["ring"])
+    step, alone, share = res["smddp"]
+    assert alone == pytest.approx(t)
+    assert step == pytest.approx(0.4 + t)
+    assert share == pytest.approx(0.0)
+    assert "target step <= 460 ms" in capsys.readouterr().out
