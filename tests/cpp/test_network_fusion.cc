@@ -123,3 +123,74 @@ TEST_CASE("queued allreduces fuse on the network-only path", "[netfusion]") {
     }
   }
 }
+
+TEST_CASE("a fused batch's rest is recorded with the signature its exchange carried",
+          "[netfusion]") {
+  // The rest of a cut runs as one exchange under its first call's sequence
+  // number, with the fused signature; a peer stalled 200 ms in that
+  // exchange probes with it. A rank past the batch answers from its
+  // record (ControlPlane::noteSignature): recording the rest's first call
+  // there told such a peer "this rank called something else", and it
+  // failed (DDP at 4 hosts x 1 rank). Every record must be the call's own
+  // signature, or the sum of the calls from it on: what a rest carried.
+  ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
+  for (int n : {2, 3}) {
+    auto results = runWorld(n, [](Communicator& comm) -> std::string {
+      if (usesHostPath(comm) || !fusesOnNetwork(comm)) return "wrong allreduce path";
+      std::vector<float> big(1 << 22, 1.0f);
+      const int calls = 48;
+      std::vector<std::vector<float>> small(calls);
+      std::vector<uint64_t> seqs, numels;
+      std::atomic<int> done{0}, failed{0};
+      auto onDone = [&](std::exception_ptr e) {
+        if (e) failed++;
+        done++;
+      };
+      comm.allreduce({{big.data(), big.size()}}, DataType::kFloat32, ReduceOp::kSum, onDone);
+      for (int i = 0; i < calls; ++i) {
+        small[i].assign(1000 + 37 * i, 1.0f);
+        numels.push_back(small[i].size());
+        seqs.push_back(comm.allreduce({{small[i].data(), small[i].size()}}, DataType::kFloat32,
+                                      ReduceOp::kSum, onDone));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+      while (done.load() < calls + 1 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (done.load() < calls + 1 || failed.load()) return "calls failed or hung";
+      // Every call completed here, so this rank's engine recorded them.
+      Stats s = comm.stats();
+      if (s.fusedCalls < 3 || s.fusionFlushes >= s.fusedCalls) return "nothing fused";
+      int fusedRecords = 0;
+      for (int i = 0; i < calls; ++i) {
+        CollectiveSignature sig;
+        if (!comm.context().control().calledAt(seqs[i], &sig)) {
+          return "no record at sequence " + std::to_string(seqs[i]);
+        }
+        uint64_t sum = 0;
+        bool ok = false;
+        for (int j = i; j < calls && !ok; ++j) {
+          sum += numels[j];
+          ok = sig.numel == sum;
+          if (ok && j > i) fusedRecords++;
+        }
+        if (!ok) {
+          return "sequence " + std::to_string(seqs[i]) + " recorded " + sig.describe() +
+                 ", which no call or rest from it carried";
+        }
+      }
+      // 48 calls queued behind a large one fuse, so some rest holds two or
+      // more calls and its first sequence number records their sum.
+      if (fusedRecords == 0) {
+        return "no sequence records a rest of two or more calls (" +
+               std::to_string(s.fusedCalls) + " calls fused in " +
+               std::to_string(s.fusionFlushes) + " batches)";
+      }
+      return "";
+    });
+    for (const auto& res : results) {
+      INFO("world " << n);
+      CHECK(res == "");
+    }
+  }
+}
