@@ -628,6 +628,19 @@ def check(predicted, measured, out=sys.stdout, tol=0.20):
     return ok
 
 
+def bucket_times(params, name, sizes, H, R, L):
+    """Each DDP bucket's allreduce time by variant `name`, the ranks sharing
+    the fitted machine's cores (params['cores'])."""
+    share = max(1.0, H * R / params.get("cores", math.inf))
+    return [variant_time(name, S, H, R, L, params["smddp"], params["ring"], share) for S in sizes]
+
+
+def overlap_share(compute, alone, step):
+    """(compute + allreduce alone - step) / min(compute, allreduce alone):
+    1 when the step takes the larger of the two, 0 when their sum."""
+    return (compute + alone - step) / min(compute, alone)
+
+
 def step_check(params, runs, out=None, tol=0.20):
     """Each variant's DDP step (ddp_step.py --paired --save) against the
     model: its buckets priced by the allreduce model, hidden behind backward
@@ -639,7 +652,6 @@ def step_check(params, runs, out=None, tol=0.20):
     for run in runs:
         H, R = int(run["hosts"]), int(run["ranks_per_host"])
         L = parse_rate(run["rate"]) / 8 if run.get("rate") else math.inf
-        share = max(1.0, H * R / params.get("cores", math.inf))
         sizes = ddp_buckets(run["gradient_bytes"], int(run.get("bucket_mb", 25) * MIB))
         med, cpu = run["median"], run["cpu"]
         compute, cores = med["compute only"], run["cores"]
@@ -651,8 +663,7 @@ def step_check(params, runs, out=None, tol=0.20):
               f"{'alone ms':>8} {'model':>7} | {'overlap':>7} {'model':>6} {'free cores':>10}",
               file=out)
         for n in run["comm_names"]:
-            t_b = [variant_time(n, S, H, R, L, params["smddp"], params["ring"], share)
-                   for S in sizes]
+            t_b = bucket_times(params, n, sizes, H, R, L)
             alone = sum(t_b)
             free = ddp_step_time(compute, t_b, sizes)
             bound = ddp_step_time(compute, t_b, sizes, cpu_compute=cpu["compute only"],
@@ -660,14 +671,11 @@ def step_check(params, runs, out=None, tol=0.20):
             step, alone_m = med[n], med[f"{n} allreduce only"]
             err = (bound - step) / step
             worst, ok = max(worst, abs(err)), ok and abs(err) <= tol
-
-            def share_of(st, a):
-                return (compute + a - st) / min(compute, a)
-
             print(f"{n:>15} {step * 1e3:8.0f} {bound * 1e3:7.0f} {err * 100:+6.1f}% "
                   f"{free * 1e3:10.0f} | {alone_m * 1e3:8.0f} {alone * 1e3:7.0f} | "
-                  f"{share_of(step, alone_m):7.2f} {share_of(bound, alone):6.2f} "
-                  f"{share_of(free, alone):10.2f}", file=out)
+                  f"{overlap_share(compute, alone_m, step):7.2f} "
+                  f"{overlap_share(compute, alone, bound):6.2f} "
+                  f"{overlap_share(compute, alone, free):10.2f}", file=out)
     print(f"\nverdict: every step {'within' if ok else 'NOT within'} {tol:.0%} of the model "
           f"(worst {worst:.1%}); 'free cores' is the same step where each rank has cores to "
           "spare (the GPU case): only the tail after backward shows", file=out)
@@ -686,7 +694,6 @@ def predict_step(params, hosts, ranks, rate_bps, grad_bytes, bucket_mb, compute_
     share)} in seconds and prints a table beside the issue's target."""
     out = out or sys.stdout
     L = rate_bps / 8
-    share = max(1.0, hosts * ranks / params.get("cores", math.inf))
     sizes = ddp_buckets(grad_bytes, int(bucket_mb * MIB))
     bound = 2 * (hosts - 1) / hosts * grad_bytes / L
     print(f"{hosts} hosts x {ranks} ranks, {rate_bps / 1e9:g}gbit, bucket_cap_mb {bucket_mb:g}, "
@@ -695,11 +702,10 @@ def predict_step(params, hosts, ranks, rate_bps, grad_bytes, bucket_mb, compute_
     print(f"{'variant':>15} {'step ms':>8} {'alone ms':>9} {'share':>6}", file=out)
     res = {}
     for n in variants:
-        t_b = [variant_time(n, S, hosts, ranks, L, params["smddp"], params["ring"], share)
-               for S in sizes]
+        t_b = bucket_times(params, n, sizes, hosts, ranks, L)
         alone = sum(t_b)
         step = ddp_step_time(compute_s, t_b, sizes)
-        ov = (compute_s + alone - step) / min(compute_s, alone)
+        ov = overlap_share(compute_s, alone, step)
         res[n] = (step, alone, ov)
         print(f"{n:>15} {step * 1e3:8.0f} {alone * 1e3:9.0f} {ov:6.2f}", file=out)
     return res

@@ -96,11 +96,11 @@ struct CallPlan {
     }
     const size_t es = elementSize(sig.dtype);
     const EngineConfig& config = ctx.config();
+    const uint64_t shardElems = sig.numel / S + 1;
     chunkBytes = effectiveChunkBytes(
-        sig.numel / S + 1, es,
-        shardChunkBytes(sig.numel / S + 1, es, wireElemSize, config.chunkBytes,
-                        config.minChunkBytes));
-    plan = ShardPlan::make(sig.numel, es, S, planSeq, ctx.config().minShardBytes, chunkBytes);
+        shardElems, es,
+        shardChunkBytes(shardElems, es, wireElemSize, config.chunkBytes, config.minChunkBytes));
+    plan = ShardPlan::make(sig.numel, es, S, planSeq, config.minShardBytes, chunkBytes);
     mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
   }
   CallPlan(const CallPlan&) = delete;  // `mine` points into `plan`

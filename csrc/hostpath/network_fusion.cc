@@ -139,19 +139,18 @@ void NetworkFusion::run(AllreduceBatch& batch) {
   if (restNumel > 0) {
     allreduceBuffers(ctx_, first.seq + 1, restBufs, first.dtype, first.op, nullptr);
   }
-  // What each sequence number carried, for the stall probes of peers still
-  // in this batch (ControlPlane::noteSignature): the first call its own
-  // signature; the rest's exchange ran under first.seq + 1 with the fused
-  // signature and recorded it when it ended, and a peer stalled in that
-  // exchange probes with that signature, so it must stay (recorded as the
-  // rest's first call, a peer that waited 200 ms there was told this rank
-  // called something else, and failed: 4 hosts x 1 rank, DDP with 4 MB
-  // buckets). The later calls of the rest carried nothing of their own.
+  // Stall probes are answered from what each sequence number carried
+  // (ControlPlane::noteSignature), which every Exchange records as it
+  // ends: the first call's signature, and the rest's fused one under
+  // first.seq + 1. Only the calls that ran no exchange of their own are
+  // recorded here. (Recording the rest's first call over its exchange's
+  // record told a peer stalled 200 ms in that exchange that this rank had
+  // called something else, and it failed: 4 hosts x 1 rank, DDP with 4 MB
+  // buckets; docs/notes/2026-11-27-false-mismatch.md.)
+  const uint64_t lastExchanged = restNumel > 0 ? first.seq + 1 : first.seq;
   ControlPlane& control = ctx_.control();
-  control.noteSignature(first.seq, first.signature());
   for (const AllreduceCall* c : rest) {
-    if (restNumel > 0 && c->seq == first.seq + 1) continue;
-    control.noteSignature(c->seq, c->signature());
+    if (c->seq > lastExchanged) control.noteSignature(c->seq, c->signature());
   }
   const uint64_t bytes = (first.numel + restNumel) * elementSize(first.dtype);
   StatsCounters& stats = ctx_.counters();

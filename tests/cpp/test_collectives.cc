@@ -26,6 +26,24 @@ float sumOf(int n, uint64_t i) {
   return static_cast<float>(n * (i % 97)) + 1000.0f * (n * (n - 1) / 2);
 }
 
+// An allreduce SUM of `numel` float32 at world n, every rank's result
+// against sumOf.
+void checkSumAgainstClosedForm(int n, uint64_t numel) {
+  auto results = runWorld(n, [&](Communicator& comm) -> std::string {
+    std::vector<float> v(numel);
+    for (uint64_t i = 0; i < numel; ++i) v[i] = inputOf(comm.rank(), i);
+    comm.allreduceSync({{v.data(), numel}}, DataType::kFloat32, ReduceOp::kSum);
+    for (uint64_t i = 0; i < numel; ++i) {
+      if (v[i] != sumOf(comm.size(), i)) {
+        return "rank " + std::to_string(comm.rank()) + " element " + std::to_string(i) + " = " +
+               std::to_string(v[i]) + " expected " + std::to_string(sumOf(n, i));
+      }
+    }
+    return "";
+  });
+  for (const auto& r : results) CHECK(r == "");
+}
+
 }  // namespace
 
 TEST_CASE("allreduce SUM float32 matches the closed form", "[collectives]") {
@@ -34,22 +52,8 @@ TEST_CASE("allreduce SUM float32 matches the closed form", "[collectives]") {
   ScopedEnv chunk("SMDDP_CHUNK_BYTES", "8192");  // force multi-chunk pipelining
   for (int n : {1, 2, 3, 4}) {
     for (uint64_t numel : {0ull, 1ull, 7ull, 1000ull, 4097ull, 100000ull}) {
-      auto results = runWorld(n, [&](Communicator& comm) -> std::string {
-        std::vector<float> v(numel);
-        for (uint64_t i = 0; i < numel; ++i) v[i] = inputOf(comm.rank(), i);
-        comm.allreduceSync({{v.data(), numel}}, DataType::kFloat32, ReduceOp::kSum);
-        for (uint64_t i = 0; i < numel; ++i) {
-          if (v[i] != sumOf(comm.size(), i)) {
-            return "rank " + std::to_string(comm.rank()) + " element " + std::to_string(i) +
-                   " = " + std::to_string(v[i]) + " expected " + std::to_string(sumOf(n, i));
-          }
-        }
-        return "";
-      });
-      for (const auto& r : results) {
-        INFO("provider " << provider << " n=" << n << " numel=" << numel);
-        CHECK(r == "");
-      }
+      INFO("provider " << provider << " n=" << n << " numel=" << numel);
+      checkSumAgainstClosedForm(n, numel);
     }
   }
 }
@@ -82,22 +86,8 @@ TEST_CASE("allreduce with chunks sized to the shard matches the closed form", "[
   ScopedEnv floor("SMDDP_MIN_CHUNK_BYTES", "4096");
   for (int n : {2, 3}) {
     for (uint64_t numel : {5000ull, 77777ull, 300001ull, 1000000ull}) {
-      auto results = runWorld(n, [&](Communicator& comm) -> std::string {
-        std::vector<float> v(numel);
-        for (uint64_t i = 0; i < numel; ++i) v[i] = inputOf(comm.rank(), i);
-        comm.allreduceSync({{v.data(), numel}}, DataType::kFloat32, ReduceOp::kSum);
-        for (uint64_t i = 0; i < numel; ++i) {
-          if (v[i] != sumOf(comm.size(), i)) {
-            return "rank " + std::to_string(comm.rank()) + " element " + std::to_string(i) +
-                   " = " + std::to_string(v[i]) + " expected " + std::to_string(sumOf(n, i));
-          }
-        }
-        return "";
-      });
-      for (const auto& r : results) {
-        INFO("provider " << provider << " n=" << n << " numel=" << numel);
-        CHECK(r == "");
-      }
+      INFO("provider " << provider << " n=" << n << " numel=" << numel);
+      checkSumAgainstClosedForm(n, numel);
     }
   }
 }

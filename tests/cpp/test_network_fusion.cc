@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,6 +30,33 @@ CutProposal proposal(std::vector<uint64_t> numels, DataType dt = DataType::kFloa
   p.op = static_cast<uint8_t>(op);
   for (size_t i = 0; i < numels.size(); ++i) p.numel[i] = numels[i];
   return p;
+}
+
+// Issues `big`, then every buffer of `small`, as asynchronous SUM
+// allreduces (the small ones queue behind the large one on every rank, so
+// they fuse), and waits for all of them; their sequence numbers go to
+// `seqs`. Returns what went wrong, or "".
+std::string queueBehindLarge(Communicator& comm, std::vector<float>& big,
+                             std::vector<std::vector<float>>& small,
+                             std::vector<uint64_t>* seqs = nullptr) {
+  std::atomic<size_t> done{0};
+  std::atomic<int> failed{0};
+  auto onDone = [&](std::exception_ptr e) {
+    if (e) failed++;
+    done++;
+  };
+  comm.allreduce({{big.data(), big.size()}}, DataType::kFloat32, ReduceOp::kSum, onDone);
+  for (auto& v : small) {
+    const uint64_t seq =
+        comm.allreduce({{v.data(), v.size()}}, DataType::kFloat32, ReduceOp::kSum, onDone);
+    if (seqs) seqs->push_back(seq);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  while (done.load() < small.size() + 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (done.load() < small.size() + 1 || failed.load()) return "calls failed or hung";
+  return "";
 }
 
 }  // namespace
@@ -84,23 +112,9 @@ TEST_CASE("queued allreduces fuse on the network-only path", "[netfusion]") {
       std::vector<float> big(1 << 22, 1.0f);
       const int calls = 64;
       std::vector<std::vector<float>> small(calls);
-      std::atomic<int> done{0};
-      std::atomic<int> failed{0};
-      auto onDone = [&](std::exception_ptr e) {
-        if (e) failed++;
-        done++;
-      };
-      comm.allreduce({{big.data(), big.size()}}, DataType::kFloat32, ReduceOp::kSum, onDone);
-      for (int i = 0; i < calls; ++i) {
-        small[i].assign(1000 + 37 * i, static_cast<float>(i + r));
-        comm.allreduce({{small[i].data(), small[i].size()}}, DataType::kFloat32, ReduceOp::kSum,
-                       onDone);
-      }
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
-      while (done.load() < calls + 1 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      if (done.load() < calls + 1 || failed.load()) return "calls failed or hung";
+      for (int i = 0; i < calls; ++i) small[i].assign(1000 + 37 * i, static_cast<float>(i + r));
+      const std::string err = queueBehindLarge(comm, big, small);
+      if (!err.empty()) return err;
       for (float x : big) {
         if (x != static_cast<float>(size)) return "large call wrong";
       }
@@ -141,23 +155,12 @@ TEST_CASE("a fused batch's rest is recorded with the signature its exchange carr
       const int calls = 48;
       std::vector<std::vector<float>> small(calls);
       std::vector<uint64_t> seqs, numels;
-      std::atomic<int> done{0}, failed{0};
-      auto onDone = [&](std::exception_ptr e) {
-        if (e) failed++;
-        done++;
-      };
-      comm.allreduce({{big.data(), big.size()}}, DataType::kFloat32, ReduceOp::kSum, onDone);
       for (int i = 0; i < calls; ++i) {
         small[i].assign(1000 + 37 * i, 1.0f);
         numels.push_back(small[i].size());
-        seqs.push_back(comm.allreduce({{small[i].data(), small[i].size()}}, DataType::kFloat32,
-                                      ReduceOp::kSum, onDone));
       }
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
-      while (done.load() < calls + 1 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      if (done.load() < calls + 1 || failed.load()) return "calls failed or hung";
+      const std::string err = queueBehindLarge(comm, big, small, &seqs);
+      if (!err.empty()) return err;
       // Every call completed here, so this rank's engine recorded them.
       Stats s = comm.stats();
       if (s.fusedCalls < 3 || s.fusionFlushes >= s.fusedCalls) return "nothing fused";
