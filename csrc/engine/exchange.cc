@@ -29,7 +29,7 @@ Exchange::Exchange(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
                    std::chrono::milliseconds timeout)
     : ctx_(ctx), seq_(seq), sig_(sig),
       timeout_(timeout.count() > 0 ? timeout : ctx.timeout()),
-      watch_(ctx, sig.describe() + " at sequence " + std::to_string(seq), timeout_),
+      watch_(ctx, sig, seq, timeout_),
       heardFrom_(static_cast<size_t>(ctx.size()), false) {}
 
 Exchange::~Exchange() {

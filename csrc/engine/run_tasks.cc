@@ -27,9 +27,9 @@ class Communicator::QueuedRun final : public AllreduceBatch {
       comm_.queueCv_.wait_for(lock, wait, [&] { return comm_.stopping_ || !queue.empty(); });
     }
     if (comm_.stopping_) {
-      throwError(ErrorKind::kAborted, "smddp: " + callName(firstWhat_, firstSig_) +
-                                          " at sequence " + std::to_string(firstSeq_) +
-                                          ": the process group was shut down");
+      throwError(ErrorKind::kAborted,
+                 "smddp: " + comm_.ctx_->callAt(callName(firstWhat_, firstSig_), firstSeq_) +
+                     ": the process group was shut down");
     }
     if (queue.empty()) return Take::kEmpty;
     Task& next = queue.front();
@@ -84,8 +84,7 @@ std::exception_ptr Communicator::dispatch(std::vector<Task>& tasks, CallPath pat
   // tasks[0], never a reference to it: a run of the path appends to tasks.
   if (control.broken()) {
     return std::make_exception_ptr(Error(
-        ErrorKind::kAborted, "smddp: " + tasks[0].name() + " at sequence " +
-                                 std::to_string(tasks[0].seq) +
+        ErrorKind::kAborted, "smddp: " + ctx_->callAt(tasks[0].name(), tasks[0].seq) +
                                  " refused: the group is unusable after an earlier failure: " +
                                  control.brokenReason()));
   }

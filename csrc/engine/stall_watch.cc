@@ -5,20 +5,14 @@
 
 namespace smddp {
 
-StallWatch::StallWatch(EngineContext& ctx, std::string what, std::chrono::milliseconds timeout)
-    : ctx_(ctx), what_(std::move(what)), timeout_(timeout),
+StallWatch::StallWatch(EngineContext& ctx, const CollectiveSignature& sig, uint64_t seq,
+                       std::chrono::milliseconds timeout)
+    : ctx_(ctx), sig_(sig), seq_(seq), timeout_(timeout),
       start_(std::chrono::steady_clock::now()), deadline_(start_ + timeout),
       nextLiveness_(start_ + std::chrono::milliseconds(200)) {}
 
-StallWatch::StallWatch(EngineContext& ctx, const CollectiveSignature& sig, uint64_t seq,
-                       std::chrono::milliseconds timeout)
-    : StallWatch(ctx, std::string(), timeout) {
-  sig_ = sig;
-  seq_ = seq;
-}
-
 const std::string& StallWatch::what() const {
-  if (what_.empty()) what_ = sig_.describe() + " at sequence " + std::to_string(seq_);
+  if (what_.empty()) what_ = ctx_.callAt(sig_.describe(), seq_);
   return what_;
 }
 

@@ -19,10 +19,9 @@ class EngineContext;
 
 class StallWatch {
  public:
-  // `what` names the call in messages ("allreduce(...) at sequence 7").
-  StallWatch(EngineContext& ctx, std::string what, std::chrono::milliseconds timeout);
-  // The same, named "<sig> at sequence <seq>", spelled out only when a
-  // message needs it (a small call has no time for the string).
+  // Messages name the call "<sig> at sequence <seq> in group '<name>'"
+  // (EngineContext::callAt), spelled out only when a message needs it (a
+  // small call has no time for the string).
   StallWatch(EngineContext& ctx, const CollectiveSignature& sig, uint64_t seq,
              std::chrono::milliseconds timeout);
 
@@ -40,7 +39,7 @@ class StallWatch {
 
  private:
   EngineContext& ctx_;
-  mutable std::string what_;  // filled from sig_ and seq_ on first use when empty
+  mutable std::string what_;  // filled from sig_ and seq_ on first use
   CollectiveSignature sig_{};
   uint64_t seq_ = 0;
   std::chrono::milliseconds timeout_;

@@ -153,7 +153,8 @@ TEST_CASE("mismatched element counts fail on every rank with both sides named",
   }
 }
 
-TEST_CASE("a rank that never arrives produces a timeout naming it", "[collectives][errors]") {
+TEST_CASE("a rank that never arrives produces a timeout naming it, the call and the group",
+          "[collectives][errors]") {
   ScopedEnv env("SMDDP_FI_PROVIDER", "shm");
   auto results = runWorld(2, [](Communicator& comm) -> std::string {
     if (comm.rank() == 1) {
@@ -171,4 +172,7 @@ TEST_CASE("a rank that never arrives produces a timeout naming it", "[collective
   INFO(results[0]);
   CHECK(results[0].find("timed out") != std::string::npos);
   CHECK(results[0].find("rank(s) 1") != std::string::npos);
+  // world.h names its groups "test"; the call is the group's first.
+  CHECK(results[0].find("allreduce(SUM, float32, 10 elements) at sequence 0 in group 'test'") !=
+        std::string::npos);
 }

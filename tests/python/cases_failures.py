@@ -353,7 +353,7 @@ def timeout_case(rank: int, world: int, late: int = 1) -> dict:
     s = float(world * (world + 1) // 2)
     warm = torch.full((4,), float(rank + 1))
     dist.all_reduce(warm)
-    rec = {"warm_ok": warm.tolist() == [s] * 4}
+    rec = {"warm_ok": warm.tolist() == [s] * 4, "group": dist.group.WORLD.group_name}
     if rank == late:
         time.sleep(LATE_SLEEP)
     t = torch.full((100,), float(rank + 1))
