@@ -68,10 +68,17 @@ CutProposal NetworkFusion::proposeCut(AllreduceBatch& batch) const {
   p.numel[0] = first.numel;
   const size_t es = elementSize(first.dtype);
   uint64_t bytes = first.numel * es;
-  // The visit stops before an overlap fence: the batch ends there.
+  // The visit stops before an overlap fence: the batch ends there. It
+  // stops, too, before a call bigger than one chunk (SMDDP_CHUNK_BYTES):
+  // such a call fills the pipeline alone, and fused it would only be copied
+  // into the fusion buffer and back, around the network and on the cores
+  // that run it. 4 hosts x 1 rank, DDP's 4 MB buckets issued together: 542
+  // ms fused against 513 alone, and 338 against 259 with bf16 crossing
+  // (docs/notes/2026-11-27-network-fusion-copies.md).
   batch.visitQueued([&](const AllreduceCall& c) {
     if (p.count >= static_cast<uint32_t>(kMaxFusedCalls) || c.seq != first.seq + p.count ||
         c.dtype != first.dtype || c.op != first.op ||
+        c.numel * es > ctx_.config().chunkBytes ||
         bytes + c.numel * es > ctx_.config().fusionBytes) {
       return false;
     }

@@ -18,7 +18,8 @@ namespace smddp {
 // What one rank could fuse from a batch's first call: the consecutive
 // allreduce calls already in its own queue (so issued there), same dtype
 // and op, within SMDDP_FUSION_BUFFER_BYTES, stopping before a call whose
-// memory overlaps an earlier one (an overlap fence). Sent as is.
+// memory overlaps an earlier one (an overlap fence) and before a call
+// bigger than one chunk (SMDDP_CHUNK_BYTES), which runs alone. Sent as is.
 struct CutProposal {
   uint32_t count = 0;  // calls, the first one included: 1 .. kMaxFusedCalls
   uint8_t dtype = 0;

@@ -197,3 +197,52 @@ TEST_CASE("a fused batch's rest is recorded with the signature its exchange carr
     }
   }
 }
+
+TEST_CASE("a call bigger than a chunk runs alone instead of joining a fused batch",
+          "[netfusion]") {
+  // A fused batch is copied into the fusion buffer and back; a call of a
+  // chunk or more fills the pipeline alone, and copied it only cost time
+  // (4 hosts x 1 rank, DDP's 4 MB buckets: 542 ms fused, 513 alone). Eight
+  // groups of four small calls and one of 80 kB, with 64 KiB chunks,
+  // queued behind a large call: each 80 kB call ends the batch before it
+  // and starts its own, so there are at least 1 + 8 batches, while the
+  // small calls still fuse. Sums against the closed form.
+  ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
+  ScopedEnv chunk("SMDDP_CHUNK_BYTES", "65536");
+  for (int n : {2, 3}) {
+    auto results = runWorld(n, [](Communicator& comm) -> std::string {
+      if (usesHostPath(comm) || !fusesOnNetwork(comm)) return "wrong allreduce path";
+      const int r = comm.rank();
+      const int size = comm.size();
+      std::vector<float> big(1 << 22, 1.0f);
+      const int groups = 8;
+      std::vector<std::vector<float>> calls;
+      for (int g = 0; g < groups; ++g) {
+        for (int i = 0; i < 4; ++i) calls.emplace_back(1000 + i, static_cast<float>(g + r));
+        calls.emplace_back(20000, static_cast<float>(g - r));  // 80 kB
+      }
+      const std::string err = queueBehindLarge(comm, big, calls);
+      if (!err.empty()) return err;
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const int g = static_cast<int>(i) / 5;
+        const bool large = i % 5 == 4;
+        const float want = large ? static_cast<float>(size * g - size * (size - 1) / 2)
+                                 : static_cast<float>(size * g + size * (size - 1) / 2);
+        for (float x : calls[i]) {
+          if (x != want) return "call " + std::to_string(i) + " wrong";
+        }
+      }
+      Stats s = comm.stats();
+      const std::string counts = std::to_string(s.fusedCalls) + " calls in " +
+                                 std::to_string(s.fusionFlushes) + " batches";
+      if (s.fusedCalls != calls.size() + 1) return "calls not counted: " + counts;
+      if (s.fusionFlushes < 1 + groups) return "an 80 kB call was fused: " + counts;
+      if (s.fusionFlushes >= s.fusedCalls) return "nothing fused: " + counts;
+      return "";
+    });
+    for (const auto& res : results) {
+      INFO("world " << n);
+      CHECK(res == "");
+    }
+  }
+}
