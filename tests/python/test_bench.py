@@ -353,3 +353,24 @@ def test_tcp_needs_a_cluster():
     p = subprocess.run([sys.executable, "-m", "torch_smddp.bench", "--backends", "smddp", "tcp"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "needs --hosts" in p.stderr, p.stderr
+
+
+def test_queued_buckets_splits_as_ddp_and_checks_every_result():
+    # benchmarks/queued_buckets.py: DDP's split (a first bucket of 1 MiB,
+    # then bucket_mb each, the rest last), then a run at world 2 whose every
+    # result is checked against the closed form (the script fails on one).
+    spec = importlib.util.spec_from_file_location(
+        "queued_buckets", os.path.join(REPO, "benchmarks", "queued_buckets.py"))
+    qb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(qb)
+    mib = 1 << 20
+    assert qb.bucket_sizes(10 * mib + 12, 4) == [mib, 4 * mib, 4 * mib, mib + 12]
+    assert qb.bucket_sizes(mib // 2, 4) == [mib // 2]
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "queued_buckets.py"), "--ranks", "2",
+           "--mb", "3", "--bucket-mb", "1", "--rounds", "1"]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    rows = {x.rsplit(None, 3)[0].strip(): x.split()[-3:] for x in p.stdout.splitlines()
+            if x.split()[:1] in (["smddp"], ["gloo"])}
+    assert sorted(rows) == ["gloo", "smddp", "smddp bf16"], p.stdout
+    assert all(float(v) > 0 for r in rows.values() for v in r), p.stdout
