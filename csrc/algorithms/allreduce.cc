@@ -286,12 +286,12 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
       float* own = data + c.elemOffset;
       uint8_t* res = result(k);
       packNarrowWire(res, own, c.elemCount, wire, wide);
-      for (int p = 0; p < n; ++p) {
-        float* w = wide + (p + 1) * maxChunk;
-        unpack(w, p == rank ? res : in[p], c.elemCount, p, "contribution");
-        in[p] = w;
+      in[rank] = res;
+      const int bad = reduceNarrowWire(own, in.data(), n, c.elemCount, wire, sig.op, n,
+                                       wide + maxChunk);
+      if (bad >= 0) {
+        throwInvalidWireScale(wire, "the contribution from rank " + std::to_string(bad));
       }
-      reduceOrdered(own, in.data(), n, c.elemCount, DataType::kFloat32, sig.op, n);
       packNarrowWire(res, own, c.elemCount, wire, wide);
       unpack(own, res, c.elemCount, rank, "result");
       return ServerRing::Result{res, narrowWireBytes(c.elemCount, wire), c.elemOffset * wes};

@@ -206,13 +206,12 @@ class FusionBufferScheduler::CrossHost {
       // element (the pieces move with the batch), so bf16 gives the same
       // bits from run to run.
       packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_);
-      for (int h = 0; h < H_; ++h) {
-        float* wide = scratch_ + (h + 1) * maxPiece_;
-        unpackOrThrow(wide, h == myHost_ ? out(h) : partial(h), mine.count, h, "partial");
-        in[h] = wide;
-      }
-      reduceOrdered(own, in.data(), H_, mine.count, DataType::kFloat32, b_.op,
-                    b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0);
+      for (int h = 0; h < H_; ++h) in[h] = h == myHost_ ? out(h) : partial(h);
+      const int bad = reduceNarrowWire(
+          own, in.data(), H_, mine.count, wire_, b_.op,
+          b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0,
+          scratch_ + maxPiece_);
+      if (bad >= 0) throwBadScale(bad, "partial");
       packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_);
       unpackOrThrow(own, out(myHost_), mine.count, myHost_, "result");
       s_.ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -245,11 +244,12 @@ class FusionBufferScheduler::CrossHost {
     }
   }
   void unpackOrThrow(float* dst, const uint8_t* src, uint64_t count, int host, const char* what) {
-    if (!unpackNarrowWire(dst, src, count, wire_)) {
-      throwInvalidWireScale(wire_, "the cross-host " + std::string(what) + " from host " +
-                                       std::to_string(host) + " (rank " +
-                                       std::to_string(peerOf(host)) + ")");
-    }
+    if (!unpackNarrowWire(dst, src, count, wire_)) throwBadScale(host, what);
+  }
+  [[noreturn]] void throwBadScale(int host, const char* what) {
+    throwInvalidWireScale(wire_, "the cross-host " + std::string(what) + " from host " +
+                                     std::to_string(host) + " (rank " +
+                                     std::to_string(peerOf(host)) + ")");
   }
 
   FusionBufferScheduler& s_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "common/error.h"
 #include "reduce/reduce_kernels.h"
@@ -79,6 +80,37 @@ bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire) 
     }
   }
   return true;
+}
+
+int reduceNarrowWire(float* out, const void* const* pieces, size_t n, size_t count,
+                     DataType wire, ReduceOp op, double avgDivisor, float* wide) {
+  checkWire(wire);
+  bool unscaled = op == ReduceOp::kSum;
+  for (size_t p = 0; p < n && unscaled; ++p) {
+    float scale;
+    std::memcpy(&scale, pieces[p], kScaleBytes);
+    unscaled = scale == 1.0f;
+  }
+  if (unscaled) {
+    // Widen and add in one pass: each piece's elements, as unpack reads
+    // them with a scale of 1, summed in f32 in order, as reduceOrdered
+    // sums the unpacked floats. n passes writing f32 and one more reading
+    // them back cost the bf16 network path's servers most of their time.
+    std::vector<const void*> elems(n);
+    for (size_t p = 0; p < n; ++p) {
+      elems[p] = static_cast<const unsigned char*>(pieces[p]) + kScaleBytes;
+    }
+    if (count > 0) reduceOrderedToFloat(out, elems.data(), n, count, wire, ReduceOp::kSum);
+    return -1;
+  }
+  std::vector<const void*> in(n);
+  for (size_t p = 0; p < n; ++p) {
+    float* w = wide + p * count;
+    if (!unpackNarrowWire(w, pieces[p], count, wire)) return static_cast<int>(p);
+    in[p] = w;
+  }
+  if (count > 0) reduceOrdered(out, in.data(), n, count, DataType::kFloat32, op, avgDivisor);
+  return -1;
 }
 
 void throwInvalidWireScale(DataType wire, const std::string& what) {

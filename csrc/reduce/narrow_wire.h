@@ -38,6 +38,16 @@ void packNarrowWire(void* dst, const float* src, size_t count, DataType wire, fl
 // (not a piece packNarrowWire wrote).
 [[nodiscard]] bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire);
 
+// out[i] = the n pieces' elements read back (as unpackNarrowWire) and
+// combined by `op` in f32, strictly in order (reduceOrdered over the read
+// values: the same bits; AVG divides by avgDivisor). When every scale is 1
+// (bf16 nearly always) and the op is SUM, that is one pass over the wire
+// bytes; otherwise each piece is read into `wide` (n * count floats) first.
+// `out` may not overlap any piece. Returns -1, or the index of the first
+// piece whose scale is invalid (then `out` is undefined).
+[[nodiscard]] int reduceNarrowWire(float* out, const void* const* pieces, size_t n, size_t count,
+                                   DataType wire, ReduceOp op, double avgDivisor, float* wide);
+
 // The error for a piece whose scale unpackNarrowWire refused (kMismatch):
 // "smddp: <what> carries an invalid scale for bf16 (SMDDP_CROSS_HOST_DTYPE)",
 // where `what` names the piece and its sender ("the cross-host partial from

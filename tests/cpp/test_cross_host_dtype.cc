@@ -158,6 +158,61 @@ TEST_CASE("a piece whose scale is not a power of two is refused", "[cross_host][
   }
 }
 
+TEST_CASE("reducing wire pieces gives the bits of unpacking each and reducing the floats",
+          "[cross_host][reduce]") {
+  // The oracle: unpackNarrowWire on each piece, then reduceOrdered over the
+  // floats, as the servers did before reduceNarrowWire read the pieces in
+  // one pass. bf16 with every scale 1 takes that pass; one piece holding a
+  // value past bf16's range (scaled), fp16 (always scaled) and AVG do not.
+  // Both kernel sets (AVX2 where there is one, and scalar).
+  const DataType wire = GENERATE(DataType::kBFloat16, DataType::kFloat16);
+  const ReduceOp op = GENERATE(ReduceOp::kSum, ReduceOp::kAvg);
+  const bool huge = GENERATE(false, true);
+  const bool scalar = GENERATE(false, true);
+  const bool wasScalar = setForceScalarKernels(scalar);
+  const size_t n = 5, count = 3001;  // past a tile, and odd
+  std::vector<std::vector<unsigned char>> packed(n);
+  std::vector<const void*> pieces(n);
+  std::vector<float> scratch(count);
+  for (size_t p = 0; p < n; ++p) {
+    std::vector<float> x(count);
+    for (size_t j = 0; j < count; ++j) {
+      x[j] = adversarial(static_cast<int>(p), static_cast<int>(p), j);
+    }
+    if (huge && p == 2) x[7] = 3e38f;
+    x[11] = p == 1 ? std::numeric_limits<float>::infinity() : x[11];
+    packed[p].resize(narrowWireBytes(count, wire));
+    packNarrowWire(packed[p].data(), x.data(), count, wire, scratch.data());
+    pieces[p] = packed[p].data();
+  }
+  std::vector<float> wide(n * count), want(count), got(count, -7.0f);
+  std::vector<const void*> floats(n);
+  for (size_t p = 0; p < n; ++p) {
+    REQUIRE(unpackNarrowWire(wide.data() + p * count, pieces[p], count, wire));
+    floats[p] = wide.data() + p * count;
+  }
+  reduceOrdered(want.data(), floats.data(), n, count, DataType::kFloat32, op, double(n));
+  std::vector<float> work(n * count);
+  CHECK(reduceNarrowWire(got.data(), pieces.data(), n, count, wire, op, double(n), work.data()) ==
+        -1);
+  size_t differ = 0;
+  for (size_t j = 0; j < count; ++j) {
+    uint32_t a, b;
+    std::memcpy(&a, &want[j], 4);
+    std::memcpy(&b, &got[j], 4);
+    differ += a != b && !(std::isnan(want[j]) && std::isnan(got[j]));
+  }
+  INFO(toString(wire) << (op == ReduceOp::kSum ? " SUM" : " AVG") << (huge ? ", scaled" : "")
+                      << (scalar ? ", scalar" : ""));
+  CHECK(differ == 0);
+  // A piece with a broken scale is named by its index.
+  float bad = 3.0f;
+  std::memcpy(packed[3].data(), &bad, sizeof(float));
+  CHECK(reduceNarrowWire(got.data(), pieces.data(), n, count, wire, op, double(n), work.data()) ==
+        3);
+  setForceScalarKernels(wasScalar);
+}
+
 TEST_CASE("SMDDP_CROSS_HOST_DTYPE names itself when it holds no dtype", "[cross_host][param]") {
   ScopedEnv env("SMDDP_CROSS_HOST_DTYPE", "fp8");
   try {
