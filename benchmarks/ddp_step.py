@@ -57,6 +57,7 @@ import sys
 import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools.smddp_model import ddp_buckets  # noqa: E402
 from torch_smddp.bench import launch_on_cluster, launch_ranks  # noqa: E402
 
 
@@ -270,12 +271,7 @@ def paired_worker(args) -> None:
     # default 25 MiB cap, the first bucket 1 MiB), issued together and
     # waited for, per backend: the communication the step has to hide.
     nbytes = sum(p.numel() for p in models["smddp"][0].parameters()) * 4
-    sizes, left, cap = [], nbytes, 1 << 20
-    while left > 0:
-        sizes.append(min(cap, left))
-        left -= sizes[-1]
-        cap = int(args.bucket_mb * (1 << 20))
-    buckets = [torch.ones(n // 4) for n in sizes]
+    buckets = [torch.ones(n // 4) for n in ddp_buckets(nbytes, int(args.bucket_mb * (1 << 20)))]
 
     def allreduce_only(name):
         pg = groups[name]
@@ -290,37 +286,36 @@ def paired_worker(args) -> None:
             for w in [dist.all_reduce(b, group=pg, async_op=True) for b in buckets]:
                 w.wait()
 
-    def reset_buckets():
-        # Back to ones before each timed "allreduce only" (outside its time:
-        # one pass over 82 MB per rank is not communication).
-        for b in buckets:
-            b.fill_(1.0)
+    def prepare(name):
+        # Buckets back to ones before each "allreduce only", outside its
+        # time: one pass over 82 MB per rank is not communication.
+        if name.endswith(" allreduce only"):
+            for b in buckets:
+                b.fill_(1.0)
 
     comm_names = [n for n, _ in copies if n != "ddp no comm"]
     names = (*comm_names, "ddp no comm", "compute only",
              *[f"{n} allreduce only" for n in comm_names])
 
-    def run(name, check=False, reset=True):
+    def run(name, check=False):
         if name.endswith(" allreduce only"):
-            if reset:
-                reset_buckets()
             allreduce_only(name[:-len(" allreduce only")])
         else:
             step(name, check)
 
     for _ in range(args.warmup):
         for name in names:
+            prepare(name)
             run(name, check=True)
     times = {name: [] for name in names}
     cpu = {name: [] for name in names}  # this process's CPU seconds, every thread
     for i in range(args.steps):
         for name in abba_order(names, i):
-            if name.endswith(" allreduce only"):
-                reset_buckets()
+            prepare(name)
             dist.barrier(group=gloo)
             c0 = resource.getrusage(resource.RUSAGE_SELF)
             t0 = time.perf_counter()
-            run(name, reset=False)
+            run(name)
             times[name].append(time.perf_counter() - t0)
             c1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu[name].append(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)

@@ -21,20 +21,10 @@ import sys
 import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools.smddp_model import ddp_buckets  # noqa: E402
 from torch_smddp.bench import launch_on_cluster, launch_ranks  # noqa: E402
 
 MODES = ("together", "serial", "one")
-
-
-def bucket_sizes(total_bytes: int, bucket_mb: float) -> list[int]:
-    """DDP's split of `total_bytes` of f32 gradients: a first bucket of 1
-    MiB, then buckets of `bucket_mb` MiB, the last one what is left."""
-    sizes, left, cap = [], total_bytes, 1 << 20
-    while left > 0:
-        sizes.append(min(cap, left))
-        left -= sizes[-1]
-        cap = int(bucket_mb * (1 << 20))
-    return sizes
 
 
 def worker(args) -> None:
@@ -51,7 +41,7 @@ def worker(args) -> None:
                             pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
     groups = {"smddp": None, "smddp bf16": narrow, "gloo": gloo}
     total = int(args.mb * (1 << 20)) // 4 * 4
-    buckets = [torch.ones(n // 4) for n in bucket_sizes(total, args.bucket_mb)]
+    buckets = [torch.ones(n // 4) for n in ddp_buckets(total, int(args.bucket_mb * (1 << 20)))]
     whole = torch.ones(total // 4)
 
     def together(pg):

@@ -96,14 +96,16 @@ int reduceNarrowWire(float* out, const void* const* pieces, size_t n, size_t cou
     // them with a scale of 1, summed in f32 in order, as reduceOrdered
     // sums the unpacked floats. n passes writing f32 and one more reading
     // them back cost the bf16 network path's servers most of their time.
-    std::vector<const void*> elems(n);
+    thread_local std::vector<const void*> elems;  // per chunk on a server: no allocation
+    elems.resize(n);
     for (size_t p = 0; p < n; ++p) {
       elems[p] = static_cast<const unsigned char*>(pieces[p]) + kScaleBytes;
     }
     if (count > 0) reduceOrderedToFloat(out, elems.data(), n, count, wire, ReduceOp::kSum);
     return -1;
   }
-  std::vector<const void*> in(n);
+  thread_local std::vector<const void*> in;
+  in.resize(n);
   for (size_t p = 0; p < n; ++p) {
     float* w = wide + p * count;
     if (!unpackNarrowWire(w, pieces[p], count, wire)) return static_cast<int>(p);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +60,23 @@ std::string queueBehindLarge(Communicator& comm, std::vector<float>& big,
   return "";
 }
 
+// Runs `body` on worlds of 2 and 3 ranks with SMDDP_SHM_ALLREDUCE=0 (the
+// network-only path, fusing), after checking that path; every rank must
+// return "".
+void onFusingNetworkWorlds(const std::function<std::string(Communicator&)>& body) {
+  ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
+  for (int n : {2, 3}) {
+    auto results = runWorld(n, [&body](Communicator& comm) -> std::string {
+      if (usesHostPath(comm) || !fusesOnNetwork(comm)) return "wrong allreduce path";
+      return body(comm);
+    });
+    for (const auto& res : results) {
+      INFO("world " << n);
+      CHECK(res == "");
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the network fusion cut is the longest prefix every rank agrees on",
@@ -102,40 +120,32 @@ TEST_CASE("the network fusion cut is the longest prefix every rank agrees on",
 }
 
 TEST_CASE("queued allreduces fuse on the network-only path", "[netfusion]") {
-  ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
-  for (int n : {2, 3}) {
-    auto results = runWorld(n, [](Communicator& comm) -> std::string {
-      if (usesHostPath(comm) || !fusesOnNetwork(comm)) return "wrong allreduce path";
-      const int r = comm.rank();
-      const int size = comm.size();
-      // A large call first, so the small ones queue behind it on every rank.
-      std::vector<float> big(1 << 22, 1.0f);
-      const int calls = 64;
-      std::vector<std::vector<float>> small(calls);
-      for (int i = 0; i < calls; ++i) small[i].assign(1000 + 37 * i, static_cast<float>(i + r));
-      const std::string err = queueBehindLarge(comm, big, small);
-      if (!err.empty()) return err;
-      for (float x : big) {
-        if (x != static_cast<float>(size)) return "large call wrong";
-      }
-      for (int i = 0; i < calls; ++i) {
-        const float want = static_cast<float>(size * i + size * (size - 1) / 2);
-        for (float x : small[i]) {
-          if (x != want) return "call " + std::to_string(i) + " wrong";
-        }
-      }
-      Stats s = comm.stats();
-      if (s.fusedCalls != static_cast<uint64_t>(calls + 1) || s.fusionFlushes >= s.fusedCalls) {
-        return "not fused: " + std::to_string(s.fusedCalls) + " calls in " +
-               std::to_string(s.fusionFlushes) + " batches";
-      }
-      return "";
-    });
-    for (const auto& res : results) {
-      INFO("world " << n);
-      CHECK(res == "");
+  onFusingNetworkWorlds([](Communicator& comm) -> std::string {
+    const int r = comm.rank();
+    const int size = comm.size();
+    // A large call first, so the small ones queue behind it on every rank.
+    std::vector<float> big(1 << 22, 1.0f);
+    const int calls = 64;
+    std::vector<std::vector<float>> small(calls);
+    for (int i = 0; i < calls; ++i) small[i].assign(1000 + 37 * i, static_cast<float>(i + r));
+    const std::string err = queueBehindLarge(comm, big, small);
+    if (!err.empty()) return err;
+    for (float x : big) {
+      if (x != static_cast<float>(size)) return "large call wrong";
     }
-  }
+    for (int i = 0; i < calls; ++i) {
+      const float want = static_cast<float>(size * i + size * (size - 1) / 2);
+      for (float x : small[i]) {
+        if (x != want) return "call " + std::to_string(i) + " wrong";
+      }
+    }
+    Stats s = comm.stats();
+    if (s.fusedCalls != static_cast<uint64_t>(calls + 1) || s.fusionFlushes >= s.fusedCalls) {
+      return "not fused: " + std::to_string(s.fusedCalls) + " calls in " +
+             std::to_string(s.fusionFlushes) + " batches";
+    }
+    return "";
+  });
 }
 
 TEST_CASE("a fused batch's rest is recorded with the signature its exchange carried",
@@ -147,55 +157,47 @@ TEST_CASE("a fused batch's rest is recorded with the signature its exchange carr
   // there told such a peer "this rank called something else", and it
   // failed (DDP at 4 hosts x 1 rank). Every record must be the call's own
   // signature, or the sum of the calls from it on: what a rest carried.
-  ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
-  for (int n : {2, 3}) {
-    auto results = runWorld(n, [](Communicator& comm) -> std::string {
-      if (usesHostPath(comm) || !fusesOnNetwork(comm)) return "wrong allreduce path";
-      std::vector<float> big(1 << 22, 1.0f);
-      const int calls = 48;
-      std::vector<std::vector<float>> small(calls);
-      std::vector<uint64_t> seqs, numels;
-      for (int i = 0; i < calls; ++i) {
-        small[i].assign(1000 + 37 * i, 1.0f);
-        numels.push_back(small[i].size());
-      }
-      const std::string err = queueBehindLarge(comm, big, small, &seqs);
-      if (!err.empty()) return err;
-      // Every call completed here, so this rank's engine recorded them.
-      Stats s = comm.stats();
-      if (s.fusedCalls < 3 || s.fusionFlushes >= s.fusedCalls) return "nothing fused";
-      int fusedRecords = 0;
-      for (int i = 0; i < calls; ++i) {
-        CollectiveSignature sig;
-        if (!comm.context().control().calledAt(seqs[i], &sig)) {
-          return "no record at sequence " + std::to_string(seqs[i]);
-        }
-        uint64_t sum = 0;
-        bool ok = false;
-        for (int j = i; j < calls && !ok; ++j) {
-          sum += numels[j];
-          ok = sig.numel == sum;
-          if (ok && j > i) fusedRecords++;
-        }
-        if (!ok) {
-          return "sequence " + std::to_string(seqs[i]) + " recorded " + sig.describe() +
-                 ", which no call or rest from it carried";
-        }
-      }
-      // 48 calls queued behind a large one fuse, so some rest holds two or
-      // more calls and its first sequence number records their sum.
-      if (fusedRecords == 0) {
-        return "no sequence records a rest of two or more calls (" +
-               std::to_string(s.fusedCalls) + " calls fused in " +
-               std::to_string(s.fusionFlushes) + " batches)";
-      }
-      return "";
-    });
-    for (const auto& res : results) {
-      INFO("world " << n);
-      CHECK(res == "");
+  onFusingNetworkWorlds([](Communicator& comm) -> std::string {
+    std::vector<float> big(1 << 22, 1.0f);
+    const int calls = 48;
+    std::vector<std::vector<float>> small(calls);
+    std::vector<uint64_t> seqs, numels;
+    for (int i = 0; i < calls; ++i) {
+      small[i].assign(1000 + 37 * i, 1.0f);
+      numels.push_back(small[i].size());
     }
-  }
+    const std::string err = queueBehindLarge(comm, big, small, &seqs);
+    if (!err.empty()) return err;
+    // Every call completed here, so this rank's engine recorded them.
+    Stats s = comm.stats();
+    if (s.fusedCalls < 3 || s.fusionFlushes >= s.fusedCalls) return "nothing fused";
+    int fusedRecords = 0;
+    for (int i = 0; i < calls; ++i) {
+      CollectiveSignature sig;
+      if (!comm.context().control().calledAt(seqs[i], &sig)) {
+        return "no record at sequence " + std::to_string(seqs[i]);
+      }
+      uint64_t sum = 0;
+      bool ok = false;
+      for (int j = i; j < calls && !ok; ++j) {
+        sum += numels[j];
+        ok = sig.numel == sum;
+        if (ok && j > i) fusedRecords++;
+      }
+      if (!ok) {
+        return "sequence " + std::to_string(seqs[i]) + " recorded " + sig.describe() +
+               ", which no call or rest from it carried";
+      }
+    }
+    // 48 calls queued behind a large one fuse, so some rest holds two or
+    // more calls and its first sequence number records their sum.
+    if (fusedRecords == 0) {
+      return "no sequence records a rest of two or more calls (" +
+             std::to_string(s.fusedCalls) + " calls fused in " +
+             std::to_string(s.fusionFlushes) + " batches)";
+    }
+    return "";
+  });
 }
 
 TEST_CASE("a call bigger than a chunk runs alone instead of joining a fused batch",
@@ -207,42 +209,34 @@ TEST_CASE("a call bigger than a chunk runs alone instead of joining a fused batc
   // queued behind a large call: each 80 kB call ends the batch before it
   // and starts its own, so there are at least 1 + 8 batches, while the
   // small calls still fuse. Sums against the closed form.
-  ScopedEnv off("SMDDP_SHM_ALLREDUCE", "0");
   ScopedEnv chunk("SMDDP_CHUNK_BYTES", "65536");
-  for (int n : {2, 3}) {
-    auto results = runWorld(n, [](Communicator& comm) -> std::string {
-      if (usesHostPath(comm) || !fusesOnNetwork(comm)) return "wrong allreduce path";
-      const int r = comm.rank();
-      const int size = comm.size();
-      std::vector<float> big(1 << 22, 1.0f);
-      const int groups = 8;
-      std::vector<std::vector<float>> calls;
-      for (int g = 0; g < groups; ++g) {
-        for (int i = 0; i < 4; ++i) calls.emplace_back(1000 + i, static_cast<float>(g + r));
-        calls.emplace_back(20000, static_cast<float>(g - r));  // 80 kB
-      }
-      const std::string err = queueBehindLarge(comm, big, calls);
-      if (!err.empty()) return err;
-      for (size_t i = 0; i < calls.size(); ++i) {
-        const int g = static_cast<int>(i) / 5;
-        const bool large = i % 5 == 4;
-        const float want = large ? static_cast<float>(size * g - size * (size - 1) / 2)
-                                 : static_cast<float>(size * g + size * (size - 1) / 2);
-        for (float x : calls[i]) {
-          if (x != want) return "call " + std::to_string(i) + " wrong";
-        }
-      }
-      Stats s = comm.stats();
-      const std::string counts = std::to_string(s.fusedCalls) + " calls in " +
-                                 std::to_string(s.fusionFlushes) + " batches";
-      if (s.fusedCalls != calls.size() + 1) return "calls not counted: " + counts;
-      if (s.fusionFlushes < 1 + groups) return "an 80 kB call was fused: " + counts;
-      if (s.fusionFlushes >= s.fusedCalls) return "nothing fused: " + counts;
-      return "";
-    });
-    for (const auto& res : results) {
-      INFO("world " << n);
-      CHECK(res == "");
+  onFusingNetworkWorlds([](Communicator& comm) -> std::string {
+    const int r = comm.rank();
+    const int size = comm.size();
+    std::vector<float> big(1 << 22, 1.0f);
+    const int groups = 8;
+    std::vector<std::vector<float>> calls;
+    for (int g = 0; g < groups; ++g) {
+      for (int i = 0; i < 4; ++i) calls.emplace_back(1000 + i, static_cast<float>(g + r));
+      calls.emplace_back(20000, static_cast<float>(g - r));  // 80 kB
     }
-  }
+    const std::string err = queueBehindLarge(comm, big, calls);
+    if (!err.empty()) return err;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const int g = static_cast<int>(i) / 5;
+      const bool large = i % 5 == 4;
+      const float want = large ? static_cast<float>(size * g - size * (size - 1) / 2)
+                               : static_cast<float>(size * g + size * (size - 1) / 2);
+      for (float x : calls[i]) {
+        if (x != want) return "call " + std::to_string(i) + " wrong";
+      }
+    }
+    Stats s = comm.stats();
+    const std::string counts = std::to_string(s.fusedCalls) + " calls in " +
+                               std::to_string(s.fusionFlushes) + " batches";
+    if (s.fusedCalls != calls.size() + 1) return "calls not counted: " + counts;
+    if (s.fusionFlushes < 1 + groups) return "an 80 kB call was fused: " + counts;
+    if (s.fusionFlushes >= s.fusedCalls) return "nothing fused: " + counts;
+    return "";
+  });
 }

@@ -356,16 +356,17 @@ def test_tcp_needs_a_cluster():
 
 
 def test_queued_buckets_splits_as_ddp_and_checks_every_result():
-    # benchmarks/queued_buckets.py: DDP's split (a first bucket of 1 MiB,
-    # then bucket_mb each, the rest last), then a run at world 2 whose every
-    # result is checked against the closed form (the script fails on one).
+    # benchmarks/queued_buckets.py: DDP's split as the script takes it
+    # (tools/smddp_model.ddp_buckets: a first bucket of 1 MiB, then the cap
+    # each, the rest last), then a run at world 2 whose every result is
+    # checked against the closed form (the script fails on one).
     spec = importlib.util.spec_from_file_location(
         "queued_buckets", os.path.join(REPO, "benchmarks", "queued_buckets.py"))
     qb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(qb)
     mib = 1 << 20
-    assert qb.bucket_sizes(10 * mib + 12, 4) == [mib, 4 * mib, 4 * mib, mib + 12]
-    assert qb.bucket_sizes(mib // 2, 4) == [mib // 2]
+    assert qb.ddp_buckets(10 * mib + 12, 4 * mib) == [mib, 4 * mib, 4 * mib, mib + 12]
+    assert qb.ddp_buckets(mib // 2, 4 * mib) == [mib // 2]
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "queued_buckets.py"), "--ranks", "2",
            "--mb", "3", "--bucket-mb", "1", "--rounds", "1"]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
