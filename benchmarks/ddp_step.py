@@ -58,7 +58,7 @@ import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.smddp_model import ddp_buckets  # noqa: E402
-from torch_smddp.bench import launch_on_cluster, launch_ranks  # noqa: E402
+from torch_smddp.bench import add_cc_arg, launch_on_cluster, launch_ranks  # noqa: E402
 
 
 def abba_order(names, round_index: int) -> list:
@@ -397,6 +397,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hosts", type=int, help="with --paired: across this many namespace hosts")
     ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate")
+    add_cc_arg(ap)
     ap.add_argument("--save", help="with --paired: also write the results as JSON to this file "
                     "(tools/smddp_model.py step reads it)")
     ap.add_argument("--worker", action="store_true")
@@ -420,15 +421,17 @@ def main() -> int:
         if args.hosts:
             cmd = [__file__] + worker_args("paired", args)
             res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
-                                    "ddp_step.py --paired --hosts")
+                                    "ddp_step.py --paired --hosts", args.cc)
             args.world = res["world"]
-            print(f"\n# across {args.hosts} hosts x {args.ranks} ranks, links of {args.rate}")
+            print(f"\n# across {args.hosts} hosts x {args.ranks} ranks, links of {args.rate}, "
+                  f"tcp {args.cc}")
         else:
             res = launch("paired", args)
         if args.save:
             with open(args.save, "w") as f:
                 json.dump(dict(res, hosts=args.hosts or 1, ranks_per_host=args.ranks if args.hosts
                                else args.world, rate=args.rate if args.hosts else None,
+                               cc=args.cc if args.hosts else None,
                                batch=args.batch, seq=args.seq, bucket_mb=args.bucket_mb,
                                offcpu_ms=args.offcpu_ms), f, indent=1)
         print(f"\n# DDP step, transformer {res['params'] / 1e6:.1f}M params, world {args.world}, "

@@ -22,7 +22,7 @@ import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.smddp_model import ddp_buckets  # noqa: E402
-from torch_smddp.bench import launch_on_cluster, launch_ranks  # noqa: E402
+from torch_smddp.bench import add_cc_arg, launch_on_cluster, launch_ranks  # noqa: E402
 
 MODES = ("together", "serial", "one")
 
@@ -90,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=0, help="namespace hosts (root); 0: one host")
     p.add_argument("--ranks", type=int, default=2, help="ranks per host")
     p.add_argument("--rate", default="2gbit", help="each host's link (with --hosts)")
+    add_cc_arg(p)
     p.add_argument("--mb", type=float, default=78.26, help="gradient MiB (ddp_step.py's 82 MB)")
     p.add_argument("--bucket-mb", type=float, default=4)
     p.add_argument("--rounds", type=int, default=6)
@@ -108,8 +109,8 @@ def main() -> int:
            "--bucket-mb", str(args.bucket_mb), "--rounds", str(args.rounds)]
     if args.hosts:
         res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
-                                "queued_buckets.py --hosts")
-        where = f"{args.hosts} hosts x {args.ranks} ranks, links of {args.rate}"
+                                "queued_buckets.py --hosts", args.cc)
+        where = f"{args.hosts} hosts x {args.ranks} ranks, links of {args.rate}, tcp {args.cc}"
     else:
         res = launch_ranks([sys.executable, *cmd], args.ranks, args.timeout, "queued_buckets.py")
         where = f"one host, {args.ranks} ranks"

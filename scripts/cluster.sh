@@ -5,7 +5,9 @@
 # both directions; the hub bridges the links and hosts the rendezvous.
 # Traffic stays inside these namespaces. Needs root (ip netns, tc).
 #
-#   scripts/cluster.sh up H RATE      hosts 0..H-1 (e.g. `up 2 2gbit`)
+#   scripts/cluster.sh up H RATE [CC] hosts 0..H-1 (e.g. `up 2 2gbit`); every
+#                                     namespace's TCP congestion control is CC
+#                                     (default cubic, whatever the machine's)
 #   scripts/cluster.sh down           kill everything inside, remove it all
 #   scripts/cluster.sh exec I CMD...  run CMD on host I, with SMDDP_HOST_ID=h<I>
 #                                     (namespaces share the hostname)
@@ -14,6 +16,7 @@
 #   scripts/cluster.sh kill I         SIGKILL every process on host I
 #   scripts/cluster.sh addr I|hub     print an address
 #   scripts/cluster.sh burst RATE     print the tbf bucket (bytes) `up` gives RATE
+#   scripts/cluster.sh cc I           print host I's TCP congestion control
 #   scripts/cluster.sh status
 #
 # Names start with $SMDDP_CLUSTER (default "smx"): give each cluster that
@@ -51,6 +54,19 @@ burst_for() {
   echo "$bytes"
 }
 
+# TCP congestion control is per namespace, and a new one starts with the
+# machine's. That choice changes what the cluster measures: under bbr (this
+# VM's default) a DDP step at 4 x 1 took 150-480 ms longer in 11 of 24
+# steps, under cubic in none, as if a flow stalled in bbr's 200 ms ProbeRTT
+# (docs/notes/2026-11-27-congestion-control.md). So `up` sets it, cubic
+# (Linux's default) unless told otherwise, and results name it.
+check_cc() {
+  local cc="$1" avail
+  avail="$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null || true)"
+  [[ " $avail " == *" $cc "* ]] ||
+    die "congestion control '$cc' is not available here (tcp_available_congestion_control: ${avail:-unreadable})"
+}
+
 namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$P-(hub|h[0-9]+)$" || true; }
 
 cmd_down() {
@@ -65,14 +81,16 @@ cmd_down() {
 }
 
 cmd_up() {
-  local hosts="${1:-}" rate="${2:-}"
+  local hosts="${1:-}" rate="${2:-}" cc="${3:-cubic}"
   [[ "$hosts" =~ ^[0-9]+$ && "$hosts" -ge 1 && "$hosts" -le 200 ]] || die "up H RATE: H in 1..200"
   [[ -n "$rate" ]] || die "up H RATE: RATE such as 2gbit"
+  check_cc "$cc"
   local burst
   burst="$(burst_for "$rate")"
   [[ -z "$(namespaces)" ]] || die "a cluster named '$P' exists: 'down' it, or set SMDDP_CLUSTER"
   trap 'cmd_down' ERR
   ip netns add "$HUB"
+  ip netns exec "$HUB" sysctl -qw net.ipv4.tcp_congestion_control="$cc"
   ip -n "$HUB" link set lo up
   ip -n "$HUB" link add br0 type bridge
   ip -n "$HUB" addr add "$HUB_ADDR/24" dev br0
@@ -81,6 +99,7 @@ cmd_up() {
   for ((i = 0; i < hosts; i++)); do
     ns="$(host_ns "$i")"
     ip netns add "$ns"
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$cc"
     ip -n "$ns" link set lo up
     # Both ends are made inside namespaces: no name in the root namespace
     # can collide with anyone else's.
@@ -93,7 +112,7 @@ cmd_up() {
     ip netns exec "$HUB" tc qdisc add dev "h$i" root tbf rate "$rate" burst "$burst" latency 50ms
   done
   trap - ERR
-  echo "cluster '$P': hub $HUB_ADDR ($HUB), $hosts host(s) at $rate:"
+  echo "cluster '$P': hub $HUB_ADDR ($HUB), $hosts host(s) at $rate, tcp $cc:"
   for ((i = 0; i < hosts; i++)); do echo "  h$i $(host_addr "$i") ($(host_ns "$i"), eth0)"; done
 }
 
@@ -121,6 +140,10 @@ case "${1:-}" in
     if [[ "${2:-}" == hub ]]; then echo "$HUB_ADDR"; else host_addr "${2:?addr I|hub}"; fi
     ;;
   burst) burst_for "${2:?burst RATE}" ;;
+  cc)
+    [[ "${2:-}" =~ ^[0-9]+$ ]] || die "cc I"
+    ip netns exec "$(host_ns "$2")" cat /proc/sys/net/ipv4/tcp_congestion_control
+    ;;
   status) namespaces ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -63,10 +63,16 @@ def sweep_stale_clusters() -> None:
                        capture_output=True, timeout=60)
 
 
+# The namespaces' TCP congestion control unless a caller names another
+# (scripts/cluster.sh, check_cc: it changes what the cluster measures).
+DEFAULT_CC = "cubic"
+
+
 class Cluster:
-    def __init__(self, hosts: int, rate: str = "2gbit"):
+    def __init__(self, hosts: int, rate: str = "2gbit", cc: str = DEFAULT_CC):
         self.hosts = hosts
         self.rate = rate
+        self.cc = cc
         self.prefix = f"smx-{os.getpid()}-{secrets.token_hex(2)}"
         self.env = dict(os.environ, SMDDP_CLUSTER=self.prefix)
         self._store: subprocess.Popen | None = None
@@ -76,7 +82,7 @@ class Cluster:
     def up(self) -> "Cluster":
         sweep_stale_clusters()
         try:
-            self._sh("up", str(self.hosts), self.rate)
+            self._sh("up", str(self.hosts), self.rate, self.cc)
             self._start_store()
         except BaseException:
             self.down()
@@ -141,6 +147,10 @@ class Cluster:
 
     def kill_host(self, host: int) -> None:
         self._sh("kill", str(host))
+
+    def congestion_control(self, host: int) -> str:
+        """The TCP congestion control that host `host`'s namespace uses."""
+        return self._sh("cc", str(host)).strip()
 
     def spawn(self, host, cmd: list[str], log_path: str, env: dict | None = None,
               cwd: str | None = None) -> subprocess.Popen:

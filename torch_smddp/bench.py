@@ -391,8 +391,15 @@ def cluster_tool():
     return sys.modules["smddp_cluster"]
 
 
+def add_cc_arg(ap) -> None:
+    """--cc, the namespace hosts' TCP congestion control (scripts/cluster.sh)."""
+    ap.add_argument("--cc", default="cubic",
+                    help="with --hosts: the hosts' TCP congestion control (default cubic; bbr "
+                         "stalls a flow for 200 ms every 10 s: scripts/cluster.sh)")
+
+
 def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout: float,
-                      what: str) -> dict:
+                      what: str, cc: str | None = None) -> dict:
     """Runs `torchrun CMD --out FILE` on `hosts` namespace hosts of `ranks`
     ranks each, links shaped to `rate` (tools/smddp_cluster.py; root), and
     returns the JSON the ranks leave in FILE. CMD is a script and its
@@ -405,7 +412,7 @@ def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout
         raise SystemExit(f"{what}: no cluster here: {why}")
     out_dir = tempfile.mkdtemp(prefix="smddp-cluster-")
     out = os.path.join(out_dir, "result.json")
-    with cl.Cluster(hosts, rate) as c:
+    with cl.Cluster(hosts, rate, cc or cl.DEFAULT_CC) as c:
         c.torchrun(f"job-{os.getpid()}", [*cmd, "--out", out], ranks, out_dir,
                    env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
         codes = c.wait_jobs(timeout)
@@ -424,9 +431,10 @@ def run_cluster(args) -> dict:
 
     rate_bps = cl.parse_rate(args.rate)
     data = launch_on_cluster(["-m", "torch_smddp.bench", *_worker_args(args)], args.hosts,
-                             args.ranks, args.rate, args.timeout, "torch_smddp.bench --hosts")
+                             args.ranks, args.rate, args.timeout, "torch_smddp.bench --hosts",
+                             args.cc)
     data.update(hosts=args.hosts, ranks_per_host=args.ranks, rate=args.rate, rate_bps=rate_bps,
-                burst_bytes=cl.burst_bytes(args.rate))
+                burst_bytes=cl.burst_bytes(args.rate), cc=args.cc)
     return data
 
 
@@ -461,7 +469,7 @@ def _print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
 def print_cluster_table(data: dict, backends: list[str]) -> None:
     h, r, rate_bps = data["hosts"], data["ranks_per_host"], data["rate_bps"]
     print(f"\n# allreduce, float32, SUM, {h} hosts x {r} ranks, links of {data['rate']} "
-          f"({rate_bps / 8e9:.3f} GB/s each way)")
+          f"({rate_bps / 8e9:.3f} GB/s each way), tcp {data.get('cc', 'of the machine')}")
     if h > 1:
         print(f"# link bound: each host sends and receives 2(H-1)/H of the buffer: "
               f"algbw <= {rate_bps / 8e9 / (2 * (h - 1) / h):.3f} GB/s")
@@ -534,6 +542,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hosts", type=int, help="run across this many namespace hosts (root)")
     ap.add_argument("--ranks", type=int, default=1, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate (tc tbf)")
+    add_cc_arg(ap)
     ap.add_argument("--save", help="also write the measurements as JSON to this file")
     ap.add_argument("--tcp-conns", type=int, default=1,
                     help="with --backends ... tcp: connections per pair of hosts")

@@ -18,6 +18,7 @@ REPO_ROOT = _mod.REPO_ROOT
 SCRIPT = _mod.SCRIPT
 STORE_PORT = _mod.STORE_PORT
 Cluster = _mod.Cluster
+DEFAULT_CC = _mod.DEFAULT_CC
 read_json = _mod.read_json
 sweep_stale_clusters = _mod.sweep_stale_clusters
 tail = _mod.tail

@@ -20,6 +20,7 @@ three scenarios are one job each.
 import os
 import re
 import secrets
+import subprocess
 import sys
 import time
 
@@ -159,3 +160,30 @@ def test_a_link_taken_down_mid_allreduce_fails_every_rank_within_the_peer_timeou
         assert "silent for" in got[r]["msg"], got[r]["msg"]
     print(f"\nh1's link down (SMDDP_PEER_TIMEOUT={PEER_TIMEOUT_S}): ranks 0-3 raised after "
           f"{', '.join(f'{x:.2f}' for x in lat)} s")
+
+
+def _cc_inside(ns: str) -> str:
+    """The congestion control a namespace uses, read there by the kernel's
+    own file (not through cluster.sh)."""
+    r = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
+                       capture_output=True, text=True, timeout=30, check=True)
+    return r.stdout.strip()
+
+
+def test_every_namespace_uses_the_congestion_control_it_was_given(cluster):
+    # What the cluster measures depends on it (scripts/cluster.sh, check_cc),
+    # so it must not be whatever the machine's default is.
+    for ns in [f"{cluster.prefix}-hub"] + [f"{cluster.prefix}-h{h}" for h in range(HOSTS)]:
+        assert _cc_inside(ns) == cl.DEFAULT_CC == "cubic", ns
+    assert [cluster.congestion_control(h) for h in range(HOSTS)] == ["cubic"] * HOSTS
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        available = f.read().split()
+    other = next((c for c in ("bbr", "reno") if c in available), None)
+    if other is not None:
+        c = cl.Cluster(1, "1gbit", cc=other).up()
+        try:
+            assert _cc_inside(f"{c.prefix}-h0") == _cc_inside(f"{c.prefix}-hub") == other
+        finally:
+            c.down()
+    with pytest.raises(RuntimeError, match=r"congestion control 'no-such-cc' is not available"):
+        cl.Cluster(1, "1gbit", cc="no-such-cc").up()
