@@ -58,7 +58,7 @@ import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.smddp_model import ddp_buckets  # noqa: E402
-from torch_smddp.bench import add_cc_arg, launch_on_cluster, launch_ranks  # noqa: E402
+from torch_smddp.bench import add_cc_arg, cluster_cc, launch_on_cluster, launch_ranks  # noqa: E402
 
 
 def abba_order(names, round_index: int) -> list:
@@ -424,14 +424,14 @@ def main() -> int:
                                     "ddp_step.py --paired --hosts", args.cc)
             args.world = res["world"]
             print(f"\n# across {args.hosts} hosts x {args.ranks} ranks, links of {args.rate}, "
-                  f"tcp {args.cc}")
+                  f"tcp {cluster_cc(args.cc)}")
         else:
             res = launch("paired", args)
         if args.save:
             with open(args.save, "w") as f:
                 json.dump(dict(res, hosts=args.hosts or 1, ranks_per_host=args.ranks if args.hosts
                                else args.world, rate=args.rate if args.hosts else None,
-                               cc=args.cc if args.hosts else None,
+                               cc=cluster_cc(args.cc) if args.hosts else None,
                                batch=args.batch, seq=args.seq, bucket_mb=args.bucket_mb,
                                offcpu_ms=args.offcpu_ms), f, indent=1)
         print(f"\n# DDP step, transformer {res['params'] / 1e6:.1f}M params, world {args.world}, "

@@ -22,7 +22,7 @@ import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.smddp_model import ddp_buckets  # noqa: E402
-from torch_smddp.bench import add_cc_arg, launch_on_cluster, launch_ranks  # noqa: E402
+from torch_smddp.bench import add_cc_arg, cluster_cc, launch_on_cluster, launch_ranks  # noqa: E402
 
 MODES = ("together", "serial", "one")
 
@@ -110,7 +110,8 @@ def main() -> int:
     if args.hosts:
         res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
                                 "queued_buckets.py --hosts", args.cc)
-        where = f"{args.hosts} hosts x {args.ranks} ranks, links of {args.rate}, tcp {args.cc}"
+        where = (f"{args.hosts} hosts x {args.ranks} ranks, links of {args.rate}, "
+                 f"tcp {cluster_cc(args.cc)}")
     else:
         res = launch_ranks([sys.executable, *cmd], args.ranks, args.timeout, "queued_buckets.py")
         where = f"one host, {args.ranks} ranks"

@@ -56,8 +56,8 @@ burst_for() {
 
 # TCP congestion control is per namespace, and a new one starts with the
 # machine's. That choice changes what the cluster measures: under bbr (this
-# VM's default) a DDP step at 4 x 1 took 150-480 ms longer in 11 of 24
-# steps, under cubic in none, as if a flow stalled in bbr's 200 ms ProbeRTT
+# VM's default) a DDP step at 4 x 1 took 140-475 ms longer in 11 of 24
+# steps, under cubic in none (a flow stalling in bbr's ProbeRTT would fit)
 # (docs/notes/2026-11-27-congestion-control.md). So `up` sets it, cubic
 # (Linux's default) unless told otherwise, and results name it.
 check_cc() {

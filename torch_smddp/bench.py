@@ -393,17 +393,22 @@ def cluster_tool():
 
 def add_cc_arg(ap) -> None:
     """--cc, the namespace hosts' TCP congestion control (scripts/cluster.sh)."""
-    ap.add_argument("--cc", default="cubic",
-                    help="with --hosts: the hosts' TCP congestion control (default cubic; bbr "
-                         "stalls a flow for 200 ms every 10 s: scripts/cluster.sh)")
+    ap.add_argument("--cc", help="with --hosts: the hosts' TCP congestion control (default: "
+                                 "the cluster's, cubic; docs/notes/2026-11-27-congestion-control.md)")
+
+
+def cluster_cc(cc: str | None) -> str:
+    """The congestion control a cluster run uses: `cc` (--cc), or the
+    cluster's default."""
+    return cc or cluster_tool().DEFAULT_CC
 
 
 def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout: float,
                       what: str, cc: str | None = None) -> dict:
     """Runs `torchrun CMD --out FILE` on `hosts` namespace hosts of `ranks`
     ranks each, links shaped to `rate` (tools/smddp_cluster.py; root), and
-    returns the JSON the ranks leave in FILE. CMD is a script and its
-    arguments, or ["-m", module, ...]. Shared by the benchmarks in
+    returns the JSON the ranks leave in FILE; the hosts' congestion control
+    is cluster_cc(cc). CMD is a script and its arguments, or ["-m", module, ...]. Shared by the benchmarks in
     benchmarks/."""
     cl = cluster_tool()
 
@@ -412,7 +417,7 @@ def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout
         raise SystemExit(f"{what}: no cluster here: {why}")
     out_dir = tempfile.mkdtemp(prefix="smddp-cluster-")
     out = os.path.join(out_dir, "result.json")
-    with cl.Cluster(hosts, rate, cc or cl.DEFAULT_CC) as c:
+    with cl.Cluster(hosts, rate, cluster_cc(cc)) as c:
         c.torchrun(f"job-{os.getpid()}", [*cmd, "--out", out], ranks, out_dir,
                    env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
         codes = c.wait_jobs(timeout)
@@ -434,7 +439,7 @@ def run_cluster(args) -> dict:
                              args.ranks, args.rate, args.timeout, "torch_smddp.bench --hosts",
                              args.cc)
     data.update(hosts=args.hosts, ranks_per_host=args.ranks, rate=args.rate, rate_bps=rate_bps,
-                burst_bytes=cl.burst_bytes(args.rate), cc=args.cc)
+                burst_bytes=cl.burst_bytes(args.rate), cc=cluster_cc(args.cc))
     return data
 
 
