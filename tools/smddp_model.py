@@ -221,9 +221,10 @@ def load(paths, cores=math.inf):
                 pts.append(dict(S=row["bytes"], H=H, R=R, N=H * R, L=L,
                                 share=max(1.0, H * R / cores),
                                 smddp=row.get("smddp"), gloo=row.get("gloo"),
+                                **{"smddp-bf16": row.get("smddp-bf16")},
                                 tbf=bool(d.get("burst_bytes")),
                                 **{f"idle_{c}": min(burst_s, float(row.get(f"{c}_between") or 0))
-                                   for c in ("smddp", "gloo")}))
+                                   for c in ("smddp", "gloo", "smddp-bf16")}))
     return pts
 
 
@@ -361,12 +362,14 @@ def report(pts, params, out=sys.stdout, tol=0.20):
     for H, R, L in shapes:
         rate = f"{L * 8 / 1e9:g} Gbit/s" if H > 1 else "shared memory only"
         print(f"\n# {H} host(s) x {R} rank(s), {rate}", file=out)
-        print(f"{'size':>6} {'smddp ms':>9} {'model':>9} {'err':>7} "
-              f"{'gloo ms':>9} {'model':>9} {'err':>7}", file=out)
-        for q in sorted((q for q in pts if (q["H"], q["R"], q["L"]) == (H, R, L)),
-                        key=lambda q: q["S"]):
+        these = [q for q in pts if (q["H"], q["R"], q["L"]) == (H, R, L)]
+        cols = ["smddp", "gloo"] + (["smddp-bf16"] if H > 1 and any(q.get("smddp-bf16")
+                                                                    for q in these) else [])
+        print(f"{'size':>6} " + " ".join(f"{c + ' ms':>9} {'model':>9} {'err':>7}" for c in cols),
+              file=out)
+        for q in sorted(these, key=lambda q: q["S"]):
             cells = []
-            for col in ("smddp", "gloo"):
+            for col in cols:
                 if not q.get(col):
                     cells.append(f"{'-':>9} {'-':>9} {'-':>7}")
                     continue

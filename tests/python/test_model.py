@@ -4,6 +4,7 @@ and the CLI end to end on a small synthetic JSON. No processes, no torch."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -175,6 +176,32 @@ def test_fit_recovers_parameters_through_tbf_bursts(tmp_path):
     for k in SMDDP:
         assert s[k] == pytest.approx(SMDDP[k], rel=0.02), k
     check_ring(r, RING, rel=0.02)
+
+
+def test_report_prices_the_bf16_crossing_column(tmp_path):
+    """A sweep with a smddp-bf16 column: load reads it with its own refill,
+    and report prices it as bf16 crossing (half the bytes cross) beside f32,
+    so a miss there fails the verdict too."""
+    (f,) = synthetic(tmp_path, noise=0.0, shapes=[(4, 2, 2e9)], burst=2_500_000,
+                     between=lambda S: 1e-4)
+    d = json.loads(open(f).read())
+    for row in d["rows"]:
+        row["smddp-bf16"] = float(m.smddp_time(row["bytes"], 4, 2, 2.5e8, **SMDDP, wire=0.5,
+                                               idle=1e-4))
+        row["smddp-bf16_between"] = 1e-4
+    open(f, "w").write(json.dumps(d))
+    pts = m.load([f])
+    assert all(q["idle_smddp-bf16"] == pytest.approx(1e-4) for q in pts)
+    params = {"smddp": dict(SMDDP), "ring": dict(RING)}
+    out = io.StringIO()
+    assert m.report(pts, params, out=out)
+    assert "smddp-bf16 ms" in out.getvalue()
+    for row in d["rows"]:
+        row["smddp-bf16"] *= 1.3 if row["bytes"] == 1 << 22 else 1.0
+    open(f, "w").write(json.dumps(d))
+    out = io.StringIO()
+    assert not m.report(m.load([f]), params, out=out)
+    assert "smddp-bf16 4x2 4M -23%" in out.getvalue()
 
 
 def test_busbw_and_exposed_time():
