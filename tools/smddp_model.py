@@ -74,7 +74,9 @@ an outlier weighs like |r| instead of r^2), parameters positive (fitted
 as logs; p as a logistic), by Levenberg-Marquardt with a numeric Jacobian.
 smddp's six parameters come from the "smddp" columns, the ring's five
 from the "gloo" columns. `fit` prints a table per shape and the verdict
-(every point of 1 MiB and up within --tol, 20%) and exits 1 when it fails.
+(every point of 1 MiB and up within --tol, 20%) and exits 1 when it fails;
+a multi-host sweep's "smddp-bf16" column is priced there too (bf16
+crossing, never fitted), and counts in the verdict.
 
 `project` keeps the fitted host part (a_host, p, B_mem or --mem-gbs) and
 puts EFA in place of the measured links (EFA_SOURCES: 100 and 400 Gbit/s,
