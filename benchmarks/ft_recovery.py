@@ -349,6 +349,8 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--replace-after", type=float, default=3.0)
     p.add_argument("--rate", default="2gbit")
+    p.add_argument("--cc", default=cl.DEFAULT_CC,
+                   help=f"the hosts' TCP congestion control (default {cl.DEFAULT_CC})")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
@@ -357,7 +359,7 @@ def main(argv=None) -> int:
         print(f"no cluster of network namespaces here: {why}", file=sys.stderr)
         return 2
     results = []
-    with cl.Cluster(args.replicas, args.rate) as cluster:
+    with cl.Cluster(args.replicas, args.rate, cc=args.cc) as cluster:
         for rep in range(args.repeat):
             for mode in args.modes.split(","):
                 out = tempfile.mkdtemp(prefix=f"ft-{mode}-")
@@ -378,7 +380,8 @@ def main(argv=None) -> int:
                 res["run"] = rep
                 results.append(res)
                 print(json.dumps(res), flush=True)
-    print(f"\n# {args.replicas} hosts, 1 rank each, demo model; host h{args.replicas - 1} "
+    print(f"\n# {args.replicas} hosts, 1 rank each, links {args.rate}, tcp {args.cc}, demo model; "
+          f"host h{args.replicas - 1} "
           f"killed once every host completed {args.kill_at} steps"
           f"{' (torchft: between steps, by itself)' if args.kill_between else ''} (torchrun: its worker); "
           f"commit {git_commit()}, {platform.node()} ({os.cpu_count()} cores)")

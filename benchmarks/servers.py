@@ -28,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
-from cluster import Cluster, why_unavailable  # noqa: E402
+from cluster import DEFAULT_CC, Cluster, why_unavailable  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "scripts", "cluster.sh")
 
@@ -138,6 +138,8 @@ def main():
     ap.add_argument("--configs", nargs="+", default=["0", "2", "2:33"],
                     help="K or K:P (servers, SMDDP_SERVER_SHARE percent)")
     ap.add_argument("--rate", default="2gbit")
+    ap.add_argument("--cc", default=DEFAULT_CC,
+                    help=f"the hosts' TCP congestion control (default {DEFAULT_CC})")
     ap.add_argument("--size", type=int, default=64 << 20, help="bytes per allreduce")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", default="/tmp/smddp_servers_bench")
@@ -150,7 +152,8 @@ def main():
         sys.exit(f"no cluster here: {why}")
     os.makedirs(a.out, exist_ok=True)
     H, S = a.workers, a.size
-    print(f"{H} worker hosts x 1 rank, links {a.rate}, allreduce of {S >> 20} MiB float32, "
+    print(f"{H} worker hosts x 1 rank, links {a.rate}, tcp {a.cc}, allreduce of {S >> 20} MiB "
+          f"float32, "
           f"{a.iters} timed iterations")
     configs = []
     for c in a.configs:
@@ -158,7 +161,7 @@ def main():
         configs.append((int(k), int(p) if p else -1))
     print(f"{'servers':>8} {'share':>6} {'s/allreduce':>12} {'algbw GB/s':>11} "
           f"{'worker sends':>13} {'server sends':>13} {'correct':>8}")
-    with Cluster(H + max(k for k, _ in configs), a.rate) as c:
+    with Cluster(H + max(k for k, _ in configs), a.rate, cc=a.cc) as c:
         for K, share in configs:
             res = run(c, H, K, share, S, a.iters, a.out, a.timeout, a.integrity)
             t = max(r["s"] for r in res)
