@@ -381,7 +381,8 @@ def report(pts, params, out=sys.stdout, tol=0.20):
                     worst = max(worst, abs(err))
                     ok &= abs(err) <= tol
                     if abs(err) > tol:
-                        bad.append(f"{col} {H}x{R} {fmt_bytes(q['S'])} {err:+.0%}")
+                        at = f" {L * 8 / 1e9:g}gbit" if H > 1 else ""
+                        bad.append(f"{col} {H}x{R}{at} {fmt_bytes(q['S'])} {err:+.0%}")
                 cells.append(f"{q[col] * 1e3:9.3f} {m * 1e3:9.3f} {err * 100:+6.1f}%")
             print(f"{fmt_bytes(q['S']):>6} " + " ".join(cells), file=out)
     verdict = "AGREES" if ok else "DOES NOT AGREE"

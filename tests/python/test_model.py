@@ -201,7 +201,7 @@ def test_report_prices_the_bf16_crossing_column(tmp_path):
     open(f, "w").write(json.dumps(d))
     out = io.StringIO()
     assert not m.report(m.load([f]), params, out=out)
-    assert "smddp-bf16 4x2 4M -23%" in out.getvalue()
+    assert "outside: smddp-bf16 4x2 2gbit 4M -23%" in out.getvalue()
 
 
 def test_busbw_and_exposed_time():
