@@ -153,8 +153,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     H, S = a.workers, a.size
     print(f"{H} worker hosts x 1 rank, links {a.rate}, tcp {a.cc}, allreduce of {S >> 20} MiB "
-          f"float32, "
-          f"{a.iters} timed iterations")
+          f"float32, {a.iters} timed iterations")
     configs = []
     for c in a.configs:
         k, _, p = c.partition(":")

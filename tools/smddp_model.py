@@ -113,6 +113,8 @@ import numpy as np
 from tools.smddp_cluster import parse_rate
 
 MIB = 1 << 20
+# The columns of a bench --save sweep that the model prices (VARIANTS below).
+COLUMNS = ("smddp", "gloo", "smddp-bf16")
 
 # EFA figures for the projection (public sources, also printed):
 EFA_SOURCES = {
@@ -222,11 +224,10 @@ def load(paths, cores=math.inf):
             for row in d["rows"]:
                 pts.append(dict(S=row["bytes"], H=H, R=R, N=H * R, L=L,
                                 share=max(1.0, H * R / cores),
-                                smddp=row.get("smddp"), gloo=row.get("gloo"),
-                                **{"smddp-bf16": row.get("smddp-bf16")},
                                 tbf=bool(d.get("burst_bytes")),
+                                **{c: row.get(c) for c in COLUMNS},
                                 **{f"idle_{c}": min(burst_s, float(row.get(f"{c}_between") or 0))
-                                   for c in ("smddp", "gloo", "smddp-bf16")}))
+                                   for c in COLUMNS}))
     return pts
 
 
@@ -363,10 +364,11 @@ def report(pts, params, out=sys.stdout, tol=0.20):
     shapes = sorted({(q["H"], q["R"], q["L"]) for q in pts})
     for H, R, L in shapes:
         rate = f"{L * 8 / 1e9:g} Gbit/s" if H > 1 else "shared memory only"
+        at = f"{H}x{R}" + (f" {L * 8 / 1e9:g}gbit" if H > 1 else "")   # names a miss
         print(f"\n# {H} host(s) x {R} rank(s), {rate}", file=out)
         these = [q for q in pts if (q["H"], q["R"], q["L"]) == (H, R, L)]
-        cols = ["smddp", "gloo"] + (["smddp-bf16"] if H > 1 and any(q.get("smddp-bf16")
-                                                                    for q in these) else [])
+        # bf16 crossing only where something crosses hosts
+        cols = [c for c in COLUMNS if c != "smddp-bf16" or (H > 1 and any(q.get(c) for q in these))]
         print(f"{'size':>6} " + " ".join(f"{c + ' ms':>9} {'model':>9} {'err':>7}" for c in cols),
               file=out)
         for q in sorted(these, key=lambda q: q["S"]):
@@ -381,8 +383,7 @@ def report(pts, params, out=sys.stdout, tol=0.20):
                     worst = max(worst, abs(err))
                     ok &= abs(err) <= tol
                     if abs(err) > tol:
-                        at = f" {L * 8 / 1e9:g}gbit" if H > 1 else ""
-                        bad.append(f"{col} {H}x{R}{at} {fmt_bytes(q['S'])} {err:+.0%}")
+                        bad.append(f"{col} {at} {fmt_bytes(q['S'])} {err:+.0%}")
                 cells.append(f"{q[col] * 1e3:9.3f} {m * 1e3:9.3f} {err * 100:+6.1f}%")
             print(f"{fmt_bytes(q['S']):>6} " + " ".join(cells), file=out)
     verdict = "AGREES" if ok else "DOES NOT AGREE"
@@ -598,7 +599,7 @@ def predict(params, hosts, ranks, rate_bps, sizes, like, burst_bytes=2_500_000):
                  idle_smddp=min(burst_bytes / L, ref.get("idle_smddp", 0.0)),
                  idle_gloo=min(burst_bytes / L, ref.get("idle_gloo", 0.0)))
         q["idle_smddp-bf16"] = q["idle_smddp"]
-        rows.append({col: model_for(col, q, params) for col in ("smddp", "gloo", "smddp-bf16")}
+        rows.append({col: model_for(col, q, params) for col in COLUMNS}
                     | {"bytes": S})
     return {"hosts": hosts, "ranks_per_host": ranks, "rate_bps": rate_bps, "rows": rows}
 
@@ -608,7 +609,7 @@ def check(predicted, measured, out=sys.stdout, tol=0.20):
     1 MiB and up is within `tol`."""
     want = {r["bytes"]: r for r in predicted["rows"]}
     ok, worst = True, 0.0
-    cols = [c for c in ("smddp", "gloo", "smddp-bf16")
+    cols = [c for c in COLUMNS
             if any(c in r for r in measured["rows"]) and any(c in r for r in predicted["rows"])]
     print(f"# {measured['hosts']} hosts x {measured['ranks_per_host']} rank(s): predicted "
           f"before measuring, against the measurement", file=out)
