@@ -5,7 +5,7 @@ root (development tooling, not part of the installed package):
     python -m tools.smddp_model fit F.json [F.json ...] [--out params.json]
     python -m tools.smddp_model project --params params.json [--plot out.png]
                                         [--backward-ms 300] [--bucket-mb 25]
-                                        [--mem-gbs G] [--pcie-gbs G]
+                                        [--mem-gbs G] [--pcie-gbs G] [--p P]
     python -m tools.smddp_model predict --params P --hosts H --ranks R --like F.json --out O.json
     python -m tools.smddp_model check O.json F.json
     python -m tools.smddp_model step --params P STEP.json [...]   (ddp_step.py --paired --save)
@@ -78,7 +78,7 @@ from the "gloo" columns. `fit` prints a table per shape and the verdict
 a multi-host sweep's "smddp-bf16" column is priced there too (bf16
 crossing, never fitted), and counts in the verdict.
 
-`project` keeps the fitted host part (a_host, p, B_mem or --mem-gbs) and
+`project` keeps the fitted host part (a_host, p or --p, B_mem or --mem-gbs) and
 puts EFA in place of the measured links (EFA_SOURCES: 100 and 400 Gbit/s,
 efficiency 0.61, a per-message latency of 20 us that is an assumption),
 8 GPUs per host, up to 32 hosts; busbw = algbw * 2(n-1)/n. "DDP step
@@ -462,8 +462,10 @@ def ddp_step_time(compute, t_buckets, sizes, backward_share=BACKWARD_SHARE, cpu_
 
 
 def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, R=8,
-            server_hosts=None, mem_bw=None, pcie_bw=None, out=sys.stdout):
+            server_hosts=None, mem_bw=None, pcie_bw=None, overlap=None, out=sys.stdout):
     host = {k: params["smddp"][k] for k in ("a_host", "B_mem", "p")}
+    if overlap is not None:
+        host["p"] = overlap
     if mem_bw:
         host["B_mem"] = mem_bw
     if pcie_bw:
@@ -478,7 +480,8 @@ def project(params, plot=None, backward=0.3, bucket=25e6, grad_bytes=1.3e9 * 2, 
         print(f"  {what}: {url}", file=out)
     print(f"  link efficiency {EFA_ETA} (nccl#527); a_net = a_ring = {EFA_ALPHA * 1e6:g} us per "
           "message (assumed, not cited)", file=out)
-    print(f"  smddp host part: a_host {host['a_host'] * 1e6:.1f} us, p {host['p']:.2f} (fit), "
+    print(f"  smddp host part: a_host {host['a_host'] * 1e6:.1f} us, "
+          f"p {host['p']:.2f} ({'fit' if overlap is None else '--p'}), "
           f"B_mem {host['B_mem'] / 1e9:.2f} GB/s ({'--mem-gbs' if mem_bw else 'fit'}"
           f"{f', with PCIe staging at {pcie_bw / 1e9:g} GB/s per GPU (--pcie-gbs)' if pcie_bw else ''}); "
           f"{R} GPUs per host; ring steps inside a host at {NVLINK_BUSBW / 1e9:g} GB/s "
@@ -742,6 +745,9 @@ def main(argv=None):
                    "GB/s (default: the fitted B_mem)")
     p.add_argument("--pcie-gbs", type=float, help="each GPU's copy bandwidth to and from the host, "
                    "GB/s (the GPU path's staging; gpu_bench.py measures it: 55 on an H200)")
+    p.add_argument("--p", type=float, dest="overlap",
+                   help="the host part's share that does not overlap the network's, 0 (all of "
+                   "it overlaps) to 1 (none does); default: the fit's")
     pr = sub.add_parser("predict", help="predict a shape before measuring it (JSON)")
     pr.add_argument("--params", required=True)
     pr.add_argument("--hosts", type=int, required=True)
@@ -828,7 +834,7 @@ def main(argv=None):
     project(params, plot=args.plot, backward=args.backward_ms / 1e3,
             bucket=args.bucket_mb * 1e6, server_hosts=args.server_hosts,
             mem_bw=args.mem_gbs * 1e9 if args.mem_gbs else None,
-            pcie_bw=args.pcie_gbs * 1e9 if args.pcie_gbs else None)
+            pcie_bw=args.pcie_gbs * 1e9 if args.pcie_gbs else None, overlap=args.overlap)
     return 0
 
 

@@ -366,3 +366,33 @@ def test_predict_step_closed_form(capsys):
     assert step == pytest.approx(0.4 + t)
     assert share == pytest.approx(0.0)
     assert "target step <= 460 ms" in capsys.readouterr().out
+
+
+def _busbw_row(text, table, size):
+    """The numbers of `size`'s row in the projection's first table titled `table`."""
+    part = text[text.index(table):]
+    for line in part.splitlines()[2:]:
+        cells = line.split()
+        if cells and cells[0] == size:
+            return [float(c) for c in cells[1:]]
+    raise AssertionError(f"no {size} row under {table!r}")
+
+
+def test_project_p_sets_the_overlap_of_the_host_part():
+    """--p replaces the fitted p: at p 0 smddp's call is max(host, net), at
+    p 1 their sum, so its busbw is higher at p 0; the ring's columns do not
+    use p and stay the same."""
+    params = {"smddp": dict(SMDDP, B_net=math.inf, a_step=0.0), "ring": dict(RING), "cores": 2.0}
+    outs = {}
+    for p in (0.0, 1.0):
+        buf = io.StringIO()
+        m.project(params, overlap=p, out=buf)
+        outs[p] = buf.getvalue()
+        assert f"p {p:.2f} (--p)" in outs[p]
+    table = "# busbw GB/s, 100 Gbit/s EFA, 32 hosts x 8 GPUs"
+    lo, hi = _busbw_row(outs[1.0], table, "1G"), _busbw_row(outs[0.0], table, "1G")
+    assert hi[0] > lo[0] * 1.05          # smddp f32
+    assert hi[-2:] == lo[-2:]            # ring, ring bf16 hook
+    buf = io.StringIO()
+    m.project(params, out=buf)
+    assert "p 0.20 (fit)" in buf.getvalue()
