@@ -342,6 +342,8 @@ def paired_worker(args) -> None:
         with open(args.out, "w") as f:
             json.dump({"params": nparams, "world": world, "times": times, "overlap": overlap,
                        "cpu": cpu_median, "cores": len(os.sched_getaffinity(0)),
+                       # this rank's steps through standalone servers (--servers)
+                       "server_steps": torch_smddp.stats().get("standalone_server_steps", 0),
                        "gradient_bytes": nbytes, "comm_names": comm_names,
                        "median": {k: statistics.median(v) for k, v in times.items()},
                        "ratio": statistics.median(ratios),
@@ -397,6 +399,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hosts", type=int, help="with --paired: across this many namespace hosts")
     ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate")
+    ap.add_argument("--servers", type=int, default=0,
+                    help="with --hosts: this many more hosts, each on a link of its own, run a "
+                         "standalone reduction server for the smddp groups (Gloo cannot use them)")
     add_cc_arg(ap)
     ap.add_argument("--save", help="with --paired: also write the results as JSON to this file "
                     "(tools/smddp_model.py step reads it)")
@@ -417,14 +422,20 @@ def main() -> int:
         return 0
     if args.hosts and not args.paired:
         ap.error("--hosts needs --paired")
+    if args.servers and not args.hosts:
+        ap.error("--servers needs --hosts")
     if args.paired:
         if args.hosts:
             cmd = [__file__] + worker_args("paired", args)
             res = launch_on_cluster(cmd, args.hosts, args.ranks, args.rate, args.timeout,
-                                    "ddp_step.py --paired --hosts", args.cc)
+                                    "ddp_step.py --paired --hosts", args.cc, args.servers)
             args.world = res["world"]
             print(f"\n# across {args.hosts} hosts x {args.ranks} ranks, links of {args.rate}, "
-                  f"tcp {cluster_cc(args.cc)}")
+                  f"tcp {cluster_cc(args.cc)}" +
+                  (f", {args.servers} standalone server host(s) for smddp ({res['server_steps']} "
+                   "steps through them on rank 0)" if args.servers else ""))
+            if args.servers and not res["server_steps"]:
+                raise SystemExit("--servers: no allreduce went through the standalone servers")
         else:
             res = launch("paired", args)
         if args.save:
@@ -432,6 +443,7 @@ def main() -> int:
                 json.dump(dict(res, hosts=args.hosts or 1, ranks_per_host=args.ranks if args.hosts
                                else args.world, rate=args.rate if args.hosts else None,
                                cc=cluster_cc(args.cc) if args.hosts else None,
+                               servers=args.servers,
                                batch=args.batch, seq=args.seq, bucket_mb=args.bucket_mb,
                                offcpu_ms=args.offcpu_ms), f, indent=1)
         print(f"\n# DDP step, transformer {res['params'] / 1e6:.1f}M params, world {args.world}, "

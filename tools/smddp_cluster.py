@@ -126,12 +126,13 @@ class Cluster:
     def jobs_alive(self) -> bool:
         return any(p.poll() is None for p in self._jobs)
 
-    def wait_jobs(self, timeout: float) -> list[int | None]:
-        """Waits up to `timeout` s in all for the launched torchruns to end;
-        their exit codes, None for one still running (left to down())."""
+    def wait_jobs(self, timeout: float, jobs: list | None = None) -> list[int | None]:
+        """Waits up to `timeout` s in all for the launched torchruns (or
+        `jobs`, as torchrun returned them) to end; their exit codes, None
+        for one still running (left to down())."""
         deadline = time.monotonic() + timeout
         codes = []
-        for p in self._jobs:
+        for p in self._jobs if jobs is None else jobs:
             try:
                 codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
@@ -173,13 +174,17 @@ class Cluster:
 
     def torchrun(self, job: str, cmd: list[str], nproc: int, out_dir: str,
                  env: dict | None = None, pythonpath: tuple[str, ...] = (),
-                 max_restarts: int = 0, hosts: list[int] | None = None) -> None:
+                 max_restarts: int = 0, hosts: list[int] | None = None,
+                 nnodes: int | None = None) -> list[subprocess.Popen]:
         """Starts `torchrun CMD` on every host (CMD is a script and its
         arguments, or ["-m", module, ...]), all in one rendezvous `job` in
-        the hub, from out_dir, where each host's log lands. The workers
-        find out_dir in SMDDP_CLUSTER_OUT and this checkout on their path.
-        `hosts` starts only those (a replacement for a host that died)."""
+        the hub, from out_dir, where each host's log lands; returns the
+        launchers. The workers find out_dir in SMDDP_CLUSTER_OUT and this
+        checkout on their path. `hosts` starts only those (a replacement for
+        a host that died; or the workers, the rest serving), in a job of
+        `nnodes` hosts (default: all of them)."""
         hub = self.addr("hub")
+        started = []
         for h in (range(self.hosts) if hosts is None else hosts):
             child_env = dict(self.env, SMDDP_CLUSTER_OUT=out_dir, PYTHONUNBUFFERED="1",
                              PYTHONPATH=os.pathsep.join([*pythonpath, REPO_ROOT]))
@@ -187,7 +192,7 @@ class Cluster:
             log = open(os.path.join(out_dir, f"torchrun.h{h}.log"), "ab")
             self._jobs.append(subprocess.Popen(
                 [SCRIPT, "exec", str(h), sys.executable, "-m", "torch.distributed.run",
-                 "--nnodes", str(self.hosts), "--nproc-per-node", str(nproc),
+                 "--nnodes", str(nnodes or self.hosts), "--nproc-per-node", str(nproc),
                  "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hub}:{STORE_PORT}",
                  "--rdzv-id", job, "--rdzv-conf", "is_host=0",
                  # Ranks follow the agents' addresses (they sort by them):
@@ -196,7 +201,46 @@ class Cluster:
                  *cmd],
                 env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=out_dir))
+            started.append(self._jobs[-1])
             log.close()
+        return started
+
+    def start_servers(self, hosts: list[int], out_dir: str, port: int = 29600,
+                      timeout: float = 120.0) -> dict:
+        """Starts one standalone reduction server (`python -m
+        torch_smddp.server`) on each of `hosts`, with a key file made in
+        out_dir, and waits for each to print where it listens; returns the
+        workers' environment for them (SMDDP_SERVER_HOSTS, in the order of
+        `hosts`, and SMDDP_SERVER_KEY_FILE). The servers end with down()."""
+        key = os.path.join(out_dir, "server.key")
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, secrets.token_hex(32).encode())
+        os.close(fd)
+        env = {"SMDDP_SERVER_KEY_FILE": key, "PYTHONPATH": REPO_ROOT}
+        logs = []
+        for h in hosts:
+            logs.append(os.path.join(out_dir, f"server.h{h}.log"))
+            self.spawn(h, [sys.executable, "-m", "torch_smddp.server", "--port", str(port),
+                           "--advertise", self.addr(h)], logs[-1], env=env)
+        found = {}
+        deadline = time.monotonic() + timeout
+        while len(found) < len(logs) and time.monotonic() < deadline:
+            for log in logs:
+                try:
+                    with open(log, "rb") as f:
+                        text = f.read()
+                except OSError:
+                    continue
+                m = re.search(rb"^SMDDP_SERVER_HOSTS=(\S+)$", text, re.M)
+                if m:
+                    found[log] = m.group(1).decode()
+            time.sleep(0.1)
+        missing = [log for log in logs if log not in found]
+        if missing:
+            raise RuntimeError("standalone server(s) did not start:\n" +
+                               "\n".join(f"--- {log}:\n{tail(log)}" for log in missing))
+        return {"SMDDP_SERVER_HOSTS": ",".join(found[log] for log in logs),
+                "SMDDP_SERVER_KEY_FILE": key}
 
     # -- helpers ------------------------------------------------------------
     def _sh(self, *args: str) -> str:

@@ -404,12 +404,15 @@ def cluster_cc(cc: str | None) -> str:
 
 
 def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout: float,
-                      what: str, cc: str | None = None) -> dict:
+                      what: str, cc: str | None = None, servers: int = 0) -> dict:
     """Runs `torchrun CMD --out FILE` on `hosts` namespace hosts of `ranks`
     ranks each, links shaped to `rate` (tools/smddp_cluster.py; root), and
     returns the JSON the ranks leave in FILE; the hosts' congestion control
-    is cluster_cc(cc). CMD is a script and its arguments, or ["-m", module, ...]. Shared by the benchmarks in
-    benchmarks/."""
+    is cluster_cc(cc). CMD is a script and its arguments, or ["-m", module,
+    ...]. With `servers`, that many more hosts, each on a link of its own,
+    run a standalone reduction server for the job's smddp groups
+    (docs/design.md, "Standalone reduction servers"). Shared by the
+    benchmarks in benchmarks/."""
     cl = cluster_tool()
 
     why = cl.why_unavailable()
@@ -417,10 +420,13 @@ def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout
         raise SystemExit(f"{what}: no cluster here: {why}")
     out_dir = tempfile.mkdtemp(prefix="smddp-cluster-")
     out = os.path.join(out_dir, "result.json")
-    with cl.Cluster(hosts, rate, cluster_cc(cc)) as c:
-        c.torchrun(f"job-{os.getpid()}", [*cmd, "--out", out], ranks, out_dir,
-                   env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
-        codes = c.wait_jobs(timeout)
+    with cl.Cluster(hosts + servers, rate, cluster_cc(cc)) as c:
+        env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+        if servers:
+            env.update(c.start_servers(list(range(hosts, hosts + servers)), out_dir))
+        jobs = c.torchrun(f"job-{os.getpid()}", [*cmd, "--out", out], ranks, out_dir, env=env,
+                          hosts=list(range(hosts)), nnodes=hosts)
+        codes = c.wait_jobs(timeout, jobs)
         if codes != [0] * hosts or not os.path.exists(out):
             logs = "\n".join(f"--- host {h}:\n" + cl.tail(os.path.join(out_dir, f"torchrun.h{h}.log"))
                              for h in range(hosts))

@@ -46,9 +46,20 @@ class FusionBufferScheduler::CrossHost {
       // myHost_: its server's result going back), the other hosts'
       // partials of this host's piece, and their results for theirs.
       sliceBytes_ = (narrowWireBytes(maxPiece_, wire_) + 63) & ~size_t{63};
+      // Then 2K for the standalone servers' pieces, out and back.
+      if (K_) {
+        const uint64_t toServers = static_cast<uint64_t>(
+            (static_cast<unsigned __int128>(chunkElems) * std::min<uint64_t>(share_, 1000000) +
+             999999) / 1000000);
+        maxServerPiece_ = toServers / K_ + 1;
+        serverSliceBytes_ = (narrowWireBytes(maxServerPiece_, wire_) + 63) & ~size_t{63};
+      }
       // Then room to scale one piece, and each host's partial widened.
-      const size_t floatsAt = depth * 3 * H_ * sliceBytes_;
-      wireSlices_ = s.ctx_.scratch(floatsAt + (H_ + 1) * maxPiece_ * sizeof(float));
+      scaleFloats_ = std::max(maxPiece_, maxServerPiece_);
+      serverSlicesAt_ = depth * 3 * H_ * sliceBytes_;
+      const size_t floatsAt = serverSlicesAt_ + depth * 2 * K_ * serverSliceBytes_;
+      wireSlices_ =
+          s.ctx_.scratch(floatsAt + (scaleFloats_ + H_ * maxPiece_) * sizeof(float));
       scratch_ = reinterpret_cast<float*>(wireSlices_ + floatsAt);
     } else {
       // Each step's pieces from the other hosts land in a slice of their own.
@@ -72,6 +83,7 @@ class FusionBufferScheduler::CrossHost {
     std::vector<Range> piece(H_ + K_);
     for (int i = 0; i < H_ + K_; ++i) piece[i] = crossHostPiece(len, H_, K_, i, k, share_);
     st.tickets.assign(K_, 0);
+    st.servers.assign(piece.begin() + H_, piece.end());
     for (int j = 0; j < K_; ++j) {
       const Range& p = piece[H_ + j];
       ServerFrame f;
@@ -83,9 +95,25 @@ class FusionBufferScheduler::CrossHost {
       f.step = k;
       f.count = p.count;
       f.payload = p.count * es_;
+      const uint8_t* src = data + p.offset * es_;
+      uint8_t* dst = data + p.offset * es_;
+      if (narrow()) {
+        // In the wire form both ways (docs/design.md, "Compression between
+        // hosts"): the server combines as this host's own server does, and
+        // poll() reads its result back into place once the step is done.
+        SMDDP_CHECK(p.count <= maxServerPiece_, kInternal,
+                    "smddp: a standalone server's piece outgrew its slice");
+        f.dtype = static_cast<uint8_t>(wire_);
+        f.flags = kServerFlagNarrowWire;
+        f.payload = narrowWireBytes(p.count, wire_);
+        packNarrowWire(serverOut(k, j), reinterpret_cast<const float*>(src), p.count, wire_,
+                       scratch_);
+        src = serverOut(k, j);
+        dst = serverResult(k, j);
+      }
       // Queued, not waited for: the socket takes what it can now, and
       // poll() sends the rest and reads the result back into place.
-      st.tickets[j] = s_.serverLinks_->post(j, f, data + p.offset * es_, data + p.offset * es_);
+      st.tickets[j] = s_.serverLinks_->post(j, f, src, dst);
       s_.ctx_.counters().standaloneServerBytes += f.payload;
     }
     const Range mine = piece[myHost_];
@@ -140,6 +168,16 @@ class FusionBufferScheduler::CrossHost {
     while (done_ < posted_ && stepDone(steps_[done_ % steps_.size()])) {
       Step& st = steps_[done_ % steps_.size()];
       if (K_) s_.ctx_.counters().standaloneServerSteps++;
+      if (K_ && narrow()) {
+        const uint64_t k = done_;
+        for (int j = 0; j < K_; ++j) {
+          const Range& p = st.servers[j];
+          if (!unpackNarrowWire(reinterpret_cast<float*>(st.data) + p.offset, serverResult(k, j),
+                                p.count, wire_)) {
+            throwInvalidWireScale(wire_, "the result from " + s_.serverLinks_->describe(j));
+          }
+        }
+      }
       if (wide_) narrowFromFloat(st.data, reinterpret_cast<const float*>(st.data), st.len, b_.dtype);
       ++done_;
     }
@@ -170,7 +208,15 @@ class FusionBufferScheduler::CrossHost {
     int partialsLeft = 0;
     int left = 0;  // messages of this step not yet complete
     std::vector<uint64_t> tickets;  // each standalone server's post (ServerLinks::post)
+    std::vector<Range> servers;     // their pieces
   };
+  // Narrow with standalone servers: step k's piece for server j going
+  // out, and its result coming back.
+  uint8_t* serverOut(uint64_t k, int j) const {
+    return wireSlices_ + serverSlicesAt_ +
+           ((k % steps_.size()) * 2 * K_ + j) * serverSliceBytes_;
+  }
+  uint8_t* serverResult(uint64_t k, int j) const { return serverOut(k, j) + K_ * serverSliceBytes_; }
   bool stepDone(const Step& st) const {
     if (st.left) return false;
     for (int j = 0; j < K_; ++j) {
@@ -210,7 +256,7 @@ class FusionBufferScheduler::CrossHost {
       const int bad = reduceNarrowWire(
           own, in.data(), H_, mine.count, wire_, b_.op,
           b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0,
-          scratch_ + maxPiece_);
+          scratch_ + scaleFloats_);
       if (bad >= 0) throwBadScale(bad, "partial");
       packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_);
       unpackOrThrow(own, out(myHost_), mine.count, myHost_, "result");
@@ -277,8 +323,12 @@ class FusionBufferScheduler::CrossHost {
   float* scratch_ = nullptr;       // narrow: scaling and widening
   Exchange ex_;
   uint64_t maxPiece_ = 0;  // elements of the largest piece of a step
+  uint64_t maxServerPiece_ = 0;  // narrow: of a standalone server's piece
   size_t pieceBytes_ = 0;
   size_t sliceBytes_ = 0;
+  size_t serverSliceBytes_ = 0;  // narrow: serverOut
+  size_t serverSlicesAt_ = 0;    // narrow: where serverOut's slices start
+  size_t scaleFloats_ = 0;       // narrow: scratch_'s room to scale one piece
   uint64_t posted_ = 0, done_ = 0;
 };
 

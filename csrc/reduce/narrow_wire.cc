@@ -14,7 +14,8 @@ namespace smddp {
 
 namespace {
 
-constexpr size_t kScaleBytes = sizeof(float);
+constexpr size_t kScaleBytes = kNarrowWireScaleBytes;
+static_assert(kScaleBytes == sizeof(float), "the scale is an f32");
 
 void checkWire(DataType wire) {
   SMDDP_CHECK(wire == DataType::kBFloat16 || wire == DataType::kFloat16, kInternal,

@@ -25,7 +25,11 @@
 
 namespace smddp {
 
-// Bytes of `count` elements in the wire form of `wire` (kBFloat16 or kFloat16).
+// The wire form's leading scale (an f32), in bytes.
+constexpr size_t kNarrowWireScaleBytes = 4;
+
+// Bytes of `count` elements in the wire form of `wire` (kBFloat16 or kFloat16):
+// kNarrowWireScaleBytes + count * elementSize(wire).
 size_t narrowWireBytes(size_t count, DataType wire);
 
 // Writes src[0..count) in the wire form to `dst` (narrowWireBytes bytes).

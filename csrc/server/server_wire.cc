@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "reduce/narrow_wire.h"
 #include "server/server_auth.h"
 
 namespace smddp {
@@ -54,10 +55,20 @@ std::string validateServerFrame(const ServerFrame& f,
       return "payload of " + std::to_string(f.payload) + " bytes (at most " +
              std::to_string(kServerMaxPayload) + ")";
     }
+    if (f.flags & ~kServerFlagNarrowWire) {
+      return "unknown flags " + std::to_string(f.flags) + " on a data or result frame";
+    }
+    const bool narrow = f.flags & kServerFlagNarrowWire;
+    if (narrow && dt != DataType::kBFloat16 && dt != DataType::kFloat16) {
+      return std::string("a narrow wire form of ") + toString(dt) + " (bf16 or fp16 only)";
+    }
     const uint64_t es = elementSize(dt);
-    if (f.payload % es != 0 || f.payload / es != f.count) {
+    const uint64_t scale = narrow ? kNarrowWireScaleBytes : 0;
+    if (f.payload < scale || (f.payload - scale) % es != 0 || (f.payload - scale) / es != f.count) {
       return "payload of " + std::to_string(f.payload) + " bytes for " + std::to_string(f.count) +
-             " elements of " + toString(dt);
+             " elements of " + toString(dt) +
+             (narrow ? " in the narrow wire form (a " + std::to_string(scale) + "-byte scale first)"
+                     : "");
     }
   } else if (kind == ServerFrameKind::kHello) {
     if (f.payload < kServerProofBytes || f.payload - kServerProofBytes > kServerMaxJob) {
@@ -95,10 +106,11 @@ std::string samePiece(const ServerFrame& a, const ServerFrame& b) {
   auto desc = [](const ServerFrame& f) {
     return "seq " + std::to_string(f.seq) + " step " + std::to_string(f.step) + ", " +
            std::to_string(f.count) + " x " + toString(static_cast<DataType>(f.dtype)) + " " +
-           toString(static_cast<ReduceOp>(f.op)) + "/" + std::to_string(f.divisor);
+           toString(static_cast<ReduceOp>(f.op)) + "/" + std::to_string(f.divisor) +
+           (f.flags & kServerFlagNarrowWire ? " narrow" : "");
   };
   if (a.seq == b.seq && a.step == b.step && a.count == b.count && a.dtype == b.dtype &&
-      a.op == b.op && a.divisor == b.divisor) {
+      a.op == b.op && a.divisor == b.divisor && a.flags == b.flags) {
     return "";
   }
   return desc(a) + " vs " + desc(b);

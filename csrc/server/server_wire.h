@@ -26,7 +26,7 @@
 namespace smddp {
 
 constexpr uint32_t kServerMagic = 0x56534d53;  // "SMSV" little-endian
-constexpr uint16_t kServerVersion = 2;
+constexpr uint16_t kServerVersion = 3;  // 3: data and result frames may be narrow
 // The largest payload either side accepts: a data piece is at most one
 // shared-memory step (SMDDP_SHM_SLOT_BYTES <= 256 MiB); texts are short.
 constexpr uint64_t kServerMaxPayload = 1ull << 28;
@@ -34,6 +34,11 @@ constexpr uint64_t kServerMaxText = 4096;
 constexpr uint64_t kServerMaxJob = 256;      // bytes of SMDDP_SERVER_JOB in a hello
 constexpr uint64_t kServerProofBytes = 32;   // a challenge's nonce, a proof (HMAC-SHA256)
 constexpr uint8_t kServerFlagIntegrity = 1;  // hello: a MAC on every later frame
+// Data and result frames: the payload is the narrow wire form of `count`
+// f32 values (reduce/narrow_wire.h: a scale, then bf16 or f16 elements,
+// dtype naming which), read back to f32, combined in f32 in host order
+// and packed once (SMDDP_CROSS_HOST_DTYPE).
+constexpr uint8_t kServerFlagNarrowWire = 2;
 
 // A connection opens challenge, answer, hello, welcome (server_auth.h,
 // Handshake); data and results follow.
@@ -55,7 +60,7 @@ struct ServerFrame {
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t flags = 0;       // hello: kServerFlagIntegrity
+  uint8_t flags = 0;       // hello: kServerFlagIntegrity; data, result: kServerFlagNarrowWire
   uint8_t reserved[2] = {0, 0};
   uint32_t divisor = 1;    // AVG: the group's size (the sum is divided once, here)
   uint64_t group = 0;      // which group the stream belongs to (serverGroupId)
@@ -80,10 +85,12 @@ static_assert(sizeof(ServerFrame) == 64, "ServerFrame is 64 bytes on the wire");
 // What a receiver accepts: "" when `f` is well formed and of one of the
 // `kinds`, else a sentence naming the first bad field. A data or result
 // frame must name a known dtype and op that go together, and carry exactly
-// count * elementSize bytes (checked by division, never by multiplication).
+// count * elementSize bytes (checked by division, never by multiplication);
+// with kServerFlagNarrowWire (its only flag) the dtype is bf16 or f16 and
+// the payload kNarrowWireScaleBytes more.
 std::string validateServerFrame(const ServerFrame& f, std::initializer_list<ServerFrameKind> kinds);
 
-// Whether two data frames are the same piece of the same call.
+// Whether two data frames are the same piece of the same call (flags too).
 std::string samePiece(const ServerFrame& a, const ServerFrame& b);
 
 const char* toString(ServerFrameKind k);

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "common/error.h"
+#include "reduce/narrow_wire.h"
 #include "reduce/reduce_kernels.h"
 #include "server/server_wire.h"
 
@@ -207,8 +208,16 @@ class StreamLoop {
       out.kind = static_cast<uint8_t>(ServerFrameKind::kResult);
       if (f.count) {
         for (int h = 0; h < H_; ++h) inputs_[h] = in_[h].ready.front().payload.data();
-        reduceOrdered(result->data(), inputs_.data(), H_, f.count, static_cast<DataType>(f.dtype),
-                      static_cast<ReduceOp>(f.op), static_cast<double>(f.divisor));
+        if (f.flags & kServerFlagNarrowWire) {
+          if (!combineNarrow(f, result->data())) return;
+        } else {
+          reduceOrdered(result->data(), inputs_.data(), H_, f.count,
+                        static_cast<DataType>(f.dtype), static_cast<ReduceOp>(f.op),
+                        static_cast<double>(f.divisor));
+        }
+      } else if (f.flags & kServerFlagNarrowWire) {
+        // No elements: the scale alone, 1 (what packNarrowWire writes).
+        packNarrowWire(result->data(), nullptr, 0, static_cast<DataType>(f.dtype), nullptr);
       }
       counters_.pieces++;
       counters_.bytes += f.payload * H_;
@@ -222,6 +231,27 @@ class StreamLoop {
         sendTo(h);
       }
     }
+  }
+
+  // A narrow step (kServerFlagNarrowWire), as a host's own server does it
+  // (hostpath/cross_host.h, postNarrow): every host's piece read back to
+  // f32 and combined in f32 in host order, then packed once into `dst`.
+  // False, with the stream failed, if a piece carries an invalid scale.
+  bool combineNarrow(const ServerFrame& f, uint8_t* dst) {
+    const auto wire = static_cast<DataType>(f.dtype);
+    const size_t n = f.count;
+    floats_.resize(n * (static_cast<size_t>(H_) + 2));  // sum, pack scratch, H widened pieces
+    float* sum = floats_.data();
+    const int bad = reduceNarrowWire(sum, inputs_.data(), H_, n, wire, static_cast<ReduceOp>(f.op),
+                                     static_cast<double>(f.divisor), sum + 2 * n);
+    if (bad >= 0) {
+      failure_ = "a bad frame from " + name(bad) + ": its piece (seq " + std::to_string(f.seq) +
+                 " step " + std::to_string(f.step) + ") carries an invalid scale for " +
+                 toString(wire);
+      return false;
+    }
+    packNarrowWire(dst, sum, n, wire, sum + n);
+    return true;
   }
 
   // Tells every host why this stream ends, after the rest of a result
@@ -245,6 +275,7 @@ class StreamLoop {
   std::vector<const void*> inputs_;
   std::vector<pollfd> polls_;
   std::vector<PayloadBuffer> spare_;  // payload buffers to reuse
+  std::vector<float> floats_;         // narrow steps' f32 room (combineNarrow)
   std::string failure_;
   bool finished_ = false;
 };

@@ -57,6 +57,28 @@ TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[ser
   g = f;
   g.divisor = 0;
   CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}), Catch::Contains("divisor"));
+  // The narrow wire form: bf16 or fp16 elements after a 4-byte scale.
+  for (DataType wire : {DataType::kBFloat16, DataType::kFloat16}) {
+    g = dataFrame(100, wire);
+    g.flags = kServerFlagNarrowWire;
+    g.payload = 4 + 200;
+    CHECK(validateServerFrame(g, {ServerFrameKind::kData, ServerFrameKind::kResult}).empty());
+    g.payload = 200;  // the scale missing
+    CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}),
+               Catch::Contains("200 bytes") && Catch::Contains("narrow wire form"));
+    g.payload = 3;
+    CHECK_FALSE(validateServerFrame(g, {ServerFrameKind::kData}).empty());
+    g.count = 0;
+    g.payload = 4;
+    CHECK(validateServerFrame(g, {ServerFrameKind::kData}).empty());
+  }
+  g = f;  // float32 has no narrow form
+  g.flags = kServerFlagNarrowWire;
+  CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}),
+             Catch::Contains("narrow wire form of float32"));
+  g = f;
+  g.flags = kServerFlagIntegrity;  // a hello's flag
+  CHECK_THAT(validateServerFrame(g, {ServerFrameKind::kData}), Catch::Contains("unknown flags 1"));
   ServerFrame hello;
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.hosts = 2;
@@ -104,6 +126,9 @@ TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[ser
   b.step = 3;
   CHECK(samePiece(a, a).empty());
   CHECK_THAT(samePiece(a, b), Catch::Contains("step 3"));
+  ServerFrame n = a;
+  n.flags = kServerFlagNarrowWire;
+  CHECK_THAT(samePiece(a, n), Catch::Contains("narrow"));
 }
 
 TEST_CASE("FrameWriter and FrameReader carry frames through a socket in any split", "[server]") {

@@ -1,7 +1,8 @@
 // Standalone reduction servers at work (server/standalone_server.h,
 // server_link.h; docs/design.md, "Standalone reduction servers"),
 // torch-free: a real server on loopback fed by H worker links on threads.
-// Results equal an independent host-order sum, garbage and foreign jobs are
+// Results equal an independent host-order sum (narrow pieces too: read
+// back, summed in f32, packed once), garbage and foreign jobs are
 // refused with a clear error, a stopped server fails every worker's pull
 // naming it, an unreachable server is left out while the others still
 // reduce, and a long-lived server does not grow. The wire itself (codec,
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "reduce/narrow_wire.h"
 #include "server/server_link.h"
 #include "server/server_wire.h"
 #include "server/standalone_server.h"
@@ -135,6 +137,92 @@ TEST_CASE("a standalone server sums every host's piece in host order", "[server]
     }
   }
   CHECK(server.piecesReduced() == 2 * 5 * 2);
+}
+
+namespace {
+
+// H hosts push one narrow piece each (kServerFlagNarrowWire) to server 0:
+// host h's f32 values value(h, e), packed in `wire`. Returns each host's
+// result read back to f32, or throws the first host's error.
+std::vector<std::vector<float>> narrowPush(StandaloneServer& server, int H, DataType wire,
+                                           uint64_t count, uint64_t group,
+                                           float (*value)(int h, uint64_t e),
+                                           float badScale = 0.0f) {
+  const auto servers = loopback(server);
+  std::vector<std::vector<float>> out(H);
+  std::vector<std::string> errors(H);
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < H; ++h) {
+    hosts.emplace_back([&, h] {
+      try {
+        auto links = link(servers, H, h, "", group);
+        std::vector<float> v(count), scratch(count + 1);
+        for (uint64_t e = 0; e < count; ++e) v[e] = value(h, e);
+        std::vector<uint8_t> packed(narrowWireBytes(count, wire));
+        std::vector<uint8_t> result(packed.size(), 0xee);
+        packNarrowWire(packed.data(), v.data(), count, wire, scratch.data());
+        if (h == 0 && badScale != 0.0f) std::memcpy(packed.data(), &badScale, sizeof(float));
+        ServerFrame f = dataFrame(count, wire);
+        f.flags = kServerFlagNarrowWire;
+        f.payload = packed.size();
+        links->wait(0, links->post(0, f, packed.data(), result.data()),
+                    Clock::now() + std::chrono::seconds(20), nullptr);
+        out[h].assign(count, -1.0f);
+        REQUIRE(unpackNarrowWire(out[h].data(), result.data(), count, wire));
+      } catch (const std::exception& e) {
+        errors[h] = e.what();
+      }
+    });
+  }
+  for (auto& t : hosts) t.join();
+  for (int h = 0; h < H; ++h) {
+    if (!errors[h].empty()) throw std::runtime_error("host " + std::to_string(h) + ": " + errors[h]);
+  }
+  return out;
+}
+
+// Integers whose sums over three hosts stay within 8 significant bits:
+// exact in bf16 and, at any power-of-two scale, in f16.
+float smallInt(int h, uint64_t e) { return static_cast<float>(static_cast<int>(e % 41) - 20 + 7 * h); }
+// 1 + 2^-8, halfway between two bf16 values: each host's piece rounds to
+// 1 (ties to even) before the sum.
+float halfwayOne(int, uint64_t) { return 1.0f + 1.0f / 256; }
+
+}  // namespace
+
+TEST_CASE("a standalone server combines narrow pieces in f32 and packs the result once",
+          "[server]") {
+  StandaloneServer server(testServer(1));
+  uint64_t group = 700;
+  for (DataType wire : {DataType::kBFloat16, DataType::kFloat16}) {
+    for (uint64_t count : {0, 1, 7, 1000, 65537}) {
+      CAPTURE(toString(wire), count);
+      const auto out = narrowPush(server, 3, wire, count, group++, smallInt);
+      for (int h = 0; h < 3; ++h) {
+        REQUIRE(out[h].size() == count);
+        for (uint64_t e = 0; e < count; ++e) {
+          REQUIRE(out[h][e] == smallInt(0, e) + smallInt(1, e) + smallInt(2, e));
+        }
+      }
+    }
+  }
+  // Each contribution is rounded once on the way in: 3 x (1 + 2^-8) gives
+  // 3, where summing in f32 first and rounding once would give 3 + 2^-6.
+  const auto out = narrowPush(server, 3, DataType::kBFloat16, 5, group++, halfwayOne);
+  for (const auto& o : out) CHECK(o == std::vector<float>(5, 3.0f));
+  CHECK(server.piecesReduced() == 2 * 5 + 1);
+}
+
+TEST_CASE("a narrow piece with an invalid scale fails the stream, naming its host", "[server]") {
+  StandaloneServer server(testServer(1));
+  std::string err = "no error";
+  try {
+    narrowPush(server, 2, DataType::kBFloat16, 64, 900, smallInt, /*badScale=*/3.0f);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  CHECK_THAT(err, Catch::Contains("a bad frame from host 0 (rank 0)") &&
+                      Catch::Contains("carries an invalid scale for bfloat16"));
 }
 
 TEST_CASE("a standalone server refuses garbage and foreign jobs with a clear error", "[server]") {

@@ -16,7 +16,7 @@
 // and payload bytes, and to stop where the spec says the stream goes bad.
 //
 // The spec. Header: 64 bytes, little-endian, fields at these byte offsets:
-//   0 magic u32 = 0x56534d53 ("SMSV")  4 version u16 = 2  6 kind u8
+//   0 magic u32 = 0x56534d53 ("SMSV")  4 version u16 = 3  6 kind u8
 //   7 dtype u8  8 op u8  9 flags u8  10 reserved[2]  12 divisor u32
 //   16 group u64  24 seq u64  32 step u64  40 count u64  48 payload u64
 //   56 hosts u16  58 host u16  60 stream u16  62 server u16
@@ -26,8 +26,10 @@
 //   S1 magic and version are as above, and kind is one of the set;
 //   S2 data or result: dtype < 9 and op < 8; bitwise ops (5, 6, 7) only on
 //      integer and bool dtypes (4..8), AVG (1) only on floating ones (0..3);
-//      divisor != 0; payload <= 2^28; payload == count * element size
-//      (sizes by dtype: 4 8 2 2 1 1 4 8 1), computed without wrapping;
+//      divisor != 0; payload <= 2^28; flags 0 or 2 (narrow); narrow only
+//      with dtype 2 or 3; payload == count * element size (sizes by dtype:
+//      4 8 2 2 1 1 4 8 1), plus 4 (a scale) when narrow, computed without
+//      wrapping;
 //   S3 hello: 32 <= payload <= 32 + 256 (a proof, a job id), hosts >= 2,
 //      host < hosts, count (its piece limit) <= 2^28, flags only bit 0;
 //   S4 welcome or bye: payload == 0;
@@ -36,8 +38,8 @@
 // A sealed stream (every frame followed by its 16-byte tag) reads back
 // frame for frame; with one byte changed anywhere, no frame from the one
 // that holds it on is delivered, and the reader stops there.
-// samePiece(a, b) is "" if and only if seq, step, count, dtype, op and
-// divisor are equal.
+// samePiece(a, b) is "" if and only if seq, step, count, dtype, op,
+// flags and divisor are equal.
 // SMDDP_SERVER_HOSTS is accepted (a list) or refused with an error that
 // names the variable; every address it returns has a non-empty host and a
 // port in 1..65535, and there are at most 1024.
@@ -87,7 +89,7 @@ constexpr uint64_t kSpecSize[9] = {4, 8, 2, 2, 1, 1, 4, 8, 1};
 
 // The spec's verdict on raw header bytes: true if accepted for `kinds`.
 bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
-  if (at<uint32_t>(b, 0) != 0x56534d53u || at<uint16_t>(b, 4) != 2) return false;
+  if (at<uint32_t>(b, 0) != 0x56534d53u || at<uint16_t>(b, 4) != 3) return false;
   const uint8_t kind = b[6];
   bool listed = false;
   for (uint8_t k : kinds) listed = listed || k == kind;
@@ -103,8 +105,12 @@ bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
       if (op == 1 && !floating) return false;
       if (at<uint32_t>(b, 12) == 0) return false;
       if (payload > (1ull << 28)) return false;
+      const uint8_t flags = b[9];
+      if (flags != 0 && flags != 2) return false;
+      const bool narrow = flags == 2;
+      if (narrow && dtype != 2 && dtype != 3) return false;
       const unsigned __int128 want =
-          static_cast<unsigned __int128>(at<uint64_t>(b, 40)) * kSpecSize[dtype];
+          static_cast<unsigned __int128>(at<uint64_t>(b, 40)) * kSpecSize[dtype] + (narrow ? 4 : 0);
       return want == payload;
     }
     case 1: {
@@ -157,7 +163,8 @@ void consumeHeader(FuzzedDataProvider& in, uint8_t* b) {
   f.divisor = in.ConsumeIntegralInRange<uint32_t>(0, 4);
   f.count = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 64)
                              : in.ConsumeIntegral<uint64_t>();
-  f.payload = in.ConsumeBool() ? f.count * (f.dtype < 9 ? kSpecSize[f.dtype] : 1)
+  f.payload = in.ConsumeBool() ? f.count * (f.dtype < 9 ? kSpecSize[f.dtype] : 1) +
+                                     (f.flags == 2 ? 4 : 0)
                                : in.ConsumeIntegral<uint64_t>();
   f.hosts = in.ConsumeIntegralInRange<uint16_t>(0, 4);
   f.host = in.ConsumeIntegralInRange<uint16_t>(0, 4);
@@ -192,7 +199,7 @@ void checkHeader(FuzzedDataProvider& in) {
   const bool same = at<uint64_t>(a, 24) == at<uint64_t>(b, 24) &&
                     at<uint64_t>(a, 32) == at<uint64_t>(b, 32) &&
                     at<uint64_t>(a, 40) == at<uint64_t>(b, 40) && a[7] == b[7] && a[8] == b[8] &&
-                    at<uint32_t>(a, 12) == at<uint32_t>(b, 12);
+                    a[9] == b[9] && at<uint32_t>(a, 12) == at<uint32_t>(b, 12);
   if (samePiece(fa, fb).empty() != same) {
     violated("samePiece disagrees with the spec", samePiece(fa, fb));
   }

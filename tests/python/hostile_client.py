@@ -23,7 +23,7 @@ import time
 # group, seq, step, count, payload (u64 each), hosts, host, stream, server (u16)
 HEADER = struct.Struct("<IHBBBB2xIQQQQQHHHH")
 assert HEADER.size == 64
-MAGIC, VERSION = 0x56534D53, 2
+MAGIC, VERSION = 0x56534D53, 3
 HELLO, WELCOME, DATA, RESULT, ERROR, BYE, CHALLENGE, ANSWER = range(1, 9)
 UINT8, SUM = 4, 0  # dtype and op numbers (common/dtype.h)
 FIELDS = ("magic", "version", "kind", "dtype", "op", "flags", "divisor", "group", "seq", "step",

@@ -21,6 +21,12 @@ It only observes and writes ``<mode>.<rank>.json``; the test asserts.
 * ``big``: three 64 MiB all_reduces (closed form, exact), run with large
   shared-memory steps so that the steps in flight to a server hold far
   more than its sockets do; writes what each returned and stats().
+* ``narrow``: f32 allreduces on groups crossing hosts in bf16 and in fp16
+  (cross_host_dtype). Oracles: the closed form (small integers, exact in
+  either), and for random floats, bf16: each host's partial rounded to
+  bf16, summed in f32 in host order, rounded once more (computed here);
+  fp16: the per-element bound of reduce/narrow_wire.h against an f64 sum.
+  Writes each result's sha256 and the two groups' standalone-server stats.
 With SERVER_TEST_HOST_PER_RANK=1 each rank is its own pretend host
 (SMDDP_HOST_ID), as under torchrun on this one machine.
 
@@ -106,6 +112,67 @@ def check(torch, dist, torch_smddp, rank, world, nproc):
     return out
 
 
+def narrow(torch, dist, torch_smddp, rank, world, nproc):
+    out = {"cases": [], "bad": []}
+    sizes = [1, 1000, (1 << 16) + 3, (1 << 20) + 5]
+    hosts = world // nproc
+
+    def partials(n):  # each host's f32 partial, its ranks summed in rank order
+        res = []
+        for h in range(hosts):
+            part = None
+            for r in range(h * nproc, (h + 1) * nproc):
+                x = _inputs(torch, r, n, torch.float32)
+                part = x.clone() if part is None else part + x
+            res.append(part)
+        return res
+
+    for wire in ("bf16", "fp16"):
+        pg = dist.new_group(backend="smddp", pg_options=torch_smddp.Options(cross_host_dtype=wire))
+        for n in sizes:
+            base = (torch.arange(n, dtype=torch.int64) % 7 + 1)
+            for opname, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
+                t = (base * (rank + 1)).to(torch.float32)
+                dist.all_reduce(t, op=op, group=pg)
+                expect = (base * (world * (world + 1) // 2)).to(torch.float64)
+                if opname == "avg":
+                    expect = expect / world
+                case = f"{wire} closed {opname} n={n}"
+                out["cases"].append([case, hashlib.sha256(t.numpy().tobytes()).hexdigest()])
+                if not torch.equal(t.to(torch.float64), expect):
+                    out["bad"].append(case)
+            t = _inputs(torch, rank, n, torch.float32)
+            dist.all_reduce(t, group=pg)
+            case = f"{wire} random sum n={n}"
+            out["cases"].append([case, hashlib.sha256(t.numpy().tobytes()).hexdigest()])
+            parts = partials(n)
+            if wire == "bf16":
+                total = None
+                for p in parts:
+                    p = p.to(torch.bfloat16).to(torch.float32)
+                    total = p if total is None else total + p
+                expect = total.to(torch.bfloat16).to(torch.float32)
+                if not torch.equal(t, expect):
+                    diff = (t.double() - expect.double()).abs().max().item()
+                    out["bad"].append(f"{case} (max diff {diff})")
+            else:
+                # |read - x| <= 2^-11 |x| + 2^-39 m per rounding (m: the
+                # largest |x| of a piece, at most of the whole buffer):
+                # every partial once, the sum once, plus f32's own sums.
+                exact = sum(p.double() for p in parts)
+                m = max(max(p.abs().max().item() for p in parts), exact.abs().max().item())
+                bound = (2.0 ** -11 * (sum(p.double().abs() for p in parts) + exact.abs()) * 1.001
+                         + (hosts + 1) * 2.0 ** -39 * m + 1e-30)
+                over = ((t.double() - exact).abs() - bound).max().item()
+                if over > 0:
+                    out["bad"].append(f"{case} (past the bound by {over})")
+        st = torch_smddp.stats(pg)
+        out.setdefault("stats", {})
+        for k in ("standalone_server_steps", "standalone_server_bytes"):
+            out["stats"][k] = out["stats"].get(k, 0) + st[k]
+    return out
+
+
 def _loop_until_raised(torch, dist, out_dir, rank, loop_s, res):
     big = torch.ones(1 << 20)
     dist.all_reduce(big)
@@ -159,6 +226,8 @@ def main():
                "env_server_hosts": os.environ.get("SMDDP_SERVER_HOSTS")}
         if mode == "check":
             res.update(check(torch, dist, torch_smddp, rank, world, nproc))
+        elif mode == "narrow":
+            res.update(narrow(torch, dist, torch_smddp, rank, world, nproc))
         elif mode == "failover":
             res.update(check(torch, dist, torch_smddp, rank, world, nproc))
         elif mode == "attempt0":

@@ -92,6 +92,44 @@ def test_two_pretend_hosts_reduce_through_two_servers(procs, tmp_path):
     _check_results(got, hosts)
 
 
+def test_pretend_hosts_narrow_cross_in_bf16_and_fp16_through_the_servers(procs, tmp_path):
+    """cross_host_dtype with standalone servers: their pieces cross in the
+    narrow wire form too (the servers' bytes are those of bf16), results
+    match server_worker.py's oracles, and bf16's are the same bits as a
+    run without servers (every element rounded the same way whoever
+    reduces it)."""
+    _, hosts = _start_server(procs, ["--bind", "127.0.0.1", "--servers", "2", "--job", "jn"])
+    got = {}
+    for name, extra in (("servers", {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_JOB": "jn",
+                                     "SMDDP_SERVER_SHARE": 50}),
+                        ("none", {"SMDDP_SERVER_HOSTS": ""})):
+        out = tmp_path / name
+        out.mkdir()
+        _local_world(procs, 3, "narrow", out, extra)
+        got[name] = _wait_results(out, [f"narrow.{r}.json" for r in range(3)], 240)
+    for name, res in got.items():
+        for r in res.values():
+            assert "crashed" not in r and "init_error" not in r, r
+            # Without servers, one rank per host takes the network-only
+            # path, which narrows the same way (rank order = host order).
+            assert r["path"] == ("shared-memory" if name == "servers" else "tcp;ofi_rxm"), r
+            assert not r["bad"], (name, r["rank"], r["bad"])
+    st = got["servers"]["narrow.0.json"]["stats"]
+    assert st["standalone_server_steps"] > 0, st
+    assert got["none"]["narrow.0.json"]["stats"]["standalone_server_steps"] == 0
+    # The servers' half of the f32 bytes crossed as bf16 and fp16 (a
+    # 4-byte scale per piece): under 0.55 of what f32 pieces would carry.
+    n_total = sum(3 * n for n in (1, 1000, (1 << 16) + 3, (1 << 20) + 5)) * 2  # 3 calls, 2 wires
+    assert st["standalone_server_bytes"] < 0.55 * 0.5 * 4 * n_total, st
+    for name in got:
+        hashes = [dict(r["cases"]) for r in got[name].values()]
+        assert all(h == hashes[0] for h in hashes), name
+    with_servers, without = (dict(got[k]["narrow.0.json"]["cases"]) for k in ("servers", "none"))
+    for case, digest in with_servers.items():
+        if case.startswith("bf16"):
+            assert digest == without[case], case
+
+
 def test_servers_found_in_the_jobs_store(procs, tmp_path):
     port = find_free_port()
     # Workers first: rank 0 hosts the store the server then registers in.
