@@ -182,10 +182,26 @@ def smddp_netonly_time(S, H, R, L, a_host, B_mem, a_net, eta, p, B_net=math.inf,
     return _combine(host, net, p)
 
 
-def smddp_servers_time(S, H, R, L, k, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1.0):
-    """smddp's host partials pushed to / pulled from k extra server hosts."""
-    host = smddp_host(S, R, a_host, B_mem, share)
-    X = max(S, H * S / k)
+def server_share(H, k):
+    """The standalone servers' share of each step when links are of one
+    speed (server_wire.h, serverShareMillionths with SMDDP_SERVER_SHARE
+    unset): the balance of a worker's and a server's bytes, capped at 1
+    (0 on one host: nothing crosses)."""
+    if H < 2 or k < 1:
+        return 0.0
+    return min(1.0, 2 * k * (H - 1) / (H * H + (H - 2) * k))
+
+
+def smddp_servers_time(S, H, R, L, k, a_host, B_mem, a_net, eta, p, B_net=math.inf, share=1.0,
+                       f=None, wire=1.0):
+    """smddp with k standalone server hosts taking the share f of each step
+    (default server_share(H, k)), the hosts' own servers the rest: host
+    pieces of a = (1-f)S/H and server pieces of b = fS/k. A worker host's
+    link carries S + (H-2)a each way, a server's Hb (the busier one
+    bounds); wire < 1 for bf16/fp16 crossing, the servers' pieces too."""
+    f = server_share(H, k) if f is None else f
+    host = smddp_host(S, R, a_host, B_mem, share, wire if H > 1 else 1.0)
+    X = max(S * (1 + (H - 2) * (1 - f) / H), H * f * S / k) * wire
     net = 2 * a_net * share + net_bytes_time(X, eta, L, B_net, share) if H > 1 else 0.0
     return _combine(host, net, p)
 

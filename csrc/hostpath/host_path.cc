@@ -58,7 +58,8 @@ SMDDP_PARAM_STRING(paramCrossHostDtype, "SMDDP_CROSS_HOST_DTYPE", "fp32",
                    "what f32 host partials cross hosts in on the shared-memory path, and f32 "
                    "sums on the network-only path of one rank per host: fp32, bf16 "
                    "or fp16 (f16 scaled per piece by a power of two, so it never overflows); "
-                   "each host reduces in f32, the hosts' servers accumulate in f32 and return "
+                   "each host reduces in f32, the hosts' servers (standalone ones too) "
+                   "accumulate in f32 and return "
                    "the result in this type (SUM and AVG of f32, f16 and bf16 only; the same "
                    "on every rank; a group's torch_smddp.Options(cross_host_dtype=...) "
                    "overrides it)")

@@ -81,9 +81,26 @@ def test_smddp_closed_forms():
     assert m.smddp_netonly_time(S, 4, 4, L, **SMDDP) > m.smddp_time(S, 4, 4, L, **SMDDP)
     # k = H server hosts: each link carries S, not 2(H-1)/H * S, so faster at H >= 3.
     assert m.smddp_servers_time(S, 8, 4, L, 8, **SMDDP) < m.smddp_time(S, 8, 4, L, **SMDDP)
-    # Too few server hosts: their links (H*S/k) are the bound.
-    t1 = m.smddp_servers_time(S, 8, 4, L, 1, **SMDDP)
+    # Too few server hosts taking everything (f = 1): their links (H*S/k) are the bound.
+    t1 = m.smddp_servers_time(S, 8, 4, L, 1, **SMDDP, f=1.0)
     assert t1 >= 8 * S / (SMDDP["eta"] * L)
+
+
+def test_servers_share_balances_worker_and_server_links():
+    """server_wire.h's balanced share, and the bytes on the busier link: 4
+    hosts and 2 servers take 60%, so a worker sends S + 2a = 1.2 S and a
+    server 4b = 1.2 S (benchmarks/servers.py's table); k = H takes all,
+    S each; 8 hosts and 1 server: 1.6 S both."""
+    assert m.server_share(4, 2) == pytest.approx(0.6)
+    assert m.server_share(4, 4) == 1.0
+    assert m.server_share(8, 1) == pytest.approx(0.2)
+    S, L = 64 << 20, 2.5e8
+    p = dict(SMDDP, p=0.0, a_host=0.0, B_mem=math.inf)   # the link part alone
+    for H, k, X in ((4, 2, 1.2 * S), (4, 4, S), (8, 1, 1.6 * S)):
+        want = 2 * p["a_net"] + X / (p["eta"] * L)
+        assert m.smddp_servers_time(S, H, 1, L, k, **p) == pytest.approx(want), (H, k)
+        assert m.smddp_servers_time(S, H, 1, L, k, **p, wire=0.5) == pytest.approx(
+            2 * p["a_net"] + X / 2 / (p["eta"] * L)), (H, k)
 
 
 def test_tbf_refill_closed_forms():
