@@ -216,7 +216,9 @@ class FusionBufferScheduler::CrossHost {
     return wireSlices_ + serverSlicesAt_ +
            ((k % steps_.size()) * 2 * K_ + j) * serverSliceBytes_;
   }
-  uint8_t* serverResult(uint64_t k, int j) const { return serverOut(k, j) + K_ * serverSliceBytes_; }
+  uint8_t* serverResult(uint64_t k, int j) const {
+    return serverOut(k, j) + K_ * serverSliceBytes_;
+  }
   bool stepDone(const Step& st) const {
     if (st.left) return false;
     for (int j = 0; j < K_; ++j) {

@@ -176,14 +176,18 @@ std::vector<std::vector<float>> narrowPush(StandaloneServer& server, int H, Data
   }
   for (auto& t : hosts) t.join();
   for (int h = 0; h < H; ++h) {
-    if (!errors[h].empty()) throw std::runtime_error("host " + std::to_string(h) + ": " + errors[h]);
+    if (!errors[h].empty()) {
+      throw std::runtime_error("host " + std::to_string(h) + ": " + errors[h]);
+    }
   }
   return out;
 }
 
 // Integers whose sums over three hosts stay within 8 significant bits:
 // exact in bf16 and, at any power-of-two scale, in f16.
-float smallInt(int h, uint64_t e) { return static_cast<float>(static_cast<int>(e % 41) - 20 + 7 * h); }
+float smallInt(int h, uint64_t e) {
+  return static_cast<float>(static_cast<int>(e % 41) - 20 + 7 * h);
+}
 // 1 + 2^-8, halfway between two bf16 values: each host's piece rounds to
 // 1 (ties to even) before the sum.
 float halfwayOne(int, uint64_t) { return 1.0f + 1.0f / 256; }
