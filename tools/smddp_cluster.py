@@ -206,40 +206,43 @@ class Cluster:
         return started
 
     def start_servers(self, hosts: list[int], out_dir: str, port: int = 29600,
-                      timeout: float = 120.0) -> dict:
+                      timeout: float = 120.0, env: dict | None = None) -> dict:
         """Starts one standalone reduction server (`python -m
         torch_smddp.server`) on each of `hosts`, with a key file made in
-        out_dir, and waits for each to print where it listens; returns the
-        workers' environment for them (SMDDP_SERVER_HOSTS, in the order of
-        `hosts`, and SMDDP_SERVER_KEY_FILE). The servers end with down()."""
+        out_dir (and `env`), and waits for each to print where it listens;
+        returns the workers' environment for them (SMDDP_SERVER_HOSTS, in
+        the order of `hosts`, and SMDDP_SERVER_KEY_FILE). A server that
+        exits first fails this at once. The servers end with down()."""
         key = os.path.join(out_dir, "server.key")
         fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, secrets.token_hex(32).encode())
         os.close(fd)
-        env = {"SMDDP_SERVER_KEY_FILE": key, "PYTHONPATH": REPO_ROOT}
-        logs = []
+        env = dict(env or {}, SMDDP_SERVER_KEY_FILE=key, PYTHONPATH=REPO_ROOT)
+        started = {}
         for h in hosts:
-            logs.append(os.path.join(out_dir, f"server.h{h}.log"))
-            self.spawn(h, [sys.executable, "-m", "torch_smddp.server", "--port", str(port),
-                           "--advertise", self.addr(h)], logs[-1], env=env)
+            log = os.path.join(out_dir, f"server.h{h}.log")
+            started[log] = self.spawn(h, [sys.executable, "-m", "torch_smddp.server", "--port",
+                                          str(port), "--advertise", self.addr(h)], log, env=env)
         found = {}
         deadline = time.monotonic() + timeout
-        while len(found) < len(logs) and time.monotonic() < deadline:
-            for log in logs:
+        while len(found) < len(started) and time.monotonic() < deadline:
+            for log, proc in started.items():
                 try:
                     with open(log, "rb") as f:
                         text = f.read()
                 except OSError:
-                    continue
+                    text = b""
                 m = re.search(rb"^SMDDP_SERVER_HOSTS=(\S+)$", text, re.M)
                 if m:
                     found[log] = m.group(1).decode()
+                elif proc.poll() is not None:
+                    deadline = 0.0  # it exited without saying where it listens
             time.sleep(0.1)
-        missing = [log for log in logs if log not in found]
+        missing = [log for log in started if log not in found]
         if missing:
             raise RuntimeError("standalone server(s) did not start:\n" +
                                "\n".join(f"--- {log}:\n{tail(log)}" for log in missing))
-        return {"SMDDP_SERVER_HOSTS": ",".join(found[log] for log in logs),
+        return {"SMDDP_SERVER_HOSTS": ",".join(found[log] for log in started),
                 "SMDDP_SERVER_KEY_FILE": key}
 
     # -- helpers ------------------------------------------------------------
