@@ -28,6 +28,9 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 from cluster import DEFAULT_CC, Cluster, tail, wait_for_files, why_unavailable  # noqa: E402
 
+sys.path.insert(0, ROOT)
+from tools.smddp_model import server_share  # noqa: E402
+
 WORKER = r'''
 import datetime, json, os, sys, time
 import torch, torch.distributed as dist, torch_smddp
@@ -135,9 +138,7 @@ def main():
 
 def _share(H, K, percent):
     """server_wire.h, serverShareMillionths, as a fraction."""
-    if percent >= 0:
-        return min(percent, 100) / 100
-    return min(1.0, 2 * K * (H - 1) / (H * H + (H - 2) * K))
+    return min(percent, 100) / 100 if percent >= 0 else server_share(H, K)
 
 
 if __name__ == "__main__":

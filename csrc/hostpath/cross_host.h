@@ -47,13 +47,12 @@ class FusionBufferScheduler::CrossHost {
       // partials of this host's piece, and their results for theirs.
       sliceBytes_ = (narrowWireBytes(maxPiece_, wire_) + 63) & ~size_t{63};
       // Then 2K for the standalone servers' pieces, out and back.
-      if (K_) {
-        const uint64_t toServers = static_cast<uint64_t>(
-            (static_cast<unsigned __int128>(chunkElems) * std::min<uint64_t>(share_, 1000000) +
-             999999) / 1000000);
-        maxServerPiece_ = toServers / K_ + 1;
-        serverSliceBytes_ = (narrowWireBytes(maxServerPiece_, wire_) + 63) & ~size_t{63};
+      // (A step of chunkElems has the largest pieces: the same split as post's.)
+      for (int j = 0; j < K_; ++j) {
+        maxServerPiece_ = std::max<uint64_t>(
+            maxServerPiece_, crossHostPiece(chunkElems, H_, K_, H_ + j, 0, share_).count + 1);
       }
+      if (K_) serverSliceBytes_ = (narrowWireBytes(maxServerPiece_, wire_) + 63) & ~size_t{63};
       // Then room to scale one piece, and each host's partial widened.
       scaleFloats_ = std::max(maxPiece_, maxServerPiece_);
       serverSlicesAt_ = depth * 3 * H_ * sliceBytes_;
@@ -83,7 +82,7 @@ class FusionBufferScheduler::CrossHost {
     std::vector<Range> piece(H_ + K_);
     for (int i = 0; i < H_ + K_; ++i) piece[i] = crossHostPiece(len, H_, K_, i, k, share_);
     st.tickets.assign(K_, 0);
-    st.servers.assign(piece.begin() + H_, piece.end());
+    if (narrow()) st.servers.assign(piece.begin() + H_, piece.end());  // poll() unpacks them
     for (int j = 0; j < K_; ++j) {
       const Range& p = piece[H_ + j];
       ServerFrame f;
