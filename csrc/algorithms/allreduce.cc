@@ -35,10 +35,19 @@ SMDDP_PARAM_INT(paramRingDepth, "SMDDP_RING_DEPTH", 0, 0, 1024,
                 "chunks per peer a reduction server keeps in flight (cache-resident receive "
                 "ring; 0: 4, or 2 when the group spans hosts)")
 
+SMDDP_PARAM_INT(paramRoundsMinHosts, "SMDDP_ROUNDS_MIN_HOSTS", 3, 0, 1 << 20,
+                "on the network-only path of a group with one rank per host, calls of "
+                "SMDDP_ROUNDS_MIN_BYTES and up run in pairwise rounds (one flow per link "
+                "direction) from this many hosts (0: never; fewer than 3: 3)")
+SMDDP_PARAM_BYTES(paramRoundsMinBytes, "SMDDP_ROUNDS_MIN_BYTES", 4194304, 1, 1LL << 40,
+                  "smallest call that runs in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)")
+
 void readAllreduceParams(EngineConfig& c) {
   c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
   c.minChunkBytes = static_cast<uint64_t>(paramMinChunkBytes());
   c.ringDepth = paramRingDepth();
+  c.roundsMinHosts = paramRoundsMinHosts();
+  c.roundsMinBytes = static_cast<uint64_t>(paramRoundsMinBytes());
 }
 
 
@@ -100,15 +109,44 @@ struct CallPlan {
     chunkBytes = effectiveChunkBytes(
         shardElems, es,
         shardChunkBytes(shardElems, es, wireElemSize, config.chunkBytes, config.minChunkBytes));
+    rounds = wireElemSize == es && inRounds(ctx, sig.numel * es);
+    if (rounds) {
+      // Every receive of the call is posted at once, (n - 1) peers' data
+      // and their results, within the cap on posted receives: the peers
+      // send strictly in order, and a receive held back could stall them.
+      const uint64_t perShard = std::max<uint64_t>(
+          1, static_cast<uint64_t>(config.maxPostedRecvs) / (2 * static_cast<uint64_t>(S - 1)));
+      chunkBytes = std::max<uint64_t>(chunkBytes, (shardElems + perShard - 1) / perShard * es);
+    }
     plan = ShardPlan::make(sig.numel, es, S, planSeq, config.minShardBytes, chunkBytes);
     mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
+    if (plan.shards().size() != static_cast<size_t>(S) || !mine) rounds = false;
+    for (const Shard& s : plan.shards()) {
+      if (rounds && s.chunks.size() != plan.shards()[0].chunks.size()) rounds = false;
+    }
   }
+  // Pairwise rounds (allreduceInRounds): every rank a server on its own
+  // host, SMDDP_ROUNDS_MIN_HOSTS of them or more, a call of
+  // SMDDP_ROUNDS_MIN_BYTES or more.
+  static bool inRounds(const EngineContext& ctx, uint64_t bytes) {
+    const EngineConfig& config = ctx.config();
+    const int n = ctx.size();
+    return config.roundsMinHosts > 0 && n >= 3 && n >= config.roundsMinHosts &&
+           static_cast<int>(ctx.networkServers().size()) == n &&
+           ctx.peers().hostCount() == n && bytes > 0 && bytes >= config.roundsMinBytes &&
+           bytes <= kRoundsMaxBytes;
+  }
+  // A server in pairwise rounds holds every peer's contribution to its
+  // shard until the last round: scratch about the call's size. Bigger
+  // calls take the all-to-all pattern, whose ring holds a few chunks.
+  static constexpr uint64_t kRoundsMaxBytes = uint64_t{256} << 20;
   CallPlan(const CallPlan&) = delete;  // `mine` points into `plan`
   CallPlan& operator=(const CallPlan&) = delete;
 
   uint64_t chunkBytes = 0;
   ShardPlan plan;
   const Shard* mine = nullptr;
+  bool rounds = false;  // the call runs in pairwise rounds
 };
 
 // A reduction server's side of a call: peers' chunks of this rank's shard
@@ -118,7 +156,9 @@ struct CallPlan {
 // every peer, `reduce(k, in)` runs with in[p] peer p's slot (in[rank] is
 // null: the caller's own part) and returns the result's bytes; the ring
 // counts its time as the server's, sends those bytes to every peer and
-// re-arms the slots for chunk k + depth.
+// re-arms the slots for chunk k + depth. In pairwise rounds the ring holds
+// every chunk (depth = the shard's chunks) and hands each result to the
+// caller instead (startInRounds).
 class ServerRing {
  public:
   struct Result {
@@ -128,36 +168,49 @@ class ServerRing {
   };
   using Reduce = std::function<Result(size_t k, std::vector<const void*>& in)>;
   using ChunkBytes = std::function<size_t(uint64_t count)>;
+  using ResultSink = std::function<void(size_t k)>;
 
   // Bytes of scratch the ring needs.
   static size_t scratchBytes(int n, size_t depth, size_t slotBytes) {
     return slotBytes * depth * n;
   }
-  ServerRing(EngineContext& ctx, Exchange& ex, const Shard& mine, uint8_t* scratch,
-             size_t slotBytes, ChunkBytes chunkBytes, Reduce reduce)
-      : ctx_(ctx), ex_(ex), mine_(mine), rank_(ctx.rank()), n_(ctx.size()),
-        depth_(static_cast<size_t>(ctx.config().ringDepth)),  // resolved (>= 1) by the context
+  // `depth`: chunks per peer in flight (>= 1).
+  ServerRing(EngineContext& ctx, Exchange& ex, const Shard& mine, size_t depth,
+             uint8_t* scratch, size_t slotBytes, ChunkBytes chunkBytes, Reduce reduce)
+      : ctx_(ctx), ex_(ex), mine_(mine), rank_(ctx.rank()), n_(ctx.size()), depth_(depth),
         base_(scratch), slotBytes_(slotBytes), chunkBytes_(std::move(chunkBytes)),
         reduce_(std::move(reduce)), remaining_(mine.chunks.size(), n_ - 1), in_(n_) {}
 
   // Posts the first `depth` chunks' receives (urgent: a server re-arming
   // its ring must never wait behind result receives).
   void start() {
-    for (size_t k = 0; k < std::min(depth_, mine_.chunks.size()); ++k) arm(k);
+    for (size_t k = 0; k < std::min(depth_, mine_.chunks.size()); ++k) {
+      for (int p = 0; p < n_; ++p) {
+        if (p != rank_) arm(p, k);
+      }
+    }
+  }
+  // Pairwise rounds: posts every chunk's receive, peer by peer in the
+  // order they send to this rank (rank - 1 first); `sink(k)` takes chunk
+  // k's result, in place in the caller's buffer, and sends it.
+  void startInRounds(ResultSink sink, std::function<void(int peer)> arrived) {
+    sink_ = std::move(sink);
+    arrived_ = std::move(arrived);
+    for (int r = 1; r < n_; ++r) {
+      for (size_t k = 0; k < mine_.chunks.size(); ++k) arm((rank_ - r + n_) % n_, k);
+    }
   }
 
  private:
   uint8_t* slot(int peer, size_t k) const {
     return base_ + slotBytes_ * (depth_ * peer + k % depth_);
   }
-  void arm(size_t k) {
+  void arm(int peer, size_t k) {
     const Chunk& c = mine_.chunks[k];
-    for (int p = 0; p < n_; ++p) {
-      if (p == rank_) continue;
-      ex_.recv(p, kPhaseToServer, c.index, slot(p, k), chunkBytes_(c.elemCount), [this, k] {
-        if (--remaining_[k] == 0) reduceAndRearm(k);
-      }, /*urgent=*/true);
-    }
+    ex_.recv(peer, kPhaseToServer, c.index, slot(peer, k), chunkBytes_(c.elemCount), [this, peer, k] {
+      if (arrived_) arrived_(peer);
+      if (--remaining_[k] == 0) reduceAndRearm(k);
+    }, /*urgent=*/true);
   }
   void reduceAndRearm(size_t k) {
     for (int p = 0; p < n_; ++p) in_[p] = p == rank_ ? nullptr : slot(p, k);
@@ -165,11 +218,19 @@ class ServerRing {
     const Result res = reduce_(k, in_);
     ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                           std::chrono::steady_clock::now() - t0).count();
+    if (sink_) {
+      sink_(k);
+      return;
+    }
     const uint64_t index = mine_.chunks[k].index;
     for (int p = 0; p < n_; ++p) {
       if (p != rank_) ex_.send(p, kPhaseFromServer, index, res.offset, res.data, res.bytes);
     }
-    if (k + depth_ < mine_.chunks.size()) arm(k + depth_);
+    if (k + depth_ < mine_.chunks.size()) {
+      for (int p = 0; p < n_; ++p) {
+        if (p != rank_) arm(p, k + depth_);
+      }
+    }
   }
 
   EngineContext& ctx_;
@@ -181,9 +242,123 @@ class ServerRing {
   const size_t slotBytes_;
   const ChunkBytes chunkBytes_;
   const Reduce reduce_;
+  ResultSink sink_;                // pairwise rounds: who sends the results
+  std::function<void(int)> arrived_;  // pairwise rounds: a peer's chunk is in
   std::vector<int> remaining_;     // peers still to arrive, per chunk
   std::vector<const void*> in_;    // reused for every chunk
 };
+
+// Pairwise rounds, for large calls between many hosts (docs/design.md,
+// "Pairwise rounds"). In round r = 1 .. n-1 rank i sends server i + r its
+// shard and takes server i - r's; once its shard is complete it returns
+// the result the same way, to i + 1 first. So each link carries one flow
+// each way at a time, where the all-to-all pattern above sends n - 1 at
+// once into every host's link (8 hosts at 2 Gbit/s: plain TCP moved the
+// bound's bytes at 93-95% of it in a ring, 82-91% all to all; docs/notes/
+// 2026-11-27-congestion-control.md). Servers still combine in rank order:
+// the same bytes as the all-to-all pattern.
+//
+// A rank's sends go out strictly in that order, and a result only once its
+// chunk is reduced. A send's completion says little across hosts (a TCP
+// socket takes megabytes before anything moved, and a flow let loose that
+// way overshoots the link's queue), so what arrives clocks the sends: the
+// j-th chunk of data goes once j + 1 - window chunks of data came in, and
+// the same for results. Every shard has as many chunks (CallPlan), so in
+// each round a rank sends as many chunks as it takes: the links are
+// alike, and what came in says what went out.
+class OrderedSends {
+ public:
+  enum Clock { kData = 0, kResults = 1 };
+  OrderedSends(Exchange& ex, size_t window, size_t ownChunks)
+      : ex_(ex), window_(window), reduced_(ownChunks, false) {}
+  // The send waits until `clock` counted `need` arrivals and, with
+  // `afterChunk` >= 0, for release(afterChunk).
+  void add(int peer, uint32_t phase, uint32_t index, uint64_t offset, const void* src,
+           size_t bytes, Clock clock, uint64_t need, int64_t afterChunk = -1) {
+    items_.push_back({peer, phase, index, offset, src, bytes, clock, need, afterChunk});
+  }
+  void release(size_t k) {
+    reduced_[k] = true;
+    pump();
+  }
+  void arrive(Clock clock) {
+    ++arrived_[clock];
+    pump();
+  }
+  size_t window() const { return window_; }
+  void pump() {
+    while (next_ < items_.size() && inFlight_ < window_) {
+      const Item& it = items_[next_];
+      if (arrived_[it.clock] < it.need) return;
+      if (it.afterChunk >= 0 && !reduced_[static_cast<size_t>(it.afterChunk)]) return;
+      ++next_;
+      ++inFlight_;
+      ex_.send(it.peer, it.phase, it.index, it.offset, it.src, it.bytes, [this] {
+        --inFlight_;
+        pump();
+      });
+    }
+  }
+
+ private:
+  struct Item {
+    int peer;
+    uint32_t phase, index;
+    uint64_t offset;
+    const void* src;
+    size_t bytes;
+    Clock clock;
+    uint64_t need;
+    int64_t afterChunk;
+  };
+  Exchange& ex_;
+  const size_t window_;
+  std::vector<bool> reduced_;
+  uint64_t arrived_[2] = {0, 0};
+  std::vector<Item> items_;
+  size_t next_ = 0, inFlight_ = 0;
+};
+// Chunks each rank keeps in flight in pairwise rounds: this many bytes, and
+// at least two chunks.
+constexpr size_t kRoundsWindowBytes = 1 << 20;
+
+// The worker side in pairwise rounds, and the server's results: receives
+// in the order the servers send (server i - 1 first), then the shards to
+// servers i + 1, i + 2, ..., then this rank's results to the same peers,
+// each once reduced (the server ring releases them, and counts the data
+// that comes in on the kData clock).
+void postInRounds(Exchange& ex, const ShardPlan& plan, const std::vector<int>& servers, int rank,
+                  int n, uint8_t* data, size_t es, OrderedSends& sends) {
+  std::vector<const Shard*> shardOf(n, nullptr);  // by server rank
+  for (const Shard& s : plan.shards()) shardOf[servers[s.server]] = &s;
+  const std::vector<Chunk>& mine = shardOf[rank]->chunks;
+  const uint64_t W = sends.window();
+  auto need = [W](uint64_t j) { return j + 1 > W ? j + 1 - W : 0; };
+  for (int r = 1; r < n; ++r) {
+    const int server = (rank - r + n) % n;
+    for (const Chunk& c : shardOf[server]->chunks) {
+      ex.recv(server, kPhaseFromServer, c.index, data + c.elemOffset * es, c.elemCount * es,
+              [&sends] { sends.arrive(OrderedSends::kResults); });
+    }
+  }
+  uint64_t j = 0;
+  for (int r = 1; r < n; ++r) {
+    const int server = (rank + r) % n;
+    for (const Chunk& c : shardOf[server]->chunks) {
+      sends.add(server, kPhaseToServer, c.index, c.elemOffset * es, data + c.elemOffset * es,
+                c.elemCount * es, OrderedSends::kData, need(j++));
+    }
+  }
+  j = 0;
+  for (int r = 1; r < n; ++r) {
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const Chunk& c = mine[k];
+      sends.add((rank + r) % n, kPhaseFromServer, c.index, c.elemOffset * es,
+                data + c.elemOffset * es, c.elemCount * es, OrderedSends::kResults, need(j++),
+                static_cast<int64_t>(k));
+    }
+  }
+}
 
 void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                    uint8_t* data, uint64_t planSeq, std::chrono::milliseconds timeout,
@@ -196,11 +371,13 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
 
   // Server side: the reduction goes straight into this rank's own buffer
   // and is sent from there: no staging copy on the way in or out.
+  // In pairwise rounds the ring holds every chunk of the shard.
   std::optional<ServerRing> server;
   if (cp.mine && n > 1) {
-    const size_t depth = static_cast<size_t>(ctx.config().ringDepth);
+    const size_t depth = cp.rounds ? cp.mine->chunks.size()
+                                   : static_cast<size_t>(ctx.config().ringDepth);
     uint8_t* scratch = ctx.scratch(ServerRing::scratchBytes(n, depth, cp.chunkBytes));
-    server.emplace(ctx, ex, *cp.mine, scratch, cp.chunkBytes,
+    server.emplace(ctx, ex, *cp.mine, depth, scratch, cp.chunkBytes,
                    [es](uint64_t count) { return count * es; },
                    [&](size_t k, std::vector<const void*>& in) {
                      const Chunk& c = cp.mine->chunks[k];
@@ -212,8 +389,20 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   }
 
   // Receives first (so frames land in place), then sends.
-  if (server) server->start();
-  postWorkerSide(ex, cp.plan, ctx.networkServers(), rank, data, es);
+  std::optional<OrderedSends> rounds;
+  if (cp.rounds) {
+    ctx.counters().roundsCalls++;
+    rounds.emplace(ex, std::max<size_t>(2, (kRoundsWindowBytes + cp.chunkBytes - 1) /
+                                               cp.chunkBytes),
+                   cp.mine->chunks.size());
+    postInRounds(ex, cp.plan, ctx.networkServers(), rank, n, data, es, *rounds);
+    server->startInRounds([&](size_t k) { rounds->release(k); },
+                          [&](int) { rounds->arrive(OrderedSends::kData); });
+    rounds->pump();
+  } else {
+    if (server) server->start();
+    postWorkerSide(ex, cp.plan, ctx.networkServers(), rank, data, es);
+  }
   if (extra) extra(ex);
   ex.run();
 }
@@ -279,7 +468,7 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   // too), sum in f32, pack once, send and read back those bytes.
   std::optional<ServerRing> server;
   if (mine) {
-    server.emplace(ctx, ex, *mine, base + ringAt, slot,
+    server.emplace(ctx, ex, *mine, depth, base + ringAt, slot,
                    [wire](uint64_t count) { return narrowWireBytes(count, wire); },
                    [&](size_t k, std::vector<const void*>& in) {
       const Chunk& c = mine->chunks[k];
@@ -424,6 +613,9 @@ std::string NetworkPath::describe() const {
     << (fusing ? "fusion buffer " + kib(config.fusionBytes) : std::string("no fusion"));
   if (narrowsOnNetwork(ctx_, DataType::kFloat32, ReduceOp::kSum)) {
     o << ", f32 sums crossing hosts in " << toString(config.crossHostDtype);
+  }
+  if (CallPlan::inRounds(ctx_, std::max<uint64_t>(config.roundsMinBytes, 1))) {
+    o << ", pairwise rounds for calls of " << kib(config.roundsMinBytes) << " and up";
   }
   return o.str();
 }

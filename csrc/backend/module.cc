@@ -107,6 +107,7 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["small_batches"] = s.smallBatches;
   d["standalone_server_bytes"] = s.standaloneServerBytes;
   d["standalone_server_steps"] = s.standaloneServerSteps;
+  d["rounds_calls"] = s.roundsCalls;
   return d;
 }
 

@@ -51,6 +51,8 @@ struct EngineConfig {
   uint64_t minShardBytes = 0;
   uint64_t minChunkBytes = 0;  // wire bytes; chunks shrink toward it for short shards
   int64_t ringDepth = 0;  // 0 (auto) until the engine resolves it: 4, or 2 across hosts
+  int64_t roundsMinHosts = 0;   // network-only path: pairwise rounds from this many hosts (0: never)
+  uint64_t roundsMinBytes = 0;  // ... for calls at least this big
   // hostpath/ (readHostPathParams, readFusionParams)
   int64_t streamSpinUs = 0;    // polling inside a shared-memory batch's data steps
   uint64_t fusionBytes = 0;    // fusion buffer budget

@@ -33,6 +33,7 @@ struct Stats {
   uint64_t directCalls = 0;   // allreduces entered through torch_smddp.all_reduce_
   uint64_t standaloneServerBytes = 0;  // bytes pushed to standalone reduction servers
   uint64_t standaloneServerSteps = 0;  // cross-host steps that used them
+  uint64_t roundsCalls = 0;  // network-only calls run in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)
 };
 
 // Per-collective latency, queued to completed, per size class: a fixed
@@ -148,6 +149,7 @@ struct StatsCounters {
   std::atomic<uint64_t> directCalls{0};
   std::atomic<uint64_t> standaloneServerBytes{0};
   std::atomic<uint64_t> standaloneServerSteps{0};
+  std::atomic<uint64_t> roundsCalls{0};
   // Queued-to-completed latency of every collective (runTasks).
   LatencyHistograms latency;
 
@@ -156,7 +158,8 @@ struct StatsCounters {
     for (auto* c : {&bytesSent, &bytesReceived, &collectives, &fusionFlushes, &fusionBytes,
                     &fusedCalls, &chunksInFlightMax, &serverReduceNs, &framesRejected, &errors,
                     &abandonedSends, &abandonedSendsConfirmed, &abandonedSendsHeld, &callerRuns,
-                    &smallBatches, &directCalls, &standaloneServerBytes, &standaloneServerSteps}) {
+                    &smallBatches, &directCalls, &standaloneServerBytes, &standaloneServerSteps,
+                    &roundsCalls}) {
       c->store(0);
     }
     latency.reset();
@@ -182,6 +185,7 @@ struct StatsCounters {
     s.directCalls = directCalls.load();
     s.standaloneServerBytes = standaloneServerBytes.load();
     s.standaloneServerSteps = standaloneServerSteps.load();
+    s.roundsCalls = roundsCalls.load();
     return s;
   }
 };

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <future>
 #include <numeric>
+#include <random>
 #include <thread>
 
 #include "common/error.h"
@@ -17,6 +18,7 @@
 using namespace smddp;
 using smddp::test::runWorld;
 using smddp::test::ScopedEnv;
+using smddp::test::usesHostPath;
 
 namespace {
 
@@ -175,4 +177,79 @@ TEST_CASE("a rank that never arrives produces a timeout naming it, the call and 
   // world.h names its groups "test"; the call is the group's first.
   CHECK(results[0].find("allreduce(SUM, float32, 10 elements) at sequence 0 in group 'test'") !=
         std::string::npos);
+}
+
+TEST_CASE("allreduce in pairwise rounds gives every rank the rank-ordered sum", "[collectives]") {
+  // One rank per pretend host takes the network-only path; from
+  // SMDDP_ROUNDS_MIN_HOSTS hosts a call of SMDDP_ROUNDS_MIN_BYTES and up
+  // runs in pairwise rounds. Its servers must still combine in rank order:
+  // every rank's result is the left fold x_0 + x_1 + ... in float32,
+  // computed here from every rank's (seeded) input. Small chunks give
+  // shards of many chunks; a cap of 8 posted receives makes the plan
+  // enlarge them. Calls under the byte floor take the all-to-all pattern,
+  // and the counter tells the two apart.
+  ScopedEnv hosts("SMDDP_ROUNDS_MIN_HOSTS", "3");
+  ScopedEnv floor("SMDDP_ROUNDS_MIN_BYTES", "200000");
+  ScopedEnv chunk("SMDDP_CHUNK_BYTES", "8192");
+  ScopedEnv minChunk("SMDDP_MIN_CHUNK_BYTES", "4096");
+  auto cap = GENERATE(std::string("256"), std::string("8"));
+  ScopedEnv recvs("SMDDP_MAX_POSTED_RECVS", cap);
+  auto inputOf = [](int r, uint64_t numel, int call) {
+    std::mt19937 rng(1000 * r + call);
+    std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+    std::vector<float> v(numel);
+    for (uint64_t i = 0; i < numel; ++i) v[i] = std::ldexp(mant(rng), static_cast<int>(i % 23) - 11);
+    return v;
+  };
+  const std::vector<uint64_t> sizes = {10000, 77777, 300001, 9999, 1 << 20};
+  for (int n : {3, 5}) {
+    INFO("n=" << n << " SMDDP_MAX_POSTED_RECVS=" << cap);
+    auto results = runWorld(
+        n,
+        [&](Communicator& comm) -> std::string {
+          if (usesHostPath(comm)) return "the shared-memory path was used";
+          uint64_t inRounds = 0;
+          for (int call = 0; call < static_cast<int>(sizes.size()); ++call) {
+            const uint64_t numel = sizes[call];
+            if (numel * 4 >= 200000) ++inRounds;
+            std::vector<float> v = inputOf(comm.rank(), numel, call);
+            std::vector<float> want = inputOf(0, numel, call);
+            for (int r = 1; r < comm.size(); ++r) {
+              const std::vector<float> x = inputOf(r, numel, call);
+              for (uint64_t i = 0; i < numel; ++i) want[i] += x[i];
+            }
+            comm.allreduceSync({{v.data(), numel}}, DataType::kFloat32, ReduceOp::kSum);
+            if (std::memcmp(v.data(), want.data(), numel * 4) != 0) {
+              for (uint64_t i = 0; i < numel; ++i) {
+                if (v[i] != want[i]) {
+                  return "call " + std::to_string(call) + " rank " +
+                         std::to_string(comm.rank()) + " element " + std::to_string(i) +
+                         " = " + std::to_string(v[i]) + " expected " + std::to_string(want[i]);
+                }
+              }
+            }
+          }
+          // AVG and MAX in rounds too: closed forms.
+          std::vector<double> d(50001);
+          for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(i) + comm.rank();
+          comm.allreduceSync({{d.data(), d.size()}}, DataType::kFloat64, ReduceOp::kMax);
+          for (size_t i = 0; i < d.size(); ++i) {
+            if (d[i] != static_cast<double>(i) + comm.size() - 1) return "MAX wrong at " + std::to_string(i);
+          }
+          std::vector<double> a(50001, 2.0 * comm.rank());
+          comm.allreduceSync({{a.data(), a.size()}}, DataType::kFloat64, ReduceOp::kAvg);
+          for (double x : a) {
+            if (x != static_cast<double>(comm.size() - 1)) return "AVG wrong: " + std::to_string(x);
+          }
+          inRounds += 2;
+          const uint64_t got = comm.stats().roundsCalls;
+          if (got != inRounds) {
+            return "rounds_calls " + std::to_string(got) + ", expected " + std::to_string(inRounds);
+          }
+          return "";
+        },
+        std::chrono::milliseconds(30000), std::chrono::seconds(90),
+        [](int r) { setenv("SMDDP_HOST_ID", ("roundshost" + std::to_string(r)).c_str(), 1); });
+    for (const auto& r : results) CHECK(r == "");
+  }
 }
