@@ -29,7 +29,8 @@ def main() -> None:
     res = {"rank": rank, "world_path": torch_smddp.stats()["allreduce_path"],
            "narrow_path": torch_smddp.stats(narrow)["allreduce_path"]}
     g = torch.Generator().manual_seed(7 + rank)
-    ints = torch.randint(-2**40, 2**40, (300_001,), generator=g)
+    # 4.8 MB and 8 MB: both run in pairwise rounds (SMDDP_ROUNDS_MIN_BYTES).
+    ints = torch.randint(-2**40, 2**40, (600_001,), generator=g)
     floats = torch.randn(1_000_003, generator=g, dtype=torch.float64)
     a, b = ints.clone(), ints.clone()
     dist.all_reduce(a)
@@ -43,6 +44,7 @@ def main() -> None:
     mag = floats.abs()
     dist.all_reduce(mag, group=gloo)
     res["f64_within_rounding_of_gloo"] = bool(((a - b).abs() <= 2 * world * 2.0 ** -53 * mag).all())
+    res["rounds_calls"] = torch_smddp.stats()["rounds_calls"]
     # bf16 crossing: within the bound of docs/design.md against Gloo's f64 sum.
     x = torch.randn(1_000_003, generator=g) * 100
     exact, absum = x.double(), x.double().abs()

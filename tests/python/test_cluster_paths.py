@@ -1,6 +1,7 @@
 """One rank per host on a cluster of network namespaces (3 hosts of 1 rank,
 2 Gbit/s links): the world group takes the network-only path (a host
-segment would only copy), and matches Gloo on the same inputs; a group
+segment would only copy), and matches Gloo on the same inputs, its calls
+of 4 MiB and up in pairwise rounds; a group
 crossing hosts in bf16 takes it too, in bf16's wire form (docs/design.md,
 "Compression between hosts"), stays within the stated bound of Gloo's f64
 sum, and leaves the same bytes on every host. One job; the cluster's
@@ -39,6 +40,7 @@ def test_one_rank_per_host_routes_to_the_network_path_in_fp32_and_in_bf16():
         assert r["world_path"] != "shared-memory", r  # one rank per host: network only
         assert r["narrow_path"] != "shared-memory", r  # bf16 crossing: network only too
         assert r["int64_equal_gloo"], r
+        assert r["rounds_calls"] == 2, r  # the int64 and f64 calls, in pairwise rounds
         assert r["f64_within_rounding_of_gloo"], r
         assert r["bf16_within_bound"], r
         assert r["bf16_worst_of_bound"] > 0.05, r  # it did cross in bf16
