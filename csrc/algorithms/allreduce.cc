@@ -125,9 +125,9 @@ struct CallPlan {
       if (rounds && s.chunks.size() != plan.shards()[0].chunks.size()) rounds = false;
     }
   }
-  // Pairwise rounds (allreduceInRounds): every rank a server on its own
-  // host, SMDDP_ROUNDS_MIN_HOSTS of them or more, a call of
-  // SMDDP_ROUNDS_MIN_BYTES or more.
+  // Pairwise rounds (OrderedSends, postInRounds): every rank a server on
+  // its own host, SMDDP_ROUNDS_MIN_HOSTS of them or more, a call of
+  // SMDDP_ROUNDS_MIN_BYTES up to kRoundsMaxBytes.
   static bool inRounds(const EngineContext& ctx, uint64_t bytes) {
     const EngineConfig& config = ctx.config();
     const int n = ctx.size();
@@ -207,10 +207,11 @@ class ServerRing {
   }
   void arm(int peer, size_t k) {
     const Chunk& c = mine_.chunks[k];
-    ex_.recv(peer, kPhaseToServer, c.index, slot(peer, k), chunkBytes_(c.elemCount), [this, peer, k] {
-      if (arrived_) arrived_(peer);
-      if (--remaining_[k] == 0) reduceAndRearm(k);
-    }, /*urgent=*/true);
+    ex_.recv(peer, kPhaseToServer, c.index, slot(peer, k), chunkBytes_(c.elemCount),
+             [this, peer, k] {
+               if (arrived_) arrived_(peer);
+               if (--remaining_[k] == 0) reduceAndRearm(k);
+             }, /*urgent=*/true);
   }
   void reduceAndRearm(size_t k) {
     for (int p = 0; p < n_; ++p) in_[p] = p == rank_ ? nullptr : slot(p, k);

@@ -198,7 +198,9 @@ TEST_CASE("allreduce in pairwise rounds gives every rank the rank-ordered sum", 
     std::mt19937 rng(1000 * r + call);
     std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
     std::vector<float> v(numel);
-    for (uint64_t i = 0; i < numel; ++i) v[i] = std::ldexp(mant(rng), static_cast<int>(i % 23) - 11);
+    for (uint64_t i = 0; i < numel; ++i) {
+      v[i] = std::ldexp(mant(rng), static_cast<int>(i % 23) - 11);
+    }
     return v;
   };
   const std::vector<uint64_t> sizes = {10000, 77777, 300001, 9999, 1 << 20};
@@ -234,7 +236,9 @@ TEST_CASE("allreduce in pairwise rounds gives every rank the rank-ordered sum", 
           for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(i) + comm.rank();
           comm.allreduceSync({{d.data(), d.size()}}, DataType::kFloat64, ReduceOp::kMax);
           for (size_t i = 0; i < d.size(); ++i) {
-            if (d[i] != static_cast<double>(i) + comm.size() - 1) return "MAX wrong at " + std::to_string(i);
+            if (d[i] != static_cast<double>(i) + comm.size() - 1) {
+              return "MAX wrong at " + std::to_string(i);
+            }
           }
           std::vector<double> a(50001, 2.0 * comm.rank());
           comm.allreduceSync({{a.data(), a.size()}}, DataType::kFloat64, ReduceOp::kAvg);
