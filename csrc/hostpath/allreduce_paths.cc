@@ -44,13 +44,23 @@ std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& 
   //    SMDDP_FUSION_BUFFER_BYTES=0 would never read its peers' cut
   //    proposals. (Different budgets are harmless: the cut is the least
   //    proposal.)
-  //    Every rank must send the same type across hosts, too.
+  //    Every rank must send the same type across hosts, too, and take the
+  //    same calls in pairwise rounds (their sends go in another order).
   bool fusing = false;
   if (ctx.size() > 1) {
     fusing = true;
-    for (const std::string& vote : gatherVotesSameWire(ctx, bootstrap, "netfusion",
-                                                       config.fusionBytes > 0 ? "on" : "off")) {
-      fusing = fusing && vote == "on";
+    const std::string rounds = "SMDDP_ROUNDS_MIN_HOSTS=" + std::to_string(config.roundsMinHosts) +
+                               " SMDDP_ROUNDS_MIN_BYTES=" + std::to_string(config.roundsMinBytes);
+    const auto votes = gatherVotesSameWire(ctx, bootstrap, "netfusion",
+                                           (config.fusionBytes > 0 ? "on " : "off ") + rounds);
+    for (size_t r = 0; r < votes.size(); ++r) {
+      const size_t space = votes[r].find(' ');
+      fusing = fusing && votes[r].substr(0, space) == "on";
+      const std::string theirs = space == std::string::npos ? "" : votes[r].substr(space + 1);
+      SMDDP_CHECK(theirs == rounds, kInvalidArgument,
+                  "group '" + ctx.name() + "': rank " + std::to_string(ctx.rank()) + " has " +
+                      rounds + " but rank " + std::to_string(r) + " has " + theirs +
+                      "; they must be the same on every rank");
     }
   }
   if (!config.serverHosts.empty() && ctx.peers().hostCount() > 1 && ctx.rank() == 0) {

@@ -257,3 +257,24 @@ TEST_CASE("allreduce in pairwise rounds gives every rank the rank-ordered sum", 
     for (const auto& r : results) CHECK(r == "");
   }
 }
+
+TEST_CASE("ranks that disagree on the pairwise rounds fail to form, naming the setting",
+          "[collectives][errors]") {
+  // A rank in rounds sends in another order than one that is not: the
+  // group refuses to form rather than run the two patterns against each
+  // other.
+  const std::string var = GENERATE(std::string("SMDDP_ROUNDS_MIN_HOSTS"),
+                                   std::string("SMDDP_ROUNDS_MIN_BYTES"));
+  INFO(var);
+  auto results = runWorld(3, [](Communicator&) { return std::string("formed"); },
+                          std::chrono::milliseconds(10000), std::chrono::seconds(60),
+                          [&var](int r) {
+                            setenv("SMDDP_HOST_ID", ("disagree" + std::to_string(r)).c_str(), 1);
+                            if (r == 2) setenv(var.c_str(), "5", 1);
+                          });
+  for (const auto& r : results) {
+    INFO(r);
+    CHECK(r.find(var + "=5") != std::string::npos);
+    CHECK(r.find("must be the same on every rank") != std::string::npos);
+  }
+}
