@@ -3,7 +3,8 @@ standalone reduction servers written from the wire's spec
 (csrc/server/server_wire.h and server_auth.h; docs/design.md, "Security")
 with Python's own struct, hmac and hashlib: it shares no code with the
 library, so what the suite sends, with the key or without, is an
-independent reading of the protocol. A rogue server (Rogue) and an
+independent reading of the protocol. A rogue server (Rogue), a keyed
+server whose narrow results carry a bad scale (Liar), and an
 observer of /dev/shm (ShmWatch). Never imports torch.
 """
 
@@ -147,6 +148,69 @@ class Rogue:
             data += recv_exact(c, 1 << 20)  # whatever follows, until it closes
             self.got.append(len(data))
             c.close()
+
+
+NARROW = 2  # kServerFlagNarrowWire
+
+
+class Liar:
+    """A server that holds the key and proves it, as a real one does, then
+    answers every narrow piece at once with the bytes it was sent, its
+    4-byte scale replaced by ``scale`` (3.0: not a power of two), and
+    every other piece with its own bytes: a server with a fault that the
+    handshake cannot catch. ``answered`` counts the narrow pieces."""
+
+    def __init__(self, key: bytes, scale: float = 3.0):
+        self.key, self.scale = key, struct.pack("<f", scale)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.answered = 0
+        self.done = threading.Event()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        end = time.monotonic() + 120
+        self.sock.settimeout(0.5)
+        while not self.done.is_set() and time.monotonic() < end:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def serve(self, c):
+        c.settimeout(30)
+        got = read_frame(c)
+        if got is None or got[0]["kind"] != CHALLENGE:
+            c.close()
+            return
+        nw, ns = got[1], os.urandom(32)
+        c.sendall(header(ANSWER, payload=64) + ns +
+                  mac(self.key, b"smddp server v2: server proof", nw, ns))
+        got = read_frame(c)
+        if got is None or got[0]["kind"] != HELLO:
+            c.close()
+            return
+        c.sendall(header(WELCOME))
+        while not self.done.is_set():
+            raw = recv_exact(c, 64)
+            if len(raw) < 64:
+                break
+            f = dict(zip(FIELDS, HEADER.unpack(raw)))
+            if f["kind"] != DATA:
+                break
+            body = recv_exact(c, f["payload"])
+            if f["flags"] & NARROW and len(body) >= 4:
+                body = self.scale + body[4:]
+                self.answered += 1
+            c.sendall(raw[:6] + bytes([RESULT]) + raw[7:] + body)
+        c.close()
+
+    def close(self):
+        self.done.set()
+        self.sock.close()
 
 
 IN_CREATE, IN_MOVED_TO = 0x100, 0x80

@@ -12,6 +12,8 @@ It only observes and writes ``<mode>.<rank>.json``; the test asserts.
 * ``loop``: 4 MiB all_reduces back to back until one raises or LOOP_S pass
   (the test kills the server meanwhile); writes what raised and when.
 * ``init``: only joins the group; writes the error it raised, if any.
+* ``badscale``: one allreduce on a group crossing hosts in bf16 (the test's
+  server answers with a bad scale); writes what it raised, or what it got.
 * ``steady``: 256 KiB all_reduces back to back for LOOP_S seconds, each
   checked against its closed form (no servers needed: the peer-monitor
   flood of test_server_security.py); writes the calls and the wrong ones.
@@ -251,6 +253,16 @@ def main():
                             if isinstance(v, (int, str))}
         elif mode == "loop":
             _loop_until_raised(torch, dist, out_dir, rank, loop_s, res)
+        elif mode == "badscale":
+            pg = dist.new_group(backend="smddp",
+                                pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
+            t = torch.ones(1 << 16)
+            res["raised"] = False
+            try:
+                dist.all_reduce(t, group=pg)
+                res["result_head"] = t[:4].tolist()
+            except Exception as e:  # noqa: BLE001
+                res.update(raised=True, msg=str(e))
         elif mode == "steady":
             base = torch.arange(1 << 16, dtype=torch.int64) % 7 + 1
             want = (base * (world * (world + 1) // 2)).float()

@@ -26,8 +26,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mp_harness import REPO_ROOT, backend_under_test, find_free_port  # noqa: E402
+import hostile_client as hc  # noqa: E402
 from server_harness import (Procs, env as _env, hosts_line as _hosts_line,  # noqa: E402
-                            start_server as _start_server, wait_results as _wait_results)
+                            key_file, start_server as _start_server,
+                            wait_results as _wait_results)
 
 pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
                                 reason="standalone reduction servers are smddp's")
@@ -210,6 +212,28 @@ def test_a_killed_server_fails_every_worker_naming_it(procs, tmp_path):
         assert "timed out" not in msg, msg
         assert res["t"] - t_kill < 5.0, (res["t"] - t_kill, msg)
         assert res["destroy_s"] < 10.0, res
+
+
+def test_a_server_whose_narrow_results_carry_a_bad_scale_fails_every_worker_naming_it(
+        procs, tmp_path):
+    """A server that holds the key but answers bf16 pieces with a scale
+    that is not a power of two (hostile_client.Liar): no worker widens
+    those bytes into a result; each one's call fails, naming the server
+    and the scale."""
+    liar = hc.Liar(open(key_file(), "rb").read().strip())
+    hosts = f"127.0.0.1:{liar.port}"
+    try:
+        _local_world(procs, 2, "badscale", tmp_path,
+                     {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_SHARE": 50})
+        got = _wait_results(tmp_path, ["badscale.0.json", "badscale.1.json"], 120)
+    finally:
+        liar.close()
+    assert liar.answered > 0
+    for res in got.values():
+        assert res.get("raised"), res
+        msg = res["msg"]
+        assert "invalid scale for bfloat16" in msg and hosts in msg, msg
+        assert "standalone reduction server 0" in msg, msg
 
 
 def test_a_dead_server_is_left_out_when_torchrun_restarts_the_job(procs, tmp_path):
