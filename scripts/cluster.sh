@@ -65,6 +65,16 @@ check_cc() {
   avail="$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null || true)"
   [[ " $avail " == *" $cc "* ]] ||
     die "congestion control '$cc' is not available here (tcp_available_congestion_control: ${avail:-unreadable})"
+  # Outside the root namespace the kernel sets only an allowed one as a
+  # namespace's default, and refuses the rest with EPERM (seen on a 6.18
+  # kernel whose allowed list was "reno bbr"). Allowing one more only lets
+  # namespaces and unprivileged sockets choose it; nothing else changes.
+  local allowed f=/proc/sys/net/ipv4/tcp_allowed_congestion_control
+  allowed="$(cat "$f" 2>/dev/null || true)"
+  if [[ " $allowed " != *" $cc "* ]]; then
+    sysctl -qw net.ipv4.tcp_allowed_congestion_control="${allowed:+$allowed }$cc" ||
+      die "congestion control '$cc' is not allowed in namespaces here ($f: ${allowed:-unreadable}), and adding it failed"
+  fi
 }
 
 namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$P-(hub|h[0-9]+)$" || true; }

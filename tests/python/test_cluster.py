@@ -187,3 +187,29 @@ def test_every_namespace_uses_the_congestion_control_it_was_given(cluster):
             c.down()
     with pytest.raises(RuntimeError, match=r"congestion control 'no-such-cc' is not available"):
         cl.Cluster(1, "1gbit", cc="no-such-cc").up()
+
+
+def test_a_congestion_control_the_machine_does_not_allow_in_namespaces_is_allowed_first(cluster):
+    # Outside the root namespace the kernel sets only an allowed congestion
+    # control as a namespace's default (EPERM otherwise); a machine seen on
+    # 2026-11-29 allowed "reno bbr" only, and every cluster failed to come up.
+    # Oracle: the kernel's own files, before and after.
+    path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+    with open(path) as f:
+        before = f.read().split()
+    narrowed = [c for c in before if c != cl.DEFAULT_CC]
+    if not narrowed:
+        pytest.skip(f"{path} holds only {cl.DEFAULT_CC}; nothing to take away")
+    with open(path, "w") as f:
+        f.write(" ".join(narrowed))
+    try:
+        c = cl.Cluster(1, "1gbit").up()
+        try:
+            assert _cc_inside(f"{c.prefix}-h0") == _cc_inside(f"{c.prefix}-hub") == cl.DEFAULT_CC
+        finally:
+            c.down()
+        with open(path) as f:
+            assert cl.DEFAULT_CC in f.read().split()
+    finally:
+        with open(path, "w") as f:
+            f.write(" ".join(before))
