@@ -1,0 +1,98 @@
+// Pairwise rounds on the network-only path (docs/design.md, "Pairwise
+// rounds"): the order and clock of a rank's sends, and the worker side of
+// a call. algorithms/allreduce.cc's allreduceCore runs them with a
+// ServerRing (server_ring.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/exchange.h"
+#include "reduce/shard_plan.h"
+
+namespace smddp {
+
+// Pairwise rounds, for large calls between many hosts (docs/design.md,
+// "Pairwise rounds"). In round r = 1 .. n-1 rank i sends server i + r its
+// shard and takes server i - r's; once its shard is complete it returns
+// the result the same way, to i + 1 first. So each link carries one flow
+// each way at a time, where the all-to-all pattern above sends n - 1 at
+// once into every host's link (8 hosts at 2 Gbit/s: plain TCP moved the
+// bound's bytes at 93-95% of it in a ring, 82-91% all to all; docs/notes/
+// 2026-11-27-congestion-control.md). Servers still combine in rank order:
+// the same bytes as the all-to-all pattern.
+//
+// A rank's sends go out strictly in that order, and a result only once its
+// chunk is reduced. A send's completion says little across hosts (a TCP
+// socket takes megabytes before anything moved, and a flow let loose that
+// way overshoots the link's queue), so what arrives clocks the sends: the
+// j-th chunk of data goes once j + 1 - window chunks of data came in, and
+// the same for results. Every shard has as many chunks (CallPlan), so in
+// each round a rank sends as many chunks as it takes: the links are
+// alike, and what came in says what went out.
+class OrderedSends {
+ public:
+  enum Clock { kData = 0, kResults = 1 };
+  OrderedSends(Exchange& ex, size_t window, size_t ownChunks)
+      : ex_(ex), window_(window), reduced_(ownChunks, false) {}
+  // The send waits until `clock` counted `need` arrivals and, with
+  // `afterChunk` >= 0, for release(afterChunk).
+  void add(int peer, uint32_t phase, uint32_t index, uint64_t offset, const void* src,
+           size_t bytes, Clock clock, uint64_t need, int64_t afterChunk = -1) {
+    items_.push_back({peer, phase, index, offset, src, bytes, clock, need, afterChunk});
+  }
+  void release(size_t k) {
+    reduced_[k] = true;
+    pump();
+  }
+  void arrive(Clock clock) {
+    ++arrived_[clock];
+    pump();
+  }
+  size_t window() const { return window_; }
+  void pump() {
+    while (next_ < items_.size() && inFlight_ < window_) {
+      const Item& it = items_[next_];
+      if (arrived_[it.clock] < it.need) return;
+      if (it.afterChunk >= 0 && !reduced_[static_cast<size_t>(it.afterChunk)]) return;
+      ++next_;
+      ++inFlight_;
+      ex_.send(it.peer, it.phase, it.index, it.offset, it.src, it.bytes, [this] {
+        --inFlight_;
+        pump();
+      });
+    }
+  }
+
+ private:
+  struct Item {
+    int peer;
+    uint32_t phase, index;
+    uint64_t offset;
+    const void* src;
+    size_t bytes;
+    Clock clock;
+    uint64_t need;
+    int64_t afterChunk;
+  };
+  Exchange& ex_;
+  const size_t window_;
+  std::vector<bool> reduced_;
+  uint64_t arrived_[2] = {0, 0};
+  std::vector<Item> items_;
+  size_t next_ = 0, inFlight_ = 0;
+};
+// Chunks each rank keeps in flight in pairwise rounds: this many bytes, and
+// at least two chunks.
+constexpr size_t kRoundsWindowBytes = 1 << 20;
+
+// The worker side in pairwise rounds, and the server's results: receives
+// in the order the servers send (server i - 1 first), then the shards to
+// servers i + 1, i + 2, ..., then this rank's results to the same peers,
+// each once reduced (the server ring releases them, and counts the data
+// that comes in on the kData clock).
+void postInRounds(Exchange& ex, const ShardPlan& plan, const std::vector<int>& servers, int rank,
+                  int n, uint8_t* data, size_t es, OrderedSends& sends);
+
+}  // namespace smddp
