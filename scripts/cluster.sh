@@ -60,7 +60,7 @@ burst_for() {
 # steps, under cubic in none (a flow stalling in bbr's ProbeRTT would fit)
 # (docs/notes/2026-11-27-congestion-control.md). So `up` sets it, cubic
 # (Linux's default) unless told otherwise, and results name it.
-check_cc() {
+ensure_cc() {
   local cc="$1" avail
   avail="$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null || true)"
   [[ " $avail " == *" $cc "* ]] ||
@@ -94,7 +94,7 @@ cmd_up() {
   local hosts="${1:-}" rate="${2:-}" cc="${3:-cubic}"
   [[ "$hosts" =~ ^[0-9]+$ && "$hosts" -ge 1 && "$hosts" -le 200 ]] || die "up H RATE: H in 1..200"
   [[ -n "$rate" ]] || die "up H RATE: RATE such as 2gbit"
-  check_cc "$cc"
+  ensure_cc "$cc"
   local burst
   burst="$(burst_for "$rate")"
   [[ -z "$(namespaces)" ]] || die "a cluster named '$P' exists: 'down' it, or set SMDDP_CLUSTER"

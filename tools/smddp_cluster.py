@@ -64,7 +64,7 @@ def sweep_stale_clusters() -> None:
 
 
 # The namespaces' TCP congestion control unless a caller names another
-# (scripts/cluster.sh, check_cc: it changes what the cluster measures).
+# (scripts/cluster.sh, ensure_cc: it changes what the cluster measures).
 DEFAULT_CC = "cubic"
 
 

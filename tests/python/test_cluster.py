@@ -171,7 +171,7 @@ def _cc_inside(ns: str) -> str:
 
 
 def test_every_namespace_uses_the_congestion_control_it_was_given(cluster):
-    # What the cluster measures depends on it (scripts/cluster.sh, check_cc),
+    # What the cluster measures depends on it (scripts/cluster.sh, ensure_cc),
     # so it must not be whatever the machine's default is.
     for ns in [f"{cluster.prefix}-hub"] + [f"{cluster.prefix}-h{h}" for h in range(HOSTS)]:
         assert _cc_inside(ns) == cl.DEFAULT_CC == "cubic", ns
