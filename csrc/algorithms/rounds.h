@@ -84,7 +84,8 @@ class OrderedSends {
   size_t next_ = 0, inFlight_ = 0;
 };
 // Chunks each rank keeps in flight in pairwise rounds: this many bytes, and
-// at least two chunks.
+// at least two chunks. At 8 x 1 hosts 512 KiB to 2 MiB were alike and 4 MiB
+// lost at 64 MiB calls (docs/notes/2026-11-29-rounds-window.md).
 constexpr size_t kRoundsWindowBytes = 1 << 20;
 
 // The worker side in pairwise rounds, and the server's results: receives
