@@ -95,7 +95,7 @@ def offcpu_model(torch, lm, compute_s, rank):
     the LM's parts in forward order (embedding, the encoder layers, the
     output layer) and backward in reverse; each part sleeps its share of
     compute_s (a third forward, two thirds backward, as BACKWARD_SHARE in
-    tools/smddp_model.py) by its parameter count (the embedding's lookup
+    tools/smddp_model/project.py) by its parameter count (the embedding's lookup
     counts as nothing), then hands back a gradient for each of its
     parameters, every element 1e-3 * (rank + 1)."""
     class Part(torch.autograd.Function):
@@ -404,7 +404,7 @@ def parser() -> argparse.ArgumentParser:
                          "standalone reduction server for the smddp groups (Gloo cannot use them)")
     add_cc_arg(ap)
     ap.add_argument("--save", help="with --paired: also write the results as JSON to this file "
-                    "(tools/smddp_model.py step reads it)")
+                    "(python -m tools.smddp_model step reads it)")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--backend")
     ap.add_argument("--out")

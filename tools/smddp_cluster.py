@@ -280,7 +280,7 @@ def parse_rate(rate: str) -> float:
 def burst_bytes(rate: str) -> int:
     """The tbf bucket, in bytes, that scripts/cluster.sh gives each link at
     `rate`: traffic up to this much passes above the rate after the link
-    has been idle (tools/smddp_model.py counts it)."""
+    has been idle (tools/smddp_model/ counts it)."""
     r = subprocess.run([SCRIPT, "burst", rate], capture_output=True, text=True, timeout=30)
     if r.returncode != 0:
         raise ValueError(f"cluster.sh burst {rate}: {r.stderr.strip()}")

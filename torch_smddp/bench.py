@@ -97,7 +97,7 @@ def timed_checked_calls(call, t, rank: int, expected: float, iters: int,
     input (rank + 1) and comparing the result with ``expected`` happen
     between calls. ``untimed``, if given, gets the mean seconds per
     iteration spent outside the calls: on a tbf-shaped link the bucket
-    refills meanwhile (tools/smddp_model.py counts it)."""
+    refills meanwhile (tools/smddp_model/ counts it)."""
     total = 0.0
     problem = ""
     start = time.perf_counter()

@@ -252,7 +252,7 @@ def test_link_bound_and_rate_follow_their_closed_forms(capsys):
 
 
 def test_the_time_between_calls_is_reported_apart_from_the_calls():
-    # bench --save records it for tools/smddp_model.py (tbf refills then).
+    # bench --save records it for tools/smddp_model/ (tbf refills then).
     import time
     t = torch.empty(64, dtype=torch.float32)
     call, _ = fake_allreduce(t, world=2)

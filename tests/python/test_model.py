@@ -1,4 +1,4 @@
-"""tools/smddp_model.py: the closed forms, the fit recovering known
+"""tools/smddp_model/: the closed forms, the fit recovering known
 parameters from synthetic measurements made by the model itself plus noise,
 and the CLI end to end on a small synthetic JSON. No processes, no torch."""
 
