@@ -60,6 +60,10 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - reported to the parent
             res = {"raised": True, "t": time.time(), "type": type(e).__name__, "msg": str(e)}
         res["calls"] = calls
+        try:  # calls that ran (or began) in pairwise rounds: 3 hosts of one rank
+            res["rounds_calls"] = torch_smddp.stats()["rounds_calls"]
+        except Exception as e:  # noqa: BLE001
+            res["rounds_calls"] = f"stats() raised: {e}"
         t0 = time.time()
         try:
             dist.all_reduce(torch.ones(4))

@@ -5,6 +5,8 @@ against a rendezvous store in the hub.
 
 While every rank runs 4 MiB all_reduces back to back, the test kills a rank
 on host h1 (SIGKILL), or every process of host h1, or takes h1's link down.
+A fourth job, on 3 hosts of one rank, kills h1's rank while those calls run
+in pairwise rounds on the network-only path (docs/design.md).
 Oracles, independent of the backend: the parent's own record of what it did
 and when (wall clock, shared with the ranks), and which ranks live where.
 Every surviving rank must raise, naming a rank that really is on the lost
@@ -14,7 +16,7 @@ checks come at most 0.6 s + 0.3 s late); no rank may hang (the whole job has
 a hard deadline), the next call must fail at once, and destroy must return.
 
 Each job costs about 25 s on a loaded 2-core machine (torch imports); the
-three scenarios are one job each.
+four scenarios are one job each.
 """
 
 import os
@@ -45,8 +47,8 @@ PEER_TIMEOUT_S = 3   # SMDDP_PEER_TIMEOUT of the link-down job
 SILENCE_MARGIN_S = 1.0
 
 
-def host_of(rank: int) -> int:
-    return rank // NPROC
+def host_of(rank: int, nproc: int = NPROC) -> int:
+    return rank // nproc
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +71,26 @@ def _logs(out_dir: str) -> str:
     return "\n".join(parts)
 
 
-def _run(cluster, out_dir, act, survivors, env=None, result_wait_s=20.0):
-    """Starts the job, checks the warm-up, does `act(infos)` once every rank
-    is in its loop, and returns (t_action, infos, results of `survivors`)."""
+def _run(cluster, out_dir, act, survivors, env=None, result_wait_s=20.0, nproc=NPROC,
+         path="shared-memory"):
+    """Starts the job (`nproc` ranks on each of the cluster's hosts), checks
+    the warm-up and that the group took the allreduce path `path`
+    (stats()["allreduce_path"]), does `act(infos)` once every rank is in
+    its loop, and returns (t_action, infos, results of `survivors`)."""
     out_dir = str(out_dir)
+    world = cluster.hosts * nproc
     try:
-        cl.run_worker(cluster, f"job-{secrets.token_hex(4)}", [str(LOOP_S)], NPROC, out_dir, env)
-        ready = [os.path.join(out_dir, f"ready.{r}") for r in range(WORLD)]
+        cl.run_worker(cluster, f"job-{secrets.token_hex(4)}", [str(LOOP_S)], nproc, out_dir, env)
+        ready = [os.path.join(out_dir, f"ready.{r}") for r in range(world)]
         assert cl.wait_for_files(ready, time.monotonic() + START_S, cluster.jobs_alive), (
             "the ranks did not all start:\n" + _logs(out_dir))
         infos = [cl.read_json(p) for p in ready]
         for r, info in enumerate(infos):
-            assert info["host"] == f"h{host_of(r)}", (r, info)
+            assert info["host"] == f"h{host_of(r, nproc)}", (r, info)
             assert info["provider"] == "tcp;ofi_rxm", (r, info)
-            assert info["allreduce_path"] == "shared-memory", (r, info)  # 2 x 2: hierarchical
+            assert info["allreduce_path"] == path, (r, info)
             assert info["closed_form_ok"], (r, info)
-            others = [p for p in range(WORLD) if host_of(p) != host_of(r)]
+            others = [p for p in range(world) if host_of(p, nproc) != host_of(r, nproc)]
             assert info["liveness_peers"] == others, (r, info)
         time.sleep(0.5)  # well inside the all_reduce loop
         t_action = time.time()
@@ -99,8 +105,8 @@ def _run(cluster, out_dir, act, survivors, env=None, result_wait_s=20.0):
         cluster.reset()
 
 
-def _check_survivor(rank, res, t_action, lost_host, lost_ranks, verb, deadline_s):
-    where = f"rank {rank} (host h{host_of(rank)})"
+def _check_survivor(rank, res, t_action, lost_host, lost_ranks, verb, deadline_s, nproc=NPROC):
+    where = f"rank {rank} (host h{host_of(rank, nproc)})"
     assert "crashed" not in res, (where, res)
     assert res["raised"], f"{where}: its all_reduces went on after the failure: {res}"
     msg = res["msg"]
@@ -139,6 +145,44 @@ def test_a_whole_host_killed_fails_every_survivor_within_1s(cluster, tmp_path):
     lat = [_check_survivor(r, got[r], t_action, 1, [2, 3], r"died", DEATH_DEADLINE_S)
            for r in (0, 1)]
     print(f"\nhost h1 killed: ranks 0, 1 on h0 raised after "
+          f"{', '.join(f'{x:.3f}' for x in lat)} s")
+
+
+@pytest.fixture(scope="module")
+def cluster_1x3():
+    """3 hosts of one rank: the network-only path, whose calls of 4 MiB and
+    up (the worker's loop) run in pairwise rounds (docs/design.md)."""
+    why = cl.why_unavailable()
+    if why:
+        pytest.skip(f"no cluster of network namespaces here: {why}")
+    c = cl.Cluster(3, "2gbit").up()
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def test_sigkill_of_a_rank_mid_pairwise_rounds_fails_every_survivor_within_1s(
+        cluster_1x3, tmp_path):
+    # In rounds a rank's sends wait for what arrives from the others, so a
+    # dead peer stalls every survivor's sends, not only its own exchange.
+    victim = 1
+
+    def act(infos):
+        os.kill(infos[victim]["pid"], 9)
+
+    # stats()["allreduce_path"] names the provider for the network-only path.
+    t_action, _, got = _run(cluster_1x3, tmp_path, act, survivors=[0, 2], nproc=1,
+                            path="tcp;ofi_rxm")
+    lat = []
+    for r in (0, 2):
+        res = got[r]
+        lat.append(_check_survivor(r, res, t_action, 1, [victim], r"died", DEATH_DEADLINE_S,
+                                   nproc=1))
+        # Every loop call ran in rounds, the one the death cut short included
+        # when it had started (the warm-up is too small for rounds).
+        assert res["calls"] >= 1 and res["rounds_calls"] in (res["calls"], res["calls"] + 1), res
+    print(f"\nSIGKILL of rank {victim} (h1) mid pairwise rounds: ranks 0, 2 raised after "
           f"{', '.join(f'{x:.3f}' for x in lat)} s")
 
 
