@@ -15,9 +15,9 @@ namespace smddp {
 
 // Pairwise rounds, for large calls between many hosts (docs/design.md,
 // "Pairwise rounds"). In round r = 1 .. n-1 rank i sends server i + r its
-// shard and takes server i - r's; once its shard is complete it returns
-// the result the same way, to i + 1 first. So each link carries one flow
-// each way at a time, where the all-to-all pattern above sends n - 1 at
+// shard and takes server i - r's; once its shard is complete it returns the
+// result the same way, to i + 1 first. So each link carries one flow each
+// way at a time, where the all-to-all pattern (allreduce.cc) sends n - 1 at
 // once into every host's link (8 hosts at 2 Gbit/s: plain TCP moved the
 // bound's bytes at 93-95% of it in a ring, 82-91% all to all; docs/notes/
 // 2026-11-27-congestion-control.md). Servers still combine in rank order:
@@ -28,9 +28,9 @@ namespace smddp {
 // socket takes megabytes before anything moved, and a flow let loose that
 // way overshoots the link's queue), so what arrives clocks the sends: the
 // j-th chunk of data goes once j + 1 - window chunks of data came in, and
-// the same for results. Every shard has as many chunks (CallPlan), so in
-// each round a rank sends as many chunks as it takes: the links are
-// alike, and what came in says what went out.
+// the same for results. Every shard has as many chunks (allreduce.cc's
+// CallPlan), so in each round a rank sends as many chunks as it takes: the
+// links are alike, and what came in says what went out.
 class OrderedSends {
  public:
   enum Clock { kData = 0, kResults = 1 };
