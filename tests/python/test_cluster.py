@@ -51,16 +51,21 @@ def host_of(rank: int, nproc: int = NPROC) -> int:
     return rank // nproc
 
 
-@pytest.fixture(scope="module")
-def cluster():
+def _cluster_of(hosts: int):
+    """A module's cluster of `hosts` hosts at 2gbit (skips where none can be made)."""
     why = cl.why_unavailable()
     if why:
         pytest.skip(f"no cluster of network namespaces here: {why}")
-    c = cl.Cluster(HOSTS, "2gbit").up()
+    c = cl.Cluster(hosts, "2gbit").up()
     try:
         yield c
     finally:
         c.down()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from _cluster_of(HOSTS)
 
 
 def _logs(out_dir: str) -> str:
@@ -152,14 +157,7 @@ def test_a_whole_host_killed_fails_every_survivor_within_1s(cluster, tmp_path):
 def cluster_1x3():
     """3 hosts of one rank: the network-only path, whose calls of 4 MiB and
     up (the worker's loop) run in pairwise rounds (docs/design.md)."""
-    why = cl.why_unavailable()
-    if why:
-        pytest.skip(f"no cluster of network namespaces here: {why}")
-    c = cl.Cluster(3, "2gbit").up()
-    try:
-        yield c
-    finally:
-        c.down()
+    yield from _cluster_of(3)
 
 
 def test_sigkill_of_a_rank_mid_pairwise_rounds_fails_every_survivor_within_1s(
