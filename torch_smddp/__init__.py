@@ -273,7 +273,10 @@ def stats(group=None, reset: bool = False) -> dict:
     class (power-of-4 bytes: ``min_bytes`` .. ``max_bytes``) with ``count``,
     ``mean_us``, ``p50_us`` and ``p99_us``, the time from queued to
     completed, read from log-spaced bins (two per octave, so within a factor
-    sqrt(2)). With ``reset=True`` the counters are zeroed after reading.
+    sqrt(2)). ``allreduce_path`` is "shared-memory" or the libfabric
+    provider; ``allreduce_schedule`` describes the path as the set-up log
+    does (chunks, fusion, reduction servers, bf16 crossing, pairwise
+    rounds). With ``reset=True`` the counters are zeroed after reading.
     """
     backend = _backend_of(group)
     out = backend.stats()

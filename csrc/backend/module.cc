@@ -190,6 +190,7 @@ py::object stragglersToDict(const smddp::Stragglers& st) {
 py::dict groupStats(ProcessGroupSmddp& pg) {
   py::dict d = statsToDict(pg.stats());
   d["allreduce_path"] = pg.allreducePath();
+  d["allreduce_schedule"] = pg.allreduceSchedule();
   d["reduction_servers"] = pg.reductionServers();
   d["ring_depth"] = pg.ringDepth();
   d["standalone_servers"] = pg.standaloneServers();

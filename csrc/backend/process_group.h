@@ -153,6 +153,9 @@ class ProcessGroupSmddp : public c10d::Backend {
   std::string allreducePath() const {
     return comm_ && comm_->allreducePath().throughHostSegment() ? "shared-memory" : provider();
   }
+  // The path in words, with its schedule (chunks, fusion, servers, bf16
+  // crossing, pairwise rounds): what the set-up log says of it.
+  std::string allreduceSchedule() const { return comm_ ? comm_->allreducePathDescription() : ""; }
   int reductionServers() const { return comm_ ? comm_->allreducePath().reductionServers() : 0; }
   smddp::Stragglers stragglers() const {
     return comm_ ? comm_->allreducePath().stragglers() : smddp::Stragglers{};

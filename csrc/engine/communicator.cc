@@ -42,6 +42,7 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
   SMDDP_CHECK(path_ != nullptr, kInternal, "smddp: no allreduce path was opened");
   ctx_->formationLap("path");
   fuses_ = path_->fuses();
+  pathDescription_ = path_->describe();
   warnShmTrouble(shmTrouble);
   // 6. The observer (and its flight recorder), and a thread that tells a
   //    failing peer where this rank stands (desync.h).
@@ -79,7 +80,7 @@ std::string Communicator::describeGroup() const {
   std::ostringstream o;
   o << "[rank " << rank() << "] group '" << name() << "': " << size() << " rank(s) on "
     << peers.hostCount() << " host(s); provider " << provider() << " (" << ctx_->providerReason()
-    << "); allreduce " << path_->describe();
+    << "); allreduce " << pathDescription_;
   if (const PeerMonitor* monitor = peers.monitor()) {
     o << "; liveness connections to " << monitor->watchedRanks().size()
       << " rank(s) on other hosts (port " << monitor->listenPort() << ", SMDDP_PEER_TIMEOUT "

@@ -74,6 +74,10 @@ class Communicator {
   // How allreduce runs: through the host segment (throughHostSegment()),
   // fused on the network, or plainly on the network; its servers.
   const AllreducePath& allreducePath() const { return *path_; }
+  // The path as chosen at formation (AllreducePath::describe(), the set-up
+  // log's text); kept, so it can be read after the path released its
+  // resources.
+  const std::string& allreducePathDescription() const { return pathDescription_; }
   std::chrono::milliseconds timeout() const { return ctx_->timeout(); }
   // Any thread (c10d's setTimeout); a call already waiting keeps its deadline.
   void setTimeout(std::chrono::milliseconds t) { ctx_->setTimeout(t); }
@@ -219,6 +223,7 @@ class Communicator {
   std::unique_ptr<EngineContext> ctx_;
   // run(): worker thread only; noteIssued: under queueMu_; the rest: any thread.
   std::unique_ptr<AllreducePath> path_;
+  std::string pathDescription_;
   bool fuses_ = false;                   // path_->fuses(), fixed at construction
   std::unique_ptr<CallObserver> observer_;  // locks itself where it must
   std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only

@@ -45,6 +45,7 @@ def main() -> None:
         info = {"rank": rank, "world": world, "host": os.environ.get("SMDDP_HOST_ID"),
                 "pid": os.getpid(), "provider": backend.provider,
                 "allreduce_path": torch_smddp.stats()["allreduce_path"],
+                "allreduce_schedule": torch_smddp.stats()["allreduce_schedule"],
                 "liveness_peers": list(backend.liveness_peers),
                 "closed_form_ok": bool(torch.equal(t, expect))}
         _write(f"ready.{rank}", info)

@@ -77,11 +77,13 @@ def _logs(out_dir: str) -> str:
 
 
 def _run(cluster, out_dir, act, survivors, env=None, result_wait_s=20.0, nproc=NPROC,
-         path="shared-memory"):
+         path="shared-memory",
+         schedule="through each host's shared-memory segment, then across hosts over libfabric"):
     """Starts the job (`nproc` ranks on each of the cluster's hosts), checks
     the warm-up and that the group took the allreduce path `path`
-    (stats()["allreduce_path"]), does `act(infos)` once every rank is in
-    its loop, and returns (t_action, infos, results of `survivors`)."""
+    (stats()["allreduce_path"], and the schedule's description that
+    begins with `schedule`), does `act(infos)` once every rank is in its
+    loop, and returns (t_action, infos, results of `survivors`)."""
     out_dir = str(out_dir)
     world = cluster.hosts * nproc
     try:
@@ -94,6 +96,7 @@ def _run(cluster, out_dir, act, survivors, env=None, result_wait_s=20.0, nproc=N
             assert info["host"] == f"h{host_of(r, nproc)}", (r, info)
             assert info["provider"] == "tcp;ofi_rxm", (r, info)
             assert info["allreduce_path"] == path, (r, info)
+            assert info["allreduce_schedule"].startswith(schedule), (r, info)
             assert info["closed_form_ok"], (r, info)
             others = [p for p in range(world) if host_of(p, nproc) != host_of(r, nproc)]
             assert info["liveness_peers"] == others, (r, info)
@@ -169,9 +172,12 @@ def test_sigkill_of_a_rank_mid_pairwise_rounds_fails_every_survivor_within_1s(
     def act(infos):
         os.kill(infos[victim]["pid"], 9)
 
-    # stats()["allreduce_path"] names the provider for the network-only path.
-    t_action, _, got = _run(cluster_1x3, tmp_path, act, survivors=[0, 2], nproc=1,
-                            path="tcp;ofi_rxm")
+    # stats()["allreduce_path"] names the provider for the network-only path,
+    # and its schedule the calls that go in rounds (SMDDP_ROUNDS_MIN_BYTES).
+    t_action, infos, got = _run(cluster_1x3, tmp_path, act, survivors=[0, 2], nproc=1,
+                                path="tcp;ofi_rxm", schedule="over libfabric only")
+    for info in infos:
+        assert "pairwise rounds for calls of 4096 KiB and up" in info["allreduce_schedule"], info
     lat = []
     for r in (0, 2):
         res = got[r]

@@ -53,6 +53,12 @@ def test_stats_counts_percentiles_and_reset(job):
         assert ph["after_reset"] == {"counts": {}, "latency": {}, "collectives": 0}, ph
         assert ph["after_stats_reset"] == {"counts": {}, "latency": {}, "collectives": 0}, ph
         st = ph["stats"]
+        # one host: the shared-memory path, and its schedule in words (the
+        # set-up log's), with nothing across hosts
+        assert st["allreduce_path"] == "shared-memory", st
+        sched = st["allreduce_schedule"]
+        assert sched.startswith("through each host's shared-memory segment: "), sched
+        assert "fusion buffer" in sched and "across hosts" not in sched, sched
         # counts equal the calls made (all_reduce: 25 sync of 4 KiB + 7 async of 64 B)
         assert st["collective_counts"] == {"allreduce": 32, "broadcast": 10, "barrier": 3}, st
         lat = st["latency"]
