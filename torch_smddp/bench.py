@@ -106,6 +106,14 @@ def timed_checked_calls(call, t, rank: int, expected: float, iters: int,
         t0 = time.perf_counter()
         call()
         total += time.perf_counter() - t0
+        # One read pass when the result is right (min and max both the
+        # closed form; a NaN fails it); the element-wise search only when
+        # it is not. At 4 x 2 eight ranks check on two vCPUs, and a rank
+        # still checking takes CPU from ranks already in their next call.
+        if not problem and t.dtype.is_floating_point:
+            lo, hi = t.aminmax()
+            if lo.item() == expected and hi.item() == expected:
+                continue
         if not problem:
             bad = (t != expected).nonzero()
             if bad.numel():

@@ -60,6 +60,20 @@ def test_a_wrong_result_on_any_iteration_is_reported(wrong_at):
     assert problem.startswith(f"iteration {wrong_at}: element 5 of 64 is -1.0, expected 6.0"), problem
 
 
+def test_a_nan_result_is_reported():
+    # The check's fast path compares min and max with the closed form; a
+    # NaN must fail it and be found element-wise.
+    t = torch.empty(64, dtype=torch.float32)
+    inner, _ = fake_allreduce(t, world=3)
+
+    def call():
+        inner()
+        t[7] = float("nan")
+
+    _, problem = bench.timed_checked_calls(call, t, rank=0, expected=6.0, iters=3)
+    assert problem.startswith("iteration 0: element 7 of 64 is nan, expected 6.0"), problem
+
+
 def load_ddp_step():
     spec = importlib.util.spec_from_file_location("ddp_step", os.path.join(REPO, "benchmarks", "ddp_step.py"))
     ddp_step = importlib.util.module_from_spec(spec)
