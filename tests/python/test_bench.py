@@ -330,11 +330,11 @@ def test_peers_pairs_take_each_pairs_median_and_count_the_pairs_won(monkeypatch,
 MESH_SCRIPT = """
 import json, sys
 import torch.distributed as dist
-from torch_smddp import bench
+from torch_smddp import bench_tcp
 out = sys.argv[sys.argv.index("--out") + 1]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-mesh = bench.TcpMesh(dist.group.WORLD, rank, world, conns=2)
+mesh = bench_tcp.TcpMesh(dist.group.WORLD, rank, world, conns=2)
 got = []
 for n in (3 << 20, 12000):
     mesh.exchange(n)
