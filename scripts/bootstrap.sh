@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(libfabric-dev libfabric-bin libssl-dev catch2 cmake g++ make procps clang libclang-rt-14-dev)
+APT_PACKAGES=(libfabric-dev libfabric-bin libssl-dev catch2 cmake g++ make procps clang libclang-rt-14-dev openmpi-bin)
 VENV=${SMDDP_VENV:-.venv}
 TORCH_PIN=${SMDDP_TORCH_PIN:-torch==2.13.0}
 # torchft (the [ft] extra) and parameterized (its test suite's) let
