@@ -8,6 +8,7 @@
 #include <set>
 
 #include "backend/process_group.h"
+#include "common/logging.h"
 #include "common/param.h"
 
 namespace c10d_smddp {
@@ -16,7 +17,8 @@ static const ::smddp::ParamRegistrar paramIntraRegistrar_{
     "SMDDP_INTRA", "string", "auto",
     "The GPU path's allreduce inside a host: nccl (reduce-scatter over the host's GPUs with "
     "NCCL, only each GPU's shard across hosts, then all-gather), shm (every GPU's data "
-    "through the host), or auto (nccl where every host has 2 or more distinct GPUs)",
+    "through the host), or auto (shm until the NCCL route has passed the multi-GPU checks on "
+    "hardware; docs/gpu.md)",
     __FILE__};
 
 std::string intraMode() {
@@ -28,6 +30,12 @@ std::string intraMode() {
 }
 
 namespace {
+
+// Whether SMDDP_INTRA=auto may pick NCCL inside a host. False until a lent
+// machine with 2 or more GPUs passes scripts/gpu_check.sh's multi-GPU stage
+// on the NCCL route (issue 53); then true, with that run in
+// benchmarks/RESULTS.md.
+constexpr bool kNcclIntraProvenOnHardware = false;
 
 std::string toBytes(int v) { return std::to_string(v); }
 
@@ -51,6 +59,11 @@ std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& c
   const std::string mode = intraMode();
   if (mode == "shm") {
     *why = "SMDDP_INTRA=shm";
+    return nullptr;
+  }
+  if (mode == "auto" && !kNcclIntraProvenOnHardware) {
+    *why = "SMDDP_INTRA=auto: every GPU's data goes through the host (the NCCL route inside a "
+           "host has not yet run on hardware with 2 or more GPUs; SMDDP_INTRA=nccl asks for it)";
     return nullptr;
   }
   const auto& hosts = s.ranksByHost;
@@ -80,6 +93,11 @@ std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& c
       hostIdx = static_cast<int>(h);
       localRank = static_cast<int>(it - hosts[h].begin());
     }
+  }
+  if (mode == "nccl" && !kNcclIntraProvenOnHardware && s.rank == 0) {
+    SMDDP_LOG(kWarn) << "smddp: SMDDP_INTRA=nccl: group " << s.groupName << " takes the NCCL route "
+                     << "inside the host, which has not yet been proven on hardware with 2 or more "
+                     << "GPUs (docs/gpu.md); SMDDP_INTRA=shm or auto is the host route";
   }
   auto route = std::make_shared<IntraRoute>();
   route->hosts = static_cast<int>(hosts.size());

@@ -44,8 +44,9 @@ struct IntraSetup {
   std::string crossHostDtype;                       // the rail group's cross_host_dtype
 };
 
-// SMDDP_INTRA: auto (NCCL where every host has 2 or more distinct GPUs),
-// nccl (an error where it cannot be), shm (never). Throws a ValueError
+// SMDDP_INTRA: auto (the host route until the NCCL route has passed the
+// multi-GPU checks on hardware; then NCCL where every host has 2 or more
+// distinct GPUs), nccl (an error where it cannot be), shm (never). Throws a ValueError
 // naming the variable for any other value.
 std::string intraMode();
 
