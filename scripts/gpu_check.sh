@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU path's first run, in one command, on a machine with a CUDA GPU
-# (one is enough; some checks need two and say so). It builds the CUDA
-# build with the machine's own torch (no network needed), then runs:
+# (one is enough; some checks need two and say so). It installs torch-smddp
+# the way users do, `pip install .` against the machine's own torch (no
+# network needed: --no-build-isolation, since there is no index to fetch
+# setuptools from), which builds the CUDA path by itself, then runs:
 #   1. tests/cuda through ctest (a skipped test is a failure here);
 #   2. make test-gpu (tests/gpu: every collective on CUDA tensors against
 #      Gloo, the caller's stream rules, DDP and FSDP2 against Gloo, and the
@@ -72,11 +74,15 @@ if [ -d "$prefix/usr" ]; then
 else
   cmake_args=""
 fi
-export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# The carried libfabric is the one the build must take (docs/install.md,
+# "libfabric"): the extension then records its folder in its run path.
+[ -d "$prefix/usr" ] && export SMDDP_LIBFABRIC_ROOT=$prefix/usr
+# The architectures are setup.py's default (sm_75 and up plus PTX), which
+# tests/cuda's ctest checks, unless the caller sets TORCH_CUDA_ARCH_LIST.
 jobs=$(nproc 2>/dev/null || echo 8)
+export SMDDP_BUILD_JOBS=$jobs PIP_BREAK_SYSTEM_PACKAGES=1
 make_gpu=(make --no-print-directory CUDA_PY="$(command -v "$PY")" CUDA_SETUP= JOBS="$jobs"
-          CMAKE_ARGS="$cmake_args")
+          CMAKE_ARGS="$cmake_args" CUDA_PIP_ARGS="--no-build-isolation")
 
 if [ "$stage" = all ] || [ "$stage" = build ]; then
   : >"$report"
@@ -87,7 +93,7 @@ if [ "$stage" = all ] || [ "$stage" = build ]; then
     "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', '.'.join(map(str, torch.cuda.nccl.version())), 'gpus', torch.cuda.device_count())"
     nproc; } 2>&1 | tee -a "$report"
   log '```'
-  section "Build (SMDDP_WITH_CUDA=ON)"
+  section "Build: pip install . (SMDDP_WITH_CUDA=auto)"
   run_step build 600 "${make_gpu[@]}" build-cuda-ext
 fi
 
@@ -115,7 +121,7 @@ if [ "$stage" = all ] || [ "$stage" = multi ]; then
   section "One rank per GPU"
   ngpu=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
   if [ "$ngpu" -ge 2 ]; then
-    run_step multi-gpu 600 env PYTHONPATH="$PWD/build-cuda/pkg:$PWD/tests/gpu:$PWD/tests/python" \
+    run_step multi-gpu 600 env PYTHONPATH="$PWD/tests/gpu:$PWD/tests/python" \
       "$PY" tests/gpu/multi_gpu.py "$ngpu"
   else
     log "skipped: $ngpu GPU(s) here; the per-GPU process check and SMDDP_INTRA=nccl need 2 or more"
@@ -124,7 +130,7 @@ fi
 
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
   section "Benchmarks (benchmarks/gpu_bench.py)"
-  run_step bench 600 env PYTHONPATH="$PWD/build-cuda/pkg" "$PY" benchmarks/gpu_bench.py --report "$report.bench"
+  run_step bench 600 "$PY" benchmarks/gpu_bench.py --report "$report.bench"
   [ -f "$report.bench" ] && cat "$report.bench" >>"$report" && rm -f "$report.bench"
 fi
 

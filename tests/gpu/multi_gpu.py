@@ -8,7 +8,7 @@
   shard through the host, all-gather; allreduce of every size class and
   op against the closed form, and the route reported in stats().
 
-    PYTHONPATH=build-cuda/pkg:tests/gpu:tests/python python3 tests/gpu/multi_gpu.py NGPU
+    PYTHONPATH=tests/gpu:tests/python python3 tests/gpu/multi_gpu.py NGPU
 """
 import os
 import subprocess
