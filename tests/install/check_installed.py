@@ -125,6 +125,24 @@ def main() -> int:
               f"the process loaded {loaded}, not the copy under {p}")
         check(os.path.realpath(bi.LIBFABRIC_LIBRARY).startswith(p), bi.LIBFABRIC_LIBRARY)
 
+    # What `python -m torch_smddp.info --json` says agrees with the above.
+    r = subprocess.run([sys.executable, "-m", "torch_smddp.info", "--json", "--local-world", "1"],
+                       capture_output=True, text=True, timeout=300)
+    check(r.returncode == 0, f"info --json failed: {r.stderr[-2000:]}")
+    rep = json.loads(r.stdout)
+    check(rep["torch"]["match"] and rep["torch"]["built"] == torch.__version__, f"info: {rep['torch']}")
+    check(rep["cuda"]["built_with_cuda"] == (a.expect == "cuda") and rep["devices"] == devices,
+          f"info: cuda {rep['cuda']}, devices {rep['devices']}")
+    if a.expect == "cuda":
+        check(rep["cuda"]["nccl"] == bi.NCCL_VERSION and rep["cuda"]["archs"] == bi.CUDA_ARCHS,
+              f"info: {rep['cuda']}")
+    else:
+        check(rep["cuda"]["toolkit"] == "CPU only", f"info: {rep['cuda']}")
+    check(loaded and os.path.realpath(rep["libfabric"]["loaded"]) == os.path.realpath(loaded[0]),
+          f"info says libfabric {rep['libfabric']['loaded']} was loaded; /proc/self/maps: {loaded}")
+    print(f"info --json: torch {rep['torch']['built']} match, cuda {rep['cuda']['toolkit']}, "
+          f"devices {rep['devices']}, libfabric {rep['libfabric']['loaded']}")
+
     if a.mismatch_checkout:
         info = os.path.join(a.mismatch_checkout, "torch_smddp", "_build_info.py")
         check(os.path.exists(info), f"no build in {a.mismatch_checkout} to import (run make build)")
