@@ -10,6 +10,7 @@
 #include "backend/process_group.h"
 #include "common/logging.h"
 #include "common/param.h"
+#include "device/nccl_host.h"
 
 namespace c10d_smddp {
 
@@ -50,6 +51,20 @@ std::vector<int> deviceIndexes(const IntraSetup& s, int mine) {
     out[r] = std::stoi(std::string(bytes.begin(), bytes.end()));
   }
   return out;
+}
+
+// The host's communicator's unique id: local rank 0 makes it and
+// publishes it under `key`; the others wait for it, within the timeout.
+std::string uniqueIdOfHost(const IntraSetup& s, smddp::NcclApi& nccl, const std::string& key,
+                           int localRank) {
+  if (localRank == 0) {
+    std::string id = nccl.uniqueId();
+    s.store->set(key, std::vector<uint8_t>(id.begin(), id.end()));
+    return id;
+  }
+  s.store->wait({key}, s.timeout);
+  auto bytes = s.store->get(key);
+  return std::string(bytes.begin(), bytes.end());
 }
 
 }  // namespace
@@ -102,15 +117,19 @@ std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& c
   auto route = std::make_shared<IntraRoute>();
   route->hosts = static_cast<int>(hosts.size());
   const std::string base = "smddp_intra/" + s.groupName + "/";
-  if (s.sim) {
-    auto local = c10::make_intrusive<ProcessGroupSmddp>(
-        c10::make_intrusive<c10d::PrefixStore>(base + "local" + std::to_string(hostIdx) + "/", s.store),
-        localRank, static_cast<int>(g), s.timeout, s.groupName + "/intra" + std::to_string(hostIdx),
-        GroupOptions{.hostOnly = true});
-    route->host = makeSimIntraHost(std::move(local));
-  } else {
-    route->host = makeNcclIntraHost(s.store, base + "nccl/" + std::to_string(hostIdx),
-                                    ctx.device()->index(), localRank, static_cast<int>(g), s.timeout);
+  std::shared_ptr<smddp::NcclApi> nccl =
+      s.sim ? makeSimNcclApi(s.store, s.groupName + "/host" + std::to_string(hostIdx), s.timeout,
+                             0x5eedull + static_cast<uint64_t>(s.rank) * 7919)
+            : cudaNcclApi();
+  {
+    auto entered = ctx.enter();  // the communicator forms on the rank's device
+    const std::string id = uniqueIdOfHost(s, *nccl, base + "nccl/" + std::to_string(hostIdx), localRank);
+    try {
+      route->host = smddp::newNcclIntraHost(nccl, ctx.device()->name(), localRank,
+                                            static_cast<int>(g), id, s.timeout);
+    } catch (const smddp::Error& e) {
+      C10_THROW_ERROR(DistBackendError, e.what());
+    }
   }
   route->rail = c10::make_intrusive<ProcessGroupSmddp>(
       c10::make_intrusive<c10d::PrefixStore>(base + "rail" + std::to_string(localRank) + "/", s.store),
