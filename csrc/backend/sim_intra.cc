@@ -18,7 +18,7 @@
 
 namespace c10d_smddp {
 
-SMDDP_PARAM_INT(paramSimNcclInProgress, "SMDDP_DEVICE_SIM_NCCL_IN_PROGRESS", 0, 0, 100,
+SMDDP_PARAM_INT(paramSimNcclInProgress, "SMDDP_DEVICE_SIM_NCCL_IN_PROGRESS", 50, 0, 100,
                 "Test hook: percent of the stand-in NCCL's init and collective calls that "
                 "return ncclInProgress (their work then happens later, from another thread)");
 

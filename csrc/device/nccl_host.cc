@@ -1,5 +1,7 @@
 #include "device/nccl_host.h"
 
+#include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -23,32 +25,40 @@ const char* toString(NcclResult r) {
 
 namespace {
 
+// The communicator is non-blocking, so that a host whose peer never comes
+// can give up. NCCL's rule for such a communicator: a call that answers
+// ncclInProgress has not yet queued its kernel, and no call may use the
+// communicator until ncclCommGetAsyncError stops answering ncclInProgress.
+// So every call here waits for that (polling, bounded by the timeout)
+// before it returns: whatever its caller queues on the stream next runs
+// after the kernel, and the next call is never refused. A call still in
+// progress at the timeout, or an error, aborts the communicator, as
+// ProcessGroupNCCL does.
 class NcclIntraHost final : public IntraHost {
  public:
   NcclIntraHost(std::shared_ptr<NcclApi> api, std::string where, int rank, int size,
                 const std::string& id, std::chrono::milliseconds timeout)
-      : api_(std::move(api)), where_(std::move(where)), rank_(rank), size_(size) {
-    check(api_->commInitRankNonBlocking(&comm_, size, id, rank), "ncclCommInitRankConfig");
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      NcclResult state = NcclResult::kSuccess;
-      check(api_->commGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
-      if (state == NcclResult::kSuccess) break;
-      if (state != NcclResult::kInProgress || std::chrono::steady_clock::now() > deadline) {
-        const bool late = state == NcclResult::kInProgress;
-        const std::string why = late ? "" : ": " + api_->errorString(state);
-        abort();
-        throwError(late ? ErrorKind::kTimeout : ErrorKind::kInternal,
-                   "smddp: the intra-host NCCL communicator of " + where_ + " (local rank " +
-                       std::to_string(rank) + " of " + std::to_string(size) +
-                       ") did not form within " + std::to_string(timeout.count()) + " ms" + why);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+      : api_(std::move(api)), where_(std::move(where)), rank_(rank), size_(size), timeout_(timeout) {
+    std::lock_guard<std::mutex> lk(mu_);
+    NcclComm comm = nullptr;
+    const NcclResult r = api_->commInitRankNonBlocking(&comm, size, id, rank);
+    comm_ = comm;
+    settle(r, "ncclCommInitRankConfig",
+           "the intra-host NCCL communicator of " + where_ + " (local rank " +
+               std::to_string(rank) + " of " + std::to_string(size) + ") did not form");
   }
   ~NcclIntraHost() override {
     std::lock_guard<std::mutex> lk(mu_);
-    if (comm_) (void)api_->commDestroy(comm_);
+    if (!comm_) return;
+    // A communicator with an error (or hung work) is aborted: NCCL's destroy
+    // would wait for its kernels.
+    NcclResult state = NcclResult::kSuccess;
+    if (api_->commGetAsyncError(comm_, &state) == NcclResult::kSuccess && state == NcclResult::kSuccess) {
+      (void)api_->commDestroy(comm_);
+    } else {
+      (void)api_->commAbort(comm_);
+    }
+    comm_ = nullptr;
   }
 
   int rank() const override { return rank_; }
@@ -57,42 +67,82 @@ class NcclIntraHost final : public IntraHost {
   void reduceScatter(DeviceStream& stream, const void* send, void* recv, size_t count,
                      DataType dtype, ReduceOp op) override {
     std::lock_guard<std::mutex> lk(mu_);
-    usable("reduce-scatter");
-    check(api_->reduceScatter(send, recv, count, dtype, op, comm_, stream), "ncclReduceScatter");
+    const NcclComm comm = usable("ncclReduceScatter");
+    settle(api_->reduceScatter(send, recv, count, dtype, op, comm, stream), "ncclReduceScatter",
+           "ncclReduceScatter on " + where_);
   }
   void allGather(DeviceStream& stream, const void* send, void* recv, size_t count,
                  DataType dtype) override {
     std::lock_guard<std::mutex> lk(mu_);
-    usable("all-gather");
-    check(api_->allGather(send, recv, count, dtype, comm_, stream), "ncclAllGather");
+    const NcclComm comm = usable("ncclAllGather");
+    settle(api_->allGather(send, recv, count, dtype, comm, stream), "ncclAllGather",
+           "ncclAllGather on " + where_);
   }
   void checkHealthy() override {
     std::lock_guard<std::mutex> lk(mu_);
-    usable("health check");
+    const NcclComm comm = usable("health check");
     NcclResult state = NcclResult::kSuccess;
-    check(api_->commGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
-    check(state, "an intra-host NCCL operation");
+    const NcclResult r = api_->commGetAsyncError(comm, &state);
+    if (r != NcclResult::kSuccess) fail("ncclCommGetAsyncError", r);
+    if (state != NcclResult::kSuccess && state != NcclResult::kInProgress) {
+      fail("an intra-host NCCL operation", state);
+    }
   }
   void abort() override {
     std::lock_guard<std::mutex> lk(mu_);
-    if (comm_) (void)api_->commAbort(comm_);
-    comm_ = nullptr;
+    abortLocked();
   }
 
  private:
-  void check(NcclResult r, const char* call) {
-    if (r == NcclResult::kSuccess || r == NcclResult::kInProgress) return;
-    throwError(ErrorKind::kInternal,
-               std::string("smddp: intra-host NCCL: ") + call + " failed: " + api_->errorString(r));
+  // After a call answered `r`: returns once its work is queued (kSuccess),
+  // else aborts the communicator and throws. `what` opens the timeout's
+  // message.
+  void settle(NcclResult r, const char* call, const std::string& what) {
+    if (r == NcclResult::kSuccess) return;
+    if (r != NcclResult::kInProgress) fail(call, r);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    auto nap = std::chrono::microseconds(20);
+    for (;;) {
+      NcclResult state = NcclResult::kSuccess;
+      const NcclResult q = api_->commGetAsyncError(comm_, &state);
+      if (q != NcclResult::kSuccess) fail("ncclCommGetAsyncError", q);
+      if (state == NcclResult::kSuccess) return;
+      if (state != NcclResult::kInProgress) fail(call, state);
+      if (std::chrono::steady_clock::now() > deadline) {
+        abortLocked();
+        throwError(ErrorKind::kTimeout,
+                   "smddp: " + what + ": still ncclInProgress after " +
+                       std::to_string(timeout_.count()) +
+                       " ms (the group timeout); the communicator was aborted");
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
   }
-  void usable(const char* what) const {
-    SMDDP_CHECK(comm_, kAborted, std::string("smddp: intra-host NCCL ") + what +
+  // A failed call: the communicator is of no further use (NCCL's rule after
+  // an error is to abort it), which also ends its hung kernels.
+  [[noreturn]] void fail(const char* call, NcclResult r) {
+    std::string detail = comm_ ? api_->lastError(comm_) : "";
+    abortLocked();
+    throwError(ErrorKind::kInternal, "smddp: intra-host NCCL on " + where_ + ": " + call +
+                                         " failed: " + api_->errorString(r) +
+                                         (detail.empty() ? "" : " (" + detail + ")") +
+                                         "; the communicator was aborted");
+  }
+  NcclComm usable(const char* what) const {
+    SMDDP_CHECK(comm_, kAborted, "smddp: intra-host NCCL " + std::string(what) + " on " + where_ +
                                      " after the communicator was aborted");
+    return comm_;
+  }
+  void abortLocked() {
+    if (comm_) (void)api_->commAbort(comm_);
+    comm_ = nullptr;
   }
 
   std::shared_ptr<NcclApi> api_;
   std::string where_;
   int rank_, size_;
+  std::chrono::milliseconds timeout_;
   std::mutex mu_;
   NcclComm comm_ = nullptr;  // guarded by mu_
 };
