@@ -191,23 +191,26 @@ class SimNccl final : public NcclApi {
   }
 
   NcclResult commGetAsyncError(NcclComm comm, NcclResult* state) override {
-    auto c = find(comm, "ncclCommGetAsyncError");
-    if (!c) return NcclResult::kInvalidArgument;
+    NcclResult refused;
+    auto c = find(comm, "ncclCommGetAsyncError", &refused);
+    if (!c) return refused;
     std::lock_guard<std::mutex> lk(c->mu);
     *state = c->state;
     return NcclResult::kSuccess;
   }
 
   NcclResult commAbort(NcclComm comm) override {
-    auto c = find(comm, "ncclCommAbort", /*erase=*/true);
-    if (!c) return NcclResult::kInvalidArgument;
+    NcclResult refused;
+    auto c = find(comm, "ncclCommAbort", &refused, /*erase=*/true);
+    if (!c) return refused;
     abortComm(*c);
     return NcclResult::kSuccess;
   }
 
   NcclResult commDestroy(NcclComm comm) override {
-    auto c = find(comm, "ncclCommDestroy", /*erase=*/true);
-    if (!c) return NcclResult::kInvalidArgument;
+    NcclResult refused;
+    auto c = find(comm, "ncclCommDestroy", &refused, /*erase=*/true);
+    if (!c) return refused;
     // NCCL's waits for the operations in flight: with a hung kernel it
     // never returns. Bounded here, and a broken rule past the bound.
     std::unique_lock<std::mutex> lk(c->mu);
@@ -248,16 +251,29 @@ class SimNccl final : public NcclApi {
     return opts_.minDeferral + std::chrono::microseconds(static_cast<int64_t>(rng_() % (span + 1)));
   }
 
-  std::shared_ptr<SimComm> find(NcclComm comm, const char* call, bool erase = false) {
+  // The live communicator `comm`, or null and why the call is refused. A
+  // call that was on its way in while another thread aborted the
+  // communicator (within abortGrace) gets kInvalidUsage; any other use of
+  // a communicator that is gone is a broken rule.
+  std::shared_ptr<SimComm> find(NcclComm comm, const char* call, NcclResult* refused,
+                                bool erase = false) {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = comms_.find(reinterpret_cast<uintptr_t>(comm));
+    const auto handle = reinterpret_cast<uintptr_t>(comm);
+    auto it = comms_.find(handle);
     if (it == comms_.end()) {
+      auto gone = abortedAt_.find(handle);
+      if (gone != abortedAt_.end() && std::chrono::steady_clock::now() - gone->second < opts_.abortGrace) {
+        *refused = NcclResult::kInvalidUsage;
+        return nullptr;
+      }
       sim::recordViolation(std::string(call) +
                            " on a communicator that was aborted, destroyed or never made");
+      *refused = NcclResult::kInvalidArgument;
       return nullptr;
     }
     auto c = it->second;
     if (erase) comms_.erase(it);
+    if (erase && std::string(call) == "ncclCommAbort") abortedAt_[handle] = std::chrono::steady_clock::now();
     return c;
   }
 
@@ -290,8 +306,9 @@ class SimNccl final : public NcclApi {
   }
 
   NcclResult collective(const char* call, NcclComm comm, DeviceStream& stream, Body body) {
-    auto c = find(comm, call);
-    if (!c) return NcclResult::kInvalidArgument;
+    NcclResult refused;
+    auto c = find(comm, call, &refused);
+    if (!c) return refused;
     if (sim::deviceOf(stream) != c->device) {
       sim::recordViolation(std::string(call) + " on " + c->name + " with a stream of sim:" +
                            std::to_string(sim::deviceOf(stream)));
@@ -354,6 +371,7 @@ class SimNccl final : public NcclApi {
   std::mutex mu_;
   std::mt19937_64 rng_;                                 // guarded by mu_
   std::map<uintptr_t, std::shared_ptr<SimComm>> comms_;  // guarded by mu_: the live ones
+  std::map<uintptr_t, std::chrono::steady_clock::time_point> abortedAt_;  // guarded by mu_
   uintptr_t nextHandle_ = 1;                            // guarded by mu_
 };
 

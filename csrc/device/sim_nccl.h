@@ -19,7 +19,8 @@
 //   the kernel that met one hangs too, until the abort;
 // - commAbort ends every kernel of the communicator at once, from any
 //   thread, also one a launch under CUDA_LAUNCH_BLOCKING waits for; using
-//   a communicator after commAbort or commDestroy is a broken rule.
+//   a communicator after commAbort or commDestroy is a broken rule (but
+//   for a call that raced the abort: SimNcclOptions::abortGrace).
 // The data moves through SimNcclPeers, which the caller provides: a CPU
 // group of the host's ranks on the stand-in (backend/sim_intra.cc), memory
 // shared by threads in the Catch2 tests.
@@ -71,6 +72,11 @@ struct SimNcclOptions {
   // sets kSystemError as the communicator's asynchronous error and hangs,
   // as a kernel does when NCCL's proxy reports a failure; -1 for none.
   int64_t failCollective = -1;
+  // NCCL frees a communicator in ncclCommAbort, so any later use of it is
+  // a broken rule; but a call on its way in while another thread aborts
+  // (shutdown stopping a launch, as ProcessGroupNCCL's watchdog does) is
+  // only refused (kInvalidUsage) for this long after the abort.
+  std::chrono::milliseconds abortGrace{1000};
 };
 
 std::shared_ptr<NcclApi> makeSimNccl(SimNcclOptions opts, SimNcclConnect connect);

@@ -218,6 +218,60 @@ TEST_CASE("a collective still in progress at the timeout aborts the communicator
   host.release();
 }
 
+TEST_CASE("abort returns at once while a launch under CUDA_LAUNCH_BLOCKING waits for a dead "
+          "peer, and the launch then fails",
+          "[nccl]") {
+  sim::clearViolations();
+  InMemoryHost host;
+  SimNcclOptions o;
+  o.inProgressPercent = 0;
+  auto api = std::make_shared<RecordingNccl>(makeSimNccl(o, host.connect()));
+  const std::string id = api->uniqueId();
+  auto devices = simDevices(2, /*launchBlocking=*/true);
+  std::vector<std::unique_ptr<IntraHost>> comms(2);
+  AtScopeEnd cleanup{[&] {
+    api->abortAll();
+    host.release();
+  }};
+  auto formed = onRanks(devices, [&](int r) {
+    comms[r] = newNcclIntraHost(api, devices[r]->name(), r, 2, id, milliseconds(5000));
+  });
+  REQUIRE_FALSE(formed[0]);
+  REQUIRE_FALSE(formed[1]);
+  // Rank 0's launch blocks: its kernel waits for rank 1, which never comes.
+  std::vector<float> send(8, 1.0f), shard(4, 0.0f);
+  std::promise<std::exception_ptr> launched;
+  auto result = launched.get_future();
+  std::thread launcher([&] {
+    devices[0]->bindThread();
+    try {
+      comms[0]->reduceScatter(devices[0]->poolStream(0), send.data(), shard.data(), 4,
+                              DataType::kFloat32, ReduceOp::kSum);
+      launched.set_value(nullptr);
+    } catch (...) {
+      launched.set_value(std::current_exception());
+    }
+  });
+  REQUIRE(result.wait_for(milliseconds(300)) == std::future_status::timeout);  // it blocks
+  // Shutdown's abort, from another thread, must not wait for the launch.
+  auto aborted = std::async(std::launch::async, [&] { comms[0]->abort(); });
+  const bool abortReturned = aborted.wait_for(milliseconds(2000)) == std::future_status::ready;
+  CHECK(abortReturned);
+  if (!abortReturned) api->abortAll();  // end the hang the code under test left
+  REQUIRE(result.wait_for(milliseconds(2000)) == std::future_status::ready);
+  std::exception_ptr e = result.get();
+  launcher.join();
+  aborted.wait();
+  REQUIRE(e);
+  INFO(messageOf(e));
+  CHECK(kindOf(e) == ErrorKind::kAborted);
+  CHECK(messageOf(e).find("abort") != std::string::npos);
+  comms[1]->abort();
+  CHECK(sim::violations().empty());
+  api->abortAll();
+  host.release();
+}
+
 TEST_CASE("an asynchronous NCCL error fails the health check naming it", "[nccl]") {
   sim::clearViolations();
   InMemoryHost host;

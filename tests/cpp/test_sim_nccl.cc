@@ -97,6 +97,7 @@ TEST_CASE("a simulated collective with a dead peer holds its hardware queue unti
   InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 0;
+  o.abortGrace = milliseconds(200);
   auto api = makeSimNccl(o, host.connect());
   SimDeviceOptions d;
   d.queues = 1;
@@ -127,7 +128,11 @@ TEST_CASE("a simulated collective with a dead peer holds its hardware queue unti
   CHECK(std::chrono::steady_clock::now() - start < milliseconds(1000));
   CHECK(completes(other, milliseconds(2000)));
   CHECK(recv[0] == 0.0f);  // an aborted kernel leaves garbage, never a result
-  // Using the communicator after the abort is a broken rule.
+  // A call that raced the abort is refused; past the grace, using the
+  // communicator after the abort is a broken rule.
+  CHECK(api->commGetAsyncError(comm, &state) == NcclResult::kInvalidUsage);
+  CHECK_FALSE(mentions(sim::violations(), "aborted, destroyed or never made"));
+  std::this_thread::sleep_for(milliseconds(250));
   CHECK(api->commGetAsyncError(comm, &state) == NcclResult::kInvalidArgument);
   CHECK(mentions(sim::violations(), "aborted, destroyed or never made"));
   CHECK(api->commAbort(peer) == NcclResult::kSuccess);
