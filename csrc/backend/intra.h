@@ -39,6 +39,9 @@ struct IntraSetup {
   int size = 1;
   std::vector<std::vector<int>> ranksByHost;
   std::string groupName;
+  // The group instance's store prefix ("smddp/<nonce>/", Communicator::
+  // storePrefix): every key of the route lives under it.
+  std::string instance;
   std::chrono::milliseconds timeout{300000};
   bool sim = false;
   std::optional<smddp::RegisteredServers> servers;  // the rail group's (cross-host) servers
