@@ -571,6 +571,10 @@ uint64_t copiesFrom(const void* begin, size_t bytes) {
   return n;
 }
 
+int deviceOf(DeviceStream& stream) { return simOf(stream).core().opts.index; }
+
+void recordViolation(const std::string& what) { noteViolation(what); }
+
 std::vector<int> contexts() {
   std::lock_guard<std::mutex> lk(process().mu);
   return {process().contexts.begin(), process().contexts.end()};

@@ -451,3 +451,78 @@ def first_allreduce_error(rank, world):
     while rank == 0 and store.add("first_allreduce_error/left", 0) < world and time.monotonic() < deadline:
         time.sleep(0.05)
     return msg
+
+
+def _store_barrier(store, key, world, rank, timeout=60.0):
+    """Every rank arrives; rank 0, which hosts the store, also waits until
+    every rank has seen that (so it never leaves with the store under them)."""
+    deadline = time.monotonic() + timeout
+    for step in ("arrived", "left"):
+        store.add(f"{key}/{step}", 1)
+        while (step == "arrived" or rank == 0) and store.add(f"{key}/{step}", 0) < world:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"store barrier {key}: {store.add(f'{key}/{step}', 0)} of {world} {step}")
+            time.sleep(0.02)
+
+
+def intra_bootstrap(rank, world):
+    """The intra-host route's bootstrap keys, on 2 hosts x 2 GPUs with
+    SMDDP_INTRA=nccl, in one job:
+    - a group formed twice with the same name on the same store reduces
+      right both times; the second time local rank 0 of each host comes
+      late, so a local rank 1 that read keys without the instance's nonce
+      would take the first instance's unique id (and hang);
+    - a group whose rank 3 asks for SMDDP_INTRA=shm while the others ask
+      for nccl fails its first device allreduce on every rank, quickly,
+      with one error naming both values.
+    Returns {check: None when it held, else what was seen}, and the
+    mismatch's message and time per rank."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp
+    import torch_smddp.testing as sim
+
+    base = dist.distributed_c10d._get_default_store()
+    timeout = datetime.timedelta(seconds=12)
+    res = {}
+
+    def allreduce(pg, n):
+        t = torch.arange(n, dtype=torch.float32) + rank
+        pg.allreduce([t], dist.AllreduceOptions()).wait()
+        sim.sim_synchronize()
+        want = torch.arange(n, dtype=torch.float32) * world + world * (world - 1) / 2
+        return None if torch.equal(t, want) else f"got {t[:3].tolist()}, want {want[:3].tolist()}"
+
+    for round_ in range(2):
+        pg = torch_smddp._C.ProcessGroupSmddp(dist.PrefixStore("reform/", base), rank, world,
+                                              timeout, "reformed")
+        if round_ == 1 and rank % 2 == 0:
+            time.sleep(1.5)  # the first instance's keys are there to be read meanwhile
+        start = time.monotonic()
+        try:
+            res[f"reformed {round_}"] = allreduce(pg, 4099)
+            route = pg.stats()["intra_route"]
+            if route != "nccl":
+                res[f"reformed {round_}"] = f"route {route}"
+        except Exception as e:  # noqa: BLE001
+            res[f"reformed {round_}"] = (f"{type(e).__name__} after {time.monotonic() - start:.1f} s: "
+                                         f"{str(e)[:300]}")
+        pg.shutdown()
+        _store_barrier(base, f"reformed/{round_}", world, rank)
+
+    os.environ["SMDDP_INTRA"] = "shm" if rank == 3 else "nccl"
+    pg = torch_smddp._C.ProcessGroupSmddp(dist.PrefixStore("mismatch/", base), rank, world,
+                                          timeout, "mismatched")
+    start = time.monotonic()
+    try:
+        res["mismatch_error"] = f"no error: {allreduce(pg, 1000)}"
+    except Exception as e:  # noqa: BLE001
+        res["mismatch_error"] = f"{type(e).__name__}: {e}"
+    res["mismatch_seconds"] = time.monotonic() - start
+    os.environ["SMDDP_INTRA"] = "nccl"
+    pg.abort()
+    _store_barrier(base, "mismatched", world, rank)
+    return res

@@ -229,3 +229,22 @@ def test_bad_intra_settings_fail_the_first_allreduce_clearly(value, words):
                         env=env, expect_failure=True)
     for rank, msg in enumerate(results):
         assert all(w in msg for w in words), (rank, msg)
+
+
+def test_intra_bootstrap_keys_are_the_instances_and_ranks_agree_on_the_route():
+    """2 hosts x 2 GPUs, SMDDP_INTRA=nccl (issue 53, defect 5): a group
+    re-formed with the same name on the same store never reads the first
+    instance's unique id (local rank 0 comes late the second time, so a
+    stale key would be read); and a rank set to shm among ranks set to nccl
+    gets, on every rank, one error naming both values within seconds (the
+    group timeout is 12 s), never a wait in the store."""
+    env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:intra_bootstrap", backend="smddp", timeout=150,
+                        pg_timeout=60.0, env=env)
+    for rank, r in enumerate(results):
+        assert r.pop("reformed 0") is None, (rank, r)
+        assert r.pop("reformed 1") is None, (rank, r)
+        msg, seconds = r.pop("mismatch_error"), r.pop("mismatch_seconds")
+        assert "SMDDP_INTRA" in msg and "'shm'" in msg and "'nccl'" in msg and "rank 3" in msg, (rank, msg)
+        assert seconds < 6.0, (rank, seconds, msg)
+        assert not r, (rank, r)
