@@ -210,6 +210,9 @@ void StandaloneServer::turn(Front& front) {
   // Slots: the listener (unless backing off), each unproven connection,
   // then each host of each waiting stream (watched only for a hang-up: its
   // data stays in the socket until the stream serves).
+  // A turn that threw out (past the catch below: noteError out of memory)
+  // may have left finished handshakes behind as null entries.
+  std::erase(front.pending, nullptr);
   std::vector<pollfd> fds;
   std::vector<std::pair<Waiting*, int>> hosts;
   const auto now = Clock::now();
@@ -217,10 +220,10 @@ void StandaloneServer::turn(Front& front) {
   fds.push_back({listening ? listeners_[front.server].get() : -1, POLLIN, 0});
   for (auto& hs : front.pending) fds.push_back({hs->fd(), hs->events(), 0});
   for (auto& [k, w] : front.waiting) {
-    for (int h = 0; h < w->hosts; ++h) {
+    for (size_t h = 0; h < w->members.size(); ++h) {
       if (!w->members[h].conn) continue;
       fds.push_back({w->members[h].conn.fd(), POLLRDHUP, 0});
-      hosts.emplace_back(w.get(), h);
+      hosts.emplace_back(w.get(), static_cast<int>(h));
     }
   }
   if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) {
@@ -235,16 +238,23 @@ void StandaloneServer::turn(Front& front) {
     if (fds[1 + P + i].revents) hosts[i].first->expires = Clock::time_point::min();
   }
   // Then the handshakes (the listener's new ones join the list behind them).
+  // A throw while one connection is handled (bad_alloc in admit(), say)
+  // drops that connection alone: the others, and the loop, go on.
   for (size_t i = 0; i < P; ++i) {
     auto& hs = front.pending[i];
     if (!fds[1 + i].revents && Clock::now() < hs->deadline()) continue;
-    const auto state = hs->step();
-    if (state == ServerHandshake::State::kGoing) continue;
-    if (state == ServerHandshake::State::kDone) {
-      admit(front, *hs);
-    } else {
-      if (!hs->refusal().empty()) tellNow(hs->fd(), front.who + ": " + hs->refusal());
-      noteError(front.who + ": refused a connection: " + hs->why());
+    try {
+      const auto state = hs->step();
+      if (state == ServerHandshake::State::kGoing) continue;
+      if (state == ServerHandshake::State::kDone) {
+        admit(front, *hs);
+      } else {
+        if (!hs->refusal().empty()) tellNow(hs->fd(), front.who + ": " + hs->refusal());
+        noteError(front.who + ": refused a connection: " + hs->why());
+      }
+    } catch (const std::exception& e) {
+      hs.reset();  // first: noteError may throw too (no memory)
+      noteError(front.who + ": dropped a connection: " + e.what());
     }
     hs.reset();
   }
@@ -352,15 +362,20 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers");
   }
   const uint64_t group = hello.group;
-  auto& w = front.waiting[{group, static_cast<int>(hello.stream)}];
-  if (!w) {
-    w = std::make_shared<Waiting>();
-    w->group = group;
-    w->stream = hello.stream;
-    w->hosts = hosts;
-    w->members.resize(hosts);
+  // A new stream is built whole before it is listed: a throw (no memory
+  // for its hosts) must not leave a stream with fewer slots than hosts.
+  const std::pair<uint64_t, int> id{group, static_cast<int>(hello.stream)};
+  auto found = front.waiting.find(id);
+  if (found == front.waiting.end()) {
+    auto fresh = std::make_shared<Waiting>();
+    fresh->group = group;
+    fresh->stream = hello.stream;
+    fresh->hosts = hosts;
+    fresh->members.resize(hosts);
+    found = front.waiting.emplace(id, std::move(fresh)).first;
     streams_++;
   }
+  auto& w = found->second;
   std::string why;
   if (w->hosts != hosts) {
     why = "host " + std::to_string(host) + " says the group has " + std::to_string(hosts) +
