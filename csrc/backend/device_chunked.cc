@@ -162,11 +162,17 @@ size_t DeviceCollectives::intraChunks(Chunked& c, const at::Tensor& t, smddp::Da
       route->host->reduceScatter(in, data, shard, per, dt, op);
       in.copy(slotBase, shard, bytes);
     };
-    chunk.host = [route, per, st, railOpts](void* slot) {
+    chunk.host = [route, per, st, railOpts, watch = watch_](void* slot) {
       route->host->checkHealthy();
       if (route->hosts < 2) return;
       std::vector<at::Tensor> v{hostView(slot, 0, per * at::elementSize(st), st)};
-      if (auto w = route->rail->allreduce(v, railOpts)) w->wait();
+      // The rail's peer may wait on a dead local peer of its own host: the
+      // watch sees that death here, well before the rail's timeout. So the
+      // rail's call runs on its engine thread (asyncOp), not inline on
+      // this one, which polls it meanwhile.
+      c10d::AllreduceOptions queued = railOpts;
+      queued.asyncOp = true;
+      if (auto w = route->rail->allreduce(v, queued)) waitWatched(*w, *watch, "all_reduce");
     };
     chunk.afterOut = [route, data, per, bytes, dt](smddp::DeviceStream& out, int slot, void* slotBase) {
       void* shard = route->scratch[static_cast<size_t>(slot)].data_ptr();

@@ -248,3 +248,28 @@ def test_intra_bootstrap_keys_are_the_instances_and_ranks_agree_on_the_route():
         assert "SMDDP_INTRA" in msg and "'shm'" in msg and "'nccl'" in msg and "rank 3" in msg, (rank, msg)
         assert seconds < 6.0, (rank, seconds, msg)
         assert not r, (rank, r)
+
+
+@pytest.mark.parametrize("route", ["shm", "nccl"])
+def test_a_peer_killed_mid_call_fails_every_survivor_within_seconds_on_both_routes(route):
+    """2 hosts x 2 GPUs; rank 3 is SIGKILLed while the others are inside an
+    all_reduce (issue 53, defect 4). On the NCCL route rank 2's
+    reduce-scatter then waits for a peer that never comes (the stand-in's
+    NCCL kernel hangs, as NCCL's does), and rank 0's rail waits for rank 2:
+    every survivor must raise, naming rank 3, about as fast as the host
+    route, far inside the 60 s group timeout, and every later call must
+    fail at once with the same cause."""
+    world, victim = 4, 3
+    env = dict(SIM, SMDDP_INTRA=route, **TWO_BY_TWO)
+    results = run_world(world, "cases_failures:peer_death", backend="smddp", timeout=150,
+                        pg_timeout=60.0, expect_failure=True, allow_exit={victim},
+                        args=("all_reduce", victim, "sigkill"), env=env)
+    assert isinstance(results[victim], ExitedRank) and results[victim].returncode == -9
+    for rank in range(world - 1):
+        first, later = results[rank]["first"], results[rank]["later"]
+        assert first["raised"] and first["is_dist_backend_error"], (rank, first)
+        assert f"rank {victim}" in first["msg"], (rank, first["msg"])
+        assert "timed out" not in first["msg"] and "ncclInProgress" not in first["msg"], (rank, first)
+        assert 0.2 * cf.DEATH_DELAY < first["elapsed"] < cf.DEATH_DELAY + 3.0, (rank, first)
+        assert later["raised"] and later["elapsed"] < 2.0, (rank, later)
+        assert f"rank {victim}" in later["msg"], (rank, later["msg"])
