@@ -99,9 +99,12 @@ TEST_CASE("a rogue server that cannot prove the key gets a challenge and nothing
     if (fd < 0) return;
     timeval tv{5, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    uint8_t challenge[96];
-    if (recv(fd, challenge, sizeof(challenge), MSG_WAITALL) == sizeof(challenge)) {
-      received += sizeof(challenge);
+    ServerFrame head;
+    char challenge[512];
+    if (recv(fd, &head, sizeof(head), MSG_WAITALL) == sizeof(head) &&
+        head.payload <= sizeof(challenge) &&
+        recv(fd, challenge, head.payload, MSG_WAITALL) == static_cast<ssize_t>(head.payload)) {
+      received += sizeof(head) + head.payload;
       ServerFrame answer;
       answer.kind = static_cast<uint8_t>(ServerFrameKind::kAnswer);
       answer.payload = 64;
@@ -125,9 +128,9 @@ TEST_CASE("a rogue server that cannot prove the key gets a challenge and nothing
   }
   rogue.join();
   close(listener);
-  // The challenge (a header and a nonce) is all it ever got: no hello, no
-  // job id, no group, no data.
-  CHECK(received.load() == 64 + 32);
+  // The challenge (a header, a nonce, the address dialled and the job id)
+  // is all it ever got: no hello, no group, no data.
+  CHECK(received.load() == 64 + 32 + ("127.0.0.1:" + std::to_string(port)).size() + 3);
 }
 
 TEST_CASE("a server of another key is refused by the worker, and a worker without the key by "
@@ -151,7 +154,7 @@ TEST_CASE("a server of another key is refused by the worker, and a worker withou
     const int fd2 = rawConnect(server.ports()[0]);
     ServerFrame head;
     uint8_t answer[64];
-    REQUIRE(rawChallenge(fd2, Nonce::random(), &head, answer));
+    REQUIRE(rawChallenge(fd2, Nonce::random(), &head, answer, "jobA"));
     ServerFrame hello = helloFor(2, 0, 5);
     hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
     hello.payload = 32 + 4;
@@ -191,7 +194,8 @@ TEST_CASE("a recorded hello does not open a second connection", "[server][securi
   ServerFrame hello = helloFor(2, 0, 11);
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.payload = 32;
-  const Mac proof = Handshake(kTestKey, mine, theirs).workerProof(hello, "");
+  const std::string identity = serverIdentityKey(kTestKey, "", socketEndpoint(fd, false));
+  const Mac proof = Handshake(identity, mine, theirs).workerProof(hello, "");
   close(fd);  // the recorded session ends before its hello
   // The replay: the same challenge, the same hello and proof.
   const int again = rawConnect(server.ports()[0]);
