@@ -21,9 +21,10 @@ SMDDP_PARAM_STRING(paramServerKeyFile, "SMDDP_SERVER_KEY_FILE", "",
                    "file holding the key shared by the standalone reduction servers and their "
                    "workers (mode 0600; empty: a key generated per job, through the store the "
                    "servers registered in)")
-SMDDP_PARAM_BOOL(paramServerIntegrity, "SMDDP_SERVER_INTEGRITY", false,
-                 "a MAC on every frame to and from the standalone reduction servers (workers ask "
-                 "for it; a server with it set refuses workers without it)")
+SMDDP_PARAM_BOOL(paramServerIntegrity, "SMDDP_SERVER_INTEGRITY", true,
+                 "a MAC (AES-GMAC) on every frame to and from the standalone reduction servers "
+                 "(workers ask for it; a server with it set refuses workers without it); 0 turns "
+                 "it off, so that whoever can write into the TCP stream can change results")
 
 std::string serverKeyFileParam() { return paramServerKeyFile(); }
 bool serverIntegrityParam() { return paramServerIntegrity(); }

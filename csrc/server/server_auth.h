@@ -5,7 +5,7 @@
 // response in both directions, under a key bound to the job and to the
 // address the worker dialled, so neither side sends anything of value to a
 // peer that has not proved it holds the key, serves this job and is the
-// server the worker dialled (not a relay); with SMDDP_SERVER_INTEGRITY=1
+// server the worker dialled (not a relay); unless SMDDP_SERVER_INTEGRITY=0
 // every later frame also carries a MAC. Torch-free, over libcrypto
 // (common/crypto.h).
 #pragma once
@@ -30,7 +30,7 @@ std::string serverKeyFileParam();
 // when set, else `registered` (the job's key from the store the servers
 // registered in); with neither, an error that says how to give one.
 std::string workerServerKey(const std::string& registered);
-// SMDDP_SERVER_INTEGRITY: a worker asks for a MAC on every
+// SMDDP_SERVER_INTEGRITY (on unless set to 0): a worker asks for a MAC on every
 // frame; a server refuses workers that do not.
 bool serverIntegrityParam();
 

@@ -364,7 +364,8 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     return refuse("this server does not serve job '" + hs.job() + "' (SMDDP_SERVER_JOB)");
   }
   if (requireIntegrity_ && !integrity) {
-    return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers");
+    return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers (the "
+                  "default; this worker turned it off)");
   }
   const uint64_t group = hello.group;
   // A new stream is built whole before it is listed: a throw (no memory

@@ -44,6 +44,9 @@ inline StandaloneServer::Options testServer(int count, const std::string& job = 
   o.count = count;
   o.job = job;
   o.key = kTestKey;
+  // Raw test workers write unsealed frames; the default (integrity
+  // required) is test_server_security.cc's to check.
+  o.requireIntegrity = 0;
   return o;
 }
 

@@ -260,6 +260,28 @@ TEST_CASE("with SMDDP_SERVER_INTEGRITY every frame is sealed, and an altered one
   close(fd);
 }
 
+TEST_CASE("integrity is on by default: workers ask for it, servers refuse workers that turned it "
+          "off, and 0 turns it off",
+          "[server][security]") {
+  smddp::test::ScopedEnv unset("SMDDP_SERVER_INTEGRITY", "");
+  CHECK(serverIntegrityParam());
+  StandaloneServer::Options o = testServer(1);
+  o.requireIntegrity = -1;  // the variable decides, as for python -m torch_smddp.server
+  StandaloneServer server(o);
+  CHECK_THROWS_WITH(testLinks(loopback(server), 2, 0, "", 90, /*integrity=*/false),
+                    Catch::Contains("requires SMDDP_SERVER_INTEGRITY=1"));
+  // A worker with the defaults is welcomed, its frames sealed: a raw host
+  // that joins its stream unsealed is refused.
+  auto sealed = testLinks(loopback(server), 2, 0, "", 91, serverIntegrityParam());
+  CHECK(sealed->count() == 1);
+  const int fd = rawConnect(server.ports()[0]);
+  CHECK_THAT(rawHandshake(fd, helloFor(2, 1, 91), ""),
+             Catch::Contains("requires SMDDP_SERVER_INTEGRITY=1"));
+  close(fd);
+  smddp::test::ScopedEnv off("SMDDP_SERVER_INTEGRITY", "0");
+  CHECK_FALSE(serverIntegrityParam());
+}
+
 TEST_CASE("key files: mode 0600 and a real key, or an error naming the variable and the file",
           "[server][security]") {
   const std::string good = keyFile("0123456789abcdef0123456789abcdef\n", 0600);
