@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 
@@ -125,9 +126,17 @@ def main(argv=None) -> int:
     # The job's key from the store only where no key file is given: a key
     # file's contents never go into a store.
     key = "" if key_file else job_server_key(store, args.job)
+    # A server proves itself bound to the address a worker dialled: the
+    # one its connection reached, or one of --advertise's (behind NAT).
+    advertised = []
+    if args.advertise:
+        try:
+            advertised = sorted({a[4][0] for a in socket.getaddrinfo(args.advertise, None)})
+        except OSError as e:
+            p.error(f"--advertise {args.advertise}: cannot resolve it: {e}")
     try:
         server = _C.StandaloneServer(args.bind, args.port, args.servers, args.job,
-                                     key_file=key_file, key=key)
+                                     key_file=key_file, key=key, advertise=advertised)
     except ValueError as e:
         p.error(str(e))
     host = args.advertise or (args.bind if args.bind not in ("0.0.0.0", "::") else

@@ -412,7 +412,8 @@ void bindServerAndInfo(py::module_& m) {
   // ValueError naming where it came from.
   py::class_<smddp::StandaloneServer>(m, "StandaloneServer")
       .def(py::init([](const std::string& bind, int basePort, int count, const std::string& job,
-                       const std::string& keyFile, const std::string& key) {
+                       const std::string& keyFile, const std::string& key,
+                       const std::vector<std::string>& advertise) {
              smddp::StandaloneServer::Options o;
              o.bindAddress = bind;
              o.basePort = basePort;
@@ -420,6 +421,7 @@ void bindServerAndInfo(py::module_& m) {
              o.job = job;
              o.keyFile = keyFile;
              o.key = key;
+             o.advertise = advertise;
              try {
                return releaseWhile([&] { return std::make_unique<smddp::StandaloneServer>(o); });
              } catch (const smddp::Error& e) {
@@ -428,7 +430,8 @@ void bindServerAndInfo(py::module_& m) {
              }
            }),
            py::arg("bind"), py::arg("base_port"), py::arg("count"), py::arg("job"),
-           py::arg("key_file") = "", py::arg("key") = "")
+           py::arg("key_file") = "", py::arg("key") = "",
+           py::arg("advertise") = std::vector<std::string>{})
       .def_property_readonly("ports", &smddp::StandaloneServer::ports)
       .def("stop", &smddp::StandaloneServer::stop, py::call_guard<py::gil_scoped_release>())
       .def("pieces_reduced", &smddp::StandaloneServer::piecesReduced)

@@ -94,7 +94,7 @@ struct StandaloneServer::Front {
 StandaloneServer::StandaloneServer(Options options) : options_(std::move(options)) {
   SMDDP_CHECK(options_.count >= 1 && options_.count <= 1024, kInvalidArgument,
               "reduction server: --servers must be in 1..1024");
-  key_ = key(options_);
+  const std::string shared = key(options_);
   requireIntegrity_ =
       options_.requireIntegrity < 0 ? serverIntegrityParam() : options_.requireIntegrity > 0;
   maxConnections_ = options_.maxConnections > 0 ? options_.maxConnections : paramMaxConnections();
@@ -106,6 +106,11 @@ StandaloneServer::StandaloneServer(Options options) : options_(std::move(options
                 "reduction server: port " + std::to_string(want) + " is past 65535");
     listeners_.push_back(listenOn(options_.bindAddress, want, &port, "reduction server", 256));
     ports_.push_back(port);
+    auto id = std::make_unique<ServerIdentity>();
+    id->key = shared;
+    id->job = options_.job;
+    for (const auto& ip : options_.advertise) id->advertised.push_back(endpointText(ip, port));
+    identities_.push_back(std::move(id));
   }
   std::lock_guard<std::mutex> g(mu_);
   for (int i = 0; i < options_.count; ++i) threads_.emplace_back([this, i] { acceptLoop(i); });
@@ -330,7 +335,7 @@ void StandaloneServer::acceptSome(Front& front) {
     setNoDelay(fd);
     boundSilence(fd, PeerMonitor::configuredSilence());  // a silent worker host
     front.pending.push_back(std::make_unique<ServerHandshake>(
-        std::move(conn), key_, Clock::now() + options_.handshakeTimeout));
+        std::move(conn), *identities_[front.server], Clock::now() + options_.handshakeTimeout));
   }
 }
 
@@ -359,7 +364,8 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     return refuse("this server does not serve job '" + hs.job() + "' (SMDDP_SERVER_JOB)");
   }
   if (requireIntegrity_ && !integrity) {
-    return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers");
+    return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers (the "
+                  "default; this worker turned it off)");
   }
   const uint64_t group = hello.group;
   // A new stream is built whole before it is listed: a throw (no memory

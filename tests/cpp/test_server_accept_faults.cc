@@ -97,7 +97,8 @@ HalfDone challenged(int port) {
 void sendHello(const HalfDone& h, ServerFrame hello, bool proveKey) {
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.payload = kServerProofBytes;
-  Mac proof = Handshake(kTestKey, h.mine, h.theirs).workerProof(hello, "");
+  const std::string identity = serverIdentityKey(kTestKey, "", socketEndpoint(h.fd, false));
+  Mac proof = Handshake(identity, h.mine, h.theirs).workerProof(hello, "");
   if (!proveKey) std::memset(proof.bytes, 0, kMacBytes);
   REQUIRE(sendAll(h.fd, &hello, sizeof(hello)));
   REQUIRE(sendAll(h.fd, proof.bytes, kMacBytes));
