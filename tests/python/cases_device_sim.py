@@ -526,3 +526,51 @@ def intra_bootstrap(rank, world):
     pg.abort()
     _store_barrier(base, "mismatched", world, rank)
     return res
+
+
+def two_groups_opposite_order(rank, world):
+    """Two groups on the NCCL route inside the host, their calls issued in
+    opposite orders by the two GPUs of each host: local rank 0 issues on
+    group A, then (0.3 s later, its reduce-scatter already queued and
+    waiting for the peer) on group B; local rank 1 on B, then A. Each
+    intra-host communicator's kernels must not queue behind the other's
+    on a shared stream (issue 53, defect 3). Returns {check: None when it
+    held, else what was seen}."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    import datetime
+
+    res = {}
+    timeout = datetime.timedelta(seconds=15)  # new_group's own default is 30 minutes
+    groups = [dist.new_group(backend="smddp", timeout=timeout) for _ in range(2)]
+    for g in groups:  # the route is decided at each group's first allreduce, in one order
+        t = torch.ones(8)
+        dist.all_reduce(t, group=g)
+    sim.sim_synchronize()
+    n = 3000
+    order = (0, 1) if rank % 2 == 0 else (1, 0)
+    tensors = {i: torch.arange(n, dtype=torch.float32) * (i + 1) + rank for i in order}
+    works = {}
+    for k, i in enumerate(order):
+        if k == 1:
+            time.sleep(0.3)
+        works[i] = dist.all_reduce(tensors[i], group=groups[i], async_op=True)
+    for i in order:
+        start = time.monotonic()
+        try:
+            works[i].wait()
+            res[f"group {i}"] = None
+        except Exception as e:  # noqa: BLE001
+            res[f"group {i}"] = f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {str(e)[:200]}"
+    try:
+        sim.sim_synchronize(timeout=10)
+    except RuntimeError as e:
+        res["synchronize"] = str(e)[:200]
+    for i in order:
+        want = torch.arange(n, dtype=torch.float32) * (i + 1) * world + world * (world - 1) / 2
+        if res[f"group {i}"] is None and not torch.equal(tensors[i], want):
+            res[f"group {i}"] = f"got {tensors[i][:3].tolist()}, want {want[:3].tolist()}"
+    return res

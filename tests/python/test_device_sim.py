@@ -273,3 +273,16 @@ def test_a_peer_killed_mid_call_fails_every_survivor_within_seconds_on_both_rout
         assert 0.2 * cf.DEATH_DELAY < first["elapsed"] < cf.DEATH_DELAY + 3.0, (rank, first)
         assert later["raised"] and later["elapsed"] < 2.0, (rank, later)
         assert f"rank {victim}" in later["msg"], (rank, later["msg"])
+
+
+def test_two_nccl_routed_groups_issued_in_opposite_orders_both_complete():
+    """2 hosts x 2 GPUs, SMDDP_INTRA=nccl, two groups whose calls the two
+    GPUs of each host issue in opposite orders (issue 53, defect 3): each
+    intra-host communicator queues its kernels on a stream of its own, so
+    neither waits behind the other's, which waits for the other GPU. Both
+    calls complete, against the closed form, well inside the group
+    timeout."""
+    env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:two_groups_opposite_order", backend="smddp",
+                        timeout=120, pg_timeout=20.0, env=env)
+    assert not _failed_checks(results), _failed_checks(results)
