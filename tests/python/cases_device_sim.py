@@ -386,9 +386,11 @@ def coalesced_stream_order(rank, world):
     return res
 
 
-def intra_route(rank, world):
+def intra_route(rank, world, dtype="float32"):
     """The route the first device allreduce took inside the host, and
-    allreduces of every size class against the closed form through it."""
+    allreduces of every size class against the closed form through it, in
+    `dtype` (small integers: every sum and mean here is exact in fp16 and
+    bf16 too, whatever the order)."""
     import torch
     import torch.distributed as dist
 
@@ -398,10 +400,11 @@ def intra_route(rank, world):
     from mp_harness import captured_stderr
 
     res = {}
+    dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(11)
-    # Exact in float32: small integers, sums of at most a few ranks.
+    # Exact: small integers, sums of at most a few ranks.
     for n in (1, 3, 4, 7, 1000, 4099, 70001):
-        xs = [torch.randint(-8, 8, (n,), generator=g).float() for _ in range(world)]
+        xs = [torch.randint(-8, 8, (n,), generator=g).to(dt) for _ in range(world)]
         t = xs[rank].clone()
         if n == 1:  # the first device allreduce decides the route, and logs
             lines = []
@@ -414,14 +417,15 @@ def intra_route(rank, world):
             u = xs[rank].clone()
             dist.all_reduce(u, op=op)
             sim.sim_synchronize()
-            want = torch.stack(xs).amax(0) if name == "max" else torch.stack(xs).mean(0)
-            if not torch.allclose(u, want, atol=1e-6):
+            stacked = torch.stack(xs).double()
+            want = stacked.amax(0) if name == "max" else stacked.mean(0)
+            if not torch.equal(u.double(), want):
                 res[f"{name} n={n}"] = (u[:3].tolist(), want[:3].tolist())
         sim.sim_synchronize()
-        if not torch.equal(t, torch.stack(xs).sum(0)):
-            res[f"sum n={n}"] = (t[:3].tolist(), torch.stack(xs).sum(0)[:3].tolist())
+        if not torch.equal(t.double(), torch.stack(xs).double().sum(0)):
+            res[f"sum n={n}"] = (t[:3].tolist(), torch.stack(xs).double().sum(0)[:3].tolist())
     # Coalesced, several tensors of odd sizes.
-    ts = [torch.full((k,), float(rank + 1)) for k in (5, 1, 333)]
+    ts = [torch.full((k,), float(rank + 1), dtype=dt) for k in (5, 1, 333)]
     dist.all_reduce_coalesced(ts)
     sim.sim_synchronize()
     total = float(sum(r + 1 for r in range(world)))
