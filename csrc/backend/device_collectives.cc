@@ -376,6 +376,16 @@ void DeviceCollectives::shutdown() {
   }
   for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) p->shutdown();
   pool_->clear();
+  if (intra && intra->stream) {
+    // The communicator's stream goes once its work has run (the abort ended
+    // its kernels); the route keeps it for a pipeline thread left behind.
+    try {
+      auto entered = ctx_->enter();
+      smddp::DeviceReaper::of(ctx_->device()).release(intra->stream->record(), intra->stream);
+    } catch (const std::exception& e) {
+      smddp::DeviceReaper::keepForever(intra->stream);
+    }
+  }
   if (intra && !intra->scratch.empty()) {
     // The shards' device memory goes once the copy streams have drained.
     try {

@@ -162,6 +162,7 @@ std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& c
             : cudaNcclApi();
   {
     auto entered = ctx.enter();  // the communicator forms on the rank's device
+    route->stream = ctx.device()->newStream();
     const std::string id = uniqueIdOfHost(s, *nccl, base + "nccl/" + std::to_string(hostIdx), localRank);
     try {
       route->host = smddp::newNcclIntraHost(nccl, ctx.device()->name(), localRank,

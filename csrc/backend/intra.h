@@ -28,6 +28,10 @@ struct IntraRoute {
   std::unique_ptr<smddp::IntraHost> host;        // the host's GPUs (NCCL, or the stand-in's)
   c10::intrusive_ptr<ProcessGroupSmddp> rail;    // one rank per host: this GPU's peers
   std::vector<at::Tensor> scratch;               // per staging slot: the shard, on the device
+  // The communicator's own stream: its kernels wait for the host's other
+  // GPUs, so on the shared pool streams two groups' kernels could queue in
+  // a different order on each GPU and deadlock (issue 53, defect 3).
+  std::shared_ptr<smddp::DeviceStream> stream;
   int hosts = 1;
   std::string why;                               // for stats and logs: why this route
 };

@@ -378,6 +378,10 @@ class SimDevice : public Device {
                 core_->name + ": no pool stream " + std::to_string(which));
     return *pool_[which];
   }
+  std::unique_ptr<DeviceStream> newStream() override {
+    core_->checkBound("made a stream");
+    return std::make_unique<SimStream>(core_);
+  }
   std::shared_ptr<void> allocHost(size_t bytes) override {
     core_->checkBound("allocated page-locked memory");
     noteContext(core_->opts.index);

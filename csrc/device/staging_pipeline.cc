@@ -215,7 +215,7 @@ class StagingPipeline::Runner {
         if (slotFree_[slot]) in_.wait(slotFree_[slot]);
       }
       slotOf_.push_back(slot);
-      if (chunk.beforeIn) chunk.beforeIn(in_, slot, slotBase(k));
+      if (chunk.beforeIn) chunk.beforeIn(in_, slot, slotBase(k), call.ready);
       for (const StageCopy& cp : chunk.in) in_.copy(hostOf(k, cp), cp.device, cp.bytes);
       landed_.push_back(in_.record());
     }

@@ -61,12 +61,15 @@ struct StagingChunk {
   // Runs on the pipeline thread once `in` has landed; gets the slot's base
   // address (nullptr when not slotted). Throws to fail the call.
   std::function<void(void* slot)> host;
-  // Device work of the chunk's own, queued by the pipeline thread on the
-  // copy-in stream before `in` (an intra-host reduce-scatter and the copy
-  // of its shard into the slot), and on the copy-out stream after `out`
+  // Device work of the chunk's own, queued by the pipeline thread before
+  // `in` on the copy-in stream (an intra-host reduce-scatter and the copy
+  // of its shard into the slot), and after `out` on the copy-out stream
   // (the shard's copy back and the all-gather). They get the slot's index
-  // and base address (-1 and null when not slotted). Null for none.
-  std::function<void(DeviceStream&, int slot, void* slotBase)> beforeIn;
+  // and base address (-1 and null when not slotted); beforeIn also gets
+  // the call's readiness event (null when none), so that work on a stream
+  // of its own can wait for the inputs alone, never for whatever else the
+  // shared copy-in stream holds. Null for none.
+  std::function<void(DeviceStream&, int slot, void* slotBase, const DeviceEventPtr& ready)> beforeIn;
   std::function<void(DeviceStream&, int slot, void* slotBase)> afterOut;
 };
 

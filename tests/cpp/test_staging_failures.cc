@@ -266,7 +266,7 @@ TEST_CASE("the watch fails a call whose copies in wait behind device work that n
   StagingPipeline pipeline(dev, po);
   StagingCall call = inPlaceCall("allreduce of 32 KiB", device.data(), device.size(), kChunk,
                                  [](size_t, float*, size_t) {});
-  call.chunks[0].beforeIn = [&](DeviceStream& in, int, void*) {
+  call.chunks[0].beforeIn = [&](DeviceStream& in, int, void*, const DeviceEventPtr&) {
     sim::hostKernel(in, [&] {
       while (!released) std::this_thread::sleep_for(std::chrono::microseconds(200));
     });

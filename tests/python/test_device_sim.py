@@ -196,15 +196,18 @@ def test_coalesced_calls_order_the_callers_stream(world):
 TWO_BY_TWO = {"SMDDP_HOST_ID": lambda r: f"h{r // 2}"}  # 2 pretend hosts x 2 GPUs
 
 
-@pytest.mark.parametrize("mode,route", [("nccl", "nccl"), ("auto", "shm")])
-def test_nccl_inside_the_host_on_the_stand_in(mode, route):
+@pytest.mark.parametrize("mode,route,dtype", [("nccl", "nccl", "float32"), ("nccl", "nccl", "bfloat16"),
+                                              ("nccl", "nccl", "float16"), ("auto", "shm", "float32")])
+def test_nccl_inside_the_host_on_the_stand_in(mode, route, dtype):
     """2 hosts x 2 GPUs: with SMDDP_INTRA=nccl, reduce-scatter inside the
-    host (the stand-in's NCCL), each GPU's shard across hosts on its rail,
-    all-gather; every size class, SUM/MAX/AVG and coalesced calls against
-    the closed form. `auto` takes the host route on the same 2 x 2 GPUs
-    until the NCCL route has passed on hardware (docs/gpu.md)."""
+    host (the stand-in's NCCL, answering ncclInProgress at random),
+    each GPU's shard across hosts on its rail, all-gather; every size
+    class, SUM/MAX/AVG and coalesced calls against the closed form, in
+    fp32, bf16 and fp16. `auto` takes the host route on the same 2 x 2
+    GPUs until the NCCL route has passed on hardware (docs/gpu.md)."""
     env = dict(SIM, SMDDP_INTRA=mode, **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:intra_route", backend="smddp", timeout=240, env=env)
+    results = run_world(4, "cases_device_sim:intra_route", backend="smddp", timeout=240, env=env,
+                        args=(dtype,))
     for rank, r in enumerate(results):
         assert r.pop("route") == route, (rank, r)
         # Asked for by name, the unproven route says so once, on rank 0.
@@ -273,3 +276,41 @@ def test_a_peer_killed_mid_call_fails_every_survivor_within_seconds_on_both_rout
         assert 0.2 * cf.DEATH_DELAY < first["elapsed"] < cf.DEATH_DELAY + 3.0, (rank, first)
         assert later["raised"] and later["elapsed"] < 2.0, (rank, later)
         assert f"rank {victim}" in later["msg"], (rank, later["msg"])
+
+
+def test_two_nccl_routed_groups_issued_in_opposite_orders_both_complete():
+    """2 hosts x 2 GPUs, SMDDP_INTRA=nccl, two groups whose calls the two
+    GPUs of each host issue in opposite orders (issue 53, defect 3): each
+    intra-host communicator queues its kernels on a stream of its own, so
+    neither waits behind the other's, which waits for the other GPU. Both
+    calls complete, against the closed form, well inside the group
+    timeout."""
+    env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:two_groups_opposite_order", backend="smddp",
+                        timeout=120, pg_timeout=20.0, env=env)
+    assert not _failed_checks(results), _failed_checks(results)
+
+
+@pytest.mark.parametrize("case,target,extra", [
+    ("one hardware queue", "cases_device_sim:p2p_any_order", {"SMDDP_DEVICE_SIM_QUEUES": "1"}),
+    ("CUDA_LAUNCH_BLOCKING", "cases_device_sim:p2p_any_order",
+     {"CUDA_LAUNCH_BLOCKING": "1", "SMDDP_DEVICE_SIM_QUEUES": "1"}),
+    ("destroy and abort in flight", "cases_device_sim:destroy_then_free",
+     {"SMDDP_DEVICE_SIM_DELAY_US": "3000"}),
+])
+def test_the_queue_and_lifetime_rules_hold_on_the_nccl_route(case, target, extra):
+    """The one-queue, launch-blocking and destroy/abort cases of the host
+    route, on the NCCL route at 2 hosts x 2 GPUs (issue 53, section 2):
+    the stand-in NCCL's kernels share the device's queues, block a launch
+    under CUDA_LAUNCH_BLOCKING until the host's other GPU comes, and hang
+    until aborted; rings in every order, the collective after them, and
+    groups destroyed or aborted with calls in flight keep CUDA's rules and
+    the closed form (the harness fails any rank that broke a rule)."""
+    env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO, **extra)
+    results = run_world(4, target, backend="smddp", timeout=180, env=env)
+    if target.endswith("destroy_then_free"):
+        for r in results:
+            assert r["violations"] == [], r
+            assert len(r["work_after_destroy"]) == 4, r
+    else:
+        assert not _failed_checks(results), _failed_checks(results)
