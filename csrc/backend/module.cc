@@ -360,6 +360,9 @@ void bindParamsAndReports(py::module_& m) {
   });
   // SMDDP_SERVER_KEY_FILE, the default of python -m torch_smddp.server --key-file.
   m.def("server_key_file", &smddp::serverKeyFileParam);
+  // SMDDP_SERVER_INSECURE, which python -m torch_smddp.server needs for a
+  // key kept in the store.
+  m.def("server_insecure", &smddp::serverInsecureParam);
   m.def("params", [] {
     py::list out;
     for (const auto& p : smddp::allParams()) {

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "common/param.h"
 #include "common/unique_fd.h"
 #include "transport/socket_address.h"
@@ -26,7 +27,13 @@ SMDDP_PARAM_BOOL(paramServerIntegrity, "SMDDP_SERVER_INTEGRITY", true,
                  "(workers ask for it; a server with it set refuses workers without it); 0 turns "
                  "it off, so that whoever can write into the TCP stream can change results")
 
+SMDDP_PARAM_BOOL(paramServerInsecure, "SMDDP_SERVER_INSECURE", false,
+                 "1 = let standalone reduction servers found in a store, with no key file, use "
+                 "the job's key kept in that store, which anyone who reaches the store can read "
+                 "and then pass as a server (a warning on every start); 0 refuses that")
+
 std::string serverKeyFileParam() { return paramServerKeyFile(); }
+bool serverInsecureParam() { return paramServerInsecure(); }
 bool serverIntegrityParam() { return paramServerIntegrity(); }
 
 std::string readServerKeyFile(const std::string& path, const std::string& what) {
@@ -75,7 +82,18 @@ std::string readServerKeyFile(const std::string& path, const std::string& what) 
 std::string workerServerKey(const std::string& registered) {
   const std::string path = paramServerKeyFile();
   if (!path.empty()) return readServerKeyFile(path, "SMDDP_SERVER_KEY_FILE");
-  if (!registered.empty()) return registered;
+  if (!registered.empty()) {
+    SMDDP_CHECK(paramServerInsecure(), kInvalidArgument,
+                "the standalone reduction servers were found in the store with no key file "
+                "(SMDDP_SERVER_KEY_FILE): their key would be the job's, kept in the store, which "
+                "anyone who can reach the store can read and then pass as a server. Give the "
+                "servers (--key-file) and the workers the same key file, or set "
+                "SMDDP_SERVER_INSECURE=1 to accept the store's key");
+    SMDDP_LOG(kWarn) << "smddp: SMDDP_SERVER_INSECURE=1: the standalone reduction servers use the "
+                        "job's key from the store; whoever can reach the store can read it and "
+                        "pass as a server (set SMDDP_SERVER_KEY_FILE to avoid this)";
+    return registered;
+  }
   throwError(ErrorKind::kInvalidArgument,
              "the standalone reduction servers (SMDDP_SERVER_HOSTS) need a key: set "
              "SMDDP_SERVER_KEY_FILE to the file the servers got with --key-file, or let them "

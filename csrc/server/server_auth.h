@@ -28,8 +28,11 @@ std::string readServerKeyFile(const std::string& path, const std::string& what);
 std::string serverKeyFileParam();
 // The key a worker proves itself with: the file's at SMDDP_SERVER_KEY_FILE
 // when set, else `registered` (the job's key from the store the servers
-// registered in); with neither, an error that says how to give one.
+// registered in) where SMDDP_SERVER_INSECURE=1 allows it (with a warning
+// each time); otherwise an error that says how to give one.
 std::string workerServerKey(const std::string& registered);
+// SMDDP_SERVER_INSECURE: a key kept in the store is accepted.
+bool serverInsecureParam();
 // SMDDP_SERVER_INTEGRITY (on unless set to 0): a worker asks for a MAC on every
 // frame; a server refuses workers that do not.
 bool serverIntegrityParam();

@@ -282,6 +282,27 @@ TEST_CASE("integrity is on by default: workers ask for it, servers refuse worker
   CHECK_FALSE(serverIntegrityParam());
 }
 
+TEST_CASE("a worker refuses the job's key from the store unless SMDDP_SERVER_INSECURE=1",
+          "[server][security]") {
+  smddp::test::ScopedEnv noFile("SMDDP_SERVER_KEY_FILE", "");
+  {
+    smddp::test::ScopedEnv unset("SMDDP_SERVER_INSECURE", "");
+    CHECK_THROWS_WITH(workerServerKey("a key from the store, 32 bytes"),
+                      Catch::Contains("no key file") && Catch::Contains("SMDDP_SERVER_INSECURE=1") &&
+                          Catch::Contains("SMDDP_SERVER_KEY_FILE") &&
+                          !Catch::Contains("a key from the store"));
+  }
+  {
+    smddp::test::ScopedEnv insecure("SMDDP_SERVER_INSECURE", "1");
+    CHECK(workerServerKey("a key from the store, 32 bytes") == "a key from the store, 32 bytes");
+  }
+  // A key file still wins, insecure or not.
+  const std::string file = keyFile("0123456789abcdef0123456789abcdef\n", 0600);
+  smddp::test::ScopedEnv withFile("SMDDP_SERVER_KEY_FILE", file);
+  CHECK(workerServerKey("a key from the store, 32 bytes") == "0123456789abcdef0123456789abcdef");
+  unlink(file.c_str());
+}
+
 TEST_CASE("key files: mode 0600 and a real key, or an error naming the variable and the file",
           "[server][security]") {
   const std::string good = keyFile("0123456789abcdef0123456789abcdef\n", 0600);

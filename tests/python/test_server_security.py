@@ -473,3 +473,35 @@ def test_no_secret_in_shm_names_command_lines_or_logs(live):
             with open(f"/proc/{proc.pid}/{what}", "rb") as f:
                 assert key not in f.read(), (proc.pid, what)
     assert key.decode() not in live.log_text()
+
+
+def test_store_mode_without_a_key_file_is_refused_unless_insecure(tmp_path):
+    # The job's key kept in the store can be read by whoever reaches the
+    # store, who can then pass as a server: a server started with
+    # --rendezvous and no key file refuses to start, naming the way out,
+    # and starts with a warning only under SMDDP_SERVER_INSECURE=1.
+    import subprocess
+
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    port = find_free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30),
+                          wait_for_workers=False)
+    args = [PY, "-m", "torch_smddp.server", "--bind", "127.0.0.1", "--job", "insecurejob",
+            "--rendezvous", f"127.0.0.1:{port}"]
+    r = subprocess.run(args, env=env(keyed=False), capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0, r.stdout
+    assert "SMDDP_SERVER_INSECURE=1" in r.stderr and "--key-file" in r.stderr, r.stderr
+    # Nothing was registered, and no key was made in the store.
+    assert not store.check(["smddp_servers/insecurejob/count", "smddp_servers/insecurejob/key"])
+    procs = Procs()
+    try:
+        log = tmp_path / "server.err"
+        _, hosts = start_server(procs, args[3:], env=env(keyed=False, SMDDP_SERVER_INSECURE=1),
+                                stderr=open(log, "wb"))
+        assert hosts.startswith("127.0.0.1:"), hosts
+        assert store.check(["smddp_servers/insecurejob/0", "smddp_servers/insecurejob/key"])
+        assert "warning: SMDDP_SERVER_INSECURE=1" in log.read_text()
+    finally:
+        procs.kill()
