@@ -235,7 +235,7 @@ void FusionBufferScheduler::awaitSteps(Batch& b, Steps& st, uint32_t seen) {
   if (onNetwork) {
     // Only while a caller waits: during DDP's backward the caller computes,
     // and a server rank yielding in a loop for each step of the network
-    // phase took the cores backward needed (docs/notes/2026-11-26-overlap.md).
+    // phase took the cores backward needed (docs/notes/2026-11-26-cross-host.md).
     if (aCallerIsWaiting() && std::chrono::steady_clock::now() - b.idleSince <
                                   std::chrono::microseconds(streamSpinUs_)) {
       sched_yield();
