@@ -1,7 +1,7 @@
 """The user docs agree with the code: docs/configuration.md is exactly what
 `python -m torch_smddp.info --markdown` generates from the parameters the
-code declares, the docs' relative links point at files that exist, and so do
-the docs paths that comments in the code cite."""
+code declares, the docs' relative links point at files (and headings) that
+exist, and so do the docs paths that comments in the code cite."""
 
 import os
 import re
@@ -53,16 +53,38 @@ def _docs():
                 yield os.path.join(REPO, d, name)
 
 
+def _anchors(path):
+    """The anchors GitHub gives the headings of the Markdown file `path`."""
+    anchors, seen, fenced = set(), {}, False
+    with open(path) as f:
+        for line in f:
+            if line.startswith("```"):
+                fenced = not fenced
+            m = None if fenced else re.match(r"#{1,6} +(.*)", line)
+            if not m:
+                continue
+            heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1).strip().lower())
+            slug = re.sub(r"[^\w\- ]", "", heading).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
 def _missing(source, targets, base):
     """The targets (a path, optionally with #anchor) that `source` names and
-    that resolve against the folder `base` to no file, one line each."""
+    that resolve against the folder `base` to no file, or to a Markdown file
+    without that heading; one line each."""
     bad = []
     for target in targets:
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        if re.match(r"[a-z]+:", target):
             continue
-        file = target.split("#")[0]
-        if not os.path.exists(os.path.normpath(os.path.join(base, file))):
+        file, _, anchor = target.partition("#")
+        path = os.path.normpath(os.path.join(base, file)) if file else source
+        if not os.path.exists(path):
             bad.append(f"{os.path.relpath(source, REPO)}: {target}")
+        elif anchor and path.endswith(".md") and anchor not in _anchors(path):
+            bad.append(f"{os.path.relpath(source, REPO)}: {target} (no such heading)")
     return bad
 
 
