@@ -70,7 +70,8 @@ std::string errorText(const std::exception& e) {
 }
 
 // The route's last step, on every rank: each says whether its part formed,
-// and none returns until every rank's part has. Without it a rank whose
+// and none returns until every rank's part has (and rank 0 not until every
+// other rank has read the verdicts). Without it a rank whose
 // part formed first could queue its work, abort or destroy the group, or
 // exit (taking the store with it on rank 0) while a peer still forms its
 // rail group or communicator through the store. A part that failed fails
@@ -95,6 +96,23 @@ void confirmFormed(const IntraSetup& s, Clock::time_point deadline, const std::s
       C10_THROW_ERROR(DistBackendError, "smddp: group " + s.groupName +
                                             ": the intra-host NCCL route failed to form on rank " +
                                             std::to_string(r) + ": " + theirs);
+    }
+  }
+  // The group's rank 0 leaves last: it usually hosts the store, and a rank
+  // still reading the others' verdicts would lose it if rank 0 went ahead,
+  // issued, aborted and exited.
+  if (s.rank != 0) {
+    store->set("read/" + std::to_string(s.rank), std::vector<uint8_t>{1});
+    return;
+  }
+  for (int r = 1; r < s.size; ++r) {
+    try {
+      (void)getWithin(*store, "read/" + std::to_string(r), left(deadline));
+    } catch (const c10::DistStoreError& e) {
+      C10_THROW_ERROR(DistBackendError,
+                      "smddp: group " + s.groupName + ": rank " + std::to_string(r) +
+                          " did not confirm the intra-host NCCL route within the group timeout (" +
+                          std::to_string(s.timeout.count()) + " ms): " + e.what_without_backtrace());
     }
   }
 }
