@@ -440,6 +440,59 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
     live.round(lambda: None)
 
 
+def _init_through(tmp_path, name, hosts, job, **extra):
+    """A fresh 2-rank job (each rank its own host) with the key file that
+    only joins its group through `hosts`; each rank's init error."""
+    port = find_free_port()
+    procs = Procs()
+    try:
+        for r in range(2):
+            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                    SMDDP_SERVER_HOSTS=hosts, SMDDP_SERVER_JOB=job, SMDDP_SERVER_REQUIRED=1,
+                    FI_TCP_IFACE="lo", SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60,
+                    **extra)
+            procs.start([PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
+                        env=e, log=os.path.join(tmp_path, f"{name}.{r}.log"))
+        got = wait_results(str(tmp_path), ["init.0.json", "init.1.json"], 150)
+    finally:
+        procs.kill()
+    return [res.get("init_error", "") for res in got.values()]
+
+
+@pytest.mark.parametrize("name", ["127.0.0.1", "localhost"])
+def test_a_relay_in_front_of_the_real_server_fails_the_job_naming_the_address(
+        live, tmp_path, name):
+    # A relay (registered first in the store, or reached through a host name
+    # in SMDDP_SERVER_HOSTS that leads to it) forwards each rank's handshake
+    # to the live server and every byte after it, changing one float of
+    # each result; the workers' tags are off, as in the attack found. The
+    # server proves itself for its own address, not the relay's: every
+    # rank fails at set-up naming the address it dialled, and nothing
+    # reaches the data path.
+    relay = hc.Relay(live.port)
+    try:
+        errors = _init_through(tmp_path, "relay", f"{name}:{relay.port}", JOB,
+                               SMDDP_SERVER_INTEGRITY=0)
+    finally:
+        relay.close()
+    assert relay.connections > 0
+    for err in errors:
+        assert "failed authentication" in err, err
+        assert f"{name}:{relay.port}" in err and f"127.0.0.1:{relay.port}" in err, err
+    assert relay.altered == 0
+    live.round(lambda: None)
+
+
+def test_a_server_of_another_job_fails_the_job_before_its_hello(live, tmp_path):
+    # The live server serves JOB; a job that names another id (the same key
+    # file) is refused by its own workers: the server's proof is for JOB.
+    errors = _init_through(tmp_path, "otherjob", f"127.0.0.1:{live.port}", "other-job")
+    for err in errors:
+        assert "failed authentication" in err and "job 'other-job'" in err, err
+        assert JOB not in err, err
+    live.round(lambda: None)
+
+
 def test_no_secret_in_shm_names_command_lines_or_logs(live):
     watch = hc.ShmWatch()
     try:
