@@ -8,7 +8,9 @@
 // kernel as the workers' own servers, so the same bits), and sends the
 // result back to every host (stream_service.h). Only workers that prove
 // they hold the server's key (server_auth.h) join a stream; every resource
-// a connection can take is bounded, and the server outlives its jobs.
+// a connection can take before it proves the key is bounded (what a key
+// holder may ask for is not yet: docs/design.md, "Security"), and the
+// server outlives its jobs.
 // Torch-free: `python -m torch_smddp.server` drives it.
 #pragma once
 
