@@ -268,7 +268,7 @@ class CMakeBuild(build_ext):
                                os.environ.get("SMDDP_BUILD_JOBS", "2")], env=env)
         with open(os.path.join(out_dir, "_build_info.py")) as f:
             info = f.read()
-        lib = next((l.split("=", 1)[1].strip() for l in info.splitlines()
+        lib = next((l.split("=", 1)[1].strip().strip('"') for l in info.splitlines()
                     if l.startswith("LIBFABRIC_LIBRARY")), "?")
         log(f"built _C into {out_dir}: torch {facts['version']}, CUDA {'ON' if on else 'OFF'}, "
             f"libfabric {lib}")

@@ -99,26 +99,7 @@ std::shared_ptr<DeviceContext> makeCudaContext(c10::DeviceIndex index) {
 
 bool builtWithCuda() { return true; }
 
-std::unique_ptr<smddp::IntraHost> makeNcclIntraHost(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    const std::string& key, int device,
-                                                    int localRank, int localSize,
-                                                    std::chrono::milliseconds timeout) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  std::string id;
-  if (localRank == 0) {
-    id = smddp::ncclUniqueIdBytes();
-    store->set(key, std::vector<uint8_t>(id.begin(), id.end()));
-  } else {
-    store->wait({key}, timeout);
-    auto bytes = store->get(key);
-    id.assign(bytes.begin(), bytes.end());
-  }
-  try {
-    return smddp::newNcclIntraHost(device, localRank, localSize, id, timeout);
-  } catch (const smddp::Error& e) {
-    C10_THROW_ERROR(DistBackendError, e.what());
-  }
-}
+std::shared_ptr<smddp::NcclApi> cudaNcclApi() { return smddp::cudaNccl(); }
 
 int cudaDeviceCount() { return static_cast<int>(c10::cuda::device_count()); }
 

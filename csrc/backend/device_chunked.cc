@@ -11,6 +11,7 @@
 #include "backend/call_support.h"
 #include "backend/device_collectives.h"
 #include "backend/process_group.h"
+#include "device/reaper.h"
 
 namespace c10d_smddp {
 
@@ -40,6 +41,15 @@ void checkDevicePair(const at::Tensor& whole, const at::Tensor& part, const c10:
   TORCH_CHECK_VALUE(whole.numel() == part.numel() * world, "smddp ", coll, ": ", wholeName,
                     " size is ", whole.numel(), " elements but must be world size (", world,
                     ") x ", partName, " size (", part.numel(), ")");
+}
+
+// Work queued on `waiter` from now on starts after what `after` has
+// queued so far; the event goes to the reaper (it may still be pending).
+void join(smddp::DeviceStream& waiter, smddp::DeviceStream& after,
+          const std::shared_ptr<smddp::Device>& device) {
+  smddp::DeviceEventPtr e = after.record();
+  waiter.wait(e);
+  smddp::DeviceReaper::of(device).release(std::move(e), nullptr);
 }
 
 }  // namespace
@@ -141,6 +151,7 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
 size_t DeviceCollectives::intraChunks(Chunked& c, const at::Tensor& t, smddp::DataType dt,
                                       smddp::ReduceOp op, const c10d::AllreduceOptions& railOpts) {
   std::shared_ptr<IntraRoute> route = std::atomic_load(&intra_);
+  std::shared_ptr<smddp::Device> device = ctx_->device();
   const size_t g = static_cast<size_t>(route->host->size());
   const size_t elem = t.element_size();
   const size_t shardMax = pipeline_->slotBytes() / elem;
@@ -150,28 +161,47 @@ size_t DeviceCollectives::intraChunks(Chunked& c, const at::Tensor& t, smddp::Da
   size_t off = 0;
   // Per chunk of g x `per` elements: reduce-scatter over the host's GPUs
   // into the slot's device shard, copy the shard in; host work: allreduce
-  // it over the rail (one rank per host); copy it back; all-gather.
+  // it over the rail (one rank per host); copy it back; all-gather. The
+  // collectives, and the shard's copy back, run on the communicator's own
+  // stream (issue 53, defect 3). It waits only for the call's readiness
+  // event, never for a shared copy stream, which may hold waits for
+  // another group's kernels in an order each GPU picks for itself; the
+  // copy streams wait for it (no queue waits for the host either way).
   while (n - off >= g) {
     const size_t per = std::min(shardMax, (n - off) / g);
     uint8_t* data = base + off * elem;
     const size_t bytes = per * elem;
     smddp::StagingChunk chunk;
     chunk.slotted = true;
-    chunk.beforeIn = [route, data, per, bytes, dt, op](smddp::DeviceStream& in, int slot, void* slotBase) {
+    chunk.beforeIn = [route, device, data, per, bytes, dt, op](smddp::DeviceStream& in, int slot,
+                                                               void* slotBase,
+                                                               const smddp::DeviceEventPtr& ready) {
       void* shard = route->scratch[static_cast<size_t>(slot)].data_ptr();
-      route->host->reduceScatter(in, data, shard, per, dt, op);
+      smddp::DeviceStream& own = *route->stream;
+      own.wait(ready);  // the inputs; the shard's last reader ran on `own`
+      route->host->reduceScatter(own, data, shard, per, dt, op);
+      join(in, own, device);
       in.copy(slotBase, shard, bytes);
     };
-    chunk.host = [route, per, st, railOpts](void* slot) {
+    chunk.host = [route, per, st, railOpts, watch = watch_](void* slot) {
       route->host->checkHealthy();
       if (route->hosts < 2) return;
       std::vector<at::Tensor> v{hostView(slot, 0, per * at::elementSize(st), st)};
-      if (auto w = route->rail->allreduce(v, railOpts)) w->wait();
+      // The rail's peer may wait on a dead local peer of its own host: the
+      // watch sees that death here, well before the rail's timeout. So the
+      // rail's call runs on its engine thread (asyncOp), not inline on
+      // this one, which polls it meanwhile.
+      c10d::AllreduceOptions queued = railOpts;
+      queued.asyncOp = true;
+      if (auto w = route->rail->allreduce(v, queued)) waitWatched(*w, *watch, "all_reduce");
     };
-    chunk.afterOut = [route, data, per, bytes, dt](smddp::DeviceStream& out, int slot, void* slotBase) {
+    chunk.afterOut = [route, device, data, per, bytes, dt](smddp::DeviceStream& out, int slot,
+                                                           void* slotBase) {
       void* shard = route->scratch[static_cast<size_t>(slot)].data_ptr();
-      out.copy(shard, slotBase, bytes);
-      route->host->allGather(out, shard, data, per, dt);
+      smddp::DeviceStream& own = *route->stream;
+      own.copy(shard, slotBase, bytes);  // the slot is final: its host work has run
+      route->host->allGather(own, shard, data, per, dt);
+      join(out, own, device);  // the slot's reuse, the call's end: after both
     };
     c.call.chunks.push_back(std::move(chunk));
     off += per * g;

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 
 #include "backend/call_support.h"
 #include "backend/process_group.h"
 #include "backend/work.h"
+#include "common/caller_waiting.h"
 #include "common/completion_pool.h"
 #include "common/error.h"
 #include "common/param.h"
@@ -245,6 +247,87 @@ c10d::ReduceOp DeviceStage::mapOp(const c10d::ReduceOp& op) {
   return makePreMulSum(map(sup->tensor_factor, /*read=*/true, /*write=*/false));
 }
 
+// ---- Watch ----------------------------------------------------------------------
+
+// A failure must reach the failing call within about the time the host
+// route takes, also on the NCCL route, where a peer that died leaves the
+// survivors' reduce-scatter waiting on the device for good (no error says
+// so) and the ranks of another host waiting on the rail for them. So the
+// collective pipeline's thread, while it waits for copies in or for the
+// rail, checks every few ms that every rank of the group lives (the host
+// group's liveness: same-host owner locks, the peer monitor across hosts)
+// and that the intra-host communicator has no asynchronous error; and when
+// the pipeline breaks, for whatever reason, it aborts the communicator and
+// the rail's collective in flight before it drains. Shared with that
+// thread, which a shutdown may leave behind.
+class DeviceCollectives::Watch {
+ public:
+  explicit Watch(c10::intrusive_ptr<ProcessGroupSmddp> host) : host_(std::move(host)) {}
+
+  void setRoute(std::shared_ptr<IntraRoute> route) {
+    std::lock_guard<std::mutex> lock(mu_);
+    route_ = std::move(route);
+  }
+  // Throws when a rank is gone or the communicator failed (pipeline thread).
+  void check(const std::string& during) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    host_->checkPeersAlive(during);
+    if (route_) route_->host->checkHealthy();
+  }
+  // The pipeline broke: end the work that can never complete.
+  void broken() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || !route_) return;
+    route_->host->abort();
+    route_->rail->shutdown();
+  }
+  // The groups shut down next: no check may touch them from now on.
+  void close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+
+ private:
+  std::mutex mu_;
+  const c10::intrusive_ptr<ProcessGroupSmddp> host_;
+  std::shared_ptr<IntraRoute> route_;  // guarded by mu_
+  bool closed_ = false;                // guarded by mu_
+};
+
+// How long a failed rail call waits for the group's liveness to name a
+// lost rank before its own error is raised.
+constexpr auto kWatchGrace = std::chrono::milliseconds(200);
+
+// Waits for `work` as wait() does, running `watch` every few ms meanwhile.
+void waitWatched(c10d::Work& work, DeviceCollectives::Watch& watch, const std::string& during) {
+  smddp::CallerWaiting waiting;  // the engine may poll meanwhile
+  auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+  auto nap = std::chrono::microseconds(1);
+  while (!work.isCompleted()) {
+    if (std::chrono::steady_clock::now() >= next) {
+      watch.check(during);
+      next = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(100));
+  }
+  try {
+    work.wait();  // its error, if any
+  } catch (...) {
+    // A rank the group lost is named as the group numbers it, not as the
+    // rail does ("rank 1 of group 0/rail1" is the group's rank 3). The
+    // group's own liveness may see the death a moment after the rail's:
+    // it gets that moment.
+    const auto until = std::chrono::steady_clock::now() + kWatchGrace;
+    do {
+      watch.check(during);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    } while (std::chrono::steady_clock::now() < until);
+    throw;
+  }
+}
+
 // ---- DeviceCollectives --------------------------------------------------------
 
 DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
@@ -263,7 +346,11 @@ DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
   o.timeout = timeout;
   o.inStream = 0;
   o.outStream = 1;
-  pipeline_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), o);
+  watch_ = std::make_shared<Watch>(host_);
+  smddp::StagingOptions collective = o;
+  collective.watch = [watch = watch_](const std::string& what) { watch->check(what); };
+  collective.onBroken = [watch = watch_](std::exception_ptr) { watch->broken(); };
+  pipeline_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), collective);
   // Sends and receives each get a pipeline of their own, with no slots: a
   // send waits only for its receiver, so an isend/irecv ring in any order
   // cannot hold up a receive behind a send, or a collective behind either.
@@ -279,6 +366,7 @@ DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
 DeviceCollectives::~DeviceCollectives() { shutdown(); }
 
 void DeviceCollectives::shutdown() {
+  watch_->close();
   // The host groups first: host work stuck in a collective then returns.
   host_->shutdown();
   std::shared_ptr<IntraRoute> intra = std::atomic_load(&intra_);
@@ -288,6 +376,16 @@ void DeviceCollectives::shutdown() {
   }
   for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) p->shutdown();
   pool_->clear();
+  if (intra && intra->stream) {
+    // The communicator's stream goes once its work has run (the abort ended
+    // its kernels); the route keeps it for a pipeline thread left behind.
+    try {
+      auto entered = ctx_->enter();
+      smddp::DeviceReaper::of(ctx_->device()).release(intra->stream->record(), intra->stream);
+    } catch (const std::exception& e) {
+      smddp::DeviceReaper::keepForever(intra->stream);
+    }
+  }
   if (intra && !intra->scratch.empty()) {
     // The shards' device memory goes once the copy streams have drained.
     try {
@@ -313,6 +411,7 @@ std::shared_ptr<IntraRoute> DeviceCollectives::intraRouteFor() {
       std::lock_guard<std::mutex> lock(intraMu_);
       intraWhy_ = why;
     }
+    watch_->setRoute(route);
     std::atomic_store(&intra_, route);
   });
   return std::atomic_load(&intra_);

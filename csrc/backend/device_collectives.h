@@ -163,6 +163,10 @@ class DeviceCollectives {
   // allreduce), for stats().
   std::string intraRoute() const;
 
+  // What the collective pipeline's thread consults while it waits, and
+  // does when the pipeline breaks (device_collectives.cc).
+  class Watch;
+
  private:
   struct Chunked;
   c10::intrusive_ptr<c10d::Work> launch(smddp::StagingPipeline& pipe, c10::intrusive_ptr<DeviceWork> work,
@@ -189,7 +193,12 @@ class DeviceCollectives {
   mutable std::mutex intraMu_;
   std::string intraWhy_;               // guarded by intraMu_
   std::atomic<uint64_t> calls_{0};  // device calls issued: their Works' sequence numbers
+  std::shared_ptr<Watch> watch_;    // shared with the collective pipeline's thread
   std::unique_ptr<smddp::StagingPipeline> pipeline_, sendPipe_, recvPipe_;
 };
+
+// Waits for `work` as its wait() does, running `watch`'s check every few
+// ms meanwhile (the NCCL route's host work, waiting on the rail).
+void waitWatched(c10d::Work& work, DeviceCollectives::Watch& watch, const std::string& during);
 
 }  // namespace c10d_smddp

@@ -5,11 +5,13 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "backend/process_group.h"
 #include "common/logging.h"
 #include "common/param.h"
+#include "device/nccl_host.h"
 
 namespace c10d_smddp {
 
@@ -37,26 +39,78 @@ namespace {
 // benchmarks/RESULTS.md.
 constexpr bool kNcclIntraProvenOnHardware = false;
 
-std::string toBytes(int v) { return std::to_string(v); }
+// This group instance's keys: under the nonce of the group's own
+// formation (IntraSetup::instance), so a group formed again with the same
+// name on the same store never reads an earlier instance's keys.
+std::string keyBase(const IntraSetup& s) { return "smddp_intra/" + s.instance + s.groupName + "/"; }
+
+std::string getWithin(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
+  store.wait({key}, timeout);
+  auto bytes = store.get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// Every rank must ask for the same route: a rank on shm never takes part
+// in the others' NCCL set-up. Each publishes its SMDDP_INTRA (as written,
+// when it is not a valid value), rank 0 compares them and publishes the
+// verdict, and every rank raises the same error when they differ.
+void agreeOnMode(const IntraSetup& s, const std::string& mine) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>(keyBase(s) + "mode/", s.store);
+  store->set(std::to_string(s.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  if (s.rank == 0) {
+    std::string verdict = "ok";
+    for (int r = 1; r < s.size && verdict == "ok"; ++r) {
+      const std::string theirs = getWithin(*store, std::to_string(r), s.timeout);
+      if (theirs != mine) {
+        verdict = "SMDDP_INTRA differs across the ranks of group " + s.groupName + ": rank 0 has '" +
+                  mine + "', rank " + std::to_string(r) + " has '" + theirs +
+                  "' (every rank must set the same value)";
+      }
+    }
+    store->set("verdict", std::vector<uint8_t>(verdict.begin(), verdict.end()));
+  }
+  const std::string verdict = getWithin(*store, "verdict", s.timeout);
+  TORCH_CHECK_VALUE(verdict == "ok", verdict);
+}
 
 // Every rank's device index, through the store.
 std::vector<int> deviceIndexes(const IntraSetup& s, int mine) {
-  auto store = c10::make_intrusive<c10d::PrefixStore>("smddp_intra/" + s.groupName + "/dev/", s.store);
-  const std::string v = toBytes(mine);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(keyBase(s) + "dev/", s.store);
+  const std::string v = std::to_string(mine);
   store->set(std::to_string(s.rank), std::vector<uint8_t>(v.begin(), v.end()));
   std::vector<int> out(static_cast<size_t>(s.size));
-  for (int r = 0; r < s.size; ++r) {
-    auto bytes = store->get(std::to_string(r));
-    out[r] = std::stoi(std::string(bytes.begin(), bytes.end()));
-  }
+  for (int r = 0; r < s.size; ++r) out[r] = std::stoi(getWithin(*store, std::to_string(r), s.timeout));
   return out;
+}
+
+// The host's communicator's unique id: local rank 0 makes it and
+// publishes it under `key`; the others wait for it, within the timeout.
+std::string uniqueIdOfHost(const IntraSetup& s, smddp::NcclApi& nccl, const std::string& key,
+                           int localRank) {
+  if (localRank == 0) {
+    std::string id = nccl.uniqueId();
+    s.store->set(key, std::vector<uint8_t>(id.begin(), id.end()));
+    return id;
+  }
+  return getWithin(*s.store, key, s.timeout);
 }
 
 }  // namespace
 
 std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& ctx,
                                            size_t slotBytes, int slots, std::string* why) {
-  const std::string mode = intraMode();
+  // The mode as this rank wrote it, checked only once every rank's is known,
+  // so a bad value on one rank fails every rank the same way.
+  std::string mode, invalid;
+  try {
+    mode = intraMode();
+  } catch (const c10::Error& e) {
+    const char* raw = std::getenv("SMDDP_INTRA");
+    mode = raw ? raw : "";
+    invalid = e.what_without_backtrace();
+  }
+  agreeOnMode(s, mode);
+  TORCH_CHECK_VALUE(invalid.empty(), invalid);
   if (mode == "shm") {
     *why = "SMDDP_INTRA=shm";
     return nullptr;
@@ -101,16 +155,21 @@ std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& s, DeviceContext& c
   }
   auto route = std::make_shared<IntraRoute>();
   route->hosts = static_cast<int>(hosts.size());
-  const std::string base = "smddp_intra/" + s.groupName + "/";
-  if (s.sim) {
-    auto local = c10::make_intrusive<ProcessGroupSmddp>(
-        c10::make_intrusive<c10d::PrefixStore>(base + "local" + std::to_string(hostIdx) + "/", s.store),
-        localRank, static_cast<int>(g), s.timeout, s.groupName + "/intra" + std::to_string(hostIdx),
-        GroupOptions{.hostOnly = true});
-    route->host = makeSimIntraHost(std::move(local));
-  } else {
-    route->host = makeNcclIntraHost(s.store, base + "nccl/" + std::to_string(hostIdx),
-                                    ctx.device()->index(), localRank, static_cast<int>(g), s.timeout);
+  const std::string base = keyBase(s);
+  std::shared_ptr<smddp::NcclApi> nccl =
+      s.sim ? makeSimNcclApi(s.store, s.groupName + "/host" + std::to_string(hostIdx), s.timeout,
+                             0x5eedull + static_cast<uint64_t>(s.rank) * 7919)
+            : cudaNcclApi();
+  {
+    auto entered = ctx.enter();  // the communicator forms on the rank's device
+    route->stream = ctx.device()->newStream();
+    const std::string id = uniqueIdOfHost(s, *nccl, base + "nccl/" + std::to_string(hostIdx), localRank);
+    try {
+      route->host = smddp::newNcclIntraHost(nccl, ctx.device()->name(), localRank,
+                                            static_cast<int>(g), id, s.timeout);
+    } catch (const smddp::Error& e) {
+      C10_THROW_ERROR(DistBackendError, e.what());
+    }
   }
   route->rail = c10::make_intrusive<ProcessGroupSmddp>(
       c10::make_intrusive<c10d::PrefixStore>(base + "rail" + std::to_string(localRank) + "/", s.store),

@@ -15,6 +15,7 @@
 
 #include "backend/device_context.h"
 #include "device/intra_host.h"
+#include "device/nccl_api.h"
 #include "engine/communicator.h"
 
 namespace c10d_smddp {
@@ -27,6 +28,10 @@ struct IntraRoute {
   std::unique_ptr<smddp::IntraHost> host;        // the host's GPUs (NCCL, or the stand-in's)
   c10::intrusive_ptr<ProcessGroupSmddp> rail;    // one rank per host: this GPU's peers
   std::vector<at::Tensor> scratch;               // per staging slot: the shard, on the device
+  // The communicator's own stream: its kernels wait for the host's other
+  // GPUs, so on the shared pool streams two groups' kernels could queue in
+  // a different order on each GPU and deadlock (issue 53, defect 3).
+  std::shared_ptr<smddp::DeviceStream> stream;
   int hosts = 1;
   std::string why;                               // for stats and logs: why this route
 };
@@ -38,6 +43,9 @@ struct IntraSetup {
   int size = 1;
   std::vector<std::vector<int>> ranksByHost;
   std::string groupName;
+  // The group instance's store prefix ("smddp/<nonce>/", Communicator::
+  // storePrefix): every key of the route lives under it.
+  std::string instance;
   std::chrono::milliseconds timeout{300000};
   bool sim = false;
   std::optional<smddp::RegisteredServers> servers;  // the rail group's (cross-host) servers
@@ -56,14 +64,13 @@ std::string intraMode();
 std::shared_ptr<IntraRoute> makeIntraRoute(const IntraSetup& setup, DeviceContext& ctx,
                                            size_t slotBytes, int slots, std::string* why);
 
-// The stand-in's intra-host collectives (sim_intra.cc): a CPU group of the
-// host's ranks, run as kernels on the simulated device.
-std::unique_ptr<smddp::IntraHost> makeSimIntraHost(c10::intrusive_ptr<ProcessGroupSmddp> local);
-// NCCL's (cuda_context.cc; an error in a build without CUDA). Local rank 0
-// publishes the unique id through `store` under `key`.
-std::unique_ptr<smddp::IntraHost> makeNcclIntraHost(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    const std::string& key, int device,
-                                                    int localRank, int localSize,
-                                                    std::chrono::milliseconds timeout);
+// The NCCL the intra-host communicator (device/nccl_host.h) drives:
+// the stand-in's simulated one (sim_intra.cc), whose ranks meet through a
+// CPU group formed over `store` under the communicator's unique id; or
+// NCCL itself (cuda_context.cc; an error in a build without CUDA).
+std::shared_ptr<smddp::NcclApi> makeSimNcclApi(const c10::intrusive_ptr<c10d::Store>& store,
+                                               const std::string& groupName,
+                                               std::chrono::milliseconds timeout, uint64_t seed);
+std::shared_ptr<smddp::NcclApi> cudaNcclApi();
 
 }  // namespace c10d_smddp

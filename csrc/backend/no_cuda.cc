@@ -20,11 +20,8 @@ int cudaDeviceCount() { return 0; }
 
 c10::DeviceIndex currentCudaDevice() { return 0; }
 
-std::unique_ptr<smddp::IntraHost> makeNcclIntraHost(const c10::intrusive_ptr<c10d::Store>&,
-                                                    const std::string&, int device, int, int,
-                                                    std::chrono::milliseconds) {
-  TORCH_CHECK(false, "smddp: intra-host NCCL for cuda:", device,
-              " needs a build of torch_smddp with CUDA (docs/gpu.md)");
+std::shared_ptr<smddp::NcclApi> cudaNcclApi() {
+  TORCH_CHECK(false, "smddp: intra-host NCCL needs a build of torch_smddp with CUDA (docs/gpu.md)");
 }
 
 }  // namespace c10d_smddp

@@ -149,6 +149,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     intra.size = size_;
     intra.ranksByHost = comm_->context().peers().ranksByHost();
     intra.groupName = groupName_;
+    intra.instance = comm_->storePrefix();
     intra.timeout = timeout_;
     intra.sim = dev.is_cpu();
     intra.servers = servers_;

@@ -171,6 +171,13 @@ class ProcessGroupSmddp : public c10d::Backend {
     return monitor ? monitor->watchedRanks() : std::vector<int>{};
   }
   std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
+  // Throws (smddp::Error, kPeerLost) when a rank of the group is known to
+  // be gone: a same-host peer's owner lock is free, or the liveness monitor
+  // lost a peer on another host (PeerTable::checkAlive). Any thread, but
+  // never concurrently with shutdown().
+  void checkPeersAlive(const std::string& during) const {
+    if (comm_) comm_->context().peers().checkAlive(during);
+  }
   // The group's flight recorder; null with SMDDP_TRACE_BUFFER_SIZE=0.
   std::shared_ptr<const smddp::FlightRecorder> flightRecorder() const {
     return comm_ ? comm_->flightRecorder() : nullptr;

@@ -1,22 +1,26 @@
-// The stand-in's intra-host collectives (intra.h): what NCCL does over
-// NVLink, done by a CPU group of the host's ranks, as kernels on the
-// simulated device. Like NCCL's, each occupies its hardware queue until
-// every rank of the host has issued it, so the stand-in's queue rules apply
-// to it too; and like NCCL's, the operations of one communicator run in the
-// order they were issued, whatever streams they were issued on. A failure
-// becomes the communicator's asynchronous error.
+// The stand-in's NCCL inside the host (intra.h): the simulated NCCL
+// (device/sim_nccl.h), which follows NCCL's rules (ncclInProgress at
+// random, a kernel that hangs until the abort when a peer is gone, one
+// order per communicator across streams, kernels that share the simulated
+// device's hardware queues), with its data moved by a CPU group of the
+// host's ranks, formed through the store under the communicator's unique
+// id. The intra-host communicator over it (device/nccl_host.h) is the code
+// that drives NCCL on a GPU.
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include <condition_variable>
-#include <exception>
-#include <mutex>
+#include <atomic>
 
-#include "backend/call_support.h"
 #include "backend/intra.h"
 #include "backend/process_group.h"
-#include "device/sim_device.h"
+#include "common/param.h"
+#include "device/sim_nccl.h"
 
 namespace c10d_smddp {
+
+SMDDP_PARAM_INT(paramSimNcclInProgress, "SMDDP_DEVICE_SIM_NCCL_IN_PROGRESS", 50, 0, 100,
+                "Test hook: percent of the stand-in NCCL's init and collective calls that "
+                "return ncclInProgress (their work then happens later, from another thread)");
 
 namespace {
 
@@ -44,91 +48,57 @@ c10d::ReduceOp c10dOp(smddp::ReduceOp op) {
   }
 }
 
-class SimIntraHost final : public smddp::IntraHost {
+// The exchange of one simulated communicator: a CPU group of the host's
+// ranks. A failure there (a peer died) throws, and the simulated kernel
+// then hangs until the communicator is aborted, as NCCL's does.
+class CpuGroupPeers final : public smddp::SimNcclPeers {
  public:
-  explicit SimIntraHost(c10::intrusive_ptr<ProcessGroupSmddp> local) : local_(std::move(local)) {}
-  ~SimIntraHost() override { abort(); }
+  explicit CpuGroupPeers(c10::intrusive_ptr<ProcessGroupSmddp> local) : local_(std::move(local)) {}
+  ~CpuGroupPeers() override { abort(); }
 
-  int rank() const override { return local_->getRank(); }
-  int size() const override { return local_->getSize(); }
-
-  void reduceScatter(smddp::DeviceStream& stream, const void* send, void* recv, size_t count,
-                     smddp::DataType dtype, smddp::ReduceOp op) override {
+  void reduceScatter(const void* send, void* recv, size_t count, smddp::DataType dtype,
+                     smddp::ReduceOp op) override {
     const auto st = scalarType(dtype);
-    const int g = size();
-    kernel(stream, [send, recv, count, st, op, g](ProcessGroupSmddp& pg) {
-      at::Tensor in = at::from_blob(const_cast<void*>(send), {static_cast<int64_t>(count) * g},
-                                    at::TensorOptions().dtype(st));
-      at::Tensor out = at::from_blob(recv, {static_cast<int64_t>(count)}, at::TensorOptions().dtype(st));
-      c10d::ReduceScatterOptions o;
-      o.reduceOp = c10dOp(op);
-      return pg._reduce_scatter_base(out, in, o);
-    });
+    const auto g = static_cast<int64_t>(local_->getSize());
+    at::Tensor in = at::from_blob(const_cast<void*>(send), {static_cast<int64_t>(count) * g},
+                                  at::TensorOptions().dtype(st));
+    at::Tensor out = at::from_blob(recv, {static_cast<int64_t>(count)}, at::TensorOptions().dtype(st));
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10dOp(op);
+    if (auto w = local_->_reduce_scatter_base(out, in, o)) w->wait();
   }
-  void allGather(smddp::DeviceStream& stream, const void* send, void* recv, size_t count,
-                 smddp::DataType dtype) override {
+  void allGather(const void* send, void* recv, size_t count, smddp::DataType dtype) override {
     const auto st = scalarType(dtype);
-    const int g = size();
-    kernel(stream, [send, recv, count, st, g](ProcessGroupSmddp& pg) {
-      at::Tensor in = at::from_blob(const_cast<void*>(send), {static_cast<int64_t>(count)},
-                                    at::TensorOptions().dtype(st));
-      at::Tensor out = at::from_blob(recv, {static_cast<int64_t>(count) * g}, at::TensorOptions().dtype(st));
-      return pg._allgather_base(out, in, c10d::AllgatherOptions());
-    });
-  }
-  void checkHealthy() override {
-    std::lock_guard<std::mutex> lk(state_->mu);
-    if (state_->error) std::rethrow_exception(state_->error);
+    const auto g = static_cast<int64_t>(local_->getSize());
+    at::Tensor in = at::from_blob(const_cast<void*>(send), {static_cast<int64_t>(count)},
+                                  at::TensorOptions().dtype(st));
+    at::Tensor out = at::from_blob(recv, {static_cast<int64_t>(count) * g}, at::TensorOptions().dtype(st));
+    if (auto w = local_->_allgather_base(out, in, c10d::AllgatherOptions())) w->wait();
   }
   void abort() override {
-    {
-      std::lock_guard<std::mutex> lk(state_->mu);
-      if (state_->aborted) return;
-      state_->aborted = true;
-    }
-    state_->cv.notify_all();
-    local_->shutdown();
+    if (!aborted_.exchange(true)) local_->shutdown();
   }
 
  private:
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::exception_ptr error;  // guarded by mu
-    bool aborted = false;      // guarded by mu
-    uint64_t ran = 0;          // operations done, in issue order; guarded by mu
-  };
-  template <typename F>
-  void kernel(smddp::DeviceStream& stream, F body) {
-    const uint64_t ticket = issued_++;  // one issuing thread: the pipeline's
-    smddp::sim::hostKernel(stream, [local = local_, state = state_, body, ticket] {
-      std::unique_lock<std::mutex> lk(state->mu);
-      state->cv.wait(lk, [&] { return state->ran == ticket || state->aborted; });
-      const bool skip = state->error || state->aborted;  // as NCCL after an error: no more work
-      lk.unlock();
-      if (!skip) {
-        try {
-          if (auto w = body(*local)) w->wait();
-        } catch (...) {
-          std::lock_guard<std::mutex> elk(state->mu);
-          if (!state->error) state->error = std::current_exception();
-        }
-      }
-      lk.lock();
-      ++state->ran;
-      state->cv.notify_all();
-    });
-  }
-  uint64_t issued_ = 0;  // the pipeline thread's only
-
   c10::intrusive_ptr<ProcessGroupSmddp> local_;
-  std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace
 
-std::unique_ptr<smddp::IntraHost> makeSimIntraHost(c10::intrusive_ptr<ProcessGroupSmddp> local) {
-  return std::make_unique<SimIntraHost>(std::move(local));
+std::shared_ptr<smddp::NcclApi> makeSimNcclApi(const c10::intrusive_ptr<c10d::Store>& store,
+                                               const std::string& groupName,
+                                               std::chrono::milliseconds timeout, uint64_t seed) {
+  smddp::SimNcclOptions o;
+  o.inProgressPercent = static_cast<int>(paramSimNcclInProgress());
+  o.seed = seed;
+  return smddp::makeSimNccl(o, [store, groupName, timeout](const std::string& id, int rank, int n) {
+    // Ranks given the same unique id meet under it, as NCCL's do.
+    auto local = c10::make_intrusive<ProcessGroupSmddp>(
+        c10::make_intrusive<c10d::PrefixStore>("smddp_intra/sim/" + id + "/", store), rank, n,
+        timeout, groupName + "/intra", GroupOptions{.hostOnly = true});
+    return std::make_shared<CpuGroupPeers>(std::move(local));
+  });
 }
 
 }  // namespace c10d_smddp

@@ -63,6 +63,12 @@ class Device {
   // `which` < kPoolStreams.
   static constexpr int kPoolStreams = 4;
   virtual DeviceStream& poolStream(int which) = 0;
+  // A stream of its own, for device work that waits on other devices (an
+  // intra-host NCCL communicator's kernels): on a pool stream such work
+  // would queue behind, or hold up, every other group's in an order each
+  // rank picks for itself. No tensor's memory is recorded on it; the owner
+  // must keep it until the work queued on it has completed (DeviceReaper).
+  virtual std::unique_ptr<DeviceStream> newStream() = 0;
   // Page-locked host memory that copies can use at full speed
   // (cudaHostAlloc). The deleter frees it: the owner must keep it until
   // every copy that uses it has completed (DeviceReaper).

@@ -3,9 +3,9 @@
 // host's GPUs, so that only each GPU's 1/G shard goes through the host and
 // across hosts, and an all-gather of the reduced shards. Queued on a device
 // stream like any kernel; every rank of the host issues them in the same
-// order. cuda/nccl_intra.cc implements them with NCCL over NVLink; the
-// torch side's stand-in (backend/sim_intra.cc) with a CPU group of the
-// host's ranks, as kernels on the simulated device.
+// order. nccl_host.h implements them over NCCL's API (nccl_api.h): NCCL
+// itself over NVLink (cuda/nccl_intra.cc), or on the stand-in the
+// simulated NCCL (sim_nccl.h), whose kernels run on the simulated device.
 #pragma once
 
 #include <cstddef>

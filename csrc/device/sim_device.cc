@@ -378,6 +378,10 @@ class SimDevice : public Device {
                 core_->name + ": no pool stream " + std::to_string(which));
     return *pool_[which];
   }
+  std::unique_ptr<DeviceStream> newStream() override {
+    core_->checkBound("made a stream");
+    return std::make_unique<SimStream>(core_);
+  }
   std::shared_ptr<void> allocHost(size_t bytes) override {
     core_->checkBound("allocated page-locked memory");
     noteContext(core_->opts.index);
@@ -570,6 +574,10 @@ uint64_t copiesFrom(const void* begin, size_t bytes) {
   for (const auto& [src, size] : process().copySources) n += src < b + bytes && b < src + size;
   return n;
 }
+
+int deviceOf(DeviceStream& stream) { return simOf(stream).core().opts.index; }
+
+void recordViolation(const std::string& what) { noteViolation(what); }
 
 std::vector<int> contexts() {
   std::lock_guard<std::mutex> lk(process().mu);

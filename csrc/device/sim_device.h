@@ -89,6 +89,11 @@ void hostKernel(DeviceStream& stream, std::function<void()> body);
 void recordStream(DeviceStream& stream, std::function<bool()> referenced);
 // Copies whose source lay in [begin, begin + bytes), over every device.
 uint64_t copiesFrom(const void* begin, size_t bytes);
+// The index of the device `stream` belongs to.
+int deviceOf(DeviceStream& stream);
+// A rule broken outside the device itself (the simulated NCCL): kept in
+// violations() and logged, as the device's own are.
+void recordViolation(const std::string& what);
 
 std::vector<int> contexts();
 std::vector<std::string> violations();

@@ -62,16 +62,28 @@ void finish(StagingCall& call, std::exception_ptr cause, DeviceEventPtr event) {
   }
 }
 
+// How often the watch runs while copies in are awaited.
+constexpr auto kWatchEvery = std::chrono::milliseconds(2);
+
 // Waits for a chunk's copies in: spins and yields first (a chunk often
 // lands while the previous one's host work runs), then naps growing to
-// 200 us, so stop is seen within well under a millisecond. False on stop.
+// 200 us, so stop is seen within well under a millisecond; `watch` runs
+// every kWatchEvery meanwhile. False on stop.
 bool awaitLanded(DeviceEvent& landed, const std::atomic<bool>& stopping,
-                 std::chrono::milliseconds timeout, const std::function<std::string()>& what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+                 std::chrono::milliseconds timeout, const std::function<std::string()>& late,
+                 const std::function<void(const std::string&)>& watch, const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  auto nextWatch = start + kWatchEvery;
   auto nap = std::chrono::microseconds(1);
   for (int tries = 0; !landed.query(); ++tries) {
     if (stopping.load(std::memory_order_relaxed)) return false;
-    if (std::chrono::steady_clock::now() > deadline) throwError(ErrorKind::kTimeout, what());
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) throwError(ErrorKind::kTimeout, late());
+    if (watch && now >= nextWatch) {
+      watch(what);
+      nextWatch = now + kWatchEvery;
+    }
     if (tries < 32) {
       std::this_thread::yield();
       continue;
@@ -126,7 +138,8 @@ class StagingPipeline::Runner {
     try {
       queueInUpTo(call, std::min(n, ahead));
       for (size_t k = 0; k < n; ++k) {
-        if (!awaitLanded(*landed_[k], c_.stopping, c_.opts.timeout, [&] { return late(call, k); })) {
+        if (!awaitLanded(*landed_[k], c_.stopping, c_.opts.timeout, [&] { return late(call, k); },
+                         c_.opts.watch, call.what)) {
           drain(call);
           return false;
         }
@@ -141,6 +154,14 @@ class StagingPipeline::Runner {
       hold(std::move(call.ready));
     } catch (...) {
       cause = std::current_exception();
+      if (c_.opts.onBroken) {
+        try {
+          c_.opts.onBroken(cause);
+        } catch (const std::exception& e) {
+          SMDDP_LOG(kError) << "smddp: " << call.what << ": ending the failed call's device work: "
+                            << e.what();
+        }
+      }
       drain(call);
     }
     return true;
@@ -194,7 +215,7 @@ class StagingPipeline::Runner {
         if (slotFree_[slot]) in_.wait(slotFree_[slot]);
       }
       slotOf_.push_back(slot);
-      if (chunk.beforeIn) chunk.beforeIn(in_, slot, slotBase(k));
+      if (chunk.beforeIn) chunk.beforeIn(in_, slot, slotBase(k), call.ready);
       for (const StageCopy& cp : chunk.in) in_.copy(hostOf(k, cp), cp.device, cp.bytes);
       landed_.push_back(in_.record());
     }

@@ -21,9 +21,10 @@
 // chunk that reuses a slot waits (on the device) for the copies out of the
 // slot's previous chunk; copies in run at most `slots` chunks ahead.
 //
-// Failure: when host work throws, or a chunk's copies in do not land within
-// the timeout, the pipeline is broken: the call and every later one fail
-// with the first cause, without touching the device. Memory that copies
+// Failure: when host work throws, a chunk's copies in do not land within
+// the timeout, or the watch (StagingOptions::watch) throws while they are
+// awaited, the pipeline is broken: onBroken runs, and the call and every
+// later one fail with the first cause, without touching the device. Memory that copies
 // already queued still use (slots, the calls' buffers) is handed to the
 // device's reaper (reaper.h), never freed under a running copy.
 #pragma once
@@ -60,12 +61,15 @@ struct StagingChunk {
   // Runs on the pipeline thread once `in` has landed; gets the slot's base
   // address (nullptr when not slotted). Throws to fail the call.
   std::function<void(void* slot)> host;
-  // Device work of the chunk's own, queued by the pipeline thread on the
-  // copy-in stream before `in` (an intra-host reduce-scatter and the copy
-  // of its shard into the slot), and on the copy-out stream after `out`
+  // Device work of the chunk's own, queued by the pipeline thread before
+  // `in` on the copy-in stream (an intra-host reduce-scatter and the copy
+  // of its shard into the slot), and after `out` on the copy-out stream
   // (the shard's copy back and the all-gather). They get the slot's index
-  // and base address (-1 and null when not slotted). Null for none.
-  std::function<void(DeviceStream&, int slot, void* slotBase)> beforeIn;
+  // and base address (-1 and null when not slotted); beforeIn also gets
+  // the call's readiness event (null when none), so that work on a stream
+  // of its own can wait for the inputs alone, never for whatever else the
+  // shared copy-in stream holds. Null for none.
+  std::function<void(DeviceStream&, int slot, void* slotBase, const DeviceEventPtr& ready)> beforeIn;
   std::function<void(DeviceStream&, int slot, void* slotBase)> afterOut;
 };
 
@@ -89,6 +93,16 @@ struct StagingOptions {
   std::chrono::milliseconds timeout{30 * 60 * 1000};  // per chunk's copies in
   int inStream = 0;   // the device's pool streams (Device::poolStream) for
   int outStream = 1;  // copies in and copies out
+  // Called on the pipeline thread every few milliseconds while it waits for
+  // a chunk's copies in, with the call's `what`; throws to fail the call.
+  // Copies behind device work that waits for a dead peer (an intra-host
+  // NCCL collective) never land: the torch side watches the peers here.
+  std::function<void(const std::string& what)> watch;
+  // Called once on the pipeline thread when it breaks (a call failed),
+  // before it drains: device work that can never complete (that same
+  // collective) must be ended first (ncclCommAbort), or the drain, and
+  // every stream it shares hardware queues with, would wait for it.
+  std::function<void(std::exception_ptr cause)> onBroken;
 };
 
 class StagingPipeline {

@@ -242,3 +242,52 @@ TEST_CASE("shutdown leaves host work that does not return behind after 500 ms", 
   std::this_thread::sleep_for(milliseconds(20));  // the thread returns, finishing nothing twice
   CHECK(dones.snapshot().size() == 1);
 }
+
+TEST_CASE("the watch fails a call whose copies in wait behind device work that never ends, and "
+          "onBroken ends that work before the drain",
+          "[staging]") {
+  // An intra-host NCCL collective whose peer died: a kernel ahead of the
+  // copies in that only an abort ends. The watch is what notices the death.
+  constexpr size_t kChunk = 16 << 10;
+  std::vector<float> device(2 * kChunk / sizeof(float), 1.0f);
+  auto dev = makeSimDevice(simDelays(50, 1));
+  std::atomic<bool> peerDead{false}, released{false};
+  std::atomic<int> watched{0}, brokenCalls{0};
+  StagingOptions po = slotRing(2, kChunk);
+  po.watch = [&](const std::string& what) {
+    ++watched;
+    if (peerDead) throwError(ErrorKind::kPeerLost, "smddp: rank 3 exited during " + what);
+  };
+  po.onBroken = [&](std::exception_ptr cause) {
+    ++brokenCalls;
+    released = true;  // the abort: the hung kernel ends
+  };
+  Dones dones;
+  StagingPipeline pipeline(dev, po);
+  StagingCall call = inPlaceCall("allreduce of 32 KiB", device.data(), device.size(), kChunk,
+                                 [](size_t, float*, size_t) {});
+  call.chunks[0].beforeIn = [&](DeviceStream& in, int, void*, const DeviceEventPtr&) {
+    sim::hostKernel(in, [&] {
+      while (!released) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    });
+  };
+  call.done = dones.callback(0);
+  pipeline.submit(std::move(call));
+  std::this_thread::sleep_for(milliseconds(100));
+  CHECK(dones.snapshot().empty());  // waiting on the hung kernel, watching
+  CHECK(watched > 5);
+  const auto died = Clock::now();
+  peerDead = true;
+  const Dones::Call done = dones.of(0, milliseconds(2000));
+  REQUIRE(done.id == 0);
+  INFO("failed " << msSince(died) << " ms after the death");
+  CHECK(msSince(died) < 500);
+  const Error e = errorOf(done.cause);
+  CHECK(e.kind() == ErrorKind::kPeerLost);
+  CHECK(std::string(e.what()).find("allreduce of 32 KiB") != std::string::npos);
+  CHECK(brokenCalls == 1);
+  CHECK(device[0] == 1.0f);  // nothing copied back into the failed call's output
+  // The drain went through: the streams run again.
+  DeviceEventPtr after = pipeline.inStream().record();
+  CHECK(completes(after, milliseconds(2000)));
+}

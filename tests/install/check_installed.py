@@ -89,7 +89,11 @@ def main() -> int:
         check(cuda_tag is not None, f"--expect cuda, but torch {torch.__version__} has no CUDA")
         check(bi.WITH_CUDA and torch_smddp._C.built_with_cuda(),
               f"the CUDA path was not built: {bi.CUDA_REASON}")
-        check(bi.NCCL_VERSION and bi.CUDA_ARCHS, f"NCCL {bi.NCCL_VERSION}, archs {bi.CUDA_ARCHS}")
+        # The archs smddp_cuda was built for: TORCH_CUDA_ARCH_LIST's, or sm_75 and up plus PTX.
+        want = os.environ.get("SMDDP_EXPECT_ARCHS", "75-real;80-real;86-real;89-real;90-real;100-real;"
+                                                    "120-real;120-virtual")
+        check(bi.NCCL_VERSION and bi.CUDA_ARCHS == want,
+              f"NCCL {bi.NCCL_VERSION}, archs {bi.CUDA_ARCHS} (expected {want})")
         check(version.endswith(f"+pt{major}{minor}{cuda_tag}"), f"wheel version {version}")
         check(devices == ["cpu", "cuda"], f"smddp registered for {devices}")
     else:

@@ -196,15 +196,18 @@ def test_coalesced_calls_order_the_callers_stream(world):
 TWO_BY_TWO = {"SMDDP_HOST_ID": lambda r: f"h{r // 2}"}  # 2 pretend hosts x 2 GPUs
 
 
-@pytest.mark.parametrize("mode,route", [("nccl", "nccl"), ("auto", "shm")])
-def test_nccl_inside_the_host_on_the_stand_in(mode, route):
+@pytest.mark.parametrize("mode,route,dtype", [("nccl", "nccl", "float32"), ("nccl", "nccl", "bfloat16"),
+                                              ("nccl", "nccl", "float16"), ("auto", "shm", "float32")])
+def test_nccl_inside_the_host_on_the_stand_in(mode, route, dtype):
     """2 hosts x 2 GPUs: with SMDDP_INTRA=nccl, reduce-scatter inside the
-    host (the stand-in's NCCL), each GPU's shard across hosts on its rail,
-    all-gather; every size class, SUM/MAX/AVG and coalesced calls against
-    the closed form. `auto` takes the host route on the same 2 x 2 GPUs
-    until the NCCL route has passed on hardware (docs/gpu.md)."""
+    host (the stand-in's NCCL, answering ncclInProgress at random),
+    each GPU's shard across hosts on its rail, all-gather; every size
+    class, SUM/MAX/AVG and coalesced calls against the closed form, in
+    fp32, bf16 and fp16. `auto` takes the host route on the same 2 x 2
+    GPUs until the NCCL route has passed on hardware (docs/gpu.md)."""
     env = dict(SIM, SMDDP_INTRA=mode, **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:intra_route", backend="smddp", timeout=240, env=env)
+    results = run_world(4, "cases_device_sim:intra_route", backend="smddp", timeout=240, env=env,
+                        args=(dtype,))
     for rank, r in enumerate(results):
         assert r.pop("route") == route, (rank, r)
         # Asked for by name, the unproven route says so once, on rank 0.
@@ -229,3 +232,85 @@ def test_bad_intra_settings_fail_the_first_allreduce_clearly(value, words):
                         env=env, expect_failure=True)
     for rank, msg in enumerate(results):
         assert all(w in msg for w in words), (rank, msg)
+
+
+def test_intra_bootstrap_keys_are_the_instances_and_ranks_agree_on_the_route():
+    """2 hosts x 2 GPUs, SMDDP_INTRA=nccl (issue 53, defect 5): a group
+    re-formed with the same name on the same store never reads the first
+    instance's unique id (local rank 0 comes late the second time, so a
+    stale key would be read); and a rank set to shm among ranks set to nccl
+    gets, on every rank, one error naming both values within seconds (the
+    group timeout is 12 s), never a wait in the store."""
+    env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:intra_bootstrap", backend="smddp", timeout=150,
+                        pg_timeout=60.0, env=env)
+    for rank, r in enumerate(results):
+        assert r.pop("reformed 0") is None, (rank, r)
+        assert r.pop("reformed 1") is None, (rank, r)
+        msg, seconds = r.pop("mismatch_error"), r.pop("mismatch_seconds")
+        assert "SMDDP_INTRA" in msg and "'shm'" in msg and "'nccl'" in msg and "rank 3" in msg, (rank, msg)
+        assert seconds < 6.0, (rank, seconds, msg)
+        assert not r, (rank, r)
+
+
+@pytest.mark.parametrize("route", ["shm", "nccl"])
+def test_a_peer_killed_mid_call_fails_every_survivor_within_seconds_on_both_routes(route):
+    """2 hosts x 2 GPUs; rank 3 is SIGKILLed while the others are inside an
+    all_reduce (issue 53, defect 4). On the NCCL route rank 2's
+    reduce-scatter then waits for a peer that never comes (the stand-in's
+    NCCL kernel hangs, as NCCL's does), and rank 0's rail waits for rank 2:
+    every survivor must raise, naming rank 3, about as fast as the host
+    route, far inside the 60 s group timeout, and every later call must
+    fail at once with the same cause."""
+    world, victim = 4, 3
+    env = dict(SIM, SMDDP_INTRA=route, **TWO_BY_TWO)
+    results = run_world(world, "cases_failures:peer_death", backend="smddp", timeout=150,
+                        pg_timeout=60.0, expect_failure=True, allow_exit={victim},
+                        args=("all_reduce", victim, "sigkill"), env=env)
+    assert isinstance(results[victim], ExitedRank) and results[victim].returncode == -9
+    for rank in range(world - 1):
+        first, later = results[rank]["first"], results[rank]["later"]
+        assert first["raised"] and first["is_dist_backend_error"], (rank, first)
+        assert f"rank {victim}" in first["msg"], (rank, first["msg"])
+        assert "timed out" not in first["msg"] and "ncclInProgress" not in first["msg"], (rank, first)
+        assert 0.2 * cf.DEATH_DELAY < first["elapsed"] < cf.DEATH_DELAY + 3.0, (rank, first)
+        assert later["raised"] and later["elapsed"] < 2.0, (rank, later)
+        assert f"rank {victim}" in later["msg"], (rank, later["msg"])
+
+
+def test_two_nccl_routed_groups_issued_in_opposite_orders_both_complete():
+    """2 hosts x 2 GPUs, SMDDP_INTRA=nccl, two groups whose calls the two
+    GPUs of each host issue in opposite orders (issue 53, defect 3): each
+    intra-host communicator queues its kernels on a stream of its own, so
+    neither waits behind the other's, which waits for the other GPU. Both
+    calls complete, against the closed form, well inside the group
+    timeout."""
+    env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:two_groups_opposite_order", backend="smddp",
+                        timeout=120, pg_timeout=20.0, env=env)
+    assert not _failed_checks(results), _failed_checks(results)
+
+
+@pytest.mark.parametrize("case,target,extra", [
+    ("one hardware queue", "cases_device_sim:p2p_any_order", {"SMDDP_DEVICE_SIM_QUEUES": "1"}),
+    ("CUDA_LAUNCH_BLOCKING", "cases_device_sim:p2p_any_order",
+     {"CUDA_LAUNCH_BLOCKING": "1", "SMDDP_DEVICE_SIM_QUEUES": "1"}),
+    ("destroy and abort in flight", "cases_device_sim:destroy_then_free",
+     {"SMDDP_DEVICE_SIM_DELAY_US": "3000"}),
+])
+def test_the_queue_and_lifetime_rules_hold_on_the_nccl_route(case, target, extra):
+    """The one-queue, launch-blocking and destroy/abort cases of the host
+    route, on the NCCL route at 2 hosts x 2 GPUs (issue 53, section 2):
+    the stand-in NCCL's kernels share the device's queues, block a launch
+    under CUDA_LAUNCH_BLOCKING until the host's other GPU comes, and hang
+    until aborted; rings in every order, the collective after them, and
+    groups destroyed or aborted with calls in flight keep CUDA's rules and
+    the closed form (the harness fails any rank that broke a rule)."""
+    env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO, **extra)
+    results = run_world(4, target, backend="smddp", timeout=180, env=env)
+    if target.endswith("destroy_then_free"):
+        for r in results:
+            assert r["violations"] == [], r
+            assert len(r["work_after_destroy"]) == 4, r
+    else:
+        assert not _failed_checks(results), _failed_checks(results)

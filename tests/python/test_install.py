@@ -152,3 +152,25 @@ def test_pip_install_builds_against_the_installed_torch_and_runs_from_a_fresh_ve
                        "except ImportError as e:\n    print('NO-FT', e)\n"],
             timeout=120, env=env, cwd=run_dir)
         assert code == 0 and "NO-FT" in text and "torch-smddp[ft]" in text, text[-3000:]
+
+
+def test_bad_build_settings_fail_at_once_naming_what_is_wrong():
+    """Before any compile: SMDDP_WITH_CUDA=on where torch has no CUDA, a
+    value that means nothing, and a libfabric prefix without libfabric."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    for value, words in (("on", ["SMDDP_WITH_CUDA=on", "CPU-only build"]),
+                         ("maybe", ["SMDDP_WITH_CUDA='maybe'", "auto, on or off"])):
+        code, timed_out, text = run_with_deadline(
+            [sys.executable, "setup.py", "--version"], timeout=120,
+            env=dict(env, SMDDP_WITH_CUDA=value))
+        assert not timed_out and code != 0 and all(w in text for w in words), (value, text[-2000:])
+        assert "Traceback" not in text, text[-2000:]
+    with tempfile.TemporaryDirectory(prefix="smddp-prefix-") as tmp:
+        empty = os.path.join(tmp, "efa")
+        os.makedirs(os.path.join(empty, "lib64"))
+        code, timed_out, text = run_with_deadline(
+            ["cmake", "-S", REPO_ROOT, "-B", os.path.join(tmp, "b"), "-DSMDDP_BUILD_EXTENSION=OFF",
+             "-DSMDDP_BUILD_TESTS=OFF"], timeout=120, env=dict(env, SMDDP_LIBFABRIC_ROOT=empty))
+        assert not timed_out and code != 0, text[-2000:]
+        assert f"SMDDP_LIBFABRIC_ROOT={empty} holds no usable libfabric" in " ".join(text.split()), text[-2000:]

@@ -33,15 +33,22 @@ void checkBound(int index, const std::string& name, const char* what) {
 
 class CudaStream : public DeviceStream {
  public:
-  CudaStream(int index, std::string name) : index_(index), name_(std::move(name)) {
+  // `owned`: destroyed with this object (Device::newStream); pool streams
+  // are not.
+  CudaStream(int index, std::string name, bool owned = false)
+      : index_(index), name_(std::move(name)), owned_(owned) {
     checkBound(index_, name_, "a stream was made");
     // Non-blocking: never synchronises with the legacy default stream that
     // other code in the process may use.
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), name_, "cudaStreamCreateWithFlags");
   }
   // Pool streams are never destroyed (CudaDevice lives as long as the
-  // process): the caching allocator may record on them at any time.
-  ~CudaStream() override = default;
+  // process): the caching allocator may record on them at any time. An
+  // owned stream goes once its work has completed (its owner's reaper);
+  // the reaper's thread is bound to the device.
+  ~CudaStream() override {
+    if (owned_ && stream_) (void)cudaStreamDestroy(stream_);
+  }
 
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -67,6 +74,7 @@ class CudaStream : public DeviceStream {
  private:
   int index_;
   std::string name_;
+  bool owned_;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -135,6 +143,10 @@ DeviceStream& CudaDevice::poolStream(int which) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!pool_[which]) pool_[which] = std::make_unique<CudaStream>(index_, name_);
   return *pool_[which];
+}
+
+std::unique_ptr<DeviceStream> CudaDevice::newStream() {
+  return std::make_unique<CudaStream>(index_, name_, /*owned=*/true);
 }
 
 std::shared_ptr<void> CudaDevice::allocHost(size_t bytes) {

@@ -44,6 +44,7 @@ class CudaDevice : public Device {
   int index() const override { return index_; }
   void bindThread() override;
   DeviceStream& poolStream(int which) override;
+  std::unique_ptr<DeviceStream> newStream() override;
   std::shared_ptr<void> allocHost(size_t bytes) override;
 
   // An event on a stream this device did not create (the caller's stream).

@@ -4,20 +4,41 @@
 #include <nccl.h>
 
 #include <cstring>
-#include <mutex>
-#include <thread>
 
 #include "common/error.h"
 #include "device/cuda/cuda_device.h"
+#include "device/nccl_host.h"
 
 namespace smddp {
 
 namespace {
 
-void check(ncclResult_t r, const char* call) {
-  if (r == ncclSuccess || r == ncclInProgress) return;
-  throwError(ErrorKind::kInternal,
-             std::string("smddp: intra-host NCCL: ") + call + " failed: " + ncclGetErrorString(r));
+NcclResult fromNccl(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return NcclResult::kSuccess;
+    case ncclUnhandledCudaError: return NcclResult::kUnhandledCudaError;
+    case ncclSystemError: return NcclResult::kSystemError;
+    case ncclInternalError: return NcclResult::kInternalError;
+    case ncclInvalidArgument: return NcclResult::kInvalidArgument;
+    case ncclInvalidUsage: return NcclResult::kInvalidUsage;
+    case ncclRemoteError: return NcclResult::kRemoteError;
+    case ncclInProgress: return NcclResult::kInProgress;
+    default: return NcclResult::kInternalError;
+  }
+}
+
+ncclResult_t toNccl(NcclResult r) {
+  switch (r) {
+    case NcclResult::kSuccess: return ncclSuccess;
+    case NcclResult::kUnhandledCudaError: return ncclUnhandledCudaError;
+    case NcclResult::kSystemError: return ncclSystemError;
+    case NcclResult::kInternalError: return ncclInternalError;
+    case NcclResult::kInvalidArgument: return ncclInvalidArgument;
+    case NcclResult::kInvalidUsage: return ncclInvalidUsage;
+    case NcclResult::kRemoteError: return ncclRemoteError;
+    case NcclResult::kInProgress: return ncclInProgress;
+  }
+  return ncclInternalError;
 }
 
 ncclDataType_t ncclType(DataType t) {
@@ -49,11 +70,19 @@ ncclRedOp_t ncclOp(ReduceOp op) {
              std::string("smddp: intra-host NCCL has no reduction ") + toString(op));
 }
 
-class NcclIntraHost final : public IntraHost {
+ncclComm_t native(NcclComm comm) { return reinterpret_cast<ncclComm_t>(comm); }
+
+class CudaNccl final : public NcclApi {
  public:
-  NcclIntraHost(int device, int rank, int size, const std::string& id,
-                std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size) {
+  std::string uniqueId() override {
+    ncclUniqueId id;
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    SMDDP_CHECK(r == ncclSuccess, kInternal,
+                std::string("smddp: intra-host NCCL: ncclGetUniqueId failed: ") + ncclGetErrorString(r));
+    return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+  }
+  NcclResult commInitRankNonBlocking(NcclComm* comm, int nranks, const std::string& id,
+                                     int rank) override {
     SMDDP_CHECK(id.size() == sizeof(ncclUniqueId), kInvalidArgument,
                 "smddp: intra-host NCCL: a unique id of " + std::to_string(id.size()) +
                     " bytes (NCCL's has " + std::to_string(sizeof(ncclUniqueId)) + ")");
@@ -61,86 +90,53 @@ class NcclIntraHost final : public IntraHost {
     std::memcpy(&uid, id.data(), sizeof(uid));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // so a host whose peer never comes can give up
-    check(ncclCommInitRankConfig(&comm_, size, uid, rank, &config), "ncclCommInitRankConfig");
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
-      if (state == ncclSuccess) break;
-      if (state != ncclInProgress || std::chrono::steady_clock::now() > deadline) {
-        abort();
-        throwError(state == ncclInProgress ? ErrorKind::kTimeout : ErrorKind::kInternal,
-                   "smddp: the intra-host NCCL communicator of GPU " + std::to_string(device) +
-                       " (local rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                       ") did not form within " + std::to_string(timeout.count()) + " ms" +
-                       (state == ncclInProgress ? "" : std::string(": ") + ncclGetErrorString(state)));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    ncclComm_t c = nullptr;
+    const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, uid, rank, &config);
+    *comm = reinterpret_cast<NcclComm>(c);
+    return fromNccl(r);
   }
-  ~NcclIntraHost() override {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (comm_) (void)ncclCommDestroy(comm_);
+  NcclResult reduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                           NcclComm comm, DeviceStream& stream) override {
+    return fromNccl(ncclReduceScatter(send, recv, count, ncclType(dtype), ncclOp(op), native(comm),
+                                      CudaDevice::native(stream)));
   }
-
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-
-  void reduceScatter(DeviceStream& stream, const void* send, void* recv, size_t count,
-                     DataType dtype, ReduceOp op) override {
-    std::lock_guard<std::mutex> lk(mu_);
-    usable("reduce-scatter");
-    check(ncclReduceScatter(send, recv, count, ncclType(dtype), ncclOp(op), comm_,
-                            CudaDevice::native(stream)),
-          "ncclReduceScatter");
+  NcclResult allGather(const void* send, void* recv, size_t count, DataType dtype, NcclComm comm,
+                       DeviceStream& stream) override {
+    return fromNccl(
+        ncclAllGather(send, recv, count, ncclType(dtype), native(comm), CudaDevice::native(stream)));
   }
-  void allGather(DeviceStream& stream, const void* send, void* recv, size_t count,
-                 DataType dtype) override {
-    std::lock_guard<std::mutex> lk(mu_);
-    usable("all-gather");
-    check(ncclAllGather(send, recv, count, ncclType(dtype), comm_, CudaDevice::native(stream)),
-          "ncclAllGather");
+  NcclResult commGetAsyncError(NcclComm comm, NcclResult* state) override {
+    ncclResult_t s = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(native(comm), &s);
+    *state = fromNccl(s);
+    return fromNccl(r);
   }
-  void checkHealthy() override {
-    std::lock_guard<std::mutex> lk(mu_);
-    usable("health check");
-    ncclResult_t state = ncclSuccess;
-    check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
-    check(state, "an intra-host NCCL operation");
+  NcclResult commAbort(NcclComm comm) override { return fromNccl(ncclCommAbort(native(comm))); }
+  NcclResult commDestroy(NcclComm comm) override { return fromNccl(ncclCommDestroy(native(comm))); }
+  std::string errorString(NcclResult r) override { return ncclGetErrorString(toNccl(r)); }
+  std::string lastError(NcclComm comm) override {
+    const char* m = ncclGetLastError(native(comm));
+    return m ? m : "";
   }
-  void abort() override {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (comm_) (void)ncclCommAbort(comm_);
-    comm_ = nullptr;
-  }
-
- private:
-  void usable(const char* what) const {
-    SMDDP_CHECK(comm_, kAborted, std::string("smddp: intra-host NCCL ") + what +
-                                     " after the communicator was aborted");
-  }
-
-  int rank_, size_;
-  std::mutex mu_;
-  ncclComm_t comm_ = nullptr;  // guarded by mu_
 };
 
 }  // namespace
 
-std::string ncclUniqueIdBytes() {
-  ncclUniqueId id;
-  check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+std::shared_ptr<NcclApi> cudaNccl() {
+  static const std::shared_ptr<NcclApi> api = std::make_shared<CudaNccl>();  // stateless
+  return api;
 }
 
 std::unique_ptr<IntraHost> newNcclIntraHost(int device, int rank, int size, const std::string& id,
                                              std::chrono::milliseconds timeout) {
-  return std::make_unique<NcclIntraHost>(device, rank, size, id, timeout);
+  return newNcclIntraHost(cudaNccl(), "GPU " + std::to_string(device), rank, size, id, timeout);
 }
 
 std::string ncclVersionString() {
   int v = 0;
-  check(ncclGetVersion(&v), "ncclGetVersion");
+  const ncclResult_t r = ncclGetVersion(&v);
+  SMDDP_CHECK(r == ncclSuccess, kInternal,
+              std::string("smddp: ncclGetVersion failed: ") + ncclGetErrorString(r));
   // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9.
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }

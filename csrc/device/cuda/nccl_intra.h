@@ -1,7 +1,7 @@
-// IntraHost (device/intra_host.h) with NCCL: one communicator over the
+// NCCL's API (device/nccl_api.h) on NCCL itself, and the intra-host
+// communicator (device/nccl_host.h) over it: one communicator over the
 // GPUs of one host, made from a unique id the torch side passes through
-// the c10d Store. Init is non-blocking and bounded by the timeout; a
-// failure or a timeout aborts the communicator (ncclCommAbort).
+// the c10d Store.
 #pragma once
 
 #include <chrono>
@@ -9,11 +9,13 @@
 #include <string>
 
 #include "device/intra_host.h"
+#include "device/nccl_api.h"
 
 namespace smddp {
 
-// A new NCCL unique id, as bytes to publish (local rank 0).
-std::string ncclUniqueIdBytes();
+// The process's NCCL.
+std::shared_ptr<NcclApi> cudaNccl();
+// The communicator of GPU `device` (the calling thread's current device).
 std::unique_ptr<IntraHost> newNcclIntraHost(int device, int rank, int size, const std::string& id,
                                              std::chrono::milliseconds timeout);
 // "2.30.7"
