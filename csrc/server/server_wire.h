@@ -208,7 +208,9 @@ class FrameReader {
  public:
   // From now on every frame must end in the MAC `seal` expects (the
   // connection's frames to this end; SMDDP_SERVER_INTEGRITY): one that
-  // does not fails the read, after its payload has landed.
+  // does not fails the read, after its payload has landed in payloadTo's
+  // memory (so a caller whose memory must not see unchecked bytes reads
+  // into a buffer of its own, as ServerLinks does).
   void checkWith(FrameSeal* seal) { seal_ = seal; }
   // Reads up to the next boundary. After kHeader the caller must call
   // payloadTo() before reading on if the header announces a payload; a
