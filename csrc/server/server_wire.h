@@ -35,6 +35,11 @@ constexpr uint64_t kServerMaxPayload = 1ull << 28;
 constexpr uint64_t kServerMaxText = 4096;
 constexpr uint64_t kServerMaxJob = 256;      // bytes of SMDDP_SERVER_JOB in a hello or challenge
 constexpr uint64_t kServerMaxAddress = 64;   // bytes of "ip:port" in a challenge
+// The largest group a server serves, in hosts: a waiting stream holds a
+// slot per host and every accept turn walks them, so a key holder's hello
+// may not make the server hold 65535 (standalone_server.cc, admit). 4096
+// hosts is past any group the rest of smddp is tested at.
+constexpr uint16_t kServerMaxHosts = 4096;
 constexpr uint64_t kServerProofBytes = 32;   // a challenge's nonce, a proof (HMAC-SHA256)
 constexpr uint8_t kServerFlagIntegrity = 1;  // hello: a MAC on every later frame
 // Data and result frames: the payload is the narrow wire form of `count`

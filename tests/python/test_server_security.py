@@ -271,12 +271,15 @@ def test_fd_exhaustion_under_rlimit_256_backs_off_logs_once_and_recovers(live):
 
     def attack():
         end = time.monotonic() + 10
-        for _ in range(400):
+        for i in range(400):
             if time.monotonic() > end:
                 break
             c = socket.socket()
             c.setblocking(False)
             try:
+                # From 10 loopback addresses: one source alone may hold only
+                # SMDDP_SERVER_UNPROVEN_PER_SOURCE (64) unproven connections.
+                c.bind((f"127.0.0.{2 + i % 10}", 0))
                 c.connect(("127.0.0.1", live.port))
             except BlockingIOError:
                 pass
