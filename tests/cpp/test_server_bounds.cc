@@ -16,12 +16,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <deque>
+#include <fstream>
 #include <future>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "reduce/narrow_wire.h"
 #include "server/server_link.h"
 #include "server/standalone_server.h"
 #include "server_test_frames.h"
@@ -214,4 +217,84 @@ TEST_CASE("an unproven flood from one source never drops another source's handsh
   for (uint64_t g = 90; g < 95; ++g) reducesExactly(server, g);
   stop = true;
   CHECK(flooding.get() > 100);
+}
+
+namespace {
+
+// This process's peak resident memory since resetPeak(), in KiB (-1 when
+// the kernel does not offer the reset).
+bool resetPeak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+long peakKiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("a narrow step takes its f32 room a chunk at a time, not n x (hosts + 2) floats",
+          "[server][security]") {
+  // 8 raw hosts each send one bf16 piece of 8 Mi ones (16 MiB, scale 1).
+  // What the server then holds: their pieces (128 MiB) and the result
+  // (16), plus its f32 sum (32) and chunks; the whole widened room would
+  // be 8 Mi x 10 floats, 320 MiB more.
+  constexpr int H = 8;
+  constexpr uint64_t n = 8ull << 20;
+  StandaloneServer server(testServer(1));
+  std::vector<uint8_t> piece(narrowWireBytes(n, DataType::kBFloat16));
+  const float one = 1.0f;
+  std::memcpy(piece.data(), &one, sizeof(one));
+  const uint16_t bf16One = 0x3f80, bf16Eight = 0x4100;
+  for (uint64_t e = 0; e < n; ++e) std::memcpy(&piece[4 + 2 * e], &bf16One, 2);
+  std::vector<int> fds;
+  for (int h = 0; h < H; ++h) {
+    fds.push_back(rawConnect(server.ports()[0]));
+    REQUIRE(rawHandshake(fds.back(), helloFor(H, h, 95, piece.size()), "") == "");
+  }
+  std::vector<uint8_t> result(piece.size());
+  const bool peaks = resetPeak();
+  const long before = peakKiB();
+  ServerFrame f = dataFrame(n, DataType::kBFloat16);
+  f.flags = kServerFlagNarrowWire;
+  f.payload = piece.size();
+  f.group = 95;
+  for (int fd : fds) {
+    REQUIRE(sendAll(fd, &f, sizeof(f)));
+    REQUIRE(sendAll(fd, piece.data(), piece.size()));
+  }
+  for (int fd : fds) {
+    ServerFrame r;
+    REQUIRE(recv(fd, &r, sizeof(r), MSG_WAITALL) == sizeof(r));
+    REQUIRE(r.kind == static_cast<uint8_t>(ServerFrameKind::kResult));
+    REQUIRE(r.payload == piece.size());
+    REQUIRE(recv(fd, result.data(), result.size(), MSG_WAITALL) ==
+            static_cast<ssize_t>(result.size()));
+  }
+  const long grew = peakKiB() - before;
+  for (int fd : fds) close(fd);
+  // Every element is 8, the scale 1.
+  float scale = 0;
+  std::memcpy(&scale, result.data(), sizeof(scale));
+  CHECK(scale == 1.0f);
+  uint64_t wrong = 0;
+  for (uint64_t e = 0; e < n; ++e) {
+    uint16_t v;
+    std::memcpy(&v, &result[4 + 2 * e], 2);
+    wrong += v != bf16Eight;
+  }
+  CHECK(wrong == 0);
+  if (!peaks) {
+    WARN("no /proc/self/clear_refs: the peak is not measured");
+    return;
+  }
+  INFO("peak resident memory grew by " << grew / 1024 << " MiB");
+  CHECK(grew < 300 * 1024);
 }
