@@ -37,6 +37,11 @@ SMDDP_PARAM_INT(paramUnprovenPerSource, "SMDDP_SERVER_UNPROVEN_PER_SOURCE", 64, 
                 "unproven connection makes room, so a flood from one address never drops "
                 "another's handshake")
 
+SMDDP_PARAM_INT(paramJobConnections, "SMDDP_SERVER_JOB_CONNECTIONS", 768, 1, 1 << 20,
+                "connections of one job id a standalone reduction server holds at once, across "
+                "its ports, once they proved the key; past it that job's next host is refused, "
+                "so one job (or a key holder naming it) cannot take every connection")
+
 SMDDP_PARAM_INT(paramMaxWait, "SMDDP_SERVER_MAX_WAIT", 1800, 1, 86400,
                 "seconds a standalone reduction server keeps an incomplete stream waiting for "
                 "its other hosts at most, whatever wait their hellos announce (a worker's "
@@ -73,11 +78,41 @@ bool reserve(std::atomic<int64_t>& pool, int64_t bytes, int64_t budget) {
 
 // A reservation that goes back unless a stream takes it over.
 struct HeldBytes {
+  HeldBytes(std::atomic<int64_t>& p, int64_t b) : pool(p), bytes(b) {}
+  HeldBytes(HeldBytes&& o) noexcept : pool(o.pool), bytes(std::exchange(o.bytes, 0)) {}
+  ~HeldBytes() { pool.fetch_sub(bytes); }
   std::atomic<int64_t>& pool;
   int64_t bytes;
-  ~HeldBytes() { pool.fetch_sub(bytes); }
   int64_t release() { return std::exchange(bytes, 0); }
 };
+
+}  // namespace
+
+// Authenticated connections per job id, across the servers (any thread).
+class StandaloneServer::JobQuota {
+ public:
+  explicit JobQuota(int64_t limit) : limit_(limit) {}
+  int64_t limit() const { return limit_; }
+  bool take(const std::string& job) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto& n = held_[job];
+    if (n >= limit_) return false;
+    ++n;
+    return true;
+  }
+  void give(const std::string& job) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = held_.find(job);
+    if (it != held_.end() && --it->second <= 0) held_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;  // guards held_
+  std::map<std::string, int64_t> held_;
+  const int64_t limit_;
+};
+
+namespace {
 
 std::string mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
@@ -118,6 +153,28 @@ std::string key(const StandaloneServer::Options& o) {
 
 }  // namespace
 
+// One connection of a job's quota, given back when its stream lets go.
+class StandaloneServer::JobSlot {
+ public:
+  JobSlot(JobQuota* quota, std::string job) : quota_(quota), job_(std::move(job)) {}
+  JobSlot(JobSlot&& o) noexcept : quota_(std::exchange(o.quota_, nullptr)), job_(o.job_) {}
+  JobSlot& operator=(JobSlot&&) = delete;
+  ~JobSlot() {
+    if (quota_) quota_->give(job_);
+  }
+
+ private:
+  JobQuota* quota_;
+  std::string job_;
+};
+
+// What a host's hello was granted: its memory reservation and its job's
+// connection, both given back unless its stream takes them over.
+struct StandaloneServer::Grant {
+  HeldBytes bytes;
+  JobSlot slot;
+};
+
 // A stream some of whose hosts joined: by host, the connections and what
 // their hellos said; it expires if the rest do not come in time. What its
 // hosts reserved of the memory budget goes back when the last owner (the
@@ -133,6 +190,7 @@ struct StandaloneServer::Waiting {
   Clock::time_point expires{};
   std::atomic<int64_t>& reserved;  // the server's reserved_
   int64_t bytes = 0;               // this stream's share of it
+  std::vector<JobSlot> slots;      // its hosts' connections, counted per job
 };
 
 // What one accept loop owns alone: its listener's unproven connections
@@ -161,6 +219,8 @@ StandaloneServer::StandaloneServer(Options options) : options_(std::move(options
   if (options_.handshakeTimeout.count() <= 0) options_.handshakeTimeout = std::chrono::seconds(10);
   if (options_.maxWait.count() <= 0) options_.maxWait = std::chrono::seconds(paramMaxWait());
   memoryBudget_ = options_.memoryBudget > 0 ? options_.memoryBudget : paramMemoryBudget();
+  jobQuota_ = std::make_unique<JobQuota>(
+      options_.jobConnections > 0 ? options_.jobConnections : paramJobConnections());
   if (memoryBudget_ <= 0) memoryBudget_ = defaultMemoryBudget();
   for (int i = 0; i < options_.count; ++i) {
     int port = 0;
@@ -430,6 +490,28 @@ bool StandaloneServer::makeRoom(Front& front, const std::string& source) {
   return true;
 }
 
+std::string StandaloneServer::grant(const ServerFrame& hello, const std::string& job,
+                                    std::unique_ptr<Grant>* out) {
+  if (hello.hosts > kServerMaxHosts) {
+    return "a group of " + std::to_string(hello.hosts) + " hosts (a server serves groups of 2 to " +
+           std::to_string(kServerMaxHosts) + ")";
+  }
+  if (!jobQuota_->take(job)) {
+    return "job '" + job + "' already holds " + std::to_string(jobQuota_->limit()) +
+           " connections to this server (SMDDP_SERVER_JOB_CONNECTIONS)";
+  }
+  JobSlot slot(jobQuota_.get(), job);
+  const int64_t charge = hostReservation(hello.count);
+  if (!reserve(reserved_, charge, memoryBudget_)) {
+    return "host " + std::to_string(hello.host) + "'s pieces of up to " + mib(hello.count) +
+           " would reserve " + mib(charge) + " (four times its largest piece), past the " +
+           "server's memory budget: " + mib(reserved_.load()) + " of its " +
+           mib(memoryBudget_) + " (SMDDP_SERVER_MEMORY_BUDGET) are reserved";
+  }
+  *out = std::make_unique<Grant>(Grant{HeldBytes(reserved_, charge), std::move(slot)});
+  return "";
+}
+
 void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   const ServerFrame hello = hs.hello();
   const int host = hello.host, hosts = hello.hosts;
@@ -458,20 +540,8 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers (the "
                   "default; this worker turned it off)");
   }
-  // What the host may make the server hold is bounded before any slot is
-  // made for it: refused here, it holds nothing.
-  if (hosts > kServerMaxHosts) {
-    return refuse("a group of " + std::to_string(hosts) + " hosts (a server serves groups of 2 "
-                  "to " + std::to_string(kServerMaxHosts) + ")");
-  }
-  const int64_t charge = hostReservation(hello.count);
-  if (!reserve(reserved_, charge, memoryBudget_)) {
-    return refuse("host " + std::to_string(host) + "'s pieces of up to " + mib(hello.count) +
-                  " would reserve " + mib(charge) + " (four times its largest piece), past the "
-                  "server's memory budget: " + mib(reserved_.load()) + " of its " +
-                  mib(memoryBudget_) + " (SMDDP_SERVER_MEMORY_BUDGET) are reserved");
-  }
-  HeldBytes held{reserved_, charge};
+  std::unique_ptr<Grant> granted;
+  if (std::string why = grant(hello, hs.job(), &granted); !why.empty()) return refuse(why);
   const uint64_t group = hello.group;
   // A new stream is built whole before it is listed: a throw (no memory
   // for its hosts) must not leave a stream with fewer slots than hosts.
@@ -520,7 +590,8 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     w->expires = std::max(w->expires, Clock::now() + wait + options_.streamGrace);
   }
   w->members[host] = std::move(joining);
-  w->bytes += held.release();
+  w->bytes += granted->bytes.release();
+  w->slots.push_back(std::move(granted->slot));
   if (++w->joined < w->hosts) return;
   auto complete = std::move(w);
   front.waiting.erase({group, static_cast<int>(hello.stream)});

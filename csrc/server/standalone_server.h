@@ -28,6 +28,7 @@
 namespace smddp {
 
 class ServerHandshake;
+struct ServerFrame;
 struct ServerIdentity;
 
 class StandaloneServer {
@@ -65,6 +66,9 @@ class StandaloneServer {
     // server; a host whose hello would pass it is refused (0:
     // SMDDP_SERVER_MEMORY_BUDGET).
     int64_t memoryBudget = 0;
+    // Connections one job id may hold once proved, across the servers (0:
+    // SMDDP_SERVER_JOB_CONNECTIONS).
+    int64_t jobConnections = 0;
   };
   // Listens on every port (throws a transport error naming the address, or
   // an invalid-argument error for a missing or bad key).
@@ -98,6 +102,9 @@ class StandaloneServer {
   // Internal: a stream waiting for its hosts, and one accept loop's state.
   struct Waiting;
   struct Front;
+  class JobQuota;
+  class JobSlot;
+  struct Grant;
 
  private:
   void acceptLoop(int server);
@@ -110,6 +117,10 @@ class StandaloneServer {
   bool makeRoom(Front& front, const std::string& source);
   // A connection that proved itself joins its stream (or is refused).
   void admit(Front& front, ServerHandshake& hs);
+  // What a proved hello may make the server hold (hosts, its job's
+  // connections, reserved memory): "" and `out` set, or why not.
+  std::string grant(const ServerFrame& hello, const std::string& job,
+                    std::unique_ptr<Grant>* out);
   void expire(Front& front);
   void startServing(int server, std::shared_ptr<Waiting> stream);
   void noteError(const std::string& text);
@@ -122,6 +133,7 @@ class StandaloneServer {
   int64_t maxConnections_ = 0;
   int64_t memoryBudget_ = 0;
   int64_t unprovenPerSource_ = 0;
+  std::unique_ptr<JobQuota> jobQuota_;  // set before the loops
   std::vector<UniqueFd> listeners_;
   std::vector<int> ports_;
   std::atomic<bool> stop_{false};

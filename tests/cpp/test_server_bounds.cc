@@ -298,3 +298,28 @@ TEST_CASE("a narrow step takes its f32 room a chunk at a time, not n x (hosts + 
   INFO("peak resident memory grew by " << grew / 1024 << " MiB");
   CHECK(grew < 300 * 1024);
 }
+
+TEST_CASE("one job's connections stop at SMDDP_SERVER_JOB_CONNECTIONS, and another job is served",
+          "[server][security]") {
+  test::ScopedEnv quota("SMDDP_SERVER_JOB_CONNECTIONS", "4");
+  StandaloneServer server(testServer(1));
+  // A key holder naming job "hog" holds 4 waiting hosts; the 5th is refused.
+  std::vector<int> held;
+  for (int g = 0; g < 4; ++g) {
+    held.push_back(rawConnect(server.ports()[0]));
+    REQUIRE(rawHandshake(held.back(), helloFor(2, 0, 110 + g), "hog") == "");
+  }
+  const int fifth = rawConnect(server.ports()[0]);
+  CHECK_THAT(rawHandshake(fifth, helloFor(2, 0, 120), "hog"),
+             Catch::Contains("job 'hog' already holds 4 connections") &&
+                 Catch::Contains("SMDDP_SERVER_JOB_CONNECTIONS"));
+  close(fifth);
+  // The job without a name (the real one here) still gets the closed form.
+  reducesExactly(server, 121);
+  // Once the hog's hosts leave, its quota is back.
+  for (int fd : held) close(fd);
+  CHECK(within(milliseconds(2000), [&] { return server.streams() == 0; }));
+  const int again = rawConnect(server.ports()[0]);
+  CHECK(rawHandshake(again, helloFor(2, 0, 122), "hog") == "");
+  close(again);
+}
