@@ -367,6 +367,39 @@ def test_connections_and_streams_cost_no_thread_until_a_stream_serves(live):
     assert seen["during"]["fds"] >= before["fds"] + 60 + 60 + 20 - 5, (before, seen)
 
 
+def test_a_key_holder_is_refused_past_the_host_cap_and_the_memory_budget(live):
+    # A worker that holds the key asks for a group of 65535 hosts, then
+    # holds waiting hosts that each announce 256 MiB pieces (a GiB of the
+    # server's memory budget each, half the machine's memory by default)
+    # until the server refuses one, while the job reduces through it.
+    refusals = {}
+
+    def attack():
+        s = hc.connect(live.port)
+        session, refusals["hosts"] = hc.handshake(s, live.key, hosts=65535, host=0, group=5000,
+                                                  job=JOB.encode())
+        assert session is None
+        s.close()
+        socks = []
+        for g in range(64):  # 64 GiB asked: past any machine this runs on
+            s = hc.connect(live.port)
+            session, why = hc.handshake(s, live.key, hosts=2, host=0, group=5100 + g,
+                                        job=JOB.encode(), max_piece=256 << 20)
+            socks.append(s)
+            if session is None:
+                refusals["budget"] = why
+                break
+        refusals["held"] = len(socks) - 1
+        for c in socks:
+            c.close()
+
+    live.round(attack)
+    assert "a group of 65535 hosts" in refusals["hosts"], refusals
+    assert "2 to 4096" in refusals["hosts"], refusals
+    assert "SMDDP_SERVER_MEMORY_BUDGET" in refusals.get("budget", ""), refusals
+    assert refusals["held"] >= 1, refusals
+
+
 def test_a_memory_limit_refuses_streams_not_the_server(live):
     # Under RLIMIT_AS: 40 complete streams (a thread each) and a stream that
     # announces 200 MiB pieces. Streams it cannot give a thread or a buffer
