@@ -157,7 +157,8 @@ std::string key(const StandaloneServer::Options& o) {
 class StandaloneServer::JobSlot {
  public:
   JobSlot(JobQuota* quota, std::string job) : quota_(quota), job_(std::move(job)) {}
-  JobSlot(JobSlot&& o) noexcept : quota_(std::exchange(o.quota_, nullptr)), job_(o.job_) {}
+  JobSlot(JobSlot&& o) noexcept
+      : quota_(std::exchange(o.quota_, nullptr)), job_(std::move(o.job_)) {}
   JobSlot& operator=(JobSlot&&) = delete;
   ~JobSlot() {
     if (quota_) quota_->give(job_);
@@ -219,9 +220,9 @@ StandaloneServer::StandaloneServer(Options options) : options_(std::move(options
   if (options_.handshakeTimeout.count() <= 0) options_.handshakeTimeout = std::chrono::seconds(10);
   if (options_.maxWait.count() <= 0) options_.maxWait = std::chrono::seconds(paramMaxWait());
   memoryBudget_ = options_.memoryBudget > 0 ? options_.memoryBudget : paramMemoryBudget();
+  if (memoryBudget_ <= 0) memoryBudget_ = defaultMemoryBudget();
   jobQuota_ = std::make_unique<JobQuota>(
       options_.jobConnections > 0 ? options_.jobConnections : paramJobConnections());
-  if (memoryBudget_ <= 0) memoryBudget_ = defaultMemoryBudget();
   for (int i = 0; i < options_.count; ++i) {
     int port = 0;
     const int want = options_.basePort ? options_.basePort + i : 0;
