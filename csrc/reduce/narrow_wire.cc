@@ -51,15 +51,21 @@ void packNarrowWire(void* dst, const float* src, size_t count, DataType wire, fl
   auto* out = static_cast<unsigned char*>(dst);
   std::memcpy(out, &scale, kScaleBytes);
   if (count == 0) return;
-  const float* from = src;
-  if (scale != 1.0f) {
-    for (size_t i = 0; i < count; ++i) scratch[i] = src[i] * scale;
-    from = scratch;
+  if (scale == 1.0f) return narrowFromFloat(out + kScaleBytes, src, count, wire);
+  // Scaled a chunk at a time through `scratch` (kNarrowWireScratch floats
+  // at most): the scale is the whole piece's, so the bytes are the same.
+  const size_t es = elementSize(wire);
+  for (size_t i = 0; i < count; i += kNarrowWireScratch) {
+    const size_t c = std::min(kNarrowWireScratch, count - i);
+    for (size_t j = 0; j < c; ++j) scratch[j] = src[i + j] * scale;
+    narrowFromFloat(out + kScaleBytes + i * es, scratch, c, wire);
   }
-  narrowFromFloat(out + kScaleBytes, from, count, wire);
 }
 
-bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire) {
+namespace {
+
+// unpackNarrowWire for elements [first, first + count) of the piece at `src`.
+bool unpackRange(float* dst, const void* src, size_t first, size_t count, DataType wire) {
   checkWire(wire);
   const auto* in = static_cast<const unsigned char*>(src);
   float scale;
@@ -67,7 +73,7 @@ bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire) 
   int e = 0;
   if (!std::isfinite(scale) || std::frexp(scale, &e) != 0.5f || e < -125 || e > 128) return false;
   if (count == 0) return true;
-  const void* elems = in + kScaleBytes;
+  const void* elems = in + kScaleBytes + first * elementSize(wire);
   reduceOrderedToFloat(dst, &elems, 1, count, wire, ReduceOp::kSum);
   if (scale != 1.0f) {
     // A power of two: exact. Only a value within half a wire ulp of f32's
@@ -83,8 +89,20 @@ bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire) 
   return true;
 }
 
+}  // namespace
+
+bool unpackNarrowWire(float* dst, const void* src, size_t count, DataType wire) {
+  return unpackRange(dst, src, 0, count, wire);
+}
+
 int reduceNarrowWire(float* out, const void* const* pieces, size_t n, size_t count,
                      DataType wire, ReduceOp op, double avgDivisor, float* wide) {
+  return reduceNarrowWireRange(out, pieces, n, 0, count, wire, op, avgDivisor, wide);
+}
+
+int reduceNarrowWireRange(float* out, const void* const* pieces, size_t n, size_t first,
+                          size_t count, DataType wire, ReduceOp op, double avgDivisor,
+                          float* wide) {
   checkWire(wire);
   bool unscaled = op == ReduceOp::kSum;
   for (size_t p = 0; p < n && unscaled; ++p) {
@@ -100,7 +118,8 @@ int reduceNarrowWire(float* out, const void* const* pieces, size_t n, size_t cou
     thread_local std::vector<const void*> elems;  // per chunk on a server: no allocation
     elems.resize(n);
     for (size_t p = 0; p < n; ++p) {
-      elems[p] = static_cast<const unsigned char*>(pieces[p]) + kScaleBytes;
+      elems[p] = static_cast<const unsigned char*>(pieces[p]) + kScaleBytes +
+                 first * elementSize(wire);
     }
     if (count > 0) reduceOrderedToFloat(out, elems.data(), n, count, wire, ReduceOp::kSum);
     return -1;
@@ -109,7 +128,7 @@ int reduceNarrowWire(float* out, const void* const* pieces, size_t n, size_t cou
   in.resize(n);
   for (size_t p = 0; p < n; ++p) {
     float* w = wide + p * count;
-    if (!unpackNarrowWire(w, pieces[p], count, wire)) return static_cast<int>(p);
+    if (!unpackRange(w, pieces[p], first, count, wire)) return static_cast<int>(p);
     in[p] = w;
   }
   if (count > 0) reduceOrdered(out, in.data(), n, count, DataType::kFloat32, op, avgDivisor);

@@ -32,9 +32,12 @@ constexpr size_t kNarrowWireScaleBytes = 4;
 // kNarrowWireScaleBytes + count * elementSize(wire).
 size_t narrowWireBytes(size_t count, DataType wire);
 
+// Floats of packNarrowWire's scratch: it scales a piece this many at a time.
+constexpr size_t kNarrowWireScratch = size_t{1} << 16;
+
 // Writes src[0..count) in the wire form to `dst` (narrowWireBytes bytes).
-// `scratch` holds `count` floats for the scaled copy (f16, and bf16's rare
-// scaled case).
+// `scratch` holds min(count, kNarrowWireScratch) floats for the scaled
+// copy (f16, and bf16's rare scaled case).
 void packNarrowWire(void* dst, const float* src, size_t count, DataType wire, float* scratch);
 
 // Reads the wire form back: dst[i] = widen(element i) / scale. False, with
@@ -51,6 +54,12 @@ void packNarrowWire(void* dst, const float* src, size_t count, DataType wire, fl
 // piece whose scale is invalid (then `out` is undefined).
 [[nodiscard]] int reduceNarrowWire(float* out, const void* const* pieces, size_t n, size_t count,
                                    DataType wire, ReduceOp op, double avgDivisor, float* wide);
+// The same for elements [first, first + count) of every piece (each piece
+// still starts at its scale): `out` and `wide` (n * count floats) hold the
+// range only, so a long piece is combined in chunks of bounded memory.
+[[nodiscard]] int reduceNarrowWireRange(float* out, const void* const* pieces, size_t n,
+                                        size_t first, size_t count, DataType wire, ReduceOp op,
+                                        double avgDivisor, float* wide);
 
 // The error for a piece whose scale unpackNarrowWire refused (kMismatch):
 // "smddp: <what> carries an invalid scale for bf16 (SMDDP_CROSS_HOST_DTYPE)",

@@ -42,7 +42,10 @@ std::string readServerKeyFile(const std::string& path, const std::string& what) 
   };
   // O_NOFOLLOW is not used: a secrets volume (Kubernetes) mounts keys
   // through symbolic links. The checks below are on the file itself (fstat).
-  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO at the path must fail the regular-file check below,
+  // not block the open until some writer comes (it changes nothing for a
+  // regular file's reads).
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd) bad(std::string("cannot open the key file: ") + strerror(errno));
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) bad(std::string("cannot stat the key file: ") + strerror(errno));

@@ -10,8 +10,9 @@
 namespace smddp {
 
 ServerHandshake::ServerHandshake(ServerConnection conn, const ServerIdentity& identity,
-                                 Clock::time_point deadline)
-    : conn_(std::move(conn)), identity_(identity), started_(Clock::now()), deadline_(deadline) {}
+                                 Clock::time_point deadline, std::string source)
+    : conn_(std::move(conn)), identity_(identity), source_(std::move(source)),
+      started_(Clock::now()), deadline_(deadline) {}
 
 short ServerHandshake::events() const { return phase_ == Phase::kAnswer ? POLLOUT : POLLIN; }
 

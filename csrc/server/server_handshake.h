@@ -34,8 +34,9 @@ class ServerHandshake {
   enum class State { kGoing, kDone, kFailed };
 
   // `identity` must outlive the handshake.
+  // `source`: the peer's address without its port, for per-source limits.
   ServerHandshake(ServerConnection conn, const ServerIdentity& identity,
-                  Clock::time_point deadline);
+                  Clock::time_point deadline, std::string source = "");
 
   // Moves on with whatever the socket holds or takes now. kDone: the hello
   // is in and proved (hello(), job(), sessionKey()); kFailed: why() says
@@ -47,6 +48,7 @@ class ServerHandshake {
   Clock::time_point deadline() const { return deadline_; }
   Clock::time_point started() const { return started_; }
   int fd() const { return conn_.fd(); }
+  const std::string& source() const { return source_; }
 
   const std::string& why() const { return why_; }
   const std::string& refusal() const { return refusal_; }
@@ -66,6 +68,7 @@ class ServerHandshake {
   const ServerIdentity& identity_;
   std::string key_;  // serverIdentityKey for this connection, once challenged
   std::string dialled_;
+  std::string source_;
   std::string misdialled_;  // why the worker will not believe this server, or ""
   Clock::time_point started_, deadline_;
   enum class Phase { kChallenge, kAnswer, kHello } phase_ = Phase::kChallenge;

@@ -124,6 +124,24 @@ void ServerLinks::connectTo(int i, const Identity& me, Clock::time_point deadlin
   listed_.push_back(i);
 }
 
+namespace {
+
+// What a server that has not proved it holds the key says, fit for a log:
+// anyone who can answer a connection may write it, so it is cut short and
+// holds printable ASCII only (no escapes, no forged log lines).
+std::string unprovenText(const std::string& text) {
+  constexpr size_t kMost = 120;
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kMost; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    out += c >= 0x20 && c < 0x7f ? static_cast<char>(c) : '?';
+  }
+  if (text.size() > kMost) out += "... (" + std::to_string(text.size() - kMost) + " more bytes)";
+  return out;
+}
+
+}  // namespace
+
 std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
                                    Clock::time_point answerBy) {
   const std::string name = describeServer(servers_[i], ips_[i], i);
@@ -156,7 +174,8 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
                         kServerMaxText, &answer, answerBy);
   if (why == "closed" || why == "silent" || why == "timed out") return "no answer: " + why;
   if (why.empty() && reader.header().kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
-    return "refused the connection before proving itself: " + answer;
+    return "refused the connection before proving itself, saying (unauthenticated): \"" +
+           unprovenText(answer) + "\"";
   }
   Nonce theirs;
   if (why.empty()) std::memcpy(theirs.bytes, answer.data(), kNonceBytes);
@@ -328,7 +347,14 @@ bool ServerLinks::receive(int k) {
       if (l.expect.empty()) fail(k, "sent a result nobody asked for", during());
       why = samePiece(l.expect.front().sent, f);
       if (!why.empty()) fail(k, "returned another piece: " + why, during());
-      l.in.payloadTo(l.expect.front().dst);
+      // A sealed result is the server's only once its tag checks: until
+      // then its bytes must not touch the slot (the caller's tensor).
+      if (l.check) {
+        l.staged.resize(f.payload);
+        l.in.payloadTo(l.staged.data());
+      } else {
+        l.in.payloadTo(l.expect.front().dst);
+      }
       continue;
     }
     if (error) {  // kDone: its whole text is in
@@ -336,6 +362,7 @@ bool ServerLinks::receive(int k) {
       throwError(ErrorKind::kPeerLost, "smddp: " + describe(k) + " failed the job: " +
                                            l.errorText + " (" + during() + ")");
     }
+    if (l.check && f.payload) std::memcpy(l.expect.front().dst, l.staged.data(), f.payload);
     l.expect.pop_front();
     l.in.next();
     ++l.received;

@@ -104,7 +104,10 @@ class ServerLinks {
   struct Link {
     UniqueFd fd;
     FrameWriter out;  // data frames, payloads in the caller's memory
-    FrameReader in;   // results, read straight into their step's slot
+    // Results: read straight into their step's slot, or with a seal into
+    // `staged` first, which lands in the slot once its tag checked.
+    FrameReader in;
+    PayloadBuffer staged;
     struct Expect {
       ServerFrame sent;
       uint8_t* dst = nullptr;

@@ -35,6 +35,11 @@ constexpr uint64_t kServerMaxPayload = 1ull << 28;
 constexpr uint64_t kServerMaxText = 4096;
 constexpr uint64_t kServerMaxJob = 256;      // bytes of SMDDP_SERVER_JOB in a hello or challenge
 constexpr uint64_t kServerMaxAddress = 64;   // bytes of "ip:port" in a challenge
+// The largest group a server serves, in hosts: a waiting stream holds a
+// slot per host and every accept turn walks them, so a key holder's hello
+// may not make the server hold 65535 (standalone_server.cc, admit). 4096
+// hosts is past any group the rest of smddp is tested at.
+constexpr uint16_t kServerMaxHosts = 4096;
 constexpr uint64_t kServerProofBytes = 32;   // a challenge's nonce, a proof (HMAC-SHA256)
 constexpr uint8_t kServerFlagIntegrity = 1;  // hello: a MAC on every later frame
 // Data and result frames: the payload is the narrow wire form of `count`
@@ -208,7 +213,9 @@ class FrameReader {
  public:
   // From now on every frame must end in the MAC `seal` expects (the
   // connection's frames to this end; SMDDP_SERVER_INTEGRITY): one that
-  // does not fails the read, after its payload has landed.
+  // does not fails the read, after its payload has landed in payloadTo's
+  // memory (so a caller whose memory must not see unchecked bytes reads
+  // into a buffer of its own, as ServerLinks does).
   void checkWith(FrameSeal* seal) { seal_ = seal; }
   // Reads up to the next boundary. After kHeader the caller must call
   // payloadTo() before reading on if the header announces a payload; a

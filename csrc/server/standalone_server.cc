@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -27,12 +28,93 @@ namespace smddp {
 SMDDP_PARAM_INT(paramMaxConnections, "SMDDP_SERVER_MAX_CONNECTIONS", 1024, 4, 1 << 20,
                 "connections a standalone reduction server holds open at once, handshakes "
                 "included (each stream holds at least one, so this bounds streams and their "
-                "threads too); past it the oldest unproven connection makes room, or the new "
-                "one is refused")
+                "threads too); past it the oldest unproven connection of the source address "
+                "holding the most makes room, or the new one is refused")
+
+SMDDP_PARAM_INT(paramUnprovenPerSource, "SMDDP_SERVER_UNPROVEN_PER_SOURCE", 64, 1, 1 << 20,
+                "connections from one source address a standalone reduction server holds at "
+                "once, per port, before they prove the key; past it that source's own oldest "
+                "unproven connection makes room, so a flood from one address never drops "
+                "another's handshake")
+
+SMDDP_PARAM_INT(paramJobConnections, "SMDDP_SERVER_JOB_CONNECTIONS", 768, 1, 1 << 20,
+                "connections of one job id a standalone reduction server holds at once, across "
+                "its ports, once they proved the key; past it that job's next host is refused, "
+                "so one job (or a key holder naming it) cannot take every connection")
+
+SMDDP_PARAM_INT(paramMaxWait, "SMDDP_SERVER_MAX_WAIT", 1800, 1, 86400,
+                "seconds a standalone reduction server keeps an incomplete stream waiting for "
+                "its other hosts at most, whatever wait their hellos announce (a worker's "
+                "SMDDP_SERVER_WAIT; the default is torch's default group timeout)")
+SMDDP_PARAM_BYTES(paramMemoryBudget, "SMDDP_SERVER_MEMORY_BUDGET", 0, 0, int64_t{1} << 50,
+                  "bytes a standalone reduction server may reserve for its streams' pieces, "
+                  "four times each host's largest piece; a host whose hello would pass it is "
+                  "refused, naming the budget (0: half the machine's memory)")
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// What a host's connection reserves of the memory budget: its piece as it
+// is read, one read ahead, its share of the result, and its share of a
+// narrow step's f32 room (stream_service.cc). Far less is resident while
+// pieces are small; this bounds what hellos can make the server promise.
+int64_t hostReservation(uint64_t maxPiece) { return 4 * static_cast<int64_t>(maxPiece); }
+
+int64_t defaultMemoryBudget() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || size <= 0) return int64_t{4} << 30;
+  return static_cast<int64_t>(pages) * size / 2;
+}
+
+// Takes `bytes` of `pool` if that stays within `budget` (any thread).
+bool reserve(std::atomic<int64_t>& pool, int64_t bytes, int64_t budget) {
+  int64_t now = pool.load();
+  do {
+    if (bytes > budget - now) return false;
+  } while (!pool.compare_exchange_weak(now, now + bytes));
+  return true;
+}
+
+// A reservation that goes back unless a stream takes it over.
+struct HeldBytes {
+  HeldBytes(std::atomic<int64_t>& p, int64_t b) : pool(p), bytes(b) {}
+  HeldBytes(HeldBytes&& o) noexcept : pool(o.pool), bytes(std::exchange(o.bytes, 0)) {}
+  ~HeldBytes() { pool.fetch_sub(bytes); }
+  std::atomic<int64_t>& pool;
+  int64_t bytes;
+  int64_t release() { return std::exchange(bytes, 0); }
+};
+
+}  // namespace
+
+// Authenticated connections per job id, across the servers (any thread).
+class StandaloneServer::JobQuota {
+ public:
+  explicit JobQuota(int64_t limit) : limit_(limit) {}
+  int64_t limit() const { return limit_; }
+  bool take(const std::string& job) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto& n = held_[job];
+    if (n >= limit_) return false;
+    ++n;
+    return true;
+  }
+  void give(const std::string& job) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = held_.find(job);
+    if (it != held_.end() && --it->second <= 0) held_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;  // guards held_
+  std::map<std::string, int64_t> held_;
+  const int64_t limit_;
+};
+
+namespace {
+
+std::string mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 ServerFrame errorFrame() {
   ServerFrame f;
@@ -41,12 +123,17 @@ ServerFrame errorFrame() {
 }
 
 // An error frame that goes out now or never: the accept loop never waits
-// on a peer (a fresh connection's send buffer always takes it).
-void tellNow(int fd, const std::string& text) {
+// on a peer (a fresh connection's send buffer always takes it). Sealed
+// when the connection's frames are (a waiting host's).
+void tellNow(int fd, const std::string& text, FrameSeal* seal = nullptr) {
   ServerFrame f = errorFrame();
   f.payload = std::min<uint64_t>(text.size(), kServerMaxText);
   std::string out(reinterpret_cast<const char*>(&f), sizeof(f));
   out.append(text, 0, f.payload);
+  if (seal) {
+    const Tag m = seal->next(f, reinterpret_cast<const uint8_t*>(out.data()) + sizeof(f));
+    out.append(reinterpret_cast<const char*>(m.bytes), kTagBytes);
+  }
   (void)::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
@@ -66,15 +153,45 @@ std::string key(const StandaloneServer::Options& o) {
 
 }  // namespace
 
+// One connection of a job's quota, given back when its stream lets go.
+class StandaloneServer::JobSlot {
+ public:
+  JobSlot(JobQuota* quota, std::string job) : quota_(quota), job_(std::move(job)) {}
+  JobSlot(JobSlot&& o) noexcept
+      : quota_(std::exchange(o.quota_, nullptr)), job_(std::move(o.job_)) {}
+  JobSlot& operator=(JobSlot&&) = delete;
+  ~JobSlot() {
+    if (quota_) quota_->give(job_);
+  }
+
+ private:
+  JobQuota* quota_;
+  std::string job_;
+};
+
+// What a host's hello was granted: its memory reservation and its job's
+// connection, both given back unless its stream takes them over.
+struct StandaloneServer::Grant {
+  HeldBytes bytes;
+  JobSlot slot;
+};
+
 // A stream some of whose hosts joined: by host, the connections and what
-// their hellos said; it expires if the rest do not come in time.
+// their hellos said; it expires if the rest do not come in time. What its
+// hosts reserved of the memory budget goes back when the last owner (the
+// accept loop, or the stream's thread) lets go of it.
 struct StandaloneServer::Waiting {
+  explicit Waiting(std::atomic<int64_t>& budget) : reserved(budget) {}
+  ~Waiting() { reserved.fetch_sub(bytes); }
   uint64_t group = 0;
   int stream = 0;
   int hosts = 0;
   std::vector<StreamHost> members;  // by host; no connection until it joined
   int joined = 0;
   Clock::time_point expires{};
+  std::atomic<int64_t>& reserved;  // the server's reserved_
+  int64_t bytes = 0;               // this stream's share of it
+  std::vector<JobSlot> slots;      // its hosts' connections, counted per job
 };
 
 // What one accept loop owns alone: its listener's unproven connections
@@ -98,7 +215,14 @@ StandaloneServer::StandaloneServer(Options options) : options_(std::move(options
   requireIntegrity_ =
       options_.requireIntegrity < 0 ? serverIntegrityParam() : options_.requireIntegrity > 0;
   maxConnections_ = options_.maxConnections > 0 ? options_.maxConnections : paramMaxConnections();
+  unprovenPerSource_ =
+      options_.unprovenPerSource > 0 ? options_.unprovenPerSource : paramUnprovenPerSource();
   if (options_.handshakeTimeout.count() <= 0) options_.handshakeTimeout = std::chrono::seconds(10);
+  if (options_.maxWait.count() <= 0) options_.maxWait = std::chrono::seconds(paramMaxWait());
+  memoryBudget_ = options_.memoryBudget > 0 ? options_.memoryBudget : paramMemoryBudget();
+  if (memoryBudget_ <= 0) memoryBudget_ = defaultMemoryBudget();
+  jobQuota_ = std::make_unique<JobQuota>(
+      options_.jobConnections > 0 ? options_.jobConnections : paramJobConnections());
   for (int i = 0; i < options_.count; ++i) {
     int port = 0;
     const int want = options_.basePort ? options_.basePort + i : 0;
@@ -277,10 +401,14 @@ void StandaloneServer::expire(Front& front) {
       continue;
     }
     if (it->second->expires != Clock::time_point::min()) {
-      noteError("standalone reduction server " + std::to_string(front.server) + ": stream " +
-                std::to_string(it->second->stream) + " expired with " +
-                std::to_string(it->second->joined) + " of its " +
-                std::to_string(it->second->hosts) + " hosts");
+      const std::string why = "standalone reduction server " + std::to_string(front.server) +
+                              ": stream " + std::to_string(it->second->stream) +
+                              " expired with " + std::to_string(it->second->joined) + " of its " +
+                              std::to_string(it->second->hosts) + " hosts";
+      for (auto& m : it->second->members) {
+        if (m.conn) tellNow(m.conn.fd(), why, m.seal.get());
+      }
+      noteError(why);
     }
     streams_--;
     it = front.waiting.erase(it);  // closes its connections
@@ -316,27 +444,73 @@ void StandaloneServer::acceptSome(Front& front) {
     }
     front.backoff = std::chrono::milliseconds(0);
     ServerConnection conn(fd, &connections_);
-    if (connections_.load() > maxConnections_) {
-      // Full: the oldest connection still owing its proof makes room (a
-      // worker proves itself within a round trip); with none, the new one
-      // is turned away.
-      if (front.pending.empty()) {
-        tellNow(fd, front.who + " is busy: it holds SMDDP_SERVER_MAX_CONNECTIONS=" +
-                        std::to_string(maxConnections_) + " connections");
-        noteError(front.who + ": refused a connection: at SMDDP_SERVER_MAX_CONNECTIONS=" +
-                  std::to_string(maxConnections_));
-        continue;
-      }
-      noteError(front.who + ": dropped the oldest connection still owing its proof, to make "
-                            "room (SMDDP_SERVER_MAX_CONNECTIONS=" +
-                std::to_string(maxConnections_) + ")");
-      front.pending.erase(front.pending.begin());
+    std::string source = socketEndpoint(fd, /*local=*/false);
+    source.erase(std::min(source.rfind(':'), source.size()));
+    if (!makeRoom(front, source)) {
+      tellNow(fd, front.who + " is busy: it holds SMDDP_SERVER_MAX_CONNECTIONS=" +
+                      std::to_string(maxConnections_) + " connections");
+      noteError(front.who + ": refused a connection: at SMDDP_SERVER_MAX_CONNECTIONS=" +
+                std::to_string(maxConnections_));
+      continue;
     }
     setNoDelay(fd);
     boundSilence(fd, PeerMonitor::configuredSilence());  // a silent worker host
     front.pending.push_back(std::make_unique<ServerHandshake>(
-        std::move(conn), *identities_[front.server], Clock::now() + options_.handshakeTimeout));
+        std::move(conn), *identities_[front.server], Clock::now() + options_.handshakeTimeout,
+        std::move(source)));
   }
+}
+
+bool StandaloneServer::makeRoom(Front& front, const std::string& source) {
+  // Unproven connections by source. A source past its share makes room
+  // itself: its own oldest goes, whatever the total.
+  std::map<std::string, int64_t> from;
+  for (const auto& hs : front.pending) ++from[hs->source()];
+  std::string evict;
+  if (from[source] >= unprovenPerSource_) {
+    evict = source;
+  } else if (connections_.load() > maxConnections_) {
+    // Full: the oldest unproven connection of the source that holds the
+    // most makes room (a worker proves itself within a round trip, so
+    // that is a flood's); with none, the new one is turned away.
+    int64_t most = 0;
+    for (const auto& [who, n] : from) {
+      if (n > most) most = n, evict = who;
+    }
+    if (most == 0) return false;
+  } else {
+    return true;
+  }
+  auto oldest = std::find_if(front.pending.begin(), front.pending.end(),
+                             [&](const auto& hs) { return hs->source() == evict; });
+  noteError(front.who + ": dropped the oldest connection from " + evict +
+            " still owing its proof, to make room (SMDDP_SERVER_MAX_CONNECTIONS=" +
+            std::to_string(maxConnections_) + ", SMDDP_SERVER_UNPROVEN_PER_SOURCE=" +
+            std::to_string(unprovenPerSource_) + ")");
+  front.pending.erase(oldest);
+  return true;
+}
+
+std::string StandaloneServer::grant(const ServerFrame& hello, const std::string& job,
+                                    std::unique_ptr<Grant>* out) {
+  if (hello.hosts > kServerMaxHosts) {
+    return "a group of " + std::to_string(hello.hosts) + " hosts (a server serves groups of 2 to " +
+           std::to_string(kServerMaxHosts) + ")";
+  }
+  if (!jobQuota_->take(job)) {
+    return "job '" + job + "' already holds " + std::to_string(jobQuota_->limit()) +
+           " connections to this server (SMDDP_SERVER_JOB_CONNECTIONS)";
+  }
+  JobSlot slot(jobQuota_.get(), job);
+  const int64_t charge = hostReservation(hello.count);
+  if (!reserve(reserved_, charge, memoryBudget_)) {
+    return "host " + std::to_string(hello.host) + "'s pieces of up to " + mib(hello.count) +
+           " would reserve " + mib(charge) + " (four times its largest piece), past the " +
+           "server's memory budget: " + mib(reserved_.load()) + " of its " +
+           mib(memoryBudget_) + " (SMDDP_SERVER_MEMORY_BUDGET) are reserved";
+  }
+  *out = std::make_unique<Grant>(Grant{HeldBytes(reserved_, charge), std::move(slot)});
+  return "";
 }
 
 void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
@@ -367,13 +541,15 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers (the "
                   "default; this worker turned it off)");
   }
+  std::unique_ptr<Grant> granted;
+  if (std::string why = grant(hello, hs.job(), &granted); !why.empty()) return refuse(why);
   const uint64_t group = hello.group;
   // A new stream is built whole before it is listed: a throw (no memory
   // for its hosts) must not leave a stream with fewer slots than hosts.
   const std::pair<uint64_t, int> id{group, static_cast<int>(hello.stream)};
   auto found = front.waiting.find(id);
   if (found == front.waiting.end()) {
-    auto fresh = std::make_shared<Waiting>();
+    auto fresh = std::make_shared<Waiting>(reserved_);
     fresh->group = group;
     fresh->stream = hello.stream;
     fresh->hosts = hosts;
@@ -406,13 +582,17 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     return;
   }
   // An incomplete stream lives as long as its hosts said they would wait
-  // for each other (SMDDP_SERVER_WAIT, at most a day), and a grace more.
-  const auto wait = std::chrono::milliseconds(std::min<uint64_t>(hello.step, 86400000));
+  // for each other (SMDDP_SERVER_WAIT), at most SMDDP_SERVER_MAX_WAIT, and
+  // a grace more.
+  const auto wait = std::chrono::milliseconds(
+      std::min<uint64_t>(hello.step, static_cast<uint64_t>(options_.maxWait.count())));
   // (A stream one of whose hosts already hung up stays marked to go.)
   if (w->expires != Clock::time_point::min()) {
     w->expires = std::max(w->expires, Clock::now() + wait + options_.streamGrace);
   }
   w->members[host] = std::move(joining);
+  w->bytes += granted->bytes.release();
+  w->slots.push_back(std::move(granted->slot));
   if (++w->joined < w->hosts) return;
   auto complete = std::move(w);
   front.waiting.erase({group, static_cast<int>(hello.stream)});

@@ -8,7 +8,9 @@
 // kernel as the workers' own servers, so the same bits), and sends the
 // result back to every host (stream_service.h). Only workers that prove
 // they hold the server's key (server_auth.h) join a stream; every resource
-// a connection can take is bounded, and the server outlives its jobs.
+// a connection can take before it proves the key is bounded, and so is
+// what a key holder may ask for (hosts, wait, reserved memory:
+// docs/servers.md), and the server outlives its jobs.
 // Torch-free: `python -m torch_smddp.server` drives it.
 #pragma once
 
@@ -26,6 +28,7 @@
 namespace smddp {
 
 class ServerHandshake;
+struct ServerFrame;
 struct ServerIdentity;
 
 class StandaloneServer {
@@ -48,11 +51,24 @@ class StandaloneServer {
     int requireIntegrity = -1;
     // Open connections across the servers (0: SMDDP_SERVER_MAX_CONNECTIONS).
     int64_t maxConnections = 0;
+    // Unproven connections one source address may hold per port (0:
+    // SMDDP_SERVER_UNPROVEN_PER_SOURCE).
+    int64_t unprovenPerSource = 0;
     // How long a connection may take to prove itself (0: 10 s).
     std::chrono::milliseconds handshakeTimeout{0};
     // An incomplete stream expires this long after the longest wait its
     // hosts' hellos announced (SMDDP_SERVER_WAIT).
     std::chrono::milliseconds streamGrace{10000};
+    // The longest wait a hello may announce; a longer one is cut to it
+    // (0: SMDDP_SERVER_MAX_WAIT).
+    std::chrono::milliseconds maxWait{0};
+    // Bytes the server may reserve for its streams' pieces across every
+    // server; a host whose hello would pass it is refused (0:
+    // SMDDP_SERVER_MEMORY_BUDGET).
+    int64_t memoryBudget = 0;
+    // Connections one job id may hold once proved, across the servers (0:
+    // SMDDP_SERVER_JOB_CONNECTIONS).
+    int64_t jobConnections = 0;
   };
   // Listens on every port (throws a transport error naming the address, or
   // an invalid-argument error for a missing or bad key).
@@ -76,20 +92,35 @@ class StandaloneServer {
   size_t streams() const { return static_cast<size_t>(streams_.load()); }
   size_t connections() const { return static_cast<size_t>(connections_.load()); }
   size_t threads() const;
+  // Bytes reserved now for the streams' pieces (hostReservation), at most
+  // the memory budget.
+  int64_t reserved() const { return reserved_.load(); }
+  int64_t memoryBudget() const { return memoryBudget_; }
   // The last refusal or failure, for logs and tests.
   std::string lastError() const;
 
   // Internal: a stream waiting for its hosts, and one accept loop's state.
   struct Waiting;
   struct Front;
+  class JobQuota;
+  class JobSlot;
+  struct Grant;
 
  private:
   void acceptLoop(int server);
   // One turn of an accept loop: poll, accept, handshakes, waiting streams.
   void turn(Front& front);
   void acceptSome(Front& front);
+  // Whether a new connection from `source` may join front.pending, after
+  // dropping an unproven one to make room if need be (per-source share,
+  // then SMDDP_SERVER_MAX_CONNECTIONS).
+  bool makeRoom(Front& front, const std::string& source);
   // A connection that proved itself joins its stream (or is refused).
   void admit(Front& front, ServerHandshake& hs);
+  // What a proved hello may make the server hold (hosts, its job's
+  // connections, reserved memory): "" and `out` set, or why not.
+  std::string grant(const ServerFrame& hello, const std::string& job,
+                    std::unique_ptr<Grant>* out);
   void expire(Front& front);
   void startServing(int server, std::shared_ptr<Waiting> stream);
   void noteError(const std::string& text);
@@ -100,11 +131,15 @@ class StandaloneServer {
   std::vector<std::unique_ptr<ServerIdentity>> identities_;  // per server; set before the loops
   bool requireIntegrity_ = false;
   int64_t maxConnections_ = 0;
+  int64_t memoryBudget_ = 0;
+  int64_t unprovenPerSource_ = 0;
+  std::unique_ptr<JobQuota> jobQuota_;  // set before the loops
   std::vector<UniqueFd> listeners_;
   std::vector<int> ports_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> pieces_{0}, bytes_{0}, refused_{0};
   std::atomic<int64_t> connections_{0}, streams_{0};
+  std::atomic<int64_t> reserved_{0};  // bytes held by Waiting::reserved, all streams
   mutable std::mutex mu_;  // guards everything below
   std::vector<std::thread> threads_;       // accept loops and stream loops
   std::vector<std::thread::id> finished_;  // threads of threads_ that returned

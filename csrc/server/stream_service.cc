@@ -236,21 +236,30 @@ class StreamLoop {
   // A narrow step (kServerFlagNarrowWire), as a host's own server does it
   // (hostpath/cross_host.h, postNarrow): every host's piece read back to
   // f32 and combined in f32 in host order, then packed once into `dst`.
-  // False, with the stream failed, if a piece carries an invalid scale.
+  // The f32 sum is held whole (its scale is the whole piece's), the
+  // widened pieces a chunk at a time: n + (H + 1) x 64 Ki floats, never
+  // n x (H + 2), and none of it zero-filled. False, with the stream
+  // failed, if a piece carries an invalid scale.
   bool combineNarrow(const ServerFrame& f, uint8_t* dst) {
     const auto wire = static_cast<DataType>(f.dtype);
     const size_t n = f.count;
-    floats_.resize(n * (static_cast<size_t>(H_) + 2));  // sum, pack scratch, H widened pieces
-    float* sum = floats_.data();
-    const int bad = reduceNarrowWire(sum, inputs_.data(), H_, n, wire, static_cast<ReduceOp>(f.op),
-                                     static_cast<double>(f.divisor), sum + 2 * n);
-    if (bad >= 0) {
-      failure_ = "a bad frame from " + name(bad) + ": its piece (seq " + std::to_string(f.seq) +
-                 " step " + std::to_string(f.step) + ") carries an invalid scale for " +
-                 toString(wire);
-      return false;
+    const size_t chunk = std::min(n, kNarrowWireScratch);
+    const size_t wide = static_cast<size_t>(H_) * chunk;
+    floats_.resize((n + wide + chunk) * sizeof(float));
+    float* sum = reinterpret_cast<float*>(floats_.data());
+    for (size_t i = 0; i < n; i += chunk) {
+      const size_t c = std::min(chunk, n - i);
+      const int bad = reduceNarrowWireRange(sum + i, inputs_.data(), H_, i, c, wire,
+                                            static_cast<ReduceOp>(f.op),
+                                            static_cast<double>(f.divisor), sum + n);
+      if (bad >= 0) {
+        failure_ = "a bad frame from " + name(bad) + ": its piece (seq " + std::to_string(f.seq) +
+                   " step " + std::to_string(f.step) + ") carries an invalid scale for " +
+                   toString(wire);
+        return false;
+      }
     }
-    packNarrowWire(dst, sum, n, wire, sum + n);
+    packNarrowWire(dst, sum, n, wire, sum + n + wide);
     return true;
   }
 
@@ -275,7 +284,7 @@ class StreamLoop {
   std::vector<const void*> inputs_;
   std::vector<pollfd> polls_;
   std::vector<PayloadBuffer> spare_;  // payload buffers to reuse
-  std::vector<float> floats_;         // narrow steps' f32 room (combineNarrow)
+  PayloadBuffer floats_;              // narrow steps' f32 room (combineNarrow)
   std::string failure_;
   bool finished_ = false;
 };

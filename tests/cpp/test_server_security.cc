@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -301,6 +302,33 @@ TEST_CASE("a worker refuses the job's key from the store unless SMDDP_SERVER_INS
   smddp::test::ScopedEnv withFile("SMDDP_SERVER_KEY_FILE", file);
   CHECK(workerServerKey("a key from the store, 32 bytes") == "0123456789abcdef0123456789abcdef");
   unlink(file.c_str());
+}
+
+TEST_CASE("a FIFO at the key file's path is refused at once, not waited on", "[server][security]") {
+  char dir[] = "/tmp/smddp-fifotest-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/key";
+  REQUIRE(mkfifo(path.c_str(), 0600) == 0);
+  auto reading = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      readServerKeyFile(path, "SMDDP_SERVER_KEY_FILE");
+      return "read a key";
+    } catch (const Error& e) {
+      return e.what();
+    }
+  });
+  const bool prompt = reading.wait_for(std::chrono::seconds(3)) == std::future_status::ready;
+  if (!prompt) {
+    // Unblock the open that waits for a writer, so that the test ends.
+    const int w = open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) close(w);
+  }
+  const std::string why = reading.get();
+  CHECK(prompt);
+  CHECK_THAT(why, Catch::Contains("SMDDP_SERVER_KEY_FILE=" + path) &&
+                      Catch::Contains("not a regular file"));
+  unlink(path.c_str());
+  rmdir(dir);
 }
 
 TEST_CASE("key files: mode 0600 and a real key, or an error naming the variable and the file",

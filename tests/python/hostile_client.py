@@ -172,6 +172,81 @@ class Rogue:
             c.close()
 
 
+class Relay:
+    """A man in the middle at 127.0.0.1:port: for each connection it
+    accepts it opens its own to the server at `target` and forwards every
+    byte both ways, adding 1 to the first float of every f32 result frame
+    on the way back (with the workers' SMDDP_SERVER_INTEGRITY=0, the frames
+    carry no tags). ``connections`` and ``altered`` count what it did."""
+
+    def __init__(self, target: int):
+        self.target = target
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections = self.altered = 0
+        self.done = threading.Event()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        end = time.monotonic() + 120
+        self.sock.settimeout(0.5)
+        while not self.done.is_set() and time.monotonic() < end:
+            try:
+                w, _ = self.sock.accept()
+            except OSError:
+                continue
+            try:
+                s = connect(self.target, timeout=30)
+            except OSError:
+                w.close()
+                continue
+            w.settimeout(30)
+            self.connections += 1
+            threading.Thread(target=self.copy, args=(w, s), daemon=True).start()
+            threading.Thread(target=self.rewrite, args=(s, w), daemon=True).start()
+
+    def copy(self, a, b):
+        try:
+            while not self.done.is_set():
+                chunk = a.recv(65536)
+                if not chunk:
+                    break
+                b.sendall(chunk)
+        except OSError:
+            pass
+        try:
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def rewrite(self, a, b):
+        try:
+            while not self.done.is_set():
+                raw = recv_exact(a, 64)
+                if len(raw) < 64:
+                    break
+                f = dict(zip(FIELDS, HEADER.unpack(raw)))
+                body = bytearray(recv_exact(a, min(f["payload"], 1 << 28)))
+                if f["kind"] == RESULT and f["dtype"] == FLOAT32 and len(body) >= 4:
+                    body[:4] = struct.pack("<f", struct.unpack("<f", body[:4])[0] + 1.0)
+                    self.altered += 1
+                b.sendall(raw + bytes(body))
+        except OSError:
+            pass
+        for c in (a, b):
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.done.set()
+        self.sock.close()
+
+
+FLOAT32 = 0  # dtype number of f32 (common/dtype.h)
 NARROW = 2  # kServerFlagNarrowWire
 
 

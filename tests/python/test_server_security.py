@@ -271,12 +271,15 @@ def test_fd_exhaustion_under_rlimit_256_backs_off_logs_once_and_recovers(live):
 
     def attack():
         end = time.monotonic() + 10
-        for _ in range(400):
+        for i in range(400):
             if time.monotonic() > end:
                 break
             c = socket.socket()
             c.setblocking(False)
             try:
+                # From 10 loopback addresses: one source alone may hold only
+                # SMDDP_SERVER_UNPROVEN_PER_SOURCE (64) unproven connections.
+                c.bind((f"127.0.0.{2 + i % 10}", 0))
                 c.connect(("127.0.0.1", live.port))
             except BlockingIOError:
                 pass
@@ -364,6 +367,39 @@ def test_connections_and_streams_cost_no_thread_until_a_stream_serves(live):
     assert seen["during"]["fds"] >= before["fds"] + 60 + 60 + 20 - 5, (before, seen)
 
 
+def test_a_key_holder_is_refused_past_the_host_cap_and_the_memory_budget(live):
+    # A worker that holds the key asks for a group of 65535 hosts, then
+    # holds waiting hosts that each announce 256 MiB pieces (a GiB of the
+    # server's memory budget each, half the machine's memory by default)
+    # until the server refuses one, while the job reduces through it.
+    refusals = {}
+
+    def attack():
+        s = hc.connect(live.port)
+        session, refusals["hosts"] = hc.handshake(s, live.key, hosts=65535, host=0, group=5000,
+                                                  job=JOB.encode())
+        assert session is None
+        s.close()
+        socks = []
+        for g in range(64):  # 64 GiB asked: past any machine this runs on
+            s = hc.connect(live.port)
+            session, why = hc.handshake(s, live.key, hosts=2, host=0, group=5100 + g,
+                                        job=JOB.encode(), max_piece=256 << 20)
+            socks.append(s)
+            if session is None:
+                refusals["budget"] = why
+                break
+        refusals["held"] = len(socks) - 1
+        for c in socks:
+            c.close()
+
+    live.round(attack)
+    assert "a group of 65535 hosts" in refusals["hosts"], refusals
+    assert "2 to 4096" in refusals["hosts"], refusals
+    assert "SMDDP_SERVER_MEMORY_BUDGET" in refusals.get("budget", ""), refusals
+    assert refusals["held"] >= 1, refusals
+
+
 def test_a_memory_limit_refuses_streams_not_the_server(live):
     # Under RLIMIT_AS: 40 complete streams (a thread each) and a stream that
     # announces 200 MiB pieces. Streams it cannot give a thread or a buffer
@@ -437,6 +473,59 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
     challenge = 64 + 32 + len(f"127.0.0.1:{rogue.port}") + len("roguejob")
     assert rogue.got and all(n == challenge for n in rogue.got), rogue.got
     # The live server was never involved; it still serves a following group.
+    live.round(lambda: None)
+
+
+def _init_through(tmp_path, name, hosts, job, **extra):
+    """A fresh 2-rank job (each rank its own host) with the key file that
+    only joins its group through `hosts`; each rank's init error."""
+    port = find_free_port()
+    procs = Procs()
+    try:
+        for r in range(2):
+            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                    SMDDP_SERVER_HOSTS=hosts, SMDDP_SERVER_JOB=job, SMDDP_SERVER_REQUIRED=1,
+                    FI_TCP_IFACE="lo", SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60,
+                    **extra)
+            procs.start([PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
+                        env=e, log=os.path.join(tmp_path, f"{name}.{r}.log"))
+        got = wait_results(str(tmp_path), ["init.0.json", "init.1.json"], 150)
+    finally:
+        procs.kill()
+    return [res.get("init_error", "") for res in got.values()]
+
+
+@pytest.mark.parametrize("name", ["127.0.0.1", "localhost"])
+def test_a_relay_in_front_of_the_real_server_fails_the_job_naming_the_address(
+        live, tmp_path, name):
+    # A relay (registered first in the store, or reached through a host name
+    # in SMDDP_SERVER_HOSTS that leads to it) forwards each rank's handshake
+    # to the live server and every byte after it, changing one float of
+    # each result; the workers' tags are off, as in the attack found. The
+    # server proves itself for its own address, not the relay's: every
+    # rank fails at set-up naming the address it dialled, and nothing
+    # reaches the data path.
+    relay = hc.Relay(live.port)
+    try:
+        errors = _init_through(tmp_path, "relay", f"{name}:{relay.port}", JOB,
+                               SMDDP_SERVER_INTEGRITY=0)
+    finally:
+        relay.close()
+    assert relay.connections > 0
+    for err in errors:
+        assert "failed authentication" in err, err
+        assert f"{name}:{relay.port}" in err and f"127.0.0.1:{relay.port}" in err, err
+    assert relay.altered == 0
+    live.round(lambda: None)
+
+
+def test_a_server_of_another_job_fails_the_job_before_its_hello(live, tmp_path):
+    # The live server serves JOB; a job that names another id (the same key
+    # file) is refused by its own workers: the server's proof is for JOB.
+    errors = _init_through(tmp_path, "otherjob", f"127.0.0.1:{live.port}", "other-job")
+    for err in errors:
+        assert "failed authentication" in err and "job 'other-job'" in err, err
+        assert JOB not in err, err
     live.round(lambda: None)
 
 
