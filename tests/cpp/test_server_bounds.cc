@@ -295,6 +295,12 @@ TEST_CASE("a narrow step takes its f32 room a chunk at a time, not n x (hosts + 
     WARN("no /proc/self/clear_refs: the peak is not measured");
     return;
   }
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine keeps freed blocks resident and hands out fresh pages,
+  // so the peak measures its allocator, not the server's.
+  WARN("built with AddressSanitizer: the peak is not checked");
+  return;
+#endif
   INFO("peak resident memory grew by " << grew / 1024 << " MiB");
   CHECK(grew < 300 * 1024);
 }
