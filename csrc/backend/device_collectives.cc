@@ -103,6 +103,19 @@ void DeviceWork::completeLocked() {
   // happen on the pipeline thread (common/completion_pool.h).
   auto self = c10::intrusive_ptr<DeviceWork>::reclaim_copy(this);
   smddp::CompletionPool::instance().post([self, error = error_, done = done_] {
+    // First: this task may let go of the last reference to the call, its
+    // events and its future's, and destroying an event is a CUDA call
+    // made on the thread's current device. An unbound pool thread's is
+    // device 0, where every rank would then make a context (issue 53,
+    // defect 2).
+    try {
+      self->ctx_->device()->bindThread();
+    } catch (...) {
+      if (!error) {
+        self->future_->setError(toTorchError(std::current_exception()));
+        return;
+      }
+    }
     if (error) {
       self->future_->setError(error);
       return;
@@ -375,7 +388,10 @@ void DeviceCollectives::shutdown() {
     intra->rail->shutdown();
   }
   for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) p->shutdown();
-  pool_->clear();
+  {
+    auto entered = ctx_->enter();  // freeing page-locked memory is a CUDA call
+    pool_->clear();
+  }
   if (intra && intra->stream) {
     // The communicator's stream goes once its work has run (the abort ended
     // its kernels); the route keeps it for a pipeline thread left behind.

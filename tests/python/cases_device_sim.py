@@ -578,3 +578,33 @@ def two_groups_opposite_order(rank, world):
         if res[f"group {i}"] is None and not torch.equal(tensors[i], want):
             res[f"group {i}"] = f"got {tensors[i][:3].tolist()}, want {want[:3].tolist()}"
     return res
+
+
+def dropped_works(rank, world):
+    """Calls whose Work and future the caller drops at once, so the
+    library's own threads let go of the last reference (and with it the
+    events of the call's copies back): every thread that does must be
+    bound to the rank's device, or it makes a context on device 0, as
+    torch's destroyEvent does on a GPU (issue 53, defect 2). The harness
+    checks the contexts after the run."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    kept = []
+    for i in range(20):
+        t = torch.full((3000,), float(rank + i))
+        kept.append(t)
+        w = dist.all_reduce(t, async_op=True)
+        # A callback on the completion pool that outlasts the copies back,
+        # so the pool's task lets go of the call's events last.
+        w.get_future().then(lambda f: time.sleep(0.05))
+        del w
+    last = torch.ones(4)
+    dist.all_reduce(last)  # calls end in order: every earlier one has too
+    sim.sim_synchronize()
+    time.sleep(0.2)  # the callbacks end
+    total = float(sum(range(world)))
+    ok = all(bool((t == total + world * i).all()) for i, t in enumerate(kept))
+    return {"ok": ok, "contexts": sim.sim_contexts()}

@@ -314,3 +314,16 @@ def test_the_queue_and_lifetime_rules_hold_on_the_nccl_route(case, target, extra
             assert len(r["work_after_destroy"]) == 4, r
     else:
         assert not _failed_checks(results), _failed_checks(results)
+
+
+def test_threads_that_let_go_of_a_calls_events_last_make_no_context_on_device_0():
+    """Calls whose Work the caller drops at once, with a future callback
+    that outlasts the copies back, so a completion-pool thread lets go of
+    the call's events last (issue 53, defect 2): destroying an event is a
+    CUDA call on the thread's current device, and an unbound pool thread's
+    is device 0, where every rank would make a context. Rank 1 must end
+    with a context on its own device only (the harness checks it too)."""
+    results = run_world(2, "cases_device_sim:dropped_works", backend="smddp", timeout=120, env=SIM)
+    for rank, r in enumerate(results):
+        assert r["ok"], (rank, r)
+        assert r["contexts"] == [rank], (rank, r)
