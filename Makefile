@@ -86,25 +86,31 @@ test-tsan: setup
 	cd build-tsan && ctest --output-on-failure --timeout 600
 
 # ---- the CUDA build (SMDDP_WITH_CUDA=ON) --------------------------------
-# Its own venv (the CUDA build of torch), build dir and package dir, so it
-# never touches the CPU build's .venv or torch_smddp/_C*.so. The package
-# dir holds links to the checkout's Python files beside the CUDA-built _C;
-# PYTHONPATH puts it first. No GPU is needed to build it or to run it on
-# CPU tensors (CUDA-BUILD.md in the shared notes has the settings).
+# Built the way users build it (docs/install.md): `pip install .` into a venv
+# holding the CUDA build of torch, which turns the CUDA path on by itself
+# (SMDDP_WITH_CUDA=auto: torch has CUDA, nvcc is found) and never touches
+# that torch (tests/install/check_installed.py proves it, byte for byte).
+# Its own venv, so it never touches the CPU build's .venv or
+# torch_smddp/_C*.so. SMDDP_BUILD_DIR keeps pip's CMake build in build-cuda,
+# where the CUDA device's Catch2 tests are then built from the same cache.
+# No GPU is needed to build it or to run it on CPU tensors (CUDA-BUILD.md in
+# the shared notes).
 CUDA_VENV      := .venv-cuda
 # On a machine that has its own CUDA torch and no network (the lent GPU
-# machines), use it instead of the venv:
+# machines), use it instead of the venv (scripts/gpu_check.sh does):
 #   make test-gpu CUDA_PY=$(command -v python3) CUDA_SETUP= CMAKE_ARGS=-DCMAKE_PREFIX_PATH=<libfabric, catch2>
 CUDA_PY        ?= $(CUDA_VENV)/bin/python
 CUDA_SETUP     ?= setup-cuda
 CUDA_BUILD     := build-cuda
-CUDA_PKG       := $(CUDA_BUILD)/pkg
 CUDA_TORCH_PIN := torch==2.14.1
-CUDA_ENV       := CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST="$${TORCH_CUDA_ARCH_LIST:-9.0}"
 CUDA_LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-# Run from the package dir: `python -m` puts the working directory first on
-# sys.path, and the checkout's torch_smddp holds the CPU build's _C.
-CUDA_RUN       := cd $(CUDA_PKG) && PYTHONPATH=$(abspath $(CUDA_PKG))$${PYTHONPATH:+:$$PYTHONPATH} $(abspath $(CUDA_PY))
+# pip's own flags for the CUDA install (gpu_check.sh adds --no-build-isolation
+# where there is no index to fetch setuptools from).
+CUDA_PIP_ARGS  ?=
+# Run from build-cuda: `python -m` puts the working directory first on
+# sys.path, and the checkout's torch_smddp holds the CPU build's _C; the
+# installed package is in the venv's site-packages.
+CUDA_RUN       := cd $(CUDA_BUILD) && $(abspath $(CUDA_PY))
 # What check-cuda runs of tests/python against the CUDA build (about 2
 # minutes here): every collective against Gloo, also through the device path
 # on the simulated device (test_device_sim.py's calls, bad inputs and DDP:
@@ -125,25 +131,29 @@ setup-cuda:
 	@SMDDP_VENV=$(CUDA_VENV) SMDDP_TORCH_PIN=$(CUDA_TORCH_PIN) SMDDP_PY_PACKAGES="pytest numpy expecttest nvidia-cuda-cuobjdump==13.5.37" \
 	  scripts/bootstrap.sh
 
-$(CUDA_BUILD)/CMakeCache.txt: CMakeLists.txt | $(CUDA_SETUP)
-	$(CUDA_ENV) cmake -S . -B $(CUDA_BUILD) -DSMDDP_WITH_CUDA=ON -DSMDDP_BUILD_TESTS=ON \
-	  -DPython3_EXECUTABLE=$(abspath $(CUDA_PY)) -DSMDDP_EXT_OUTPUT_DIR=$(abspath $(CUDA_PKG))/torch_smddp \
-	  $(CUDA_LAUNCHER) $(CMAKE_ARGS)
+# `pip install .` (what users run; -v shows its build summary), with the
+# torch it must not touch recorded before and checked after (check-cuda),
+# then the CUDA device's Catch2 tests from the same CMake build (the core's
+# own tests are torch-free and CUDA-free, the same as the CPU build's, so
+# not built again; ctest -L cuda runs the CUDA ones only, and without a GPU
+# they report themselves skipped, never passed).
+build-cuda-ext: $(CUDA_SETUP)
+	mkdir -p $(CUDA_BUILD)
+	$(CUDA_PY) tests/install/check_installed.py --record $(CUDA_BUILD)/torch-before.json
+	SMDDP_BUILD_DIR=$(abspath $(CUDA_BUILD)) SMDDP_CMAKE_ARGS="-DSMDDP_BUILD_TESTS=ON $(CUDA_LAUNCHER) $(CMAKE_ARGS)" \
+	  $(CUDA_PY) -m pip install -v $(CUDA_PIP_ARGS) . >$(CUDA_BUILD)/pip-install.log 2>&1 || \
+	  { tail -80 $(CUDA_BUILD)/pip-install.log; echo "pip install . failed: $(CUDA_BUILD)/pip-install.log"; exit 1; }
+	grep -E "torch-smddp build:|Successfully installed" $(CUDA_BUILD)/pip-install.log
+	cmake --build $(CUDA_BUILD) --target smddp_cuda_tests -j $(JOBS)
 
-# _C and the CUDA device's Catch2 tests; the core's own tests are
-# torch-free and CUDA-free, the same as the CPU build's, so not built again
-# (ctest -L cuda runs the CUDA ones only; without a GPU they report
-# themselves skipped, never passed).
-# CCACHE_BASEDIR lets a fresh clone reuse another checkout's objects.
-build-cuda-ext: $(CUDA_SETUP) $(CUDA_BUILD)/CMakeCache.txt
-	CCACHE_BASEDIR=$(CURDIR) $(CUDA_ENV) cmake --build $(CUDA_BUILD) --target _C smddp_cuda_tests -j $(JOBS)
-	@for f in torch_smddp/*.py; do ln -sf $(CURDIR)/$$f $(CUDA_PKG)/torch_smddp/; done
-
-# The CUDA build compiles, imports without a GPU and serves CPU tensors.
+# The CUDA build installs like a user's, compiles, imports without a GPU and
+# serves CPU tensors; a checkout built against the CPU torch (make build)
+# fails to import under this torch with the one error naming both.
 # (The CUDA device's tests report themselves skipped where there is no GPU.)
 check-cuda: build-cuda-ext
 	cd $(CUDA_BUILD) && ctest -L cuda --output-on-failure --timeout 300
-	$(CUDA_RUN) -c "import torch, torch_smddp; assert torch_smddp.__file__.startswith('$(abspath $(CUDA_PKG))'), torch_smddp.__file__; print('check-cuda: torch', torch.__version__, 'cuda available:', torch.cuda.is_available())"
+	$(CUDA_RUN) $(CURDIR)/tests/install/check_installed.py --torch-before torch-before.json --expect cuda \
+	  $(if $(wildcard torch_smddp/_build_info.py),--mismatch-checkout $(CURDIR))
 	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CUDA_PYTEST_ARGS) \
 	  $(addprefix $(CURDIR)/tests/python/,$(CUDA_PYTESTS))
 

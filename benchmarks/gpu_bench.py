@@ -14,7 +14,7 @@ tensors, in one run on the same machine,
 4. a DDP step of a ~20M-parameter MLP: smddp against Gloo in the same
    processes, taking turns (ABBA), median step time.
 
-    PYTHONPATH=build-cuda/pkg python3 benchmarks/gpu_bench.py [--world N] [--report FILE]
+    python3 benchmarks/gpu_bench.py [--world N] [--report FILE]
 
 World: one rank per GPU, or 2 ranks sharing cuda:0 on a one-GPU machine.
 """

@@ -18,6 +18,10 @@ os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from ._torch_match import check_torch_matches_build  # noqa: E402
+
+check_torch_matches_build(torch)  # before _C: never an undefined-symbol crash
+
 from . import _C  # noqa: E402  (needs torch.distributed's pybind types first)
 
 __version__ = "0.1.0"

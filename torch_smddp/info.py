@@ -1,5 +1,13 @@
 """``python -m torch_smddp.info``: what this build is and what it would use.
 
+It reports, as DeepSpeed's ds_report does: torch and CUDA at build time and
+now, and whether they match; what the build compiled in (CUDA archs, NCCL)
+or "CPU only", and why; the devices smddp registered for; the libfabric
+this process loaded (file and version), its providers and the provider a
+group would take, FI_PROVIDER included; whether /dev/shm holds the host
+segment for the local world; and every ``SMDDP_*`` setting.
+``--json`` prints the same as one JSON object.
+
 ``python -m torch_smddp.info --markdown`` writes docs/configuration.md: every
 ``SMDDP_*`` parameter the code declares (``SMDDP_PARAM_*``, next to the code
 that reads it), grouped by the csrc/ folder that declares it.
@@ -8,6 +16,7 @@ that reads it), grouped by the csrc/ folder that declares it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -142,57 +151,292 @@ def markdown(specs: list[dict]) -> str:
         "  across 4 hosts. smddp checks every frame, so the call fails on every rank",
         "  (\"frame says 0 payload bytes but carried 65536\") rather than hanging.",
         "",
+        "### FI_PROVIDER and SMDDP_FI_PROVIDER",
+        "",
+        "libfabric reads `FI_PROVIDER` once, when a process first calls it, and hides",
+        "every provider it does not allow, from smddp as from anyone: a comma-separated",
+        "list of provider names, matched regardless of case (not trimmed); a leading `^`",
+        "makes the whole list one to exclude; set but empty, it allows none. A layered",
+        "provider such as `tcp;ofi_rxm` passes an include list that names its core",
+        "provider (`tcp`) or the layered name itself (`tcp;ofi_rxm`, not `tcp;ofi_rxd`);",
+        "the utility provider `ofi_rxm` need not be listed. It passes an exclude list",
+        "that names none of its layers and not the layered name (`^ofi_rxm` hides it",
+        "too). EFA images export `FI_PROVIDER=efa`. smddp chooses within it:",
+        "",
+        "1. `SMDDP_FI_PROVIDER`, when set, is the provider, if `FI_PROVIDER` allows it.",
+        "2. Otherwise smddp's own order for where the ranks are: `shm` on one host",
+        "   (unless the group's ranks share a process, or libfabric's shm provider is",
+        "   unusable on some rank), then `tcp;ofi_rxm`, then `efa`: the first one",
+        "   `FI_PROVIDER` allows. The reason says what `FI_PROVIDER` did, e.g. `all ranks",
+        "   report the same host, but FI_PROVIDER=efa hides shm and tcp;ofi_rxm: efa`",
+        "   (`SMDDP_LOG_LEVEL=info` logs it when the group forms; `python -m",
+        "   torch_smddp.info` prints it for this environment).",
+        "3. When `FI_PROVIDER` hides the provider `SMDDP_FI_PROVIDER` names, or every",
+        "   provider of step 2, creating the group fails on every rank with one error",
+        "   that names both variables, their values and the fix, e.g.",
+        "   `SMDDP_FI_PROVIDER=shm names a provider that FI_PROVIDER=efa hides: libfabric",
+        "   offers only the providers FI_PROVIDER allows. Fix: unset FI_PROVIDER, or set",
+        "   SMDDP_FI_PROVIDER to a provider FI_PROVIDER allows (SMDDP_FI_PROVIDER=efa)`.",
+        "",
+        "`SMDDP_FI_PROVIDER` says what smddp should use and `FI_PROVIDER` what the",
+        "machine's libfabric may offer: smddp never overrides `FI_PROVIDER` (other",
+        "libraries in the process, NCCL's libfabric plugin among them, read it too), and",
+        "never falls back silently to a provider nobody asked for.",
+        "",
     ]
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------
+# the report
+# --------------------------------------------------------------------------
+
+def _build_info():
+    """torch_smddp/_build_info.py (written by CMake beside _C), or None."""
+    try:
+        from torch_smddp import _build_info
+    except ImportError:
+        return None
+    return _build_info
+
+
+def _human(n: int) -> str:
+    for size, unit in _UNITS:
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _docker_size(n: int) -> str:
+    """The power-of-two --shm-size (in m or g) that holds n bytes."""
+    mib = 64
+    while mib * (1 << 20) < n:
+        mib *= 2
+    return f"{mib // 1024}g" if mib >= 1024 else f"{mib}m"
+
+
+def _positive(text: str, what: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{what}={text!r} is not a positive integer")
+    return n
+
+
+def local_layout(local_world: int | None, hosts: int | None, torch) -> dict:
+    """Ranks per host and hosts: the flags, else torchrun's LOCAL_WORLD_SIZE
+    and WORLD_SIZE, else what torchrun's --nproc-per-node=auto starts."""
+    if local_world is not None:
+        local, source = local_world, "--local-world"
+    elif os.environ.get("LOCAL_WORLD_SIZE"):
+        local, source = _positive(os.environ["LOCAL_WORLD_SIZE"], "LOCAL_WORLD_SIZE"), "LOCAL_WORLD_SIZE"
+    elif torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        local, source = torch.cuda.device_count(), "one rank per GPU; pass --local-world N"
+    else:
+        local, source = os.cpu_count() or 1, "one rank per CPU (torchrun's auto); pass --local-world N"
+    if hosts is None:
+        world = os.environ.get("WORLD_SIZE")
+        hosts = max(1, _positive(world, "WORLD_SIZE") // local) if world else 1
+    return {"local_world": local, "local_world_from": source, "hosts": hosts}
+
+
+def shm_check(local: int, hosts: int, _C, path: str = "/dev/shm") -> dict:
+    """Whether `path` holds the host segment a group of `local` ranks per
+    host over `hosts` hosts opens, with this process's SMDDP_* settings."""
+    out = {"path": path, "local_world": local, "hosts": hosts}
+    need = _C.host_segment_need(local, hosts)
+    out.update(need_bytes=need["bytes"], per_rank_bytes=need["bytes"] // local,
+               slot_bytes=need["slot_bytes"], depth=need["depth"], servers=need["servers"],
+               segment_unused=need["unused"] or None)
+    if hosts == 1 and local > 1:  # the same ranks per host on several hosts take more
+        out["need_bytes_across_hosts"] = _C.host_segment_need(local, 2)["bytes"]
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        out.update(free_bytes=None, total_bytes=None, ok=need["bytes"] == 0,
+                   verdict=f"no {path}: {exc.strerror}" if need["bytes"] else "ok")
+        return out
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    out.update(free_bytes=free, total_bytes=total, ok=need["bytes"] <= free)
+    if out["ok"]:
+        out["verdict"] = "ok"
+    else:
+        used = total - st.f_bfree * st.f_frsize
+        out["verdict"] = (f"too small: need {_human(need['bytes'])}, have {_human(free)} free "
+                          f"(of {_human(total)}); docker: --shm-size={_docker_size(need['bytes'] + used)}")
+    return out
+
+
+def _choice(_C, one_host: bool) -> dict:
+    try:
+        provider, reason = _C.choose_provider(one_host)
+    except ValueError as exc:  # SMDDP_FI_PROVIDER against FI_PROVIDER, or a bad value
+        return {"provider": None, "reason": None, "error": str(exc)}
+    return {"provider": provider, "reason": reason, "error": None}
+
+
+def report(local_world: int | None = None, hosts: int | None = None) -> dict:
+    """Everything `python -m torch_smddp.info` says, as one JSON-ready dict."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp
+    from torch_smddp import _C
+    from torch_smddp._torch_match import mismatch
+
+    bi = _build_info()
+    out: dict = {"torch_smddp": torch_smddp.__version__, "python": sys.version.split()[0]}
+
+    running_abi = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    built = bi.TORCH_VERSION if bi else _C.built_with_torch
+    why = mismatch(built, bi.TORCH_CXX11_ABI, torch.__version__, running_abi) if bi else None
+    out["torch"] = {"built": built, "running": torch.__version__,
+                    "cxx11_abi_built": bi.TORCH_CXX11_ABI if bi else None,
+                    "cxx11_abi_running": running_abi, "match": why is None, "mismatch": why}
+
+    with_cuda = bool(_C.built_with_cuda())
+    cuda_built = bi.TORCH_CUDA if bi else None
+    available = bool(torch.cuda.is_available())
+    out["cuda"] = {
+        "built_with_cuda": with_cuda,
+        "reason": bi.CUDA_REASON if bi else None,
+        "toolkit": (bi.CUDA_VERSION if bi else None) if with_cuda else "CPU only",
+        "archs": (bi.CUDA_ARCHS if bi else None) if with_cuda else "CPU only",
+        "nccl": (bi.NCCL_VERSION if bi else None) if with_cuda else "CPU only",
+        "torch_cuda_built": cuda_built, "torch_cuda_running": torch.version.cuda,
+        "match": cuda_built == torch.version.cuda, "available": available,
+        "device_count": torch.cuda.device_count() if available else 0,
+    }
+    out["devices"] = list(dist.Backend.backend_capability.get("smddp", []))
+
+    loaded = _C.loaded_libfabric()
+    linked = bi.LIBFABRIC_LIBRARY if bi else None
+    host = os.environ.get("SMDDP_HOST_ID") or socket.gethostname()
+    lf = {"loaded": loaded, "version": _C.libfabric_version(),
+          "linked": linked, "linked_version": bi.LIBFABRIC_VERSION if bi else None,
+          "origin": bi.LIBFABRIC_ORIGIN if bi else None,
+          "loaded_is_linked": bool(linked) and os.path.realpath(linked) == loaded,
+          "providers": list(_C.available_providers()),
+          "fi_provider": _C.fi_provider_filter(),
+          "smddp_fi_provider": os.environ.get("SMDDP_FI_PROVIDER") or None,
+          "host_identity": host,
+          "choice_one_host": _choice(_C, True), "choice_several_hosts": _choice(_C, False)}
+    # Across hosts, tcp (and smddp's liveness connections, which follow the
+    # tcp endpoint's address) take this interface; FI_TCP_IFACE picks another.
+    try:
+        iface, addr = _C.provider_address("tcp;ofi_rxm")
+        lf["tcp_interface"] = {"interface": iface or None, "address": addr or None,
+                               "chosen_by": "FI_TCP_IFACE" if os.environ.get("FI_TCP_IFACE")
+                               else "first usable", "error": None}
+    except Exception as exc:  # no tcp provider in this libfabric, or FI_PROVIDER hides it
+        lf["tcp_interface"] = {"interface": None, "address": None, "chosen_by": None,
+                               "error": str(exc)}
+    out["libfabric"] = lf
+    out["reduce_kernels"] = _C.reduce_kernel_isa()
+
+    try:
+        layout = local_layout(local_world, hosts, torch)
+        shm = shm_check(layout["local_world"], layout["hosts"], _C)
+        shm["local_world_from"] = layout["local_world_from"]
+    except ValueError as exc:  # a malformed LOCAL_WORLD_SIZE, WORLD_SIZE or SMDDP_* value
+        shm = {"path": "/dev/shm", "ok": False, "verdict": f"error: {exc}", "error": str(exc)}
+    # libfabric's shm provider checks /dev/shm itself (its region per core)
+    # and is left out of the providers when it finds too little.
+    shm["shm_provider_offered"] = "shm" in lf["providers"]
+    out["shm"] = shm
+
+    out["settings"] = {env: {"type": typ, "value": os.environ.get(env) or None, "default": default,
+                             "doc": doc} for env, typ, default, doc in sorted(_C.params())}
+    return out
+
+
+def text(r: dict) -> str:
+    """The report as `python -m torch_smddp.info` prints it."""
+    t, c, lf, shm = r["torch"], r["cuda"], r["libfabric"], r["shm"]
+    lines = [
+        f"torch-smddp        {r['torch_smddp']}",
+        f"built against torch {t['built']} (running {t['running']}): "
+        + ("match" if t["match"] else f"MISMATCH: {t['mismatch']}"),
+        f"python             {r['python']}",
+    ]
+    if c["built_with_cuda"]:
+        build = f"CUDA {c['toolkit']}, archs {c['archs']}, NCCL {c['nccl']}"
+    else:
+        build = "CPU only"
+    lines.append(f"CUDA build         {build}  [{c['reason'] or 'no _build_info.py'}]")
+    lines.append(f"torch CUDA         built {c['torch_cuda_built'] or 'none'}, running "
+                 f"{c['torch_cuda_running'] or 'none'}: {'match' if c['match'] else 'MISMATCH'}; "
+                 + (f"{c['device_count']} GPU(s) available" if c["available"] else "no GPU available"))
+    lines.append(f"devices            {', '.join(r['devices']) or '(not registered)'}")
+    lines.append(f"libfabric          {lf['version']} loaded from {lf['loaded'] or '?'}")
+    if lf["linked"]:
+        same = "the same file" if lf["loaded_is_linked"] else "ANOTHER file than the one loaded"
+        lines.append(f"  built against    {lf['linked']} ({lf['linked_version']}, {lf['origin']}): {same}")
+    lines.append(f"providers          {', '.join(lf['providers']) or '(none)'}")
+    fip = lf["fi_provider"]
+    lines.append("FI_PROVIDER        " + ("(unset: every provider)" if fip is None else
+                                          f"{fip!r}: libfabric offers only what it allows"))
+    lines.append(f"host identity      {lf['host_identity']}")
+    for label, ch in (("provider (1 host)  ", lf["choice_one_host"]),
+                      ("provider (>1 host) ", lf["choice_several_hosts"])):
+        lines.append(label + (f"error: {ch['error']}" if ch["error"] else
+                              f"{ch['provider']}  [{ch['reason']}]"))
+    ti = lf["tcp_interface"]
+    if ti["error"]:
+        lines.append(f"tcp interface      unavailable: {ti['error']}")
+    else:
+        lines.append(f"tcp interface      {ti['interface'] or '?'} {ti['address'] or '?'}  "
+                     f"[{ti['chosen_by']}; set FI_TCP_IFACE to choose another]")
+    lines.append(f"reduce kernels     {r['reduce_kernels']}")
+    if "error" in shm:
+        lines.append(f"/dev/shm           {shm['verdict']}")
+    else:
+        where = (f"{shm['local_world']} rank(s) per host ({shm['local_world_from']}) on "
+                 f"{shm['hosts']} host(s)")
+        if shm["segment_unused"]:
+            need = f"no host segment ({shm['segment_unused']})"
+        else:
+            need = (f"host segment {_human(shm['need_bytes'])} ({_human(shm['per_rank_bytes'])} "
+                    f"per rank)")
+            if "need_bytes_across_hosts" in shm:
+                need += f"; across hosts {_human(shm['need_bytes_across_hosts'])}"
+        have = ("" if shm["free_bytes"] is None else
+                f"; {_human(shm['free_bytes'])} free of {_human(shm['total_bytes'])}")
+        lines.append(f"/dev/shm           {shm['verdict']}: {where}, {need}{have}")
+    lines.append("  libfabric shm    " + ("offered" if shm["shm_provider_offered"] else
+                                          "not offered (FI_PROVIDER hides it, or libfabric found "
+                                          "less than its region per core free in /dev/shm)"))
+    lines += ["", "SMDDP_* settings (effective value, default, meaning; docs/configuration.md):"]
+    for env, p in r["settings"].items():
+        shown = p["value"] if p["value"] is not None else f"{p['default']} (default)"
+        lines.append(f"  {env:<26} {p['type']:<7} {shown:<22} {p['doc']}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m torch_smddp.info", description=__doc__.split("\n\n")[0])
     ap.add_argument("--markdown", action="store_true",
                     help="print docs/configuration.md (every SMDDP_* parameter) and exit")
+    ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    ap.add_argument("--local-world", type=lambda v: _positive(v, "--local-world"), metavar="N",
+                    help="ranks per host to check /dev/shm for (default: LOCAL_WORLD_SIZE)")
+    ap.add_argument("--hosts", type=lambda v: _positive(v, "--hosts"), metavar="H",
+                    help="hosts of the job (default: WORLD_SIZE / LOCAL_WORLD_SIZE, else 1)")
     args = ap.parse_args(argv)
 
-    import torch
-
-    import torch_smddp
     from torch_smddp import _C
 
     if args.markdown:
         sys.stdout.write(markdown(_C.param_specs()))
         return 0
 
-    print(f"torch-smddp        {torch_smddp.__version__}")
-    print(f"built against torch {_C.built_with_torch} (running {torch.__version__})")
-    print(f"python             {sys.version.split()[0]}")
-    print(f"libfabric          {_C.libfabric_version()}")
-    print(f"providers          {', '.join(_C.available_providers()) or '(none)'}")
-    host = os.environ.get("SMDDP_HOST_ID") or socket.gethostname()
-    try:
-        one, why_one = _C.choose_provider(True)
-        many, why_many = _C.choose_provider(False)
-    except Exception as exc:  # a bad SMDDP_* value names itself here
-        print(f"provider choice    error: {exc}")
-        return 1
-    print(f"host identity      {host}")
-    print(f"provider (1 host)  {one}  [{why_one}]")
-    print(f"provider (>1 host) {many}  [{why_many}]")
-    # Across hosts, tcp (and smddp's liveness connections, which follow the
-    # tcp endpoint's address) take this interface; FI_TCP_IFACE picks another.
-    try:
-        iface, addr = _C.provider_address("tcp;ofi_rxm")
-        chosen = "FI_TCP_IFACE" if os.environ.get("FI_TCP_IFACE") else "first usable"
-        print(f"tcp interface      {iface or '?'} {addr or '?'}  [{chosen}; set FI_TCP_IFACE to "
-              "choose another]")
-    except Exception as exc:  # no tcp provider in this libfabric
-        print(f"tcp interface      unavailable: {exc}")
-    print(f"reduce kernels     {_C.reduce_kernel_isa()}")
-    print()
-    print("SMDDP_* settings (effective value, default, meaning; docs/configuration.md):")
-    for env, typ, default, doc in sorted(_C.params()):
-        value = os.environ.get(env)
-        shown = value if value not in (None, "") else f"{default} (default)"
-        print(f"  {env:<26} {typ:<7} {shown:<22} {doc}")
-    return 0
+    r = report(args.local_world, args.hosts)
+    sys.stdout.write(json.dumps(r, indent=1) + "\n" if args.json else text(r))
+    # A provider choice that fails here fails group creation too.
+    failed = any(r["libfabric"][k]["error"] for k in ("choice_one_host", "choice_several_hosts"))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

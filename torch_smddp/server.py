@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 
@@ -121,13 +122,32 @@ def main(argv=None) -> int:
     if not key_file and not args.rendezvous:
         p.error("no key: give --key-file FILE (or SMDDP_SERVER_KEY_FILE; the workers get the "
                 "same file), or --rendezvous HOST:PORT --job ID for a key generated per job")
+    if not key_file:
+        # Store mode with no key file: the job's key sits in the store, where
+        # whoever reaches it can read it and then pass as a server.
+        if not _C.server_insecure():
+            p.error("no key file: the job's key would be kept in the store at --rendezvous, "
+                    "which anyone who can reach the store can read and then pass as a server; "
+                    "give --key-file FILE (the workers get the same file as "
+                    "SMDDP_SERVER_KEY_FILE), or set SMDDP_SERVER_INSECURE=1 to accept that")
+        print("warning: SMDDP_SERVER_INSECURE=1: no key file, so this server uses the job's key "
+              "kept in the store, which whoever can reach the store can read", file=sys.stderr,
+              flush=True)
     store = open_store(args.rendezvous) if args.rendezvous else None
     # The job's key from the store only where no key file is given: a key
     # file's contents never go into a store.
     key = "" if key_file else job_server_key(store, args.job)
+    # A server proves itself bound to the address a worker dialled: the
+    # one its connection reached, or one of --advertise's (behind NAT).
+    advertised = []
+    if args.advertise:
+        try:
+            advertised = sorted({a[4][0] for a in socket.getaddrinfo(args.advertise, None)})
+        except OSError as e:
+            p.error(f"--advertise {args.advertise}: cannot resolve it: {e}")
     try:
         server = _C.StandaloneServer(args.bind, args.port, args.servers, args.job,
-                                     key_file=key_file, key=key)
+                                     key_file=key_file, key=key, advertise=advertised)
     except ValueError as e:
         p.error(str(e))
     host = args.advertise or (args.bind if args.bind not in ("0.0.0.0", "::") else

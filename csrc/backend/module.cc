@@ -9,6 +9,7 @@
 #include "backend/process_group.h"
 #include "backend/store_bootstrap.h"
 #include "common/param.h"
+#include "hostpath/allreduce_paths.h"
 #include "hostpath/host_path.h"
 #include "observe/flight_recorder.h"
 #include "reduce/reduce_kernels.h"
@@ -83,6 +84,18 @@ template <typename Make>
 auto releaseWhile(Make&& make) {
   py::gil_scoped_release release;
   return make();
+}
+
+// Runs f(); a bad SMDDP_* or FI_PROVIDER value (kInvalidArgument) reaches
+// Python as a ValueError with its message.
+template <typename F>
+auto unlessInvalid(F&& f) {
+  try {
+    return f();
+  } catch (const smddp::Error& e) {
+    if (e.kind() == smddp::ErrorKind::kInvalidArgument) throw py::value_error(e.what());
+    throw;
+  }
 }
 
 py::dict statsToDict(const smddp::Stats& s) {
@@ -305,6 +318,7 @@ void bindProcessGroup(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("reset_stats", &ProcessGroupSmddp::resetStats)
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
+      .def_property_readonly("provider_reason", &ProcessGroupSmddp::providerReason)
       .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)
       // Where this group instance's keys live in its store (tests read them).
       .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix)
@@ -346,6 +360,9 @@ void bindParamsAndReports(py::module_& m) {
   });
   // SMDDP_SERVER_KEY_FILE, the default of python -m torch_smddp.server --key-file.
   m.def("server_key_file", &smddp::serverKeyFileParam);
+  // SMDDP_SERVER_INSECURE, which python -m torch_smddp.server needs for a
+  // key kept in the store.
+  m.def("server_insecure", &smddp::serverInsecureParam);
   m.def("params", [] {
     py::list out;
     for (const auto& p : smddp::allParams()) {
@@ -398,7 +415,8 @@ void bindServerAndInfo(py::module_& m) {
   // ValueError naming where it came from.
   py::class_<smddp::StandaloneServer>(m, "StandaloneServer")
       .def(py::init([](const std::string& bind, int basePort, int count, const std::string& job,
-                       const std::string& keyFile, const std::string& key) {
+                       const std::string& keyFile, const std::string& key,
+                       const std::vector<std::string>& advertise) {
              smddp::StandaloneServer::Options o;
              o.bindAddress = bind;
              o.basePort = basePort;
@@ -406,6 +424,7 @@ void bindServerAndInfo(py::module_& m) {
              o.job = job;
              o.keyFile = keyFile;
              o.key = key;
+             o.advertise = advertise;
              try {
                return releaseWhile([&] { return std::make_unique<smddp::StandaloneServer>(o); });
              } catch (const smddp::Error& e) {
@@ -414,7 +433,8 @@ void bindServerAndInfo(py::module_& m) {
              }
            }),
            py::arg("bind"), py::arg("base_port"), py::arg("count"), py::arg("job"),
-           py::arg("key_file") = "", py::arg("key") = "")
+           py::arg("key_file") = "", py::arg("key") = "",
+           py::arg("advertise") = std::vector<std::string>{})
       .def_property_readonly("ports", &smddp::StandaloneServer::ports)
       .def("stop", &smddp::StandaloneServer::stop, py::call_guard<py::gil_scoped_release>())
       .def("pieces_reduced", &smddp::StandaloneServer::piecesReduced)
@@ -437,10 +457,41 @@ void bindServerAndInfo(py::module_& m) {
     return d;
   });
   m.def("available_providers", &smddp::availableProviders);
+  // The provider a group would take with this process's SMDDP_FI_PROVIDER
+  // and FI_PROVIDER (ValueError when they conflict), and why.
   m.def("choose_provider", [](bool oneHost) {
-    std::string why;
-    std::string p = smddp::chooseProvider(oneHost, &why);
-    return py::make_tuple(p, why);
+    smddp::ProviderChoice c = unlessInvalid([&] {
+      return smddp::chooseProvider(smddp::providerRequest(oneHost));
+    });
+    return py::make_tuple(c.provider, c.why);
+  });
+  // The FI_PROVIDER smddp judges by, as libfabric read it (None: unset).
+  m.def("fi_provider_filter", [] {
+    smddp::ProviderFilter f = smddp::ProviderFilter::fromEnvironment();
+    return f.set() ? py::object(py::str(f.value())) : py::object(py::none());
+  });
+  // The libfabric file this process runs (not the one linked at build time).
+  m.def("loaded_libfabric", &smddp::loadedLibfabricPath);
+  // What a host's shared-memory segment takes for `local_world` ranks per
+  // host over `hosts` hosts with this process's SMDDP_* settings (info's
+  // /dev/shm check).
+  m.def("host_segment_need", [](int localWorld, int hosts) {
+    if (localWorld < 1 || hosts < 1) {
+      throw py::value_error("host_segment_need: local_world and hosts must be >= 1, got " +
+                            std::to_string(localWorld) + " and " + std::to_string(hosts));
+    }
+    const smddp::EngineConfig c = unlessInvalid([] { return smddp::readEngineConfig(); });
+    const unsigned cores = smddp::onlineCores();
+    const smddp::SegmentGeometry g = smddp::hostSegmentGeometry(c, localWorld, hosts, cores);
+    py::dict d;
+    d["bytes"] = g.bytes;
+    d["servers"] = g.servers;
+    d["slot_bytes"] = g.slotBytes;
+    d["depth"] = g.depth;
+    d["deep"] = g.deep;
+    d["cores"] = cores;
+    d["unused"] = g.unused;
+    return d;
   });
   // The interface and address a provider would take here (info: which one
   // tcp chose, and so where FI_TCP_IFACE must point when it is wrong).

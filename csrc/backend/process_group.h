@@ -148,6 +148,8 @@ class ProcessGroupSmddp : public c10d::Backend {
     if (comm_) comm_->context().counters().reset();
   }
   std::string provider() const { return comm_ ? comm_->provider() : ""; }
+  // How the provider was chosen (SMDDP_FI_PROVIDER, FI_PROVIDER, the layout).
+  std::string providerReason() const { return comm_ ? comm_->context().providerReason() : ""; }
   // "shared-memory" when allreduce runs through the host segment, else the
   // libfabric provider.
   std::string allreducePath() const {

@@ -81,17 +81,16 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   // per peer in flight only queue at the link (benchmarks/RESULTS.md,
   // "The network path's ring across hosts").
   if (config_.ringDepth == 0) config_.ringDepth = peers_.oneHost() ? 4 : 2;
-  // 2. The same provider on every rank (everyone saw the same host list).
-  provider_ = chooseProvider(peers_.oneHost(), &providerReason_);
-  if (provider_ == "shm" && peers_.sharesProcess() &&
-      providerReason_.rfind("SMDDP_FI_PROVIDER", 0) != 0) {
-    // Ranks that are threads of one process (torchft's tests, say): the shm
-    // provider hands an endpoint of the process its peer's own region
-    // rather than a mapping of it, so a peer that closes first leaves the
-    // others a dangling pointer (a crash in their next send).
-    provider_ = "tcp;ofi_rxm";
-    providerReason_ = "ranks of this group share a process: tcp with the rxm reliability layer";
-  }
+  // 2. The same provider on every rank (everyone saw the same host list
+  //    and has the same SMDDP_FI_PROVIDER and FI_PROVIDER): a conflict
+  //    between those two fails every rank here, with the same message.
+  ProviderRequest request = providerRequest(peers_.oneHost());
+  // Ranks that are threads of one process (torchft's tests, say): the shm
+  // provider hands an endpoint of the process its peer's own region rather
+  // than a mapping of it, so a peer that closes first leaves the others a
+  // dangling pointer (a crash in their next send).
+  if (peers_.sharesProcess()) request.noShm = "ranks of this group share a process";
+  adoptProvider(chooseProvider(request));
   // 3. A per-group secret: frames without it are dropped.
   agreeOnSecret(bootstrap);
   sink_.reserve();
@@ -105,6 +104,12 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   formationLap("liveness");
   control_.start(*endpoint_, jobSecret_, overflowSink());
   if (opts.keepSpare) prepareSpareEndpoint(provider_, kSparePause);
+}
+
+void EngineContext::adoptProvider(ProviderChoice choice) {
+  provider_ = std::move(choice.provider);
+  providerReason_ = std::move(choice.why);
+  providerForced_ = choice.forced;
 }
 
 void EngineContext::formationLap(const char* phase) {
@@ -154,7 +159,7 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
   // libfabric's shm provider refuses a /dev/shm it finds too small, and
   // its region may not fit: then every rank of the one-host job takes tcp
   // instead (never one rank alone).
-  const bool forced = providerReason_.rfind("SMDDP_FI_PROVIDER", 0) == 0;
+  const bool forced = providerForced_;
   std::string shmStatus = "ok";
   auto adopt = [this](OpenedEndpoint opened) {
     fabric_ = std::move(opened.fabric);
@@ -177,8 +182,9 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
       shmTrouble.push_back("libfabric's shm provider is unusable on rank " +
                            std::to_string(bad - verdicts.begin()) + " (" + *bad +
                            "; it wants its region size per core free in /dev/shm)");
-      provider_ = "tcp;ofi_rxm";
-      providerReason_ = "one host, but the shm provider is unusable on some rank";
+      ProviderRequest request = providerRequest(true);
+      request.noShm = "one host, but the shm provider is unusable on some rank";
+      adoptProvider(chooseProvider(request));
       endpoint_.reset();
       fabric_.reset();
     }

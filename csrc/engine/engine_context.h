@@ -153,6 +153,7 @@ class EngineContext {
   void placeNetworkServers();
   void agreeOnSecret(Bootstrap& bootstrap);
   void openEndpoint(Bootstrap& bootstrap, std::vector<std::string>& shmTrouble);
+  void adoptProvider(ProviderChoice choice);
 
   const int rank_;
   const int size_;
@@ -164,6 +165,7 @@ class EngineContext {
   std::chrono::steady_clock::time_point lapStart_ = std::chrono::steady_clock::now();
   std::vector<std::pair<const char*, double>> laps_;  // phase, ms
   std::string providerReason_;
+  bool providerForced_ = false;  // SMDDP_FI_PROVIDER named the provider
   uint64_t jobSecret_ = 0;
   std::string storePrefix_;
   std::vector<int> netServers_;

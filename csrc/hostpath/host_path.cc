@@ -100,13 +100,52 @@ ServerLookup serverLookupParams() {
 }
 
 
-namespace {
-
 unsigned onlineCores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1u, std::thread::hardware_concurrency());
 }
+
+SegmentGeometry hostSegmentGeometry(const EngineConfig& c, int localSize, int hosts,
+                                    unsigned cores) {
+  SegmentGeometry g;
+  if (!c.hostPath) {
+    g.unused = "SMDDP_SHM_ALLREDUCE=0";
+  } else if (localSize * hosts <= 1) {
+    g.unused = "one rank";
+  } else if (localSize > kHostMaxRanks) {
+    g.unused = "more than " + std::to_string(kHostMaxRanks) + " ranks on a host";
+  } else if (localSize == 1 && hosts > 1 && c.serverHosts.empty()) {
+    // One rank per host, across hosts: a host segment would only add a
+    // copy in, a copy out and a step per slot, for the same bytes on the
+    // link as the network-only path, which fuses queued calls too (at 2
+    // Gbit/s, 64 MiB: 2 x 1 hosts 88% of the link bound through the
+    // segment, 93-97% without; benchmarks/RESULTS.md), and sends a narrow
+    // SMDDP_CROSS_HOST_DTYPE's wire form there (narrowsOnNetwork).
+    // Standalone reduction servers are reached from the hierarchical path
+    // only, so they keep it.
+    g.unused = "one rank per host";
+  }
+  if (!g.unused.empty()) return g;
+  g.servers = localSize;
+  if (c.serversPerNode > 0) g.servers = std::min<int>(g.servers, c.serversPerNode);
+  // The slot size sets the step size, which the hosts' servers must agree
+  // on (the network step pairs them by step): across hosts it is fixed.
+  // Across hosts each step also crosses the network, where a step's round
+  // trip is far longer than in memory: larger steps and a deeper ring keep
+  // the link busy (at 2 Gbit/s, 2 hosts x 2 ranks, 64 MiB: 26% of the link
+  // bound with 128 KiB x 4 on a loaded machine; 93% with 256 KiB x 16 and
+  // the pipelined network step on a quiet one; benchmarks/RESULTS.md).
+  // Oversubscribed hosts (more ranks than cores) get a deeper pipeline too:
+  // a rank then runs in time slices and should cover more steps in each.
+  g.deep = localSize > static_cast<int>(cores) || hosts > 1;
+  g.slotBytes = c.shmSlotBytes ? c.shmSlotBytes : (g.deep ? 262144 : 131072);
+  g.depth = c.shmDepth ? static_cast<int>(c.shmDepth) : (g.deep ? 16 : 4);
+  g.bytes = HostSegment::bytesFor(localSize, g.servers, g.slotBytes, g.depth);
+  return g;
+}
+
+namespace {
 
 // Across hosts, each host server rank connects to every standalone
 // reduction server (SMDDP_SERVER_HOSTS), into `links`; every rank learns
@@ -232,47 +271,23 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
     *reason = "the hosts hold different numbers of ranks";
     return nullptr;
   }
-  if (topo.localSize > kHostMaxRanks) {
-    *reason = "more than " + std::to_string(kHostMaxRanks) + " ranks on a host";
+  const unsigned cores = onlineCores();
+  const SegmentGeometry geometry = hostSegmentGeometry(config, topo.localSize, topo.hosts(), cores);
+  if (!geometry.unused.empty()) {  // too many ranks per host, or one across hosts
+    *reason = geometry.unused;
     return nullptr;
   }
-  // One rank per host, across hosts: a host segment would only add a copy
-  // in, a copy out and a step per slot, for the same bytes on the link as
-  // the network-only path, which fuses queued calls too (at 2 Gbit/s, 64
-  // MiB: 2 x 1 hosts 88% of the link bound through the segment, 93-97%
-  // without; benchmarks/RESULTS.md), and sends a narrow
-  // SMDDP_CROSS_HOST_DTYPE's wire form there (narrowsOnNetwork). Standalone
-  // reduction servers are reached from the hierarchical path only, so they
-  // keep it.
-  if (topo.localSize == 1 && topo.hosts() > 1 && config.serverHosts.empty()) {
-    *reason = "one rank per host";
-    return nullptr;
-  }
-  int servers = topo.localSize;
-  if (config.serversPerNode > 0) servers = std::min<int>(servers, config.serversPerNode);
   const int leader = topo.ranksOfHost[topo.hostIndex][0];
   // Named after the leader's shm owner (see transport/shm_owner.h), which
   // creates it, so that the sweeper knows whose it is; the rest is random.
   const std::string owner = ownerOfRank[leader].empty() ? "x" : ownerOfRank[leader];
-  // Oversubscribed hosts (more ranks than cores) get a deeper pipeline: a
-  // rank then runs in time slices and should cover more steps in each.
-  topo.oversubscribed = topo.localSize > static_cast<int>(onlineCores());
-  // The slot size sets the step size, which the hosts' servers must agree
-  // on (the network step pairs them by step): across hosts it is fixed.
-  // Across hosts each step also crosses the network, where a step's round
-  // trip is far longer than in memory: larger steps and a deeper ring keep
-  // the link busy (at 2 Gbit/s, 2 hosts x 2 ranks, 64 MiB: 26% of the link
-  // bound with 128 KiB x 4 on a loaded machine; 93% with 256 KiB x 16 and
-  // the pipelined network step on a quiet one; benchmarks/RESULTS.md).
-  const bool deep = topo.oversubscribed || topo.hosts() > 1;
-  const uint64_t slot = config.shmSlotBytes ? config.shmSlotBytes : (deep ? 262144 : 131072);
-  const int depth = config.shmDepth ? static_cast<int>(config.shmDepth) : (deep ? 16 : 4);
+  topo.oversubscribed = topo.localSize > static_cast<int>(cores);
   std::string status = "ok";
   std::unique_ptr<HostSegment> seg;
   try {
     PrefixBootstrap local(bootstrap, "host" + std::to_string(topo.hostIndex) + "/");
-    seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, servers, slot, depth,
-                                        owner, ctx.timeout());
+    seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, geometry.servers,
+                                        geometry.slotBytes, geometry.depth, owner, ctx.timeout());
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kTransport) throw;
     status = e.what();

@@ -33,6 +33,24 @@ struct HostTopology {
   bool uniform() const;
 };
 
+// The segment openHostPath opens on each host for `localSize` ranks per
+// host over `hosts` hosts, from the configuration (SMDDP_SHM_SLOT_BYTES,
+// SMDDP_SHM_DEPTH, SMDDP_SERVERS_PER_NODE, SMDDP_SHM_ALLREDUCE,
+// SMDDP_SERVER_HOSTS) and the host's `cores`: what `python -m
+// torch_smddp.info` holds /dev/shm against. `unused` says why a group of
+// that layout opens none ("" when it opens one).
+struct SegmentGeometry {
+  int servers = 0;
+  uint64_t slotBytes = 0;
+  int depth = 0;
+  bool deep = false;   // across hosts or oversubscribed: larger steps, deeper ring
+  uint64_t bytes = 0;  // the whole segment, in /dev/shm
+  std::string unused;
+};
+SegmentGeometry hostSegmentGeometry(const EngineConfig& c, int localSize, int hosts,
+                                    unsigned cores);
+// The cores this process may run on (its affinity mask).
+unsigned onlineCores();
 
 // What torch_smddp/__init__.py needs to look the standalone reduction
 // servers up in a store (SMDDP_SERVER_COUNT, SMDDP_SERVER_JOB,

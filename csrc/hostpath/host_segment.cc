@@ -22,15 +22,15 @@ constexpr uint64_t kSegmentMagic = 0x534d444450534547ull;  // "SMDDPSEG"
 
 size_t controlBytes() { return (sizeof(SegmentControl) + 4095) & ~size_t{4095}; }
 
-size_t segmentBytes(int ranks, int servers, uint64_t slotBytes, uint64_t depth) {
+std::string errnoText(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+}  // namespace
+
+size_t HostSegment::bytesFor(int ranks, int servers, uint64_t slotBytes, uint64_t depth) {
   // servers x ranks contribution slots and servers result slots, per depth.
   uint64_t slots = static_cast<uint64_t>(servers) * (static_cast<uint64_t>(ranks) + 1) * depth;
   return controlBytes() + slots * slotBytes;
 }
-
-std::string errnoText(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
-
-}  // namespace
 
 namespace {
 
@@ -64,7 +64,7 @@ HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
   SMDDP_CHECK(servers >= 1 && servers <= ranks && depth >= 1 && slotBytes >= 64 &&
                   slotBytes % 64 == 0,
               kInternal, "bad shared-memory segment geometry");
-  bytes_ = segmentBytes(ranks, servers, slotBytes, depth_);
+  bytes_ = bytesFor(ranks, servers, slotBytes, depth_);
   // A random name, made by rank 0 and published to the host's ranks only
   // through the bootstrap: anyone may list /dev/shm, and the name must tell
   // them nothing (no job secret, nothing to guess a later name from).

@@ -88,6 +88,9 @@ class HostSegment {
   HostSegment(const HostSegment&) = delete;
   HostSegment& operator=(const HostSegment&) = delete;
 
+  // The bytes a segment of this geometry takes in /dev/shm.
+  static size_t bytesFor(int ranks, int servers, uint64_t slotBytes, uint64_t depth);
+
   SegmentControl& ctl() { return *ctl_; }
   int ranks() const { return ranks_; }
   int servers() const { return servers_; }

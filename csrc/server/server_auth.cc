@@ -1,6 +1,8 @@
 #include "server/server_auth.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,8 +11,10 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "common/param.h"
 #include "common/unique_fd.h"
+#include "transport/socket_address.h"
 
 namespace smddp {
 
@@ -18,11 +22,18 @@ SMDDP_PARAM_STRING(paramServerKeyFile, "SMDDP_SERVER_KEY_FILE", "",
                    "file holding the key shared by the standalone reduction servers and their "
                    "workers (mode 0600; empty: a key generated per job, through the store the "
                    "servers registered in)")
-SMDDP_PARAM_BOOL(paramServerIntegrity, "SMDDP_SERVER_INTEGRITY", false,
-                 "a MAC on every frame to and from the standalone reduction servers (workers ask "
-                 "for it; a server with it set refuses workers without it)")
+SMDDP_PARAM_BOOL(paramServerIntegrity, "SMDDP_SERVER_INTEGRITY", true,
+                 "a MAC (AES-GMAC) on every frame to and from the standalone reduction servers "
+                 "(workers ask for it; a server with it set refuses workers without it); 0 turns "
+                 "it off, so that whoever can write into the TCP stream can change results")
+
+SMDDP_PARAM_BOOL(paramServerInsecure, "SMDDP_SERVER_INSECURE", false,
+                 "1 = let standalone reduction servers found in a store, with no key file, use "
+                 "the job's key kept in that store, which anyone who reaches the store can read "
+                 "and then pass as a server (a warning on every start); 0 refuses that")
 
 std::string serverKeyFileParam() { return paramServerKeyFile(); }
+bool serverInsecureParam() { return paramServerInsecure(); }
 bool serverIntegrityParam() { return paramServerIntegrity(); }
 
 std::string readServerKeyFile(const std::string& path, const std::string& what) {
@@ -71,7 +82,18 @@ std::string readServerKeyFile(const std::string& path, const std::string& what) 
 std::string workerServerKey(const std::string& registered) {
   const std::string path = paramServerKeyFile();
   if (!path.empty()) return readServerKeyFile(path, "SMDDP_SERVER_KEY_FILE");
-  if (!registered.empty()) return registered;
+  if (!registered.empty()) {
+    SMDDP_CHECK(paramServerInsecure(), kInvalidArgument,
+                "the standalone reduction servers were found in the store with no key file "
+                "(SMDDP_SERVER_KEY_FILE): their key would be the job's, kept in the store, which "
+                "anyone who can reach the store can read and then pass as a server. Give the "
+                "servers (--key-file) and the workers the same key file, or set "
+                "SMDDP_SERVER_INSECURE=1 to accept the store's key");
+    SMDDP_LOG(kWarn) << "smddp: SMDDP_SERVER_INSECURE=1: the standalone reduction servers use the "
+                        "job's key from the store; whoever can reach the store can read it and "
+                        "pass as a server (set SMDDP_SERVER_KEY_FILE to avoid this)";
+    return registered;
+  }
   throwError(ErrorKind::kInvalidArgument,
              "the standalone reduction servers (SMDDP_SERVER_HOSTS) need a key: set "
              "SMDDP_SERVER_KEY_FILE to the file the servers got with --key-file, or let them "
@@ -89,19 +111,47 @@ Nonce Nonce::random() {
   return n;
 }
 
+std::string serverIdentityKey(std::string_view key, std::string_view job,
+                              std::string_view address) {
+  // Lengths first, so that no job id and address run into another pair.
+  const uint64_t lengths[2] = {job.size(), address.size()};
+  const Mac m = hmacSha256(key, {"smddp server v3: identity", bytesOf(lengths, sizeof(lengths)),
+                                 job, address});
+  return std::string(reinterpret_cast<const char*>(m.bytes), kMacBytes);
+}
+
+std::string endpointText(std::string ip, int port) {
+  if (ip.rfind("::ffff:", 0) == 0 && ip.find('.') != std::string::npos) ip.erase(0, 7);
+  if (ip.find(':') != std::string::npos) ip = "[" + ip + "]";
+  return ip + ":" + std::to_string(port);
+}
+
+std::string socketEndpoint(int fd, bool local) {
+  sockaddr_storage sa{};
+  socklen_t len = sizeof(sa);
+  auto* p = reinterpret_cast<sockaddr*>(&sa);
+  if ((local ? getsockname(fd, p, &len) : getpeername(fd, p, &len)) != 0) return "";
+  const std::string ip = numericAddress(&sa, len);
+  if (ip.empty()) return "";
+  const int port = sa.ss_family == AF_INET
+                       ? ntohs(reinterpret_cast<sockaddr_in*>(&sa)->sin_port)
+                       : ntohs(reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port);
+  return endpointText(ip, port);
+}
+
 Mac Handshake::serverProof() const {
-  return hmacSha256(key_, {"smddp server v2: server proof", bytesOf(worker_.bytes, kNonceBytes),
+  return hmacSha256(key_, {"smddp server v3: server proof", bytesOf(worker_.bytes, kNonceBytes),
                            bytesOf(server_.bytes, kNonceBytes)});
 }
 
 Mac Handshake::workerProof(const ServerFrame& hello, std::string_view job) const {
-  return hmacSha256(key_, {"smddp server v2: worker proof", bytesOf(worker_.bytes, kNonceBytes),
+  return hmacSha256(key_, {"smddp server v3: worker proof", bytesOf(worker_.bytes, kNonceBytes),
                            bytesOf(server_.bytes, kNonceBytes), bytesOf(&hello, sizeof(hello)),
                            job});
 }
 
 std::string Handshake::sessionKey() const {
-  const Mac m = hmacSha256(key_, {"smddp server v2: session", bytesOf(worker_.bytes, kNonceBytes),
+  const Mac m = hmacSha256(key_, {"smddp server v3: session", bytesOf(worker_.bytes, kNonceBytes),
                                   bytesOf(server_.bytes, kNonceBytes)});
   return std::string(reinterpret_cast<const char*>(m.bytes), kMacBytes);
 }

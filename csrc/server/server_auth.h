@@ -2,8 +2,10 @@
 // the servers and their workers share a key, from a file
 // (SMDDP_SERVER_KEY_FILE, --key-file) or generated per job and handed out
 // through the job's store. Each connection opens with a challenge and a
-// response in both directions, so neither side sends anything of value to
-// a peer that has not proved it holds the key; with SMDDP_SERVER_INTEGRITY=1
+// response in both directions, under a key bound to the job and to the
+// address the worker dialled, so neither side sends anything of value to a
+// peer that has not proved it holds the key, serves this job and is the
+// server the worker dialled (not a relay); unless SMDDP_SERVER_INTEGRITY=0
 // every later frame also carries a MAC. Torch-free, over libcrypto
 // (common/crypto.h).
 #pragma once
@@ -26,11 +28,28 @@ std::string readServerKeyFile(const std::string& path, const std::string& what);
 std::string serverKeyFileParam();
 // The key a worker proves itself with: the file's at SMDDP_SERVER_KEY_FILE
 // when set, else `registered` (the job's key from the store the servers
-// registered in); with neither, an error that says how to give one.
+// registered in) where SMDDP_SERVER_INSECURE=1 allows it (with a warning
+// each time); otherwise an error that says how to give one.
 std::string workerServerKey(const std::string& registered);
-// SMDDP_SERVER_INTEGRITY: a worker asks for a MAC on every frame; a server
-// refuses workers that do not.
+// SMDDP_SERVER_INSECURE: a key kept in the store is accepted.
+bool serverInsecureParam();
+// SMDDP_SERVER_INTEGRITY (on unless set to 0): a worker asks for a MAC on every
+// frame; a server refuses workers that do not.
 bool serverIntegrityParam();
+
+// The key of one server's handshakes: the shared key bound to the job the
+// server serves and to the address the worker dialled (endpointText). A
+// relay (the worker dialled it, not the server), a host name that points
+// elsewhere, or a server of another job holds the shared key but proves
+// itself under another of these, so the worker refuses it.
+std::string serverIdentityKey(std::string_view key, std::string_view job,
+                              std::string_view address);
+// "ip:port", or "[ip6]:port": the one spelling of an address both sides
+// bind their key to (an IPv4-mapped IPv6 address is written as IPv4).
+std::string endpointText(std::string ip, int port);
+// A connected socket's own address (`local`) or its peer's, as
+// endpointText writes it; "" if the socket has none.
+std::string socketEndpoint(int fd, bool local);
 
 // The stream's group as the servers see it: a one-way function of the
 // group's secret, so a server (or anyone who reads its frames) learns
@@ -43,8 +62,9 @@ struct Nonce {
   static Nonce random();
 };
 
-// The proofs of one connection's handshake:
-//   worker -> server  challenge: a fresh nonce Nw
+// The proofs of one connection's handshake, under serverIdentityKey:
+//   worker -> server  challenge: a fresh nonce Nw, the address it dialled
+//                     and its job id
 //   server -> worker  answer: a fresh nonce Ns and serverProof
 //   worker -> server  hello (its header, then workerProof and the job id)
 //   server -> worker  welcome, or an error
@@ -54,6 +74,7 @@ struct Nonce {
 // own fresh nonce keeps a recorded exchange from being replayed to it.
 class Handshake {
  public:
+  // `key`: serverIdentityKey's.
   Handshake(std::string_view key, const Nonce& worker, const Nonce& server)
       : key_(key), worker_(worker), server_(server) {}
   Mac serverProof() const;

@@ -3,19 +3,20 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 namespace smddp {
 
-ServerHandshake::ServerHandshake(ServerConnection conn, std::string_view key,
+ServerHandshake::ServerHandshake(ServerConnection conn, const ServerIdentity& identity,
                                  Clock::time_point deadline)
-    : conn_(std::move(conn)), key_(key), started_(Clock::now()), deadline_(deadline) {}
+    : conn_(std::move(conn)), identity_(identity), started_(Clock::now()), deadline_(deadline) {}
 
 short ServerHandshake::events() const { return phase_ == Phase::kAnswer ? POLLOUT : POLLIN; }
 
 ServerHandshake::State ServerHandshake::fail(const std::string& why, const std::string& refusal) {
-  why_ = why;
+  why_ = misdialled_.empty() ? why : why + " (" + misdialled_ + ")";
   refusal_ = refusal;
   return State::kFailed;
 }
@@ -33,8 +34,8 @@ ServerHandshake::State ServerHandshake::step() {
     if (!outbox_.empty()) return State::kGoing;
     phase_ = Phase::kHello;
   }
-  // Both frames it reads are short: at most a proof and a job id.
-  const uint64_t most = kServerProofBytes + kServerMaxJob;
+  // Both frames it reads are short: a nonce or a proof, an address, a job id.
+  const uint64_t most = kServerProofBytes + kServerMaxAddress + kServerMaxJob;
   const auto kind = phase_ == Phase::kChallenge ? ServerFrameKind::kChallenge
                                                 : ServerFrameKind::kHello;
   std::string why;
@@ -57,6 +58,24 @@ ServerHandshake::State ServerHandshake::step() {
 
 ServerHandshake::State ServerHandshake::onChallenge() {
   std::memcpy(worker_.bytes, payload_.data(), kNonceBytes);
+  const uint64_t addressBytes = reader_.header().count;  // validated: fits the payload
+  dialled_ = payload_.substr(kNonceBytes, addressBytes);
+  const std::string job = payload_.substr(kNonceBytes + addressBytes);
+  // This server proves itself only as itself: the address the connection
+  // reached (or one it was told it is reached at), the job it serves. A
+  // worker that dialled something else (a relay that forwards its
+  // challenge here, a name pointing elsewhere) or serves another job gets
+  // a proof under another key, which it refuses; nothing is refused here,
+  // so nobody without the key learns which it was.
+  const std::string reached = socketEndpoint(conn_.fd(), /*local=*/true);
+  const auto& ads = identity_.advertised;
+  std::string address = dialled_;
+  if (dialled_ != reached && std::find(ads.begin(), ads.end(), dialled_) == ads.end()) {
+    misdialled_ = "the worker dialled " + dialled_ + ", not this server's " + reached +
+                  " (a relay, or an address missing from --advertise)";
+    address = reached;
+  }
+  key_ = serverIdentityKey(identity_.key, identity_.job.empty() ? job : identity_.job, address);
   server_ = Nonce::random();
   const Mac proof = Handshake(key_, worker_, server_).serverProof();
   ServerFrame answer;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "server/server_auth.h"
 #include "server/server_connection.h"
@@ -18,13 +19,23 @@
 
 namespace smddp {
 
+// Who one server is: what it proves itself with (server_auth.h).
+struct ServerIdentity {
+  std::string key;  // the shared key; never logged, never sent
+  std::string job;  // the job it serves ("": whichever job the worker names)
+  // "ip:port" addresses workers may dial besides the one the connection
+  // reached (--advertise, behind NAT), in endpointText's spelling.
+  std::vector<std::string> advertised;
+};
+
 class ServerHandshake {
  public:
   using Clock = std::chrono::steady_clock;
   enum class State { kGoing, kDone, kFailed };
 
-  // `key` must outlive the handshake.
-  ServerHandshake(ServerConnection conn, std::string_view key, Clock::time_point deadline);
+  // `identity` must outlive the handshake.
+  ServerHandshake(ServerConnection conn, const ServerIdentity& identity,
+                  Clock::time_point deadline);
 
   // Moves on with whatever the socket holds or takes now. kDone: the hello
   // is in and proved (hello(), job(), sessionKey()); kFailed: why() says
@@ -42,6 +53,8 @@ class ServerHandshake {
   const ServerFrame& hello() const { return hello_; }
   const std::string& job() const { return job_; }
   std::string sessionKey() const { return Handshake(key_, worker_, server_).sessionKey(); }
+  // The address the worker said it dialled ("" before its challenge).
+  const std::string& dialled() const { return dialled_; }
   ServerConnection release() { return std::move(conn_); }
 
  private:
@@ -50,7 +63,10 @@ class ServerHandshake {
   State onHello();
 
   ServerConnection conn_;
-  std::string_view key_;
+  const ServerIdentity& identity_;
+  std::string key_;  // serverIdentityKey for this connection, once challenged
+  std::string dialled_;
+  std::string misdialled_;  // why the worker will not believe this server, or ""
   Clock::time_point started_, deadline_;
   enum class Phase { kChallenge, kAnswer, kHello } phase_ = Phase::kChallenge;
   FrameReader reader_;

@@ -127,12 +127,25 @@ void ServerLinks::connectTo(int i, const Identity& me, Clock::time_point deadlin
 std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
                                    Clock::time_point answerBy) {
   const std::string name = describeServer(servers_[i], ips_[i], i);
-  // 1. The challenge: a fresh nonce, and nothing else about this worker.
+  // 1. The challenge: a fresh nonce, the address this worker dialled (the
+  //    one its socket reached, whatever name led there) and its job id.
+  //    The server must prove itself as that server of that job: a relay
+  //    that forwards this challenge to the real server gets back a proof
+  //    for the real server's address, which fails below.
   const Nonce mine = Nonce::random();
+  const std::string dialled = socketEndpoint(l.fd.get(), /*local=*/false);
+  if (dialled.empty() || dialled.size() > kServerMaxAddress) {
+    return "cannot tell the address its socket reached";
+  }
+  SMDDP_CHECK(me.job.size() <= kServerMaxJob, kInvalidArgument,
+              "SMDDP_SERVER_JOB is " + std::to_string(me.job.size()) + " bytes long (at most " +
+                  std::to_string(kServerMaxJob) + ")");
   ServerFrame challenge;
   challenge.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
-  std::string why = writeTextFrame(l.fd.get(), challenge, std::string(bytesOf(mine.bytes, kNonceBytes)),
-                                   answerBy);
+  challenge.count = dialled.size();
+  std::string why = writeTextFrame(
+      l.fd.get(), challenge, std::string(bytesOf(mine.bytes, kNonceBytes)) + dialled + me.job,
+      answerBy);
   if (!why.empty()) return "challenge: " + why;
   // 2. Its answer must prove it holds the key before it hears anything
   //    more. A refusal before that (busy) is unproven: the server is left
@@ -147,15 +160,19 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
   }
   Nonce theirs;
   if (why.empty()) std::memcpy(theirs.bytes, answer.data(), kNonceBytes);
-  const Handshake proofs(me.key, mine, theirs);
+  const std::string identity = serverIdentityKey(me.key, me.job, dialled);
+  const Handshake proofs(identity, mine, theirs);
   if (!why.empty() || !macEquals(proofs.serverProof(),
                                  reinterpret_cast<const uint8_t*>(answer.data()) + kNonceBytes)) {
     throwError(ErrorKind::kInvalidArgument,
                "smddp: " + name + " failed authentication: " +
                    (why.empty() ? std::string("its answer does not prove it holds the key")
                                 : "it answered the challenge with " + why) +
-                   " (a server of another key, or not a reduction server: nothing was sent "
-                   "to it; SMDDP_SERVER_KEY_FILE, or the key in the store it registered in)");
+                   " for " + dialled + " and job '" + me.job +
+                   "' (a relay or a name that leads elsewhere, a server of another job, a "
+                   "server of another key, or not a reduction server: nothing was sent to it; "
+                   "SMDDP_SERVER_JOB, SMDDP_SERVER_KEY_FILE or the key in the store it "
+                   "registered in, and the server's --advertise)");
   }
   // 3. The hello, vouched for by this worker's proof, then its answer.
   ServerFrame hello;

@@ -85,12 +85,18 @@ std::string validateServerFrame(const ServerFrame& f,
              std::to_string(kServerMaxPayload) + ")";
     }
     if (f.flags & ~kServerFlagIntegrity) return "unknown flags " + std::to_string(f.flags);
-  } else if (kind == ServerFrameKind::kChallenge || kind == ServerFrameKind::kAnswer) {
-    const uint64_t want = kind == ServerFrameKind::kChallenge ? kServerProofBytes
-                                                              : 2 * kServerProofBytes;
-    if (f.payload != want) {
-      return std::string("a ") + toString(kind) + " of " + std::to_string(f.payload) +
-             " bytes (it carries " + std::to_string(want) + ")";
+  } else if (kind == ServerFrameKind::kChallenge) {
+    if (f.count == 0 || f.count > kServerMaxAddress || f.payload < kServerProofBytes + f.count ||
+        f.payload - kServerProofBytes - f.count > kServerMaxJob) {
+      return "a challenge of " + std::to_string(f.payload) + " bytes with an address of " +
+             std::to_string(f.count) + " (a nonce of " + std::to_string(kServerProofBytes) +
+             ", an address of 1 to " + std::to_string(kServerMaxAddress) +
+             " and a job id of at most " + std::to_string(kServerMaxJob) + ")";
+    }
+  } else if (kind == ServerFrameKind::kAnswer) {
+    if (f.payload != 2 * kServerProofBytes) {
+      return "an answer of " + std::to_string(f.payload) + " bytes (it carries " +
+             std::to_string(2 * kServerProofBytes) + ")";
     }
   } else if ((kind == ServerFrameKind::kWelcome || kind == ServerFrameKind::kBye) && f.payload) {
     return std::string("a ") + toString(kind) + " frame with " + std::to_string(f.payload) +

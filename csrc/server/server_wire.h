@@ -26,12 +26,15 @@
 namespace smddp {
 
 constexpr uint32_t kServerMagic = 0x56534d53;  // "SMSV" little-endian
-constexpr uint16_t kServerVersion = 3;  // 3: data and result frames may be narrow
+// 3: data and result frames may be narrow; 4: a challenge names the
+// address dialled and the job (server_auth.h, serverIdentityKey).
+constexpr uint16_t kServerVersion = 4;
 // The largest payload either side accepts: a data piece is at most one
 // shared-memory step (SMDDP_SHM_SLOT_BYTES <= 256 MiB); texts are short.
 constexpr uint64_t kServerMaxPayload = 1ull << 28;
 constexpr uint64_t kServerMaxText = 4096;
-constexpr uint64_t kServerMaxJob = 256;      // bytes of SMDDP_SERVER_JOB in a hello
+constexpr uint64_t kServerMaxJob = 256;      // bytes of SMDDP_SERVER_JOB in a hello or challenge
+constexpr uint64_t kServerMaxAddress = 64;   // bytes of "ip:port" in a challenge
 constexpr uint64_t kServerProofBytes = 32;   // a challenge's nonce, a proof (HMAC-SHA256)
 constexpr uint8_t kServerFlagIntegrity = 1;  // hello: a MAC on every later frame
 // Data and result frames: the payload is the narrow wire form of `count`
@@ -49,7 +52,8 @@ enum class ServerFrameKind : uint8_t {
   kResult = 4,     // server -> worker: the piece reduced over every host
   kError = 5,      // either way: UTF-8 text, then the connection closes
   kBye = 6,        // worker -> server: the group shut down normally
-  kChallenge = 7,  // worker -> server, first frame: its nonce (32 bytes)
+  kChallenge = 7,  // worker -> server, first frame: its nonce (32 bytes), the
+                   // address it dialled (`count` bytes, "ip:port"), its job id
   kAnswer = 8,     // server -> worker: its nonce, then its proof (64 bytes)
 };
 

@@ -94,7 +94,7 @@ struct StandaloneServer::Front {
 StandaloneServer::StandaloneServer(Options options) : options_(std::move(options)) {
   SMDDP_CHECK(options_.count >= 1 && options_.count <= 1024, kInvalidArgument,
               "reduction server: --servers must be in 1..1024");
-  key_ = key(options_);
+  const std::string shared = key(options_);
   requireIntegrity_ =
       options_.requireIntegrity < 0 ? serverIntegrityParam() : options_.requireIntegrity > 0;
   maxConnections_ = options_.maxConnections > 0 ? options_.maxConnections : paramMaxConnections();
@@ -106,6 +106,11 @@ StandaloneServer::StandaloneServer(Options options) : options_(std::move(options
                 "reduction server: port " + std::to_string(want) + " is past 65535");
     listeners_.push_back(listenOn(options_.bindAddress, want, &port, "reduction server", 256));
     ports_.push_back(port);
+    auto id = std::make_unique<ServerIdentity>();
+    id->key = shared;
+    id->job = options_.job;
+    for (const auto& ip : options_.advertise) id->advertised.push_back(endpointText(ip, port));
+    identities_.push_back(std::move(id));
   }
   std::lock_guard<std::mutex> g(mu_);
   for (int i = 0; i < options_.count; ++i) threads_.emplace_back([this, i] { acceptLoop(i); });
@@ -210,6 +215,9 @@ void StandaloneServer::turn(Front& front) {
   // Slots: the listener (unless backing off), each unproven connection,
   // then each host of each waiting stream (watched only for a hang-up: its
   // data stays in the socket until the stream serves).
+  // A turn that threw out (past the catch below: noteError out of memory)
+  // may have left finished handshakes behind as null entries.
+  std::erase(front.pending, nullptr);
   std::vector<pollfd> fds;
   std::vector<std::pair<Waiting*, int>> hosts;
   const auto now = Clock::now();
@@ -217,10 +225,10 @@ void StandaloneServer::turn(Front& front) {
   fds.push_back({listening ? listeners_[front.server].get() : -1, POLLIN, 0});
   for (auto& hs : front.pending) fds.push_back({hs->fd(), hs->events(), 0});
   for (auto& [k, w] : front.waiting) {
-    for (int h = 0; h < w->hosts; ++h) {
+    for (size_t h = 0; h < w->members.size(); ++h) {
       if (!w->members[h].conn) continue;
       fds.push_back({w->members[h].conn.fd(), POLLRDHUP, 0});
-      hosts.emplace_back(w.get(), h);
+      hosts.emplace_back(w.get(), static_cast<int>(h));
     }
   }
   if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) {
@@ -235,16 +243,23 @@ void StandaloneServer::turn(Front& front) {
     if (fds[1 + P + i].revents) hosts[i].first->expires = Clock::time_point::min();
   }
   // Then the handshakes (the listener's new ones join the list behind them).
+  // A throw while one connection is handled (bad_alloc in admit(), say)
+  // drops that connection alone: the others, and the loop, go on.
   for (size_t i = 0; i < P; ++i) {
     auto& hs = front.pending[i];
     if (!fds[1 + i].revents && Clock::now() < hs->deadline()) continue;
-    const auto state = hs->step();
-    if (state == ServerHandshake::State::kGoing) continue;
-    if (state == ServerHandshake::State::kDone) {
-      admit(front, *hs);
-    } else {
-      if (!hs->refusal().empty()) tellNow(hs->fd(), front.who + ": " + hs->refusal());
-      noteError(front.who + ": refused a connection: " + hs->why());
+    try {
+      const auto state = hs->step();
+      if (state == ServerHandshake::State::kGoing) continue;
+      if (state == ServerHandshake::State::kDone) {
+        admit(front, *hs);
+      } else {
+        if (!hs->refusal().empty()) tellNow(hs->fd(), front.who + ": " + hs->refusal());
+        noteError(front.who + ": refused a connection: " + hs->why());
+      }
+    } catch (const std::exception& e) {
+      hs.reset();  // first: noteError may throw too (no memory)
+      noteError(front.who + ": dropped a connection: " + e.what());
     }
     hs.reset();
   }
@@ -320,7 +335,7 @@ void StandaloneServer::acceptSome(Front& front) {
     setNoDelay(fd);
     boundSilence(fd, PeerMonitor::configuredSilence());  // a silent worker host
     front.pending.push_back(std::make_unique<ServerHandshake>(
-        std::move(conn), key_, Clock::now() + options_.handshakeTimeout));
+        std::move(conn), *identities_[front.server], Clock::now() + options_.handshakeTimeout));
   }
 }
 
@@ -349,18 +364,24 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     return refuse("this server does not serve job '" + hs.job() + "' (SMDDP_SERVER_JOB)");
   }
   if (requireIntegrity_ && !integrity) {
-    return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers");
+    return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers (the "
+                  "default; this worker turned it off)");
   }
   const uint64_t group = hello.group;
-  auto& w = front.waiting[{group, static_cast<int>(hello.stream)}];
-  if (!w) {
-    w = std::make_shared<Waiting>();
-    w->group = group;
-    w->stream = hello.stream;
-    w->hosts = hosts;
-    w->members.resize(hosts);
+  // A new stream is built whole before it is listed: a throw (no memory
+  // for its hosts) must not leave a stream with fewer slots than hosts.
+  const std::pair<uint64_t, int> id{group, static_cast<int>(hello.stream)};
+  auto found = front.waiting.find(id);
+  if (found == front.waiting.end()) {
+    auto fresh = std::make_shared<Waiting>();
+    fresh->group = group;
+    fresh->stream = hello.stream;
+    fresh->hosts = hosts;
+    fresh->members.resize(hosts);
+    found = front.waiting.emplace(id, std::move(fresh)).first;
     streams_++;
   }
+  auto& w = found->second;
   std::string why;
   if (w->hosts != hosts) {
     why = "host " + std::to_string(host) + " says the group has " + std::to_string(hosts) +

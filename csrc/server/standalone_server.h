@@ -26,6 +26,7 @@
 namespace smddp {
 
 class ServerHandshake;
+struct ServerIdentity;
 
 class StandaloneServer {
  public:
@@ -33,13 +34,17 @@ class StandaloneServer {
     std::string bindAddress = "0.0.0.0";  // numeric
     int basePort = 0;                     // server i listens on basePort + i (0: the kernel picks)
     int count = 1;
-    std::string job;  // a hello for another job is refused; "" serves any job
+    std::string job;  // a worker of another job is refused; "" serves any job
+    // Numeric addresses workers may dial this host at besides the one a
+    // connection reached (--advertise, behind NAT): server i proves itself
+    // to a worker that dialled one of them at its port.
+    std::vector<std::string> advertise;
     // The shared key (server_auth.h): bytes, or else the key file at
     // `keyFile`, or else SMDDP_SERVER_KEY_FILE; a server has one.
     std::string key;
     std::string keyFile;
     // Refuse workers that do not ask for SMDDP_SERVER_INTEGRITY (-1: that
-    // variable decides).
+    // variable decides, on by default).
     int requireIntegrity = -1;
     // Open connections across the servers (0: SMDDP_SERVER_MAX_CONNECTIONS).
     int64_t maxConnections = 0;
@@ -92,7 +97,7 @@ class StandaloneServer {
   void reapThreads();
 
   Options options_;
-  std::string key_;  // never logged, never sent
+  std::vector<std::unique_ptr<ServerIdentity>> identities_;  // per server; set before the loops
   bool requireIntegrity_ = false;
   int64_t maxConnections_ = 0;
   std::vector<UniqueFd> listeners_;

@@ -44,6 +44,9 @@ inline StandaloneServer::Options testServer(int count, const std::string& job = 
   o.count = count;
   o.job = job;
   o.key = kTestKey;
+  // Raw test workers write unsealed frames; the default (integrity
+  // required) is test_server_security.cc's to check.
+  o.requireIntegrity = 0;
   return o;
 }
 
@@ -71,11 +74,19 @@ inline bool sendAll(int fd, const void* p, size_t n) {
 // it, whole: its header (an answer, or an error) into `header`, and for an
 // answer the server's nonce and proof into `answer` (64 bytes). False if
 // the exchange broke off.
-inline bool rawChallenge(int fd, const Nonce& mine, ServerFrame* header, uint8_t* answer) {
+// The challenge names the address the socket reached (or `dialled`) and
+// the job.
+inline bool rawChallenge(int fd, const Nonce& mine, ServerFrame* header, uint8_t* answer,
+                         const std::string& job = "", std::string dialled = "") {
+  if (dialled.empty()) dialled = socketEndpoint(fd, /*local=*/false);
   ServerFrame c;
   c.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
-  c.payload = kNonceBytes;
-  if (!sendAll(fd, &c, sizeof(c)) || !sendAll(fd, mine.bytes, kNonceBytes)) return false;
+  c.count = dialled.size();
+  c.payload = kNonceBytes + dialled.size() + job.size();
+  if (!sendAll(fd, &c, sizeof(c)) || !sendAll(fd, mine.bytes, kNonceBytes) ||
+      !sendAll(fd, dialled.data(), dialled.size()) || !sendAll(fd, job.data(), job.size())) {
+    return false;
+  }
   if (recv(fd, header, sizeof(*header), MSG_WAITALL) != sizeof(*header)) return false;
   return header->kind != static_cast<uint8_t>(ServerFrameKind::kAnswer) ||
          recv(fd, answer, 64, MSG_WAITALL) == 64;
@@ -94,7 +105,7 @@ inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& jo
   const Nonce mine = Nonce::random();
   ServerFrame a;
   uint8_t answer[64];
-  if (!rawChallenge(fd, mine, &a, answer)) return "no answer";
+  if (!rawChallenge(fd, mine, &a, answer, job)) return "no answer";
   if (a.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
     std::string text(std::min<uint64_t>(a.payload, kServerMaxText), '\0');
     recv(fd, text.data(), text.size(), MSG_WAITALL);
@@ -103,7 +114,8 @@ inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& jo
   if (!validateServerFrame(a, {ServerFrameKind::kAnswer}).empty()) return "bad answer";
   Nonce theirs;
   std::memcpy(theirs.bytes, answer, kNonceBytes);
-  const Handshake h(key, mine, theirs);
+  const std::string identity = serverIdentityKey(key, job, socketEndpoint(fd, /*local=*/false));
+  const Handshake h(identity, mine, theirs);
   if (!macEquals(h.serverProof(), answer + kNonceBytes)) return "the server's proof is wrong";
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.payload = kServerProofBytes + job.size();

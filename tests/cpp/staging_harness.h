@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "device/sim_device.h"
 #include "device/staging_pipeline.h"
+#include "sim_waits.h"
 
 
 namespace staging_test {
@@ -33,15 +34,7 @@ inline double msSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// Polls the event until it completes or `within` passes.
-inline bool completes(const DeviceEventPtr& event, milliseconds within) {
-  const auto deadline = Clock::now() + within;
-  while (!event->query()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(microseconds(50));
-  }
-  return true;
-}
+using sim_waits::completes;
 
 // The done() calls of a test's calls, in the order they came.
 struct Dones {

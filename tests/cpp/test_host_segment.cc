@@ -1,5 +1,7 @@
 // The host segment's constructor on its failure paths: whatever it throws,
-// it leaves no name in /dev/shm and no mapping behind.
+// it leaves no name in /dev/shm and no mapping behind. And its size: the
+// geometry `python -m torch_smddp.info` holds /dev/shm against is the one a
+// group opens, and a segment takes what that geometry says.
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
@@ -9,8 +11,11 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "common/error.h"
+#include "engine/engine_config.h"
+#include "hostpath/host_path.h"
 #include "hostpath/host_segment.h"
 #include "transport/bootstrap.h"
 
@@ -36,6 +41,21 @@ bool mapped(const std::string& part) {
     if (line.find(part) != std::string::npos) return true;
   }
   return false;
+}
+
+// The bytes of this process's mappings of files whose name holds `part`.
+uint64_t mappedBytes(const std::string& part) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  uint64_t total = 0;
+  while (std::getline(maps, line)) {
+    if (line.find(part) == std::string::npos) continue;
+    const size_t dash = line.find('-');
+    const size_t space = line.find(' ');
+    total += std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16) -
+             std::stoull(line.substr(0, dash), nullptr, 16);
+  }
+  return total;
 }
 
 std::string uniqueName() {
@@ -83,4 +103,50 @@ TEST_CASE("a segment both ranks mapped leaves nothing behind once destroyed", "[
   CHECK_FALSE(threw);  // both mapped: the ordinary path
   CHECK_FALSE(devShmHas(name));
   CHECK_FALSE(mapped(name));
+}
+
+TEST_CASE("a segment takes in /dev/shm what its geometry says", "[host_segment]") {
+  // One rank, so the constructor returns with the mapping in place: its
+  // size in /proc/self/maps is the oracle for bytesFor.
+  InMemoryBootstrap boot;
+  const std::string name = uniqueName();
+  HostSegment seg(boot, 0, 1, 1, 8192, 3, name, std::chrono::milliseconds(2000));
+  const uint64_t bytes = HostSegment::bytesFor(1, 1, 8192, 3);
+  CHECK(mappedBytes(name) == bytes);
+  // Each slot is one server's contribution from one rank or its result.
+  CHECK(bytes - HostSegment::bytesFor(1, 1, 8192, 0) == 1 * (1 + 1) * 3 * 8192);
+}
+
+TEST_CASE("the host segment's geometry follows the layout and the SMDDP_* settings",
+          "[host_segment]") {
+  EngineConfig c;
+  c.hostPath = true;
+  const uint64_t control = HostSegment::bytesFor(8, 8, 131072, 0);
+  // One host, no more ranks than cores: 128 KiB slots, 4 deep, a server per rank.
+  SegmentGeometry g = hostSegmentGeometry(c, 8, 1, 16);
+  CHECK(g.unused.empty());
+  CHECK((g.servers == 8 && g.slotBytes == 131072 && g.depth == 4 && !g.deep));
+  CHECK(g.bytes == control + 8ull * 9 * 4 * 131072);
+  // Across hosts, or more ranks than cores: 256 KiB slots, 16 deep.
+  for (auto [local, hosts, cores] : {std::tuple{8, 2, 16}, std::tuple{8, 1, 4}}) {
+    g = hostSegmentGeometry(c, local, hosts, cores);
+    CHECK((g.deep && g.slotBytes == 262144 && g.depth == 16));
+    CHECK(g.bytes == control + 8ull * 9 * 16 * 262144);
+  }
+  // The settings that size it.
+  c.serversPerNode = 2;
+  c.shmSlotBytes = 65536;
+  c.shmDepth = 8;
+  g = hostSegmentGeometry(c, 8, 2, 16);
+  CHECK((g.servers == 2 && g.slotBytes == 65536 && g.depth == 8));
+  CHECK(g.bytes == control + 2ull * 9 * 8 * 65536);
+  // Layouts that open none.
+  CHECK(hostSegmentGeometry(c, 1, 1, 16).unused == "one rank");
+  CHECK(hostSegmentGeometry(c, 1, 4, 16).unused == "one rank per host");
+  CHECK(hostSegmentGeometry(c, 65, 1, 128).unused == "more than 64 ranks on a host");
+  CHECK(hostSegmentGeometry(c, 1, 4, 16).bytes == 0);
+  c.serverHosts = {ServerAddress{"10.0.0.1", 7000, "test"}};  // standalone servers keep it
+  CHECK(hostSegmentGeometry(c, 1, 4, 16).unused.empty());
+  c.hostPath = false;
+  CHECK(hostSegmentGeometry(c, 8, 1, 16).unused == "SMDDP_SHM_ALLREDUCE=0");
 }

@@ -16,23 +16,16 @@
 
 #include "device/nccl_host.h"
 #include "device/sim_device.h"
+#include "sim_waits.h"
 #include "sim_nccl_host.h"
 
 using namespace smddp;
+using sim_waits::completes;
 using namespace sim_nccl_test;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
-
-bool completes(const DeviceEventPtr& e, milliseconds within) {
-  const auto deadline = Clock::now() + within;
-  while (!e->query()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return true;
-}
 
 std::string messageOf(const std::exception_ptr& e) {
   try {

@@ -99,9 +99,12 @@ TEST_CASE("a rogue server that cannot prove the key gets a challenge and nothing
     if (fd < 0) return;
     timeval tv{5, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    uint8_t challenge[96];
-    if (recv(fd, challenge, sizeof(challenge), MSG_WAITALL) == sizeof(challenge)) {
-      received += sizeof(challenge);
+    ServerFrame head;
+    char challenge[512];
+    if (recv(fd, &head, sizeof(head), MSG_WAITALL) == sizeof(head) &&
+        head.payload <= sizeof(challenge) &&
+        recv(fd, challenge, head.payload, MSG_WAITALL) == static_cast<ssize_t>(head.payload)) {
+      received += sizeof(head) + head.payload;
       ServerFrame answer;
       answer.kind = static_cast<uint8_t>(ServerFrameKind::kAnswer);
       answer.payload = 64;
@@ -125,9 +128,9 @@ TEST_CASE("a rogue server that cannot prove the key gets a challenge and nothing
   }
   rogue.join();
   close(listener);
-  // The challenge (a header and a nonce) is all it ever got: no hello, no
-  // job id, no group, no data.
-  CHECK(received.load() == 64 + 32);
+  // The challenge (a header, a nonce, the address dialled and the job id)
+  // is all it ever got: no hello, no group, no data.
+  CHECK(received.load() == 64 + 32 + ("127.0.0.1:" + std::to_string(port)).size() + 3);
 }
 
 TEST_CASE("a server of another key is refused by the worker, and a worker without the key by "
@@ -151,7 +154,7 @@ TEST_CASE("a server of another key is refused by the worker, and a worker withou
     const int fd2 = rawConnect(server.ports()[0]);
     ServerFrame head;
     uint8_t answer[64];
-    REQUIRE(rawChallenge(fd2, Nonce::random(), &head, answer));
+    REQUIRE(rawChallenge(fd2, Nonce::random(), &head, answer, "jobA"));
     ServerFrame hello = helloFor(2, 0, 5);
     hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
     hello.payload = 32 + 4;
@@ -191,7 +194,8 @@ TEST_CASE("a recorded hello does not open a second connection", "[server][securi
   ServerFrame hello = helloFor(2, 0, 11);
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.payload = 32;
-  const Mac proof = Handshake(kTestKey, mine, theirs).workerProof(hello, "");
+  const std::string identity = serverIdentityKey(kTestKey, "", socketEndpoint(fd, false));
+  const Mac proof = Handshake(identity, mine, theirs).workerProof(hello, "");
   close(fd);  // the recorded session ends before its hello
   // The replay: the same challenge, the same hello and proof.
   const int again = rawConnect(server.ports()[0]);
@@ -254,6 +258,49 @@ TEST_CASE("with SMDDP_SERVER_INTEGRITY every frame is sealed, and an altered one
   CHECK_THROWS_WITH(good->wait(0, ticket, Clock::now() + std::chrono::seconds(10), nullptr),
                     Catch::Contains("host 1") && Catch::Contains("integrity check"));
   close(fd);
+}
+
+TEST_CASE("integrity is on by default: workers ask for it, servers refuse workers that turned it "
+          "off, and 0 turns it off",
+          "[server][security]") {
+  smddp::test::ScopedEnv unset("SMDDP_SERVER_INTEGRITY", "");
+  CHECK(serverIntegrityParam());
+  StandaloneServer::Options o = testServer(1);
+  o.requireIntegrity = -1;  // the variable decides, as for python -m torch_smddp.server
+  StandaloneServer server(o);
+  CHECK_THROWS_WITH(testLinks(loopback(server), 2, 0, "", 90, /*integrity=*/false),
+                    Catch::Contains("requires SMDDP_SERVER_INTEGRITY=1"));
+  // A worker with the defaults is welcomed, its frames sealed: a raw host
+  // that joins its stream unsealed is refused.
+  auto sealed = testLinks(loopback(server), 2, 0, "", 91, serverIntegrityParam());
+  CHECK(sealed->count() == 1);
+  const int fd = rawConnect(server.ports()[0]);
+  CHECK_THAT(rawHandshake(fd, helloFor(2, 1, 91), ""),
+             Catch::Contains("requires SMDDP_SERVER_INTEGRITY=1"));
+  close(fd);
+  smddp::test::ScopedEnv off("SMDDP_SERVER_INTEGRITY", "0");
+  CHECK_FALSE(serverIntegrityParam());
+}
+
+TEST_CASE("a worker refuses the job's key from the store unless SMDDP_SERVER_INSECURE=1",
+          "[server][security]") {
+  smddp::test::ScopedEnv noFile("SMDDP_SERVER_KEY_FILE", "");
+  {
+    smddp::test::ScopedEnv unset("SMDDP_SERVER_INSECURE", "");
+    CHECK_THROWS_WITH(workerServerKey("a key from the store, 32 bytes"),
+                      Catch::Contains("no key file") && Catch::Contains("SMDDP_SERVER_INSECURE=1") &&
+                          Catch::Contains("SMDDP_SERVER_KEY_FILE") &&
+                          !Catch::Contains("a key from the store"));
+  }
+  {
+    smddp::test::ScopedEnv insecure("SMDDP_SERVER_INSECURE", "1");
+    CHECK(workerServerKey("a key from the store, 32 bytes") == "a key from the store, 32 bytes");
+  }
+  // A key file still wins, insecure or not.
+  const std::string file = keyFile("0123456789abcdef0123456789abcdef\n", 0600);
+  smddp::test::ScopedEnv withFile("SMDDP_SERVER_KEY_FILE", file);
+  CHECK(workerServerKey("a key from the store, 32 bytes") == "0123456789abcdef0123456789abcdef");
+  unlink(file.c_str());
 }
 
 TEST_CASE("key files: mode 0600 and a real key, or an error naming the variable and the file",

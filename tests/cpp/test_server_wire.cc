@@ -102,12 +102,28 @@ TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[ser
   CHECK_THAT(validateServerFrame(g2, {ServerFrameKind::kHello}), Catch::Contains("unknown flags"));
   g2.flags = kServerFlagIntegrity;
   CHECK(validateServerFrame(g2, {ServerFrameKind::kHello}).empty());
-  // A challenge is exactly a nonce, an answer a nonce and a proof: a
-  // header announcing more is refused before a byte of it is read.
+  // A challenge is a nonce, an address of 1 to 64 bytes (count) and a job
+  // id of at most 256; an answer a nonce and a proof: a header announcing
+  // more is refused before a byte of it is read.
   ServerFrame ch;
   ch.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
-  ch.payload = 32;
+  ch.count = 15;  // "127.0.0.1:29500"
+  ch.payload = 32 + 15;
   CHECK(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
+  ch.payload = 32 + 15 + 256;
+  CHECK(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
+  ch.payload = 32 + 15 + 257;
+  CHECK_THAT(validateServerFrame(ch, {ServerFrameKind::kChallenge}),
+             Catch::Contains("challenge of 304 bytes"));
+  ch.payload = 32 + 14;  // shorter than its address
+  CHECK_FALSE(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
+  ch.count = 0;  // no address
+  ch.payload = 32;
+  CHECK_FALSE(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
+  ch.count = 65;
+  ch.payload = 32 + 65;
+  CHECK_FALSE(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
+  ch.count = 15;
   ch.payload = 256ull << 20;
   CHECK_THAT(validateServerFrame(ch, {ServerFrameKind::kChallenge}),
              Catch::Contains("challenge of 268435456 bytes"));

@@ -12,27 +12,14 @@
 
 #include "common/error.h"
 #include "device/sim_device.h"
+#include "sim_waits.h"
 
 using namespace smddp;
+using sim_waits::completes;
+using sim_waits::mentions;
 using std::chrono::milliseconds;
 
 namespace {
-
-bool completes(const DeviceEventPtr& e, milliseconds within) {
-  const auto deadline = std::chrono::steady_clock::now() + within;
-  while (!e->query()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return true;
-}
-
-bool mentions(const std::vector<std::string>& violations, const std::string& what) {
-  for (const auto& v : violations) {
-    if (v.find(what) != std::string::npos) return true;
-  }
-  return false;
-}
 
 }  // namespace
 

@@ -12,29 +12,16 @@
 #include <vector>
 
 #include "device/sim_device.h"
+#include "sim_waits.h"
 #include "sim_nccl_host.h"
 
 using namespace smddp;
+using sim_waits::completes;
+using sim_waits::mentions;
 using namespace sim_nccl_test;
 using std::chrono::milliseconds;
 
 namespace {
-
-bool completes(const DeviceEventPtr& e, milliseconds within) {
-  const auto deadline = std::chrono::steady_clock::now() + within;
-  while (!e->query()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  return true;
-}
-
-bool mentions(const std::vector<std::string>& violations, const std::string& what) {
-  for (const auto& v : violations) {
-    if (v.find(what) != std::string::npos) return true;
-  }
-  return false;
-}
 
 // Polls the communicator's state until it leaves kInProgress.
 NcclResult settled(NcclApi& api, NcclComm comm, milliseconds within) {

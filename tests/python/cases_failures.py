@@ -467,6 +467,37 @@ def _imports_check() -> dict:
     return res
 
 
+def fi_provider_pair(rank: int, world: int) -> dict:
+    """Run with FI_PROVIDER=tcp in every rank's environment from the start
+    (libfabric reads it once, when it loads its providers), and
+    SMDDP_FI_PROVIDER unset. The harness's group formed under it: report
+    its provider, why, and an allreduce's closed form. Then every rank sets
+    SMDDP_FI_PROVIDER=shm, which FI_PROVIDER=tcp hides, and forms another
+    group: that must fail, on every rank, with the one message."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp
+
+    backend = torch_smddp._backend_of()
+    t = torch.arange(1000, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(t)
+    expect = torch.arange(1000, dtype=torch.float32) * (world * (world + 1) // 2)
+    res = {"provider": backend.provider, "reason": backend.provider_reason,
+           "closed_form_ok": torch.equal(t, expect)}
+    os.environ["SMDDP_FI_PROVIDER"] = "shm"
+    try:
+        def second_group():
+            g = dist.new_group(backend="smddp")
+            dist.all_reduce(torch.ones(3), group=g)  # the first collective, if new_group passed
+
+        res["conflict"] = _attempt(second_group)
+    finally:
+        del os.environ["SMDDP_FI_PROVIDER"]
+    _survivor_barrier(rank, list(range(world)), "fi-provider-done")  # rank 0 holds the store
+    return res
+
+
 # --------------------------------------------------------------------------
 # 5. init methods
 # --------------------------------------------------------------------------

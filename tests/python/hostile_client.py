@@ -24,7 +24,7 @@ import time
 # group, seq, step, count, payload (u64 each), hosts, host, stream, server (u16)
 HEADER = struct.Struct("<IHBBBB2xIQQQQQHHHH")
 assert HEADER.size == 64
-MAGIC, VERSION = 0x56534D53, 3
+MAGIC, VERSION = 0x56534D53, 4
 HELLO, WELCOME, DATA, RESULT, ERROR, BYE, CHALLENGE, ANSWER = range(1, 9)
 UINT8, SUM = 4, 0  # dtype and op numbers (common/dtype.h)
 FIELDS = ("magic", "version", "kind", "dtype", "op", "flags", "divisor", "group", "seq", "step",
@@ -73,6 +73,25 @@ def mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
+def endpoint(s: socket.socket) -> bytes:
+    """The address `s` reached, "ip:port", as the key is bound to it."""
+    ip, port = s.getpeername()[:2]
+    return (f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}").encode()
+
+
+def identity_key(key: bytes, job: bytes, dialled: bytes) -> bytes:
+    """The key a server proves itself with to a worker of `job` that
+    dialled `dialled` (server_auth.h, serverIdentityKey)."""
+    return mac(key, b"smddp server v3: identity", struct.pack("<QQ", len(job), len(dialled)),
+               job, dialled)
+
+
+def challenge(nw: bytes, dialled: bytes, job: bytes = b"") -> bytes:
+    """A challenge frame: the nonce, the address dialled (`count` bytes), the job."""
+    return header(CHALLENGE, count=len(dialled), payload=32 + len(dialled) + len(job)) + nw + \
+        dialled + job
+
+
 class Session:
     """A connection that proved it holds the key (handshake()). It writes
     no sealed frames (SMDDP_SERVER_INTEGRITY's AES-GMAC is not in Python's
@@ -91,18 +110,20 @@ def handshake(s: socket.socket, key: bytes, *, hosts: int, host: int, group: int
     with this side's proof). Returns (Session, "") once welcomed, else
     (None, why): the server's error text, or what was wrong."""
     nw = os.urandom(32)
-    s.sendall(header(CHALLENGE, payload=32) + nw)
+    dialled = endpoint(s)
+    key = identity_key(key, job, dialled)
+    s.sendall(challenge(nw, dialled, job))
     body, why = _answer(s, ANSWER)
     if why:
         return None, why
     if len(body) != 64:
         return None, f"an answer of {len(body)} bytes"
     ns, proof = body[:32], body[32:]
-    if not hmac.compare_digest(proof, mac(key, b"smddp server v2: server proof", nw, ns)):
+    if not hmac.compare_digest(proof, mac(key, b"smddp server v3: server proof", nw, ns)):
         return None, "the server's proof is wrong"
     hello = header(HELLO, group=group, seq=host, step=wait_ms, count=max_piece,
                    payload=32 + len(job), hosts=hosts, host=host, stream=stream)
-    s.sendall(hello + mac(key, b"smddp server v2: worker proof", nw, ns, hello, job) + job)
+    s.sendall(hello + mac(key, b"smddp server v3: worker proof", nw, ns, hello, job) + job)
     _, why = _answer(s, WELCOME)
     return (None, why) if why else (Session(s), "")
 
@@ -143,7 +164,8 @@ class Rogue:
             except OSError:
                 continue
             c.settimeout(5)
-            data = recv_exact(c, 96)
+            got = read_frame(c)
+            data = b"" if got is None else HEADER.pack(*got[0].values()) + got[1]
             c.sendall(header(ANSWER, payload=64) + os.urandom(64))
             data += recv_exact(c, 1 << 20)  # whatever follows, until it closes
             self.got.append(len(data))
@@ -186,9 +208,12 @@ class Liar:
         if got is None or got[0]["kind"] != CHALLENGE:
             c.close()
             return
-        nw, ns = got[1], os.urandom(32)
+        body, ns = got[1], os.urandom(32)
+        nw, dialled = body[:32], body[32:32 + got[0]["count"]]
+        job = body[32 + got[0]["count"]:]
         c.sendall(header(ANSWER, payload=64) + ns +
-                  mac(self.key, b"smddp server v2: server proof", nw, ns))
+                  mac(identity_key(self.key, job, dialled), b"smddp server v3: server proof",
+                      nw, ns))
         got = read_frame(c)
         if got is None or got[0]["kind"] != HELLO:
             c.close()

@@ -239,6 +239,11 @@ def run_world(
     json.dumps(list(args))  # fail early, in the parent, on unserialisable args
     if pg_timeout is None:
         pg_timeout = max(5.0, min(timeout - 10.0, timeout * 0.8))
+    # SMDDP_TEST_PG_TIMEOUT caps it (scripts/gpu_check.sh: 60 s on a lent
+    # machine, so a hang fails its step well inside the step's bound).
+    cap = os.environ.get("SMDDP_TEST_PG_TIMEOUT")
+    if cap:
+        pg_timeout = min(pg_timeout, float(cap))
     allowed = frozenset(int(r) for r in allow_exit)
     if not allowed <= set(range(world_size)):
         raise ValueError(f"allow_exit {sorted(allowed)} names ranks outside 0..{world_size - 1}")

@@ -314,6 +314,33 @@ def test_bad_env_values_are_named_and_imports_are_idempotent():
     assert imp["stats_collectives"] >= 1, imp
 
 
+@smddp_only
+def test_fi_provider_filters_the_choice_and_a_conflict_fails_every_rank_at_init():
+    # FI_PROVIDER=tcp (as EFA images export FI_PROVIDER=efa): libfabric then
+    # hides shm, so the one-host group takes tcp;ofi_rxm and says why.
+    # SMDDP_FI_PROVIDER=shm under it is a conflict: one message naming both.
+    t0 = time.monotonic()
+    results = run_world(2, "cases_failures:fi_provider_pair", backend=BACKEND, timeout=60,
+                        pg_timeout=30, expect_failure=True,
+                        env={"FI_PROVIDER": "tcp", "SMDDP_FI_PROVIDER": None})
+    assert time.monotonic() - t0 < 60
+    for rank, res in enumerate(results):
+        assert res["provider"] == "tcp;ofi_rxm", (rank, res)
+        assert "FI_PROVIDER=tcp hides shm" in res["reason"], (rank, res)
+        assert res["closed_form_ok"], (rank, res)
+        c = res["conflict"]
+        assert c["raised"], (rank, c)
+        # Decided from the environment alone: no rank waits out a timeout.
+        assert c["elapsed"] < 15, (rank, c)
+        msg = c["msg"]
+        for words in ("SMDDP_FI_PROVIDER=shm", "FI_PROVIDER=tcp hides",
+                      "unset FI_PROVIDER, or set SMDDP_FI_PROVIDER to a provider FI_PROVIDER "
+                      "allows (SMDDP_FI_PROVIDER='tcp;ofi_rxm')"):
+            assert words in msg, (rank, words, msg)
+        assert msg.count("SMDDP_FI_PROVIDER=shm names a provider") == 1, (rank, msg)
+    assert results[0]["conflict"]["msg"] == results[1]["conflict"]["msg"]
+
+
 # ---------------------------------------------------------------------------
 # 5. init methods
 # ---------------------------------------------------------------------------

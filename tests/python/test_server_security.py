@@ -114,7 +114,10 @@ class Live:
 
         self.server, hosts = start_server(
             procs, ["--bind", "127.0.0.1", "--job", JOB, "--key-file", key_file()],
-            env=env(keyed=False), stderr=open(self.log, "wb"), preexec_fn=limit_fds)
+            # The attacker's sessions write unsealed frames (hostile_client.Session):
+            # this server does not require the tags its job's workers still send.
+            env=env(keyed=False, SMDDP_SERVER_INTEGRITY=0), stderr=open(self.log, "wb"),
+            preexec_fn=limit_fds)
         self.port = int(hosts.rsplit(":", 1)[1])
         port = find_free_port()
         self.ranks = []
@@ -206,11 +209,13 @@ def test_unauthenticated_clients_get_nothing_and_learn_nothing(live):
     # real session replayed on a new one: 300 connections in all.
     s = hc.connect(live.port)
     nw = os.urandom(32)
-    s.sendall(hc.header(hc.CHALLENGE, payload=32) + nw)
+    dialled = hc.endpoint(s)
+    s.sendall(hc.challenge(nw, dialled))
     f, body = hc.read_frame(s)
     hello = hc.header(hc.HELLO, group=1, hosts=2, host=0, count=1 << 20, payload=32)
-    recorded = hc.header(hc.CHALLENGE, payload=32) + nw, hello + hc.mac(
-        live.key, b"smddp server v2: worker proof", nw, body[:32], hello)
+    recorded = hc.challenge(nw, dialled), hello + hc.mac(
+        hc.identity_key(live.key, b"", dialled), b"smddp server v3: worker proof", nw,
+        body[:32], hello)
     s.close()
     lines_before = live.log_text().count("\n")
     texts = []
@@ -233,7 +238,7 @@ def test_unauthenticated_clients_get_nothing_and_learn_nothing(live):
                 elif kind == 3:
                     c.sendall(hello + bytes(32))
                 elif kind == 4:
-                    c.sendall(hc.header(hc.CHALLENGE, payload=32) + os.urandom(32))
+                    c.sendall(hc.challenge(os.urandom(32), hc.endpoint(c)))
                     hc.read_frame(c)
                     c.sendall(hello + bytes(32))
                 else:
@@ -403,7 +408,8 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
     # A third party registers itself at index 0 of a job's servers in the
     # job's store before any real server does. The job holds a key file the
     # rogue does not: every rank fails at set-up naming the rogue, and the
-    # rogue gets each rank's challenge (96 bytes) and nothing else.
+    # rogue gets each rank's challenge (a header, a nonce, the address
+    # dialled and the job id) and nothing else.
     rogue = hc.Rogue()
     port = find_free_port()
     procs = Procs()
@@ -428,7 +434,8 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
         err = res.get("init_error", "")
         assert f"standalone reduction server 0 (127.0.0.1:{rogue.port}" in err, res
         assert "failed authentication" in err, res
-    assert rogue.got and all(n == 96 for n in rogue.got), rogue.got
+    challenge = 64 + 32 + len(f"127.0.0.1:{rogue.port}") + len("roguejob")
+    assert rogue.got and all(n == challenge for n in rogue.got), rogue.got
     # The live server was never involved; it still serves a following group.
     live.round(lambda: None)
 
@@ -466,3 +473,35 @@ def test_no_secret_in_shm_names_command_lines_or_logs(live):
             with open(f"/proc/{proc.pid}/{what}", "rb") as f:
                 assert key not in f.read(), (proc.pid, what)
     assert key.decode() not in live.log_text()
+
+
+def test_store_mode_without_a_key_file_is_refused_unless_insecure(tmp_path):
+    # The job's key kept in the store can be read by whoever reaches the
+    # store, who can then pass as a server: a server started with
+    # --rendezvous and no key file refuses to start, naming the way out,
+    # and starts with a warning only under SMDDP_SERVER_INSECURE=1.
+    import subprocess
+
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    port = find_free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30),
+                          wait_for_workers=False)
+    args = [PY, "-m", "torch_smddp.server", "--bind", "127.0.0.1", "--job", "insecurejob",
+            "--rendezvous", f"127.0.0.1:{port}"]
+    r = subprocess.run(args, env=env(keyed=False), capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0, r.stdout
+    assert "SMDDP_SERVER_INSECURE=1" in r.stderr and "--key-file" in r.stderr, r.stderr
+    # Nothing was registered, and no key was made in the store.
+    assert not store.check(["smddp_servers/insecurejob/count", "smddp_servers/insecurejob/key"])
+    procs = Procs()
+    try:
+        log = tmp_path / "server.err"
+        _, hosts = start_server(procs, args[3:], env=env(keyed=False, SMDDP_SERVER_INSECURE=1),
+                                stderr=open(log, "wb"))
+        assert hosts.startswith("127.0.0.1:"), hosts
+        assert store.check(["smddp_servers/insecurejob/0", "smddp_servers/insecurejob/key"])
+        assert "warning: SMDDP_SERVER_INSECURE=1" in log.read_text()
+    finally:
+        procs.kill()

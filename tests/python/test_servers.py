@@ -135,16 +135,19 @@ def test_pretend_hosts_narrow_cross_in_bf16_and_fp16_through_the_servers(procs, 
 def test_servers_found_in_the_jobs_store(procs, tmp_path):
     port = find_free_port()
     # Workers first: rank 0 hosts the store the server then registers in.
-    # No key file on either side: the job's key, generated in its store.
+    # No key file on either side: the job's key, generated in its store,
+    # which SMDDP_SERVER_INSECURE=1 must accept on both.
     world = 2
     for r in range(world):
-        env = _env(keyed=False, RANK=r, WORLD_SIZE=world, LOCAL_WORLD_SIZE=1,
+        env = _env(keyed=False, SMDDP_SERVER_INSECURE=1, RANK=r, WORLD_SIZE=world,
+                   LOCAL_WORLD_SIZE=1,
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}",
                    SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="storejob")
         procs.start([PY, WORKER, "check", str(tmp_path)], env=env,
                     log=os.path.join(tmp_path, f"check.{r}.log"))
     _start_server(procs, ["--bind", "127.0.0.1", "--job", "storejob",
-                          "--rendezvous", f"127.0.0.1:{port}"], env=_env(keyed=False))
+                          "--rendezvous", f"127.0.0.1:{port}"],
+                  env=_env(keyed=False, SMDDP_SERVER_INSECURE=1))
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     _check_results(got, None)
     # The addresses went from the store to the engine, not into os.environ.
@@ -156,14 +159,16 @@ def test_servers_found_at_torchruns_rendezvous_endpoint(procs, tmp_path):
     # run time, so the server registers at the rendezvous endpoint and the
     # workers look there (SMDDP_SERVER_RENDEZVOUS).
     port = find_free_port()
-    env = _env(keyed=False, SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="rdzvjob",
+    env = _env(keyed=False, SMDDP_SERVER_INSECURE=1, SMDDP_SERVER_COUNT=1,
+               SMDDP_SERVER_JOB="rdzvjob",
                SMDDP_SERVER_RENDEZVOUS=f"127.0.0.1:{port}", SERVER_TEST_HOST_PER_RANK=1)
     procs.start([PY, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                  f"127.0.0.1:{port}", "--nnodes", "1", "--nproc-per-node", "2",
                  "--max-restarts", "0", WORKER, "check", str(tmp_path)], env=env,
                 log=os.path.join(tmp_path, "torchrun.log"))
     _start_server(procs, ["--bind", "127.0.0.1", "--job", "rdzvjob",
-                          "--rendezvous", f"127.0.0.1:{port}"], env=_env(keyed=False))
+                          "--rendezvous", f"127.0.0.1:{port}"],
+                  env=_env(keyed=False, SMDDP_SERVER_INSECURE=1))
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     results = _check_results(got, None)
     assert all(r["standalone_servers"] == 1 for r in results), results
@@ -223,8 +228,11 @@ def test_a_server_whose_narrow_results_carry_a_bad_scale_fails_every_worker_nami
     liar = hc.Liar(open(key_file(), "rb").read().strip())
     hosts = f"127.0.0.1:{liar.port}"
     try:
+        # The liar writes no tags (hostile_client has no AES-GMAC): the
+        # workers do not ask for them, so that the bad scale itself is caught.
         _local_world(procs, 2, "badscale", tmp_path,
-                     {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_SHARE": 50})
+                     {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_SHARE": 50,
+                      "SMDDP_SERVER_INTEGRITY": 0})
         got = _wait_results(tmp_path, ["badscale.0.json", "badscale.1.json"], 120)
     finally:
         liar.close()

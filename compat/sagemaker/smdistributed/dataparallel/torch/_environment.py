@@ -6,10 +6,10 @@ import warnings
 # Variables of SageMaker's library and launcher, and what plays their part here.
 _REPLACEMENTS = {
     "SMDATAPARALLEL_": "SMDDP_* variables (docs/configuration.md)",
-    "SM_HOSTS": "torchrun's --nnodes/--rdzv-endpoint",
-    "SM_CURRENT_HOST": "torchrun's --node-rank, or SMDDP_HOST_ID",
-    "SM_NUM_GPUS": "torchrun's --nproc-per-node",
-    "SM_DISTRIBUTION_INSTANCE_GROUPS": "torchrun's rendezvous",
+    "SM_HOSTS": "torchrun's --nnodes/--rdzv-endpoint, or mpirun's hosts with MASTER_ADDR",
+    "SM_CURRENT_HOST": "torchrun's --node-rank or mpirun's OMPI_COMM_WORLD_*, or SMDDP_HOST_ID",
+    "SM_NUM_GPUS": "torchrun's --nproc-per-node, or mpirun's -np",
+    "SM_DISTRIBUTION_INSTANCE_GROUPS": "torchrun's rendezvous, or MASTER_ADDR under mpirun",
 }
 _warned = False
 
