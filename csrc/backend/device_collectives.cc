@@ -364,16 +364,33 @@ DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
   collective.watch = [watch = watch_](const std::string& what) { watch->check(what); };
   collective.onBroken = [watch = watch_](std::exception_ptr) { watch->broken(); };
   pipeline_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), collective);
-  // Sends and receives each get a pipeline of their own, with no slots: a
-  // send waits only for its receiver, so an isend/irecv ring in any order
-  // cannot hold up a receive behind a send, or a collective behind either.
-  // No device queue waits for the host, so they may share streams.
-  smddp::StagingOptions p2p = o;
-  p2p.slots = 0;
-  p2p.inStream = 2;
-  sendPipe_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), p2p);
-  p2p.inStream = 3;
-  recvPipe_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), p2p);
+  // Sends and receives get pipelines of their own, with no slots, one per
+  // direction and peer, made at first use: a send waits only for its
+  // receiver and the sends before it to that peer, so an isend/irecv ring
+  // in any order cannot hold up a receive behind a send, a collective
+  // behind either, or a send to one peer behind a send to a late one
+  // (issue 53, defect 6). No device queue waits for the host, so they may
+  // share streams.
+  p2pOptions_ = o;
+  p2pOptions_.slots = 0;
+}
+
+smddp::StagingPipeline& DeviceCollectives::p2pLane(Lane lane, int peer) {
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  auto& p = p2pLanes_[{lane, peer}];
+  if (!p) {
+    smddp::StagingOptions o = p2pOptions_;
+    o.inStream = lane == Lane::kSend ? 2 : 3;
+    p = std::make_unique<smddp::StagingPipeline>(ctx_->device(), o);
+  }
+  return *p;
+}
+
+std::vector<smddp::StagingPipeline*> DeviceCollectives::pipelines() const {
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  std::vector<smddp::StagingPipeline*> all{pipeline_.get()};
+  for (const auto& [key, p] : p2pLanes_) all.push_back(p.get());
+  return all;
 }
 
 DeviceCollectives::~DeviceCollectives() { shutdown(); }
@@ -387,7 +404,7 @@ void DeviceCollectives::shutdown() {
     intra->host->abort();
     intra->rail->shutdown();
   }
-  for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) p->shutdown();
+  for (auto* p : pipelines()) p->shutdown();
   {
     auto entered = ctx_->enter();  // freeing page-locked memory is a CUDA call
     pool_->clear();
@@ -440,7 +457,7 @@ std::string DeviceCollectives::intraRoute() const {
 }
 
 void DeviceCollectives::checkUsable(const char* coll) const {
-  for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) {
+  for (auto* p : pipelines()) {
     auto cause = p->broken();
     if (!cause) continue;
     // Every call after a failure fails at once, with the first cause.
@@ -459,7 +476,7 @@ void DeviceCollectives::checkNotCapturing(const char* coll) {
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, const char* coll,
                                                          std::vector<at::Tensor> outputs,
                                                          const Plan& plan, Lane lane,
-                                                         bool syncOnWait) {
+                                                         bool syncOnWait, int peer) {
   checkNotCapturing(coll);
   checkUsable(coll);
   auto entered = ctx_->enter();
@@ -481,8 +498,7 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, cons
   smddp::StagingCall sc;
   sc.what = coll;
   sc.chunks.push_back(std::move(stage.chunk_));
-  smddp::StagingPipeline& pipe =
-      lane == Lane::kSend ? *sendPipe_ : lane == Lane::kRecv ? *recvPipe_ : *pipeline_;
+  smddp::StagingPipeline& pipe = lane == Lane::kCollective ? *pipeline_ : p2pLane(lane, peer);
   return launch(pipe, work, std::move(stage.read_), std::move(stage.written_),
                 std::move(stage.keep_), std::move(sc));
 }

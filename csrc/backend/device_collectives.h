@@ -31,6 +31,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -139,11 +140,14 @@ class DeviceCollectives {
   const std::shared_ptr<DeviceContext>& context() const { return ctx_; }
   enum class Lane { kCollective, kSend, kRecv };
   // A call staged whole; `outputs` are what Work::result() returns. Sends
-  // and receives take lanes (pipelines) of their own. `syncOnWait`: see
-  // DeviceWork.
+  // and receives take lanes (pipelines) of their own, one per direction
+  // and `peer` (-1: a receive from any source), so a transfer waits only
+  // for its own peer and for earlier ones with that peer (NCCL's order).
+  // `syncOnWait`: see DeviceWork.
   c10::intrusive_ptr<c10d::Work> staged(c10d::OpType type, const char* coll,
                                         std::vector<at::Tensor> outputs, const Plan& plan,
-                                        Lane lane = Lane::kCollective, bool syncOnWait = false);
+                                        Lane lane = Lane::kCollective, bool syncOnWait = false,
+                                        int peer = -1);
   // allreduce and allreduce_coalesced: chunked through the staging slots.
   c10::intrusive_ptr<c10d::Work> allreduce(c10d::OpType type, const char* coll,
                                            std::vector<at::Tensor>& tensors,
@@ -180,6 +184,9 @@ class DeviceCollectives {
   size_t intraChunks(Chunked& c, const at::Tensor& t, smddp::DataType dt, smddp::ReduceOp op,
                      const c10d::AllreduceOptions& railOpts);
   void checkUsable(const char* coll) const;
+  // The lane of sends to (or receives from) `peer`, made at its first use.
+  smddp::StagingPipeline& p2pLane(Lane lane, int peer);
+  std::vector<smddp::StagingPipeline*> pipelines() const;
 
   std::shared_ptr<DeviceContext> ctx_;
   c10::intrusive_ptr<ProcessGroupSmddp> host_;
@@ -194,7 +201,12 @@ class DeviceCollectives {
   std::string intraWhy_;               // guarded by intraMu_
   std::atomic<uint64_t> calls_{0};  // device calls issued: their Works' sequence numbers
   std::shared_ptr<Watch> watch_;    // shared with the collective pipeline's thread
-  std::unique_ptr<smddp::StagingPipeline> pipeline_, sendPipe_, recvPipe_;
+  std::unique_ptr<smddp::StagingPipeline> pipeline_;
+  smddp::StagingOptions p2pOptions_;
+  mutable std::mutex p2pMu_;
+  // guarded by p2pMu_: the p2p lanes by (direction, peer); a lane is never
+  // removed before shutdown, so a reference to one stays valid.
+  std::map<std::pair<Lane, int>, std::unique_ptr<smddp::StagingPipeline>> p2pLanes_;
 };
 
 // Waits for `work` as its wait() does, running `watch`'s check every few

@@ -29,7 +29,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::pointToPoint(std::vector<at::T
             return pg.pointToPoint(h, peer, tag, isSend);
           };
         },
-        isSend ? DeviceCollectives::Lane::kSend : DeviceCollectives::Lane::kRecv));
+        isSend ? DeviceCollectives::Lane::kSend : DeviceCollectives::Lane::kRecv,
+        /*syncOnWait=*/false, peer));
   }
   checkTensor(tensors[0], name);
   DataType dt = toDataType(tensors[0], name);

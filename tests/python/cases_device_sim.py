@@ -608,3 +608,43 @@ def dropped_works(rank, world):
     total = float(sum(range(world)))
     ok = all(bool((t == total + world * i).all()) for i, t in enumerate(kept))
     return {"ok": ok, "contexts": sim.sim_contexts()}
+
+
+def p2p_late_peer(rank, world):
+    """A pipeline-parallel order that works on NCCL, at world 3 (issue 53,
+    defect 6): rank 0 isends a large tensor to rank 1, then a small one to
+    rank 2. Rank 2 waits for that small one before it sends to rank 1, and
+    rank 1 posts its receive from rank 0 only after rank 2's has arrived.
+    A send to one peer must therefore not wait behind a send to another.
+    Also checks that sends to one peer keep their order (NCCL's rule)."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    big, small = 1 << 22, 1000  # 16 MiB of float32, and 4 KB
+    res = {}
+    if rank == 0:
+        works = [dist.isend(torch.arange(big, dtype=torch.float32), dst=1),
+                 dist.isend(torch.full((small,), 7.0), dst=2),
+                 dist.isend(torch.full((small,), 8.0), dst=2)]
+        for w in works:
+            w.wait()
+    elif rank == 2:
+        first, second = torch.zeros(small), torch.zeros(small)
+        dist.recv(first, src=0)
+        dist.recv(second, src=0)
+        sim.sim_synchronize()
+        res["in order from 0"] = None if bool((first == 7).all() and (second == 8).all()) else [
+            first[0].item(), second[0].item()]
+        dist.send(first + 1, dst=1)
+    else:
+        from2, from0 = torch.zeros(small), torch.zeros(big)
+        dist.recv(from2, src=2)
+        dist.recv(from0, src=0)
+        sim.sim_synchronize()
+        res["from 2"] = None if bool((from2 == 8).all()) else from2[:2].tolist()
+        want = torch.arange(big, dtype=torch.float32)
+        res["from 0"] = None if bool(torch.equal(from0, want)) else from0[:2].tolist()
+    sim.sim_synchronize()
+    return res

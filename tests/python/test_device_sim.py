@@ -327,3 +327,15 @@ def test_threads_that_let_go_of_a_calls_events_last_make_no_context_on_device_0(
     for rank, r in enumerate(results):
         assert r["ok"], (rank, r)
         assert r["contexts"] == [rank], (rank, r)
+
+
+def test_a_send_to_a_late_peer_does_not_hold_up_sends_to_others():
+    """Device send/recv take a lane per peer: a large isend to a peer that
+    posts its receive late does not block a small send to another peer that
+    the late one waits for (a pipeline-parallel order that works on NCCL),
+    and sends to one peer still arrive in order. Before, the one send lane
+    waited for each transfer in turn and this deadlocked until the harness
+    killed it."""
+    results = run_world(3, "cases_device_sim:p2p_late_peer", backend="smddp", timeout=60,
+                        pg_timeout=30.0, env=SIM)
+    assert _failed_checks(results) == {}
