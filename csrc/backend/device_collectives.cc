@@ -439,7 +439,18 @@ void DeviceCollectives::shutdown() {
 std::shared_ptr<IntraRoute> DeviceCollectives::intraRouteFor() {
   std::call_once(intraOnce_, [&] {
     std::string why;
-    auto route = makeIntraRoute(intraSetup_, *ctx_, pipeline_->slotBytes(), pipeline_->slots(), &why);
+    std::shared_ptr<IntraRoute> route;
+    try {
+      route = makeIntraRoute(intraSetup_, *ctx_, pipeline_->slotBytes(), pipeline_->slots(), &why);
+    } catch (...) {
+      // The route forms once, with every rank of the group: a failed
+      // formation is remembered, and every later call fails with its error
+      // rather than forming again alone (call_once would run this again
+      // after a throw; issue 53, defect 8).
+      std::lock_guard<std::mutex> lock(intraMu_);
+      intraError_ = std::current_exception();
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(intraMu_);
       intraWhy_ = why;
@@ -447,6 +458,10 @@ std::shared_ptr<IntraRoute> DeviceCollectives::intraRouteFor() {
     watch_->setRoute(route);
     std::atomic_store(&intra_, route);
   });
+  {
+    std::lock_guard<std::mutex> lock(intraMu_);
+    if (intraError_) std::rethrow_exception(intraError_);
+  }
   return std::atomic_load(&intra_);
 }
 

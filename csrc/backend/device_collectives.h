@@ -199,6 +199,7 @@ class DeviceCollectives {
   std::shared_ptr<IntraRoute> intra_;  // set once by intraRouteFor()
   mutable std::mutex intraMu_;
   std::string intraWhy_;               // guarded by intraMu_
+  std::exception_ptr intraError_;      // guarded by intraMu_: the route's formation failed
   std::atomic<uint64_t> calls_{0};  // device calls issued: their Works' sequence numbers
   std::shared_ptr<Watch> watch_;    // shared with the collective pipeline's thread
   std::unique_ptr<smddp::StagingPipeline> pipeline_;

@@ -648,3 +648,24 @@ def p2p_late_peer(rank, world):
         res["from 0"] = None if bool(torch.equal(from0, want)) else from0[:2].tolist()
     sim.sim_synchronize()
     return res
+
+
+def failed_formation(rank, world):
+    """The intra-host communicator's formation fails once (a stand-in
+    hook): the first allreduce raises, and so does every later one, with
+    the same error and at once, rather than forming again (issue 53,
+    defect 8). Returns each call's error (or None) and duration."""
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for _ in range(3):
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4))
+            msg = None
+        except Exception as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {e}"
+        out.append({"msg": msg, "elapsed": time.monotonic() - start})
+    first_allreduce_error(rank, world)  # leave the store together
+    return out

@@ -234,6 +234,22 @@ def test_bad_intra_settings_fail_the_first_allreduce_clearly(value, words):
         assert all(w in msg for w in words), (rank, msg)
 
 
+def test_a_failed_communicator_formation_fails_every_later_call_with_its_error():
+    """SMDDP_INTRA=nccl at 2 hosts x 2 GPUs, with the stand-in's first NCCL
+    init failing on every rank: the first allreduce raises naming the
+    communicator that did not form, and the next ones raise the same error
+    at once. Before, call_once formed the route again at the next call."""
+    env = dict(SIM, SMDDP_INTRA="nccl", SMDDP_DEVICE_SIM_NCCL_FAIL_INITS="1", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:failed_formation", backend="smddp", timeout=90,
+                        pg_timeout=20.0, env=env, expect_failure=True)
+    for rank, calls in enumerate(results):
+        first = calls[0]["msg"]
+        assert first and "ncclCommInitRankConfig" in first, (rank, calls)
+        for later in calls[1:]:
+            assert later["msg"] == first, (rank, calls)
+            assert later["elapsed"] < 5.0, (rank, calls)
+
+
 def test_intra_bootstrap_keys_are_the_instances_and_ranks_agree_on_the_route():
     """2 hosts x 2 GPUs, SMDDP_INTRA=nccl (issue 53, defect 5): a group
     re-formed with the same name on the same store never reads the first
