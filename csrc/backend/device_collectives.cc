@@ -20,8 +20,11 @@ namespace c10d_smddp {
 
 SMDDP_PARAM_BYTES(paramDeviceChunkBytes, "SMDDP_DEVICE_CHUNK_BYTES", 4194304, 4096, 1LL << 30,
                   "Chunk (and staging slot) size of the GPU path's allreduce pipeline");
-SMDDP_PARAM_BYTES(paramDeviceHostCache, "SMDDP_DEVICE_HOST_CACHE_BYTES", 67108864, 0, 1LL << 40,
-                  "Page-locked memory a group keeps for reuse by the GPU path's whole-staged calls");
+// 512 MiB: a repeated whole-staged call of a few hundred MB (DDP's 250 MB
+// buckets, broadcast at start) keeps its buffer (device/host_pool.h).
+SMDDP_PARAM_BYTES(paramDeviceHostCache, "SMDDP_DEVICE_HOST_CACHE_BYTES", 536870912, 0, 1LL << 40,
+                  "Page-locked memory a group keeps for reuse by the GPU path's whole-staged calls "
+                  "(the longest-idle buffers make room for the latest)");
 
 namespace {
 
