@@ -82,6 +82,11 @@ void DeviceWork::setSourceRank(int rank) {
   sourceRank_ = rank;
 }
 
+bool DeviceWork::hostEnded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hostDone_;
+}
+
 int DeviceWork::sourceRank() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sourceRank_;
@@ -181,8 +186,16 @@ c10::intrusive_ptr<c10d::Work> coalescedDeviceWork(
   for (const auto& w : works) {
     for (auto& t : w->result()) outputs.push_back(t);
   }
-  auto all = c10::make_intrusive<DeviceWork>(std::move(ctx), rank, c10d::OpType::COALESCED,
-                                             "coalesced", outputs, timeout);
+  return gatheredDeviceWork(std::move(ctx), rank, works, timeout, c10d::OpType::COALESCED,
+                            "coalesced", std::move(outputs), /*syncOnWait=*/false);
+}
+
+c10::intrusive_ptr<c10d::Work> gatheredDeviceWork(
+    std::shared_ptr<DeviceContext> ctx, int rank,
+    const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout,
+    c10d::OpType type, const char* coll, std::vector<at::Tensor> outputs, bool syncOnWait) {
+  auto all = c10::make_intrusive<DeviceWork>(std::move(ctx), rank, type, coll, std::move(outputs),
+                                             timeout, syncOnWait);
   if (!works.empty()) all->setSequence(works.back()->getSequencenumber());
   struct Gather {
     std::mutex mu;
@@ -517,8 +530,27 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, cons
   sc.what = coll;
   sc.chunks.push_back(std::move(stage.chunk_));
   smddp::StagingPipeline& pipe = lane == Lane::kCollective ? *pipeline_ : p2pLane(lane, peer);
-  return launch(pipe, work, std::move(stage.read_), std::move(stage.written_),
-                std::move(stage.keep_), std::move(sc));
+  auto launched = launch(pipe, work, std::move(stage.read_), std::move(stage.written_),
+                         std::move(stage.keep_), std::move(sc));
+  if (lane != Lane::kCollective) {
+    std::lock_guard<std::mutex> lock(p2pMu_);
+    std::erase_if(p2pPending_, [](const auto& w) { return w->hostEnded(); });
+    p2pPending_.push_back(work);
+  }
+  return launched;
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::behindP2P(c10::intrusive_ptr<c10d::Work> barrier) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(p2pMu_);
+    for (const auto& w : p2pPending_) works.push_back(w);
+  }
+  if (works.empty()) return barrier;
+  works.push_back(barrier);  // last: the gathered Work takes its sequence number
+  auto entered = ctx_->enter();  // the Work's future is made on the device
+  return gatheredDeviceWork(ctx_, rank_, works, timeout_, c10d::OpType::BARRIER, "barrier", {},
+                            /*syncOnWait=*/true);
 }
 
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::launch(smddp::StagingPipeline& pipe,

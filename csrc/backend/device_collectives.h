@@ -70,6 +70,7 @@ class DeviceWork : public c10d::Work {
   // copies back, or the failure.
   void hostFinished(std::exception_ptr error, std::vector<smddp::DeviceEventPtr> done);
   void setSourceRank(int rank);
+  bool hostEnded() const;
   // Runs `l` once the host part has ended (at once if it has).
   void onHostFinished(Listener l);
 
@@ -98,6 +99,12 @@ class DeviceWork : public c10d::Work {
 c10::intrusive_ptr<c10d::Work> coalescedDeviceWork(
     std::shared_ptr<DeviceContext> ctx, int rank,
     const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout);
+// The same over `works`, with the given type, title, outputs and
+// syncOnWait (see DeviceWork).
+c10::intrusive_ptr<c10d::Work> gatheredDeviceWork(
+    std::shared_ptr<DeviceContext> ctx, int rank,
+    const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout,
+    c10d::OpType type, const char* coll, std::vector<at::Tensor> outputs, bool syncOnWait);
 
 // The host counterparts of one whole-staged call's device tensors.
 class DeviceStage {
@@ -158,6 +165,12 @@ class DeviceCollectives {
   c10::intrusive_ptr<c10d::Work> allgatherBase(at::Tensor& output, at::Tensor& input);
   c10::intrusive_ptr<c10d::Work> reduceScatterBase(at::Tensor& output, at::Tensor& input,
                                                    const c10d::ReduceScatterOptions& opts);
+  // A barrier's Work that also completes only once this rank's sends and
+  // receives issued before it have (their copies back included), as NCCL's
+  // barrier orders all of a rank's device work; the barrier itself runs on
+  // the collective lane and never waits for them, so a peer may still
+  // match them after its own barrier.
+  c10::intrusive_ptr<c10d::Work> behindP2P(c10::intrusive_ptr<c10d::Work> barrier);
   // Refuses a call made while the caller's stream captures a graph: the
   // error names the collective, and nothing is queued.
   void checkNotCapturing(const char* coll);
@@ -208,6 +221,9 @@ class DeviceCollectives {
   // guarded by p2pMu_: the p2p lanes by (direction, peer); a lane is never
   // removed before shutdown, so a reference to one stays valid.
   std::map<std::pair<Lane, int>, std::unique_ptr<smddp::StagingPipeline>> p2pLanes_;
+  // guarded by p2pMu_: sends and receives whose host part may not have
+  // ended, for behindP2P (the ended ones are dropped at each new one).
+  std::vector<c10::intrusive_ptr<DeviceWork>> p2pPending_;
 };
 
 // Waits for `work` as its wait() does, running `watch`'s check every few

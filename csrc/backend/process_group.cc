@@ -397,14 +397,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOpt
   }
   if (dev && !hostOnly_) {
     // As NCCL's: a barrier also orders device work. It runs behind every
-    // device call issued before it, and its wait() returns once their
-    // copies back and the caller's stream have run.
-    return track(dev->staged(
+    // collective issued before it, and its wait() returns once their
+    // copies back, those of this rank's earlier sends and receives (which
+    // it does not hold up) and the caller's stream have run.
+    return track(dev->behindP2P(dev->staged(
         c10d::OpType::BARRIER, "barrier", {},
         [opts](DeviceStage&) -> DeviceCollectives::HostCall {
           return [opts](ProcessGroupSmddp& pg) { return pg.barrier(opts); };
         },
-        DeviceCollectives::Lane::kCollective, /*syncOnWait=*/true));
+        DeviceCollectives::Lane::kCollective, /*syncOnWait=*/true)));
   }
   EngineCall call;
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks) {

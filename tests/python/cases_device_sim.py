@@ -669,3 +669,35 @@ def failed_formation(rank, world):
         out.append({"msg": msg, "elapsed": time.monotonic() - start})
     first_allreduce_error(rank, world)  # leave the store together
     return out
+
+
+def barrier_orders_p2p(rank, world):
+    """A barrier orders this rank's earlier sends and receives too, as it
+    orders its collectives (issue 53, defect 8): rank 0's irecv from rank
+    1, which sends only after its own barrier and a pause, has completed
+    with its data once rank 0's barrier returns. Before, the barrier
+    waited for the collective lane alone."""
+    import torch
+    import torch.distributed as dist
+
+    n = 1 << 16
+    res = {}
+    # Every rank makes a device call first: a rank with none yet runs its
+    # barrier on the CPU path, which a rank with device calls does not meet.
+    dist.all_reduce(torch.ones(4))
+    if rank == 0:
+        got = torch.zeros(n)
+        w = dist.irecv(got, src=1)
+        dist.barrier()
+        res["recv completed at the barrier"] = None if w.is_completed() else "still pending"
+        res["data at the barrier"] = None if bool((got == 5).all()) else got[:2].tolist()
+        w.wait()
+    elif rank == 1:
+        dist.barrier()
+        time.sleep(0.5)  # makes a barrier that ignores the receive return first
+        dist.send(torch.full((n,), 5.0), dst=0)
+    else:
+        dist.barrier()
+    dist.all_reduce(torch.ones(4))  # no rank leaves (a lost peer) before rank 0's receive
+    _settle()
+    return res

@@ -355,3 +355,12 @@ def test_a_send_to_a_late_peer_does_not_hold_up_sends_to_others():
     results = run_world(3, "cases_device_sim:p2p_late_peer", backend="smddp", timeout=60,
                         pg_timeout=30.0, env=SIM)
     assert _failed_checks(results) == {}
+
+
+def test_a_barrier_orders_this_ranks_earlier_sends_and_receives():
+    """As NCCL's barrier orders device work: at world 3, rank 0's barrier
+    returns only once its earlier irecv (from a rank that sends after its
+    own barrier) has completed, with the data in place."""
+    results = run_world(3, "cases_device_sim:barrier_orders_p2p", backend="smddp", timeout=60,
+                        pg_timeout=30.0, env=SIM)
+    assert _failed_checks(results) == {}
