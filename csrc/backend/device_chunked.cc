@@ -37,7 +37,7 @@ void checkDevicePair(const at::Tensor& whole, const at::Tensor& part, const c10:
     TORCH_CHECK_VALUE(t->defined() && t->device() == device, "smddp ", coll, ": a tensor on ",
                       t->defined() ? t->device() : device, " in a call on ", device);
   }
-  (void)toDataType(part, coll);
+  (void)toMovedDataType(part, coll);  // a reduce-scatter's reduction is checked by its op
   TORCH_CHECK_TYPE(whole.scalar_type() == part.scalar_type(), "smddp ", coll, ": ", wholeName,
                    " dtype ", whole.scalar_type(), " differs from ", partName, " dtype ",
                    part.scalar_type());

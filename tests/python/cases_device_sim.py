@@ -701,3 +701,82 @@ def barrier_orders_p2p(rank, world):
     dist.all_reduce(torch.ones(4))  # no rank leaves (a lost peer) before rank 0's receive
     _settle()
     return res
+
+
+MOVED_ONLY = ("int16", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")
+
+
+def moved_only_dtypes(rank, world):
+    """int16, uint16/32/64 and float8 through the calls that only move
+    data (broadcast, all_gather, all_gather_into_tensor, all_to_all_single,
+    gather, scatter, send/recv), each checked bit for bit against the
+    closed form of what every rank sent; a reduction of them is refused,
+    naming the dtype (issue 53, defect 8). Runs on the CPU path and, under
+    SMDDP_DEVICE_SIM, on the device path."""
+    import torch
+    import torch.distributed as dist
+
+    n = 24  # elements per rank
+
+    def data(dtype, src, count=n):
+        es = torch.empty(0, dtype=dtype).element_size()
+        b = (torch.arange(count * es) * 3 + 17 * src + 1) % 251
+        return b.to(torch.uint8).view(dtype)
+
+    def zeros(dtype, count=n):
+        es = torch.empty(0, dtype=dtype).element_size()
+        return torch.zeros(count * es, dtype=torch.uint8).view(dtype)
+
+    def same(a, b):
+        return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+
+    res = {}
+    for name in MOVED_ONLY:
+        dt = getattr(torch, name)
+        t = data(dt, rank) if rank == 0 else zeros(dt)
+        dist.broadcast(t, src=0)
+        _settle()
+        res[f"{name} broadcast"] = None if same(t, data(dt, 0)) else "wrong bytes"
+        outs = [zeros(dt) for _ in range(world)]
+        dist.all_gather(outs, data(dt, rank))
+        _settle()
+        res[f"{name} all_gather"] = None if all(same(o, data(dt, r)) for r, o in enumerate(outs)) else "wrong bytes"
+        flat = zeros(dt, n * world)
+        dist.all_gather_into_tensor(flat, data(dt, rank))
+        _settle()
+        want = torch.cat([data(dt, r).view(torch.uint8) for r in range(world)])
+        res[f"{name} all_gather_into_tensor"] = None if same(flat, want) else "wrong bytes"
+        # all_to_all_single: rank r's block j is data(src = r * world + j).
+        inp = torch.cat([data(dt, rank * world + j).view(torch.uint8) for j in range(world)]).view(dt)
+        out = zeros(dt, n * world)
+        dist.all_to_all_single(out, inp)
+        _settle()
+        want = torch.cat([data(dt, j * world + rank).view(torch.uint8) for j in range(world)])
+        res[f"{name} all_to_all_single"] = None if same(out, want) else "wrong bytes"
+        got = [zeros(dt) for _ in range(world)] if rank == 0 else None
+        dist.gather(data(dt, rank), gather_list=got, dst=0)
+        _settle()
+        if rank == 0:
+            res[f"{name} gather"] = None if all(same(g, data(dt, r)) for r, g in enumerate(got)) else "wrong bytes"
+        piece = zeros(dt)
+        dist.scatter(piece, scatter_list=[data(dt, 10 + r) for r in range(world)] if rank == 0 else None, src=0)
+        _settle()
+        res[f"{name} scatter"] = None if same(piece, data(dt, 10 + rank)) else "wrong bytes"
+        right, left = (rank + 1) % world, (rank - 1) % world
+        recv = zeros(dt)
+        works = [dist.isend(data(dt, 100 + rank), dst=right), dist.irecv(recv, src=left)]
+        for w in works:
+            w.wait()
+        _settle()
+        res[f"{name} send/recv"] = None if same(recv, data(dt, 100 + left)) else "wrong bytes"
+    try:
+        dist.all_reduce(zeros(torch.uint16))
+        res["uint16 all_reduce refused"] = "not refused"
+    except Exception as e:  # noqa: BLE001
+        msg = str(e)
+        res["uint16 all_reduce refused"] = None if ("UInt16" in msg and "reduction" in msg) else msg[:300]
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the group still works
+    _settle()
+    res["after"] = None if bool((t == world).all()) else t.tolist()
+    return res
