@@ -26,6 +26,19 @@ namespace {
 // completed, data frames could be delivered to receives of another tag.
 uint64_t errorTag() { return makeTag(TagClass::kError, 0, 0, 0); }
 
+// Keeps `held` to kMaxHeldControlSequences sequences: the farthest goes
+// (a real frame is for this rank's current call, the nearest). Returns how
+// many went.
+template <class Map>
+uint64_t keepNearest(Map& held) {
+  uint64_t dropped = 0;
+  while (held.size() > kMaxHeldControlSequences) {
+    held.erase(std::prev(held.end()));
+    ++dropped;
+  }
+  return dropped;
+}
+
 }  // namespace
 
 void ControlPlane::start(Endpoint& endpoint, uint64_t secret, iovec sink) {
@@ -57,6 +70,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
   bool ok = c.err == 0 &&
             validateControlFrame(h, c.len, secret_, static_cast<uint32_t>(peers_.size()),
                                  r->text.size(), nullptr) == FrameVerdict::kOk;
+  if (ok && !withinWindow(h.seq)) ok = false;  // far ahead: a forged sequence
   if (!ok) {
     stats_.framesRejected++;
   } else if (probe) {
@@ -65,6 +79,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
     const Called* done = recorded(h.seq);
     if (!done) {
       probes_[h.seq][src] = theirs;  // this rank is in, or not yet at, that call
+      stats_.framesRejected += keepNearest(probes_);
     } else if (!(done->sig == theirs) && h.chunk != 1) {
       sendProbe(src, h.seq, done->sig, /*reply=*/true);  // never answer a reply
     }
@@ -87,6 +102,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
         const uint64_t count = std::clamp<uint64_t>(h.offset, 1, kMaxFusedCalls);
         slot.last = h.seq + count - 1;
       }
+      stats_.framesRejected += keepNearest(remoteErrors_);
     }
   }
   // Re-arm the same receive.
@@ -94,6 +110,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
 }
 
 bool ControlPlane::remoteErrorFor(uint64_t seq, std::string* text) {
+  reached_ = std::max(reached_, seq);
   // Reports for sequences this rank already finished are stale: every rank
   // that saw the failure raised it then. Reports for later sequences wait.
   // A report covers the calls of the reporter's failed batch (a fusion
@@ -195,6 +212,7 @@ void ControlPlane::retryPending() {
 }
 
 void ControlPlane::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
+  reached_ = std::max(reached_, seq);
   history_[seq % kHistory] = {seq, true, sig};
   auto it = probes_.find(seq);
   if (it != probes_.end()) {
@@ -218,6 +236,7 @@ void ControlPlane::sendProbe(int peer, uint64_t seq, const CollectiveSignature& 
 }
 
 bool ControlPlane::probeMismatch(uint64_t seq, const CollectiveSignature& mine, std::string* why) {
+  reached_ = std::max(reached_, seq);
   probes_.erase(probes_.begin(), probes_.lower_bound(seq));
   auto it = probes_.find(seq);
   if (it == probes_.end()) return false;

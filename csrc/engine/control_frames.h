@@ -135,8 +135,12 @@ class ControlPlane {
     uint64_t last = 0;  // the report covers sequences first .. last
     std::string text;
   };
+  // Both bounded (kControlSequenceWindow, kMaxHeldControlSequences).
   std::map<uint64_t, RemoteError> remoteErrors_;
   std::map<uint64_t, std::map<int, CollectiveSignature>> probes_;
+  uint64_t reached_ = 0;  // the latest call this rank has looked up or ended
+  // Whether a frame for `seq` may be kept (within the window).
+  bool withinWindow(uint64_t seq) const { return seq <= reached_ + kControlSequenceWindow; }
   // The last kHistory calls, by sequence modulo kHistory: a ring, since
   // every call writes it (a map allocated a node per call).
   struct Called {

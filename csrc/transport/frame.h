@@ -114,6 +114,16 @@ FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExp
 FrameVerdict validateControlFrame(const FrameHeader& h, size_t received, uint64_t jobSecret,
                                   uint32_t worldSize, uint64_t maxText, std::string* why);
 
+// What a rank keeps of error and probe frames for calls it has not reached.
+// Whoever holds the group's secret can send well-formed ones for any
+// sequence, so: a frame more than kControlSequenceWindow calls ahead of
+// the latest call this rank has reached is refused (counted as rejected;
+// no real peer runs that far ahead, every collective needs this rank), and
+// at most kMaxHeldControlSequences sequences are held for each kind, the
+// farthest given up first (the real ones sit at the rank's current call).
+constexpr uint64_t kControlSequenceWindow = uint64_t{1} << 16;
+constexpr size_t kMaxHeldControlSequences = 1024;
+
 // 64-bit tags: [63:60] class, [59:28] sequence (mod 2^32), [27:24] phase,
 // [23:0] chunk. Error and probe frames use class 1 with seq/phase/chunk 0
 // and exact matching (see errorTag() in engine/control_frames.cc).

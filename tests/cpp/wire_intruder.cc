@@ -6,8 +6,11 @@
 //     truncated headers, forged headers with a wrong secret, and, when it is
 //     given the group's secret, frames with the right secret that are still
 //     malformed (length lies, oversized payload, bad probe fingerprint,
-//     source rank outside the group). Every one must be rejected and
-//     counted in framesRejected; none may change a result.
+//     source rank outside the group), and well-formed ones for calls far
+//     beyond kControlSequenceWindow. Every one must be rejected and
+//     counted in framesRejected; none may change a result. Then a flood
+//     of well-formed ones within the window, of which each kind keeps at
+//     most kMaxHeldControlSequences (the rest rejected).
 //   - on the data tags of the next sequence numbers (receives posted for
 //     one peer's address only): forged data frames that must never match.
 //
@@ -114,11 +117,39 @@ int main(int argc, char** argv) {
                                         CollectiveSignature{});
       add(errTag, bytesOf(stranger, 0, 0, rng));
     }
+    if (haveSecret) {
+      // Well-formed, but for calls far beyond the window: refused outright.
+      for (uint64_t j = 0; j < 4; ++j) {
+        const uint64_t far = (uint64_t{1} << 40) + static_cast<uint64_t>(i) * 4 + j;
+        FrameHeader e = makeHeader(FrameKind::kError, secret, far, 0, 0, 1, 16, CollectiveSignature{});
+        add(errTag, bytesOf(e, 0, 16, rng));
+        add(errTag, bytesOf(makeHeader(FrameKind::kProbe, secret, far, 0, 0, 0, 0, sig), 0, 0, rng));
+      }
+    }
     // Forged data frames for the sequence numbers the job is about to use.
     for (uint64_t seq = 0; seq < 4; ++seq) {
       FrameHeader d = makeHeader(FrameKind::kData, wrong, seq, 0, 0, 0, 28, sig);
       add(makeTag(TagClass::kData, seq + i, rng() % 2, 0), bytesOf(d, 0, 28, rng));
     }
+  }
+
+  // Well-formed frames within the window, for calls the job will not reach
+  // (it stops long before): each kind's first kMaxHeldControlSequences are
+  // held, the rest given up. Held ones may also be given up later for a
+  // real probe, so the rejects lie between `errorFrames` and that plus
+  // `slack`.
+  size_t slack = 0;
+  if (haveSecret) {
+    const size_t flood = kMaxHeldControlSequences + 100;
+    for (size_t j = 0; j < flood; ++j) {
+      const uint64_t seq = kControlSequenceWindow - flood + j;  // far from any call it makes
+      msgs.push_back({errTag, bytesOf(makeHeader(FrameKind::kError, secret, seq, 0, 0, 1, 16,
+                                                 CollectiveSignature{}), 0, 16, rng)});
+      msgs.push_back({errTag, bytesOf(makeHeader(FrameKind::kProbe, secret, seq, 0, 0, 0, 0, sig),
+                                      0, 0, rng)});
+    }
+    errorFrames += 2 * (flood - kMaxHeldControlSequences);
+    slack = 2 * kMaxHeldControlSequences;
   }
 
   // One send at a time, each waited for: bounded, and no queue to size.
@@ -142,7 +173,7 @@ int main(int argc, char** argv) {
       usleep(100);
     }
   }
-  printf("sent %zu %zu\n", errorFrames, msgs.size() - errorFrames);
+  printf("sent %zu %zu %zu\n", errorFrames, msgs.size() - errorFrames - slack, slack);
   fflush(stdout);
   // Stay connected (and keep progressing) until the test is done with us.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);

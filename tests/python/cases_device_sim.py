@@ -220,6 +220,25 @@ def destroy_then_free(rank, world):
     return res
 
 
+def leave_right_after_forming(rank, world):
+    """Run with the rail group's formation held back on local ranks 1
+    (SMDDP_DEVICE_SIM_RAIL_DELAY_MS): each host's rank 0 forms its part of
+    the NCCL route first, queues an allreduce, aborts the group and leaves
+    the job (rank 0 takes the store with it). The route is formed on every
+    rank before any rank's first call returns, so its peers are never left
+    forming through a store that is gone. Before that rule, ranks 1 and 3
+    failed in their rail group's formation (broken pipe to the store)."""
+    import torch
+    import torch.distributed as dist
+
+    g = dist.new_group(backend="smddp")
+    t = torch.full((50000,), float(rank + 1))
+    dist.all_reduce(t, group=g, async_op=True)
+    g._get_backend(torch.device("cpu")).abort()
+    dist.destroy_process_group(g)
+    return {"rank": rank}
+
+
 def p2p_any_order(rank, world):
     """Rings of isend/irecv in every order and batch_isend_irecv, checked
     against the closed form (run with one hardware queue)."""

@@ -393,6 +393,7 @@ def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin:
     wrong, calls = 0, 0
     deadline = time.monotonic() + 60
     expected = None
+    slack = 0
     try:
         while True:
             if expected is None:
@@ -402,6 +403,8 @@ def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin:
                     pass
                 if "\n" in sent_line:
                     expected = int(sent_line.split()[1])
+                    parts = sent_line.split()
+                    slack = int(parts[3]) if len(parts) > 3 else 0
             delta = torch_smddp.stats()["frames_rejected"] - before
             not_done = expected is None or delta < expected
             flags = torch.tensor([1.0 if not_done else 0.0,
@@ -421,6 +424,7 @@ def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin:
             proc.kill()
             code = proc.wait()
     return {"provider": provider, "sent": sent_line.strip(), "expected_rejects": expected,
+            "slack": slack,
             "rejected_delta": delta, "wrong": wrong, "calls": calls, "intruder_exit": code,
             "errors": torch_smddp.stats()["errors"]}
 

@@ -307,6 +307,18 @@ def test_two_nccl_routed_groups_issued_in_opposite_orders_both_complete():
     assert not _failed_checks(results), _failed_checks(results)
 
 
+def test_no_rank_leaves_the_route_while_a_peer_still_forms_it():
+    """The NCCL route forms on every rank before any rank's first call
+    returns: a host's rank 0 whose part formed first (its host peer's rail
+    group held back 1.5 s) queues an allreduce, aborts, and exits, taking the
+    store with it, and no peer fails or hangs in its own formation. Every
+    rank exits cleanly (the harness checks the exit codes and CUDA's rules)."""
+    env = dict(SIM, SMDDP_INTRA="nccl", SMDDP_DEVICE_SIM_RAIL_DELAY_MS="1500", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:leave_right_after_forming", backend="smddp",
+                        timeout=120, pg_timeout=30.0, env=env)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3], results
+
+
 @pytest.mark.parametrize("case,target,extra", [
     ("one hardware queue", "cases_device_sim:p2p_any_order", {"SMDDP_DEVICE_SIM_QUEUES": "1"}),
     ("CUDA_LAUNCH_BLOCKING", "cases_device_sim:p2p_any_order",

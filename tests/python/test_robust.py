@@ -134,8 +134,11 @@ INTRUDER = os.path.join(os.environ.get("SMDDP_BUILD_DIR",
 def test_foreign_libfabric_frames_are_rejected_and_counted(provider):
     """A foreign libfabric process gets past the provider's protocol, so its
     frames reach the smddp frame layer. Oracle: every frame it sends on the
-    error/probe tag is malformed, so each rank's frames_rejected must grow
-    by exactly that count; its forged data frames must match no receive
+    error/probe tag is malformed or (with the group's secret) for a call far
+    beyond the window, so each rank's frames_rejected must grow by that
+    count, plus what a flood within the window sends beyond the sequences
+    each kind holds (the closed form of the bound, up to the held frames a
+    real probe may later push out); its forged data frames must match no receive
     (FI_DIRECTED_RECV), so no collective fails and every allreduce equals
     the closed form."""
     if not os.path.exists(INTRUDER):
@@ -151,8 +154,11 @@ def test_foreign_libfabric_frames_are_rejected_and_counted(provider):
         assert res["provider"] == provider, (where, res)
         assert res["intruder_exit"] == 0 and res["sent"].startswith("sent "), (where, res)
         assert res["expected_rejects"] and res["expected_rejects"] > 0, (where, res)
-        assert res["rejected_delta"] == res["expected_rejects"], \
-            f"{where}: {res['rejected_delta']} frames rejected, {res['expected_rejects']} sent: {res}"
+        # Exactly the malformed and far-ahead frames, plus the window's flood
+        # beyond what each kind holds; a held one may still make room later.
+        low, high = res["expected_rejects"], res["expected_rejects"] + res["slack"]
+        assert res["slack"] > 0 and low <= res["rejected_delta"] <= high, \
+            f"{where}: {res['rejected_delta']} frames rejected, {low}..{high} expected: {res}"
         assert res["wrong"] == 0 and res["errors"] == 0, (where, res)
     print(f"\n{provider}: " + "; ".join(
         f"rank {r}: {res['sent']}, rejected {res['rejected_delta']}, {res['calls']} allreduces ok"
