@@ -43,11 +43,41 @@ inline std::optional<DataType> engineDataType(at::ScalarType t) {
   }
 }
 
+// Dtypes the engine cannot reduce but can move: a call that only moves
+// bytes (broadcast, all_gather, all_to_all, gather, scatter, send/recv)
+// takes them as the engine dtype of the same element size, which it copies
+// bit for bit (issue 53, defect 8).
+inline bool movableOnly(at::ScalarType t) {
+  return t == at::kShort || t == at::kUInt16 || t == at::kUInt32 || t == at::kUInt64 ||
+         c10::isFloat8Type(t);
+}
+
 inline DataType toDataType(const at::Tensor& t, const char* op) {
   const std::optional<DataType> dt = engineDataType(t.scalar_type());
   TORCH_CHECK_TYPE(dt.has_value(), "smddp ", op, " does not support dtype ", t.scalar_type(),
+                   movableOnly(t.scalar_type()) ? " in a reduction (calls that only move data "
+                                                  "take it)" : "",
                    ": supported dtypes are float32, float64, float16, bfloat16, int8, "
                    "uint8, int32, int64 and bool");
+  return *dt;
+}
+
+// toDataType for a call that only moves data: also int16, uint16/32/64 and
+// float8, as the engine's dtype of their element size.
+inline DataType toMovedDataType(const at::Tensor& t, const char* op) {
+  if (movableOnly(t.scalar_type())) {
+    switch (t.element_size()) {
+      case 1: return DataType::kUInt8;
+      case 2: return DataType::kFloat16;  // copied, never converted
+      case 4: return DataType::kInt32;
+      default: return DataType::kInt64;
+    }
+  }
+  const std::optional<DataType> dt = engineDataType(t.scalar_type());
+  TORCH_CHECK_TYPE(dt.has_value(), "smddp ", op, " does not support dtype ", t.scalar_type(),
+                   ": supported dtypes are float32, float64, float16, bfloat16, int8, uint8, "
+                   "int32, int64 and bool, and for calls that only move data also int16, "
+                   "uint16, uint32, uint64 and float8");
   return *dt;
 }
 

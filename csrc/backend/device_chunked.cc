@@ -1,8 +1,11 @@
 // The chunked device collectives (device_collectives.h): allreduce,
 // all_gather_into_tensor and reduce_scatter_tensor cut into pieces of one
 // staging slot each. Each piece is a collective of its own on the host
-// group; the three are elementwise or blockwise, so the result is bitwise
-// the CPU path's on the same inputs.
+// group; the three are elementwise or blockwise, so on the host route the
+// result is bitwise the CPU path's on the same inputs. On the NCCL route
+// inside a host (intraChunks) the reduce-scatter's order of summation and
+// its rounding (fp16 and bf16: after each step) are NCCL's, so allreduce
+// agrees with the CPU path only within rounding there.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -34,7 +37,7 @@ void checkDevicePair(const at::Tensor& whole, const at::Tensor& part, const c10:
     TORCH_CHECK_VALUE(t->defined() && t->device() == device, "smddp ", coll, ": a tensor on ",
                       t->defined() ? t->device() : device, " in a call on ", device);
   }
-  (void)toDataType(part, coll);
+  (void)toMovedDataType(part, coll);  // a reduce-scatter's reduction is checked by its op
   TORCH_CHECK_TYPE(whole.scalar_type() == part.scalar_type(), "smddp ", coll, ": ", wholeName,
                    " dtype ", whole.scalar_type(), " differs from ", partName, " dtype ",
                    part.scalar_type());

@@ -20,8 +20,11 @@ namespace c10d_smddp {
 
 SMDDP_PARAM_BYTES(paramDeviceChunkBytes, "SMDDP_DEVICE_CHUNK_BYTES", 4194304, 4096, 1LL << 30,
                   "Chunk (and staging slot) size of the GPU path's allreduce pipeline");
-SMDDP_PARAM_BYTES(paramDeviceHostCache, "SMDDP_DEVICE_HOST_CACHE_BYTES", 67108864, 0, 1LL << 40,
-                  "Page-locked memory a group keeps for reuse by the GPU path's whole-staged calls");
+// 512 MiB: a repeated whole-staged call of a few hundred MB (DDP's 250 MB
+// buckets, broadcast at start) keeps its buffer (device/host_pool.h).
+SMDDP_PARAM_BYTES(paramDeviceHostCache, "SMDDP_DEVICE_HOST_CACHE_BYTES", 536870912, 0, 1LL << 40,
+                  "Page-locked memory a group keeps for reuse by the GPU path's whole-staged calls "
+                  "(the longest-idle buffers make room for the latest)");
 
 namespace {
 
@@ -79,6 +82,11 @@ void DeviceWork::setSourceRank(int rank) {
   sourceRank_ = rank;
 }
 
+bool DeviceWork::hostEnded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hostDone_;
+}
+
 int DeviceWork::sourceRank() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sourceRank_;
@@ -103,6 +111,19 @@ void DeviceWork::completeLocked() {
   // happen on the pipeline thread (common/completion_pool.h).
   auto self = c10::intrusive_ptr<DeviceWork>::reclaim_copy(this);
   smddp::CompletionPool::instance().post([self, error = error_, done = done_] {
+    // First: this task may let go of the last reference to the call, its
+    // events and its future's, and destroying an event is a CUDA call
+    // made on the thread's current device. An unbound pool thread's is
+    // device 0, where every rank would then make a context (issue 53,
+    // defect 2).
+    try {
+      self->ctx_->device()->bindThread();
+    } catch (...) {
+      if (!error) {
+        self->future_->setError(toTorchError(std::current_exception()));
+        return;
+      }
+    }
     if (error) {
       self->future_->setError(error);
       return;
@@ -165,8 +186,16 @@ c10::intrusive_ptr<c10d::Work> coalescedDeviceWork(
   for (const auto& w : works) {
     for (auto& t : w->result()) outputs.push_back(t);
   }
-  auto all = c10::make_intrusive<DeviceWork>(std::move(ctx), rank, c10d::OpType::COALESCED,
-                                             "coalesced", outputs, timeout);
+  return gatheredDeviceWork(std::move(ctx), rank, works, timeout, c10d::OpType::COALESCED,
+                            "coalesced", std::move(outputs), /*syncOnWait=*/false);
+}
+
+c10::intrusive_ptr<c10d::Work> gatheredDeviceWork(
+    std::shared_ptr<DeviceContext> ctx, int rank,
+    const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout,
+    c10d::OpType type, const char* coll, std::vector<at::Tensor> outputs, bool syncOnWait) {
+  auto all = c10::make_intrusive<DeviceWork>(std::move(ctx), rank, type, coll, std::move(outputs),
+                                             timeout, syncOnWait);
   if (!works.empty()) all->setSequence(works.back()->getSequencenumber());
   struct Gather {
     std::mutex mu;
@@ -351,16 +380,33 @@ DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
   collective.watch = [watch = watch_](const std::string& what) { watch->check(what); };
   collective.onBroken = [watch = watch_](std::exception_ptr) { watch->broken(); };
   pipeline_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), collective);
-  // Sends and receives each get a pipeline of their own, with no slots: a
-  // send waits only for its receiver, so an isend/irecv ring in any order
-  // cannot hold up a receive behind a send, or a collective behind either.
-  // No device queue waits for the host, so they may share streams.
-  smddp::StagingOptions p2p = o;
-  p2p.slots = 0;
-  p2p.inStream = 2;
-  sendPipe_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), p2p);
-  p2p.inStream = 3;
-  recvPipe_ = std::make_unique<smddp::StagingPipeline>(ctx_->device(), p2p);
+  // Sends and receives get pipelines of their own, with no slots, one per
+  // direction and peer, made at first use: a send waits only for its
+  // receiver and the sends before it to that peer, so an isend/irecv ring
+  // in any order cannot hold up a receive behind a send, a collective
+  // behind either, or a send to one peer behind a send to a late one
+  // (issue 53, defect 6). No device queue waits for the host, so they may
+  // share streams.
+  p2pOptions_ = o;
+  p2pOptions_.slots = 0;
+}
+
+smddp::StagingPipeline& DeviceCollectives::p2pLane(Lane lane, int peer) {
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  auto& p = p2pLanes_[{lane, peer}];
+  if (!p) {
+    smddp::StagingOptions o = p2pOptions_;
+    o.inStream = lane == Lane::kSend ? 2 : 3;
+    p = std::make_unique<smddp::StagingPipeline>(ctx_->device(), o);
+  }
+  return *p;
+}
+
+std::vector<smddp::StagingPipeline*> DeviceCollectives::pipelines() const {
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  std::vector<smddp::StagingPipeline*> all{pipeline_.get()};
+  for (const auto& [key, p] : p2pLanes_) all.push_back(p.get());
+  return all;
 }
 
 DeviceCollectives::~DeviceCollectives() { shutdown(); }
@@ -374,8 +420,11 @@ void DeviceCollectives::shutdown() {
     intra->host->abort();
     intra->rail->shutdown();
   }
-  for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) p->shutdown();
-  pool_->clear();
+  for (auto* p : pipelines()) p->shutdown();
+  {
+    auto entered = ctx_->enter();  // freeing page-locked memory is a CUDA call
+    pool_->clear();
+  }
   if (intra && intra->stream) {
     // The communicator's stream goes once its work has run (the abort ended
     // its kernels); the route keeps it for a pipeline thread left behind.
@@ -406,7 +455,18 @@ void DeviceCollectives::shutdown() {
 std::shared_ptr<IntraRoute> DeviceCollectives::intraRouteFor() {
   std::call_once(intraOnce_, [&] {
     std::string why;
-    auto route = makeIntraRoute(intraSetup_, *ctx_, pipeline_->slotBytes(), pipeline_->slots(), &why);
+    std::shared_ptr<IntraRoute> route;
+    try {
+      route = makeIntraRoute(intraSetup_, *ctx_, pipeline_->slotBytes(), pipeline_->slots(), &why);
+    } catch (...) {
+      // The route forms once, with every rank of the group: a failed
+      // formation is remembered, and every later call fails with its error
+      // rather than forming again alone (call_once would run this again
+      // after a throw; issue 53, defect 8).
+      std::lock_guard<std::mutex> lock(intraMu_);
+      intraError_ = std::current_exception();
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(intraMu_);
       intraWhy_ = why;
@@ -414,6 +474,10 @@ std::shared_ptr<IntraRoute> DeviceCollectives::intraRouteFor() {
     watch_->setRoute(route);
     std::atomic_store(&intra_, route);
   });
+  {
+    std::lock_guard<std::mutex> lock(intraMu_);
+    if (intraError_) std::rethrow_exception(intraError_);
+  }
   return std::atomic_load(&intra_);
 }
 
@@ -424,7 +488,7 @@ std::string DeviceCollectives::intraRoute() const {
 }
 
 void DeviceCollectives::checkUsable(const char* coll) const {
-  for (auto* p : {pipeline_.get(), sendPipe_.get(), recvPipe_.get()}) {
+  for (auto* p : pipelines()) {
     auto cause = p->broken();
     if (!cause) continue;
     // Every call after a failure fails at once, with the first cause.
@@ -443,7 +507,7 @@ void DeviceCollectives::checkNotCapturing(const char* coll) {
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, const char* coll,
                                                          std::vector<at::Tensor> outputs,
                                                          const Plan& plan, Lane lane,
-                                                         bool syncOnWait) {
+                                                         bool syncOnWait, int peer) {
   checkNotCapturing(coll);
   checkUsable(coll);
   auto entered = ctx_->enter();
@@ -465,10 +529,28 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, cons
   smddp::StagingCall sc;
   sc.what = coll;
   sc.chunks.push_back(std::move(stage.chunk_));
-  smddp::StagingPipeline& pipe =
-      lane == Lane::kSend ? *sendPipe_ : lane == Lane::kRecv ? *recvPipe_ : *pipeline_;
-  return launch(pipe, work, std::move(stage.read_), std::move(stage.written_),
-                std::move(stage.keep_), std::move(sc));
+  smddp::StagingPipeline& pipe = lane == Lane::kCollective ? *pipeline_ : p2pLane(lane, peer);
+  auto launched = launch(pipe, work, std::move(stage.read_), std::move(stage.written_),
+                         std::move(stage.keep_), std::move(sc));
+  if (lane != Lane::kCollective) {
+    std::lock_guard<std::mutex> lock(p2pMu_);
+    std::erase_if(p2pPending_, [](const auto& w) { return w->hostEnded(); });
+    p2pPending_.push_back(work);
+  }
+  return launched;
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::behindP2P(c10::intrusive_ptr<c10d::Work> barrier) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  {
+    std::lock_guard<std::mutex> lock(p2pMu_);
+    for (const auto& w : p2pPending_) works.push_back(w);
+  }
+  if (works.empty()) return barrier;
+  works.push_back(barrier);  // last: the gathered Work takes its sequence number
+  auto entered = ctx_->enter();  // the Work's future is made on the device
+  return gatheredDeviceWork(ctx_, rank_, works, timeout_, c10d::OpType::BARRIER, "barrier", {},
+                            /*syncOnWait=*/true);
 }
 
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::launch(smddp::StagingPipeline& pipe,

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -69,6 +70,7 @@ class DeviceWork : public c10d::Work {
   // copies back, or the failure.
   void hostFinished(std::exception_ptr error, std::vector<smddp::DeviceEventPtr> done);
   void setSourceRank(int rank);
+  bool hostEnded() const;
   // Runs `l` once the host part has ended (at once if it has).
   void onHostFinished(Listener l);
 
@@ -97,6 +99,12 @@ class DeviceWork : public c10d::Work {
 c10::intrusive_ptr<c10d::Work> coalescedDeviceWork(
     std::shared_ptr<DeviceContext> ctx, int rank,
     const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout);
+// The same over `works`, with the given type, title, outputs and
+// syncOnWait (see DeviceWork).
+c10::intrusive_ptr<c10d::Work> gatheredDeviceWork(
+    std::shared_ptr<DeviceContext> ctx, int rank,
+    const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout,
+    c10d::OpType type, const char* coll, std::vector<at::Tensor> outputs, bool syncOnWait);
 
 // The host counterparts of one whole-staged call's device tensors.
 class DeviceStage {
@@ -139,11 +147,14 @@ class DeviceCollectives {
   const std::shared_ptr<DeviceContext>& context() const { return ctx_; }
   enum class Lane { kCollective, kSend, kRecv };
   // A call staged whole; `outputs` are what Work::result() returns. Sends
-  // and receives take lanes (pipelines) of their own. `syncOnWait`: see
-  // DeviceWork.
+  // and receives take lanes (pipelines) of their own, one per direction
+  // and `peer` (-1: a receive from any source), so a transfer waits only
+  // for its own peer and for earlier ones with that peer (NCCL's order).
+  // `syncOnWait`: see DeviceWork.
   c10::intrusive_ptr<c10d::Work> staged(c10d::OpType type, const char* coll,
                                         std::vector<at::Tensor> outputs, const Plan& plan,
-                                        Lane lane = Lane::kCollective, bool syncOnWait = false);
+                                        Lane lane = Lane::kCollective, bool syncOnWait = false,
+                                        int peer = -1);
   // allreduce and allreduce_coalesced: chunked through the staging slots.
   c10::intrusive_ptr<c10d::Work> allreduce(c10d::OpType type, const char* coll,
                                            std::vector<at::Tensor>& tensors,
@@ -154,6 +165,12 @@ class DeviceCollectives {
   c10::intrusive_ptr<c10d::Work> allgatherBase(at::Tensor& output, at::Tensor& input);
   c10::intrusive_ptr<c10d::Work> reduceScatterBase(at::Tensor& output, at::Tensor& input,
                                                    const c10d::ReduceScatterOptions& opts);
+  // A barrier's Work that also completes only once this rank's sends and
+  // receives issued before it have (their copies back included), as NCCL's
+  // barrier orders all of a rank's device work; the barrier itself runs on
+  // the collective lane and never waits for them, so a peer may still
+  // match them after its own barrier.
+  c10::intrusive_ptr<c10d::Work> behindP2P(c10::intrusive_ptr<c10d::Work> barrier);
   // Refuses a call made while the caller's stream captures a graph: the
   // error names the collective, and nothing is queued.
   void checkNotCapturing(const char* coll);
@@ -180,6 +197,9 @@ class DeviceCollectives {
   size_t intraChunks(Chunked& c, const at::Tensor& t, smddp::DataType dt, smddp::ReduceOp op,
                      const c10d::AllreduceOptions& railOpts);
   void checkUsable(const char* coll) const;
+  // The lane of sends to (or receives from) `peer`, made at its first use.
+  smddp::StagingPipeline& p2pLane(Lane lane, int peer);
+  std::vector<smddp::StagingPipeline*> pipelines() const;
 
   std::shared_ptr<DeviceContext> ctx_;
   c10::intrusive_ptr<ProcessGroupSmddp> host_;
@@ -192,9 +212,18 @@ class DeviceCollectives {
   std::shared_ptr<IntraRoute> intra_;  // set once by intraRouteFor()
   mutable std::mutex intraMu_;
   std::string intraWhy_;               // guarded by intraMu_
+  std::exception_ptr intraError_;      // guarded by intraMu_: the route's formation failed
   std::atomic<uint64_t> calls_{0};  // device calls issued: their Works' sequence numbers
   std::shared_ptr<Watch> watch_;    // shared with the collective pipeline's thread
-  std::unique_ptr<smddp::StagingPipeline> pipeline_, sendPipe_, recvPipe_;
+  std::unique_ptr<smddp::StagingPipeline> pipeline_;
+  smddp::StagingOptions p2pOptions_;
+  mutable std::mutex p2pMu_;
+  // guarded by p2pMu_: the p2p lanes by (direction, peer); a lane is never
+  // removed before shutdown, so a reference to one stays valid.
+  std::map<std::pair<Lane, int>, std::unique_ptr<smddp::StagingPipeline>> p2pLanes_;
+  // guarded by p2pMu_: sends and receives whose host part may not have
+  // ended, for behindP2P (the ended ones are dropped at each new one).
+  std::vector<c10::intrusive_ptr<DeviceWork>> p2pPending_;
 };
 
 // Waits for `work` as its wait() does, running `watch`'s check every few

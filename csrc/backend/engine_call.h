@@ -154,6 +154,12 @@ inline DataType checkedDataType(const at::Tensor& t, const char* op) {
   return toDataType(t, op);
 }
 
+// The same for a call that only moves data (toMovedDataType).
+inline DataType checkedMovedDataType(const at::Tensor& t, const char* op) {
+  checkTensor(t, op);
+  return toMovedDataType(t, op);
+}
+
 // `a` must be usable and match `ref` in dtype and element count.
 inline void checkSame(const at::Tensor& a, const at::Tensor& ref, const char* op,
                       const char* what) {
@@ -171,7 +177,8 @@ inline DataType checkWholeAndPart(const at::Tensor& output, const at::Tensor& in
                                   bool outputIsWhole, int world, const char* op) {
   checkTensor(output, op);
   checkTensor(input, op);
-  DataType dt = toDataType(input, op);
+  // An all-gather only moves data; a reduce-scatter reduces.
+  DataType dt = outputIsWhole ? toMovedDataType(input, op) : toDataType(input, op);
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "smddp ", op, ": output dtype ",
                    output.scalar_type(), " differs from input dtype ", input.scalar_type());
   const at::Tensor& whole = outputIsWhole ? output : input;

@@ -324,7 +324,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tens
                             [opts](ProcessGroupSmddp& pg, auto& h) { return pg.broadcast(h, opts); });
   }
   checkTensor(tensors[0], "broadcast");
-  DataType dt = toDataType(tensors[0], "broadcast");
+  DataType dt = toMovedDataType(tensors[0], "broadcast");
   const int root = static_cast<int>(opts.rootRank);
   EngineCall call;
   // The root reads its tensor, the others write theirs.
@@ -350,7 +350,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
                     "list has length ", outputs[0].size(), " but the world size is ", size_);
   const at::Tensor& in = inputs[0];
   checkTensor(in, "all_gather");
-  DataType dt = toDataType(in, "all_gather");
+  DataType dt = toMovedDataType(in, "all_gather");
   EngineCall call;
   Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
   std::vector<Buffer> outs;
@@ -397,14 +397,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOpt
   }
   if (dev && !hostOnly_) {
     // As NCCL's: a barrier also orders device work. It runs behind every
-    // device call issued before it, and its wait() returns once their
-    // copies back and the caller's stream have run.
-    return track(dev->staged(
+    // collective issued before it, and its wait() returns once their
+    // copies back, those of this rank's earlier sends and receives (which
+    // it does not hold up) and the caller's stream have run.
+    return track(dev->behindP2P(dev->staged(
         c10d::OpType::BARRIER, "barrier", {},
         [opts](DeviceStage&) -> DeviceCollectives::HostCall {
           return [opts](ProcessGroupSmddp& pg) { return pg.barrier(opts); };
         },
-        DeviceCollectives::Lane::kCollective, /*syncOnWait=*/true));
+        DeviceCollectives::Lane::kCollective, /*syncOnWait=*/true)));
   }
   EngineCall call;
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks) {

@@ -49,7 +49,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_coalesced(
   std::vector<Buffer> ins;
   std::vector<DataType> dts;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    dts.push_back(checkedDataType(inputs[i], name));
+    dts.push_back(checkedMovedDataType(inputs[i], name));
     ins.push_back(bufferOf(call.staging.stage(inputs[i], Use::kIn, i)));
   }
   std::vector<std::vector<Buffer>> outs(inputs.size());

@@ -59,7 +59,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall_base(
   }
   const char* name = "all_to_all_single";
   checkTensor(output, name);
-  DataType dt = checkedDataType(input, name);
+  DataType dt = checkedMovedDataType(input, name);
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "smddp ", name, ": output dtype ",
                    output.scalar_type(), " differs from input dtype ", input.scalar_type());
   auto inCounts = splitCounts(input, inputSplits, size_, name, "input");
@@ -87,7 +87,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall(std::vector<at::Tenso
                         static_cast<int>(outputs.size()) == size_,
                     "smddp ", name, ": input and output lists must have length world size (",
                     size_, "), got ", inputs.size(), " and ", outputs.size());
-  DataType dt = toDataType(inputs[0], name);
+  DataType dt = toMovedDataType(inputs[0], name);
   EngineCall call;
   std::vector<Buffer> ins, outs;
   for (int r = 0; r < size_; ++r) {

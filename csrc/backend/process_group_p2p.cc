@@ -29,10 +29,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::pointToPoint(std::vector<at::T
             return pg.pointToPoint(h, peer, tag, isSend);
           };
         },
-        isSend ? DeviceCollectives::Lane::kSend : DeviceCollectives::Lane::kRecv));
+        isSend ? DeviceCollectives::Lane::kSend : DeviceCollectives::Lane::kRecv,
+        /*syncOnWait=*/false, peer));
   }
   checkTensor(tensors[0], name);
-  DataType dt = toDataType(tensors[0], name);
+  DataType dt = toMovedDataType(tensors[0], name);
   if (checkingOnly()) return {};
   Staging staging;
   // A send's staging copy is filled on the worker just before it is posted,

@@ -70,7 +70,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::gather(
   TORCH_CHECK_VALUE(inputs.size() == 1, "smddp gather takes one input tensor");
   checkRoot(opts.rootRank, "gather");
   const at::Tensor& in = inputs[0];
-  DataType dt = checkedDataType(in, "gather");
+  DataType dt = checkedMovedDataType(in, "gather");
   const int root = static_cast<int>(opts.rootRank);
   EngineCall call;
   Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
@@ -98,7 +98,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::scatter(
   TORCH_CHECK_VALUE(outputs.size() == 1, "smddp scatter takes one output tensor");
   checkRoot(opts.rootRank, "scatter");
   const at::Tensor& out = outputs[0];
-  DataType dt = checkedDataType(out, "scatter");
+  DataType dt = checkedMovedDataType(out, "scatter");
   const int root = static_cast<int>(opts.rootRank);
   EngineCall call;
   std::vector<at::Tensor> inTensors = rootList(inputs, rank_ == root, size_, "scatter", "input");

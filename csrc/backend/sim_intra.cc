@@ -22,6 +22,10 @@ SMDDP_PARAM_INT(paramSimNcclInProgress, "SMDDP_DEVICE_SIM_NCCL_IN_PROGRESS", 50,
                 "Test hook: percent of the stand-in NCCL's init and collective calls that "
                 "return ncclInProgress (their work then happens later, from another thread)");
 
+SMDDP_PARAM_INT(paramSimNcclFailInits, "SMDDP_DEVICE_SIM_NCCL_FAIL_INITS", 0, 0, 1000,
+                "Test hook: the number of the process's first stand-in NCCL inits that fail "
+                "(kSystemError, as a failed bootstrap)");
+
 namespace {
 
 at::ScalarType scalarType(smddp::DataType t) {
@@ -92,6 +96,10 @@ std::shared_ptr<smddp::NcclApi> makeSimNcclApi(const c10::intrusive_ptr<c10d::St
   smddp::SimNcclOptions o;
   o.inProgressPercent = static_cast<int>(paramSimNcclInProgress());
   o.seed = seed;
+  o.failInit = [] {
+    static std::atomic<int64_t> left{paramSimNcclFailInits()};  // across the process's groups
+    return left.fetch_sub(1) > 0;
+  };
   return smddp::makeSimNccl(o, [store, groupName, timeout](const std::string& id, int rank, int n) {
     // Ranks given the same unique id meet under it, as NCCL's do.
     auto local = c10::make_intrusive<ProcessGroupSmddp>(

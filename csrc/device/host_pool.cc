@@ -1,5 +1,6 @@
 #include "device/host_pool.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace smddp {
@@ -9,16 +10,31 @@ std::shared_ptr<HostBufferPool> HostBufferPool::make(std::shared_ptr<Device> dev
   return std::make_shared<HostBufferPool>(Private{}, std::move(device), cacheBytes);
 }
 
+size_t HostBufferPool::sizeClass(size_t bytes) {
+  const size_t b = std::max<size_t>(bytes, 4096);
+  const size_t step = std::max<size_t>(4096, std::bit_floor(b) / 8);
+  return (b + step - 1) / step * step;
+}
+
 std::shared_ptr<void> HostBufferPool::acquire(size_t bytes) {
-  const size_t size = std::bit_ceil(std::max<size_t>(bytes, 4096));
+  const size_t want = sizeClass(bytes);
   std::shared_ptr<void> mem;
+  size_t size = want;
   {
+    // The smallest idle buffer that fits with at most a quarter to spare:
+    // a small call never holds a large buffer another call could reuse.
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = idle_.find(size);
-    if (it != idle_.end()) {
-      mem = std::move(it->second);
-      idle_.erase(it);
+    auto best = idle_.end();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+      if (it->size >= want && it->size <= want + want / 4 && (best == idle_.end() || it->size < best->size)) {
+        best = it;
+      }
+    }
+    if (best != idle_.end()) {
+      size = best->size;
+      mem = std::move(best->mem);
       idleBytes_ -= size;
+      idle_.erase(best);
     }
   }
   if (!mem) mem = device_->allocHost(size);
@@ -30,14 +46,21 @@ std::shared_ptr<void> HostBufferPool::acquire(size_t bytes) {
 }
 
 void HostBufferPool::giveBack(std::shared_ptr<void> mem, size_t size) {
+  std::list<Idle> evicted;  // freed after the lock is let go
   std::lock_guard<std::mutex> lk(mu_);
-  if (idleBytes_ + size > cacheBytes_) return;  // `mem` is freed as it goes
-  idle_.emplace(size, std::move(mem));
+  if (size > cacheBytes_) return;  // `mem` is freed as it goes
+  // The buffer just released is the likeliest to be asked for again (the
+  // same call next step): the longest-idle ones make room for it.
+  while (idleBytes_ + size > cacheBytes_) {
+    idleBytes_ -= idle_.front().size;
+    evicted.splice(evicted.end(), idle_, idle_.begin());
+  }
+  idle_.push_back({size, std::move(mem)});
   idleBytes_ += size;
 }
 
 void HostBufferPool::clear() {
-  std::multimap<size_t, std::shared_ptr<void>> idle;
+  std::list<Idle> idle;
   {
     std::lock_guard<std::mutex> lk(mu_);
     idle.swap(idle_);

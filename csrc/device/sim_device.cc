@@ -247,6 +247,11 @@ class SimEvent : public DeviceEvent {
   SimEvent(std::shared_ptr<SimCore> core, std::shared_ptr<EventState> state)
       : core_(std::move(core)), state_(std::move(state)) {}
   ~SimEvent() override {
+    // cudaEventDestroy is a CUDA call like any other: the calling thread's
+    // current device gets a context (and torch's destroyEvent ends by
+    // setting the thread's device back), so a thread that never bound
+    // itself to the event's device makes one on device 0.
+    noteContext(tDevice);
     if (state_->done.load()) return;
     std::lock_guard<std::mutex> lk(core_->mu);
     if (!core_->stopped) {

@@ -9,6 +9,8 @@
 // - a current device per thread: a thread that touches a device other than
 //   its current one breaks the rules, and setting a device makes a context
 //   on it (contexts() lists them, as nvidia-smi lists processes per GPU);
+//   so does destroying an event, on the destroying thread's current device
+//   (device 0 for a thread never bound), as cudaEventDestroy does;
 // - a current stream per thread and device (the default stream until
 //   changed), which the library's readiness events are recorded on;
 // - capture (torch.cuda.graph's global mode): while a stream captures, an

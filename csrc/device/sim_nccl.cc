@@ -163,6 +163,7 @@ class SimNccl final : public NcclApi {
       *comm = reinterpret_cast<NcclComm>(handle);
     }
     std::thread(runLauncher, c).detach();
+    if (opts_.failInit && opts_.failInit()) return NcclResult::kSystemError;
     if (!later) {
       form(c, connect_, id, std::chrono::microseconds(0));
       std::lock_guard<std::mutex> lk(c->mu);

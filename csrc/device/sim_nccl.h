@@ -72,6 +72,9 @@ struct SimNcclOptions {
   // sets kSystemError as the communicator's asynchronous error and hangs,
   // as a kernel does when NCCL's proxy reports a failure; -1 for none.
   int64_t failCollective = -1;
+  // Test hook: asked at each init; true makes that init fail with
+  // kSystemError, as NCCL's does when its bootstrap fails. Null for never.
+  std::function<bool()> failInit;
   // NCCL frees a communicator in ncclCommAbort, so any later use of it is
   // a broken rule; but a call on its way in while another thread aborts
   // (shutdown stopping a launch, as ProcessGroupNCCL's watchdog does) is

@@ -44,3 +44,46 @@ TEST_CASE("the host buffer pool reuses released buffers up to its cap and frees 
   late.reset();
   CHECK(sim::violations().empty());
 }
+
+TEST_CASE("the host buffer pool rounds to an eighth of a power of two and keeps what fits its budget",
+          "[staging]") {
+  auto dev = makeSimDevice();
+  SECTION("a 300 MB call pins at most an eighth more, and the next one reuses its buffer") {
+    auto pool = HostBufferPool::make(dev, size_t{512} << 20);
+    const size_t asked = 300'000'000;
+    void* first = nullptr;
+    {
+      auto a = pool->acquire(asked);
+      first = a.get();
+    }
+    CHECK(pool->cachedBytes() >= asked);
+    CHECK(pool->cachedBytes() <= asked + asked / 8);  // a power of two would be 512 MiB
+    auto again = pool->acquire(asked);
+    CHECK(again.get() == first);
+    CHECK(pool->cachedBytes() == 0);
+  }
+  SECTION("a released buffer that fits the budget evicts older idle ones rather than being freed") {
+    auto pool = HostBufferPool::make(dev, 96 << 10);
+    { auto a = pool->acquire(40 << 10); }
+    CHECK(pool->cachedBytes() == (40 << 10));
+    void* kept = nullptr;
+    {
+      auto b = pool->acquire(64 << 10);
+      kept = b.get();
+    }
+    CHECK(pool->cachedBytes() == (64 << 10));  // the 40 KiB one went to make room
+    auto c = pool->acquire(64 << 10);
+    CHECK(c.get() == kept);
+    // A small request never takes a much larger idle buffer.
+    c.reset();
+    auto small = pool->acquire(4096);
+    CHECK(small.get() != kept);
+    CHECK(pool->cachedBytes() == (64 << 10));
+  }
+  SECTION("a buffer larger than the whole budget is freed when released") {
+    auto pool = HostBufferPool::make(dev, 64 << 10);
+    { auto big = pool->acquire(1 << 20); }
+    CHECK(pool->cachedBytes() == 0);
+  }
+  CHECK(sim::violations().empty());
+}

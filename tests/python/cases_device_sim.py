@@ -597,3 +597,205 @@ def two_groups_opposite_order(rank, world):
         if res[f"group {i}"] is None and not torch.equal(tensors[i], want):
             res[f"group {i}"] = f"got {tensors[i][:3].tolist()}, want {want[:3].tolist()}"
     return res
+
+
+def dropped_works(rank, world):
+    """Calls whose Work and future the caller drops at once, so the
+    library's own threads let go of the last reference (and with it the
+    events of the call's copies back): every thread that does must be
+    bound to the rank's device, or it makes a context on device 0, as
+    torch's destroyEvent does on a GPU (issue 53, defect 2). The harness
+    checks the contexts after the run."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    kept = []
+    for i in range(20):
+        t = torch.full((3000,), float(rank + i))
+        kept.append(t)
+        w = dist.all_reduce(t, async_op=True)
+        # A callback on the completion pool that outlasts the copies back,
+        # so the pool's task lets go of the call's events last.
+        w.get_future().then(lambda f: time.sleep(0.05))
+        del w
+    last = torch.ones(4)
+    dist.all_reduce(last)  # calls end in order: every earlier one has too
+    sim.sim_synchronize()
+    time.sleep(0.2)  # the callbacks end
+    total = float(sum(range(world)))
+    ok = all(bool((t == total + world * i).all()) for i, t in enumerate(kept))
+    return {"ok": ok, "contexts": sim.sim_contexts()}
+
+
+def p2p_late_peer(rank, world):
+    """A pipeline-parallel order that works on NCCL, at world 3 (issue 53,
+    defect 6): rank 0 isends a large tensor to rank 1, then a small one to
+    rank 2. Rank 2 waits for that small one before it sends to rank 1, and
+    rank 1 posts its receive from rank 0 only after rank 2's has arrived.
+    A send to one peer must therefore not wait behind a send to another.
+    Also checks that sends to one peer keep their order (NCCL's rule)."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    big, small = 1 << 22, 1000  # 16 MiB of float32, and 4 KB
+    res = {}
+    if rank == 0:
+        works = [dist.isend(torch.arange(big, dtype=torch.float32), dst=1),
+                 dist.isend(torch.full((small,), 7.0), dst=2),
+                 dist.isend(torch.full((small,), 8.0), dst=2)]
+        for w in works:
+            w.wait()
+    elif rank == 2:
+        first, second = torch.zeros(small), torch.zeros(small)
+        dist.recv(first, src=0)
+        dist.recv(second, src=0)
+        sim.sim_synchronize()
+        res["in order from 0"] = None if bool((first == 7).all() and (second == 8).all()) else [
+            first[0].item(), second[0].item()]
+        dist.send(first + 1, dst=1)
+    else:
+        from2, from0 = torch.zeros(small), torch.zeros(big)
+        dist.recv(from2, src=2)
+        dist.recv(from0, src=0)
+        sim.sim_synchronize()
+        res["from 2"] = None if bool((from2 == 8).all()) else from2[:2].tolist()
+        want = torch.arange(big, dtype=torch.float32)
+        res["from 0"] = None if bool(torch.equal(from0, want)) else from0[:2].tolist()
+    sim.sim_synchronize()
+    return res
+
+
+def failed_formation(rank, world):
+    """The intra-host communicator's formation fails once (a stand-in
+    hook): the first allreduce raises, and so does every later one, with
+    the same error and at once, rather than forming again (issue 53,
+    defect 8). Returns each call's error (or None) and duration."""
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for _ in range(3):
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4))
+            msg = None
+        except Exception as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {e}"
+        out.append({"msg": msg, "elapsed": time.monotonic() - start})
+    first_allreduce_error(rank, world)  # leave the store together
+    return out
+
+
+def barrier_orders_p2p(rank, world):
+    """A barrier orders this rank's earlier sends and receives too, as it
+    orders its collectives (issue 53, defect 8): rank 0's irecv from rank
+    1, which sends only after its own barrier and a pause, has completed
+    with its data once rank 0's barrier returns. Before, the barrier
+    waited for the collective lane alone."""
+    import torch
+    import torch.distributed as dist
+
+    n = 1 << 16
+    res = {}
+    # Every rank makes a device call first: a rank with none yet runs its
+    # barrier on the CPU path, which a rank with device calls does not meet.
+    dist.all_reduce(torch.ones(4))
+    if rank == 0:
+        got = torch.zeros(n)
+        w = dist.irecv(got, src=1)
+        dist.barrier()
+        res["recv completed at the barrier"] = None if w.is_completed() else "still pending"
+        res["data at the barrier"] = None if bool((got == 5).all()) else got[:2].tolist()
+        w.wait()
+    elif rank == 1:
+        dist.barrier()
+        time.sleep(0.5)  # makes a barrier that ignores the receive return first
+        dist.send(torch.full((n,), 5.0), dst=0)
+    else:
+        dist.barrier()
+    dist.all_reduce(torch.ones(4))  # no rank leaves (a lost peer) before rank 0's receive
+    _settle()
+    return res
+
+
+MOVED_ONLY = ("int16", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")
+
+
+def moved_only_dtypes(rank, world):
+    """int16, uint16/32/64 and float8 through the calls that only move
+    data (broadcast, all_gather, all_gather_into_tensor, all_to_all_single,
+    gather, scatter, send/recv), each checked bit for bit against the
+    closed form of what every rank sent; a reduction of them is refused,
+    naming the dtype (issue 53, defect 8). Runs on the CPU path and, under
+    SMDDP_DEVICE_SIM, on the device path."""
+    import torch
+    import torch.distributed as dist
+
+    n = 24  # elements per rank
+
+    def data(dtype, src, count=n):
+        es = torch.empty(0, dtype=dtype).element_size()
+        b = (torch.arange(count * es) * 3 + 17 * src + 1) % 251
+        return b.to(torch.uint8).view(dtype)
+
+    def zeros(dtype, count=n):
+        es = torch.empty(0, dtype=dtype).element_size()
+        return torch.zeros(count * es, dtype=torch.uint8).view(dtype)
+
+    def same(a, b):
+        return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+
+    res = {}
+    for name in MOVED_ONLY:
+        dt = getattr(torch, name)
+        t = data(dt, rank) if rank == 0 else zeros(dt)
+        dist.broadcast(t, src=0)
+        _settle()
+        res[f"{name} broadcast"] = None if same(t, data(dt, 0)) else "wrong bytes"
+        outs = [zeros(dt) for _ in range(world)]
+        dist.all_gather(outs, data(dt, rank))
+        _settle()
+        res[f"{name} all_gather"] = None if all(same(o, data(dt, r)) for r, o in enumerate(outs)) else "wrong bytes"
+        flat = zeros(dt, n * world)
+        dist.all_gather_into_tensor(flat, data(dt, rank))
+        _settle()
+        want = torch.cat([data(dt, r).view(torch.uint8) for r in range(world)])
+        res[f"{name} all_gather_into_tensor"] = None if same(flat, want) else "wrong bytes"
+        # all_to_all_single: rank r's block j is data(src = r * world + j).
+        inp = torch.cat([data(dt, rank * world + j).view(torch.uint8) for j in range(world)]).view(dt)
+        out = zeros(dt, n * world)
+        dist.all_to_all_single(out, inp)
+        _settle()
+        want = torch.cat([data(dt, j * world + rank).view(torch.uint8) for j in range(world)])
+        res[f"{name} all_to_all_single"] = None if same(out, want) else "wrong bytes"
+        got = [zeros(dt) for _ in range(world)] if rank == 0 else None
+        dist.gather(data(dt, rank), gather_list=got, dst=0)
+        _settle()
+        if rank == 0:
+            res[f"{name} gather"] = None if all(same(g, data(dt, r)) for r, g in enumerate(got)) else "wrong bytes"
+        piece = zeros(dt)
+        dist.scatter(piece, scatter_list=[data(dt, 10 + r) for r in range(world)] if rank == 0 else None, src=0)
+        _settle()
+        res[f"{name} scatter"] = None if same(piece, data(dt, 10 + rank)) else "wrong bytes"
+        right, left = (rank + 1) % world, (rank - 1) % world
+        recv = zeros(dt)
+        works = [dist.isend(data(dt, 100 + rank), dst=right), dist.irecv(recv, src=left)]
+        for w in works:
+            w.wait()
+        _settle()
+        res[f"{name} send/recv"] = None if same(recv, data(dt, 100 + left)) else "wrong bytes"
+    try:
+        dist.all_reduce(zeros(torch.uint16))
+        res["uint16 all_reduce refused"] = "not refused"
+    except Exception as e:  # noqa: BLE001
+        msg = str(e)
+        res["uint16 all_reduce refused"] = None if ("UInt16" in msg and "reduction" in msg) else msg[:300]
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the group still works
+    _settle()
+    res["after"] = None if bool((t == world).all()) else t.tolist()
+    return res

@@ -16,7 +16,7 @@ in one job at world 4, every result checked against a closed form.
               and batch_isend_irecv on the world and a sub-group;
   monitored   ProcessGroup.monitored_barrier waits for a late rank, and names
               a missing rank within its timeout;
-  refusals    what smddp still refuses (sparse tensors, float8, misuse of
+  refusals    what smddp still refuses (sparse tensors, float8 reductions, misuse of
               coalescing blocks) raises an error naming the op, and the group
               keeps working.
 """
@@ -295,10 +295,10 @@ def check_refusals(ck, rank):
     pg = dist.group.WORLD
     sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
     ck.raises("sparse all_reduce refused", lambda: dist.all_reduce(sparse), "all_reduce", "dense")
-    ck.raises("float8 all_gather refused",
-              lambda: dist.all_gather_into_tensor(torch.empty(8, dtype=torch.float8_e4m3fn),
-                                                  torch.zeros(2, dtype=torch.float8_e4m3fn)),
-              "all_gather_into_tensor", "dtype")
+    # float8 moves (all_gather) but is not reduced.
+    ck.raises("float8 all_reduce refused",
+              lambda: dist.all_reduce(torch.zeros(2, dtype=torch.float8_e4m3fn)),
+              "all_reduce", "dtype", "reduction")
     ck.raises("endCoalescing without start", lambda: pg._end_coalescing(CPU), "endCoalescing")
     pg._start_coalescing(CPU)
     ck.raises("nested startCoalescing", lambda: pg._start_coalescing(CPU), "startCoalescing",

@@ -234,6 +234,22 @@ def test_bad_intra_settings_fail_the_first_allreduce_clearly(value, words):
         assert all(w in msg for w in words), (rank, msg)
 
 
+def test_a_failed_communicator_formation_fails_every_later_call_with_its_error():
+    """SMDDP_INTRA=nccl at 2 hosts x 2 GPUs, with the stand-in's first NCCL
+    init failing on every rank: the first allreduce raises naming the
+    communicator that did not form, and the next ones raise the same error
+    at once. Before, call_once formed the route again at the next call."""
+    env = dict(SIM, SMDDP_INTRA="nccl", SMDDP_DEVICE_SIM_NCCL_FAIL_INITS="1", **TWO_BY_TWO)
+    results = run_world(4, "cases_device_sim:failed_formation", backend="smddp", timeout=90,
+                        pg_timeout=20.0, env=env, expect_failure=True)
+    for rank, calls in enumerate(results):
+        first = calls[0]["msg"]
+        assert first and "ncclCommInitRankConfig" in first, (rank, calls)
+        for later in calls[1:]:
+            assert later["msg"] == first, (rank, calls)
+            assert later["elapsed"] < 5.0, (rank, calls)
+
+
 def test_intra_bootstrap_keys_are_the_instances_and_ranks_agree_on_the_route():
     """2 hosts x 2 GPUs, SMDDP_INTRA=nccl (issue 53, defect 5): a group
     re-formed with the same name on the same store never reads the first
@@ -326,3 +342,49 @@ def test_the_queue_and_lifetime_rules_hold_on_the_nccl_route(case, target, extra
             assert len(r["work_after_destroy"]) == 4, r
     else:
         assert not _failed_checks(results), _failed_checks(results)
+
+
+def test_threads_that_let_go_of_a_calls_events_last_make_no_context_on_device_0():
+    """Calls whose Work the caller drops at once, with a future callback
+    that outlasts the copies back, so a completion-pool thread lets go of
+    the call's events last (issue 53, defect 2): destroying an event is a
+    CUDA call on the thread's current device, and an unbound pool thread's
+    is device 0, where every rank would make a context. Rank 1 must end
+    with a context on its own device only (the harness checks it too)."""
+    results = run_world(2, "cases_device_sim:dropped_works", backend="smddp", timeout=120, env=SIM)
+    for rank, r in enumerate(results):
+        assert r["ok"], (rank, r)
+        assert r["contexts"] == [rank], (rank, r)
+
+
+def test_a_send_to_a_late_peer_does_not_hold_up_sends_to_others():
+    """Device send/recv take a lane per peer: a large isend to a peer that
+    posts its receive late does not block a small send to another peer that
+    the late one waits for (a pipeline-parallel order that works on NCCL),
+    and sends to one peer still arrive in order. Before, the one send lane
+    waited for each transfer in turn and this deadlocked until the harness
+    killed it."""
+    results = run_world(3, "cases_device_sim:p2p_late_peer", backend="smddp", timeout=60,
+                        pg_timeout=30.0, env=SIM)
+    assert _failed_checks(results) == {}
+
+
+def test_a_barrier_orders_this_ranks_earlier_sends_and_receives():
+    """As NCCL's barrier orders device work: at world 3, rank 0's barrier
+    returns only once its earlier irecv (from a rank that sends after its
+    own barrier) has completed, with the data in place."""
+    results = run_world(3, "cases_device_sim:barrier_orders_p2p", backend="smddp", timeout=60,
+                        pg_timeout=30.0, env=SIM)
+    assert _failed_checks(results) == {}
+
+
+@pytest.mark.parametrize("path", ["cpu", "device"])
+def test_dtypes_that_only_move_take_every_data_movement_call(path):
+    """int16, uint16/32/64 and float8 through broadcast, all_gather(_into_tensor),
+    all_to_all_single, gather, scatter and send/recv, bit for bit against the
+    closed form, at world 3; an all_reduce of uint16 is refused naming the
+    dtype. Before, every one of these calls refused them."""
+    env = SIM if path == "device" else {"SMDDP_DEVICE_SIM": None}
+    results = run_world(3, "cases_device_sim:moved_only_dtypes", backend="smddp", timeout=120,
+                        pg_timeout=60.0, env=env)
+    assert _failed_checks(results) == {}

@@ -31,6 +31,66 @@ void checkBound(int index, const std::string& name, const char* what) {
                   std::to_string(current) + " (the thread was not bound to the device)");
 }
 
+// A function of the CUDA driver's API, through the runtime (nothing here
+// links the driver library itself); null where it is missing.
+void* driverEntry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
+#else
+  const cudaError_t err = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found);
+#endif
+  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+
+// torch's MaybeSetDevice on the runtime API: makes `index` the calling
+// thread's device only where this process already has a context on it.
+// cudaSetDevice would make one (CUDA 12 and later), and a context on a GPU
+// other than the rank's own costs every rank memory there (issue 53,
+// defect 2).
+void maybeSetDevice(int index) {
+  // cuDeviceGet and cuDevicePrimaryCtxGetState (CUresult and CUdevice are ints).
+  using DeviceGet = int (*)(int* device, int ordinal);
+  using PrimaryCtxGetState = int (*)(int device, unsigned int* flags, int* active);
+  static const auto deviceGet = reinterpret_cast<DeviceGet>(driverEntry("cuDeviceGet"));
+  static const auto ctxState = reinterpret_cast<PrimaryCtxGetState>(driverEntry("cuDevicePrimaryCtxGetState"));
+  if (!deviceGet || !ctxState) return;  // the thread stays where it is
+  int device = 0, active = 0;
+  unsigned int flags = 0;
+  if (deviceGet(&device, index) != 0 || ctxState(device, &flags, &active) != 0 || !active) return;
+  if (cudaSetDevice(index) != cudaSuccess) (void)cudaGetLastError();
+}
+
+// While it lives, device `index` (which has a context: the caller made
+// something on it) is the calling thread's; then the thread's previous
+// device comes back, where that has a context. For destructors, which may
+// run on any thread: a thread never bound would otherwise make a context
+// on device 0.
+class OnDevice {
+ public:
+  explicit OnDevice(int index) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (previous_ != index) switched_ = cudaSetDevice(index) == cudaSuccess;
+  }
+  ~OnDevice() {
+    if (switched_) maybeSetDevice(previous_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 class CudaStream : public DeviceStream {
  public:
   // `owned`: destroyed with this object (Device::newStream); pool streams
@@ -47,7 +107,9 @@ class CudaStream : public DeviceStream {
   // owned stream goes once its work has completed (its owner's reaper);
   // the reaper's thread is bound to the device.
   ~CudaStream() override {
-    if (owned_ && stream_) (void)cudaStreamDestroy(stream_);
+    if (!owned_ || !stream_) return;
+    OnDevice on(index_);
+    (void)cudaStreamDestroy(stream_);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -83,8 +145,7 @@ class CudaStream : public DeviceStream {
 // ---- events -----------------------------------------------------------------
 
 CudaEvent::CudaEvent(int index, std::string deviceName, cudaStream_t stream)
-    : deviceName_(std::move(deviceName)) {
-  (void)index;
+    : index_(index), deviceName_(std::move(deviceName)) {
   check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), deviceName_, "cudaEventCreateWithFlags");
   cudaError_t err = cudaEventRecord(event_, stream);
   if (err != cudaSuccess) {
@@ -94,8 +155,11 @@ CudaEvent::CudaEvent(int index, std::string deviceName, cudaStream_t stream)
 }
 
 CudaEvent::~CudaEvent() {
-  // After the CUDA runtime has shut down (interpreter exit) this fails; the
-  // event is gone with the context then anyway.
+  // Any thread may let go of an event last (a completion pool's, the
+  // caller's): on the event's own device, so none makes a context on
+  // device 0. After the CUDA runtime has shut down (interpreter exit) this
+  // fails; the event is gone with the context then anyway.
+  OnDevice on(index_);
   (void)cudaEventDestroy(event_);
 }
 

@@ -29,6 +29,7 @@ class CudaEvent : public DeviceEvent {
   cudaEvent_t native() const { return event_; }
 
  private:
+  int index_;
   std::string deviceName_;
   cudaEvent_t event_ = nullptr;
 };
