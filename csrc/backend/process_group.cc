@@ -395,6 +395,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOpt
     std::lock_guard<std::mutex> lock(deviceMu_);
     dev = device_.get();
   }
+  if (!dev && hostGroup_ && !hostOnly_) {
+    // The group has a device path on every rank, so its barrier takes it on
+    // every rank, as NCCL's barrier runs on a GPU, whether or not this rank
+    // has made a device call yet. (Before, such a rank ran its barrier on
+    // the CPU path while those with a device call ran it on the private
+    // host group, and the two never met.) The device: device_ids', the
+    // group's bound one, or the current one; torch passes the backend no
+    // other.
+    c10::Device where(c10::kCPU);
+    if (!simDevice_) {
+      const auto bound = getBoundDeviceId();
+      c10::DeviceIndex index = currentCudaDevice();
+      if (!opts.device_ids.empty()) index = static_cast<c10::DeviceIndex>(opts.device_ids[0]);
+      else if (bound && bound->has_index()) index = bound->index();
+      where = c10::Device(c10::kCUDA, index);
+    }
+    dev = deviceFor("barrier", at::empty({0}, at::TensorOptions().device(where).dtype(at::kByte)));
+  }
   if (dev && !hostOnly_) {
     // As NCCL's: a barrier also orders device work. It runs behind every
     // collective issued before it, and its wait() returns once their

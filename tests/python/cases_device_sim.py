@@ -690,20 +690,23 @@ def failed_formation(rank, world):
     return out
 
 
-def barrier_orders_p2p(rank, world):
+def barrier_orders_p2p(rank, world, warm=True):
     """A barrier orders this rank's earlier sends and receives too, as it
     orders its collectives (issue 53, defect 8): rank 0's irecv from rank
     1, which sends only after its own barrier and a pause, has completed
     with its data once rank 0's barrier returns. Before, the barrier
-    waited for the collective lane alone."""
+    waited for the collective lane alone. With warm=False no rank makes a
+    collective first, so ranks 1 and 2 reach the barrier with no device
+    call made: they must still take the device path rank 0's barrier takes
+    (before, they ran it on the CPU path, which rank 0's never met, and
+    every rank timed out)."""
     import torch
     import torch.distributed as dist
 
     n = 1 << 16
     res = {}
-    # Every rank makes a device call first: a rank with none yet runs its
-    # barrier on the CPU path, which a rank with device calls does not meet.
-    dist.all_reduce(torch.ones(4))
+    if warm:
+        dist.all_reduce(torch.ones(4))
     if rank == 0:
         got = torch.zeros(n)
         w = dist.irecv(got, src=1)

@@ -369,12 +369,16 @@ def test_a_send_to_a_late_peer_does_not_hold_up_sends_to_others():
     assert _failed_checks(results) == {}
 
 
-def test_a_barrier_orders_this_ranks_earlier_sends_and_receives():
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_barrier_orders_this_ranks_earlier_sends_and_receives(warm):
     """As NCCL's barrier orders device work: at world 3, rank 0's barrier
     returns only once its earlier irecv (from a rank that sends after its
-    own barrier) has completed, with the data in place."""
+    own barrier) has completed, with the data in place. Cold (warm=False):
+    ranks 1 and 2 reach the barrier before any device call of theirs and
+    still meet rank 0's barrier, which its irecv put on the device path
+    (before, both sides waited out the group timeout)."""
     results = run_world(3, "cases_device_sim:barrier_orders_p2p", backend="smddp", timeout=60,
-                        pg_timeout=30.0, env=SIM)
+                        pg_timeout=30.0, env=SIM, args=(warm,))
     assert _failed_checks(results) == {}
 
 
