@@ -103,6 +103,59 @@ Tag aesGmac(std::string_view key, const uint8_t* nonce,
   return out;
 }
 
+namespace {
+
+// EVP takes int lengths: a buffer over 1 GiB goes through in slices.
+bool gcmUpdate(EVP_CIPHER_CTX* c, bool encrypt, const uint8_t* in, uint8_t* out, size_t n) {
+  int got = 0;
+  for (size_t at = 0; at < n; at += 1u << 30) {
+    const int len = static_cast<int>(std::min<size_t>(n - at, 1u << 30));
+    const int ok = encrypt ? EVP_EncryptUpdate(c, out ? out + at : nullptr, &got, in + at, len)
+                           : EVP_DecryptUpdate(c, out ? out + at : nullptr, &got, in + at, len);
+    if (ok != 1) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Tag aesGcmSeal(std::string_view key, const uint8_t* nonce, std::string_view aad,
+               const uint8_t* in, uint8_t* out, size_t n) {
+  SMDDP_CHECK(key.size() == kGmacKeyBytes, kInternal, "smddp: an AES-GCM key is 32 bytes");
+  Tag tag;
+  std::unique_ptr<EVP_CIPHER_CTX, CipherCtxFree> c(EVP_CIPHER_CTX_new());
+  int got = 0;
+  bool ok = c && EVP_EncryptInit_ex(c.get(), EVP_aes_256_gcm(), nullptr,
+                                    reinterpret_cast<const unsigned char*>(key.data()),
+                                    nonce) == 1;
+  ok = ok && gcmUpdate(c.get(), true, reinterpret_cast<const uint8_t*>(aad.data()), nullptr,
+                       aad.size());
+  ok = ok && gcmUpdate(c.get(), true, in, out, n);
+  ok = ok && EVP_EncryptFinal_ex(c.get(), nullptr, &got) == 1 &&
+       EVP_CIPHER_CTX_ctrl(c.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes, tag.bytes) == 1;
+  SMDDP_CHECK(ok, kInternal, "smddp: AES-GCM encryption failed");
+  return tag;
+}
+
+bool aesGcmOpen(std::string_view key, const uint8_t* nonce, std::string_view aad,
+                const uint8_t* in, uint8_t* out, size_t n, const uint8_t* tag) {
+  SMDDP_CHECK(key.size() == kGmacKeyBytes, kInternal, "smddp: an AES-GCM key is 32 bytes");
+  std::unique_ptr<EVP_CIPHER_CTX, CipherCtxFree> c(EVP_CIPHER_CTX_new());
+  int got = 0;
+  uint8_t expected[kTagBytes];
+  std::copy(tag, tag + kTagBytes, expected);
+  bool ok = c && EVP_DecryptInit_ex(c.get(), EVP_aes_256_gcm(), nullptr,
+                                    reinterpret_cast<const unsigned char*>(key.data()),
+                                    nonce) == 1;
+  ok = ok && gcmUpdate(c.get(), false, reinterpret_cast<const uint8_t*>(aad.data()), nullptr,
+                       aad.size());
+  ok = ok && gcmUpdate(c.get(), false, in, out, n);
+  SMDDP_CHECK(ok && EVP_CIPHER_CTX_ctrl(c.get(), EVP_CTRL_GCM_SET_TAG, kTagBytes, expected) == 1,
+              kInternal, "smddp: AES-GCM decryption failed");
+  // The final step compares the tags (in constant time) and fails on a mismatch.
+  return EVP_DecryptFinal_ex(c.get(), nullptr, &got) == 1;
+}
+
 uint64_t sha256Prefix64(std::initializer_list<std::string_view> parts) {
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> c(EVP_MD_CTX_new());
   uint8_t digest[32];

@@ -37,6 +37,17 @@ Mac hmacSha256(std::string_view key, std::initializer_list<std::string_view> par
 // instructions, for bulk data. A nonce must never repeat under one key.
 Tag aesGmac(std::string_view key, const uint8_t* nonce,
             std::initializer_list<std::string_view> parts);
+// AES-256-GCM (NIST SP 800-38D) under a 32-byte `key` and a 12-byte
+// `nonce`: encrypts `n` bytes from `in` to `out` (they may be the same
+// buffer) and returns the tag over `aad` and the ciphertext. A nonce must
+// never repeat under one key.
+Tag aesGcmSeal(std::string_view key, const uint8_t* nonce, std::string_view aad,
+               const uint8_t* in, uint8_t* out, size_t n);
+// The reverse: decrypts `n` bytes from `in` to `out` (may be the same) and
+// returns whether `tag` (kTagBytes) matches `aad` and the ciphertext. When
+// it does not, `out` holds garbage the caller must discard.
+bool aesGcmOpen(std::string_view key, const uint8_t* nonce, std::string_view aad,
+                const uint8_t* in, uint8_t* out, size_t n, const uint8_t* tag);
 // The first 8 bytes of SHA-256 of the concatenation of `parts`.
 uint64_t sha256Prefix64(std::initializer_list<std::string_view> parts);
 
