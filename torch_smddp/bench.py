@@ -1,7 +1,14 @@
-"""Allreduce benchmark, nccl-tests style: smddp and Gloo side by side.
+"""Collective benchmark, nccl-tests style: smddp and Gloo side by side.
 
     python -m torch_smddp.bench [--world 2 4] [--min 4K] [--max 256M] [--plot busbw.png]
     python -m torch_smddp.bench --hosts H --ranks R --rate 2gbit [--max 64M] [--save F.json]
+    python -m torch_smddp.bench --op all_gather|reduce_scatter [--backends smddp gloo copy]
+
+It times allreduce unless --op names all_gather (all_gather_into_tensor) or
+reduce_scatter (reduce_scatter_tensor), the two collectives FSDP spends its
+time in; torch_smddp/bench_ops.py defines each one's sizes, closed form,
+busbw and link bound, and `copy`, the floor a rank's own memory traffic
+sets. What follows says it for allreduce.
 
 Each world size is one job: N local ranks, each with an smddp default group
 and a Gloo group over the same ranks. For every size both backends run in
@@ -51,6 +58,8 @@ import sys
 import tempfile
 import time
 
+from torch_smddp.bench_ops import (OPS, InPlace, OpBuffers, bus_factor, closed_form_sum,  # noqa: F401
+                                   link_share, timed_checked)
 from torch_smddp.bench_tcp import TcpMesh
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -82,45 +91,13 @@ def _iters_for(nbytes: int, budget_bytes: int) -> int:
     return max(8, min(200, budget_bytes // max(nbytes, 1)))
 
 
-def closed_form_sum(world: int) -> float:
-    """What SUM over ranks leaves in every element when rank r holds r + 1."""
-    return world * (world + 1) / 2
-
-
 def timed_checked_calls(call, t, rank: int, expected: float, iters: int,
                         untimed: list | None = None) -> tuple[float, str]:
     """Runs ``call()`` (an in-place allreduce of ``t``) ``iters`` times and
-    returns (mean seconds per call, "" or the first mismatch). Only the call
-    itself is inside the timed region: refilling ``t`` with this rank's
-    input (rank + 1) and comparing the result with ``expected`` happen
-    between calls. ``untimed``, if given, gets the mean seconds per
-    iteration spent outside the calls: on a tbf-shaped link the bucket
-    refills meanwhile (tools/smddp_model/ counts it)."""
-    total = 0.0
-    problem = ""
-    start = time.perf_counter()
-    for i in range(iters):
-        t.fill_(rank + 1.0)
-        t0 = time.perf_counter()
-        call()
-        total += time.perf_counter() - t0
-        if problem:
-            continue
-        # One read pass when the result is right (min and max both the
-        # closed form; a NaN fails it); the element-wise search only when
-        # it is not. At 4 x 2 eight ranks check on two vCPUs, and a rank
-        # still checking takes CPU from ranks already in their next call.
-        lo, hi = t.aminmax()
-        if lo.item() == expected and hi.item() == expected:
-            continue
-        bad = (t != expected).nonzero()
-        if bad.numel():
-            j = int(bad[0, 0]) if bad.dim() > 1 else int(bad[0])
-            problem = (f"iteration {i}: element {j} of {t.numel()} is {t.view(-1)[j].item()!r}, "
-                       f"expected {expected!r} ({bad.shape[0]} elements differ)")
-    if untimed is not None:
-        untimed.append((time.perf_counter() - start - total) / max(iters, 1))
-    return total / max(iters, 1), problem
+    returns (mean seconds per call, "" or the first mismatch). Refilling
+    ``t`` with this rank's input (rank + 1) and comparing the result with
+    ``expected`` happen between calls, untimed (bench_ops.timed_checked)."""
+    return timed_checked(call, InPlace(t, rank, expected), iters, untimed)
 
 
 def worker(args) -> None:
@@ -141,30 +118,27 @@ def worker(args) -> None:
             backend="smddp", pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
     mesh = TcpMesh(gloo, rank, world, args.tcp_conns) if "tcp" in args.backends else None
     results = []
-    expected = closed_form_sum(world)
     for nbytes in args.sizes:
-        numel = max(1, nbytes // 4)
-        t = torch.empty(numel, dtype=torch.float32)
-        iters = _iters_for(nbytes, args.budget)
-        row = {"bytes": numel * 4, "iters": iters}
+        bufs = OpBuffers(args.op, nbytes, rank, world)
+        iters = _iters_for(bufs.nbytes, args.budget)
+        row = {"bytes": bufs.nbytes, "iters": iters}
         for name in args.backends:
             if name == "tcp":
-                # Moves bytes and leaves `t` alone: the call sets the
+                # Moves bytes and leaves the buffer alone: the call sets the
                 # closed form's value itself, so the same refill and check
                 # as the allreduces run between calls, untimed.
-                def call():
-                    mesh.exchange(numel * 4)
-                    t.fill_(expected)
+                def call(n=bufs.nbytes, t=bufs.out, want=bufs.expected):
+                    mesh.exchange(n)
+                    t.fill_(want)
+            elif name == "copy":
+                call = bufs.copy_floor()
             else:
-                g = groups[name]
+                call = bufs.call(dist, groups[name])
 
-                def call():
-                    dist.all_reduce(t, group=g)
-
-            _, warm_problem = timed_checked_calls(call, t, rank, expected, args.warmup)
+            _, warm_problem = timed_checked(call, bufs, args.warmup)
             dist.barrier(group=gloo)
             untimed = []
-            dt, problem = timed_checked_calls(call, t, rank, expected, iters, untimed)
+            dt, problem = timed_checked(call, bufs, iters, untimed)
             problem = problem or warm_problem
             # The slowest rank defines the collective's time; any rank's
             # wrong result fails the run on every rank (no one is left
@@ -173,7 +147,7 @@ def worker(args) -> None:
             tt = torch.tensor([dt, 1.0 if problem else 0.0, untimed[0]], dtype=torch.float64)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX, group=gloo)
             if tt[1].item():
-                where = f"{name} allreduce of {fmt_size(numel * 4)} at world {world}"
+                where = f"{name} {args.op} of {fmt_size(bufs.nbytes)} at world {world}"
                 raise SystemExit(f"torch_smddp.bench: WRONG RESULT: {where}, rank {rank}: "
                                  + (problem or "correct here, wrong on another rank"))
             row[name] = tt[0].item()
@@ -183,7 +157,7 @@ def worker(args) -> None:
         mesh.close()
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"world": world, "rows": results}, f)
+            json.dump({"world": world, "op": args.op, "rows": results}, f)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
 
@@ -263,7 +237,7 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
 
 
 def _worker_args(args) -> list[str]:
-    return ["--worker", "--budget", str(args.budget), "--warmup", str(args.warmup),
+    return ["--worker", "--op", args.op, "--budget", str(args.budget), "--warmup", str(args.warmup),
             "--backends", *args.backends, "--tcp-conns", str(args.tcp_conns),
             "--sizes", *map(str, args.sizes)]
 
@@ -273,13 +247,12 @@ def run_world(world: int, args) -> dict:
     return launch_ranks(cmd, world, args.timeout, f"benchmark at world {world}")
 
 
-def link_bound_seconds(nbytes: int, hosts: int, rate_bps: float) -> float:
-    """The least time an allreduce of `nbytes` can take across `hosts`
-    hosts whose links carry `rate_bps` each way: every host must send (and
-    receive) 2(H-1)/H of the buffer, which is the buffer itself for H = 2."""
-    if hosts < 2:
-        return 0.0
-    return 2 * (hosts - 1) / hosts * nbytes * 8 / rate_bps
+def link_bound_seconds(nbytes: int, hosts: int, rate_bps: float, op: str = "all_reduce") -> float:
+    """The least time `op` of `nbytes` can take across `hosts` hosts whose
+    links carry `rate_bps` each way: for an allreduce every host must send
+    (and receive) 2(H-1)/H of the buffer, which is the buffer itself for
+    H = 2; for all_gather and reduce_scatter (H-1)/H (bench_ops.link_share)."""
+    return link_share(op, hosts) * nbytes * 8 / rate_bps
 
 
 def cluster_tool():
@@ -360,12 +333,12 @@ def run_cluster(args) -> dict:
 
 
 def _print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
-                bound_of=None) -> None:
+                bound_of=None, op: str = "all_reduce") -> None:
     """The body both tables share: per backend the time, algbw and busbw
-    (busbw = algbw x 2(n-1)/n over n ranks) and, given `bound_of` (bytes ->
-    seconds), the link bound and each backend's share of it; with two
-    backends, the second one's time over the first's."""
-    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    (busbw = algbw x bus_factor(op, n) over n ranks) and, given `bound_of`
+    (bytes -> seconds), the link bound and each backend's share of it; with
+    two backends, the second one's time over the first's."""
+    factor = bus_factor(op, n)
     head = f"{'size':>8} {'iters':>5}" + (f" | {'bound us':>10}" if bound_of else "")
     for b in backends:
         head += f" | {b + ' us':>12} {'algbw GB/s':>10} {'busbw GB/s':>10}"
@@ -387,27 +360,40 @@ def _print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
         print(line)
 
 
+def _title(op: str) -> str:
+    return {"all_reduce": "allreduce, float32, SUM", "all_gather": "all_gather, float32",
+            "reduce_scatter": "reduce_scatter, float32, SUM"}[op]
+
+
+def _factor_text(op: str) -> str:
+    return "2(n-1)/n" if op == "all_reduce" else "(n-1)/n"
+
+
 def print_cluster_table(data: dict, backends: list[str]) -> None:
     h, r, rate_bps = data["hosts"], data["ranks_per_host"], data["rate_bps"]
-    print(f"\n# allreduce, float32, SUM, {h} hosts x {r} ranks, links of {data['rate']} "
+    op = data.get("op", "all_reduce")
+    print(f"\n# {_title(op)}, {h} hosts x {r} ranks, links of {data['rate']} "
           f"({rate_bps / 8e9:.3f} GB/s each way), tcp {data.get('cc', 'of the machine')}")
     if h > 1:
-        print(f"# link bound: each host sends and receives 2(H-1)/H of the buffer: "
-              f"algbw <= {rate_bps / 8e9 / (2 * (h - 1) / h):.3f} GB/s")
+        what = "buffer" if op == "all_reduce" else ("output" if op == "all_gather" else "input")
+        print(f"# link bound: each host sends and receives {_factor_text(op).replace('n', 'H')} "
+              f"of the {what}: algbw <= {rate_bps / 8e9 / link_share(op, h):.3f} GB/s")
     else:
         print("# one host: nothing crosses a link, so there is no link bound")
     n = h * r
-    print(f"# busbw = algbw x 2(n-1)/n over all {n} ranks (nccl-tests); 'of bound' = bound / time")
+    print(f"# busbw = algbw x {_factor_text(op)} over all {n} ranks (nccl-tests); "
+          "'of bound' = bound / time")
     _print_rows(data["rows"], backends, n, backends[1] + "/" + backends[0] + " time"
                 if len(backends) >= 2 else "",
-                bound_of=(lambda nbytes: link_bound_seconds(nbytes, h, rate_bps)) if h > 1 else None)
+                bound_of=(lambda nbytes: link_bound_seconds(nbytes, h, rate_bps, op))
+                if h > 1 else None, op=op)
 
 
 def print_table(data: dict, backends: list[str]) -> None:
-    n = data["world"]
-    print(f"\n# allreduce, float32, SUM, world {n}  (busbw = algbw x 2(n-1)/n)")
+    n, op = data["world"], data.get("op", "all_reduce")
+    print(f"\n# {_title(op)}, world {n}  (busbw = algbw x {_factor_text(op)})")
     _print_rows(data["rows"], backends, n, "busbw " + backends[0] + "/" + backends[1]
-                if len(backends) == 2 else "")
+                if len(backends) >= 2 else "", op=op)
 
 
 def plot(all_data: list[dict], backends: list[str], path: str) -> None:
@@ -419,7 +405,7 @@ def plot(all_data: list[dict], backends: list[str], path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for data in all_data:
         n = data["world"]
-        factor = 2 * (n - 1) / n if n > 1 else 1.0
+        factor = bus_factor(data.get("op", "all_reduce"), n)
         xs = [r["bytes"] for r in data["rows"]]
         for b, style in zip(backends, ("-o", "--s")):
             ys = [r["bytes"] / r[b] / 1e9 * factor for r in data["rows"]]
@@ -427,7 +413,7 @@ def plot(all_data: list[dict], backends: list[str], path: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title("allreduce busbw on one host (CPU)")
+    ax.set_title(f"{all_data[0].get('op', 'all_reduce')} busbw on one host (CPU)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -455,6 +441,9 @@ def resolve_sizes(args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap)
+    ap.add_argument("--op", choices=OPS, default="all_reduce",
+                    help="the collective to time (sizes as nccl-tests: the buffer, all_gather's "
+                         "output, reduce_scatter's input)")
     ap.add_argument("--backends", nargs="+", default=["smddp", "gloo"])
     ap.add_argument("--budget", type=int, default=1 << 30, help="bytes per size and backend (sets iterations)")
     ap.add_argument("--warmup", type=int, default=2)
@@ -472,11 +461,13 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     resolve_sizes(args)
-    unknown = set(args.backends) - {"smddp", "gloo", "tcp", "smddp-bf16"}
+    unknown = set(args.backends) - {"smddp", "gloo", "tcp", "smddp-bf16", "copy"}
     if unknown:
-        ap.error(f"--backends: unknown {sorted(unknown)} (smddp, gloo, tcp, smddp-bf16)")
+        ap.error(f"--backends: unknown {sorted(unknown)} (smddp, gloo, tcp, smddp-bf16, copy)")
     if "tcp" in args.backends and args.hosts is None:
         ap.error("--backends tcp measures the links of a cluster: it needs --hosts")
+    if "tcp" in args.backends and args.op != "all_reduce":
+        ap.error("--backends tcp moves an allreduce's link bytes: it needs --op all_reduce")
     if args.hosts is not None:
         if args.hosts < 1 or args.ranks < 1:
             ap.error("--hosts and --ranks must be at least 1")

@@ -389,3 +389,76 @@ def test_queued_buckets_splits_as_ddp_and_checks_every_result():
             if x.split()[:1] in (["smddp"], ["gloo"])}
     assert sorted(rows) == ["gloo", "smddp", "smddp bf16"], p.stdout
     assert all(float(v) > 0 for r in rows.values() for v in r), p.stdout
+
+
+def test_bench_ops_count_bytes_as_nccl_tests_do():
+    from torch_smddp import bench_ops
+
+    assert bench_ops.bus_factor("all_reduce", 4) == 1.5
+    assert bench_ops.bus_factor("all_gather", 4) == 0.75
+    assert bench_ops.bus_factor("reduce_scatter", 2) == 0.5
+    assert bench_ops.bus_factor("all_gather", 1) == 1.0
+    s = 1 << 26
+    # all_gather: the other hosts' parts come in; reduce_scatter: the other
+    # hosts' host-reduced parts go out. Half an allreduce's bytes.
+    assert bench.link_bound_seconds(s, 4, 2e9, "all_gather") == pytest.approx(0.75 * s * 8 / 2e9)
+    assert bench.link_bound_seconds(s, 2, 2e9, "reduce_scatter") == pytest.approx(0.5 * s * 8 / 2e9)
+    ag = bench_ops.OpBuffers("all_gather", 1000, rank=1, world=3)
+    assert (ag.inp.numel(), ag.out.numel(), ag.nbytes) == (83, 249, 996)
+    rs = bench_ops.OpBuffers("reduce_scatter", 1000, rank=1, world=3)
+    assert (rs.inp.numel(), rs.out.numel(), rs.nbytes) == (249, 83, 996)
+    with pytest.raises(ValueError, match="unknown op 'broadcast'"):
+        bench_ops.OpBuffers("broadcast", 1000, 0, 2)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
+def test_bench_ops_check_each_result_and_their_copy_floor_leaves_it(op):
+    # A stand-in collective computes the closed form from what every rank
+    # would hold (rank r: r + 1); one that writes nothing, or one wrong
+    # element, is caught, named by iteration and element.
+    from torch_smddp import bench_ops
+
+    world = 3
+    bufs = bench_ops.OpBuffers(op, 4 * 3 * 8, rank=2, world=world)
+    per = bufs.nbytes // 4 // world
+
+    def right():
+        assert bool((bufs.inp == 3.0).all())  # refilled with this rank's r + 1
+        if op == "all_gather":
+            bufs.out.copy_(torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(per))
+        elif op == "reduce_scatter":
+            bufs.out.copy_(bufs.inp.view(world, per)[0] * 0 + 6.0)
+        else:
+            bufs.out.fill_(6.0)
+
+    assert bench_ops.timed_checked(right, bufs, 3)[1] == ""
+    assert bench_ops.timed_checked(bufs.copy_floor(), bufs, 3)[1] == ""
+    if op != "all_reduce":  # in place, an allreduce that does nothing leaves r + 1
+        _, problem = bench_ops.timed_checked(lambda: None, bufs, 2)
+        assert problem.startswith("iteration 0: element 0 of"), problem
+        assert "is -1.0" in problem
+
+    def wrong_later(calls=[0]):  # noqa: B006
+        right()
+        calls[0] += 1
+        if calls[0] == 2:
+            bufs.out[per - 1] = 7.0
+
+    _, problem = bench_ops.timed_checked(wrong_later, bufs, 3)
+    assert problem.startswith(f"iteration 1: element {per - 1} of {bufs.out.numel()} is 7.0"), problem
+
+
+def test_bench_times_all_gather_and_reduce_scatter_and_checks_real_results():
+    # One job per op at world 2 against Gloo and the copy floor: every
+    # result is checked inside the benchmark, which exits non-zero on a
+    # mismatch.
+    for op in ("all_gather", "reduce_scatter"):
+        cmd = [sys.executable, "-m", "torch_smddp.bench", "--op", op, "--world", "2",
+               "--sizes", "4096", "1048576", "--budget", "65536", "--timeout", "150",
+               "--backends", "smddp", "gloo", "copy"]
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+        assert "WRONG RESULT" not in p.stdout + p.stderr
+        assert f"# {op}, float32" in p.stdout and "x (n-1)/n" in p.stdout, p.stdout
+        rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(("4K", "1M"))]
+        assert len(rows) == 2, p.stdout
