@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Every include in csrc/ points down the layer table (docs/design.md, "Layers").
+"""Every include in csrc/ follows its library's declared links (docs/design.md, "Layers").
 
 Reads each `#include "folder/..."` and `#include <...>` of every file under
 csrc/ and prints, for each one a folder may not have:
 
-    csrc/engine/x.cc:12: engine may not include hostpath/y.h (allowed: common, ...)
+    csrc/engine/x.cc:12: engine may not include hostpath/y.h (it links: common, ...)
+
+A folder may include only the folders it links (its row of LAYERS, which
+must match its LINKS in CMakeLists.txt), links only folders below it, and
+links none it does not include.
 
 Also: only backend/ includes torch headers (<torch/...>, <ATen/...>,
 <c10/...>), and only device/cuda/ and backend/cuda_context.cc include CUDA or
@@ -24,19 +28,21 @@ import pathlib
 import re
 import sys
 
-# The folders of csrc/, bottom up, and what each may include besides itself.
-# docs/design.md's "Layers" table says the same (--design checks it).
+# The folders of csrc/, bottom up, and the libraries each links besides
+# itself (smddp_<folder> in CMakeLists.txt): what it may include. A folder
+# links only folders below it, and declares each one it includes, no more.
+# docs/design.md's "Layers" table and CMakeLists.txt say the same (--design
+# checks the first, every run the second).
 LAYERS: list[tuple[str, list[str]]] = [
     ("common", []),
     ("transport", ["common"]),
-    ("reduce", ["common", "transport"]),
-    ("observe", ["common", "transport", "reduce"]),
-    ("device", ["common", "transport", "reduce", "observe"]),
-    ("server", ["common", "transport", "reduce", "observe", "device"]),
-    ("engine", ["common", "transport", "reduce", "observe", "device", "server"]),
-    ("algorithms", ["common", "transport", "reduce", "observe", "device", "server", "engine"]),
-    ("hostpath", ["common", "transport", "reduce", "observe", "device", "server", "engine",
-                  "algorithms"]),
+    ("reduce", ["common"]),
+    ("observe", ["common", "transport"]),
+    ("device", ["common"]),
+    ("server", ["common", "transport", "reduce"]),
+    ("engine", ["common", "transport", "observe"]),
+    ("algorithms", ["common", "reduce", "engine"]),
+    ("hostpath", ["common", "transport", "reduce", "observe", "server", "engine", "algorithms"]),
     ("backend", ["common", "transport", "reduce", "observe", "device", "server", "engine",
                  "algorithms", "hostpath"]),
 ]
@@ -58,7 +64,8 @@ def may_include_cuda(rel: str) -> bool:
 
 def check_tree(csrc: pathlib.Path) -> list[str]:
     """Every offending include under `csrc`, as "file:line: why" lines."""
-    allowed = {folder: set(below) | {folder} for folder, below in LAYERS}
+    allowed = {folder: set(links) | {folder} for folder, links in LAYERS}
+    used: dict[str, set[str]] = {folder: set() for folder, _ in LAYERS}
     errors = []
     files = sorted({p for pattern in SOURCES for p in csrc.rglob(pattern)})
     for path in files:
@@ -89,7 +96,49 @@ def check_tree(csrc: pathlib.Path) -> list[str]:
                 continue  # a file beside it, or something outside csrc/
             if top not in allowed[folder]:
                 below = ", ".join(f for f, _ in LAYERS if f in allowed[folder] and f != folder)
-                errors.append(f"{where} may not include {target} (allowed: {below or 'nothing'})")
+                errors.append(f"{where} may not include {target} (it links: {below or 'nothing'})")
+            elif top != folder:
+                used[folder].add(top)
+    for folder, links in LAYERS:
+        for link in links:
+            if link not in used[folder] and (csrc / folder).is_dir():
+                errors.append(f"csrc/{folder}/:1: {folder} declares a link to {link} but includes "
+                              f"nothing from it: drop it (scripts/check_layers.py, CMakeLists.txt)")
+    return errors
+
+
+def check_order() -> list[str]:
+    """Every link points down the table."""
+    order = [f for f, _ in LAYERS]
+    return [f"scripts/check_layers.py: {folder} links {link}, which is not below it"
+            for i, (folder, links) in enumerate(LAYERS) for link in links
+            if link not in order[:i]]
+
+
+def cmake_links(text: str) -> dict[str, list[str]]:
+    """Each smddp_folder_library(smddp_<folder> ... LINKS ...) of
+    CMakeLists.txt: folder -> the smddp_ folders it links."""
+    out = {}
+    for m in re.finditer(r"smddp_folder_library\(smddp_(\w+)(.*?)\)", text, re.S):
+        links = re.search(r"\bLINKS\b(.*)", m.group(2), re.S)
+        names = re.findall(r"\bsmddp_(\w+)", links.group(1)) if links else []
+        out[m.group(1)] = names
+    return out
+
+
+def check_cmake(path: pathlib.Path) -> list[str]:
+    """How CMakeLists.txt's declared links differ from LAYERS (backend/ is
+    _C, which links them all)."""
+    declared = cmake_links(path.read_text(encoding="utf-8"))
+    errors = []
+    for folder, links in LAYERS:
+        if folder == "backend":
+            continue
+        if folder not in declared:
+            errors.append(f"{path}: no smddp_folder_library(smddp_{folder} ...)")
+        elif sorted(declared[folder]) != sorted(links):
+            errors.append(f"{path}: smddp_{folder} links {sorted(declared[folder])}, "
+                          f"scripts/check_layers.py says {sorted(links)}")
     return errors
 
 
@@ -142,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--design", type=pathlib.Path, help="also check this file's layer table")
     ap.add_argument("--stamp", type=pathlib.Path, help="touch this file on success")
     args = ap.parse_args(argv)
-    errors = check_tree(args.root / "csrc")
+    errors = check_order() + check_tree(args.root / "csrc")
+    if (args.root / "CMakeLists.txt").exists():
+        errors += check_cmake(args.root / "CMakeLists.txt")
     if args.design:
         errors += check_design(args.design)
     for e in errors:

@@ -86,7 +86,7 @@ def register_in_store(store, job: str, addresses: list[str]) -> list[int]:
     return list(range(first, last))
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m torch_smddp.server",
         description=__doc__.split("\n\n")[1],
@@ -110,6 +110,11 @@ def main(argv=None) -> int:
                    help="the key shared with the workers' SMDDP_SERVER_KEY_FILE (mode 0600; "
                         "default: SMDDP_SERVER_KEY_FILE, else the job's key in the "
                         "--rendezvous store)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if not 1 <= args.servers <= 1024:
         p.error("--servers must be in 1..1024")

@@ -156,6 +156,30 @@ def _align_profile(prof: list[dict], spans_by_seq: dict[int, dict]) -> float | N
     return offsets[len(offsets) // 2]
 
 
+def _backward_ops(profiles: dict, per_rank: dict, seqs: list, lo: float, hi: float) -> dict:
+    """Per rank with a torch.profiler trace: the step's backward ops
+    (autograd's evaluate_function spans, as (start, duration) on the
+    timeline's clock) from the end of the previous step's last bucket (its
+    optimizer step waited for it) to `hi`."""
+    backward = {}
+    for r, prof in profiles.items():
+        if r not in per_rank:
+            continue
+        by_seq = {s["seq"]: s for s in per_rank[r][2]}
+        off = _align_profile(prof, by_seq)
+        if off is None:
+            continue
+        ops = [(e["ts"] + off, e.get("dur", 0)) for e in prof
+               if e.get("ph") == "X" and str(e.get("name", "")).startswith(
+                   "autograd::engine::evaluate_function")]
+        prev = by_seq.get(seqs[0] - 1)
+        floor = prev["end"] if prev else lo - (hi - lo)
+        ops = [(t, d) for t, d in ops if floor <= t <= hi]
+        if ops:
+            backward[r] = ops
+    return backward
+
+
 def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
          calls_per_step: int | None = None, title: str | None = None) -> str:
     """Draws one step across ranks into ``out`` (PNG); returns ``out``."""
@@ -186,25 +210,8 @@ def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
     pad = max((hi - lo) * 0.05, 50.0)
     lo, hi = lo - pad, hi + pad
     # With a profile, the step's backward starts before its first bucket.
-    backward = {}
-    for r in ranks:
-        if r not in profiles:
-            continue
-        off = _align_profile(profiles[r], {s["seq"]: s for s in per_rank[r][2]})
-        if off is None:
-            continue
-        ops = [(e["ts"] + off, e.get("dur", 0)) for e in profiles[r]
-               if e.get("ph") == "X" and str(e.get("name", "")).startswith(
-                   "autograd::engine::evaluate_function")]
-        # This step's backward began after the previous step's last bucket
-        # completed (its optimizer step waited for it).
-        by_seq = {s["seq"]: s for s in per_rank[r][2]}
-        prev = by_seq.get(seqs[0] - 1)
-        floor = prev["end"] if prev else lo - (hi - lo)
-        ops = [(t, d) for t, d in ops if t >= floor and t <= hi]
-        if ops:
-            backward[r] = ops
-            lo = min(lo, min(t for t, _ in ops))
+    backward = _backward_ops(profiles, per_rank, seqs, lo, hi)
+    lo = min([lo] + [t for ops in backward.values() for t, _ in ops])
     cmap = plt.get_cmap("tab20")
     rows = []  # (label, [(start, width, colour)])
     labels = []  # (row, begin, end, text): bucket sizes on the allreduce bars
@@ -217,16 +224,10 @@ def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
         rows.append((f"rank {r} allreduce", calls))
         labels.extend((len(rows) - 1, s["begin"], s["end"], _size(s["bytes"]))
                       for s in allreduces if s["seq"] in bucket_of)
-        engine = []
-        for e in timelines[r]:
-            if e.get("ph") != "X" or e["ts"] > hi or e["ts"] + e["dur"] < lo:
-                continue
-            if e.get("args", {}).get("group") != group:
-                continue
-            if e.get("cat") == "batch":
-                engine.append((e["ts"], e["dur"], "#34495e"))
-            elif e.get("cat") == "run":
-                engine.append((e["ts"], e["dur"], "#34495e"))
+        engine = [(e["ts"], e["dur"], "#34495e") for e in timelines[r]
+                  if e.get("ph") == "X" and e["ts"] <= hi and e["ts"] + e["dur"] >= lo
+                  and e.get("args", {}).get("group") == group
+                  and e.get("cat") in ("batch", "run")]
         rows.append((f"rank {r} engine", engine))
         phases = [(e["ts"], e["dur"], _PHASE_COLOURS.get(e["name"], "k"))
                   for e in timelines[r] if e.get("ph") == "X" and e.get("cat") == "shm"
@@ -248,10 +249,9 @@ def plot(directory: str, out: str, step: int = -1, profile: str | None = None,
     ax.set_xlim(0, (hi - lo) / 1000.0)
     ax.set_xlabel("ms")
     ax.grid(axis="x", alpha=0.3)
-    legend = [Patch(color="#34495e", label="fusion batch")]
-    legend += [Patch(color=c, label=n) for n, c in _PHASE_COLOURS.items()]
-    if backward:
-        legend.append(Patch(color="#9e9e9e", label="backward (torch.profiler)"))
+    legend = [Patch(color=c, label=n) for n, c in
+              [("fusion batch", "#34495e"), *_PHASE_COLOURS.items()]
+              + ([("backward (torch.profiler)", "#9e9e9e")] if backward else [])]
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=7,
               fontsize=8, frameon=False)
     ax.set_title(title or f"one DDP step on {len(ranks)} rank(s): {len(seqs)} bucket allreduce(s) "

@@ -65,21 +65,33 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::launchChunked(c10d::OpType typ
                 std::move(c.call));
 }
 
+namespace {
+
+// An allreduce's tensors: at least one, each on `device`, dense and
+// non-overlapping, all of one dtype.
+void checkDenseOfOneDtype(const char* coll, const std::vector<at::Tensor>& tensors,
+                          const c10::Device& device) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "smddp ", coll, ": no tensors given");
+  const at::ScalarType st = tensors[0].scalar_type();
+  for (const auto& t : tensors) {
+    TORCH_CHECK_VALUE(t.defined() && t.device() == device && t.layout() == at::kStrided &&
+                          t.is_non_overlapping_and_dense(),
+                      "smddp ", coll, ": tensors on ", device,
+                      " must be dense and non-overlapping (as with NCCL); call .contiguous() first");
+    TORCH_CHECK_TYPE(t.scalar_type() == st, "smddp ", coll,
+                     ": all tensors must have the same dtype (got ", st, " and ", t.scalar_type(), ")");
+  }
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, const char* coll,
                                                             std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
   checkNotCapturing(coll);
   checkUsable(coll);
-  TORCH_CHECK_VALUE(!tensors.empty(), "smddp ", coll, ": no tensors given");
+  checkDenseOfOneDtype(coll, tensors, ctx_->torchDevice());
   const at::ScalarType st = tensors[0].scalar_type();
-  for (const auto& t : tensors) {
-    TORCH_CHECK_VALUE(t.defined() && t.device() == ctx_->torchDevice() && t.layout() == at::kStrided &&
-                          t.is_non_overlapping_and_dense(),
-                      "smddp ", coll, ": tensors on ", ctx_->torchDevice(),
-                      " must be dense and non-overlapping (as with NCCL); call .contiguous() first");
-    TORCH_CHECK_TYPE(t.scalar_type() == st, "smddp ", coll,
-                     ": all tensors must have the same dtype (got ", st, " and ", t.scalar_type(), ")");
-  }
   // Decided at the first allreduce, which every rank makes.
   std::shared_ptr<IntraRoute> intra = intraRouteFor();
   if (!std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.is_contiguous(); })) {

@@ -238,6 +238,50 @@ py::dict groupStats(ProcessGroupSmddp& pg) {
   return d;
 }
 
+// ProcessGroupSmddp(...) from Python. server_hosts/server_key: the
+// standalone reduction servers torch_smddp found in a store ("host:port"
+// each, in server order) and the job's key from there; None:
+// SMDDP_SERVER_HOSTS decides. cross_host_dtype: torch_smddp.Options'; "":
+// SMDDP_CROSS_HOST_DTYPE. keep_spare: the process forms groups again and
+// again (torchft): keep a warm endpoint for the next
+// (GroupOptions::keepSpare).
+NoGilHolder<ProcessGroupSmddp> makeGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                         int size, std::chrono::milliseconds timeout,
+                                         std::string name,
+                                         std::optional<std::vector<std::string>> serverHosts,
+                                         const std::string& serverOrigin,
+                                         const std::string& serverKey,
+                                         std::shared_ptr<c10d_smddp::FormationCancel> cancel,
+                                         std::string crossHostDtype, bool keepSpare) {
+  c10d_smddp::GroupOptions options;
+  if (serverHosts) options.servers = registeredServers(*serverHosts, serverOrigin, serverKey);
+  options.cancel = std::move(cancel);
+  options.crossHostDtype = std::move(crossHostDtype);
+  options.keepSpare = keepSpare;
+  // Forming the group waits on its peers, so it runs without the GIL;
+  // pybind then registers the instance, which needs the GIL back
+  // (releaseWhile).
+  return releaseWhile([&] {
+    return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
+        store, rank, size, timeout, std::move(name), std::move(options)));
+  });
+}
+
+// The flight recorder's entries, oldest first (torch_smddp.flight_recorder).
+py::list flightRecorderEntries(const ProcessGroupSmddp& pg) {
+  py::list out;
+  auto rec = pg.flightRecorder();
+  if (!rec) return out;
+  const auto steadyNow = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+  const auto wallNow = std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  for (const auto& e : rec->entries()) out.append(entryToDict(e, steadyNow, wallNow));
+  return out;
+}
+
 // The process group and what it needs from Python: the formation cancel
 // token, the group, and the atexit hook that stops live groups.
 void bindProcessGroup(py::module_& m) {
@@ -251,33 +295,7 @@ void bindProcessGroup(py::module_& m) {
       .def_property_readonly("cancelled", &c10d_smddp::FormationCancel::cancelled);
   py::class_<ProcessGroupSmddp, c10d::Backend, NoGilHolder<ProcessGroupSmddp>>(
       m, "ProcessGroupSmddp")
-      // server_hosts/server_key: the standalone reduction servers
-      // torch_smddp found in a store ("host:port" each, in server order)
-      // and the job's key from there; None: SMDDP_SERVER_HOSTS decides.
-      // cross_host_dtype: torch_smddp.Options'; "": SMDDP_CROSS_HOST_DTYPE.
-      // keep_spare: the process forms groups again and again (torchft):
-      // keep a warm endpoint for the next (GroupOptions::keepSpare).
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string name,
-                       std::optional<std::vector<std::string>> serverHosts,
-                       const std::string& serverOrigin, const std::string& serverKey,
-                       std::shared_ptr<c10d_smddp::FormationCancel> cancel,
-                       std::string crossHostDtype, bool keepSpare) {
-             c10d_smddp::GroupOptions options;
-             if (serverHosts) {
-               options.servers = registeredServers(*serverHosts, serverOrigin, serverKey);
-             }
-             options.cancel = std::move(cancel);
-             options.crossHostDtype = std::move(crossHostDtype);
-             options.keepSpare = keepSpare;
-             // Forming the group waits on its peers, so it runs without the
-             // GIL; pybind then registers the instance, which needs the GIL
-             // back (releaseWhile).
-             return releaseWhile([&] {
-               return NoGilHolder<ProcessGroupSmddp>(c10::make_intrusive<ProcessGroupSmddp>(
-                   store, rank, size, timeout, std::move(name), std::move(options)));
-             });
-           }),
+      .def(py::init(&makeGroup),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::arg("group_name") = "default", py::arg("server_hosts") = py::none(),
            py::arg("server_origin") = "", py::arg("server_key") = "",
@@ -292,20 +310,7 @@ void bindProcessGroup(py::module_& m) {
       .def("shutdown", &ProcessGroupSmddp::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("abort", &ProcessGroupSmddp::abort, py::call_guard<py::gil_scoped_release>())
       .def("stats", &groupStats)
-      // The flight recorder's entries, oldest first (torch_smddp.flight_recorder).
-      .def("flight_recorder", [](const ProcessGroupSmddp& pg) {
-        py::list out;
-        auto rec = pg.flightRecorder();
-        if (!rec) return out;
-        const auto steadyNow = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count();
-        const auto wallNow = std::chrono::duration_cast<std::chrono::microseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count();
-        for (const auto& e : rec->entries()) out.append(entryToDict(e, steadyNow, wallNow));
-        return out;
-      })
+      .def("flight_recorder", &flightRecorderEntries)
       // dist.ReduceOp.SUM and the like are RedOpType values: taken as such,
       // they skip the conversion to a ReduceOp object (an allocation per
       // call); a ReduceOp object (PREMUL_SUM) takes the second overload.
@@ -406,13 +411,12 @@ void bindParamsAndReports(py::module_& m) {
   });
 }
 
-// python -m torch_smddp.server, and what torch_smddp.info shows.
-void bindServerAndInfo(py::module_& m) {
-  // python -m torch_smddp.server (torch_smddp/server.py): the torch-free
-  // standalone reduction servers, run on threads of their own.
-  // The key: `key` (the job's, from a store), else the file at
-  // `key_file`, else SMDDP_SERVER_KEY_FILE; a bad or missing one raises
-  // ValueError naming where it came from.
+// python -m torch_smddp.server (torch_smddp/server.py): the torch-free
+// standalone reduction servers, run on threads of their own. The key:
+// `key` (the job's, from a store), else the file at `key_file`, else
+// SMDDP_SERVER_KEY_FILE; a bad or missing one raises ValueError naming
+// where it came from.
+void bindStandaloneServer(py::module_& m) {
   py::class_<smddp::StandaloneServer>(m, "StandaloneServer")
       .def(py::init([](const std::string& bind, int basePort, int count, const std::string& job,
                        const std::string& keyFile, const std::string& key,
@@ -444,6 +448,10 @@ void bindServerAndInfo(py::module_& m) {
       .def("streams", &smddp::StandaloneServer::streams)
       .def("threads", &smddp::StandaloneServer::threads)
       .def("last_error", &smddp::StandaloneServer::lastError);
+}
+
+// What torch_smddp.info shows, and the tests' views of this process.
+void bindInfo(py::module_& m) {
   m.def("default_address", &smddp::fallbackAddress);
   m.def("libfabric_version", &smddp::libfabricVersion);
   // Spare endpoints of this process (transport/spare_endpoints.h), for tests.
@@ -520,7 +528,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("built_with_cuda", &c10d_smddp::builtWithCuda);
   bindProcessGroup(m);
   bindParamsAndReports(m);
-  bindServerAndInfo(m);
+  bindStandaloneServer(m);
+  bindInfo(m);
   m.attr("built_with_torch") = SMDDP_BUILT_WITH_TORCH;
   c10d_smddp::bindSimTesting(m);
 }

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "server/server_wire.h"
+#include "common/server_address.h"
 
 namespace smddp {
 

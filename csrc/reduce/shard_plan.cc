@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
-#include "transport/frame.h"
+#include "common/wire_limits.h"
 
 namespace smddp {
 

@@ -21,6 +21,7 @@
 
 #include "common/crypto.h"
 #include "common/dtype.h"
+#include "common/server_address.h"
 #include "reduce/shard_plan.h"
 
 namespace smddp {
@@ -107,11 +108,6 @@ const char* toString(ServerFrameKind k);
 // SMDDP_SERVER_HOSTS: "host:port,host:port,..." (a host may be a name or a
 // numeric address; IPv6 in brackets). Throws an invalid-argument error
 // naming the variable for anything else.
-struct ServerAddress {
-  std::string host;  // as written
-  int port = 0;
-  std::string origin;  // where it was listed, for messages: "SMDDP_SERVER_HOSTS[1]"
-};
 std::vector<ServerAddress> parseServerHosts(const std::string& spec);
 
 // The share of each cross-host step the K standalone servers take

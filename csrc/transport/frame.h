@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/dtype.h"
+#include "common/wire_limits.h"
 
 namespace smddp {
 
@@ -137,7 +138,6 @@ uint64_t makeTag(TagClass cls, uint64_t seq, uint32_t phase, uint32_t chunk);
 // Matches every class-1 tag. Not used for posted receives: ignore bits
 // break libfabric 1.17's shm tag matching (see engine/control_frames.cc).
 constexpr uint64_t kErrorTagIgnore = (1ULL << 60) - 1;
-constexpr uint32_t kMaxChunksPerPhase = 1u << 24;
 // The chunk field of the network step of a multi-host batch: the step
 // number within the batch, modulo 2^24, since a batch can have more steps.
 // The wrap is safe because a server keeps at most SMDDP_SHM_DEPTH steps in

@@ -50,8 +50,36 @@ def test_an_include_that_points_up_is_named():
     r = planted({rel: '#include "hostpath/fusion_scheduler.h"'})
     assert r.returncode == 1
     assert (f"csrc/{rel}:{line_of(rel)}: engine may not include hostpath/fusion_scheduler.h "
-            f"(allowed: common, transport, reduce, observe, device, server)") in r.stdout, r.stdout
+            f"(it links: common, transport, observe)") in r.stdout, r.stdout
     assert r.stdout.count("may not include") == 1, r.stdout
+
+
+def test_an_include_below_that_the_library_does_not_link_is_named():
+    # reduce/ lies below engine/, but smddp_engine does not link smddp_reduce.
+    rel = "engine/communicator.cc"
+    r = planted({rel: '#include "reduce/shard_plan.h"'})
+    assert r.returncode == 1
+    assert (f"csrc/{rel}:{line_of(rel)}: engine may not include reduce/shard_plan.h "
+            f"(it links: common, transport, observe)") in r.stdout, r.stdout
+
+
+def test_a_declared_link_nothing_includes_and_a_cmake_that_disagrees_fail():
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        (root / "csrc" / "transport").mkdir(parents=True)
+        (root / "csrc" / "transport" / "x.cc").write_text("int x;\n")
+        (root / "CMakeLists.txt").write_text(
+            "smddp_folder_library(smddp_common SOURCES a.cc LINKS Threads::Threads)\n"
+            "smddp_folder_library(smddp_reduce\n  SOURCES b.cc\n"
+            "  LINKS smddp_transport smddp_common)\n")
+        r = run_check(root)
+    assert r.returncode == 1
+    out = r.stdout
+    assert ("csrc/transport/:1: transport declares a link to common but includes nothing "
+            "from it") in out, out
+    assert "smddp_reduce links ['common', 'transport'], scripts/check_layers.py says ['common']" \
+        in out, out
+    assert "no smddp_folder_library(smddp_engine ...)" in out, out
 
 
 def test_torch_and_cuda_headers_stay_where_they_belong():
