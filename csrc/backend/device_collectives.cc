@@ -20,6 +20,10 @@ namespace c10d_smddp {
 
 SMDDP_PARAM_BYTES(paramDeviceChunkBytes, "SMDDP_DEVICE_CHUNK_BYTES", 4194304, 4096, 1LL << 30,
                   "Chunk (and staging slot) size of the GPU path's allreduce pipeline");
+SMDDP_PARAM_BYTES(paramDeviceMinPiece, "SMDDP_DEVICE_MIN_PIECE_BYTES", 262144, 4096, 1LL << 26,
+                  "Least bytes per rank in each staged piece of the GPU path's all-gather and "
+                  "reduce-scatter: the staging slots grow to hold world + 1 such pieces (up to "
+                  "64 MiB) where SMDDP_DEVICE_CHUNK_BYTES holds fewer");
 // 512 MiB: a repeated whole-staged call of a few hundred MB (DDP's 250 MB
 // buckets, broadcast at start) keeps its buffer (device/host_pool.h).
 SMDDP_PARAM_BYTES(paramDeviceHostCache, "SMDDP_DEVICE_HOST_CACHE_BYTES", 536870912, 0, 1LL << 40,
@@ -27,6 +31,20 @@ SMDDP_PARAM_BYTES(paramDeviceHostCache, "SMDDP_DEVICE_HOST_CACHE_BYTES", 5368709
                   "(the longest-idle buffers make room for the latest)");
 
 namespace {
+
+// A staging slot holds, for all-gather and reduce-scatter, one piece of
+// every rank's part and this rank's own: world + 1 pieces. At large worlds
+// the configured chunk would cut pieces to a few KiB, each a host
+// collective of its own with world - 1 steps (issue 53, 8): the slot grows
+// to hold pieces of at least SMDDP_DEVICE_MIN_PIECE_BYTES, up to 64 MiB
+// (2 slots at least, so 128 MiB of page-locked memory at most).
+size_t stagingSlotBytes(int world) {
+  constexpr size_t kMaxSlotBytes = 64u << 20;
+  const auto chunk = static_cast<size_t>(paramDeviceChunkBytes());
+  const size_t pieces = static_cast<size_t>(world) + 1;
+  const size_t want = pieces * static_cast<size_t>(paramDeviceMinPiece());
+  return std::max(chunk, std::min(want, kMaxSlotBytes));
+}
 
 // c10d::Work keeps its profiling title's pointer: titles live as long as
 // the process.
@@ -367,7 +385,7 @@ DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
   auto entered = ctx_->enter();  // the slots are allocated on the device
   pool_ = smddp::HostBufferPool::make(ctx_->device(), static_cast<size_t>(paramDeviceHostCache()));
   smddp::StagingOptions o;
-  o.slotBytes = static_cast<size_t>(paramDeviceChunkBytes());
+  o.slotBytes = stagingSlotBytes(world_);
   // The staging slots together stay within one fusion buffer.
   const int64_t fusion =
       smddp::readBytesParam("SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34);

@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 from mp_harness import ExitedRank, run_world  # noqa: E402
 
 SIM_ENV = {"SMDDP_DEVICE_SIM": "1", "SMDDP_DEVICE_SIM_DELAY_US": "100",
-           "SMDDP_DEVICE_CHUNK_BYTES": "16K", "SMDDP_HOST_ID": lambda r: f"h{r // 2}"}
+           "SMDDP_DEVICE_CHUNK_BYTES": "16K", "SMDDP_DEVICE_MIN_PIECE_BYTES": "4K",
+           "SMDDP_HOST_ID": lambda r: f"h{r // 2}"}
 KILL_BOUND_S = 5.0
 
 

@@ -37,7 +37,46 @@ def routed(rank, world):
     calls += len(works)
     ok &= all(bool(torch.equal(w.result()[0], torch.full((5000,), float(sum(range(world)) + world * i))))
               for i, w in enumerate(works))
-    return {"ok": ok, "calls": calls, "device_calls": torch_smddp.stats()["device_calls"]}
+    out = {"ok": ok, "calls": calls, "device_calls": torch_smddp.stats()["device_calls"]}
+    if os.environ.get("SMDDP_DEVICE_SIM") == "1":
+        out.update(min_piece(rank, world))
+    return out
+
+
+def min_piece(rank, world):
+    """A group made under SMDDP_DEVICE_MIN_PIECE_BYTES=1M stages all-gather
+    and reduce-scatter in pieces of 1 MiB per rank, whatever its 16 KiB
+    chunk: its slots grow to world + 1 pieces. A 3 MiB part then takes 3
+    pieces, one copy each from the all-gather's input and world from the
+    reduce-scatter's (16 KiB / (world + 1) would make 576)."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    before = os.environ.get("SMDDP_DEVICE_MIN_PIECE_BYTES")
+    os.environ["SMDDP_DEVICE_MIN_PIECE_BYTES"] = "1M"
+    try:
+        g = dist.new_group(backend="smddp")
+        n = 3 << 18  # 3 MiB of float32 per rank
+        inp = torch.arange(n, dtype=torch.float32) + rank * n
+        big = torch.arange(world * n, dtype=torch.float32) + rank
+        out, part = torch.empty(world * n), torch.empty(n)
+        # The sim counts copies ever made from a range: count the new ones.
+        base_in, base_big = sim.sim_copies_from(inp), sim.sim_copies_from(big)
+        dist.all_gather_into_tensor(out, inp, group=g)
+        dist.reduce_scatter_tensor(part, big, group=g)
+        _settle()
+    finally:
+        if before is None:
+            os.environ.pop("SMDDP_DEVICE_MIN_PIECE_BYTES")
+        else:
+            os.environ["SMDDP_DEVICE_MIN_PIECE_BYTES"] = before
+    want_part = (torch.arange(n, dtype=torch.float32) + rank * n) * world + world * (world - 1) / 2
+    return {"pieces_ok": bool(torch.equal(out, torch.arange(world * n, dtype=torch.float32))
+                              and torch.equal(part, want_part)),
+            "gather_copies": sim.sim_copies_from(inp) - base_in,
+            "scatter_copies": sim.sim_copies_from(big) - base_big}
 
 
 def device_errors(rank, world):

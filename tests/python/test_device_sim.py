@@ -27,8 +27,11 @@ from mp_harness import ExitedRank, run_world  # noqa: E402
 
 # SMDDP_INTRA=shm: the staging path of every GPU's data, which one GPU per
 # host takes; the intra-host NCCL route has tests of its own below.
+# SMDDP_DEVICE_MIN_PIECE_BYTES=4K keeps all-gather and reduce-scatter in
+# small pieces too.
 SIM = {"SMDDP_DEVICE_SIM": "1", "SMDDP_DEVICE_SIM_DELAY_US": "100",
-       "SMDDP_DEVICE_CHUNK_BYTES": "16K", "SMDDP_INTRA": "shm"}
+       "SMDDP_DEVICE_CHUNK_BYTES": "16K", "SMDDP_DEVICE_MIN_PIECE_BYTES": "4K",
+       "SMDDP_INTRA": "shm"}
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -45,11 +48,16 @@ def test_collectives_vs_gloo_through_the_device_path(world):
 def test_calls_take_the_device_path_and_many_chunks_agree_with_the_closed_form():
     """The switch really routes: a group under SMDDP_DEVICE_SIM counts its
     calls as device calls, and an allreduce of many chunks (more chunks than
-    staging slots, landing out of order) matches the closed form exactly."""
+    staging slots, landing out of order) matches the closed form exactly.
+    All-gather and reduce-scatter pieces keep SMDDP_DEVICE_MIN_PIECE_BYTES
+    per rank, growing the slots (cases_device_sim.min_piece)."""
     results = run_world(2, "cases_device_sim:routed", backend="smddp", timeout=120, env=SIM)
     for rank, r in enumerate(results):
         assert r["ok"], (rank, r)
         assert r["device_calls"] >= r["calls"], (rank, r)
+        # SMDDP_DEVICE_MIN_PIECE_BYTES: 3 MiB parts in 1 MiB pieces.
+        assert r["pieces_ok"], (rank, r)
+        assert (r["gather_copies"], r["scatter_copies"]) == (3, 3 * 2), (rank, r)
     plain = run_world(2, "cases_device_sim:routed", backend="smddp", timeout=120)
     assert all(r["ok"] and r["device_calls"] == 0 for r in plain), plain
 
