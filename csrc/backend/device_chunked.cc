@@ -224,21 +224,52 @@ size_t DeviceCollectives::intraChunks(Chunked& c, const at::Tensor& t, smddp::Da
   return n - off;
 }
 
+size_t DeviceCollectives::gatherPiece(size_t elem) const {
+  return pipeline_->slotBytes() / static_cast<size_t>(world_ + 1) / elem * elem;
+}
+
+bool DeviceCollectives::chunkableParts(const std::vector<at::Tensor>& parts,
+                                       const at::Tensor& like) const {
+  const c10::Device device = ctx_->torchDevice();
+  auto fits = [&](const at::Tensor& t) {
+    return t.defined() && t.is_contiguous() && t.device() == device &&
+           t.scalar_type() == like.scalar_type() && t.numel() == like.numel();
+  };
+  return static_cast<int>(parts.size()) == world_ && fits(like) &&
+         std::all_of(parts.begin(), parts.end(), fits) && gatherPiece(like.element_size()) > 0;
+}
+
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::allgatherBase(at::Tensor& output,
                                                                 at::Tensor& input) {
   const char* coll = "all_gather_into_tensor";
   if (!output.is_contiguous() || !input.is_contiguous()) return {};
-  const size_t elem = input.element_size();
-  const size_t piece = pipeline_->slotBytes() / static_cast<size_t>(world_ + 1) / elem * elem;
-  if (piece == 0) return {};
+  if (gatherPiece(input.element_size()) == 0) return {};
+  checkDevicePair(output, input, ctx_->torchDevice(), world_, coll, "output", "input");
+  const size_t bytes = static_cast<size_t>(input.numel()) * input.element_size();
+  std::vector<uint8_t*> outs;
+  for (int r = 0; r < world_; ++r) outs.push_back(static_cast<uint8_t*>(output.data_ptr()) + r * bytes);
+  return gatherChunked(c10d::OpType::_ALLGATHER_BASE, coll, input, outs, {output});
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::allgatherList(std::vector<at::Tensor>& outputs,
+                                                                at::Tensor& input) {
+  if (!chunkableParts(outputs, input)) return {};
+  (void)toMovedDataType(input, "all_gather");
+  std::vector<uint8_t*> outs;
+  for (auto& o : outputs) outs.push_back(static_cast<uint8_t*>(o.data_ptr()));
+  return gatherChunked(c10d::OpType::ALLGATHER, "all_gather", input, outs, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::gatherChunked(
+    c10d::OpType type, const char* coll, const at::Tensor& input, const std::vector<uint8_t*>& outs,
+    const std::vector<at::Tensor>& outputs) {
   checkNotCapturing(coll);
   checkUsable(coll);
-  checkDevicePair(output, input, ctx_->torchDevice(), world_, coll, "output", "input");
   auto entered = ctx_->enter();
   Chunked c;
-  const size_t bytes = static_cast<size_t>(input.numel()) * elem;
+  const size_t piece = gatherPiece(input.element_size());
+  const size_t bytes = static_cast<size_t>(input.numel()) * input.element_size();
   auto* in = static_cast<uint8_t*>(input.data_ptr());
-  auto* out = static_cast<uint8_t*>(output.data_ptr());
   const at::ScalarType st = input.scalar_type();
   // Slot layout of a piece of n bytes: [this rank's n | world x n gathered].
   for (size_t a = 0; a < bytes || (bytes == 0 && c.call.chunks.empty()); a += piece) {
@@ -247,7 +278,7 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allgatherBase(at::Tensor& outp
     chunk.slotted = true;
     if (n > 0) chunk.in.push_back({in + a, nullptr, n});
     for (int r = 0; r < world_ && n > 0; ++r) {
-      chunk.out.push_back({out + r * bytes + a, reinterpret_cast<void*>(n + r * n), n});
+      chunk.out.push_back({outs[static_cast<size_t>(r)] + a, reinterpret_cast<void*>(n + r * n), n});
     }
     chunk.host = [host = host_, n, st, world = world_](void* slot) {
       at::Tensor i = hostView(slot, 0, n, st), o = hostView(slot, n, world * n, st);
@@ -256,23 +287,40 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allgatherBase(at::Tensor& outp
     c.call.chunks.push_back(std::move(chunk));
     if (bytes == 0) break;
   }
-  c.outputs = {output};
+  c.outputs = outputs;
   c.read = {input};
-  c.written = {output};
-  c.keep = {output, input};
-  return launchChunked(c10d::OpType::_ALLGATHER_BASE, coll, c);
+  c.written = outputs;
+  c.keep = outputs;
+  c.keep.push_back(input);
+  return launchChunked(type, coll, c);
 }
 
 c10::intrusive_ptr<c10d::Work> DeviceCollectives::reduceScatterBase(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const char* coll = "reduce_scatter_tensor";
   if (!output.is_contiguous() || !input.is_contiguous()) return {};
-  const size_t elem = output.element_size();
-  const size_t piece = pipeline_->slotBytes() / static_cast<size_t>(world_ + 1) / elem * elem;
-  if (piece == 0) return {};
+  if (gatherPiece(output.element_size()) == 0) return {};
+  checkDevicePair(input, output, ctx_->torchDevice(), world_, coll, "input", "output");
+  const size_t bytes = static_cast<size_t>(output.numel()) * output.element_size();
+  std::vector<uint8_t*> ins;
+  for (int r = 0; r < world_; ++r) ins.push_back(static_cast<uint8_t*>(input.data_ptr()) + r * bytes);
+  return scatterChunked(c10d::OpType::_REDUCE_SCATTER_BASE, coll, ins, {input}, output, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::reduceScatterList(
+    at::Tensor& output, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  if (!chunkableParts(inputs, output)) return {};
+  std::vector<uint8_t*> ins;
+  for (auto& t : inputs) ins.push_back(static_cast<uint8_t*>(t.data_ptr()));
+  return scatterChunked(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", ins, inputs, output, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> DeviceCollectives::scatterChunked(
+    c10d::OpType type, const char* coll, const std::vector<uint8_t*>& ins,
+    const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+    const c10d::ReduceScatterOptions& opts) {
   checkNotCapturing(coll);
   checkUsable(coll);
-  checkDevicePair(input, output, ctx_->torchDevice(), world_, coll, "input", "output");
   auto entered = ctx_->enter();
   Chunked c;
   DeviceStage prelude(*ctx_, *pool_, coll);
@@ -282,8 +330,8 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::reduceScatterBase(
   std::optional<double> factor;
   (void)toReduceOpScaled(hostOpts.reduceOp, toDataType(output, coll), coll, &factor);
   if (!prelude.chunk_.in.empty()) c.call.chunks.push_back(std::move(prelude.chunk_));
-  const size_t bytes = static_cast<size_t>(output.numel()) * elem;
-  auto* in = static_cast<uint8_t*>(input.data_ptr());
+  const size_t piece = gatherPiece(output.element_size());
+  const size_t bytes = static_cast<size_t>(output.numel()) * output.element_size();
   auto* out = static_cast<uint8_t*>(output.data_ptr());
   const at::ScalarType st = output.scalar_type();
   // Slot layout of a piece of n bytes: [world x n to reduce | n reduced].
@@ -294,7 +342,7 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::reduceScatterBase(
     smddp::StagingChunk chunk;
     chunk.slotted = true;
     for (int r = 0; r < world_ && n > 0; ++r) {
-      chunk.in.push_back({in + r * bytes + a, reinterpret_cast<void*>(r * n), n});
+      chunk.in.push_back({ins[static_cast<size_t>(r)] + a, reinterpret_cast<void*>(r * n), n});
     }
     if (n > 0) chunk.out.push_back({out + a, reinterpret_cast<void*>(world_ * n), n});
     chunk.host = [host = host_, n, st, world = world_, hostOpts](void* slot) {
@@ -305,12 +353,13 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::reduceScatterBase(
     if (bytes == 0) break;
   }
   c.outputs = {output};
-  c.read = {input};
+  c.read = inputs;
   c.read.insert(c.read.end(), prelude.read_.begin(), prelude.read_.end());
   c.written = {output};
-  c.keep = {output, input};
+  c.keep = inputs;
+  c.keep.push_back(output);
   c.keep.insert(c.keep.end(), prelude.keep_.begin(), prelude.keep_.end());
-  return launchChunked(c10d::OpType::_REDUCE_SCATTER_BASE, coll, c);
+  return launchChunked(type, coll, c);
 }
 
 }  // namespace c10d_smddp

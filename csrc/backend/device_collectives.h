@@ -165,6 +165,13 @@ class DeviceCollectives {
   c10::intrusive_ptr<c10d::Work> allgatherBase(at::Tensor& output, at::Tensor& input);
   c10::intrusive_ptr<c10d::Work> reduceScatterBase(at::Tensor& output, at::Tensor& input,
                                                    const c10d::ReduceScatterOptions& opts);
+  // The list forms (all_gather, reduce_scatter), chunked the same way when
+  // the list has one contiguous tensor per rank of the other side's dtype
+  // and size; null otherwise (then staged whole, which checks them).
+  c10::intrusive_ptr<c10d::Work> allgatherList(std::vector<at::Tensor>& outputs, at::Tensor& input);
+  c10::intrusive_ptr<c10d::Work> reduceScatterList(at::Tensor& output,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::ReduceScatterOptions& opts);
   // A barrier's Work that also completes only once this rank's sends and
   // receives issued before it have (their copies back included), as NCCL's
   // barrier orders all of a rank's device work; the barrier itself runs on
@@ -190,6 +197,24 @@ class DeviceCollectives {
                                         std::vector<at::Tensor> read, std::vector<at::Tensor> written,
                                         std::vector<at::Tensor> keep, smddp::StagingCall call);
   c10::intrusive_ptr<c10d::Work> launchChunked(c10d::OpType type, const char* coll, Chunked& c);
+  // Bytes of one rank's part in each staged piece of an all-gather or
+  // reduce-scatter: a slot holds world + 1 of them.
+  size_t gatherPiece(size_t elem) const;
+  // Whether `parts` are one tensor per rank, each contiguous, on the
+  // group's device, of `like`'s dtype and size (and `like` is too).
+  bool chunkableParts(const std::vector<at::Tensor>& parts, const at::Tensor& like) const;
+  // The chunked all-gather into rank r's part at outs[r], and reduce-scatter
+  // from rank r's part at ins[r]; `outputs` and `inputs` are the tensors
+  // they lie in (the Work's result, and what the copies keep alive).
+  c10::intrusive_ptr<c10d::Work> gatherChunked(c10d::OpType type, const char* coll,
+                                               const at::Tensor& input,
+                                               const std::vector<uint8_t*>& outs,
+                                               const std::vector<at::Tensor>& outputs);
+  c10::intrusive_ptr<c10d::Work> scatterChunked(c10d::OpType type, const char* coll,
+                                                const std::vector<uint8_t*>& ins,
+                                                const std::vector<at::Tensor>& inputs,
+                                                const at::Tensor& output,
+                                                const c10d::ReduceScatterOptions& opts);
   // The intra-host route, decided at the first allreduce (collective).
   std::shared_ptr<IntraRoute> intraRouteFor();
   // Appends the chunks of `t` through the intra-host route; returns the

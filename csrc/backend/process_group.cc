@@ -341,6 +341,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
   TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1,
                     "smddp all_gather takes one input tensor and one output list");
   if (auto* dev = deviceFor("all_gather", outputs, inputs)) {
+    if (auto w = dev->allgatherList(outputs[0], inputs[0])) return track(w);
     return viaDevice(dev, c10d::OpType::ALLGATHER, "all_gather", outputs[0], outputs, inputs,
                      [opts](ProcessGroupSmddp& pg, auto& out, auto& in) {
                        return pg.allgather(out, in, opts);

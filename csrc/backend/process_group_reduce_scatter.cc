@@ -10,6 +10,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (auto* dev = deviceFor("reduce_scatter", outputs, inputs)) {
+    if (outputs.size() == 1 && inputs.size() == 1) {
+      if (auto w = dev->reduceScatterList(outputs[0], inputs[0], opts)) return track(w);
+    }
     return viaDevice(
         dev, c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, outputs, inputs,
         [opts](ProcessGroupSmddp& pg, auto& out, auto& in, const c10d::ReduceOp& op) {

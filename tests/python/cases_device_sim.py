@@ -48,7 +48,9 @@ def min_piece(rank, world):
     and reduce-scatter in pieces of 1 MiB per rank, whatever its 16 KiB
     chunk: its slots grow to world + 1 pieces. A 3 MiB part then takes 3
     pieces, one copy each from the all-gather's input and world from the
-    reduce-scatter's (16 KiB / (world + 1) would make 576)."""
+    reduce-scatter's (16 KiB / (world + 1) would make 576). The list forms
+    (all_gather, reduce_scatter) take the same pieces, where they were
+    staged whole (one copy from each tensor) before."""
     import torch
     import torch.distributed as dist
 
@@ -62,10 +64,21 @@ def min_piece(rank, world):
         inp = torch.arange(n, dtype=torch.float32) + rank * n
         big = torch.arange(world * n, dtype=torch.float32) + rank
         out, part = torch.empty(world * n), torch.empty(n)
+        # The list forms take the same pieces: the input of this rank's
+        # part of the gather is one of the outputs (in place), and the
+        # reduce-scatter reads world separate tensors.
+        outs = [torch.empty(n) for _ in range(world)]
+        outs[rank].copy_(inp)
+        parts = [torch.arange(n, dtype=torch.float32) + r * n + rank for r in range(world)]
+        part2 = torch.empty(n)
+        _settle()
         # The sim counts copies ever made from a range: count the new ones.
         base_in, base_big = sim.sim_copies_from(inp), sim.sim_copies_from(big)
+        base_own, base_parts = sim.sim_copies_from(outs[rank]), [sim.sim_copies_from(p) for p in parts]
         dist.all_gather_into_tensor(out, inp, group=g)
         dist.reduce_scatter_tensor(part, big, group=g)
+        dist.all_gather(outs, outs[rank], group=g)
+        dist.reduce_scatter(part2, parts, group=g)
         _settle()
     finally:
         if before is None:
@@ -73,10 +86,14 @@ def min_piece(rank, world):
         else:
             os.environ["SMDDP_DEVICE_MIN_PIECE_BYTES"] = before
     want_part = (torch.arange(n, dtype=torch.float32) + rank * n) * world + world * (world - 1) / 2
-    return {"pieces_ok": bool(torch.equal(out, torch.arange(world * n, dtype=torch.float32))
-                              and torch.equal(part, want_part)),
+    want_out = torch.arange(world * n, dtype=torch.float32)
+    return {"pieces_ok": bool(torch.equal(out, want_out) and torch.equal(part, want_part)),
+            "lists_ok": bool(torch.equal(torch.cat(outs), want_out)
+                             and torch.equal(part2, want_part)),
             "gather_copies": sim.sim_copies_from(inp) - base_in,
-            "scatter_copies": sim.sim_copies_from(big) - base_big}
+            "scatter_copies": sim.sim_copies_from(big) - base_big,
+            "list_gather_copies": sim.sim_copies_from(outs[rank]) - base_own,
+            "list_scatter_copies": [sim.sim_copies_from(p) - b for p, b in zip(parts, base_parts)]}
 
 
 def device_errors(rank, world):

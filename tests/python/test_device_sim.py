@@ -58,6 +58,9 @@ def test_calls_take_the_device_path_and_many_chunks_agree_with_the_closed_form()
         # SMDDP_DEVICE_MIN_PIECE_BYTES: 3 MiB parts in 1 MiB pieces.
         assert r["pieces_ok"], (rank, r)
         assert (r["gather_copies"], r["scatter_copies"]) == (3, 3 * 2), (rank, r)
+        # The list forms too (staged whole before: one copy from each).
+        assert r["lists_ok"], (rank, r)
+        assert (r["list_gather_copies"], r["list_scatter_copies"]) == (3, [3, 3]), (rank, r)
     plain = run_world(2, "cases_device_sim:routed", backend="smddp", timeout=120)
     assert all(r["ok"] and r["device_calls"] == 0 for r in plain), plain
 
