@@ -43,7 +43,7 @@ host's cores to itself while backward runs.
 
 --hosts H (with --paired) runs the paired job across H hosts of --ranks
 ranks each: network namespaces on this machine with links shaped to
---rate (tools/smddp_cluster.py, as `python -m torch_smddp.bench --hosts`).
+--rate (tools/smddp_cluster.py, as `benchmarks/bench_hosts.py`).
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ import sys
 import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # cluster_launch
 from tools.smddp_model import ddp_buckets  # noqa: E402
-from torch_smddp.bench import add_cc_arg, cluster_cc, launch_on_cluster, launch_ranks  # noqa: E402
+from cluster_launch import add_cc_arg, cluster_cc, launch_on_cluster  # noqa: E402
+from torch_smddp.bench import launch_ranks  # noqa: E402
 
 
 def abba_order(names, round_index: int) -> list:

@@ -21,8 +21,10 @@ import sys
 import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # cluster_launch
 from tools.smddp_model import ddp_buckets  # noqa: E402
-from torch_smddp.bench import add_cc_arg, cluster_cc, launch_on_cluster, launch_ranks  # noqa: E402
+from cluster_launch import add_cc_arg, cluster_cc, launch_on_cluster  # noqa: E402
+from torch_smddp.bench import launch_ranks  # noqa: E402
 
 MODES = ("together", "serial", "one")
 

@@ -3,7 +3,7 @@ the installed torch_smddp package (setup.py ships torch_smddp only):
 
     tools/smddp_cluster.py  a cluster of network namespaces on one machine
                             (scripts/cluster.sh; root), for the cross-host
-                            tests and `python -m torch_smddp.bench --hosts`
+                            tests and `benchmarks/bench_hosts.py`
     tools/smddp_model/      the alpha-beta performance model, fitted to
                             `bench --save` files: python -m tools.smddp_model
 

@@ -4,7 +4,7 @@ and a tbf-shaped link to a hub, where a TCPStore serves as the rendezvous.
 Each host runs its own torchrun against it. Needs root and a source
 checkout (the script lives in scripts/); development tooling, not part of
 the installed package (tests/python/cluster.py and
-`python -m torch_smddp.bench --hosts` load it from the checkout).
+`benchmarks/bench_hosts.py` load it from the checkout).
 
 ``Cluster`` is used as a context manager (or through a pytest fixture that
 calls ``down()`` in its teardown), so the namespaces and every process in

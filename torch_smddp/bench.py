@@ -1,7 +1,6 @@
 """Collective benchmark, nccl-tests style: smddp and Gloo side by side.
 
     python -m torch_smddp.bench [--world 2 4] [--min 4K] [--max 256M] [--plot busbw.png]
-    python -m torch_smddp.bench --hosts H --ranks R --rate 2gbit [--max 64M] [--save F.json]
     python -m torch_smddp.bench --op all_gather|reduce_scatter [--backends smddp gloo copy]
 
 It times allreduce unless --op names all_gather (all_gather_into_tensor) or
@@ -13,25 +12,9 @@ sets. What follows says it for allreduce.
 Each world size is one job: N local ranks, each with an smddp default group
 and a Gloo group over the same ranks. For every size both backends run in
 the same processes, alternating, so they see the same machine noise.
+Across hosts (a namespace cluster on this machine, with the links' bound),
+benchmarks/bench_hosts.py in a source checkout runs the same worker.
 
-With --hosts, the job runs across H hosts of R ranks each: a cluster of
-network namespaces on this machine (scripts/cluster.sh; root), each host
-with its own link to a hub shaped to RATE, one torchrun per host. The table
-then adds the link bound: in an allreduce each host must send and receive
-2(H-1)/H of the buffer (S for H = 2) through its link, so no allreduce
-finishes in less than 2(H-1)/H * S / RATE, whatever the algorithm. Gloo
-takes the hosts' eth0 (GLOO_SOCKET_IFNAME); smddp's tcp provider finds it
-by itself. `--backends smddp gloo tcp` adds what the links themselves
-carry: `tcp` is no allreduce but plain TCP between the host leaders
-(`--tcp-conns` connections per pair), each sending every other host 2/H of the buffer (S
-for H = 2) while it receives as much, so it moves exactly the bound's
-bytes, in the same processes between the same calls. Its share of the
-bound is what TCP/IP framing (1448 payload bytes per 1514-byte frame on
-these 1500-byte MTU links), ACKs sharing each direction and the tbf
-bucket leave of the nominal rate: the most any algorithm can reach here.
-`smddp-bf16` is an smddp group whose partials cross hosts in bf16
-(torch_smddp.Options(cross_host_dtype="bf16")): it can pass the f32 link
-bound, up to twice it.
 time = mean seconds per allreduce (max over ranks); algbw = bytes / time;
 busbw = algbw * 2(n-1)/n, the nccl-tests definition for allreduce.
 
@@ -59,8 +42,7 @@ import tempfile
 import time
 
 from torch_smddp.bench_ops import (OPS, InPlace, OpBuffers, bus_factor, closed_form_sum,  # noqa: F401
-                                   link_share, timed_checked)
-from torch_smddp.bench_tcp import TcpMesh
+                                   link_bound_seconds, timed_checked)
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -100,7 +82,11 @@ def timed_checked_calls(call, t, rank: int, expected: float, iters: int,
     return timed_checked(call, InPlace(t, rank, expected), iters, untimed)
 
 
-def worker(args) -> None:
+def worker(args, extras=None) -> None:
+    """One rank of the benchmark. `extras(gloo, rank, world)`, if given,
+    returns (calls, close): calls maps more backend names to a function of
+    the OpBuffers that makes the timed call (benchmarks/bench_hosts.py adds
+    `tcp`), and close() runs at the end."""
     import torch
     import torch.distributed as dist
 
@@ -116,20 +102,15 @@ def worker(args) -> None:
         # hosts"); the closed form's small integers are exact in bf16.
         groups["smddp-bf16"] = dist.new_group(
             backend="smddp", pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
-    mesh = TcpMesh(gloo, rank, world, args.tcp_conns) if "tcp" in args.backends else None
+    custom, close = extras(gloo, rank, world) if extras else ({}, None)
     results = []
     for nbytes in args.sizes:
         bufs = OpBuffers(args.op, nbytes, rank, world)
         iters = _iters_for(bufs.nbytes, args.budget)
         row = {"bytes": bufs.nbytes, "iters": iters}
         for name in args.backends:
-            if name == "tcp":
-                # Moves bytes and leaves the buffer alone: the call sets the
-                # closed form's value itself, so the same refill and check
-                # as the allreduces run between calls, untimed.
-                def call(n=bufs.nbytes, t=bufs.out, want=bufs.expected):
-                    mesh.exchange(n)
-                    t.fill_(want)
+            if name in custom:
+                call = custom[name](bufs)
             elif name == "copy":
                 call = bufs.copy_floor()
             else:
@@ -153,8 +134,8 @@ def worker(args) -> None:
             row[name] = tt[0].item()
             row[f"{name}_between"] = tt[2].item()
         results.append(row)
-    if mesh:
-        mesh.close()
+    if close:
+        close()
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"world": world, "op": args.op, "rows": results}, f)
@@ -238,7 +219,7 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
 
 def _worker_args(args) -> list[str]:
     return ["--worker", "--op", args.op, "--budget", str(args.budget), "--warmup", str(args.warmup),
-            "--backends", *args.backends, "--tcp-conns", str(args.tcp_conns),
+            "--backends", *args.backends,
             "--sizes", *map(str, args.sizes)]
 
 
@@ -247,92 +228,7 @@ def run_world(world: int, args) -> dict:
     return launch_ranks(cmd, world, args.timeout, f"benchmark at world {world}")
 
 
-def link_bound_seconds(nbytes: int, hosts: int, rate_bps: float, op: str = "all_reduce") -> float:
-    """The least time `op` of `nbytes` can take across `hosts` hosts whose
-    links carry `rate_bps` each way: for an allreduce every host must send
-    (and receive) 2(H-1)/H of the buffer, which is the buffer itself for
-    H = 2; for all_gather and reduce_scatter (H-1)/H (bench_ops.link_share)."""
-    return link_share(op, hosts) * nbytes * 8 / rate_bps
-
-
-def cluster_tool():
-    """tools/smddp_cluster.py of the source checkout this package runs from
-    (the namespace cluster drives scripts/cluster.sh; neither is installed).
-    Loaded from its file: it imports neither torch nor this package."""
-    import importlib.util
-
-    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    path = os.path.join(root, "tools", "smddp_cluster.py")
-    if not os.path.exists(path):
-        raise SystemExit("--hosts needs a source checkout of torch-smddp (tools/smddp_cluster.py, "
-                         f"scripts/cluster.sh); this torch_smddp is installed at {root}")
-    if "smddp_cluster" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("smddp_cluster", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["smddp_cluster"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["smddp_cluster"]
-
-
-def add_cc_arg(ap) -> None:
-    """--cc, the namespace hosts' TCP congestion control (scripts/cluster.sh)."""
-    ap.add_argument("--cc", help="with --hosts: the hosts' TCP congestion control (default: "
-                                 "the cluster's, cubic; docs/notes/2026-11-27-congestion-control.md)")
-
-
-def cluster_cc(cc: str | None) -> str:
-    """The congestion control a cluster run uses: `cc` (--cc), or the
-    cluster's default."""
-    return cc or cluster_tool().DEFAULT_CC
-
-
-def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout: float,
-                      what: str, cc: str | None = None, servers: int = 0) -> dict:
-    """Runs `torchrun CMD --out FILE` on `hosts` namespace hosts of `ranks`
-    ranks each, links shaped to `rate` (tools/smddp_cluster.py; root), and
-    returns the JSON the ranks leave in FILE; the hosts' congestion control
-    is cluster_cc(cc). CMD is a script and its arguments, or ["-m", module,
-    ...]. With `servers`, that many more hosts, each on a link of its own,
-    run a standalone reduction server for the job's smddp groups
-    (docs/design.md, "Standalone reduction servers"). Shared by the
-    benchmarks in benchmarks/."""
-    cl = cluster_tool()
-
-    why = cl.why_unavailable()
-    if why:
-        raise SystemExit(f"{what}: no cluster here: {why}")
-    out_dir = tempfile.mkdtemp(prefix="smddp-cluster-")
-    out = os.path.join(out_dir, "result.json")
-    with cl.Cluster(hosts + servers, rate, cluster_cc(cc)) as c:
-        env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
-        if servers:
-            env.update(c.start_servers(list(range(hosts, hosts + servers)), out_dir))
-        jobs = c.torchrun(f"job-{os.getpid()}", [*cmd, "--out", out], ranks, out_dir, env=env,
-                          hosts=list(range(hosts)), nnodes=hosts)
-        codes = c.wait_jobs(timeout, jobs)
-        if codes != [0] * hosts or not os.path.exists(out):
-            logs = "\n".join(f"--- host {h}:\n" + cl.tail(os.path.join(out_dir, f"torchrun.h{h}.log"))
-                             for h in range(hosts))
-            raise SystemExit(f"{what} on {hosts} host(s) x {ranks} rank(s) at {rate} failed "
-                             f"(torchrun exit codes {codes}):\n{logs}")
-    with open(out) as f:
-        return json.load(f)
-
-
-def run_cluster(args) -> dict:
-    """The benchmark across --hosts namespace hosts of --ranks ranks each."""
-    cl = cluster_tool()
-
-    rate_bps = cl.parse_rate(args.rate)
-    data = launch_on_cluster(["-m", "torch_smddp.bench", *_worker_args(args)], args.hosts,
-                             args.ranks, args.rate, args.timeout, "torch_smddp.bench --hosts",
-                             args.cc)
-    data.update(hosts=args.hosts, ranks_per_host=args.ranks, rate=args.rate, rate_bps=rate_bps,
-                burst_bytes=cl.burst_bytes(args.rate), cc=cluster_cc(args.cc))
-    return data
-
-
-def _print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
+def print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
                 bound_of=None, op: str = "all_reduce") -> None:
     """The body both tables share: per backend the time, algbw and busbw
     (busbw = algbw x bus_factor(op, n) over n ranks) and, given `bound_of`
@@ -360,39 +256,19 @@ def _print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
         print(line)
 
 
-def _title(op: str) -> str:
+def title(op: str) -> str:
     return {"all_reduce": "allreduce, float32, SUM", "all_gather": "all_gather, float32",
             "reduce_scatter": "reduce_scatter, float32, SUM"}[op]
 
 
-def _factor_text(op: str) -> str:
+def factor_text(op: str) -> str:
     return "2(n-1)/n" if op == "all_reduce" else "(n-1)/n"
-
-
-def print_cluster_table(data: dict, backends: list[str]) -> None:
-    h, r, rate_bps = data["hosts"], data["ranks_per_host"], data["rate_bps"]
-    op = data.get("op", "all_reduce")
-    print(f"\n# {_title(op)}, {h} hosts x {r} ranks, links of {data['rate']} "
-          f"({rate_bps / 8e9:.3f} GB/s each way), tcp {data.get('cc', 'of the machine')}")
-    if h > 1:
-        what = "buffer" if op == "all_reduce" else ("output" if op == "all_gather" else "input")
-        print(f"# link bound: each host sends and receives {_factor_text(op).replace('n', 'H')} "
-              f"of the {what}: algbw <= {rate_bps / 8e9 / link_share(op, h):.3f} GB/s")
-    else:
-        print("# one host: nothing crosses a link, so there is no link bound")
-    n = h * r
-    print(f"# busbw = algbw x {_factor_text(op)} over all {n} ranks (nccl-tests); "
-          "'of bound' = bound / time")
-    _print_rows(data["rows"], backends, n, backends[1] + "/" + backends[0] + " time"
-                if len(backends) >= 2 else "",
-                bound_of=(lambda nbytes: link_bound_seconds(nbytes, h, rate_bps, op))
-                if h > 1 else None, op=op)
 
 
 def print_table(data: dict, backends: list[str]) -> None:
     n, op = data["world"], data.get("op", "all_reduce")
-    print(f"\n# {_title(op)}, world {n}  (busbw = algbw x {_factor_text(op)})")
-    _print_rows(data["rows"], backends, n, "busbw " + backends[0] + "/" + backends[1]
+    print(f"\n# {title(op)}, world {n}  (busbw = algbw x {factor_text(op)})")
+    print_rows(data["rows"], backends, n, "busbw " + backends[0] + "/" + backends[1]
                 if len(backends) >= 2 else "", op=op)
 
 
@@ -449,34 +325,19 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--plot", help="write a PNG of busbw against size")
-    ap.add_argument("--hosts", type=int, help="run across this many namespace hosts (root)")
-    ap.add_argument("--ranks", type=int, default=1, help="with --hosts: ranks per host")
-    ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate (tc tbf)")
-    add_cc_arg(ap)
+    ap.add_argument("--hosts", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--save", help="also write the measurements as JSON to this file")
-    ap.add_argument("--tcp-conns", type=int, default=1,
-                    help="with --backends ... tcp: connections per pair of hosts")
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
     resolve_sizes(args)
-    unknown = set(args.backends) - {"smddp", "gloo", "tcp", "smddp-bf16", "copy"}
-    if unknown:
-        ap.error(f"--backends: unknown {sorted(unknown)} (smddp, gloo, tcp, smddp-bf16, copy)")
-    if "tcp" in args.backends and args.hosts is None:
-        ap.error("--backends tcp measures the links of a cluster: it needs --hosts")
-    if "tcp" in args.backends and args.op != "all_reduce":
-        ap.error("--backends tcp moves an allreduce's link bytes: it needs --op all_reduce")
     if args.hosts is not None:
-        if args.hosts < 1 or args.ranks < 1:
-            ap.error("--hosts and --ranks must be at least 1")
-        data = run_cluster(args)
-        if args.save:   # first: a measurement outlives a failure to print it
-            with open(args.save, "w") as f:
-                json.dump(data, f, indent=1)
-        print_cluster_table(data, args.backends)
-        return 0
+        ap.error("across hosts, run benchmarks/bench_hosts.py from a source checkout "
+                 "(the namespace cluster is not part of the installed package)")
+    unknown = set(args.backends) - {"smddp", "gloo", "smddp-bf16", "copy"}
+    if unknown:
+        ap.error(f"--backends: unknown {sorted(unknown)} (smddp, gloo, smddp-bf16, copy)")
     all_data = []
     for w in args.world:
         data = run_world(w, args)

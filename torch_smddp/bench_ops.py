@@ -168,3 +168,11 @@ class InPlace:
 
     def problem(self, i: int) -> str:
         return first_mismatch(self.out, self.expected, i)
+def link_bound_seconds(nbytes: int, hosts: int, rate_bps: float, op: str = "all_reduce") -> float:
+    """The least time `op` of `nbytes` can take across `hosts` hosts whose
+    links carry `rate_bps` each way: for an allreduce every host must send
+    (and receive) 2(H-1)/H of the buffer, which is the buffer itself for
+    H = 2; for all_gather and reduce_scatter (H-1)/H (link_share)."""
+    return link_share(op, hosts) * nbytes * 8 / rate_bps
+
+

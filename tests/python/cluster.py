@@ -1,5 +1,5 @@
 """The cluster of network namespaces the tests use: tools/smddp_cluster.py
-(shared with ``python -m torch_smddp.bench --hosts``), loaded from its file
+(shared with benchmarks/cluster_launch.py), loaded from its file
 so that the pytest process imports neither torch nor the package through
 it, plus this directory's worker."""
 

@@ -19,6 +19,19 @@ from torch_smddp import bench
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _load_bench_hosts():
+    """benchmarks/bench_hosts.py, with benchmarks/ importable as it expects."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_hosts",
+                                                  os.path.join(REPO, "benchmarks", "bench_hosts.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench_hosts = _load_bench_hosts()
+
+
 def fake_allreduce(t, world, wrong_at=None):
     """An in-place SUM over `world` ranks that each hold r + 1, as a closure
     that counts its calls. It sums what each rank would hold only if `t`
@@ -244,7 +257,7 @@ def test_small_loop_runs_and_checks_its_result():
 
 
 def test_link_bound_and_rate_follow_their_closed_forms(capsys):
-    cluster = bench.cluster_tool()  # tools/smddp_cluster.py
+    cluster = bench_hosts.cluster_tool()  # tools/smddp_cluster.py
 
     assert cluster.parse_rate("2gbit") == 2e9
     assert cluster.parse_rate("500mbit") == 5e8
@@ -256,7 +269,7 @@ def test_link_bound_and_rate_follow_their_closed_forms(capsys):
     assert bench.link_bound_seconds(s, 4, 2e9) == pytest.approx(1.5 * s * 8 / 2e9)
     assert bench.link_bound_seconds(s, 1, 2e9) == 0.0
     # The table: algbw = S / t, busbw = algbw x 2(n-1)/n over all H x R ranks.
-    bench.print_cluster_table({"hosts": 2, "ranks_per_host": 2, "rate": "2gbit", "rate_bps": 2e9,
+    bench_hosts.print_cluster_table({"hosts": 2, "ranks_per_host": 2, "rate": "2gbit", "rate_bps": 2e9,
                                "rows": [{"bytes": s, "iters": 8, "smddp": 0.4, "gloo": 0.5}]},
                               ["smddp", "gloo"])
     row = capsys.readouterr().out.strip().splitlines()[-1].split()
@@ -330,7 +343,8 @@ def test_peers_pairs_take_each_pairs_median_and_count_the_pairs_won(monkeypatch,
 MESH_SCRIPT = """
 import json, sys
 import torch.distributed as dist
-from torch_smddp import bench_tcp
+sys.path.insert(0, sys.argv[1])
+import bench_tcp
 out = sys.argv[sys.argv.index("--out") + 1]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -357,16 +371,30 @@ def test_tcp_mesh_moves_exactly_the_link_bounds_bytes(tmp_path):
     # 2(H-1)/H of the size, the link bound's bytes, and nothing more.
     script = tmp_path / "mesh.py"
     script.write_text(MESH_SCRIPT)
-    data = bench.launch_ranks([sys.executable, str(script)], 3, 120, "tcp mesh",
+    data = bench.launch_ranks([sys.executable, str(script), os.path.join(REPO, "benchmarks")], 3,
+                              120, "tcp mesh",
                               env={"GLOO_SOCKET_IFNAME": "lo", "LOCAL_WORLD_SIZE": "1"})
     for rank_got in data:
         assert rank_got == [[4 << 20, 4 << 20], [16000, 16000]], data
 
 
-def test_tcp_needs_a_cluster():
+def test_the_installed_bench_is_one_host_and_points_across_hosts_to_the_checkout():
+    # The namespace cluster and the tcp row are benchmarks/bench_hosts.py's:
+    # the package neither ships nor loads them.
     p = subprocess.run([sys.executable, "-m", "torch_smddp.bench", "--backends", "smddp", "tcp"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "needs --hosts" in p.stderr, p.stderr
+    assert p.returncode == 2 and "unknown ['tcp']" in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "torch_smddp.bench", "--hosts", "2"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "benchmarks/bench_hosts.py" in p.stderr, p.stderr
+    shipped = os.listdir(os.path.join(REPO, "torch_smddp"))
+    assert "bench_tcp.py" not in shipped
+    src = open(os.path.join(REPO, "torch_smddp", "bench.py")).read()
+    assert "smddp_cluster" not in src and "tools" not in src
+    p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_hosts.py"),
+                        "--backends", "tcp", "--op", "all_gather"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "needs --op all_reduce" in p.stderr, p.stderr
 
 
 def test_queued_buckets_splits_as_ddp_and_checks_every_result():

@@ -28,7 +28,8 @@ def test_one_rank_per_host_routes_to_the_network_path_in_fp32_and_in_bf16():
     why = cl.why_unavailable()
     if why:
         pytest.skip(f"no cluster of network namespaces here: {why}")
-    from torch_smddp.bench import launch_on_cluster
+    sys.path.insert(0, os.path.join(cl.REPO_ROOT, "benchmarks"))
+    from cluster_launch import launch_on_cluster
 
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_paths_worker.py")
     try:

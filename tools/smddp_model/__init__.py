@@ -10,7 +10,7 @@ root (development tooling, not part of the installed package):
     python -m tools.smddp_model check O.json F.json
     python -m tools.smddp_model step --params P STEP.json [...]   (ddp_step.py --paired --save)
 
-F.json is what ``python -m torch_smddp.bench --hosts H --ranks R --rate RATE
+F.json is what ``benchmarks/bench_hosts.py --hosts H --ranks R --rate RATE
 --save F.json`` writes ({"world", "rows": [{"bytes", "smddp", "gloo"}],
 "hosts", "ranks_per_host", "rate_bps"}); a local run's list of such dicts
 (no "hosts") is read as one host of ``world`` ranks. S is the buffer in

@@ -1,6 +1,6 @@
-"""The `tcp` row of `python -m torch_smddp.bench --hosts ... --backends ... tcp`:
+"""The `tcp` row of `benchmarks/bench_hosts.py --hosts ... --backends ... tcp`:
 plain TCP between the host leaders of a namespace cluster, the links'
-ceiling for sizes they limit. Used by torch_smddp/bench.py."""
+ceiling for sizes they limit."""
 
 from __future__ import annotations
 
