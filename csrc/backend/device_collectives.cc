@@ -212,8 +212,11 @@ c10::intrusive_ptr<c10d::Work> gatheredDeviceWork(
     std::shared_ptr<DeviceContext> ctx, int rank,
     const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout,
     c10d::OpType type, const char* coll, std::vector<at::Tensor> outputs, bool syncOnWait) {
-  auto all = c10::make_intrusive<DeviceWork>(std::move(ctx), rank, type, coll, std::move(outputs),
-                                             timeout, syncOnWait);
+  // The Work's future belongs to the group's device, whatever the caller's
+  // current one is (the coalesced block's end runs on the caller's thread).
+  auto entered = ctx->enter();
+  auto all = c10::make_intrusive<DeviceWork>(ctx, rank, type, coll, std::move(outputs), timeout,
+                                             syncOnWait);
   if (!works.empty()) all->setSequence(works.back()->getSequencenumber());
   struct Gather {
     std::mutex mu;
