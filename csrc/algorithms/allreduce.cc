@@ -263,17 +263,12 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
                    [wire](uint64_t count) { return narrowWireBytes(count, wire); },
                    [&](size_t k, std::vector<const void*>& in) {
       const Chunk& c = mine->chunks[k];
-      float* own = data + c.elemOffset;
       uint8_t* res = result(k);
-      packNarrowWire(res, own, c.elemCount, wire, wide);
-      in[rank] = res;
-      const int bad = reduceNarrowWire(own, in.data(), n, c.elemCount, wire, sig.op, n,
-                                       wide + maxChunk);
+      const int bad = serveNarrowWire(data + c.elemOffset, res, in.data(), n, rank, c.elemCount,
+                                      wire, sig.op, n, wide);
       if (bad >= 0) {
         throwInvalidWireScale(wire, "the contribution from rank " + std::to_string(bad));
       }
-      packNarrowWire(res, own, c.elemCount, wire, wide);
-      unpack(own, res, c.elemCount, rank, "result");
       return ServerRing::Result{res, narrowWireBytes(c.elemCount, wire), c.elemOffset * wes};
     });
     server->start();

@@ -10,72 +10,34 @@
 #include <mutex>
 #include <new>
 #include <random>
-#include <set>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 
 #include "common/error.h"
-#include "common/logging.h"
+#include "device/sim_rules.h"
 
 namespace smddp {
 
+using namespace sim_rules;
+
 namespace {
 
-// ---- the process's view: rules broken, contexts, freed memory -------------
+// ---- the process's devices (SMDDP_DEVICE_SIM) ------------------------------
 
-struct Process {
+struct Registry {
   std::mutex mu;
-  std::vector<std::string> violations;  // guarded by mu
-  std::set<int> contexts;               // guarded by mu
-  // Page-locked memory freed while copies might still use it is kept
-  // (never handed out again) up to kQuarantineBytes, so that a late copy
-  // into it is seen, not a crash.
-  std::deque<std::pair<std::shared_ptr<void>, size_t>> quarantine;  // guarded by mu
-  size_t quarantined = 0;                                           // guarded by mu
-  std::deque<std::pair<uintptr_t, size_t>> copySources;             // guarded by mu: the last kCopyLog
-  SimDeviceOptions defaults;                                        // guarded by mu
-  std::map<int, std::shared_ptr<Device>> devices;                   // guarded by mu
+  SimDeviceOptions defaults;                       // guarded by mu
+  std::map<int, std::shared_ptr<Device>> devices;  // guarded by mu
 };
-constexpr size_t kQuarantineBytes = 64 << 20;
-constexpr size_t kCopyLog = 4096;
 
-Process& process() {
+Registry& registry() {
   // Never destroyed: queue threads of process-wide devices run until exit.
-  static Process* p = std::make_unique<Process>().release();
-  return *p;
-}
-
-[[noreturn]] void violate(const std::string& what) {
-  {
-    std::lock_guard<std::mutex> lk(process().mu);
-    process().violations.push_back(what);
-  }
-  SMDDP_LOG(kError) << "smddp: simulated device rule broken: " << what;
-  throwError(ErrorKind::kInternal, "smddp: simulated device rule broken: " + what);
-}
-
-// A rule broken where nothing can throw (destructors, queue threads).
-void noteViolation(const std::string& what) {
-  try {
-    violate(what);
-  } catch (const Error&) {
-  }
-}
-
-void noteContext(int index) {
-  std::lock_guard<std::mutex> lk(process().mu);
-  process().contexts.insert(index);
+  static Registry* r = std::make_unique<Registry>().release();
+  return *r;
 }
 
 thread_local int tDevice = 0;         // this thread's current device
 thread_local bool tRelaxed = false;   // relaxed capture mode (Device::bindThread)
-
-std::string threadName() {
-  std::ostringstream s;
-  s << std::this_thread::get_id();
-  return s.str();
-}
 
 // ---- one device -------------------------------------------------------------
 
@@ -184,15 +146,6 @@ void SimCore::run(size_t q, uint64_t seed) {
   }
 }
 
-bool quarantined(uintptr_t p, size_t bytes) {
-  std::lock_guard<std::mutex> lk(process().mu);
-  for (const auto& [mem, size] : process().quarantine) {
-    const auto base = reinterpret_cast<uintptr_t>(mem.get());
-    if (p < base + size && base < p + bytes) return true;
-  }
-  return false;
-}
-
 void SimCore::execute(Op& op, std::unique_lock<std::mutex>& lk) {
   switch (op.kind) {
     case Op::kRecord:
@@ -224,10 +177,7 @@ void SimCore::execute(Op& op, std::unique_lock<std::mutex>& lk) {
       std::memcpy(op.dst, op.src, op.bytes);
       if (opts.afterCopy) opts.afterCopy(op.dst, op.src, op.bytes);
     }
-    std::lock_guard<std::mutex> plk(process().mu);
-    auto& log = process().copySources;
-    log.emplace_back(src, op.bytes);
-    if (log.size() > kCopyLog) log.pop_front();
+    noteCopy(src, op.bytes);
   } else if (op.kind == Op::kFill) {
     auto* d = static_cast<uint8_t*>(op.dst);
     const size_t n = op.pattern.size();
@@ -255,10 +205,8 @@ class SimEvent : public DeviceEvent {
     if (state_->done.load()) return;
     std::lock_guard<std::mutex> lk(core_->mu);
     if (!core_->stopped) {
-      // Logged, not thrown: destructors must not throw.
-      std::lock_guard<std::mutex> plk(process().mu);
-      process().violations.push_back("an event of " + core_->name +
-                                     " was destroyed with its work still pending");
+      // Kept, not thrown: destructors must not throw.
+      keepViolation("an event of " + core_->name + " was destroyed with its work still pending");
     }
   }
   bool query() override {
@@ -299,10 +247,7 @@ class SimStream : public DeviceStream {
         }
       }
     }
-    if (!broken.empty()) {
-      std::lock_guard<std::mutex> plk(process().mu);
-      process().violations.push_back(broken);
-    }
+    if (!broken.empty()) keepViolation(broken);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -395,16 +340,8 @@ class SimDevice : public Device {
     if (!p) throw std::bad_alloc();
     std::shared_ptr<void> mem(p, [](void* q) { std::free(q); });
     // The user's handle: when it goes, the memory moves to the quarantine.
-    return std::shared_ptr<void>(p, [mem, rounded](void*) mutable {
-      std::lock_guard<std::mutex> lk(process().mu);
-      auto& pr = process();
-      pr.quarantine.emplace_back(std::move(mem), rounded);
-      pr.quarantined += rounded;
-      while (pr.quarantined > kQuarantineBytes && pr.quarantine.size() > 1) {
-        pr.quarantined -= pr.quarantine.front().second;
-        pr.quarantine.pop_front();
-      }
-    });
+    return std::shared_ptr<void>(
+        p, [mem, rounded](void*) mutable { quarantine(std::move(mem), rounded); });
   }
 
   SimCore& core() { return *core_; }
@@ -443,17 +380,17 @@ std::shared_ptr<Device> makeSimDevice(SimDeviceOptions opts) {
 namespace sim {
 
 void setDefaults(SimDeviceOptions opts) {
-  std::lock_guard<std::mutex> lk(process().mu);
-  process().defaults = std::move(opts);
+  std::lock_guard<std::mutex> lk(registry().mu);
+  registry().defaults = std::move(opts);
 }
 
 std::shared_ptr<Device> deviceAt(int index) {
   SMDDP_CHECK(index >= 0 && index < 1024, kInvalidArgument,
               "smddp: no simulated device " + std::to_string(index));
-  std::lock_guard<std::mutex> lk(process().mu);
-  auto& d = process().devices[index];
+  std::lock_guard<std::mutex> lk(registry().mu);
+  auto& d = registry().devices[index];
   if (!d) {
-    SimDeviceOptions o = process().defaults;
+    SimDeviceOptions o = registry().defaults;
     o.index = index;
     o.seed += static_cast<uint64_t>(index) * 7919;
     d = makeSimDevice(std::move(o));
@@ -476,14 +413,9 @@ int exchangeDevice(int index) {
 
 void maybeSetDevice(int index) {
   if (index == tDevice) return;
-  bool hasContext;
-  {
-    std::lock_guard<std::mutex> lk(process().mu);
-    hasContext = process().contexts.count(index) > 0;
-  }
   // No context there yet: making one just to restore would put this
   // process on a device it never used (torch's MaybeSetDevice).
-  if (hasContext) tDevice = index;
+  if (hasContext(index)) tDevice = index;
 }
 
 DeviceStream& currentStream(Device& device) {
@@ -572,32 +504,7 @@ void recordStream(DeviceStream& stream, std::function<bool()> referenced) {
   by.push_back(std::move(referenced));
 }
 
-uint64_t copiesFrom(const void* begin, size_t bytes) {
-  const auto b = reinterpret_cast<uintptr_t>(begin);
-  std::lock_guard<std::mutex> lk(process().mu);
-  uint64_t n = 0;
-  for (const auto& [src, size] : process().copySources) n += src < b + bytes && b < src + size;
-  return n;
-}
-
 int deviceOf(DeviceStream& stream) { return simOf(stream).core().opts.index; }
-
-void recordViolation(const std::string& what) { noteViolation(what); }
-
-std::vector<int> contexts() {
-  std::lock_guard<std::mutex> lk(process().mu);
-  return {process().contexts.begin(), process().contexts.end()};
-}
-
-std::vector<std::string> violations() {
-  std::lock_guard<std::mutex> lk(process().mu);
-  return process().violations;
-}
-
-void clearViolations() {
-  std::lock_guard<std::mutex> lk(process().mu);
-  process().violations.clear();
-}
 
 }  // namespace sim
 

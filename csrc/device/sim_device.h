@@ -21,6 +21,8 @@
 // - CUDA_LAUNCH_BLOCKING: each operation returns only once it has run.
 // A broken rule throws an Error (kInternal) where it happens and is kept in
 // violations(), which the test harness checks after every simulated run.
+// The queues are sim_device.cc; the record of broken rules, contexts, freed
+// page-locked memory and copies is sim_rules.h.
 #pragma once
 
 #include <chrono>

@@ -252,15 +252,11 @@ class FusionBufferScheduler::CrossHost {
       // host's partial is then rounded once whichever host serves an
       // element (the pieces move with the batch), so bf16 gives the same
       // bits from run to run.
-      packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_);
-      for (int h = 0; h < H_; ++h) in[h] = h == myHost_ ? out(h) : partial(h);
-      const int bad = reduceNarrowWire(
-          own, in.data(), H_, mine.count, wire_, b_.op,
-          b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0,
-          scratch_ + scaleFloats_);
+      for (int h = 0; h < H_; ++h) in[h] = partial(h);
+      const int bad = serveNarrowWire(
+          own, out(myHost_), in.data(), H_, myHost_, mine.count, wire_, b_.op,
+          b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0, scratch_);
       if (bad >= 0) throwBadScale(bad, "partial");
-      packNarrowWire(out(myHost_), own, mine.count, wire_, scratch_);
-      unpackOrThrow(own, out(myHost_), mine.count, myHost_, "result");
       s_.ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::steady_clock::now() - t0).count();
       const size_t bytes = narrowWireBytes(mine.count, wire_);

@@ -135,6 +135,35 @@ int reduceNarrowWireRange(float* out, const void* const* pieces, size_t n, size_
   return -1;
 }
 
+int combineNarrowWire(void* result, float* sum, const void* const* pieces, size_t n,
+                      size_t count, DataType wire, ReduceOp op, double avgDivisor,
+                      float* scratch) {
+  checkWire(wire);
+  // Elementwise arithmetic: a range at a time gives the bits of one pass.
+  const size_t chunk = std::max<size_t>(1, std::min(count, kNarrowWireScratch));
+  float* wide = scratch + chunk;  // n x chunk floats; scratch[0, chunk) scales the pack
+  // Once even for no elements: every scale is still checked.
+  for (size_t i = 0; i == 0 || i < count; i += chunk) {
+    const size_t c = std::min(chunk, count - i);
+    const int bad = reduceNarrowWireRange(sum + i, pieces, n, i, c, wire, op, avgDivisor, wide);
+    if (bad >= 0) return bad;
+  }
+  packNarrowWire(result, sum, count, wire, scratch);
+  return -1;
+}
+
+int serveNarrowWire(float* own, void* ownWire, const void** pieces, size_t n, size_t self,
+                    size_t count, DataType wire, ReduceOp op, double avgDivisor,
+                    float* scratch) {
+  packNarrowWire(ownWire, own, count, wire, scratch);
+  pieces[self] = ownWire;
+  const int bad = combineNarrowWire(ownWire, own, pieces, n, count, wire, op, avgDivisor, scratch);
+  if (bad >= 0) return bad;
+  SMDDP_CHECK(unpackNarrowWire(own, ownWire, count, wire), kInternal,
+              "smddp: a narrow result did not read back");
+  return -1;
+}
+
 void throwInvalidWireScale(DataType wire, const std::string& what) {
   throwError(ErrorKind::kMismatch, "smddp: " + what + " carries an invalid scale for " +
                                        toString(wire) + " (SMDDP_CROSS_HOST_DTYPE)");

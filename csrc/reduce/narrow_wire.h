@@ -61,6 +61,34 @@ void packNarrowWire(void* dst, const float* src, size_t count, DataType wire, fl
                                         size_t first, size_t count, DataType wire, ReduceOp op,
                                         double avgDivisor, float* wide);
 
+// The narrow-wire reduction, one server's step, and the only copy of it:
+// the network-only path's rank servers, the hierarchy's host servers and
+// the standalone servers all come here (through serveNarrowWire for the
+// first two). The n pieces, each in the wire form, are read back and
+// combined by `op` in f32 strictly in order into `sum` (count floats, as
+// reduceNarrowWire), then `sum` is packed once into `result`
+// (narrowWireBytes(count, wire) bytes). The pieces are read a range of
+// kNarrowWireScratch elements at a time, so `scratch` holds
+// (n + 1) x min(count, kNarrowWireScratch) floats whatever the count: a
+// standalone server's memory stays bounded. `result` may be one of the
+// pieces (it is written after the last read); `sum` and `scratch` may not
+// overlap any. Returns -1, or the index of the first piece whose scale is
+// invalid (then `sum` and `result` are undefined).
+[[nodiscard]] int combineNarrowWire(void* result, float* sum, const void* const* pieces, size_t n,
+                                    size_t count, DataType wire, ReduceOp op, double avgDivisor,
+                                    float* scratch);
+
+// combineNarrowWire for a server that is also a contributor, its own
+// contribution `own` in f32: `own` is packed into `ownWire` and taken as
+// pieces[self] (so every contribution is rounded once, whichever rank
+// serves it), the sum goes to `own` and is packed into `ownWire`, and `own`
+// reads those bytes back, as every other rank does. `pieces[self]` is
+// overwritten; the rest are the others' wire pieces. `scratch` as for
+// combineNarrowWire. Returns -1, or the index of the first bad piece.
+[[nodiscard]] int serveNarrowWire(float* own, void* ownWire, const void** pieces, size_t n,
+                                  size_t self, size_t count, DataType wire, ReduceOp op,
+                                  double avgDivisor, float* scratch);
+
 // The error for a piece whose scale unpackNarrowWire refused (kMismatch):
 // "smddp: <what> carries an invalid scale for bf16 (SMDDP_CROSS_HOST_DTYPE)",
 // where `what` names the piece and its sender ("the cross-host partial from

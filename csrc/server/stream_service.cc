@@ -234,9 +234,9 @@ class StreamLoop {
   }
 
   // A narrow step (kServerFlagNarrowWire), as a host's own server does it
-  // (hostpath/cross_host.h, postNarrow): every host's piece read back to
-  // f32 and combined in f32 in host order, then packed once into `dst`.
-  // The f32 sum is held whole (its scale is the whole piece's), the
+  // (reduce/narrow_wire.h, combineNarrowWire): every host's piece read
+  // back to f32 and combined in f32 in host order, then packed once into
+  // `dst`. The f32 sum is held whole (its scale is the whole piece's), the
   // widened pieces a chunk at a time: n + (H + 1) x 64 Ki floats, never
   // n x (H + 2), and none of it zero-filled. False, with the stream
   // failed, if a piece carries an invalid scale.
@@ -244,22 +244,17 @@ class StreamLoop {
     const auto wire = static_cast<DataType>(f.dtype);
     const size_t n = f.count;
     const size_t chunk = std::min(n, kNarrowWireScratch);
-    const size_t wide = static_cast<size_t>(H_) * chunk;
-    floats_.resize((n + wide + chunk) * sizeof(float));
+    floats_.resize((n + (H_ + 1) * chunk) * sizeof(float));
     float* sum = reinterpret_cast<float*>(floats_.data());
-    for (size_t i = 0; i < n; i += chunk) {
-      const size_t c = std::min(chunk, n - i);
-      const int bad = reduceNarrowWireRange(sum + i, inputs_.data(), H_, i, c, wire,
-                                            static_cast<ReduceOp>(f.op),
-                                            static_cast<double>(f.divisor), sum + n);
-      if (bad >= 0) {
-        failure_ = "a bad frame from " + name(bad) + ": its piece (seq " + std::to_string(f.seq) +
-                   " step " + std::to_string(f.step) + ") carries an invalid scale for " +
-                   toString(wire);
-        return false;
-      }
+    const int bad = combineNarrowWire(dst, sum, inputs_.data(), H_, n, wire,
+                                      static_cast<ReduceOp>(f.op),
+                                      static_cast<double>(f.divisor), sum + n);
+    if (bad >= 0) {
+      failure_ = "a bad frame from " + name(bad) + ": its piece (seq " + std::to_string(f.seq) +
+                 " step " + std::to_string(f.step) + ") carries an invalid scale for " +
+                 toString(wire);
+      return false;
     }
-    packNarrowWire(dst, sum, n, wire, sum + n + wide);
     return true;
   }
 

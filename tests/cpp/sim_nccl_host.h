@@ -2,7 +2,8 @@
 // test_nccl_host.cc): a host's GPUs as threads of one process, whose
 // simulated communicators (device/sim_nccl.h) exchange data in memory, and
 // an NcclApi that records the communicators made through it, so that a test
-// can abort one itself when the code under test failed to.
+// can abort one itself when the code under test failed to, and the set-up
+// both files open with (SimNcclFixture).
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "device/sim_device.h"
 #include "device/sim_nccl.h"
 #include "reduce/reduce_kernels.h"
 
@@ -192,12 +194,33 @@ class RecordingNccl final : public NcclApi {
   std::vector<NcclComm> made_;  // guarded by mu_
 };
 
-// Runs `f` when the scope ends, also when a REQUIRE failed: declared after
-// the communicators of a test, it aborts what a failing run left hung
-// before they are destroyed (a destroy waits for hung kernels).
-struct AtScopeEnd {
-  std::function<void()> f;
-  ~AtScopeEnd() { f(); }
+// The set-up every simulated-NCCL test opens with: the stand-in's rule
+// violations cleared, a host for the communicators to meet on, and the
+// simulated NCCL with `options`, recorded. Its end aborts what a failing
+// run left hung and releases the host (cleanUp), also when a REQUIRE
+// failed; a fixture that holds communicators calls cleanUp from its own
+// destructor, before they are destroyed (a destroy waits for hung kernels).
+class SimNcclFixture {
+ public:
+  explicit SimNcclFixture(const SimNcclOptions& options)
+      : api(std::make_shared<RecordingNccl>(makeSimNccl(options, clearedHost().connect()))) {}
+  SimNcclFixture(const SimNcclFixture&) = delete;
+  SimNcclFixture& operator=(const SimNcclFixture&) = delete;
+  ~SimNcclFixture() { cleanUp(); }
+
+  void cleanUp() {
+    api->abortAll();
+    host.release();
+  }
+
+  InMemoryHost host;  // before api: api's connect() is host's
+  std::shared_ptr<RecordingNccl> api;
+
+ private:
+  InMemoryHost& clearedHost() {
+    sim::clearViolations();
+    return host;
+  }
 };
 
 }  // namespace sim_nccl_test

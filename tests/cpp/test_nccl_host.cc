@@ -78,6 +78,24 @@ std::vector<std::shared_ptr<Device>> simDevices(int n, bool launchBlocking = fal
   return out;
 }
 
+// Two ranks on launch-blocking simulated devices, their communicators
+// formed (each rank's error, if any, in `formed`). Its end aborts what a
+// failing run left hung before the communicators go.
+struct TwoFormedRanks : SimNcclFixture {
+  TwoFormedRanks(const SimNcclOptions& options, milliseconds timeout)
+      : SimNcclFixture(options), devices(simDevices(2, /*launchBlocking=*/true)), comms(2) {
+    const std::string id = api->uniqueId();
+    formed = onRanks(devices, [&](int r) {
+      comms[r] = newNcclIntraHost(api, devices[r]->name(), r, 2, id, timeout);
+    });
+  }
+  ~TwoFormedRanks() { cleanUp(); }
+
+  std::vector<std::shared_ptr<Device>> devices;
+  std::vector<std::unique_ptr<IntraHost>> comms;
+  std::vector<std::exception_ptr> formed;
+};
+
 }  // namespace
 
 TEST_CASE("a collective NCCL answers ncclInProgress is queued before the work queued after it, "
@@ -89,14 +107,13 @@ TEST_CASE("a collective NCCL answers ncclInProgress is queued before the work qu
   constexpr size_t kCount = 1000;
   for (int percent : {100, 50}) {
     INFO(percent << "% of calls answer ncclInProgress");
-    sim::clearViolations();
-    InMemoryHost host;
     SimNcclOptions o;
     o.inProgressPercent = percent;
     o.minDeferral = milliseconds(2);
     o.maxDeferral = milliseconds(10);
     o.seed = static_cast<uint64_t>(percent);
-    auto api = std::make_shared<RecordingNccl>(makeSimNccl(o, host.connect()));
+    SimNcclFixture nccl(o);
+    auto& api = nccl.api;
     const std::string id = api->uniqueId();
     auto devices = simDevices(kRanks);
     std::atomic<int> wrongShards{0}, wrongGathers{0};
@@ -145,8 +162,6 @@ TEST_CASE("a collective NCCL answers ncclInProgress is queued before the work qu
     CHECK(wrongShards == 0);
     CHECK(wrongGathers == 0);
     CHECK(sim::violations().empty());
-    api->abortAll();  // what a failing run left
-    host.release();
   }
 }
 
@@ -156,24 +171,15 @@ TEST_CASE("a collective still in progress at the timeout aborts the communicator
   // Under CUDA_LAUNCH_BLOCKING NCCL's deferred launch waits for its kernel,
   // which waits for a peer that never issues its part: the call stays
   // ncclInProgress for good.
-  sim::clearViolations();
-  InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 100;
   o.maxDeferral = milliseconds(2);
-  auto api = std::make_shared<RecordingNccl>(makeSimNccl(o, host.connect()));
-  const std::string id = api->uniqueId();
-  auto devices = simDevices(2, /*launchBlocking=*/true);
-  std::vector<std::unique_ptr<IntraHost>> comms(2);
-  AtScopeEnd cleanup{[&] {
-    api->abortAll();
-    host.release();
-  }};
-  auto formed = onRanks(devices, [&](int r) {
-    comms[r] = newNcclIntraHost(api, devices[r]->name(), r, 2, id, milliseconds(1000));
-  });
-  REQUIRE_FALSE(formed[0]);
-  REQUIRE_FALSE(formed[1]);
+  TwoFormedRanks two(o, milliseconds(1000));
+  auto& devices = two.devices;
+  auto& comms = two.comms;
+  auto& api = two.api;
+  REQUIRE_FALSE(two.formed[0]);
+  REQUIRE_FALSE(two.formed[1]);
   std::vector<float> send(8, 1.0f), shard(4, 0.0f);
   std::exception_ptr failed;
   double tookMs = 0;
@@ -207,30 +213,19 @@ TEST_CASE("a collective still in progress at the timeout aborts the communicator
   CHECK(kindOf(drained[0]) == ErrorKind::kAborted);
   comms[1]->abort();
   CHECK(sim::violations().empty());
-  api->abortAll();
-  host.release();
 }
 
 TEST_CASE("abort returns at once while a launch under CUDA_LAUNCH_BLOCKING waits for a dead "
           "peer, and the launch then fails",
           "[nccl]") {
-  sim::clearViolations();
-  InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 0;
-  auto api = std::make_shared<RecordingNccl>(makeSimNccl(o, host.connect()));
-  const std::string id = api->uniqueId();
-  auto devices = simDevices(2, /*launchBlocking=*/true);
-  std::vector<std::unique_ptr<IntraHost>> comms(2);
-  AtScopeEnd cleanup{[&] {
-    api->abortAll();
-    host.release();
-  }};
-  auto formed = onRanks(devices, [&](int r) {
-    comms[r] = newNcclIntraHost(api, devices[r]->name(), r, 2, id, milliseconds(5000));
-  });
-  REQUIRE_FALSE(formed[0]);
-  REQUIRE_FALSE(formed[1]);
+  TwoFormedRanks two(o, milliseconds(5000));
+  auto& devices = two.devices;
+  auto& comms = two.comms;
+  auto& api = two.api;
+  REQUIRE_FALSE(two.formed[0]);
+  REQUIRE_FALSE(two.formed[1]);
   // Rank 0's launch blocks: its kernel waits for rank 1, which never comes.
   std::vector<float> send(8, 1.0f), shard(4, 0.0f);
   std::promise<std::exception_ptr> launched;
@@ -261,17 +256,14 @@ TEST_CASE("abort returns at once while a launch under CUDA_LAUNCH_BLOCKING waits
   CHECK(messageOf(e).find("abort") != std::string::npos);
   comms[1]->abort();
   CHECK(sim::violations().empty());
-  api->abortAll();
-  host.release();
 }
 
 TEST_CASE("an asynchronous NCCL error fails the health check naming it", "[nccl]") {
-  sim::clearViolations();
-  InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 0;
   o.failCollective = 0;
-  auto api = std::make_shared<RecordingNccl>(makeSimNccl(o, host.connect()));
+  SimNcclFixture nccl(o);
+  auto& api = nccl.api;
   auto devices = simDevices(1);
   std::vector<float> send(4, 1.0f), recv(4, 0.0f);
   std::exception_ptr seen;
@@ -294,16 +286,13 @@ TEST_CASE("an asynchronous NCCL error fails the health check naming it", "[nccl]
   INFO(messageOf(seen));
   CHECK(messageOf(seen).find("ncclSystemError") != std::string::npos);
   CHECK(sim::violations().empty());
-  api->abortAll();
-  host.release();
 }
 
 TEST_CASE("a communicator whose peer never comes times out within the timeout", "[nccl]") {
-  sim::clearViolations();
-  InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 100;
-  auto api = std::make_shared<RecordingNccl>(makeSimNccl(o, host.connect()));
+  SimNcclFixture nccl(o);
+  auto& api = nccl.api;
   auto devices = simDevices(1);
   std::exception_ptr failed;
   double tookMs = 0;
@@ -324,5 +313,4 @@ TEST_CASE("a communicator whose peer never comes times out within the timeout", 
   CHECK(tookMs < 3000);
   CHECK(api->abortAll() == 0);  // aborted on the way out
   CHECK(sim::violations().empty());
-  host.release();
 }

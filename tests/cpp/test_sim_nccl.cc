@@ -40,13 +40,12 @@ NcclResult settled(NcclApi& api, NcclComm comm, milliseconds within) {
 TEST_CASE("the simulated NCCL answers ncclInProgress and refuses a call before the previous "
           "one returned ncclSuccess",
           "[sim]") {
-  sim::clearViolations();
-  InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 100;
   o.minDeferral = std::chrono::milliseconds(100);
   o.maxDeferral = std::chrono::milliseconds(150);
-  auto api = makeSimNccl(o, host.connect());
+  SimNcclFixture nccl(o);
+  auto& api = nccl.api;
   auto dev = makeSimDevice({});
   sim::setDevice(0);
   DeviceStream& stream = dev->poolStream(0);
@@ -80,12 +79,11 @@ TEST_CASE("the simulated NCCL answers ncclInProgress and refuses a call before t
 TEST_CASE("a simulated collective with a dead peer holds its hardware queue until the "
           "communicator is aborted",
           "[sim]") {
-  sim::clearViolations();
-  InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 0;
   o.abortGrace = milliseconds(200);
-  auto api = makeSimNccl(o, host.connect());
+  SimNcclFixture nccl(o);
+  auto& api = nccl.api;
   SimDeviceOptions d;
   d.queues = 1;
   auto dev = makeSimDevice(d);
@@ -129,11 +127,10 @@ TEST_CASE("a simulated collective with a dead peer holds its hardware queue unti
 TEST_CASE("simulated communicators order their kernels across streams and share the hardware "
           "queues, so two issued in different orders deadlock until aborted",
           "[sim]") {
-  sim::clearViolations();
-  InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 0;
-  auto api = makeSimNccl(o, host.connect());
+  SimNcclFixture nccl(o);
+  auto& api = nccl.api;
   SimDeviceOptions d;
   d.queues = 1;
   d.index = 0;
@@ -214,12 +211,11 @@ TEST_CASE("simulated communicators order their kernels across streams and share 
 TEST_CASE("a simulated asynchronous error shows through ncclCommGetAsyncError, and its kernel "
           "hangs until the abort",
           "[sim]") {
-  sim::clearViolations();
-  InMemoryHost host;
   SimNcclOptions o;
   o.inProgressPercent = 0;
   o.failCollective = 1;
-  auto api = makeSimNccl(o, host.connect());
+  SimNcclFixture nccl(o);
+  auto& api = nccl.api;
   auto dev = makeSimDevice({});
   sim::setDevice(0);
   NcclComm comm = nullptr;

@@ -217,7 +217,7 @@ def test_nccl_inside_the_host_on_the_stand_in(mode, route, dtype):
     fp32, bf16 and fp16. `auto` takes the host route on the same 2 x 2
     GPUs until the NCCL route has passed on hardware (docs/gpu.md)."""
     env = dict(SIM, SMDDP_INTRA=mode, **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:intra_route", backend="smddp", timeout=240, env=env,
+    results = run_world(4, "cases_nccl_route:intra_route", backend="smddp", timeout=240, env=env,
                         args=(dtype,))
     for rank, r in enumerate(results):
         assert r.pop("route") == route, (rank, r)
@@ -228,7 +228,7 @@ def test_nccl_inside_the_host_on_the_stand_in(mode, route, dtype):
 
 def test_auto_keeps_ranks_that_share_a_gpu_on_the_host_path():
     env = dict(SIM, SMDDP_INTRA="auto", SMDDP_TEST_SIM_DEVICE="0", **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:intra_route", backend="smddp", timeout=240, env=env)
+    results = run_world(4, "cases_nccl_route:intra_route", backend="smddp", timeout=240, env=env)
     for rank, r in enumerate(results):
         assert r.pop("route") == "shm", (rank, r)
         assert r.pop("unproven_warning") is False, rank
@@ -239,7 +239,7 @@ def test_auto_keeps_ranks_that_share_a_gpu_on_the_host_path():
                                          ("nccl", ["SMDDP_INTRA=nccl", "share a GPU"])])
 def test_bad_intra_settings_fail_the_first_allreduce_clearly(value, words):
     env = dict(SIM, SMDDP_INTRA=value, SMDDP_TEST_SIM_DEVICE="0", **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:first_allreduce_error", backend="smddp", timeout=120,
+    results = run_world(4, "cases_nccl_route:first_allreduce_error", backend="smddp", timeout=120,
                         env=env, expect_failure=True)
     for rank, msg in enumerate(results):
         assert all(w in msg for w in words), (rank, msg)
@@ -251,7 +251,7 @@ def test_a_failed_communicator_formation_fails_every_later_call_with_its_error()
     communicator that did not form, and the next ones raise the same error
     at once. Before, call_once formed the route again at the next call."""
     env = dict(SIM, SMDDP_INTRA="nccl", SMDDP_DEVICE_SIM_NCCL_FAIL_INITS="1", **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:failed_formation", backend="smddp", timeout=90,
+    results = run_world(4, "cases_nccl_route:failed_formation", backend="smddp", timeout=90,
                         pg_timeout=20.0, env=env, expect_failure=True)
     for rank, calls in enumerate(results):
         first = calls[0]["msg"]
@@ -269,7 +269,7 @@ def test_intra_bootstrap_keys_are_the_instances_and_ranks_agree_on_the_route():
     gets, on every rank, one error naming both values within seconds (the
     group timeout is 12 s), never a wait in the store."""
     env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:intra_bootstrap", backend="smddp", timeout=150,
+    results = run_world(4, "cases_nccl_route:intra_bootstrap", backend="smddp", timeout=150,
                         pg_timeout=60.0, env=env)
     for rank, r in enumerate(results):
         assert r.pop("reformed 0") is None, (rank, r)
@@ -313,7 +313,7 @@ def test_two_nccl_routed_groups_issued_in_opposite_orders_both_complete():
     calls complete, against the closed form, well inside the group
     timeout."""
     env = dict(SIM, SMDDP_INTRA="nccl", **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:two_groups_opposite_order", backend="smddp",
+    results = run_world(4, "cases_nccl_route:two_groups_opposite_order", backend="smddp",
                         timeout=120, pg_timeout=20.0, env=env)
     assert not _failed_checks(results), _failed_checks(results)
 
@@ -325,7 +325,7 @@ def test_no_rank_leaves_the_route_while_a_peer_still_forms_it():
     store with it, and no peer fails or hangs in its own formation. Every
     rank exits cleanly (the harness checks the exit codes and CUDA's rules)."""
     env = dict(SIM, SMDDP_INTRA="nccl", SMDDP_DEVICE_SIM_RAIL_DELAY_MS="1500", **TWO_BY_TWO)
-    results = run_world(4, "cases_device_sim:leave_right_after_forming", backend="smddp",
+    results = run_world(4, "cases_nccl_route:leave_right_after_forming", backend="smddp",
                         timeout=120, pg_timeout=30.0, env=env)
     assert [r["rank"] for r in results] == [0, 1, 2, 3], results
 
