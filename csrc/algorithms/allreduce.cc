@@ -216,37 +216,54 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
 // hosts, against 190% at 16 MiB.)
 constexpr size_t kNarrowWindow = 8;
 
+// Where allreduceCoreNarrow's wire slots lie in the call's scratch: per
+// server a ring of kNarrowWindow going out and as many coming back; a slot
+// per chunk of this rank's own shard (its result, sent to every peer); the
+// server's receive ring (at ringAt); then f32 room to scale one chunk and
+// widen n contributions (`wide`, n + 1 chunks).
+struct NarrowScratch {
+  uint8_t* base = nullptr;
+  size_t slot = 0;
+  size_t servers = 0;
+  size_t ringAt = 0;
+  float* wide = nullptr;
+
+  NarrowScratch(EngineContext& ctx, const CallPlan& cp, size_t depth, DataType wire) {
+    uint64_t maxChunk = 0;
+    for (const Shard& s : cp.plan.shards()) {
+      for (const Chunk& c : s.chunks) maxChunk = std::max(maxChunk, c.elemCount);
+    }
+    const auto n = static_cast<size_t>(ctx.size());
+    servers = ctx.networkServers().size();
+    slot = (narrowWireBytes(maxChunk, wire) + 63) & ~size_t{63};
+    const size_t ownChunks = cp.mine ? cp.mine->chunks.size() : 0;
+    ringAt = (2 * servers * kNarrowWindow + ownChunks) * slot;
+    const size_t floatsAt = ringAt + (cp.mine ? ServerRing::scratchBytes(ctx.size(), depth, slot) : 0);
+    base = ctx.scratch(floatsAt + (n + 1) * maxChunk * sizeof(float));
+    wide = reinterpret_cast<float*>(base + floatsAt);
+  }
+  uint8_t* out(const Shard& s, size_t k) const {
+    return base + (s.server * kNarrowWindow + k % kNarrowWindow) * slot;
+  }
+  uint8_t* back(const Shard& s, size_t k) const {
+    return base + ((servers + s.server) * kNarrowWindow + k % kNarrowWindow) * slot;
+  }
+  uint8_t* result(size_t k) const { return base + (2 * servers * kNarrowWindow + k) * slot; }
+};
+
 void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                          float* data, uint64_t planSeq, const ExtraMessages& extra) {
   const int rank = ctx.rank();
   const int n = ctx.size();
   const DataType wire = ctx.config().crossHostDtype;
   const std::vector<int>& servers = ctx.networkServers();
-  const int S = static_cast<int>(servers.size());
   const size_t wes = elementSize(wire);
   const CallPlan cp(ctx, sig, planSeq, wes);
-  uint64_t maxChunk = 0;
-  for (const Shard& s : cp.plan.shards()) {
-    for (const Chunk& c : s.chunks) maxChunk = std::max(maxChunk, c.elemCount);
-  }
   const Shard* mine = cp.mine;
   const size_t depth = static_cast<size_t>(ctx.config().ringDepth);
   const size_t W = kNarrowWindow;
-  // Scratch, in wire slots: per server a ring of W going out and W coming
-  // back; a slot per chunk of this rank's own shard (its result, sent to
-  // every peer); the server's receive ring; then f32 room to scale one
-  // chunk and widen n contributions.
-  const size_t slot = (narrowWireBytes(maxChunk, wire) + 63) & ~size_t{63};
-  const size_t ownChunks = mine ? mine->chunks.size() : 0;
-  const size_t ringAt = (2 * S * W + ownChunks) * slot;
-  const size_t floatsAt = ringAt + (mine ? ServerRing::scratchBytes(n, depth, slot) : 0);
-  uint8_t* base = ctx.scratch(floatsAt + (n + 1) * maxChunk * sizeof(float));
-  auto out = [&](const Shard& s, size_t k) { return base + (s.server * W + k % W) * slot; };
-  auto back = [&](const Shard& s, size_t k) {
-    return base + ((S + s.server) * W + k % W) * slot;
-  };
-  auto result = [&](size_t k) { return base + (2 * S * W + k) * slot; };
-  float* wide = reinterpret_cast<float*>(base + floatsAt);  // n + 1 chunks
+  const NarrowScratch sc(ctx, cp, depth, wire);
+  float* wide = sc.wide;
   auto unpack = [&](float* dst, const void* src, uint64_t count, int from, const char* what) {
     if (!unpackNarrowWire(dst, src, count, wire)) {
       throwInvalidWireScale(wire, "the " + std::string(what) + " from rank " +
@@ -259,11 +276,11 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   // too), sum in f32, pack once, send and read back those bytes.
   std::optional<ServerRing> server;
   if (mine) {
-    server.emplace(ctx, ex, *mine, depth, base + ringAt, slot,
+    server.emplace(ctx, ex, *mine, depth, sc.base + sc.ringAt, sc.slot,
                    [wire](uint64_t count) { return narrowWireBytes(count, wire); },
                    [&](size_t k, std::vector<const void*>& in) {
       const Chunk& c = mine->chunks[k];
-      uint8_t* res = result(k);
+      uint8_t* res = sc.result(k);
       const int bad = serveNarrowWire(data + c.elemOffset, res, in.data(), n, rank, c.elemCount,
                                       wire, sig.op, n, wide);
       if (bad >= 0) {
@@ -278,17 +295,17 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   std::function<void(const Shard&, size_t)> armResult = [&](const Shard& s, size_t k) {
     const Chunk& c = s.chunks[k];
     const int server = servers[s.server];
-    ex.recv(server, kPhaseFromServer, c.index, back(s, k), narrowWireBytes(c.elemCount, wire),
+    ex.recv(server, kPhaseFromServer, c.index, sc.back(s, k), narrowWireBytes(c.elemCount, wire),
             [&, sp = &s, k, server] {
               const Chunk& ck = sp->chunks[k];
-              unpack(data + ck.elemOffset, back(*sp, k), ck.elemCount, server, "result");
+              unpack(data + ck.elemOffset, sc.back(*sp, k), ck.elemCount, server, "result");
               if (k + W < sp->chunks.size()) armResult(*sp, k + W);
             });
   };
   std::function<void(const Shard&, size_t)> sendChunk = [&](const Shard& s, size_t k) {
     const Chunk& c = s.chunks[k];
-    packNarrowWire(out(s, k), data + c.elemOffset, c.elemCount, wire, wide);
-    ex.send(servers[s.server], kPhaseToServer, c.index, c.elemOffset * wes, out(s, k),
+    packNarrowWire(sc.out(s, k), data + c.elemOffset, c.elemCount, wire, wide);
+    ex.send(servers[s.server], kPhaseToServer, c.index, c.elemOffset * wes, sc.out(s, k),
             narrowWireBytes(c.elemCount, wire), [&, sp = &s, k] {
               if (k + W < sp->chunks.size()) sendChunk(*sp, k + W);
             });
