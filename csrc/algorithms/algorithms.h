@@ -65,6 +65,11 @@ void runBroadcast(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& b
                   DataType dtype, int root);
 void runAllgather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                   DataType dtype);
+// The reduction servers' core with no data (allreduce.cc): every rank
+// checks in with server planSeq mod the servers, which answers once all
+// have, within `timeout` (barrier.cc).
+void checkInWithServer(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
+                       uint64_t planSeq, std::chrono::milliseconds timeout);
 void runBarrier(EngineContext& ctx, uint64_t seq);
 // A barrier served by rank 0 with its own timeout: rank 0's error names
 // every rank that had not arrived.

@@ -372,16 +372,9 @@ void runAllreduce(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& b
   allreduceBuffers(ctx, seq, bufs, dtype, op, nullptr);
 }
 
-void runBarrier(EngineContext& ctx, uint64_t seq) {
-  // A zero-byte allreduce: everyone checks in with one server, which
-  // releases everyone once all have arrived.
-  CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, -1};
-  allreduceCore(ctx, seq, sig, nullptr, seq, ctx.timeout());
-}
-
-void runMonitoredBarrier(EngineContext& ctx, uint64_t seq, std::chrono::milliseconds timeout) {
-  CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0};
-  allreduceCore(ctx, seq, sig, nullptr, /*planSeq: server 0*/ 0, timeout);
+void checkInWithServer(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
+                       uint64_t planSeq, std::chrono::milliseconds timeout) {
+  allreduceCore(ctx, seq, sig, nullptr, planSeq, timeout);
 }
 
 namespace {

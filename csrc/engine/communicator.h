@@ -85,7 +85,7 @@ class Communicator {
   // "smddp/<nonce>/": where this group instance's keys live in the store.
   const std::string& storePrefix() const { return ctx_->storePrefix(); }
 
-  // --- Collectives (any thread; collective_calls.cc, p2p.cc) ---
+  // --- Collectives (any thread; communicator_calls.cc, p2p.cc) ---
   // Buffers must stay valid until `done` runs. Each returns the sequence
   // number it was given.
   // Calls keep call order: an allreduce that touches memory an earlier
