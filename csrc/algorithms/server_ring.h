@@ -12,6 +12,7 @@
 
 #include "engine/engine_context.h"
 #include "engine/exchange.h"
+#include "observe/stats.h"
 #include "reduce/shard_plan.h"
 
 namespace smddp {
@@ -82,10 +83,7 @@ class ServerRing {
   }
   void reduceAndRearm(size_t k) {
     for (int p = 0; p < n_; ++p) in_[p] = p == rank_ ? nullptr : slot(p, k);
-    const auto t0 = std::chrono::steady_clock::now();
-    const Result res = reduce_(k, in_);
-    ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - t0).count();
+    const Result res = timeServerReduce(ctx_.counters(), [&] { return reduce_(k, in_); });
     if (sink_) {
       sink_(k);
       return;

@@ -13,6 +13,7 @@
 #include "engine/exchange.h"
 #include "hostpath/fusion_batch.h"
 #include "hostpath/fusion_scheduler.h"
+#include "observe/stats.h"
 #include "reduce/narrow_wire.h"
 #include "reduce/reduce_kernels.h"
 #include "server/server_wire.h"
@@ -130,11 +131,10 @@ class FusionBufferScheduler::CrossHost {
       uint8_t* own = st.data + mine.offset * es_;
       std::vector<const void*> in(H_);
       for (int h = 0; h < H_; ++h) in[h] = h == myHost_ ? own : partials + h * mineBytes;
-      auto t0 = std::chrono::steady_clock::now();
-      reduceOrdered(own, in.data(), H_, mine.count, acc_, b_.op,
-                    b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0);
-      s_.ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                std::chrono::steady_clock::now() - t0).count();
+      timeServerReduce(s_.ctx_.counters(), [&] {
+        reduceOrdered(own, in.data(), H_, mine.count, acc_, b_.op,
+                      b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0);
+      });
       for (int h = 0; h < H_; ++h) {
         if (h != myHost_) ex_.send(peerOf(h), kPhaseHostsReturn, tag, mine.offset * es_, own,
                                    mineBytes, sent);
@@ -247,18 +247,17 @@ class FusionBufferScheduler::CrossHost {
     auto reduceAndReturn = [this, &st, data, mine, out, partial, tag, es, sent] {
       float* own = data + mine.offset;
       std::vector<const void*> in(H_);
-      auto t0 = std::chrono::steady_clock::now();
       // Its own partial is rounded through the wire form too: every
       // host's partial is then rounded once whichever host serves an
       // element (the pieces move with the batch), so bf16 gives the same
       // bits from run to run.
       for (int h = 0; h < H_; ++h) in[h] = partial(h);
-      const int bad = serveNarrowWire(
-          own, out(myHost_), in.data(), H_, myHost_, mine.count, wire_, b_.op,
-          b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0, scratch_);
+      const int bad = timeServerReduce(s_.ctx_.counters(), [&] {
+        return serveNarrowWire(
+            own, out(myHost_), in.data(), H_, myHost_, mine.count, wire_, b_.op,
+            b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0, scratch_);
+      });
       if (bad >= 0) throwBadScale(bad, "partial");
-      s_.ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                std::chrono::steady_clock::now() - t0).count();
       const size_t bytes = narrowWireBytes(mine.count, wire_);
       for (int h = 0; h < H_; ++h) {
         if (h != myHost_) ex_.send(peerOf(h), kPhaseHostsReturn, tag, mine.offset * es,

@@ -14,6 +14,7 @@
 #include "hostpath/fusion_batch.h"
 #include "common/caller_waiting.h"
 #include "hostpath/fusion_scheduler.h"
+#include "observe/stats.h"
 #include "observe/timeline.h"
 #include "reduce/reduce_kernels.h"
 #include "reduce/shard_plan.h"
@@ -176,19 +177,18 @@ bool FusionBufferScheduler::combine(Batch& b, Steps& st) {
 void FusionBufferScheduler::reduceStep(Batch& b, Steps& st, uint64_t off, uint64_t len) {
   for (int p = 0; p < st.n; ++p) st.inputs[p] = st.seg.contribution(st.myServer, p, st.r);
   if (const uint8_t* own = st.view.direct(off, len)) st.inputs[st.rank] = own;
-  auto t0 = std::chrono::steady_clock::now();
   // Across hosts, AVG sums here and divides once at the end, and f16/bf16
   // partials stay in f32 until then (one rounding in all).
   const ReduceOp hostOp = st.multiHost && b.op == ReduceOp::kAvg ? ReduceOp::kSum : b.op;
-  if (st.wide) {
-    reduceOrderedToFloat(reinterpret_cast<float*>(st.seg.result(st.myServer, st.r)),
-                         st.inputs.data(), st.n, len, b.dtype, hostOp);
-  } else {
-    reduceOrdered(st.seg.result(st.myServer, st.r), st.inputs.data(), st.n, len, b.dtype, hostOp,
-                  st.multiHost ? 1.0 : st.n);
-  }
-  ctx_.counters().serverReduceNs += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now() - t0).count();
+  timeServerReduce(ctx_.counters(), [&] {
+    if (st.wide) {
+      reduceOrderedToFloat(reinterpret_cast<float*>(st.seg.result(st.myServer, st.r)),
+                           st.inputs.data(), st.n, len, b.dtype, hostOp);
+    } else {
+      reduceOrdered(st.seg.result(st.myServer, st.r), st.inputs.data(), st.n, len, b.dtype,
+                    hostOp, st.multiHost ? 1.0 : st.n);
+    }
+  });
 }
 
 bool FusionBufferScheduler::copyOut(Batch& b, Steps& st) {

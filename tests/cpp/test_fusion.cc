@@ -268,6 +268,35 @@ TEST_CASE("SMDDP_SERVERS_PER_NODE on the network path", "[fusion][hosts]") {
   }
 }
 
+TEST_CASE("across pretend hosts only the host servers count server time, in f32 and bf16",
+          "[fusion][hosts]") {
+  // 2 hosts x 2 ranks, one server per host (local rank 0): its host
+  // segment's reduce step and its reduction across hosts are timed
+  // (observe/stats.h, timeServerReduce), the other ranks reduce nothing.
+  ScopedEnv sv("SMDDP_SERVERS_PER_NODE", "1");
+  for (const char* wire : {"fp32", "bf16"}) {
+    ScopedEnv dtype("SMDDP_CROSS_HOST_DTYPE", wire);
+    auto results = runWorld(4, [](Communicator& comm) -> std::string {
+      if (!usesHostPath(comm)) return "the shared-memory path was not used";
+      std::vector<float> v(100003, static_cast<float>(comm.rank() + 1));
+      comm.allreduceSync({{v.data(), v.size()}}, DataType::kFloat32, ReduceOp::kSum);
+      if (v[0] != 10.0f || v.back() != 10.0f) return "wrong sum " + std::to_string(v[0]);
+      const bool isServer = comm.rank() % 2 == 0;
+      const bool reduced = comm.stats().serverReduceNs > 0;
+      if (reduced != isServer) {
+        return "rank " + std::to_string(comm.rank()) + (reduced ? " reduced" : " did not reduce");
+      }
+      return "";
+    }, std::chrono::milliseconds(30000), std::chrono::seconds(90), [](int r) {
+      setenv("SMDDP_HOST_ID", ("host" + std::to_string(r / 2)).c_str(), 1);
+    });
+    for (const auto& r : results) {
+      INFO(wire);
+      CHECK(r == "");
+    }
+  }
+}
+
 TEST_CASE("fusion-buffer shards keep every server's bytes within one shard", "[fusion]") {
   // Property over random call sequences: each batch's split is exact and
   // contiguous, and the servers' running totals never drift apart by more

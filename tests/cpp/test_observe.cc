@@ -1,16 +1,21 @@
 // Observability helpers: the latency histograms behind stats()' percentiles
-// (observe/stats.h) and the SMDDP_TIMELINE file naming (observe/timeline.h).
+// and the server reduction timer (observe/stats.h), and the SMDDP_TIMELINE
+// file naming (observe/timeline.h).
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "observe/stats.h"
 #include "observe/timeline.h"
 
 using smddp::LatencyHistograms;
+using smddp::StatsCounters;
+using smddp::timeServerReduce;
 
 TEST_CASE("latency bins are half octaves and hold their values", "[stats]") {
   for (uint64_t ns : {0ull, 1ull, 999ull, 1000ull, 1414ull, 1415ull, 2000ull, 2829ull, 999999ull,
@@ -68,4 +73,42 @@ TEST_CASE("SMDDP_TIMELINE names one file per rank", "[timeline]") {
   CHECK(pathFor("/tmp/t-{rank}.trace", 1) == "/tmp/t-1.trace");
   CHECK(pathFor("/tmp/t", 0) == "/tmp/t.rank0");
   CHECK_FALSE(smddp::timeline::on());  // unset: nothing records
+}
+
+namespace {
+
+// Spins until the steady clock has moved, and returns the nanoseconds it
+// saw pass (at least 1): a reduction that surely took time, with no sleep.
+uint64_t spinOneTick() {
+  const auto a = std::chrono::steady_clock::now();
+  auto b = a;
+  while (b == a) b = std::chrono::steady_clock::now();
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+}
+
+}  // namespace
+
+TEST_CASE("timeServerReduce adds the reduction's time to serverReduceNs and returns its result",
+          "[stats]") {
+  StatsCounters c;
+  uint64_t inner = 0;
+  // Its interval holds the reduction's: it adds at least what that saw.
+  const int got = timeServerReduce(c, [&] {
+    inner = spinOneTick();
+    return 7;
+  });
+  CHECK(got == 7);
+  CHECK(inner > 0);
+  CHECK(c.serverReduceNs.load() >= inner);
+  // A reduction that returns nothing counts too, on top.
+  const uint64_t before = c.serverReduceNs.load();
+  timeServerReduce(c, [&] { inner = spinOneTick(); });
+  CHECK(c.serverReduceNs.load() >= before + inner);
+  // One that throws adds nothing, and the error goes through.
+  const uint64_t after = c.serverReduceNs.load();
+  CHECK_THROWS_WITH(timeServerReduce(c, []() -> int { throw std::runtime_error("bad scale"); }),
+                    "bad scale");
+  CHECK(c.serverReduceNs.load() == after);
+  // stats() reads it.
+  CHECK(c.snapshot().serverReduceNs == after);
 }
