@@ -1,6 +1,7 @@
 // Test helpers shared by the standalone-server tests (test_server_wire.cc,
-// test_standalone_server.cc, test_server_security.cc): frames, the key,
-// and a worker driven byte by byte over a raw socket.
+// test_standalone_server.cc, test_server_security.cc, test_server_bounds.cc):
+// frames, the key, a worker driven byte by byte over a raw socket, and a
+// bounded wait for a condition.
 #pragma once
 
 #include <arpa/inet.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/dtype.h"
@@ -23,6 +25,17 @@
 #include "server/standalone_server.h"
 
 namespace smddp {
+
+// Waits up to `limit` for `done` (polled every 10 ms); whether it came.
+template <typename F>
+bool within(std::chrono::milliseconds limit, F done) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 // A data frame of `count` elements of `dt` (SUM), its payload length set.
 inline ServerFrame dataFrame(uint64_t count, DataType dt = DataType::kFloat32) {

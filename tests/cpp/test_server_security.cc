@@ -35,17 +35,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// Waits up to `limit` for `done`.
-template <typename F>
-bool within(milliseconds limit, F done) {
-  const auto until = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
-}
-
 // This process's resident memory, in KiB (/proc/self/status).
 long rssKiB() {
   std::ifstream in("/proc/self/status");
