@@ -131,7 +131,8 @@ void tellNow(int fd, const std::string& text, FrameSeal* seal = nullptr) {
   std::string out(reinterpret_cast<const char*>(&f), sizeof(f));
   out.append(text, 0, f.payload);
   if (seal) {
-    const Tag m = seal->next(f, reinterpret_cast<const uint8_t*>(out.data()) + sizeof(f));
+    auto* body = reinterpret_cast<uint8_t*>(out.data()) + sizeof(f);
+    const Tag m = seal->seal(f, body, body);
     out.append(reinterpret_cast<const char*>(m.bytes), kTagBytes);
   }
   (void)::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -214,6 +215,7 @@ StandaloneServer::StandaloneServer(Options options) : options_(std::move(options
   const std::string shared = key(options_);
   requireIntegrity_ =
       options_.requireIntegrity < 0 ? serverIntegrityParam() : options_.requireIntegrity > 0;
+  encrypt_ = options_.encrypt < 0 ? wireEncryptParam() : options_.encrypt > 0;
   maxConnections_ = options_.maxConnections > 0 ? options_.maxConnections : paramMaxConnections();
   unprovenPerSource_ =
       options_.unprovenPerSource > 0 ? options_.unprovenPerSource : paramUnprovenPerSource();
@@ -521,9 +523,13 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   joining.rank = static_cast<int>(hello.seq);
   joining.maxPiece = hello.count;
   const bool integrity = hello.flags & kServerFlagIntegrity;
+  // Sealed as the worker asked, even where this server refuses it: the
+  // worker can read why.
+  const bool encrypt = hello.flags & kServerFlagEncrypt;
   if (integrity) {
-    joining.check = std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToServer);
-    joining.seal = std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToWorker);
+    joining.check =
+        std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToServer, encrypt);
+    joining.seal = std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToWorker, encrypt);
   }
   const int fd = joining.conn.fd();
   // From here the worker has proved it holds the key: it may hear why.
@@ -540,6 +546,13 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   if (requireIntegrity_ && !integrity) {
     return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers (the "
                   "default; this worker turned it off)");
+  }
+  if (encrypt != encrypt_) {
+    return refuse(encrypt_ ? "this server encrypts its wire (SMDDP_WIRE_ENCRYPT=1) and this "
+                             "worker does not: set SMDDP_WIRE_ENCRYPT=1 on the workers too"
+                           : "this worker asks for SMDDP_WIRE_ENCRYPT=1 and this server was "
+                             "started without it: set it on the server too, or unset it on "
+                             "the workers");
   }
   std::unique_ptr<Grant> granted;
   if (std::string why = grant(hello, hs.job(), &granted); !why.empty()) return refuse(why);
@@ -569,6 +582,7 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   if (why.empty()) {
     ServerFrame welcome;
     welcome.kind = static_cast<uint8_t>(ServerFrameKind::kWelcome);
+    welcome.flags = hello.flags & (kServerFlagIntegrity | kServerFlagEncrypt);
     why = writeTextFrame(fd, welcome, "", Clock::now() + std::chrono::seconds(1),
                          joining.seal.get());
     if (!why.empty()) joining.conn.reset();  // it went away: nobody to tell

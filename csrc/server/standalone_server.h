@@ -49,6 +49,10 @@ class StandaloneServer {
     // Refuse workers that do not ask for SMDDP_SERVER_INTEGRITY (-1: that
     // variable decides, on by default).
     int requireIntegrity = -1;
+    // Encrypt every frame after the hello, and refuse workers that do not
+    // ask for it, or that ask for it when this is 0 (-1: SMDDP_WIRE_ENCRYPT
+    // decides, off by default).
+    int encrypt = -1;
     // Open connections across the servers (0: SMDDP_SERVER_MAX_CONNECTIONS).
     int64_t maxConnections = 0;
     // Unproven connections one source address may hold per port (0:
@@ -130,6 +134,7 @@ class StandaloneServer {
   Options options_;
   std::vector<std::unique_ptr<ServerIdentity>> identities_;  // per server; set before the loops
   bool requireIntegrity_ = false;
+  bool encrypt_ = false;  // SMDDP_WIRE_ENCRYPT
   int64_t maxConnections_ = 0;
   int64_t memoryBudget_ = 0;
   int64_t unprovenPerSource_ = 0;

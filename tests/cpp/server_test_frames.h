@@ -109,7 +109,8 @@ inline bool rawChallenge(int fd, const Nonce& mine, ServerFrame* header, uint8_t
 // challenge, the answer checked, the hello (with `hello`'s host fields)
 // and its proof. Returns "" once welcomed, else why not (an error frame's
 // text, "bad answer", ...). With `hello.flags` asking for integrity, `seal`
-// and `check` get the connection's frame seals.
+// and `check` get the connection's frame seals (encrypting, when the flags
+// ask for kServerFlagEncrypt).
 struct RawSession {
   std::unique_ptr<FrameSeal> seal, check;
 };
@@ -138,20 +139,28 @@ inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& jo
     return "send";
   }
   if (session && (hello.flags & kServerFlagIntegrity)) {
-    session->seal = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToServer);
-    session->check = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToWorker);
+    const bool encrypt = hello.flags & kServerFlagEncrypt;
+    session->seal = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToServer, encrypt);
+    session->check =
+        std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToWorker, encrypt);
   }
   ServerFrame w;
   if (recv(fd, &w, sizeof(w), MSG_WAITALL) != sizeof(w)) return "no welcome";
   if (w.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
     std::string text(std::min<uint64_t>(w.payload, kServerMaxText), '\0');
     recv(fd, text.data(), text.size(), MSG_WAITALL);
+    uint8_t tag[kTagBytes];
+    // A sealed refusal is read (decrypted) under the connection's seal.
+    if (session && session->check && recv(fd, tag, sizeof(tag), MSG_WAITALL) == sizeof(tag) &&
+        !session->check->open(w, reinterpret_cast<uint8_t*>(text.data()), tag)) {
+      return "the refusal's MAC is wrong";
+    }
     return text;
   }
   if (session && session->check) {
     uint8_t tag[kTagBytes];
     if (recv(fd, tag, sizeof(tag), MSG_WAITALL) != sizeof(tag) ||
-        !tagEquals(session->check->next(w, nullptr), tag)) {
+        !session->check->open(w, nullptr, tag)) {
       return "the welcome's MAC is wrong";
     }
   }
@@ -176,7 +185,8 @@ inline ServerFrame helloFor(int hosts, int host, uint64_t group, uint64_t maxPie
 inline std::unique_ptr<ServerLinks> testLinks(const std::vector<ServerAddress>& servers, int hosts,
                                               int host, const std::string& job = "",
                                               uint64_t group = 42, bool integrity = false,
-                                              const std::string& key = kTestKey) {
+                                              const std::string& key = kTestKey,
+                                              bool encrypt = false) {
   ServerLinks::Identity me;
   me.job = job;
   me.group = group;
@@ -185,6 +195,7 @@ inline std::unique_ptr<ServerLinks> testLinks(const std::vector<ServerAddress>& 
   me.rank = host;
   me.key = key;
   me.integrity = integrity;
+  me.encrypt = encrypt;
   return std::make_unique<ServerLinks>(servers, me, std::chrono::seconds(10));
 }
 
