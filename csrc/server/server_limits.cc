@@ -30,8 +30,9 @@ SMDDP_PARAM_INT(paramMaxWait, "SMDDP_SERVER_MAX_WAIT", 1800, 1, 86400,
                 "SMDDP_SERVER_WAIT; the default is torch's default group timeout)")
 SMDDP_PARAM_BYTES(paramMemoryBudget, "SMDDP_SERVER_MEMORY_BUDGET", 0, 0, int64_t{1} << 50,
                   "bytes a standalone reduction server may reserve for its streams' pieces, "
-                  "four times each host's largest piece; a host whose hello would pass it is "
-                  "refused, naming the budget (0: half the machine's memory)")
+                  "four times each host's largest piece (five with SMDDP_WIRE_ENCRYPT); a host "
+                  "whose hello would pass it is refused, naming the budget (0: half the "
+                  "machine's memory)")
 
 std::chrono::seconds serverMaxWaitParam() { return std::chrono::seconds(paramMaxWait()); }
 
@@ -39,9 +40,13 @@ namespace {
 
 // What a host's connection reserves of the memory budget: its piece as it
 // is read, one read ahead, its share of the result, and its share of a
-// narrow step's f32 room (stream_service.cc). Far less is resident while
-// pieces are small; this bounds what hellos can make the server promise.
-int64_t hostReservation(uint64_t maxPiece) { return 4 * static_cast<int64_t>(maxPiece); }
+// narrow step's f32 room (stream_service.cc); encrypting
+// (SMDDP_WIRE_ENCRYPT), the ciphertext of the result being sent to it too
+// (server_wire.h, FrameWriter). Far less is resident while pieces are
+// small; this bounds what hellos can make the server promise.
+int64_t reservedPieces(const ServerFrame& hello) {
+  return hello.flags & kServerFlagEncrypt ? 5 : 4;
+}
 
 int64_t defaultMemoryBudget() {
   const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
@@ -122,10 +127,11 @@ std::string ServerLimits::grant(const ServerFrame& hello, const std::string& job
            " connections to this server (SMDDP_SERVER_JOB_CONNECTIONS)";
   }
   JobSlot slot(&jobQuota_, job);
-  const int64_t charge = hostReservation(hello.count);
+  const int64_t charge = reservedPieces(hello) * static_cast<int64_t>(hello.count);
   if (!reserve(reserved_, charge, memoryBudget_)) {
     return "host " + std::to_string(hello.host) + "'s pieces of up to " + mib(hello.count) +
-           " would reserve " + mib(charge) + " (four times its largest piece), past the " +
+           " would reserve " + mib(charge) + " (" + std::to_string(reservedPieces(hello)) +
+           " times its largest piece), past the " +
            "server's memory budget: " + mib(reserved_.load()) + " of its " +
            mib(memoryBudget_) + " (SMDDP_SERVER_MEMORY_BUDGET) are reserved";
   }

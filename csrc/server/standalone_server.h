@@ -97,7 +97,7 @@ class StandaloneServer {
   size_t streams() const { return static_cast<size_t>(streams_.load()); }
   size_t connections() const { return static_cast<size_t>(connections_.load()); }
   size_t threads() const;
-  // Bytes reserved now for the streams' pieces (hostReservation), at most
+  // Bytes reserved now for the streams' pieces (server_limits.cc), at most
   // the memory budget.
   int64_t reserved() const;
   int64_t memoryBudget() const;

@@ -289,6 +289,9 @@ TEST_CASE("with SMDDP_WIRE_ENCRYPT workers and servers reduce as ever, and eithe
   // server that requires no integrity (encryption brings it).
   auto a = testLinks(loopback(server), 2, 0, "", 7, false, kTestKey, /*encrypt=*/true);
   auto b = testLinks(loopback(server), 2, 1, "", 7, false, kTestKey, /*encrypt=*/true);
+  // Each encrypting host reserves five times its largest piece (256 MiB
+  // here), one more than a plain host: the ciphertext of its result.
+  CHECK(server.reserved() == 2 * 5 * static_cast<int64_t>(kServerMaxPayload));
   std::vector<float> out[2];
   std::vector<std::thread> hosts;
   ServerLinks* links[2] = {a.get(), b.get()};
