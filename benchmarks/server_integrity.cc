@@ -1,7 +1,9 @@
-// What SMDDP_SERVER_INTEGRITY costs (docs/notes/2026-11-25-server-security.md):
+// What SMDDP_SERVER_INTEGRITY and SMDDP_WIRE_ENCRYPT cost
+// (docs/notes/2026-11-25-server-security.md, 2026-12-02-wire-encryption.md):
 // a standalone server and two worker hosts in one process on loopback, each
-// host posting pieces back to back with 16 in flight, timed with and without
-// a MAC on every frame; then the MAC alone on one core, the cost's floor.
+// host posting pieces back to back with 16 in flight, timed plain, with a
+// MAC on every frame, and encrypted; then the MAC and the cipher alone on
+// one core, the cost's floor.
 // On loopback nothing but the CPU limits the stream, so the difference is
 // the MACs' cost at its largest: on a real link slower than the MACs it
 // hides behind the transfer.
@@ -28,8 +30,8 @@ const std::string kKey = "bench key 0123456789abcdef0123456789abcdef";
 
 // Seconds for each of 2 hosts to push `total` bytes in pieces of `piece`
 // bytes through one server (float32 SUM), results read back in place.
-double pushThrough(const StandaloneServer& server, uint64_t piece, uint64_t total,
-                   bool integrity) {
+enum class Wire { kPlain, kMac, kEncrypt };
+double pushThrough(const StandaloneServer& server, uint64_t piece, uint64_t total, Wire wire) {
   const std::vector<ServerAddress> where = {{"127.0.0.1", server.ports()[0], "bench"}};
   std::vector<std::unique_ptr<ServerLinks>> links(2);
   for (int h = 0; h < 2; ++h) {
@@ -38,7 +40,8 @@ double pushThrough(const StandaloneServer& server, uint64_t piece, uint64_t tota
     me.hosts = 2;
     me.host = me.rank = h;
     me.key = kKey;
-    me.integrity = integrity;
+    me.integrity = wire != Wire::kPlain;
+    me.encrypt = wire == Wire::kEncrypt;
     me.maxPiece = piece;
     links[h] = std::make_unique<ServerLinks>(where, me, std::chrono::seconds(10));
   }
@@ -82,23 +85,29 @@ int main(int argc, char** argv) {
   o.bindAddress = "127.0.0.1";
   o.key = kKey;
   o.requireIntegrity = 0;
+  o.encrypt = 0;
   StandaloneServer server(o);
+  o.encrypt = 1;  // a worker and its server agree on encryption
+  StandaloneServer encrypting(o);
   std::printf("2 hosts x %llu MiB through one server on loopback, 16 pieces in flight per host\n",
               static_cast<unsigned long long>(mib));
-  std::printf("%10s %14s %14s %10s\n", "piece", "plain GB/s", "MAC GB/s", "MAC cost");
+  std::printf("%10s %11s %11s %11s %9s %9s\n", "piece", "plain GB/s", "MAC GB/s", "enc GB/s",
+              "MAC cost", "enc cost");
   for (uint64_t k : kib) {
     const uint64_t piece = k << 10, total = (mib << 20) / piece * piece;
-    pushThrough(server, piece, std::min<uint64_t>(total, 64ull << 20), false);  // warm up
-    // Best of three each: the machine is shared.
-    double plain = 1e30, mac = 1e30;
+    pushThrough(server, piece, std::min<uint64_t>(total, 64ull << 20), Wire::kPlain);  // warm up
+    // Best of three each, the modes alternating: the machine is shared.
+    double plain = 1e30, mac = 1e30, enc = 1e30;
     for (int r = 0; r < 3; ++r) {
-      plain = std::min(plain, pushThrough(server, piece, total, false));
-      mac = std::min(mac, pushThrough(server, piece, total, true));
+      plain = std::min(plain, pushThrough(server, piece, total, Wire::kPlain));
+      mac = std::min(mac, pushThrough(server, piece, total, Wire::kMac));
+      enc = std::min(enc, pushThrough(encrypting, piece, total, Wire::kEncrypt));
     }
     // Bytes into the server from both hosts, per second.
     const double gb = 2.0 * total / 1e9;
-    std::printf("%7llu KiB %14.2f %14.2f %9.0f%%\n", static_cast<unsigned long long>(k),
-                gb / plain, gb / mac, 100.0 * (mac - plain) / plain);
+    std::printf("%7llu KiB %11.2f %11.2f %11.2f %8.0f%% %8.0f%%\n",
+                static_cast<unsigned long long>(k), gb / plain, gb / mac, gb / enc,
+                100.0 * (mac - plain) / plain, 100.0 * (enc - plain) / plain);
   }
   // The MACs alone, one core: each byte is MACed four times on this path
   // (a worker seals its piece, the server checks it, the server seals each
@@ -117,7 +126,12 @@ int main(int argc, char** argv) {
   const std::string_view all = bytesOf(buf.data(), buf.size());
   const double gmac = rate([&] { sink = aesGmac(key, nonce, {all}).bytes[0]; });
   const double hmac = rate([&] { sink = hmacSha256(key, {all}).bytes[0]; });
+  // Encrypted frames take AES-256-GCM, in place here as the reader decrypts.
+  const double gcm = rate([&] {
+    sink = aesGcmSeal(key, nonce, "", buf.data(), buf.data(), buf.size()).bytes[0];
+  });
   (void)sink;
-  std::printf("one core: AES-256-GMAC %.2f GB/s, HMAC-SHA256 %.2f GB/s\n", gmac, hmac);
+  std::printf("one core: AES-256-GMAC %.2f GB/s, AES-256-GCM %.2f GB/s, HMAC-SHA256 %.2f GB/s\n",
+              gmac, gcm, hmac);
   return 0;
 }

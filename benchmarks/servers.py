@@ -11,8 +11,12 @@ table: configuration, seconds per allreduce, algbw (SIZE / time), and the
 bytes each worker and each server sends per allreduce by the formula
 S + (H-2)·a and H·b, a and b the host and server pieces (2(H-1)/H·S
 without servers). A configuration is K or K:P, P the SMDDP_SERVER_SHARE
-percent (default: -1, balanced for links of one speed). ``--integrity``
-runs every configuration with SMDDP_SERVER_INTEGRITY=1. Servers and workers
+percent (default: -1, balanced for links of one speed). ``--wire`` picks
+how the server wire is protected, one run per mode for each configuration
+with servers: ``off`` (SMDDP_SERVER_INTEGRITY=0), ``mac`` (=1, AES-GMAC
+on every frame) and ``encrypt`` (SMDDP_WIRE_ENCRYPT=1, AES-256-GCM);
+``--rounds N`` repeats the whole list N times, so that the modes alternate
+on a noisy machine (``--integrity`` is ``--wire mac``). Servers and workers
 share a key file made in --out (SMDDP_SERVER_KEY_FILE, --key-file), and the
 workers' logs land there (torchrun.hH.log, server.hH.log).
 """
@@ -58,13 +62,18 @@ dist.destroy_process_group()
 '''
 
 
-def run(cluster, workers, servers, share, size, iters, out_dir, timeout_s, integrity=False):
+WIRE_ENV = {"off": {"SMDDP_SERVER_INTEGRITY": "0", "SMDDP_WIRE_ENCRYPT": "0"},
+            "mac": {"SMDDP_SERVER_INTEGRITY": "1", "SMDDP_WIRE_ENCRYPT": "0"},
+            "encrypt": {"SMDDP_SERVER_INTEGRITY": "1", "SMDDP_WIRE_ENCRYPT": "1"}}
+
+
+def run(cluster, workers, servers, share, size, iters, out_dir, timeout_s, wire="off"):
     """One configuration: K servers on the hosts after the workers
     (Cluster.start_servers, with a key file they share with the workers),
     then the workers' torchrun job; every rank's result, and the cluster
-    reset for the next configuration."""
-    env = {"OMP_NUM_THREADS": "1", "SMDDP_SERVER_INTEGRITY": "1" if integrity else "0",
-           "SMDDP_SERVER_HOSTS": ""}
+    reset for the next configuration. `wire`: a key of WIRE_ENV, for the
+    servers and the workers alike."""
+    env = {"OMP_NUM_THREADS": "1", "SMDDP_SERVER_HOSTS": "", **WIRE_ENV[wire]}
     try:
         if servers:
             env.update(cluster.start_servers(list(range(workers, workers + servers)), out_dir,
@@ -104,9 +113,13 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", default="/tmp/smddp_servers_bench")
     ap.add_argument("--timeout", type=float, default=500.0)
-    ap.add_argument("--integrity", action="store_true",
-                    help="SMDDP_SERVER_INTEGRITY=1: a MAC on every frame to and from the servers")
+    ap.add_argument("--integrity", action="store_true", help="the same as --wire mac")
+    ap.add_argument("--wire", nargs="+", choices=sorted(WIRE_ENV), default=None,
+                    help="server wire modes, each run in turn (default: off)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every configuration and mode this many times, alternating")
     a = ap.parse_args()
+    wires = a.wire or (["mac"] if a.integrity else ["off"])
     why = why_unavailable()
     if why:
         sys.exit(f"no cluster here: {why}")
@@ -118,11 +131,14 @@ def main():
     for c in a.configs:
         k, _, p = c.partition(":")
         configs.append((int(k), int(p) if p else -1))
-    print(f"{'servers':>8} {'share':>6} {'s/allreduce':>12} {'algbw GB/s':>11} "
-          f"{'worker sends':>13} {'server sends':>13} {'correct':>8}")
+    print(f"{'round':>5} {'servers':>8} {'share':>6} {'wire':>8} {'s/allreduce':>12} "
+          f"{'algbw GB/s':>11} {'worker sends':>13} {'server sends':>13} {'correct':>8}")
+    runs = [(n, K, share, w) for n in range(a.rounds) for K, share in configs
+            for w in (wires if K else ["-"])]
     with Cluster(H + max(k for k, _ in configs), a.rate, cc=a.cc) as c:
-        for K, share in configs:
-            res = run(c, H, K, share, S, a.iters, a.out, a.timeout, a.integrity)
+        for n, K, share, wire in runs:
+            res = run(c, H, K, share, S, a.iters, a.out, a.timeout,
+                      wire if K else "off")
             t = max(r["s"] for r in res)
             ok = all(r["ok"] for r in res) and (K == 0 or all(r["steps"] > 0 for r in res))
             if K:
@@ -132,8 +148,8 @@ def main():
                 shown = f"{f * 100:.0f}%"
             else:
                 w, srv, shown = 2 * (H - 1) / H, "-", "-"
-            print(f"{K:>8} {shown:>6} {t:>12.3f} {S / t / 1e9:>11.3f} {w:>11.2f} S {srv:>13} "
-                  f"{str(ok):>8}", flush=True)
+            print(f"{n:>5} {K:>8} {shown:>6} {wire:>8} {t:>12.3f} {S / t / 1e9:>11.3f} "
+                  f"{w:>11.2f} S {srv:>13} {str(ok):>8}", flush=True)
 
 
 def _share(H, K, percent):

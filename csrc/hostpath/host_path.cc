@@ -184,6 +184,7 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
       me.rank = ctx.rank();
       me.key = workerServerKey(config.serverKey);
       me.integrity = serverIntegrityParam();
+      me.encrypt = wireEncryptParam();
       me.maxPiece = seg.slotBytes();  // a step's pieces fit in one slot
       const auto wait = std::min<std::chrono::milliseconds>(
           std::chrono::seconds(config.serverWaitSeconds), ctx.timeout() / 2);

@@ -27,6 +27,12 @@ SMDDP_PARAM_BOOL(paramServerIntegrity, "SMDDP_SERVER_INTEGRITY", true,
                  "(workers ask for it; a server with it set refuses workers without it); 0 turns "
                  "it off, so that whoever can write into the TCP stream can change results")
 
+SMDDP_PARAM_BOOL(paramWireEncrypt, "SMDDP_WIRE_ENCRYPT", false,
+                 "1 = encrypt every frame to and from the standalone reduction servers "
+                 "(AES-256-GCM under the connection's key; it implies SMDDP_SERVER_INTEGRITY), "
+                 "so that whoever reads the TCP stream learns nothing of the gradients; workers "
+                 "and servers must agree on it, or they refuse each other")
+
 SMDDP_PARAM_BOOL(paramServerInsecure, "SMDDP_SERVER_INSECURE", false,
                  "1 = let standalone reduction servers found in a store, with no key file, use "
                  "the job's key kept in that store, which anyone who reaches the store can read "
@@ -35,6 +41,7 @@ SMDDP_PARAM_BOOL(paramServerInsecure, "SMDDP_SERVER_INSECURE", false,
 std::string serverKeyFileParam() { return paramServerKeyFile(); }
 bool serverInsecureParam() { return paramServerInsecure(); }
 bool serverIntegrityParam() { return paramServerIntegrity(); }
+bool wireEncryptParam() { return paramWireEncrypt(); }
 
 std::string readServerKeyFile(const std::string& path, const std::string& what) {
   auto bad = [&](const std::string& why) {
@@ -159,12 +166,35 @@ std::string Handshake::sessionKey() const {
   return std::string(reinterpret_cast<const char*>(m.bytes), kMacBytes);
 }
 
-Tag FrameSeal::next(const ServerFrame& header, const uint8_t* payload) {
-  uint8_t nonce[kGmacNonceBytes] = {static_cast<uint8_t>(direction_)};
+void FrameSeal::nextNonce(uint8_t* nonce) {
+  // The direction, three zero bytes, then the frame counter (little-endian).
+  std::memset(nonce, 0, kGmacNonceBytes);
+  nonce[0] = static_cast<uint8_t>(direction_);
   const uint64_t n = counter_++;
   std::memcpy(nonce + 4, &n, sizeof(n));
+}
+
+Tag FrameSeal::next(const ServerFrame& header, const uint8_t* payload) {
+  uint8_t nonce[kGmacNonceBytes];
+  nextNonce(nonce);
   return aesGmac(key_, nonce, {bytesOf(&header, sizeof(header)),
                                bytesOf(payload, payload ? header.payload : 0)});
+}
+
+Tag FrameSeal::seal(const ServerFrame& header, const uint8_t* in, uint8_t* out) {
+  if (!encrypt_) return next(header, in);
+  uint8_t nonce[kGmacNonceBytes];
+  nextNonce(nonce);
+  return aesGcmSeal(key_, nonce, bytesOf(&header, sizeof(header)), in, out,
+                    in ? header.payload : 0);
+}
+
+bool FrameSeal::open(const ServerFrame& header, uint8_t* payload, const uint8_t* tag) {
+  if (!encrypt_) return tagEquals(next(header, payload), tag);
+  uint8_t nonce[kGmacNonceBytes];
+  nextNonce(nonce);
+  return aesGcmOpen(key_, nonce, bytesOf(&header, sizeof(header)), payload, payload,
+                    payload ? header.payload : 0, tag);
 }
 
 }  // namespace smddp

@@ -36,6 +36,10 @@ bool serverInsecureParam();
 // SMDDP_SERVER_INTEGRITY (on unless set to 0): a worker asks for a MAC on every
 // frame; a server refuses workers that do not.
 bool serverIntegrityParam();
+// SMDDP_WIRE_ENCRYPT (off unless set to 1): every frame after the hello is
+// encrypted too (AES-256-GCM, which implies its integrity); a worker and a
+// server that disagree about it refuse each other, naming it.
+bool wireEncryptParam();
 
 // The key of one server's handshakes: the shared key bound to the job the
 // server serves and to the address the worker dialled (endpointText). A
@@ -96,17 +100,31 @@ class Handshake {
 // the direction keeps a frame from being reflected back to its sender.
 // GMAC, not HMAC, for the bulk: about 8.7 GB/s a core here against 1.6
 // (docs/notes/2026-11-25-server-security.md).
+// Encrypting (SMDDP_WIRE_ENCRYPT): AES-256-GCM of the payload under the
+// same key and nonce, the header its additional authenticated data, so the
+// tag covers both as before and the payload crosses as ciphertext.
 enum class SealDirection : uint8_t { kToServer = 'W', kToWorker = 'S' };
 class FrameSeal {
  public:
-  FrameSeal(std::string sessionKey, SealDirection direction)
-      : key_(std::move(sessionKey)), direction_(direction) {}
+  FrameSeal(std::string sessionKey, SealDirection direction, bool encrypt = false)
+      : key_(std::move(sessionKey)), direction_(direction), encrypt_(encrypt) {}
+  bool encrypts() const { return encrypt_; }
   // The tag of the next frame in this direction (advances the counter).
+  // MAC only: the payload is sent as it is.
   Tag next(const ServerFrame& header, const uint8_t* payload);
+  // The next frame's tag; encrypting, its header.payload bytes from `in`
+  // go to `out` as ciphertext (they may be the same buffer), else `out`
+  // is unused (the payload goes as it is).
+  Tag seal(const ServerFrame& header, const uint8_t* in, uint8_t* out);
+  // Whether the next frame's `tag` checks; encrypting, its payload is
+  // decrypted in place (garbage, to be dropped, when it does not check).
+  bool open(const ServerFrame& header, uint8_t* payload, const uint8_t* tag);
 
  private:
+  void nextNonce(uint8_t* nonce);
   std::string key_;
   SealDirection direction_;
+  bool encrypt_;
   uint64_t counter_ = 0;
 };
 

@@ -196,7 +196,9 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
   // 3. The hello, vouched for by this worker's proof, then its answer.
   ServerFrame hello;
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
-  hello.flags = me.integrity ? kServerFlagIntegrity : 0;
+  // Encryption implies integrity (GCM's tag is the MAC).
+  hello.flags = me.encrypt ? kServerFlagIntegrity | kServerFlagEncrypt
+                           : (me.integrity ? kServerFlagIntegrity : 0);
   hello.group = me.group;
   hello.seq = static_cast<uint64_t>(me.rank);
   hello.step = static_cast<uint64_t>(
@@ -211,9 +213,10 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
   why = writeTextFrame(l.fd.get(), hello, std::string(bytesOf(proof.bytes, kMacBytes)) + me.job,
                        answerBy);
   if (!why.empty()) return "hello: " + why;
-  if (me.integrity) {
-    l.seal = std::make_unique<FrameSeal>(proofs.sessionKey(), SealDirection::kToServer);
-    l.check = std::make_unique<FrameSeal>(proofs.sessionKey(), SealDirection::kToWorker);
+  if (hello.flags & kServerFlagIntegrity) {
+    l.seal = std::make_unique<FrameSeal>(proofs.sessionKey(), SealDirection::kToServer, me.encrypt);
+    l.check =
+        std::make_unique<FrameSeal>(proofs.sessionKey(), SealDirection::kToWorker, me.encrypt);
     l.out.sealWith(l.seal.get());
     l.in.checkWith(l.check.get());
   }
@@ -224,6 +227,10 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
   std::string refusal;
   if (!why.empty()) refusal = "answered the hello with " + why;
   else if (l.in.header().kind == static_cast<uint8_t>(ServerFrameKind::kError)) refusal = text;
+  else if (me.encrypt && !(l.in.header().flags & kServerFlagEncrypt)) {
+    refusal = "welcomed this worker without confirming SMDDP_WIRE_ENCRYPT=1 (a server that "
+              "does not encrypt: set it on the server too)";
+  }
   if (!refusal.empty()) throwError(ErrorKind::kInvalidArgument, "smddp: " + name + ": " + refusal);
   return "";
 }

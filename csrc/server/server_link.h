@@ -36,6 +36,7 @@ class ServerLinks {
     int hosts = 0, host = 0, stream = 0, rank = 0;
     std::string key;           // the key shared with the servers (server_auth.h)
     bool integrity = false;    // SMDDP_SERVER_INTEGRITY: a MAC on every frame
+    bool encrypt = false;      // SMDDP_WIRE_ENCRYPT: every frame encrypted (implies integrity)
     uint64_t maxPiece = kServerMaxPayload;  // the largest piece it will post, in bytes
   };
   // Connects to every server (retrying refusals: a server may start after

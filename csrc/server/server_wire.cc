@@ -84,7 +84,12 @@ std::string validateServerFrame(const ServerFrame& f,
       return "pieces of up to " + std::to_string(f.count) + " bytes (at most " +
              std::to_string(kServerMaxPayload) + ")";
     }
-    if (f.flags & ~kServerFlagIntegrity) return "unknown flags " + std::to_string(f.flags);
+    if (f.flags & ~(kServerFlagIntegrity | kServerFlagEncrypt)) {
+      return "unknown flags " + std::to_string(f.flags);
+    }
+    if ((f.flags & kServerFlagEncrypt) && !(f.flags & kServerFlagIntegrity)) {
+      return "a hello asking for encryption without integrity (encryption implies it)";
+    }
   } else if (kind == ServerFrameKind::kChallenge) {
     if (f.count == 0 || f.count > kServerMaxAddress || f.payload < kServerProofBytes + f.count ||
         f.payload - kServerProofBytes - f.count > kServerMaxJob) {
@@ -247,7 +252,8 @@ std::string writeTextFrame(int fd, ServerFrame f, const std::string& text,
   std::string out(reinterpret_cast<const char*>(&f), sizeof(f));
   out += t;
   if (seal) {
-    const Tag m = seal->next(f, reinterpret_cast<const uint8_t*>(t.data()));
+    auto* body = reinterpret_cast<uint8_t*>(out.data()) + sizeof(f);
+    const Tag m = seal->seal(f, body, body);
     out.append(reinterpret_cast<const char*>(m.bytes), kTagBytes);
   }
   return writeAllBefore(fd, out.data(), out.size(), deadline);
@@ -276,9 +282,10 @@ FrameIo FrameReader::read(int fd, std::string* why) {
       const uint64_t mac = got_ - kHeader - header_.payload;  // MAC bytes read so far
       want = seal_ ? kTagBytes - mac : 0;
       if (want == 0) {
-        if (seal_ && !tagEquals(seal_->next(header_, payload_), mac_)) {
-          *why = "a frame failed its integrity check (SMDDP_SERVER_INTEGRITY): it was altered, "
-                 "replayed or reordered on the way";
+        if (seal_ && !seal_->open(header_, payload_, mac_)) {
+          *why = std::string("a frame failed its integrity check (") +
+                 (seal_->encrypts() ? "SMDDP_WIRE_ENCRYPT" : "SMDDP_SERVER_INTEGRITY") +
+                 "): it was altered, replayed or reordered on the way";
           return FrameIo::kFailed;
         }
         return FrameIo::kDone;
@@ -332,7 +339,16 @@ std::string readFrameBefore(int fd, FrameReader& reader,
 
 uint64_t FrameWriter::begin(Out& o) {
   if (seal_ && !o.sealed) {
-    const Tag m = seal_->next(o.header, o.data);
+    Tag m;
+    if (seal_->encrypts() && o.header.payload) {
+      // The caller's memory stays as it is (a result goes to every host
+      // from one buffer): the ciphertext goes out from the writer's own.
+      cipher_.resize(o.header.payload);
+      m = seal_->seal(o.header, o.data, cipher_.data());
+      o.data = cipher_.data();
+    } else {
+      m = seal_->seal(o.header, o.data, nullptr);
+    }
     std::memcpy(o.mac, m.bytes, kTagBytes);
     o.sealed = true;
   }

@@ -43,6 +43,9 @@ constexpr uint64_t kServerMaxAddress = 64;   // bytes of "ip:port" in a challeng
 constexpr uint16_t kServerMaxHosts = 4096;
 constexpr uint64_t kServerProofBytes = 32;   // a challenge's nonce, a proof (HMAC-SHA256)
 constexpr uint8_t kServerFlagIntegrity = 1;  // hello: a MAC on every later frame
+// Hello (with kServerFlagIntegrity): every later frame's payload encrypted
+// too (SMDDP_WIRE_ENCRYPT); a welcome repeats it, the server agreeing.
+constexpr uint8_t kServerFlagEncrypt = 4;
 // Data and result frames: the payload is the narrow wire form of `count`
 // f32 values (reduce/narrow_wire.h: a scale, then bf16 or f16 elements,
 // dtype naming which), read back to f32, combined in f32 in host order
@@ -70,7 +73,8 @@ struct ServerFrame {
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t flags = 0;       // hello: kServerFlagIntegrity; data, result: kServerFlagNarrowWire
+  uint8_t flags = 0;       // hello, welcome: kServerFlagIntegrity, kServerFlagEncrypt;
+                           // data, result: kServerFlagNarrowWire
   uint8_t reserved[2] = {0, 0};
   uint32_t divisor = 1;    // AVG: the group's size (the sum is divided once, here)
   uint64_t group = 0;      // which group the stream belongs to (serverGroupId)
@@ -185,7 +189,7 @@ std::string writeAllBefore(int fd, const void* p, size_t n,
 std::string readAllBefore(int fd, void* p, size_t n, std::chrono::steady_clock::time_point deadline,
                           const WaitCheck& stop = nullptr);
 // A header and its payload (error texts, handshake frames), and its MAC
-// when `seal` is given; best effort.
+// when `seal` is given (the payload encrypted if it encrypts); best effort.
 std::string writeTextFrame(int fd, ServerFrame f, const std::string& text,
                            std::chrono::steady_clock::time_point deadline,
                            FrameSeal* seal = nullptr);
@@ -211,7 +215,9 @@ class FrameReader {
   // connection's frames to this end; SMDDP_SERVER_INTEGRITY): one that
   // does not fails the read, after its payload has landed in payloadTo's
   // memory (so a caller whose memory must not see unchecked bytes reads
-  // into a buffer of its own, as ServerLinks does).
+  // into a buffer of its own, as ServerLinks does). An encrypting seal
+  // (SMDDP_WIRE_ENCRYPT) decrypts the payload there in place once all of
+  // it is in: until kDone that memory holds ciphertext.
   void checkWith(FrameSeal* seal) { seal_ = seal; }
   // Reads up to the next boundary. After kHeader the caller must call
   // payloadTo() before reading on if the header announces a payload; a
@@ -246,7 +252,9 @@ std::string readFrameBefore(int fd, FrameReader& reader,
 class FrameWriter {
  public:
   // From now on every frame ends in its MAC under `seal`, computed when
-  // its first byte goes out (SMDDP_SERVER_INTEGRITY).
+  // its first byte goes out (SMDDP_SERVER_INTEGRITY). An encrypting seal
+  // encrypts the payload then, into a buffer of the writer's own (one
+  // frame is begun at a time), leaving the caller's memory as it was.
   void sealWith(FrameSeal* seal) { seal_ = seal; }
   // Queues a header and its payload: `data` (f.payload bytes) must stay
   // valid until the frame is sent; `keep`, if given, holds it and comes
@@ -286,6 +294,7 @@ class FrameWriter {
   uint64_t begin(Out& o);
   std::deque<Out> out_;
   FrameSeal* seal_ = nullptr;
+  PayloadBuffer cipher_;  // the front frame's encrypted payload (SMDDP_WIRE_ENCRYPT)
   uint64_t bytes_ = 0;
 };
 

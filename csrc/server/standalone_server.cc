@@ -16,105 +16,18 @@
 
 #include "common/error.h"
 #include "common/logging.h"
-#include "common/param.h"
 #include "server/server_auth.h"
 #include "server/server_handshake.h"
+#include "server/server_limits.h"
 #include "server/stream_service.h"
 #include "transport/peer_monitor.h"
 #include "transport/socket_address.h"
 
 namespace smddp {
 
-SMDDP_PARAM_INT(paramMaxConnections, "SMDDP_SERVER_MAX_CONNECTIONS", 1024, 4, 1 << 20,
-                "connections a standalone reduction server holds open at once, handshakes "
-                "included (each stream holds at least one, so this bounds streams and their "
-                "threads too); past it the oldest unproven connection of the source address "
-                "holding the most makes room, or the new one is refused")
-
-SMDDP_PARAM_INT(paramUnprovenPerSource, "SMDDP_SERVER_UNPROVEN_PER_SOURCE", 64, 1, 1 << 20,
-                "connections from one source address a standalone reduction server holds at "
-                "once, per port, before they prove the key; past it that source's own oldest "
-                "unproven connection makes room, so a flood from one address never drops "
-                "another's handshake")
-
-SMDDP_PARAM_INT(paramJobConnections, "SMDDP_SERVER_JOB_CONNECTIONS", 768, 1, 1 << 20,
-                "connections of one job id a standalone reduction server holds at once, across "
-                "its ports, once they proved the key; past it that job's next host is refused, "
-                "so one job (or a key holder naming it) cannot take every connection")
-
-SMDDP_PARAM_INT(paramMaxWait, "SMDDP_SERVER_MAX_WAIT", 1800, 1, 86400,
-                "seconds a standalone reduction server keeps an incomplete stream waiting for "
-                "its other hosts at most, whatever wait their hellos announce (a worker's "
-                "SMDDP_SERVER_WAIT; the default is torch's default group timeout)")
-SMDDP_PARAM_BYTES(paramMemoryBudget, "SMDDP_SERVER_MEMORY_BUDGET", 0, 0, int64_t{1} << 50,
-                  "bytes a standalone reduction server may reserve for its streams' pieces, "
-                  "four times each host's largest piece; a host whose hello would pass it is "
-                  "refused, naming the budget (0: half the machine's memory)")
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// What a host's connection reserves of the memory budget: its piece as it
-// is read, one read ahead, its share of the result, and its share of a
-// narrow step's f32 room (stream_service.cc). Far less is resident while
-// pieces are small; this bounds what hellos can make the server promise.
-int64_t hostReservation(uint64_t maxPiece) { return 4 * static_cast<int64_t>(maxPiece); }
-
-int64_t defaultMemoryBudget() {
-  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || size <= 0) return int64_t{4} << 30;
-  return static_cast<int64_t>(pages) * size / 2;
-}
-
-// Takes `bytes` of `pool` if that stays within `budget` (any thread).
-bool reserve(std::atomic<int64_t>& pool, int64_t bytes, int64_t budget) {
-  int64_t now = pool.load();
-  do {
-    if (bytes > budget - now) return false;
-  } while (!pool.compare_exchange_weak(now, now + bytes));
-  return true;
-}
-
-// A reservation that goes back unless a stream takes it over.
-struct HeldBytes {
-  HeldBytes(std::atomic<int64_t>& p, int64_t b) : pool(p), bytes(b) {}
-  HeldBytes(HeldBytes&& o) noexcept : pool(o.pool), bytes(std::exchange(o.bytes, 0)) {}
-  ~HeldBytes() { pool.fetch_sub(bytes); }
-  std::atomic<int64_t>& pool;
-  int64_t bytes;
-  int64_t release() { return std::exchange(bytes, 0); }
-};
-
-}  // namespace
-
-// Authenticated connections per job id, across the servers (any thread).
-class StandaloneServer::JobQuota {
- public:
-  explicit JobQuota(int64_t limit) : limit_(limit) {}
-  int64_t limit() const { return limit_; }
-  bool take(const std::string& job) {
-    std::lock_guard<std::mutex> g(mu_);
-    auto& n = held_[job];
-    if (n >= limit_) return false;
-    ++n;
-    return true;
-  }
-  void give(const std::string& job) {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = held_.find(job);
-    if (it != held_.end() && --it->second <= 0) held_.erase(it);
-  }
-
- private:
-  std::mutex mu_;  // guards held_
-  std::map<std::string, int64_t> held_;
-  const int64_t limit_;
-};
-
-namespace {
-
-std::string mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 ServerFrame errorFrame() {
   ServerFrame f;
@@ -131,7 +44,8 @@ void tellNow(int fd, const std::string& text, FrameSeal* seal = nullptr) {
   std::string out(reinterpret_cast<const char*>(&f), sizeof(f));
   out.append(text, 0, f.payload);
   if (seal) {
-    const Tag m = seal->next(f, reinterpret_cast<const uint8_t*>(out.data()) + sizeof(f));
+    auto* body = reinterpret_cast<uint8_t*>(out.data()) + sizeof(f);
+    const Tag m = seal->seal(f, body, body);
     out.append(reinterpret_cast<const char*>(m.bytes), kTagBytes);
   }
   (void)::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -153,29 +67,6 @@ std::string key(const StandaloneServer::Options& o) {
 
 }  // namespace
 
-// One connection of a job's quota, given back when its stream lets go.
-class StandaloneServer::JobSlot {
- public:
-  JobSlot(JobQuota* quota, std::string job) : quota_(quota), job_(std::move(job)) {}
-  JobSlot(JobSlot&& o) noexcept
-      : quota_(std::exchange(o.quota_, nullptr)), job_(std::move(o.job_)) {}
-  JobSlot& operator=(JobSlot&&) = delete;
-  ~JobSlot() {
-    if (quota_) quota_->give(job_);
-  }
-
- private:
-  JobQuota* quota_;
-  std::string job_;
-};
-
-// What a host's hello was granted: its memory reservation and its job's
-// connection, both given back unless its stream takes them over.
-struct StandaloneServer::Grant {
-  HeldBytes bytes;
-  JobSlot slot;
-};
-
 // A stream some of whose hosts joined: by host, the connections and what
 // their hellos said; it expires if the rest do not come in time. What its
 // hosts reserved of the memory budget goes back when the last owner (the
@@ -189,7 +80,7 @@ struct StandaloneServer::Waiting {
   std::vector<StreamHost> members;  // by host; no connection until it joined
   int joined = 0;
   Clock::time_point expires{};
-  std::atomic<int64_t>& reserved;  // the server's reserved_
+  std::atomic<int64_t>& reserved;  // the server's limits_->reserved()
   int64_t bytes = 0;               // this stream's share of it
   std::vector<JobSlot> slots;      // its hosts' connections, counted per job
 };
@@ -214,15 +105,11 @@ StandaloneServer::StandaloneServer(Options options) : options_(std::move(options
   const std::string shared = key(options_);
   requireIntegrity_ =
       options_.requireIntegrity < 0 ? serverIntegrityParam() : options_.requireIntegrity > 0;
-  maxConnections_ = options_.maxConnections > 0 ? options_.maxConnections : paramMaxConnections();
-  unprovenPerSource_ =
-      options_.unprovenPerSource > 0 ? options_.unprovenPerSource : paramUnprovenPerSource();
+  encrypt_ = options_.encrypt < 0 ? wireEncryptParam() : options_.encrypt > 0;
   if (options_.handshakeTimeout.count() <= 0) options_.handshakeTimeout = std::chrono::seconds(10);
-  if (options_.maxWait.count() <= 0) options_.maxWait = std::chrono::seconds(paramMaxWait());
-  memoryBudget_ = options_.memoryBudget > 0 ? options_.memoryBudget : paramMemoryBudget();
-  if (memoryBudget_ <= 0) memoryBudget_ = defaultMemoryBudget();
-  jobQuota_ = std::make_unique<JobQuota>(
-      options_.jobConnections > 0 ? options_.jobConnections : paramJobConnections());
+  if (options_.maxWait.count() <= 0) options_.maxWait = serverMaxWaitParam();
+  limits_ = std::make_unique<ServerLimits>(options_.maxConnections, options_.unprovenPerSource,
+                                           options_.jobConnections, options_.memoryBudget);
   for (int i = 0; i < options_.count; ++i) {
     int port = 0;
     const int want = options_.basePort ? options_.basePort + i : 0;
@@ -258,6 +145,9 @@ void StandaloneServer::stop() {
   }
   listeners_.clear();
 }
+
+int64_t StandaloneServer::reserved() const { return limits_->reservedNow(); }
+int64_t StandaloneServer::memoryBudget() const { return limits_->memoryBudget(); }
 
 size_t StandaloneServer::threads() const {
   std::lock_guard<std::mutex> g(mu_);
@@ -448,9 +338,9 @@ void StandaloneServer::acceptSome(Front& front) {
     source.erase(std::min(source.rfind(':'), source.size()));
     if (!makeRoom(front, source)) {
       tellNow(fd, front.who + " is busy: it holds SMDDP_SERVER_MAX_CONNECTIONS=" +
-                      std::to_string(maxConnections_) + " connections");
+                      std::to_string(limits_->maxConnections()) + " connections");
       noteError(front.who + ": refused a connection: at SMDDP_SERVER_MAX_CONNECTIONS=" +
-                std::to_string(maxConnections_));
+                std::to_string(limits_->maxConnections()));
       continue;
     }
     setNoDelay(fd);
@@ -462,54 +352,42 @@ void StandaloneServer::acceptSome(Front& front) {
 }
 
 bool StandaloneServer::makeRoom(Front& front, const std::string& source) {
-  // Unproven connections by source. A source past its share makes room
-  // itself: its own oldest goes, whatever the total.
-  std::map<std::string, int64_t> from;
-  for (const auto& hs : front.pending) ++from[hs->source()];
+  std::map<std::string, int64_t> unproven;  // by source, on this port
+  for (const auto& hs : front.pending) ++unproven[hs->source()];
   std::string evict;
-  if (from[source] >= unprovenPerSource_) {
-    evict = source;
-  } else if (connections_.load() > maxConnections_) {
-    // Full: the oldest unproven connection of the source that holds the
-    // most makes room (a worker proves itself within a round trip, so
-    // that is a flood's); with none, the new one is turned away.
-    int64_t most = 0;
-    for (const auto& [who, n] : from) {
-      if (n > most) most = n, evict = who;
-    }
-    if (most == 0) return false;
-  } else {
-    return true;
+  switch (limits_->roomFor(unproven, source, connections_.load(), &evict)) {
+    case ServerLimits::Room::kFits: return true;
+    case ServerLimits::Room::kFull: return false;
+    case ServerLimits::Room::kEvict: break;
   }
   auto oldest = std::find_if(front.pending.begin(), front.pending.end(),
                              [&](const auto& hs) { return hs->source() == evict; });
   noteError(front.who + ": dropped the oldest connection from " + evict +
-            " still owing its proof, to make room (SMDDP_SERVER_MAX_CONNECTIONS=" +
-            std::to_string(maxConnections_) + ", SMDDP_SERVER_UNPROVEN_PER_SOURCE=" +
-            std::to_string(unprovenPerSource_) + ")");
+            " still owing its proof, to make room " + limits_->roomSettings());
   front.pending.erase(oldest);
   return true;
 }
 
-std::string StandaloneServer::grant(const ServerFrame& hello, const std::string& job,
-                                    std::unique_ptr<Grant>* out) {
-  if (hello.hosts > kServerMaxHosts) {
-    return "a group of " + std::to_string(hello.hosts) + " hosts (a server serves groups of 2 to " +
-           std::to_string(kServerMaxHosts) + ")";
+std::string StandaloneServer::helloRefusal(const ServerFrame& hello,
+                                           const std::string& job) const {
+  // The worker's own job id may be named; the one this server serves
+  // (--job) is not told to anyone.
+  if (!options_.job.empty() && job != options_.job) {
+    return "this server does not serve job '" + job + "' (SMDDP_SERVER_JOB)";
   }
-  if (!jobQuota_->take(job)) {
-    return "job '" + job + "' already holds " + std::to_string(jobQuota_->limit()) +
-           " connections to this server (SMDDP_SERVER_JOB_CONNECTIONS)";
+  if (requireIntegrity_ && !(hello.flags & kServerFlagIntegrity)) {
+    return "this server requires SMDDP_SERVER_INTEGRITY=1 on its workers (the default; this "
+           "worker turned it off)";
   }
-  JobSlot slot(jobQuota_.get(), job);
-  const int64_t charge = hostReservation(hello.count);
-  if (!reserve(reserved_, charge, memoryBudget_)) {
-    return "host " + std::to_string(hello.host) + "'s pieces of up to " + mib(hello.count) +
-           " would reserve " + mib(charge) + " (four times its largest piece), past the " +
-           "server's memory budget: " + mib(reserved_.load()) + " of its " +
-           mib(memoryBudget_) + " (SMDDP_SERVER_MEMORY_BUDGET) are reserved";
+  const bool encrypt = hello.flags & kServerFlagEncrypt;
+  if (encrypt_ && !encrypt) {
+    return "this server encrypts its wire (SMDDP_WIRE_ENCRYPT=1) and this worker does not: set "
+           "SMDDP_WIRE_ENCRYPT=1 on the workers too";
   }
-  *out = std::make_unique<Grant>(Grant{HeldBytes(reserved_, charge), std::move(slot)});
+  if (encrypt && !encrypt_) {
+    return "this worker asks for SMDDP_WIRE_ENCRYPT=1 and this server was started without it: "
+           "set it on the server too, or unset it on the workers";
+  }
   return "";
 }
 
@@ -521,9 +399,13 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   joining.rank = static_cast<int>(hello.seq);
   joining.maxPiece = hello.count;
   const bool integrity = hello.flags & kServerFlagIntegrity;
+  // Sealed as the worker asked, even where this server refuses it: the
+  // worker can read why.
+  const bool encrypt = hello.flags & kServerFlagEncrypt;
   if (integrity) {
-    joining.check = std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToServer);
-    joining.seal = std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToWorker);
+    joining.check =
+        std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToServer, encrypt);
+    joining.seal = std::make_unique<FrameSeal>(hs.sessionKey(), SealDirection::kToWorker, encrypt);
   }
   const int fd = joining.conn.fd();
   // From here the worker has proved it holds the key: it may hear why.
@@ -532,24 +414,17 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
                    Clock::now() + std::chrono::seconds(1), joining.seal.get());
     noteError(front.who + ": refused a connection: " + why);
   };
-  // The worker's own job id may be named; the one this server serves
-  // (--job) is not told to anyone.
-  if (!options_.job.empty() && hs.job() != options_.job) {
-    return refuse("this server does not serve job '" + hs.job() + "' (SMDDP_SERVER_JOB)");
-  }
-  if (requireIntegrity_ && !integrity) {
-    return refuse("this server requires SMDDP_SERVER_INTEGRITY=1 on its workers (the "
-                  "default; this worker turned it off)");
-  }
-  std::unique_ptr<Grant> granted;
-  if (std::string why = grant(hello, hs.job(), &granted); !why.empty()) return refuse(why);
+  std::string why = helloRefusal(hello, hs.job());
+  std::unique_ptr<HostGrant> granted;
+  if (why.empty()) why = limits_->grant(hello, hs.job(), &granted);
+  if (!why.empty()) return refuse(why);
   const uint64_t group = hello.group;
   // A new stream is built whole before it is listed: a throw (no memory
   // for its hosts) must not leave a stream with fewer slots than hosts.
   const std::pair<uint64_t, int> id{group, static_cast<int>(hello.stream)};
   auto found = front.waiting.find(id);
   if (found == front.waiting.end()) {
-    auto fresh = std::make_shared<Waiting>(reserved_);
+    auto fresh = std::make_shared<Waiting>(limits_->reserved());
     fresh->group = group;
     fresh->stream = hello.stream;
     fresh->hosts = hosts;
@@ -558,7 +433,6 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
     streams_++;
   }
   auto& w = found->second;
-  std::string why;
   if (w->hosts != hosts) {
     why = "host " + std::to_string(host) + " says the group has " + std::to_string(hosts) +
           " hosts, an earlier one said " + std::to_string(w->hosts);
@@ -569,6 +443,7 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   if (why.empty()) {
     ServerFrame welcome;
     welcome.kind = static_cast<uint8_t>(ServerFrameKind::kWelcome);
+    welcome.flags = hello.flags & (kServerFlagIntegrity | kServerFlagEncrypt);
     why = writeTextFrame(fd, welcome, "", Clock::now() + std::chrono::seconds(1),
                          joining.seal.get());
     if (!why.empty()) joining.conn.reset();  // it went away: nobody to tell

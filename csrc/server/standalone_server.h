@@ -28,6 +28,7 @@
 namespace smddp {
 
 class ServerHandshake;
+class ServerLimits;
 struct ServerFrame;
 struct ServerIdentity;
 
@@ -49,6 +50,10 @@ class StandaloneServer {
     // Refuse workers that do not ask for SMDDP_SERVER_INTEGRITY (-1: that
     // variable decides, on by default).
     int requireIntegrity = -1;
+    // Encrypt every frame after the hello, and refuse workers that do not
+    // ask for it, or that ask for it when this is 0 (-1: SMDDP_WIRE_ENCRYPT
+    // decides, off by default).
+    int encrypt = -1;
     // Open connections across the servers (0: SMDDP_SERVER_MAX_CONNECTIONS).
     int64_t maxConnections = 0;
     // Unproven connections one source address may hold per port (0:
@@ -92,19 +97,16 @@ class StandaloneServer {
   size_t streams() const { return static_cast<size_t>(streams_.load()); }
   size_t connections() const { return static_cast<size_t>(connections_.load()); }
   size_t threads() const;
-  // Bytes reserved now for the streams' pieces (hostReservation), at most
+  // Bytes reserved now for the streams' pieces (server_limits.cc), at most
   // the memory budget.
-  int64_t reserved() const { return reserved_.load(); }
-  int64_t memoryBudget() const { return memoryBudget_; }
+  int64_t reserved() const;
+  int64_t memoryBudget() const;
   // The last refusal or failure, for logs and tests.
   std::string lastError() const;
 
   // Internal: a stream waiting for its hosts, and one accept loop's state.
   struct Waiting;
   struct Front;
-  class JobQuota;
-  class JobSlot;
-  struct Grant;
 
  private:
   void acceptLoop(int server);
@@ -117,10 +119,9 @@ class StandaloneServer {
   bool makeRoom(Front& front, const std::string& source);
   // A connection that proved itself joins its stream (or is refused).
   void admit(Front& front, ServerHandshake& hs);
-  // What a proved hello may make the server hold (hosts, its job's
-  // connections, reserved memory): "" and `out` set, or why not.
-  std::string grant(const ServerFrame& hello, const std::string& job,
-                    std::unique_ptr<Grant>* out);
+  // Why this server refuses a proved hello whatever its limits (another
+  // job; integrity or encryption it disagrees on), or "".
+  std::string helloRefusal(const ServerFrame& hello, const std::string& job) const;
   void expire(Front& front);
   void startServing(int server, std::shared_ptr<Waiting> stream);
   void noteError(const std::string& text);
@@ -130,16 +131,15 @@ class StandaloneServer {
   Options options_;
   std::vector<std::unique_ptr<ServerIdentity>> identities_;  // per server; set before the loops
   bool requireIntegrity_ = false;
-  int64_t maxConnections_ = 0;
-  int64_t memoryBudget_ = 0;
-  int64_t unprovenPerSource_ = 0;
-  std::unique_ptr<JobQuota> jobQuota_;  // set before the loops
+  bool encrypt_ = false;  // SMDDP_WIRE_ENCRYPT
+  // What clients may hold, and what they hold (server_limits.h); set
+  // before the loops, thread-safe.
+  std::unique_ptr<ServerLimits> limits_;
   std::vector<UniqueFd> listeners_;
   std::vector<int> ports_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> pieces_{0}, bytes_{0}, refused_{0};
   std::atomic<int64_t> connections_{0}, streams_{0};
-  std::atomic<int64_t> reserved_{0};  // bytes held by Waiting::reserved, all streams
   mutable std::mutex mu_;  // guards everything below
   std::vector<std::thread> threads_;       // accept loops and stream loops
   std::vector<std::thread::id> finished_;  // threads of threads_ that returned

@@ -1,6 +1,7 @@
 // Test helpers shared by the standalone-server tests (test_server_wire.cc,
-// test_standalone_server.cc, test_server_security.cc): frames, the key,
-// and a worker driven byte by byte over a raw socket.
+// test_standalone_server.cc, test_server_security.cc, test_server_bounds.cc):
+// frames, the key, a worker driven byte by byte over a raw socket, and a
+// bounded wait for a condition.
 #pragma once
 
 #include <arpa/inet.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/dtype.h"
@@ -23,6 +25,17 @@
 #include "server/standalone_server.h"
 
 namespace smddp {
+
+// Waits up to `limit` for `done` (polled every 10 ms); whether it came.
+template <typename F>
+bool within(std::chrono::milliseconds limit, F done) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 // A data frame of `count` elements of `dt` (SUM), its payload length set.
 inline ServerFrame dataFrame(uint64_t count, DataType dt = DataType::kFloat32) {
@@ -96,7 +109,8 @@ inline bool rawChallenge(int fd, const Nonce& mine, ServerFrame* header, uint8_t
 // challenge, the answer checked, the hello (with `hello`'s host fields)
 // and its proof. Returns "" once welcomed, else why not (an error frame's
 // text, "bad answer", ...). With `hello.flags` asking for integrity, `seal`
-// and `check` get the connection's frame seals.
+// and `check` get the connection's frame seals (encrypting, when the flags
+// ask for kServerFlagEncrypt).
 struct RawSession {
   std::unique_ptr<FrameSeal> seal, check;
 };
@@ -125,20 +139,28 @@ inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& jo
     return "send";
   }
   if (session && (hello.flags & kServerFlagIntegrity)) {
-    session->seal = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToServer);
-    session->check = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToWorker);
+    const bool encrypt = hello.flags & kServerFlagEncrypt;
+    session->seal = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToServer, encrypt);
+    session->check =
+        std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToWorker, encrypt);
   }
   ServerFrame w;
   if (recv(fd, &w, sizeof(w), MSG_WAITALL) != sizeof(w)) return "no welcome";
   if (w.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
     std::string text(std::min<uint64_t>(w.payload, kServerMaxText), '\0');
     recv(fd, text.data(), text.size(), MSG_WAITALL);
+    uint8_t tag[kTagBytes];
+    // A sealed refusal is read (decrypted) under the connection's seal.
+    if (session && session->check && recv(fd, tag, sizeof(tag), MSG_WAITALL) == sizeof(tag) &&
+        !session->check->open(w, reinterpret_cast<uint8_t*>(text.data()), tag)) {
+      return "the refusal's MAC is wrong";
+    }
     return text;
   }
   if (session && session->check) {
     uint8_t tag[kTagBytes];
     if (recv(fd, tag, sizeof(tag), MSG_WAITALL) != sizeof(tag) ||
-        !tagEquals(session->check->next(w, nullptr), tag)) {
+        !session->check->open(w, nullptr, tag)) {
       return "the welcome's MAC is wrong";
     }
   }
@@ -163,7 +185,8 @@ inline ServerFrame helloFor(int hosts, int host, uint64_t group, uint64_t maxPie
 inline std::unique_ptr<ServerLinks> testLinks(const std::vector<ServerAddress>& servers, int hosts,
                                               int host, const std::string& job = "",
                                               uint64_t group = 42, bool integrity = false,
-                                              const std::string& key = kTestKey) {
+                                              const std::string& key = kTestKey,
+                                              bool encrypt = false) {
   ServerLinks::Identity me;
   me.job = job;
   me.group = group;
@@ -172,6 +195,7 @@ inline std::unique_ptr<ServerLinks> testLinks(const std::vector<ServerAddress>& 
   me.rank = host;
   me.key = key;
   me.integrity = integrity;
+  me.encrypt = encrypt;
   return std::make_unique<ServerLinks>(servers, me, std::chrono::seconds(10));
 }
 

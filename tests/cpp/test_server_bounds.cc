@@ -36,17 +36,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// Waits up to `limit` for `done`.
-template <typename F>
-bool within(milliseconds limit, F done) {
-  const auto until = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
-}
-
 // The text of the next frame on `fd` if it is an error within 5 s, else "".
 std::string errorText(int fd) {
   pollfd p{fd, POLLIN, 0};

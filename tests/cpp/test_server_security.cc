@@ -2,7 +2,8 @@
 // standalone_server.h; docs/design.md, "Security"), torch-free, on
 // loopback: a rogue server gets nothing but a challenge, a worker without
 // the key joins nothing, a recorded hello cannot be replayed, sealed
-// frames that were altered fail the stream, and every resource a peer can
+// frames that were altered fail the stream, workers and servers that
+// disagree on SMDDP_WIRE_ENCRYPT refuse each other, and every resource a peer can
 // take (connections, handshakes, streams, payload memory) is bounded and
 // given back. The hostile suite against a live server process and job is
 // tests/python/test_server_security.py.
@@ -34,17 +35,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
-
-// Waits up to `limit` for `done`.
-template <typename F>
-bool within(milliseconds limit, F done) {
-  const auto until = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
-}
 
 // This process's resident memory, in KiB (/proc/self/status).
 long rssKiB() {
@@ -281,6 +271,55 @@ TEST_CASE("integrity is on by default: workers ask for it, servers refuse worker
   close(fd);
   smddp::test::ScopedEnv off("SMDDP_SERVER_INTEGRITY", "0");
   CHECK_FALSE(serverIntegrityParam());
+}
+
+TEST_CASE("with SMDDP_WIRE_ENCRYPT workers and servers reduce as ever, and either refuses the "
+          "other when they disagree, naming it",
+          "[server][security][encrypt]") {
+  {
+    smddp::test::ScopedEnv unset("SMDDP_WIRE_ENCRYPT", "");
+    CHECK_FALSE(wireEncryptParam());  // off by default
+    smddp::test::ScopedEnv on("SMDDP_WIRE_ENCRYPT", "1");
+    CHECK(wireEncryptParam());
+  }
+  StandaloneServer::Options o = testServer(1);
+  o.encrypt = 1;
+  StandaloneServer server(o);
+  // Two encrypting hosts: the closed form {1+h, 2, 3} summed, on a
+  // server that requires no integrity (encryption brings it).
+  auto a = testLinks(loopback(server), 2, 0, "", 7, false, kTestKey, /*encrypt=*/true);
+  auto b = testLinks(loopback(server), 2, 1, "", 7, false, kTestKey, /*encrypt=*/true);
+  // Each encrypting host reserves five times its largest piece (256 MiB
+  // here), one more than a plain host: the ciphertext of its result.
+  CHECK(server.reserved() == 2 * 5 * static_cast<int64_t>(kServerMaxPayload));
+  std::vector<float> out[2];
+  std::vector<std::thread> hosts;
+  ServerLinks* links[2] = {a.get(), b.get()};
+  for (int h = 0; h < 2; ++h) {
+    hosts.emplace_back([&, h] {
+      float v[3] = {1.0f + h, 2, 3};
+      out[h].assign(3, 0);
+      links[h]->wait(0, links[h]->post(0, dataFrame(3), v, out[h].data()),
+                     Clock::now() + std::chrono::seconds(10), nullptr);
+    });
+  }
+  for (auto& t : hosts) t.join();
+  CHECK(out[0] == std::vector<float>{3, 4, 6});
+  CHECK(out[1] == out[0]);
+  // A worker that does not encrypt, sealed or not, is refused and told why.
+  for (bool integrity : {false, true}) {
+    CHECK_THROWS_WITH(testLinks(loopback(server), 2, 0, "", 8, integrity),
+                      Catch::Contains("SMDDP_WIRE_ENCRYPT=1") &&
+                          Catch::Contains("this worker does not"));
+  }
+  // A server without it refuses an encrypting worker; the worker reads the
+  // refusal under its own seal.
+  StandaloneServer::Options plainOptions = testServer(1);
+  plainOptions.encrypt = 0;
+  StandaloneServer plain(plainOptions);
+  CHECK_THROWS_WITH(testLinks(loopback(plain), 2, 0, "", 9, true, kTestKey, true),
+                    Catch::Contains("SMDDP_WIRE_ENCRYPT=1") &&
+                        Catch::Contains("started without it"));
 }
 
 TEST_CASE("a worker refuses the job's key from the store unless SMDDP_SERVER_INSECURE=1",

@@ -3,9 +3,10 @@ standalone reduction servers written from the wire's spec
 (csrc/server/server_wire.h and server_auth.h; docs/design.md, "Security")
 with Python's own struct, hmac and hashlib: it shares no code with the
 library, so what the suite sends, with the key or without, is an
-independent reading of the protocol. A rogue server (Rogue), a keyed
-server whose narrow results carry a bad scale (Liar), and an
-observer of /dev/shm (ShmWatch). Never imports torch.
+independent reading of the protocol. A rogue server (Rogue), a relay
+that alters results or only watches the bytes it forwards (Relay), a keyed
+server whose narrow results carry a bad scale (Liar), all on one listener
+(Listener), and an observer of /dev/shm (ShmWatch). Never imports torch.
 """
 
 from __future__ import annotations
@@ -142,77 +143,115 @@ def _answer(s, kind):
     return body, ""
 
 
-class Rogue:
-    """A listener that answers challenges with a proof it cannot compute and
-    records every byte each connection sends afterwards."""
+class Listener:
+    """What the fake servers and the relay share: a socket listening at
+    `host`:`port` (0: the kernel picks; ``port`` says which) and a thread
+    that hands every connection it accepts to ``accepted`` until close() or
+    `deadline_s` pass. A subclass sets its own fields before calling this
+    constructor: the thread may accept at once."""
 
-    def __init__(self):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, backlog: int = 8,
+                 deadline_s: float = 120.0):
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
+        self.sock.bind((host, port))
+        self.sock.listen(backlog)
         self.port = self.sock.getsockname()[1]
-        self.got = []
+        self.deadline_s = deadline_s
         self.done = threading.Event()
         threading.Thread(target=self.run, daemon=True).start()
 
     def run(self):
-        end = time.monotonic() + 120
+        end = time.monotonic() + self.deadline_s
         self.sock.settimeout(0.5)
         while not self.done.is_set() and time.monotonic() < end:
             try:
                 c, _ = self.sock.accept()
             except OSError:
                 continue
-            c.settimeout(5)
-            got = read_frame(c)
-            data = b"" if got is None else HEADER.pack(*got[0].values()) + got[1]
-            c.sendall(header(ANSWER, payload=64) + os.urandom(64))
-            data += recv_exact(c, 1 << 20)  # whatever follows, until it closes
-            self.got.append(len(data))
-            c.close()
+            self.accepted(c)
+
+    def accepted(self, c: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self):
+        self.done.set()
+        self.sock.close()
 
 
-class Relay:
-    """A man in the middle at 127.0.0.1:port: for each connection it
-    accepts it opens its own to the server at `target` and forwards every
-    byte both ways, adding 1 to the first float of every f32 result frame
-    on the way back (with the workers' SMDDP_SERVER_INTEGRITY=0, the frames
-    carry no tags). ``connections`` and ``altered`` count what it did."""
+class Rogue(Listener):
+    """A listener that answers challenges with a proof it cannot compute and
+    records every byte each connection sends afterwards."""
 
-    def __init__(self, target: int):
-        self.target = target
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.connections = self.altered = 0
-        self.done = threading.Event()
-        threading.Thread(target=self.run, daemon=True).start()
+    def __init__(self):
+        self.got = []
+        super().__init__()
 
-    def run(self):
-        end = time.monotonic() + 120
-        self.sock.settimeout(0.5)
-        while not self.done.is_set() and time.monotonic() < end:
-            try:
-                w, _ = self.sock.accept()
-            except OSError:
-                continue
-            try:
-                s = connect(self.target, timeout=30)
-            except OSError:
-                w.close()
-                continue
-            w.settimeout(30)
-            self.connections += 1
-            threading.Thread(target=self.copy, args=(w, s), daemon=True).start()
-            threading.Thread(target=self.rewrite, args=(s, w), daemon=True).start()
+    def accepted(self, c):
+        c.settimeout(5)
+        got = read_frame(c)
+        data = b"" if got is None else HEADER.pack(*got[0].values()) + got[1]
+        c.sendall(header(ANSWER, payload=64) + os.urandom(64))
+        data += recv_exact(c, 1 << 20)  # whatever follows, until it closes
+        self.got.append(len(data))
+        c.close()
+
+
+class Relay(Listener):
+    """A man in the middle at `host`:`port`: for each connection it
+    accepts it opens its own to the server at 127.0.0.1:`target` and
+    forwards every byte both ways. By default it adds 1 to the first float
+    of every f32 result frame on the way back (with the workers'
+    SMDDP_SERVER_INTEGRITY=0, the frames carry no tags); with `look_for`
+    (byte strings) it changes nothing and counts, in ``seen``, where each
+    occurs in what it forwards either way (a passive eavesdropper).
+    ``connections``, ``altered`` and ``forwarded`` (bytes) count what it
+    did."""
+
+    def __init__(self, target: int, host: str = "127.0.0.1", port: int = 0,
+                 look_for: tuple = ()):
+        self.target, self.look_for = target, tuple(look_for)
+        self.connections = self.altered = self.forwarded = 0
+        self.seen = {p: 0 for p in self.look_for}
+        self.lock = threading.Lock()  # guards seen and forwarded
+        super().__init__(host, port, backlog=16)
+
+    def accepted(self, w):
+        try:
+            s = connect(self.target, timeout=30)
+        except OSError:
+            w.close()
+            return
+        w.settimeout(30)
+        self.connections += 1
+        back = self.copy if self.look_for else self.rewrite
+        threading.Thread(target=self.copy, args=(w, s), daemon=True).start()
+        threading.Thread(target=back, args=(s, w), daemon=True).start()
+
+    def watch(self, tail: bytes, chunk: bytes) -> bytes:
+        """Counts the patterns in `chunk`, with the end of the previous
+        chunk in front (a pattern may straddle two); the new tail."""
+        if not self.look_for:
+            return b""
+        keep = max(len(p) for p in self.look_for) - 1
+        data = tail + chunk
+        with self.lock:
+            self.forwarded += len(chunk)
+            for p in self.look_for:
+                # Only occurrences that end inside this chunk: none counted twice.
+                at = data.find(p, max(0, len(tail) - len(p) + 1))
+                while at >= 0:
+                    self.seen[p] += 1
+                    at = data.find(p, at + 1)
+        return data[-keep:] if keep else b""
 
     def copy(self, a, b):
+        tail = b""
         try:
             while not self.done.is_set():
                 chunk = a.recv(65536)
                 if not chunk:
                     break
+                tail = self.watch(tail, chunk)
                 b.sendall(chunk)
         except OSError:
             pass
@@ -241,16 +280,12 @@ class Relay:
             except OSError:
                 pass
 
-    def close(self):
-        self.done.set()
-        self.sock.close()
-
 
 FLOAT32 = 0  # dtype number of f32 (common/dtype.h)
 NARROW = 2  # kServerFlagNarrowWire
 
 
-class Liar:
+class Liar(Listener):
     """A server that holds the key and proves it, as a real one does, then
     answers every narrow piece at once with the bytes it was sent, its
     4-byte scale replaced by ``scale`` (3.0: not a power of two), and
@@ -259,23 +294,11 @@ class Liar:
 
     def __init__(self, key: bytes, scale: float = 3.0):
         self.key, self.scale = key, struct.pack("<f", scale)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
         self.answered = 0
-        self.done = threading.Event()
-        threading.Thread(target=self.run, daemon=True).start()
+        super().__init__()
 
-    def run(self):
-        end = time.monotonic() + 120
-        self.sock.settimeout(0.5)
-        while not self.done.is_set() and time.monotonic() < end:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+    def accepted(self, c):
+        threading.Thread(target=self.serve, args=(c,), daemon=True).start()
 
     def serve(self, c):
         c.settimeout(30)
@@ -307,10 +330,6 @@ class Liar:
                 self.answered += 1
             c.sendall(raw[:6] + bytes([RESULT]) + raw[7:] + body)
         c.close()
-
-    def close(self):
-        self.done.set()
-        self.sock.close()
 
 
 IN_CREATE, IN_MOVED_TO = 0x100, 0x80

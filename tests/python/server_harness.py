@@ -82,7 +82,8 @@ def env(keyed=True, **extra) -> dict:
     e = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, HERE]),
              PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     for k in ("SMDDP_SERVER_HOSTS", "SMDDP_SERVER_COUNT", "SMDDP_SERVER_JOB",
-              "SMDDP_SERVER_KEY_FILE", "SMDDP_SERVER_INTEGRITY", "SMDDP_SERVER_INSECURE"):
+              "SMDDP_SERVER_KEY_FILE", "SMDDP_SERVER_INTEGRITY", "SMDDP_SERVER_INSECURE",
+              "SMDDP_WIRE_ENCRYPT"):
         e.pop(k, None)
     if keyed:
         e["SMDDP_SERVER_KEY_FILE"] = key_file()

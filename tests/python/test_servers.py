@@ -17,6 +17,7 @@ killed with its children in the end.
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -92,6 +93,45 @@ def test_two_pretend_hosts_reduce_through_two_servers(procs, tmp_path):
                   "SMDDP_SERVER_SHARE": 40})
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     _check_results(got, hosts)
+
+
+# What check's closed forms put on the wire as f32 (server_worker.py: rank
+# r holds (r + 1) * (i % 7 + 1)): rank 0's and rank 1's pieces, their sum.
+PLAINTEXT = tuple(struct.pack("<4f", *(k * v for v in (1, 2, 3, 4))) for k in (1, 2, 3))
+
+
+@pytest.mark.parametrize("encrypt", [1, 0])
+def test_an_eavesdropper_sees_no_plaintext_with_wire_encryption(procs, tmp_path, encrypt):
+    """Every byte between the workers and the server goes through a relay
+    (hostile_client.Relay) that records it: the address the workers dial
+    (127.0.0.2:P) forwards to the server (127.0.0.1:P), which --advertise
+    lets prove itself there, as behind NAT. With SMDDP_WIRE_ENCRYPT=1 on
+    both, check's cases (one job) match their oracles and the relay sees
+    none of the closed forms' f32 runs; without it, it sees them (the
+    relay can see plaintext)."""
+    server, hosts = _start_server(
+        procs, ["--bind", "127.0.0.1", "--advertise", "127.0.0.2", "--job", "enc"],
+        env=_env(SMDDP_WIRE_ENCRYPT=encrypt))
+    port = int(hosts.rsplit(":", 1)[1])
+    assert hosts == f"127.0.0.2:{port}", hosts
+    relay = hc.Relay(port, host="127.0.0.2", port=port, look_for=PLAINTEXT)
+    try:
+        _local_world(procs, 2, "check", tmp_path,
+                     {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_JOB": "enc",
+                      "SMDDP_SERVER_SHARE": 50, "SMDDP_SERVER_REQUIRED": 1,
+                      "SMDDP_WIRE_ENCRYPT": encrypt})
+        got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
+    finally:
+        relay.close()
+    results = _check_results(got, hosts)
+    assert relay.connections >= 2
+    # The servers' share of every step crossed the relay.
+    assert relay.forwarded >= sum(r["stats"]["standalone_server_bytes"] for r in results) > 0
+    if encrypt:
+        assert relay.seen == {p: 0 for p in PLAINTEXT}, relay.seen
+    else:
+        assert all(n > 0 for n in relay.seen.values()), relay.seen
+    assert server.poll() is None
 
 
 def test_pretend_hosts_narrow_cross_in_bf16_and_fp16_through_the_servers(procs, tmp_path):
