@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("device", ["common"]),
     ("server", ["common", "transport", "reduce"]),
     ("engine", ["common", "transport", "observe"]),
-    ("algorithms", ["common", "reduce", "engine"]),
+    ("algorithms", ["common", "reduce", "observe", "engine"]),
     ("hostpath", ["common", "transport", "reduce", "observe", "server", "engine", "algorithms"]),
     ("backend", ["common", "transport", "reduce", "observe", "device", "server", "engine",
                  "algorithms", "hostpath"]),
