@@ -82,40 +82,7 @@ class FusionBufferScheduler::CrossHost {
     // reduction servers"); poll() reads their results into place.
     std::vector<Range> piece(H_ + K_);
     for (int i = 0; i < H_ + K_; ++i) piece[i] = crossHostPiece(len, H_, K_, i, k, share_);
-    st.tickets.assign(K_, 0);
-    if (narrow()) st.servers.assign(piece.begin() + H_, piece.end());  // poll() unpacks them
-    for (int j = 0; j < K_; ++j) {
-      const Range& p = piece[H_ + j];
-      ServerFrame f;
-      f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
-      f.dtype = static_cast<uint8_t>(acc_);
-      f.op = static_cast<uint8_t>(b_.op);
-      f.divisor = b_.op == ReduceOp::kAvg ? static_cast<uint32_t>(s_.ctx_.size()) : 1;
-      f.seq = b_.firstSeq;
-      f.step = k;
-      f.count = p.count;
-      f.payload = p.count * es_;
-      const uint8_t* src = data + p.offset * es_;
-      uint8_t* dst = data + p.offset * es_;
-      if (narrow()) {
-        // In the wire form both ways (docs/design.md, "Compression between
-        // hosts"): the server combines as this host's own server does, and
-        // poll() reads its result back into place once the step is done.
-        SMDDP_CHECK(p.count <= maxServerPiece_, kInternal,
-                    "smddp: a standalone server's piece outgrew its slice");
-        f.dtype = static_cast<uint8_t>(wire_);
-        f.flags = kServerFlagNarrowWire;
-        f.payload = narrowWireBytes(p.count, wire_);
-        packNarrowWire(serverOut(k, j), reinterpret_cast<const float*>(src), p.count, wire_,
-                       scratch_);
-        src = serverOut(k, j);
-        dst = serverResult(k, j);
-      }
-      // Queued, not waited for: the socket takes what it can now, and
-      // poll() sends the rest and reads the result back into place.
-      st.tickets[j] = s_.serverLinks_->post(j, f, src, dst);
-      s_.ctx_.counters().standaloneServerBytes += f.payload;
-    }
+    postToServers(k, st, data, piece);
     const Range mine = piece[myHost_];
     const size_t mineBytes = mine.count * es_;
     SMDDP_CHECK(mineBytes <= pieceBytes_, kInternal, "smddp: a cross-host piece outgrew its slice");
@@ -218,6 +185,44 @@ class FusionBufferScheduler::CrossHost {
   uint8_t* serverResult(uint64_t k, int j) const {
     return serverOut(k, j) + K_ * serverSliceBytes_;
   }
+  // Step k's pieces H.. to the K standalone servers, queued on their links.
+  void postToServers(uint64_t k, Step& st, uint8_t* data, const std::vector<Range>& piece) {
+    st.tickets.assign(K_, 0);
+    if (narrow()) st.servers.assign(piece.begin() + H_, piece.end());  // poll() unpacks them
+    for (int j = 0; j < K_; ++j) {
+      const Range& p = piece[H_ + j];
+      ServerFrame f;
+      f.kind = static_cast<uint8_t>(ServerFrameKind::kData);
+      f.dtype = static_cast<uint8_t>(acc_);
+      f.op = static_cast<uint8_t>(b_.op);
+      f.divisor = b_.op == ReduceOp::kAvg ? static_cast<uint32_t>(s_.ctx_.size()) : 1;
+      f.seq = b_.firstSeq;
+      f.step = k;
+      f.count = p.count;
+      f.payload = p.count * es_;
+      const uint8_t* src = data + p.offset * es_;
+      uint8_t* dst = data + p.offset * es_;
+      if (narrow()) {
+        // In the wire form both ways (docs/design.md, "Compression between
+        // hosts"): the server combines as this host's own server does, and
+        // poll() reads its result back into place once the step is done.
+        SMDDP_CHECK(p.count <= maxServerPiece_, kInternal,
+                    "smddp: a standalone server's piece outgrew its slice");
+        f.dtype = static_cast<uint8_t>(wire_);
+        f.flags = kServerFlagNarrowWire;
+        f.payload = narrowWireBytes(p.count, wire_);
+        packNarrowWire(serverOut(k, j), reinterpret_cast<const float*>(src), p.count, wire_,
+                       scratch_);
+        src = serverOut(k, j);
+        dst = serverResult(k, j);
+      }
+      // Queued, not waited for: the socket takes what it can now, and
+      // poll() sends the rest and reads the result back into place.
+      st.tickets[j] = s_.serverLinks_->post(j, f, src, dst);
+      s_.ctx_.counters().standaloneServerBytes += f.payload;
+    }
+  }
+
   bool stepDone(const Step& st) const {
     if (st.left) return false;
     for (int j = 0; j < K_; ++j) {

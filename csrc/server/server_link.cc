@@ -140,6 +140,30 @@ std::string unprovenText(const std::string& text) {
   return out;
 }
 
+// This worker's hello to server `server`: who it is (group, rank, host of
+// hosts, stream), its largest piece, how long it waits for the welcome,
+// and the wire it asks for (encryption implies integrity: GCM's tag is the
+// MAC).
+ServerFrame helloFrame(const ServerLinks::Identity& me, int server,
+                       std::chrono::steady_clock::time_point answerBy) {
+  ServerFrame hello;
+  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
+  hello.flags = me.encrypt ? kServerFlagIntegrity | kServerFlagEncrypt
+                           : (me.integrity ? kServerFlagIntegrity : 0);
+  hello.group = me.group;
+  hello.seq = static_cast<uint64_t>(me.rank);
+  hello.step = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         answerBy - std::chrono::steady_clock::now())
+                                         .count());
+  hello.count = me.maxPiece;
+  hello.hosts = static_cast<uint16_t>(me.hosts);
+  hello.host = static_cast<uint16_t>(me.host);
+  hello.stream = static_cast<uint16_t>(me.stream);
+  hello.server = static_cast<uint16_t>(server);
+  hello.payload = kServerProofBytes + me.job.size();
+  return hello;
+}
+
 }  // namespace
 
 std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
@@ -194,21 +218,7 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
                    "registered in, and the server's --advertise)");
   }
   // 3. The hello, vouched for by this worker's proof, then its answer.
-  ServerFrame hello;
-  hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
-  // Encryption implies integrity (GCM's tag is the MAC).
-  hello.flags = me.encrypt ? kServerFlagIntegrity | kServerFlagEncrypt
-                           : (me.integrity ? kServerFlagIntegrity : 0);
-  hello.group = me.group;
-  hello.seq = static_cast<uint64_t>(me.rank);
-  hello.step = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(answerBy - Clock::now()).count());
-  hello.count = me.maxPiece;
-  hello.hosts = static_cast<uint16_t>(me.hosts);
-  hello.host = static_cast<uint16_t>(me.host);
-  hello.stream = static_cast<uint16_t>(me.stream);
-  hello.server = static_cast<uint16_t>(i);
-  hello.payload = kServerProofBytes + me.job.size();
+  const ServerFrame hello = helloFrame(me, i, answerBy);
   const Mac proof = proofs.workerProof(hello, me.job);
   why = writeTextFrame(l.fd.get(), hello, std::string(bytesOf(proof.bytes, kMacBytes)) + me.job,
                        answerBy);

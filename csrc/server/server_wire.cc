@@ -23,6 +23,69 @@ const char* toString(ServerFrameKind k) {
   return "unknown";
 }
 
+namespace {
+
+// A data or result frame's fields: dtype, op, divisor, flags, and a
+// payload that holds exactly `count` elements (in the narrow wire form,
+// after its scale).
+std::string validateDataFrame(const ServerFrame& f) {
+  if (f.dtype >= static_cast<uint8_t>(DataType::kCount)) {
+    return "unknown dtype " + std::to_string(f.dtype);
+  }
+  if (f.op >= static_cast<uint8_t>(ReduceOp::kCount)) return "unknown op " + std::to_string(f.op);
+  std::string why;
+  const auto dt = static_cast<DataType>(f.dtype);
+  const auto op = static_cast<ReduceOp>(f.op);
+  if (!isSupported(op, dt, &why)) return why;
+  if (f.divisor == 0) return "divisor 0";
+  if (f.payload > kServerMaxPayload) {
+    return "payload of " + std::to_string(f.payload) + " bytes (at most " +
+           std::to_string(kServerMaxPayload) + ")";
+  }
+  if (f.flags & ~kServerFlagNarrowWire) {
+    return "unknown flags " + std::to_string(f.flags) + " on a data or result frame";
+  }
+  const bool narrow = f.flags & kServerFlagNarrowWire;
+  if (narrow && dt != DataType::kBFloat16 && dt != DataType::kFloat16) {
+    return std::string("a narrow wire form of ") + toString(dt) + " (bf16 or fp16 only)";
+  }
+  const uint64_t es = elementSize(dt);
+  const uint64_t scale = narrow ? kNarrowWireScaleBytes : 0;
+  if (f.payload < scale || (f.payload - scale) % es != 0 || (f.payload - scale) / es != f.count) {
+    return "payload of " + std::to_string(f.payload) + " bytes for " + std::to_string(f.count) +
+           " elements of " + toString(dt) +
+           (narrow ? " in the narrow wire form (a " + std::to_string(scale) + "-byte scale first)"
+                   : "");
+  }
+  return "";
+}
+
+// A hello's proof and job id, its group of hosts, piece size and flags.
+std::string validateHello(const ServerFrame& f) {
+  if (f.payload < kServerProofBytes || f.payload - kServerProofBytes > kServerMaxJob) {
+    return "a hello of " + std::to_string(f.payload) + " bytes (a proof of " +
+           std::to_string(kServerProofBytes) + " and a job id of at most " +
+           std::to_string(kServerMaxJob) + ")";
+  }
+  if (f.hosts < 2) return "a group of " + std::to_string(f.hosts) + " hosts";
+  if (f.host >= f.hosts) {
+    return "host " + std::to_string(f.host) + " of " + std::to_string(f.hosts);
+  }
+  if (f.count > kServerMaxPayload) {
+    return "pieces of up to " + std::to_string(f.count) + " bytes (at most " +
+           std::to_string(kServerMaxPayload) + ")";
+  }
+  if (f.flags & ~(kServerFlagIntegrity | kServerFlagEncrypt)) {
+    return "unknown flags " + std::to_string(f.flags);
+  }
+  if ((f.flags & kServerFlagEncrypt) && !(f.flags & kServerFlagIntegrity)) {
+    return "a hello asking for encryption without integrity (encryption implies it)";
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string validateServerFrame(const ServerFrame& f,
                                 std::initializer_list<ServerFrameKind> kinds) {
   if (f.magic != kServerMagic) {
@@ -42,54 +105,9 @@ std::string validateServerFrame(const ServerFrame& f,
   }
   const auto kind = static_cast<ServerFrameKind>(f.kind);
   if (kind == ServerFrameKind::kData || kind == ServerFrameKind::kResult) {
-    if (f.dtype >= static_cast<uint8_t>(DataType::kCount)) {
-      return "unknown dtype " + std::to_string(f.dtype);
-    }
-    if (f.op >= static_cast<uint8_t>(ReduceOp::kCount)) return "unknown op " + std::to_string(f.op);
-    std::string why;
-    const auto dt = static_cast<DataType>(f.dtype);
-    const auto op = static_cast<ReduceOp>(f.op);
-    if (!isSupported(op, dt, &why)) return why;
-    if (f.divisor == 0) return "divisor 0";
-    if (f.payload > kServerMaxPayload) {
-      return "payload of " + std::to_string(f.payload) + " bytes (at most " +
-             std::to_string(kServerMaxPayload) + ")";
-    }
-    if (f.flags & ~kServerFlagNarrowWire) {
-      return "unknown flags " + std::to_string(f.flags) + " on a data or result frame";
-    }
-    const bool narrow = f.flags & kServerFlagNarrowWire;
-    if (narrow && dt != DataType::kBFloat16 && dt != DataType::kFloat16) {
-      return std::string("a narrow wire form of ") + toString(dt) + " (bf16 or fp16 only)";
-    }
-    const uint64_t es = elementSize(dt);
-    const uint64_t scale = narrow ? kNarrowWireScaleBytes : 0;
-    if (f.payload < scale || (f.payload - scale) % es != 0 || (f.payload - scale) / es != f.count) {
-      return "payload of " + std::to_string(f.payload) + " bytes for " + std::to_string(f.count) +
-             " elements of " + toString(dt) +
-             (narrow ? " in the narrow wire form (a " + std::to_string(scale) + "-byte scale first)"
-                     : "");
-    }
+    return validateDataFrame(f);
   } else if (kind == ServerFrameKind::kHello) {
-    if (f.payload < kServerProofBytes || f.payload - kServerProofBytes > kServerMaxJob) {
-      return "a hello of " + std::to_string(f.payload) + " bytes (a proof of " +
-             std::to_string(kServerProofBytes) + " and a job id of at most " +
-             std::to_string(kServerMaxJob) + ")";
-    }
-    if (f.hosts < 2) return "a group of " + std::to_string(f.hosts) + " hosts";
-    if (f.host >= f.hosts) {
-      return "host " + std::to_string(f.host) + " of " + std::to_string(f.hosts);
-    }
-    if (f.count > kServerMaxPayload) {
-      return "pieces of up to " + std::to_string(f.count) + " bytes (at most " +
-             std::to_string(kServerMaxPayload) + ")";
-    }
-    if (f.flags & ~(kServerFlagIntegrity | kServerFlagEncrypt)) {
-      return "unknown flags " + std::to_string(f.flags);
-    }
-    if ((f.flags & kServerFlagEncrypt) && !(f.flags & kServerFlagIntegrity)) {
-      return "a hello asking for encryption without integrity (encryption implies it)";
-    }
+    return validateHello(f);
   } else if (kind == ServerFrameKind::kChallenge) {
     if (f.count == 0 || f.count > kServerMaxAddress || f.payload < kServerProofBytes + f.count ||
         f.payload - kServerProofBytes - f.count > kServerMaxJob) {

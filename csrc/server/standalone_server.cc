@@ -391,6 +391,24 @@ std::string StandaloneServer::helloRefusal(const ServerFrame& hello,
   return "";
 }
 
+std::shared_ptr<StandaloneServer::Waiting>& StandaloneServer::waitingStream(
+    Front& front, const ServerFrame& hello) {
+  // A new stream is built whole before it is listed: a throw (no memory
+  // for its hosts) must not leave a stream with fewer slots than hosts.
+  const std::pair<uint64_t, int> id{hello.group, static_cast<int>(hello.stream)};
+  auto found = front.waiting.find(id);
+  if (found == front.waiting.end()) {
+    auto fresh = std::make_shared<Waiting>(limits_->reserved());
+    fresh->group = hello.group;
+    fresh->stream = hello.stream;
+    fresh->hosts = hello.hosts;
+    fresh->members.resize(hello.hosts);
+    found = front.waiting.emplace(id, std::move(fresh)).first;
+    streams_++;
+  }
+  return found->second;
+}
+
 void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   const ServerFrame hello = hs.hello();
   const int host = hello.host, hosts = hello.hosts;
@@ -419,20 +437,7 @@ void StandaloneServer::admit(Front& front, ServerHandshake& hs) {
   if (why.empty()) why = limits_->grant(hello, hs.job(), &granted);
   if (!why.empty()) return refuse(why);
   const uint64_t group = hello.group;
-  // A new stream is built whole before it is listed: a throw (no memory
-  // for its hosts) must not leave a stream with fewer slots than hosts.
-  const std::pair<uint64_t, int> id{group, static_cast<int>(hello.stream)};
-  auto found = front.waiting.find(id);
-  if (found == front.waiting.end()) {
-    auto fresh = std::make_shared<Waiting>(limits_->reserved());
-    fresh->group = group;
-    fresh->stream = hello.stream;
-    fresh->hosts = hosts;
-    fresh->members.resize(hosts);
-    found = front.waiting.emplace(id, std::move(fresh)).first;
-    streams_++;
-  }
-  auto& w = found->second;
+  std::shared_ptr<Waiting>& w = waitingStream(front, hello);
   if (w->hosts != hosts) {
     why = "host " + std::to_string(host) + " says the group has " + std::to_string(hosts) +
           " hosts, an earlier one said " + std::to_string(w->hosts);

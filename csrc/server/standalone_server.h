@@ -119,6 +119,8 @@ class StandaloneServer {
   bool makeRoom(Front& front, const std::string& source);
   // A connection that proved itself joins its stream (or is refused).
   void admit(Front& front, ServerHandshake& hs);
+  // The stream `hello` joins, opened (and counted) if it is the first.
+  std::shared_ptr<Waiting>& waitingStream(Front& front, const ServerFrame& hello);
   // Why this server refuses a proved hello whatever its limits (another
   // job; integrity or encryption it disagrees on), or "".
   std::string helloRefusal(const ServerFrame& hello, const std::string& job) const;
