@@ -513,3 +513,24 @@ def construct_while_churning(groups: int) -> dict:
         del objs
     worker.join()
     return {**built, "churned": churned, "errors": errors}
+
+
+def smddp_group_with_key_files(rank: int, world: int) -> dict:
+    """Under a gloo default group, makes an smddp group with this rank's
+    SMDDP_SERVER_KEY_FILE (the parent gives each rank its own, or the
+    same): with the same file the group forms and all-reduces; with
+    different ones making it must fail on every rank, naming the key file.
+    Returns what happened."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp  # noqa: F401  (registers the backend)
+
+    try:
+        group = dist.new_group(backend="smddp")
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return {"formed": False, "error": f"{type(e).__name__}: {e}"}
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t, group=group)
+    dist.destroy_process_group(group)
+    return {"formed": True, "sum_ok": bool(torch.all(t == world * (world + 1) / 2))}

@@ -169,6 +169,30 @@ def test_foreign_libfabric_frames_are_rejected_and_counted(provider):
         for r, res in enumerate(results)))
 
 
+@pytest.mark.parametrize("same", [True, False])
+def test_ranks_with_different_key_files_fail_formation_by_name(tmp_path, same):
+    """The peer wire's pair keys are keyed with SMDDP_SERVER_KEY_FILE's key
+    when it is set. Ranks with the same file form and all-reduce (closed
+    form); ranks with different files would refuse each other's control and
+    liveness frames, so making the group fails on every rank with an error
+    that names the key file rather than later, as a timeout."""
+    paths = []
+    for r in range(2):
+        p = tmp_path / f"key{r}"
+        p.write_text("a key of at least sixteen bytes, " + ("shared" if same else f"rank {r}"))
+        os.chmod(p, 0o600)
+        paths.append(str(p))
+    env = {"SMDDP_SERVER_KEY_FILE": lambda rank: paths[0 if same else rank],
+           "SMDDP_HOST_ID": lambda rank: f"keyhost{rank}", "FI_TCP_IFACE": "lo"}
+    results = run_world(2, "cases_robust:smddp_group_with_key_files", backend="gloo", timeout=90,
+                        env=env)
+    for rank, res in enumerate(results):
+        if same:
+            assert res == {"formed": True, "sum_ok": True}, (rank, res)
+        else:
+            assert not res["formed"] and "SMDDP_SERVER_KEY_FILE" in res["error"], (rank, res)
+
+
 # ---------------------------------------------------------------------------
 # 4. constructors that release the GIL, beside threads that hold it
 # ---------------------------------------------------------------------------
