@@ -169,12 +169,94 @@ uint64_t sha256Prefix64(std::initializer_list<std::string_view> parts) {
   return v;
 }
 
+X25519KeyPair::~X25519KeyPair() {
+  if (!privateKey.empty()) OPENSSL_cleanse(privateKey.data(), privateKey.size());
+}
+
+namespace {
+
+struct PkeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct PkeyCtxFree {
+  void operator()(EVP_PKEY_CTX* c) const { EVP_PKEY_CTX_free(c); }
+};
+using Pkey = std::unique_ptr<EVP_PKEY, PkeyFree>;
+
+Pkey x25519Private(std::string_view key) {
+  SMDDP_CHECK(key.size() == kX25519Bytes, kInvalidArgument,
+              "smddp: an X25519 private key is 32 bytes, not " + std::to_string(key.size()));
+  Pkey k(EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nullptr,
+                                      reinterpret_cast<const unsigned char*>(key.data()),
+                                      key.size()));
+  SMDDP_CHECK(k != nullptr, kInternal, "smddp: OpenSSL refused an X25519 private key");
+  return k;
+}
+
+}  // namespace
+
+X25519KeyPair x25519KeyPair() {
+  std::string raw(kX25519Bytes, '\0');
+  randomBytes(raw.data(), raw.size());
+  X25519KeyPair pair = x25519KeyPair(raw);
+  OPENSSL_cleanse(raw.data(), raw.size());
+  return pair;
+}
+
+X25519KeyPair x25519KeyPair(std::string_view privateKey) {
+  Pkey k = x25519Private(privateKey);
+  X25519KeyPair pair;
+  pair.privateKey.assign(privateKey);
+  pair.publicKey.assign(kX25519Bytes, '\0');
+  size_t n = kX25519Bytes;
+  SMDDP_CHECK(EVP_PKEY_get_raw_public_key(
+                  k.get(), reinterpret_cast<unsigned char*>(pair.publicKey.data()), &n) == 1 &&
+                  n == kX25519Bytes,
+              kInternal, "smddp: X25519 public key derivation failed");
+  return pair;
+}
+
+std::string x25519SharedSecret(std::string_view privateKey, std::string_view publicKey,
+                               const std::string& whose) {
+  SMDDP_CHECK(publicKey.size() == kX25519Bytes, kInvalidArgument,
+              "smddp: " + whose + "'s X25519 public key is " + std::to_string(publicKey.size()) +
+                  " bytes, not 32");
+  Pkey mine = x25519Private(privateKey);
+  Pkey theirs(EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr,
+                                          reinterpret_cast<const unsigned char*>(publicKey.data()),
+                                          publicKey.size()));
+  SMDDP_CHECK(theirs != nullptr, kInvalidArgument,
+              "smddp: " + whose + "'s X25519 public key is not a valid key");
+  std::unique_ptr<EVP_PKEY_CTX, PkeyCtxFree> c(EVP_PKEY_CTX_new(mine.get(), nullptr));
+  std::string secret(kX25519Bytes, '\0');
+  size_t n = secret.size();
+  // OpenSSL fails the derivation when the result is all zero (RFC 7748,
+  // section 6.1: a low-order public key).
+  const bool ok = c && EVP_PKEY_derive_init(c.get()) == 1 &&
+                  EVP_PKEY_derive_set_peer(c.get(), theirs.get()) == 1 &&
+                  EVP_PKEY_derive(c.get(), reinterpret_cast<unsigned char*>(secret.data()), &n) ==
+                      1 &&
+                  n == kX25519Bytes;
+  SMDDP_CHECK(ok && secret != std::string(kX25519Bytes, '\0'), kInvalidArgument,
+              "smddp: " + whose + "'s X25519 public key gives no usable shared secret "
+              "(a low-order point)");
+  return secret;
+}
+
 bool macEquals(const Mac& a, const uint8_t* b) {
   return CRYPTO_memcmp(a.bytes, b, kMacBytes) == 0;
 }
 
 bool tagEquals(const Tag& a, const uint8_t* b) {
   return CRYPTO_memcmp(a.bytes, b, kTagBytes) == 0;
+}
+
+bool bytesEqual(const uint8_t* a, const uint8_t* b, size_t n) {
+  return CRYPTO_memcmp(a, b, n) == 0;
+}
+
+void wipe(std::string& secret) {
+  if (!secret.empty()) OPENSSL_cleanse(secret.data(), secret.size());
 }
 
 }  // namespace smddp

@@ -1,8 +1,9 @@
 // The few cryptographic primitives smddp needs, over OpenSSL's libcrypto
 // (never hand-rolled): random bytes for nonces, keys and names nobody can
 // guess, HMAC-SHA256 for proofs of a shared key, AES-GMAC for the
-// integrity of bulk frames, SHA-256 for one-way identifiers, and a comparison whose time does not
-// depend on where two MACs differ.
+// integrity of bulk frames, SHA-256 for one-way identifiers, X25519 for
+// the keys a group's ranks agree on without sending them, and a comparison
+// whose time does not depend on where two MACs differ.
 #pragma once
 
 #include <cstddef>
@@ -54,6 +55,34 @@ uint64_t sha256Prefix64(std::initializer_list<std::string_view> parts);
 // Whether two MACs (tags) are equal, in time independent of their contents.
 bool macEquals(const Mac& a, const uint8_t* b);
 bool tagEquals(const Tag& a, const uint8_t* b);
+bool bytesEqual(const uint8_t* a, const uint8_t* b, size_t n);
+// Overwrites a secret's bytes (in a way the compiler keeps).
+void wipe(std::string& secret);
+
+constexpr size_t kX25519Bytes = 32;
+// An ephemeral X25519 key pair (RFC 7748), raw bytes: the private key is
+// wiped when the pair goes.
+struct X25519KeyPair {
+  std::string privateKey;  // kX25519Bytes
+  std::string publicKey;   // kX25519Bytes
+  X25519KeyPair() = default;
+  X25519KeyPair(const X25519KeyPair&) = delete;
+  X25519KeyPair& operator=(const X25519KeyPair&) = delete;
+  X25519KeyPair(X25519KeyPair&&) = default;
+  X25519KeyPair& operator=(X25519KeyPair&&) = default;
+  ~X25519KeyPair();
+};
+// A fresh pair from the OS's CSPRNG; or the pair of a given 32-byte
+// private key (tests: RFC 7748's vectors). Throws kInvalidArgument for a
+// private key of another size.
+X25519KeyPair x25519KeyPair();
+X25519KeyPair x25519KeyPair(std::string_view privateKey);
+// The 32-byte shared secret of `privateKey` and a peer's `publicKey`.
+// Throws kInvalidArgument, naming `whose`, for a public key that is not
+// 32 bytes or one that yields the all-zero secret (a low-order point: a
+// forger's way to force a known key).
+std::string x25519SharedSecret(std::string_view privateKey, std::string_view publicKey,
+                               const std::string& whose);
 
 // A view of raw bytes, for the `parts` above.
 inline std::string_view bytesOf(const void* p, size_t n) {

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "engine/allreduce_path.h"  // kMaxFusedCalls
 
 namespace smddp {
@@ -41,9 +43,11 @@ uint64_t keepNearest(Map& held) {
 
 }  // namespace
 
-void ControlPlane::start(Endpoint& endpoint, uint64_t secret, iovec sink) {
+void ControlPlane::start(Endpoint& endpoint, uint64_t secret,
+                         std::shared_ptr<const PeerKeys> keys, iovec sink) {
   endpoint_ = &endpoint;
   secret_ = secret;
+  keys_ = std::move(keys);
   sink_ = sink;
   for (int i = 0; i < 4; ++i) {
     Request* r = requests_.acquire();
@@ -55,7 +59,7 @@ void ControlPlane::start(Endpoint& endpoint, uint64_t secret, iovec sink) {
 }
 
 int ControlPlane::postReceive(Request* r) {
-  iovec iov[3] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}, sink_};
+  iovec iov[3] = {{&r->control, sizeof(ControlHead)}, {r->text.data(), r->text.size()}, sink_};
   return endpoint_->postRecv(FI_ADDR_UNSPEC, errorTag(), 0, iov, 3, &r->ctx);
 }
 
@@ -64,15 +68,23 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
     requests_.release(r);
     return;
   }
-  const FrameHeader& h = r->header;
+  const FrameHeader& h = r->control.header;
   const bool probe = h.kind == static_cast<uint8_t>(FrameKind::kProbe);
   // (a longer frame spilled into the sink: rejected by the length check)
-  bool ok = c.err == 0 &&
-            validateControlFrame(h, c.len, secret_, static_cast<uint32_t>(peers_.size()),
-                                 r->text.size(), nullptr) == FrameVerdict::kOk;
-  if (ok && !withinWindow(h.seq)) ok = false;  // far ahead: a forged sequence
+  std::string why = "its receive failed";
+  bool ok = c.err == 0 && checkControlFrame(r->control, r->text.data(), c.len, secret_, *keys_,
+                                            r->text.size(), &why) == FrameVerdict::kOk;
+  if (ok && !withinWindow(h.seq)) {
+    ok = false;  // far ahead: a forged sequence
+    why = "a control frame for a call far ahead of this rank's";
+  }
   if (!ok) {
     stats_.framesRejected++;
+    if (!rejectLogged_) {
+      rejectLogged_ = true;  // a forger can send many: one line, the count in stats
+      SMDDP_LOG(kWarn) << "smddp: rank " << peers_.rank() << " dropped a control frame (" << why
+                       << "); later ones are counted in frames_rejected, not logged";
+    }
   } else if (probe) {
     CollectiveSignature theirs = signatureOf(h);
     int src = static_cast<int>(h.srcRank);
@@ -139,11 +151,18 @@ void ControlPlane::broadcastError(uint64_t seq, const std::string& text, uint64_
     r->peer = p;
     r->text = body;
     CollectiveSignature sig;
-    r->header = makeHeader(FrameKind::kError, secret_, seq, peers_.rank(),
-                           broken ? kErrorBroken : 0, count, body.size(), sig);
-    iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
+    seal(r, makeHeader(FrameKind::kError, secret_, seq, peers_.rank(), broken ? kErrorBroken : 0,
+                       count, body.size(), sig));
+    iovec iov[2] = {{&r->control, sizeof(ControlHead)}, {r->text.data(), r->text.size()}};
     postControl(r, iov, body.empty() ? 1 : 2);
   }
+}
+
+void ControlPlane::seal(Request* r, const FrameHeader& h) {
+  r->control.header = h;
+  const PeerMac mac = controlFrameMac(*keys_, h, static_cast<uint32_t>(r->peer),
+                                      std::string_view(r->text).substr(0, h.length));
+  std::memcpy(r->control.mac, mac.bytes, kPeerMacBytes);
 }
 
 void ControlPlane::postControl(Request* r, const iovec* iov, size_t n) {
@@ -197,7 +216,7 @@ void ControlPlane::retryPending() {
   const auto now = std::chrono::steady_clock::now();
   std::erase_if(pending_, [&](const Pending& pc) {
     Request* r = pc.request;
-    iovec iov[2] = {{&r->header, sizeof(FrameHeader)}, {r->text.data(), r->text.size()}};
+    iovec iov[2] = {{&r->control, sizeof(ControlHead)}, {r->text.data(), r->text.size()}};
     int rc = -1;
     try {
       rc = endpoint_->postSend(peers_.addr(r->peer), errorTag(), iov, r->text.empty() ? 1 : 2,
@@ -230,8 +249,8 @@ void ControlPlane::sendProbe(int peer, uint64_t seq, const CollectiveSignature& 
   Request* r = requests_.acquire();
   r->type = Request::Type::kErrorSend;
   r->peer = peer;
-  r->header = makeHeader(FrameKind::kProbe, secret_, seq, peers_.rank(), reply ? 1 : 0, 0, 0, sig);
-  iovec iov[1] = {{&r->header, sizeof(FrameHeader)}};
+  seal(r, makeHeader(FrameKind::kProbe, secret_, seq, peers_.rank(), reply ? 1 : 0, 0, 0, sig));
+  iovec iov[1] = {{&r->control, sizeof(ControlHead)}};
   postControl(r, iov, 1);  // best effort, like error frames
 }
 

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,11 @@ class ControlPlane {
   ControlPlane& operator=(const ControlPlane&) = delete;
 
   // Once the endpoint and the peers' addresses exist: posts the receives
-  // that stay armed for control frames. `sink` ends each of them (see
-  // EngineContext::overflowSink).
-  void start(Endpoint& endpoint, uint64_t secret, iovec sink);
+  // that stay armed for control frames. `secret` keeps other groups'
+  // frames apart, `keys` (shared with the liveness monitor) MAC every
+  // frame. `sink` ends each receive (see EngineContext::overflowSink).
+  void start(Endpoint& endpoint, uint64_t secret, std::shared_ptr<const PeerKeys> keys,
+             iovec sink);
   // Shutdown, before the request pool is cleared: forgets the frames that
   // still wait for their peer (their requests go with the pool).
   void close() { pending_.clear(); }
@@ -118,6 +121,8 @@ class ControlPlane {
   void retryPending();
 
  private:
+  // Sets r->control to `h` and its MAC for r->peer, over r->text.
+  void seal(Request* r, const FrameHeader& h);
   // Posts an error or probe frame to r->peer, retrying a busy endpoint.
   void postControl(Request* r, const iovec* iov, size_t n);
   // (Re-)arms one control receive; the endpoint's return code.
@@ -129,6 +134,8 @@ class ControlPlane {
   StatsCounters& stats_;
   Endpoint* endpoint_ = nullptr;  // set by start()
   uint64_t secret_ = 0;
+  std::shared_ptr<const PeerKeys> keys_;  // set by start(), immutable after
+  bool rejectLogged_ = false;             // the first rejected frame is logged
   iovec sink_{};
 
   struct RemoteError {

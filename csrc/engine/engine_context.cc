@@ -13,19 +13,41 @@
 #include "common/crypto.h"
 #include "common/logging.h"
 #include "engine/exchange.h"
+#include "common/key_file.h"
 #include "transport/spare_endpoints.h"
 
 namespace smddp {
 
 namespace {
 
-// From the OS's CSPRNG (common/crypto.h): it guards the group's frames,
-// liveness hellos and error frames against anyone who does not read the
-// store.
+// From the OS's CSPRNG (common/crypto.h): it keeps other groups' data
+// frames apart. Anyone who reads the store knows it, so it proves nothing:
+// control frames and liveness messages carry the MAC of a pair key
+// (derivePeerKeys).
 uint64_t randomSecret() {
   uint64_t s = 0;
   randomBytes(&s, sizeof(s));
   return s ? s : 1;
+}
+
+// The job's key file (SMDDP_SERVER_KEY_FILE), mixed into the pair keys:
+// "" without one.
+std::string peerKeyFile() {
+  const std::string path = serverKeyFileParam();
+  return path.empty() ? "" : readServerKeyFile(path, "SMDDP_SERVER_KEY_FILE");
+}
+
+// What a rank publishes about its key file: a one-way function of the key
+// and the group, so ranks with different files fail formation by name
+// rather than refusing each other's frames.
+std::string keyFileCheck(const std::string& key, const std::string& group) {
+  if (key.empty()) return "";
+  const Mac m = hmacSha256(key, {"smddp peer key file check v1", group});
+  char buf[17];
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | m.bytes[i];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
 }
 
 }  // namespace
@@ -73,8 +95,15 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   storePrefix_ = "smddp/" + joinGroupInstance(store, rank_, size_, opts.timeout, name_) + "/";
   PrefixBootstrap bootstrap(store, storePrefix_);
   formationLap("join");
-  // 1. Who is where: host identity, pid, PID namespace and shm owner of every rank.
-  peers_.gather(bootstrap, rank_, size_, opts.timeout);
+  // 1. Who is where: host identity, pid, PID namespace and shm owner of
+  //    every rank, and each one's public key for the group's pair keys.
+  {
+    const X25519KeyPair pair = x25519KeyPair();
+    const std::string preShared = peerKeyFile();
+    peers_.gather(bootstrap, rank_, size_, opts.timeout, pair.publicKey,
+                  keyFileCheck(preShared, storePrefix_));
+    derivePeerKeys(pair.privateKey, preShared);
+  }
   formationLap("peers");
   placeNetworkServers();
   // The network path's receive ring: across hosts, more than two chunks
@@ -100,9 +129,9 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   formationLap("endpoint");
   auto names = bootstrapAllGather(bootstrap, rank_, size_, "addr", endpoint_->name(), opts.timeout);
   formationLap("addresses");
-  peers_.watch(bootstrap, *endpoint_, endpoint_->insertPeers(names), jobSecret_, opts.timeout);
+  peers_.watch(bootstrap, *endpoint_, endpoint_->insertPeers(names), peerKeys_, opts.timeout);
   formationLap("liveness");
-  control_.start(*endpoint_, jobSecret_, overflowSink());
+  control_.start(*endpoint_, jobSecret_, peerKeys_, overflowSink());
   if (opts.keepSpare) prepareSpareEndpoint(provider_, kSparePause);
 }
 
@@ -144,6 +173,24 @@ void EngineContext::placeNetworkServers() {
     for (int s = 0; s < k; ++s) netServers_.push_back(ranks[s * local / k]);
   }
   std::sort(netServers_.begin(), netServers_.end());
+}
+
+void EngineContext::derivePeerKeys(const std::string& privateKey, std::string preShared) {
+  const std::string& mine = peers_.info(rank_).keyCheck;
+  for (int r = 0; r < size_; ++r) {
+    const std::string& theirs = peers_.info(r).keyCheck;
+    SMDDP_CHECK(theirs == mine, kInvalidArgument,
+                "smddp: rank " + std::to_string(r) + " and rank " + std::to_string(rank_) +
+                    " disagree on the job's key file (SMDDP_SERVER_KEY_FILE): " +
+                    (theirs.empty() || mine.empty() ? "one of them has none"
+                                                    : "their keys differ") +
+                    "; every rank needs the same one, or none");
+  }
+  std::vector<std::string> publicKeys;
+  for (int r = 0; r < size_; ++r) publicKeys.push_back(peers_.info(r).publicKey);
+  peerKeys_ = std::make_shared<const PeerKeys>(
+      PeerKeys::derive(rank_, privateKey, publicKeys, storePrefix_, preShared));
+  wipe(preShared);
 }
 
 void EngineContext::agreeOnSecret(Bootstrap& bootstrap) {

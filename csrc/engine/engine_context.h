@@ -152,6 +152,10 @@ class EngineContext {
   // Set-up steps (the constructor, in this order).
   void placeNetworkServers();
   void agreeOnSecret(Bootstrap& bootstrap);
+  // After the "peer" exchange: this rank's pair keys from its X25519
+  // private key, the peers' public keys and the key file's key (if any),
+  // once every rank is known to hold the same key file.
+  void derivePeerKeys(const std::string& privateKey, std::string preShared);
   void openEndpoint(Bootstrap& bootstrap, std::vector<std::string>& shmTrouble);
   void adoptProvider(ProviderChoice choice);
 
@@ -167,6 +171,7 @@ class EngineContext {
   std::string providerReason_;
   bool providerForced_ = false;  // SMDDP_FI_PROVIDER named the provider
   uint64_t jobSecret_ = 0;
+  std::shared_ptr<const PeerKeys> peerKeys_;  // set while forming, immutable after
   std::string storePrefix_;
   std::vector<int> netServers_;
   std::shared_ptr<Fabric> fabric_;

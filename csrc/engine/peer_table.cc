@@ -62,17 +62,45 @@ bool processExited(int64_t pid) {
   return state == 'Z' || state == 'X';
 }
 
+std::string hexOf(const std::string& bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
+// A peer's public key as it published it; anything but hex digits gives
+// a key of the wrong size, which the key derivation refuses naming it.
+std::string bytesOfHex(const std::string& hex) {
+  auto digit = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
+    if (hi < 0 || lo < 0) return "";
+    out.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return out;
+}
+
 }  // namespace
 
 void PeerTable::gather(Bootstrap& bootstrap, int rank, int size,
-                       std::chrono::milliseconds timeout) {
+                       std::chrono::milliseconds timeout, const std::string& publicKey,
+                       const std::string& keyCheck) {
   rank_ = rank;
   size_ = size;
   // Before anything is named after it: peers watch this owner's lock.
   owner_ = ShmOwner::acquire();
   const std::string myHost = hostIdentity();
   std::string me = myHost + "\n" + std::to_string(getpid()) + "\n" + pidNamespace() + "\n" +
-                   (owner_ ? owner_->tag() : "");
+                   (owner_ ? owner_->tag() : "") + "\n" + hexOf(publicKey) + "\n" + keyCheck;
   auto all = bootstrapAllGather(bootstrap, rank, size, "peer", me, timeout);
   for (const auto& s : all) {
     PeerInfo p;
@@ -82,6 +110,10 @@ void PeerTable::gather(Bootstrap& bootstrap, int rank, int size,
     std::getline(fields, pid);
     std::getline(fields, p.pidNamespace);
     std::getline(fields, p.owner);
+    std::string key;
+    std::getline(fields, key);
+    p.publicKey = bytesOfHex(key);
+    std::getline(fields, p.keyCheck);
     p.pid = pid.empty() ? 0 : std::stoll(pid);
     peers_.push_back(p);
   }
@@ -112,7 +144,8 @@ bool PeerTable::sharesProcess() const {
 }
 
 void PeerTable::watch(Bootstrap& bootstrap, Endpoint& endpoint, std::vector<fi_addr_t> addrs,
-                      uint64_t secret, std::chrono::milliseconds timeout) {
+                      std::shared_ptr<const PeerKeys> keys,
+                      std::chrono::milliseconds timeout) {
   addrs_ = std::move(addrs);
   // Every peer's owner lock exists by now (it was taken before "peer").
   peerLocks_.resize(size_);
@@ -127,7 +160,7 @@ void PeerTable::watch(Bootstrap& bootstrap, Endpoint& endpoint, std::vector<fi_a
     PeerMonitorOptions m;
     m.rank = rank_;
     m.size = size_;
-    m.secret = secret;
+    m.keys = std::move(keys);
     for (const auto& p : peers_) m.hosts.push_back(p.host);
     m.address = endpoint.ipAddress();
     m.silence = PeerMonitor::configuredSilence();

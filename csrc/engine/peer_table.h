@@ -24,6 +24,8 @@ struct PeerInfo {
   int64_t pid = 0;           // in the peer's own PID namespace
   std::string pidNamespace;  // pids compare only when these match
   std::string owner;         // its shm owner tag: a lock that says it lives
+  std::string publicKey;     // its X25519 public key for this group (raw bytes)
+  std::string keyCheck;      // a one-way check of its key file, "" without one
 };
 
 // Set up by the engine context's constructor in two steps (gather, then
@@ -38,13 +40,15 @@ class PeerTable {
 
   // Takes this rank's owner lock (before anything is named after it:
   // peers watch it), then exchanges every rank's host identity, pid, PID
-  // namespace and owner tag (key "peer") and groups the ranks by host.
-  void gather(Bootstrap& bootstrap, int rank, int size, std::chrono::milliseconds timeout);
+  // namespace, owner tag, `publicKey` (its X25519 key for the group's
+  // pair keys) and `keyCheck` (key "peer") and groups the ranks by host.
+  void gather(Bootstrap& bootstrap, int rank, int size, std::chrono::milliseconds timeout,
+              const std::string& publicKey, const std::string& keyCheck);
   // Once the endpoint exists: the peers' fabric addresses, the owner locks
   // of the peers on this host and, when the group spans hosts, the
   // liveness connections to the others (collective over `bootstrap`).
   void watch(Bootstrap& bootstrap, Endpoint& endpoint, std::vector<fi_addr_t> addrs,
-             uint64_t secret, std::chrono::milliseconds timeout);
+             std::shared_ptr<const PeerKeys> keys, std::chrono::milliseconds timeout);
   // Shutdown, first step: closes the liveness connections with a goodbye,
   // so peers on other hosts do not take this rank for dead.
   void closeMonitor() { monitor_.reset(); }

@@ -43,6 +43,7 @@ struct Request {
   uint64_t tag = 0;
   bool posted = false;
   FrameHeader header{};  // outgoing header, or where an incoming one lands
+  ControlHead control{};  // the same, with its MAC, for control frames
   void* payload = nullptr;
   size_t payloadBytes = 0;
   std::string text;                 // error-frame text (send or receive buffer)

@@ -15,17 +15,11 @@
 #include <string_view>
 
 #include "common/crypto.h"
+#include "common/key_file.h"
 #include "server/server_wire.h"
 
 namespace smddp {
 
-// A key file: a regular file of 16 to 4096 bytes (trailing blanks and line
-// breaks are not part of the key) that its owner alone may read (mode 0600
-// or 0400). Throws kInvalidArgument naming `what` (the variable or option
-// that named it) and the path; the key itself is never in a message.
-std::string readServerKeyFile(const std::string& path, const std::string& what);
-// SMDDP_SERVER_KEY_FILE ("" when unset).
-std::string serverKeyFileParam();
 // The key a worker proves itself with: the file's at SMDDP_SERVER_KEY_FILE
 // when set, else `registered` (the job's key from the store the servers
 // registered in) where SMDDP_SERVER_INSECURE=1 allows it (with a warning

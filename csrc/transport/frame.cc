@@ -1,5 +1,6 @@
 #include "transport/frame.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -178,6 +179,36 @@ FrameVerdict validateControlFrame(const FrameHeader& h, size_t received, uint64_
                 h.op >= static_cast<uint8_t>(ReduceOp::kCount) ||
                 h.fingerprint != signatureOf(h).fingerprint(h.seq))) {
     return fail(FrameVerdict::kMalformed, "malformed stall probe");
+  }
+  return FrameVerdict::kOk;
+}
+
+PeerMac controlFrameMac(const PeerKeys& keys, const FrameHeader& h, uint32_t to,
+                        std::string_view text) {
+  return keys.mac(h.srcRank, to, std::string_view(reinterpret_cast<const char*>(&h), sizeof(h)),
+                  text);
+}
+
+FrameVerdict checkControlFrame(const ControlHead& head, const char* text, size_t received,
+                               uint64_t jobSecret, const PeerKeys& keys, uint64_t maxText,
+                               std::string* why) {
+  const FrameHeader& h = head.header;
+  if (received < sizeof(ControlHead)) {
+    if (why) *why = "control frame shorter than its header and MAC";
+    return FrameVerdict::kMalformed;
+  }
+  const FrameVerdict layout =
+      validateControlFrame(h, received - kPeerMacBytes, jobSecret,
+                           static_cast<uint32_t>(std::max(keys.size(), 0)), maxText, why);
+  if (layout != FrameVerdict::kOk) return layout;
+  // The length is proven: h.length bytes of text arrived.
+  if (!keys.verify(h.srcRank, std::string_view(reinterpret_cast<const char*>(&h), sizeof(h)),
+                   std::string_view(text, h.length), head.mac)) {
+    if (why) {
+      *why = "control frame's MAC does not match: forged, changed on the way, or MACed for "
+             "another link";
+    }
+    return FrameVerdict::kForeign;
   }
   return FrameVerdict::kOk;
 }

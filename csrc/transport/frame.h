@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/dtype.h"
 #include "common/wire_limits.h"
+#include "transport/peer_keys.h"
 
 namespace smddp {
 
@@ -61,7 +63,8 @@ struct FrameHeader {
   uint16_t version;
   uint8_t kind;        // FrameKind
   uint8_t collective;  // CollectiveType
-  uint64_t jobSecret;  // random per group, shared through the Store
+  uint64_t jobSecret;  // random per group, shared through the Store: it keeps
+                       // other groups' frames apart, it proves nothing
   uint64_t seq;
   uint32_t srcRank;
   uint32_t chunk;
@@ -108,16 +111,41 @@ enum class FrameVerdict {
 FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExpectation& e,
                            std::string* why);
 
-// Validates an error or probe frame (the error channel, FrameKind kError or
-// kProbe) from any rank of a `worldSize` group whose text buffer holds
-// `maxText` bytes. A probe must carry no payload and a self-consistent
+// Validates the layout of an error or probe frame (the error channel,
+// FrameKind kError or kProbe) of `received` bytes of header and text (the
+// MAC not counted) from any rank of a `worldSize` group whose text buffer
+// holds `maxText` bytes. A probe must carry no payload and a self-consistent
 // fingerprint. Like validateFrame, it never reads payload memory.
 FrameVerdict validateControlFrame(const FrameHeader& h, size_t received, uint64_t jobSecret,
                                   uint32_t worldSize, uint64_t maxText, std::string* why);
 
+// On the wire a control frame (error or probe) is its header, the MAC of
+// its sender and receiver's pair key (transport/peer_keys.h) over the whole
+// header and the text, then the text. The group's jobSecret, which anyone
+// who reads the store or one frame knows, proves nothing: the MAC does.
+struct ControlHead {
+  FrameHeader header;
+  uint8_t mac[kPeerMacBytes];
+};
+static_assert(sizeof(ControlHead) == sizeof(FrameHeader) + kPeerMacBytes,
+              "a control frame's MAC follows its header");
+// The MAC a control frame from h.srcRank (this rank) to `to` carries.
+PeerMac controlFrameMac(const PeerKeys& keys, const FrameHeader& h, uint32_t to,
+                        std::string_view text);
+// Checks a control frame of `received` bytes that landed in `head`, with
+// its text (if any) in `text`: the layout first (validateControlFrame,
+// over a world of keys.size() ranks), then the MAC from h.srcRank to this
+// rank, which reads the text only once its length is proven. A forged
+// frame (the group's secret but not the pair's key), one with any bit
+// changed, and one MACed for another link or direction (reflected) are
+// kForeign.
+FrameVerdict checkControlFrame(const ControlHead& head, const char* text, size_t received,
+                               uint64_t jobSecret, const PeerKeys& keys, uint64_t maxText,
+                               std::string* why);
+
 // What a rank keeps of error and probe frames for calls it has not reached.
-// Whoever holds the group's secret can send well-formed ones for any
-// sequence, so: a frame more than kControlSequenceWindow calls ahead of
+// A peer (the only one that holds a pair key) could send well-formed ones
+// for any sequence, so: a frame more than kControlSequenceWindow calls ahead of
 // the latest call this rank has reached is refused (counted as rejected;
 // no real peer runs that far ahead, every collective needs this rank), and
 // at most kMaxHeldControlSequences sequences are held for each kind, the

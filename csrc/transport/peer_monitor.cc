@@ -94,6 +94,8 @@ std::unique_ptr<PeerMonitor> PeerMonitor::open(Bootstrap& bootstrap, PeerMonitor
   SMDDP_CHECK(static_cast<int>(opts.hosts.size()) == opts.size, kInternal,
               "PeerMonitor: one host per rank");
   const bool on = opts.silence.count() > 0;
+  SMDDP_CHECK(!on || (opts.keys && opts.keys->size() == opts.size), kInternal,
+              "PeerMonitor: the group's pair keys are missing");
   if (opts.address.empty()) opts.address = fallbackAddress();
   int listenFd = -1, port = 0;
   if (on) listenFd = listenOn(opts.address, &port);
@@ -365,8 +367,8 @@ void PeerMonitor::run() {
 void PeerMonitor::queueLocked(int peer, uint8_t type) {
   Link& l = links_[peer];
   if (l.tx.size() + kMessageBytes > kMaxOutbox) return;  // not reading: its silence shows
-  Message m{kMagic, kVersion, type, 0, static_cast<uint32_t>(opts_.rank),
-            static_cast<uint32_t>(peer), opts_.secret};
+  const Message m = sealedMessage(*opts_.keys, type, static_cast<uint32_t>(opts_.rank),
+                                 static_cast<uint32_t>(peer), ++l.sent);
   l.tx.append(reinterpret_cast<const char*>(&m), sizeof(m));
 }
 

@@ -20,13 +20,17 @@
 
 #include "common/unique_fd.h"
 #include "transport/bootstrap.h"
+#include "transport/peer_keys.h"
 
 namespace smddp {
 
 struct PeerMonitorOptions {
   int rank = 0;
   int size = 1;
-  uint64_t secret = 0;             // the group's secret: a hello without it is refused
+  // The group's pair keys: every message carries the MAC of its sender and
+  // receiver's key (a hello without it is refused, a link that sends one
+  // without it is lost). Required when the group spans hosts.
+  std::shared_ptr<const PeerKeys> keys;
   std::vector<std::string> hosts;  // every rank's host identity (host id "/" boot id)
   std::string address;             // numeric IP this rank listens on and connects from
   std::chrono::milliseconds silence{10000};          // SMDDP_PEER_TIMEOUT
@@ -93,7 +97,7 @@ class PeerMonitor {
 
  private:
   using Clock = std::chrono::steady_clock;
-  static constexpr size_t kMessageBytes = 24;
+  static constexpr size_t kMessageBytes = 40;
   // The connection to one rank on another host.
   struct Link {
     UniqueFd fd;
@@ -107,6 +111,8 @@ class PeerMonitor {
     int retries = 0;
     Clock::time_point reconnectAt{};
     Clock::time_point lastHeard{};
+    uint64_t sent = 0;   // counter of the last message queued to it
+    uint64_t heard = 0;  // counter of the last authentic one from it
     uint8_t rx[kMessageBytes] = {};
     size_t have = 0;
     std::string tx;  // bytes not yet written

@@ -48,7 +48,8 @@ void PeerMonitor::acceptLocked() {
 }
 
 void PeerMonitor::turnAwayLocked(size_t i) {
-  const Message busy{kMagic, kVersion, kBusy, 0, static_cast<uint32_t>(opts_.rank), kAnyone, 0};
+  const Message busy{kMagic, kVersion, kBusy, 0, static_cast<uint32_t>(opts_.rank), kAnyone, 0,
+                     {}};
   const int fd = pending_[i].fd.get();
   (void)send(fd, &busy, sizeof(busy), MSG_DONTWAIT | MSG_NOSIGNAL);
   // Read what it sent first (a peer's hello, at most a few bytes): closing
@@ -67,18 +68,22 @@ bool PeerMonitor::readPendingLocked(size_t i) {
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
   bool keep = false;
   int from = -1;
+  uint64_t counter = 0;
   if (n > 0) {
     p.have += static_cast<size_t>(n);
     if (p.have < kMessageBytes) return true;
     Message m;
     std::memcpy(&m, p.rx, sizeof(m));
     from = static_cast<int>(m.from);
+    counter = m.counter;
     // Only a rank of this group, on another host, above this one (it
-    // connects here), not yet connected, with the group's secret.
+    // connects here), not yet connected, with its and this rank's MAC on
+    // a hello never heard before.
     keep = m.magic == kMagic && m.version == kVersion && m.type == kHello &&
-           m.secret == opts_.secret && m.to == static_cast<uint32_t>(opts_.rank) &&
+           m.to == static_cast<uint32_t>(opts_.rank) &&
            m.from < static_cast<uint32_t>(opts_.size) && from > opts_.rank &&
-           links_[from].watched && !links_[from].fd && !links_[from].greeted;
+           links_[from].watched && !links_[from].fd && !links_[from].greeted &&
+           m.counter > links_[from].heard && authentic(*opts_.keys, m);
   }
   UniqueFd fd = std::move(p.fd);
   pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -89,6 +94,7 @@ bool PeerMonitor::readPendingLocked(size_t i) {
   Link& l = links_[from];
   l.fd = std::move(fd);
   l.greeted = true;
+  l.heard = counter;
   l.lastHeard = Clock::now();
   queueLocked(from, kHello);
   flushLocked(from);
@@ -118,18 +124,21 @@ void PeerMonitor::readLinkLocked(int peer) {
       l.turnedAway = true;  // its listener was full: connect again (linkClosedLocked)
       continue;
     }
-    const bool valid = m.magic == kMagic && m.version == kVersion && m.secret == opts_.secret &&
+    const bool valid = m.magic == kMagic && m.version == kVersion &&
                        m.from == static_cast<uint32_t>(peer) &&
                        m.to == static_cast<uint32_t>(opts_.rank) &&
-                       (l.greeted ? m.type == kBeat || m.type == kBye : m.type == kHello);
+                       (l.greeted ? m.type == kBeat || m.type == kBye : m.type == kHello) &&
+                       m.counter > l.heard && authentic(*opts_.keys, m);
     if (!valid) {
-      // Nobody else can write into an established connection: this is not
-      // the peer we connected to (its port reused after it died), or a bug.
+      // Nobody without the pair's key can write an authentic message: this
+      // is not the peer we connected to (its port reused after it died), a
+      // forger or replayer in the path, or a bug.
       l.fd.reset();
       fail(peer, "was lost", "its liveness connection sent a message that is not the group's");
       return;
     }
     l.lastHeard = Clock::now();
+    l.heard = m.counter;
     if (m.type == kHello) l.greeted = true;
     if (m.type == kBye) l.departed = true;
   }

@@ -105,3 +105,32 @@ TEST_CASE("AES-256-GCM round-trips large buffers and keys of the wrong size are 
   CHECK_THROWS_WITH(smddp::aesGcmSeal("short", nonce, "", buf.data(), buf.data(), 1),
                     Catch::Contains("32 bytes"));
 }
+
+TEST_CASE("X25519 matches RFC 7748, section 6.1: both key pairs and the shared secret",
+          "[crypto]") {
+  const auto a = smddp::x25519KeyPair(
+      asKey(unhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")));
+  const auto b = smddp::x25519KeyPair(
+      asKey(unhex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb")));
+  CHECK(a.publicKey ==
+        asKey(unhex("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a")));
+  CHECK(b.publicKey ==
+        asKey(unhex("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")));
+  const std::string k =
+      asKey(unhex("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742"));
+  CHECK(smddp::x25519SharedSecret(a.privateKey, b.publicKey, "bob") == k);
+  CHECK(smddp::x25519SharedSecret(b.privateKey, a.publicKey, "alice") == k);
+}
+
+TEST_CASE("X25519: fresh pairs agree, and bad public keys are refused by name", "[crypto]") {
+  const auto a = smddp::x25519KeyPair();
+  const auto b = smddp::x25519KeyPair();
+  CHECK(a.publicKey != b.publicKey);
+  CHECK(smddp::x25519SharedSecret(a.privateKey, b.publicKey, "b") ==
+        smddp::x25519SharedSecret(b.privateKey, a.publicKey, "a"));
+  CHECK_THROWS_WITH(smddp::x25519SharedSecret(a.privateKey, "short", "rank 3"),
+                    Catch::Contains("rank 3") && Catch::Contains("32"));
+  // The all-zero point has low order: the shared secret would be zero.
+  CHECK_THROWS_WITH(smddp::x25519SharedSecret(a.privateKey, std::string(32, '\0'), "rank 4"),
+                    Catch::Contains("rank 4"));
+}

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -21,8 +22,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/error.h"
 #include "transport/bootstrap.h"
+#include "transport/peer_keys.h"
 #include "transport/peer_monitor.h"
 #include "world.h"
 
@@ -32,15 +35,34 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr uint64_t kSecret = 0x5eC12e7;
 const std::string kBoot = "/0123456789abcdef0123456789abcdef0123";  // 36 characters
 
-// `silences` overrides `silence` per rank (0: liveness off there).
-std::vector<std::unique_ptr<PeerMonitor>> openAll(const std::vector<std::string>& hosts,
-                                                  milliseconds silence,
-                                                  const std::vector<milliseconds>& silences = {}) {
+// Every rank's pair keys for an `n`-rank group, derived as the engine
+// does (fresh X25519 pairs, published public keys).
+std::vector<std::shared_ptr<const PeerKeys>> groupKeys(int n, const std::string& group = "g") {
+  std::vector<X25519KeyPair> pairs;
+  std::vector<std::string> publicKeys;
+  for (int r = 0; r < n; ++r) {
+    pairs.push_back(x25519KeyPair());
+    publicKeys.push_back(pairs.back().publicKey);
+  }
+  std::vector<std::shared_ptr<const PeerKeys>> out;
+  for (int r = 0; r < n; ++r) {
+    out.push_back(std::make_shared<const PeerKeys>(
+        PeerKeys::derive(r, pairs[r].privateKey, publicKeys, group, "")));
+  }
+  return out;
+}
+
+// `silences` overrides `silence` per rank (0: liveness off there); `given`
+// the ranks' pair keys (else fresh ones).
+std::vector<std::unique_ptr<PeerMonitor>> openAll(
+    const std::vector<std::string>& hosts, milliseconds silence,
+    const std::vector<milliseconds>& silences = {},
+    const std::vector<std::shared_ptr<const PeerKeys>>& given = {}) {
   const int n = static_cast<int>(hosts.size());
   InMemoryBootstrap boot;
+  const auto keys = given.empty() ? groupKeys(n) : given;
   std::vector<std::unique_ptr<PeerMonitor>> out(n);
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
@@ -51,7 +73,7 @@ std::vector<std::unique_ptr<PeerMonitor>> openAll(const std::vector<std::string>
         PeerMonitorOptions o;
         o.rank = r;
         o.size = n;
-        o.secret = kSecret;
+        o.keys = keys[r];
         for (const auto& h : hosts) o.hosts.push_back(h + kBoot);
         o.address = "127.0.0.1";
         o.silence = silences.empty() ? silence : silences[r];
@@ -87,16 +109,31 @@ int connectTo(int port) {
   return fd;
 }
 
-// The bytes of a liveness message, as peer_monitor.cc lays them out.
-std::string message(uint8_t type, uint32_t from, uint32_t to, uint64_t secret) {
-  std::string m(24, '\0');
+// The bytes of a liveness message, as liveness_message.h lays them out,
+// MACed with `keys` (which must hold `from` or `to`), or with a MAC of
+// zeros when `keys` is null.
+std::string message(uint8_t type, uint32_t from, uint32_t to, uint64_t counter,
+                    const PeerKeys* keys) {
+  std::string m(40, '\0');
   const uint32_t magic = 0x4C444D53;
   std::memcpy(&m[0], &magic, 4);
-  m[4] = 1;
+  m[4] = 2;
   m[5] = static_cast<char>(type);
   std::memcpy(&m[8], &from, 4);
   std::memcpy(&m[12], &to, 4);
-  std::memcpy(&m[16], &secret, 8);
+  std::memcpy(&m[16], &counter, 8);
+  if (keys) {
+    const PeerMac mac = keys->mac(from, to, std::string_view(m.data(), 24));
+    std::memcpy(&m[24], mac.bytes, kPeerMacBytes);
+  }
+  return m;
+}
+
+// What main's liveness messages were: 24 bytes, the group's secret in
+// the clear where the counter is now.
+std::string bearerMessage(uint8_t type, uint32_t from, uint32_t to, uint64_t secret) {
+  std::string m = message(type, from, to, secret, nullptr).substr(0, 24);
+  m[4] = 1;
   return m;
 }
 
@@ -157,17 +194,22 @@ TEST_CASE("peer monitor: a host that falls silent is lost after SMDDP_PEER_TIMEO
 }
 
 TEST_CASE("peer monitor: garbage on the listener is refused and changes nothing", "[liveness]") {
-  auto m = openAll({"h0", "h1"}, milliseconds(800));
+  const auto keys = groupKeys(2);
+  const auto otherGroup = groupKeys(2, "another group");
+  auto m = openAll({"h0", "h1"}, milliseconds(800), {}, keys);
   const int port = m[0]->listenPort();
   REQUIRE(port > 0);
+  const PeerKeys& one = *keys[1];
   const std::vector<std::string> attempts = {
       "garbage, not a message at all",
-      message(1, 1, 0, kSecret).substr(0, 10),  // truncated, then closed
-      message(1, 1, 0, kSecret + 1),            // wrong secret
-      message(1, 7, 0, kSecret),                // a rank that does not exist
-      message(1, 1, 0, kSecret),                // rank 1 again: it is already connected
-      message(2, 1, 0, kSecret),                // a beat before any hello
-      std::string(1 << 20, 'x'),                // a blob
+      message(1, 1, 0, 1000, &one).substr(0, 10),     // truncated, then closed
+      message(1, 1, 0, 1000, otherGroup[1].get()),    // another group's key
+      message(1, 1, 0, 1000, nullptr),                // no MAC
+      bearerMessage(1, 1, 0, 0x5eC12e7),              // main's layout, a secret in the clear
+      message(1, 7, 0, 1000, nullptr),                // a rank that does not exist
+      message(1, 1, 0, 1000, &one),                   // rank 1 again: it is already connected
+      message(2, 1, 0, 1000, &one),                   // a beat before any hello
+      std::string(1 << 20, 'x'),                      // a blob
   };
   for (const auto& bytes : attempts) {
     int fd = connectTo(port);
@@ -238,6 +280,7 @@ TEST_CASE("peer monitor: a flood of connections on a listener while the group fo
   // then stay quiet for longer than the silence.
   const milliseconds silence(1500);
   InMemoryBootstrap boot;
+  const auto keys = groupKeys(2);
   std::vector<std::unique_ptr<PeerMonitor>> m(2);
   std::vector<std::string> errors(2);
   auto openRank = [&](int r) {
@@ -246,7 +289,7 @@ TEST_CASE("peer monitor: a flood of connections on a listener while the group fo
       PeerMonitorOptions o;
       o.rank = r;
       o.size = 2;
-      o.secret = kSecret;
+      o.keys = keys[r];
       o.hosts = {"h0" + kBoot, "h1" + kBoot};
       o.address = "127.0.0.1";
       o.silence = silence;
@@ -310,4 +353,91 @@ TEST_CASE("peer monitor: a flood of connections on a listener while the group fo
   m[1]->dropWithoutGoodbye();
   CHECK(secondsUntilFailure(*m[0], milliseconds(3000), &f) >= 0);
   CHECK(f.what == "died");
+}
+
+TEST_CASE("peer monitor: a hello with the group's old secret, MACed for another pair, or "
+          "reflected cannot take over a link while the group forms",
+          "[liveness]") {
+  // Rank 0 listens first; before ranks 1 and 2 connect, an intruder offers
+  // it hellos "from rank 2" that are not rank 2's: main's bearer layout
+  // (the group's secret, which anyone who reads the store has), rank 1's
+  // genuine hello with its sender changed, and rank 0's own hello to rank 2
+  // sent back with the ranks swapped. On main the first took rank 2's slot
+  // (rank 0 answered it with its own hello, and turned the real rank 2
+  // away). Each must be closed unanswered, and the real ranks then form.
+  InMemoryBootstrap boot;
+  const auto keys = groupKeys(3);
+  std::vector<std::unique_ptr<PeerMonitor>> m(3);
+  std::vector<std::string> errors(3);
+  auto openRank = [&](int r) {
+    try {
+      InMemoryBootstrap mine(boot.state());
+      PeerMonitorOptions o;
+      o.rank = r;
+      o.size = 3;
+      o.keys = keys[r];
+      o.hosts = {"h0" + kBoot, "h1" + kBoot, "h2" + kBoot};
+      o.address = "127.0.0.1";
+      o.silence = milliseconds(1500);
+      o.setupTimeout = milliseconds(20000);
+      m[r] = PeerMonitor::open(mine, o);
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+  };
+  std::thread rank0(openRank, 0);
+  std::string entry;
+  const auto t0 = Clock::now();
+  while (!boot.tryGet("liveness/0", &entry) && Clock::now() - t0 < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  REQUIRE(!entry.empty());
+  const int port = std::stoi(entry.substr(entry.find(' ') + 1));
+  std::string moved = message(1, 1, 0, 1, keys[1].get());  // rank 1's real hello ...
+  const uint32_t two = 2;
+  std::memcpy(&moved[8], &two, 4);                          // ... now "from rank 2"
+  std::string reflected = message(1, 0, 2, 1, keys[0].get());  // rank 0's hello to rank 2 ...
+  const uint32_t zero = 0;
+  std::memcpy(&reflected[8], &two, 4);                          // ... sent back to it
+  std::memcpy(&reflected[12], &zero, 4);
+  const std::vector<std::pair<const char*, std::string>> forgeries = {
+      {"the group's secret in main's layout", bearerMessage(1, 2, 0, 0x5eC12e7)},
+      {"rank 1's hello with another sender", moved},
+      {"rank 0's own hello to rank 2, reflected", reflected},
+  };
+  // Sent before ranks 1 and 2 join: rank 0 judges them first (its thread
+  // starts once every rank has published its address).
+  std::vector<int> fds;
+  for (const auto& [what, bytes] : forgeries) {
+    fds.push_back(connectTo(port));
+    REQUIRE(send(fds.back(), bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(bytes.size()));
+  }
+  std::thread rank1(openRank, 1), rank2(openRank, 2);
+  rank0.join();
+  rank1.join();
+  rank2.join();
+  for (size_t i = 0; i < fds.size(); ++i) {
+    INFO(forgeries[i].first);
+    // Taken: rank 0 answers with its hello. Refused: it closes unanswered.
+    char reply[64];
+    timeval tv{5, 0};
+    setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    const ssize_t n = recv(fds[i], reply, sizeof(reply), 0);
+    CHECK((n == 0 || (n < 0 && errno == ECONNRESET)));
+    close(fds[i]);
+  }
+  REQUIRE(errors[0] == "");
+  REQUIRE(errors[1] == "");
+  REQUIRE(errors[2] == "");
+  // Each forgery was refused (above: closed unanswered); a real rank's
+  // connection that lost a race under load may be refused and retried too.
+  CHECK(m[0]->refusedConnections() >= forgeries.size());
+  // The real links carry the beats: no one is lost for longer than the silence.
+  std::this_thread::sleep_for(milliseconds(3000));
+  PeerFailure f;
+  for (int r = 0; r < 3; ++r) {
+    CHECK_FALSE(m[r]->failed(&f));
+    INFO(f.who << " " << f.what << ": " << f.cause);
+  }
 }

@@ -4,13 +4,18 @@
 // they reach the smddp frame layer:
 //   - on the error/probe tag (receives posted from any source): garbage,
 //     truncated headers, forged headers with a wrong secret, and, when it is
-//     given the group's secret, frames with the right secret that are still
-//     malformed (length lies, oversized payload, bad probe fingerprint,
-//     source rank outside the group), and well-formed ones for calls far
-//     beyond kControlSequenceWindow. Every one must be rejected and
-//     counted in framesRejected; none may change a result. Then a flood
-//     of well-formed ones within the window, of which each kind keeps at
-//     most kMaxHeldControlSequences (the rest rejected).
+//     given the group's secret (anyone who reads the store has it), frames
+//     with the right secret that are still malformed (length lies,
+//     oversized payload, bad probe fingerprint, source rank outside the
+//     group), well-formed ones for calls far beyond kControlSequenceWindow,
+//     and forgeries of what a peer would send about the job's next calls:
+//     errors for each of them, a "group broken" error, probes that say a
+//     peer called something else, each once in the layout before control
+//     frames carried a MAC (the secret as a bearer token, which that code
+//     accepted) and once with a MAC that is not the pair's. Then a flood of
+//     well-formed ones within the window. None has its sender's pair key,
+//     so every one must be rejected and counted in framesRejected, and
+//     none may fail a call or change a result.
 //   - on the data tags of the next sequence numbers (receives posted for
 //     one peer's address only): forged data frames that must never match.
 //
@@ -59,6 +64,12 @@ std::vector<uint8_t> bytesOf(const FrameHeader& h, size_t keep, size_t extra, st
   for (size_t i = sizeof(h); i < b.size(); ++i) b[i] = static_cast<uint8_t>(rng());
   b.resize(keep == 0 ? b.size() : keep);
   return b;
+}
+
+// The frame in today's layout (header, MAC, text) with a MAC that is not
+// the pair's: `h.length` bytes of text follow kPeerMacBytes random ones.
+std::vector<uint8_t> withForgedMac(const FrameHeader& h, std::mt19937_64& rng) {
+  return bytesOf(h, 0, kPeerMacBytes + h.length, rng);
 }
 
 }  // namespace
@@ -133,24 +144,42 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Well-formed frames within the window, for calls the job will not reach
-  // (it stops long before): each kind's first kMaxHeldControlSequences are
-  // held, the rest given up. Held ones may also be given up later for a
-  // real probe, so the rejects lie between `errorFrames` and that plus
-  // `slack`.
-  size_t slack = 0;
   if (haveSecret) {
+    // What a holder of the secret would send to fail the job's next calls
+    // (it is a few hundred calls in), as every rank of the group: an error
+    // for each, a report that the group is broken, and probes that say
+    // another collective was called. Main's layout (no MAC: the secret was
+    // the proof) and today's with a forged MAC.
+    CollectiveSignature other{CollectiveType::kBroadcast, DataType::kFloat32, ReduceOp::kSum, 7, 0};
+    for (uint32_t from = 0; from < world; ++from) {
+      for (uint64_t seq = 0; seq < 1000; ++seq) {
+        const FrameHeader e = makeHeader(FrameKind::kError, secret, seq, from, 0, 1, 16,
+                                         CollectiveSignature{});
+        add(errTag, bytesOf(e, 0, 16, rng));
+        add(errTag, withForgedMac(e, rng));
+        if (seq % 50 == 0) {
+          const FrameHeader p = makeHeader(FrameKind::kProbe, secret, seq, from, 0, 0, 0, other);
+          add(errTag, bytesOf(p, 0, 0, rng));
+          add(errTag, withForgedMac(p, rng));
+        }
+      }
+      const FrameHeader broken = makeHeader(FrameKind::kError, secret, 0, from, kErrorBroken, 0,
+                                            16, CollectiveSignature{});
+      add(errTag, bytesOf(broken, 0, 16, rng));
+      add(errTag, withForgedMac(broken, rng));
+    }
+    // A flood of well-formed ones within the window, for calls the job
+    // will not reach: more than each kind could hold were they believed.
     const size_t flood = kMaxHeldControlSequences + 100;
     for (size_t j = 0; j < flood; ++j) {
       const uint64_t seq = kControlSequenceWindow - flood + j;  // far from any call it makes
-      msgs.push_back({errTag, bytesOf(makeHeader(FrameKind::kError, secret, seq, 0, 0, 1, 16,
-                                                 CollectiveSignature{}), 0, 16, rng)});
-      msgs.push_back({errTag, bytesOf(makeHeader(FrameKind::kProbe, secret, seq, 0, 0, 0, 0, sig),
-                                      0, 0, rng)});
+      const FrameHeader e = makeHeader(FrameKind::kError, secret, seq, 0, 0, 1, 16,
+                                       CollectiveSignature{});
+      add(errTag, withForgedMac(e, rng));
+      add(errTag, withForgedMac(makeHeader(FrameKind::kProbe, secret, seq, 0, 0, 0, 0, sig), rng));
     }
-    errorFrames += 2 * (flood - kMaxHeldControlSequences);
-    slack = 2 * kMaxHeldControlSequences;
   }
+  const size_t slack = 0;  // nothing is held: every error-tag frame is rejected
 
   // One send at a time, each waited for: bounded, and no queue to size.
   std::vector<uint8_t> context(64);

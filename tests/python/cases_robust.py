@@ -385,6 +385,7 @@ def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin:
     name = store.get(f"cpu//{prefix}addr/{rank}")
     secret = store.get(f"cpu//{prefix}secret").decode()
     before = torch_smddp.stats()["frames_rejected"]
+    liveness = _forge_liveness_hellos(store, prefix, rank, world, int(secret))
     proc = subprocess.Popen([intruder_bin, provider, name.hex(), str(per_kind), secret, str(world)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     os.set_blocking(proc.stdout.fileno(), False)
@@ -426,7 +427,44 @@ def wire_libfabric_intrusion(rank: int, world: int, per_kind: int, intruder_bin:
     return {"provider": provider, "sent": sent_line.strip(), "expected_rejects": expected,
             "slack": slack,
             "rejected_delta": delta, "wrong": wrong, "calls": calls, "intruder_exit": code,
-            "errors": torch_smddp.stats()["errors"]}
+            "errors": torch_smddp.stats()["errors"], "liveness": liveness}
+
+
+def _forge_liveness_hellos(store, prefix, rank, world, secret):
+    """Offers this rank's liveness listener (a group across hosts has one)
+    hellos "from" every other rank that are not theirs: the layout before
+    liveness messages carried a MAC, with the group's secret in the clear,
+    and today's with a MAC of zeros. Returns, per forgery, whether the
+    listener closed it unanswered (it must; an answer is its own hello,
+    which would mean the forger holds a link), or None without a listener."""
+    import struct
+
+    try:
+        entry = store.get(f"cpu//{prefix}liveness/{rank}").decode().split()
+    except Exception:  # noqa: BLE001 - one host: no liveness connections
+        return None
+    if len(entry) < 2 or entry[0] == "-":
+        return None
+    address, port = entry[0], int(entry[1])
+    magic = 0x4C444D53
+    out = []
+    for peer in range(world):
+        if peer == rank:
+            continue
+        for msg in (struct.pack("<IBBHIIQ", magic, 1, 1, 0, peer, rank, secret),
+                    struct.pack("<IBBHIIQ", magic, 2, 1, 0, peer, rank, 1 << 40) + bytes(16)):
+            with socket.create_connection((address, port), timeout=10) as s:
+                s.sendall(msg)
+                # Nothing more comes: the old layout is shorter than a message.
+                s.shutdown(socket.SHUT_WR)
+                try:
+                    closed = s.recv(64) == b""
+                except ConnectionResetError:
+                    closed = True
+                except socket.timeout:
+                    closed = False
+                out.append(closed)
+    return out
 
 
 def construct_while_churning(groups: int) -> dict:
@@ -475,3 +513,24 @@ def construct_while_churning(groups: int) -> dict:
         del objs
     worker.join()
     return {**built, "churned": churned, "errors": errors}
+
+
+def smddp_group_with_key_files(rank: int, world: int) -> dict:
+    """Under a gloo default group, makes an smddp group with this rank's
+    SMDDP_SERVER_KEY_FILE (the parent gives each rank its own, or the
+    same): with the same file the group forms and all-reduces; with
+    different ones making it must fail on every rank, naming the key file.
+    Returns what happened."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp  # noqa: F401  (registers the backend)
+
+    try:
+        group = dist.new_group(backend="smddp")
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return {"formed": False, "error": f"{type(e).__name__}: {e}"}
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t, group=group)
+    dist.destroy_process_group(group)
+    return {"formed": True, "sum_ok": bool(torch.all(t == world * (world + 1) / 2))}
