@@ -23,7 +23,10 @@ import sys
 import time
 import traceback
 
-WAIT_S = 180.0
+# Long enough that one test's stall (a port race, a slow attacker) never
+# ends the live job every later test of the file uses; the test process
+# kills the job at its end anyway.
+WAIT_S = 900.0
 
 
 def _write(out_dir, name, obj):

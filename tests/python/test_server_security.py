@@ -440,6 +440,39 @@ def test_a_memory_limit_refuses_streams_not_the_server(live):
     assert any("ran out of memory" in e for e in errors), errors[:5]
 
 
+def _job_with_its_store(tmp_path, attempts=3, **extra):
+    """A fresh 2-rank `init` job of server_worker.py whose rank 0 has its
+    store listening: (procs, port). A free port can be taken before rank 0
+    binds it (EADDRINUSE in its init error): then the job starts again on
+    another, up to `attempts` times, instead of leaving an attacker waiting
+    for a store that never comes."""
+    for _ in range(attempts):
+        port = find_free_port()
+        procs = Procs()
+        for r in range(2):
+            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
+            procs.start([PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
+                        env=e, log=os.path.join(tmp_path, f"init.{r}.log"))
+        first = os.path.join(tmp_path, "init.0.json")
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return procs, port
+            except OSError:
+                pass
+            if os.path.exists(first):
+                break  # rank 0 gave up before its store listened
+            time.sleep(0.05)
+        procs.kill()
+        for r in range(2):
+            try:
+                os.remove(os.path.join(tmp_path, f"init.{r}.json"))
+            except FileNotFoundError:
+                pass
+    raise AssertionError(f"rank 0's store never listened in {attempts} attempts")
+
+
 def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, tmp_path):
     # A third party registers itself at index 0 of a job's servers in the
     # job's store before any real server does. The job holds a key file the
@@ -447,19 +480,14 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
     # rogue gets each rank's challenge (a header, a nonce, the address
     # dialled and the job id) and nothing else.
     rogue = hc.Rogue()
-    port = find_free_port()
-    procs = Procs()
+    procs, port = _job_with_its_store(tmp_path, SMDDP_SERVER_COUNT=1,
+                                      SMDDP_SERVER_JOB="roguejob", FI_TCP_IFACE="lo",
+                                      SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60)
     try:
-        for r in range(2):
-            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                    SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="roguejob", FI_TCP_IFACE="lo",
-                    SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60)
-            procs.start([PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
-                        env=e, log=os.path.join(tmp_path, f"init.{r}.log"))
         import torch.distributed as dist  # the attacker's store client
         from datetime import timedelta
 
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=90))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
         store.add("smddp_servers/roguejob/count", 1)
         store.set("smddp_servers/roguejob/0", f"127.0.0.1:{rogue.port}")
         got = wait_results(str(tmp_path), ["init.0.json", "init.1.json"], 150)
