@@ -440,9 +440,9 @@ def test_a_memory_limit_refuses_streams_not_the_server(live):
     assert any("ran out of memory" in e for e in errors), errors[:5]
 
 
-def _job_with_its_store(tmp_path, attempts=3, **extra):
+def _job_with_its_store(tmp_path, attempts=3, log_name="init", **extra):
     """A fresh 2-rank `init` job of server_worker.py whose rank 0 has its
-    store listening: (procs, port). A free port can be taken before rank 0
+    store listening (or got past it): (procs, port). A free port can be taken before rank 0
     binds it (EADDRINUSE in its init error): then the job starts again on
     another, up to `attempts` times, instead of leaving an attacker waiting
     for a store that never comes."""
@@ -452,7 +452,7 @@ def _job_with_its_store(tmp_path, attempts=3, **extra):
         for r in range(2):
             e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
             procs.start([PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
-                        env=e, log=os.path.join(tmp_path, f"init.{r}.log"))
+                        env=e, log=os.path.join(tmp_path, f"{log_name}.{r}.log"))
         first = os.path.join(tmp_path, "init.0.json")
         end = time.monotonic() + 60
         while time.monotonic() < end:
@@ -462,7 +462,10 @@ def _job_with_its_store(tmp_path, attempts=3, **extra):
             except OSError:
                 pass
             if os.path.exists(first):
-                break  # rank 0 gave up before its store listened
+                with open(first) as f:
+                    if "EADDRINUSE" not in f.read():
+                        return procs, port  # rank 0 went on past its store (and is done)
+                break  # rank 0 could not bind the port: another process took it
             time.sleep(0.05)
         procs.kill()
         for r in range(2):
@@ -507,16 +510,11 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
 def _init_through(tmp_path, name, hosts, job, **extra):
     """A fresh 2-rank job (each rank its own host) with the key file that
     only joins its group through `hosts`; each rank's init error."""
-    port = find_free_port()
-    procs = Procs()
+    procs, _ = _job_with_its_store(tmp_path, log_name=name, SMDDP_SERVER_HOSTS=hosts,
+                                   SMDDP_SERVER_JOB=job, SMDDP_SERVER_REQUIRED=1,
+                                   FI_TCP_IFACE="lo", SERVER_TEST_HOST_PER_RANK=1,
+                                   SERVER_TEST_TIMEOUT_S=60, **extra)
     try:
-        for r in range(2):
-            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                    SMDDP_SERVER_HOSTS=hosts, SMDDP_SERVER_JOB=job, SMDDP_SERVER_REQUIRED=1,
-                    FI_TCP_IFACE="lo", SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60,
-                    **extra)
-            procs.start([PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
-                        env=e, log=os.path.join(tmp_path, f"{name}.{r}.log"))
         got = wait_results(str(tmp_path), ["init.0.json", "init.1.json"], 150)
     finally:
         procs.kill()
