@@ -18,7 +18,9 @@ import sys
 import tempfile
 import time
 
-from mp_harness import HERE, REPO_ROOT, descendants
+import socket
+
+from mp_harness import HERE, REPO_ROOT, descendants, find_free_port
 
 PY = sys.executable
 START_S = 90.0  # torch imports on a loaded 2-core machine
@@ -145,3 +147,59 @@ def wait_results(out_dir, names, deadline_s, procs=None):
     return got
 
 
+def _clashed(paths) -> bool:
+    """Whether any of `paths` says its process could not bind a port."""
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                text = f.read()[-20000:]
+        except OSError:
+            continue
+        if b"EADDRINUSE" in text or b"ddress already in use" in text:
+            return True
+    return False
+
+
+def _store_up(port, rank0, watch) -> bool:
+    """Waits (at most START_S) until rank 0's store listens on `port` or
+    rank 0 got past it (True), or `watch` says it could not bind (False)."""
+    end = time.monotonic() + START_S
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            pass
+        if _clashed(watch):
+            return False
+        if rank0.poll() is not None or os.path.exists(watch[1]):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def start_job(procs, world, cmd, env_of, log_of, results, attempts=3):
+    """Starts a `world`-rank job (`cmd`, env_of(rank, port), log_of(rank))
+    whose rank 0 hosts its store on a free port; returns the port once that
+    store listens, or once rank 0 got past it (exited, or wrote results[0]).
+    A free port can be taken before rank 0 binds it (the floods of loopback
+    connections some tests make take ephemeral ports from the same range):
+    when rank 0 says EADDRINUSE, the job starts again on another port, and
+    the files in `results` are cleared, as mp_harness.run_world does. The
+    job's processes join `procs`."""
+    for _ in range(attempts):
+        port = find_free_port()
+        job = Procs()
+        for r in range(world):
+            job.start(cmd, env=env_of(r, port), log=log_of(r))
+        if _store_up(port, job.procs[0], [log_of(0), results[0]]):
+            procs.procs.extend(job.procs)
+            return port
+        job.kill()
+        for path in results:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+    raise AssertionError(f"rank 0 of {cmd[1:]} never had its store listening in {attempts} "
+                         "attempts (ports taken, or it did not start)")

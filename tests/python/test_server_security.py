@@ -35,149 +35,12 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hostile_client as hc  # noqa: E402
+from security_live import JOB, Live, accept_cpu_seconds, snapshot  # noqa: E402
 from mp_harness import backend_under_test, find_free_port  # noqa: E402
-from server_harness import PY, Procs, env, key_file, start_server, wait_results  # noqa: E402
+from server_harness import PY, Procs, env, key_file, start_job, start_server, wait_results  # noqa: E402
 
 pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
                                 reason="standalone reduction servers are smddp's")
-
-JOB = "secret-job-name-7f3a"  # the server's --job: no refusal may echo it
-SETTLE_S = 2.0
-RSS_SLACK_KIB = 24 * 1024
-ROUND_S = 180.0
-
-
-# -- the server process, seen from /proc ---------------------------------------
-
-def snapshot(pid):
-    with open(f"/proc/{pid}/status") as f:
-        rss = int(re.search(r"^VmRSS:\s+(\d+)", f.read(), re.M).group(1))
-    return {"fds": len(os.listdir(f"/proc/{pid}/fd")),
-            "threads": len(os.listdir(f"/proc/{pid}/task")), "rss_kib": rss}
-
-
-def accept_cpu_seconds(pid):
-    """CPU time of the server's accept loops (threads named smddp-accept)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                if f.read().strip() != "smddp-accept":
-                    continue
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except OSError:
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def quiet_snapshot(pid):
-    """The server's level once it stopped changing (a stream that just ended
-    may still be closing)."""
-    last = snapshot(pid)
-    end = time.monotonic() + 5.0
-    while time.monotonic() < end:
-        time.sleep(0.25)
-        now = snapshot(pid)
-        if now["fds"] == last["fds"] and now["threads"] == last["threads"]:
-            return now
-        last = now
-    return last
-
-
-def settled(pid, before, left_at):
-    """Asserts the server is back to `before` within SETTLE_S of `left_at`."""
-    while True:
-        now = snapshot(pid)
-        if (now["fds"] <= before["fds"] and now["threads"] <= before["threads"]
-                and now["rss_kib"] <= before["rss_kib"] + RSS_SLACK_KIB):
-            return now
-        if time.monotonic() > left_at + SETTLE_S:
-            raise AssertionError(f"the server did not settle within {SETTLE_S} s of the attacker "
-                                 f"leaving: before {before}, now {now}")
-        time.sleep(0.05)
-
-
-# -- the live server and job -------------------------------------------------------
-
-class Live:
-    """The server, the 2-rank job, and the rounds that drive it."""
-
-    def __init__(self, procs, out):
-        self.procs, self.out, self.n = procs, out, 0
-        self.log = os.path.join(out, "server.log")
-        self.key = open(key_file(), "rb").read().strip()
-
-        def limit_fds():
-            resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-
-        self.server, hosts = start_server(
-            procs, ["--bind", "127.0.0.1", "--job", JOB, "--key-file", key_file()],
-            # The attacker's sessions write unsealed frames (hostile_client.Session):
-            # this server does not require the tags its job's workers still send.
-            env=env(keyed=False, SMDDP_SERVER_INTEGRITY=0), stderr=open(self.log, "wb"),
-            preexec_fn=limit_fds)
-        self.port = int(hosts.rsplit(":", 1)[1])
-        port = find_free_port()
-        self.ranks = []
-        for r in range(2):
-            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                    SMDDP_SERVER_HOSTS=hosts, SMDDP_SERVER_JOB=JOB, SMDDP_SERVER_REQUIRED=1,
-                    FI_TCP_IFACE="lo")
-            self.ranks.append(procs.start([PY, os.path.join(HERE, "security_worker.py"), out],
-                                          env=e, log=os.path.join(out, f"rank{r}.log")))
-        first = self.results(0)
-        self.usual_s = max(r["fresh_s"] for r in first)
-        self.n = 1
-
-    def results(self, n):
-        names = [f"round.{n}.{r}.json" for r in range(2)]
-        end = time.monotonic() + ROUND_S
-        while time.monotonic() < end:
-            crashed = [c for c in os.listdir(self.out) if c.startswith("crashed.")]
-            if crashed or all(os.path.exists(os.path.join(self.out, x)) for x in names):
-                break
-            time.sleep(0.1)
-        return list(wait_results(self.out, names + [c for c in os.listdir(self.out)
-                                                    if c.startswith("crashed.")], 1).values())
-
-    def log_text(self):
-        with open(self.log, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    def round(self, attack, cmd="live"):
-        """Runs `attack()` (which returns when the attacker left) during
-        round n of the job; checks the server and the following group."""
-        assert self.server.poll() is None, "the server died before the attack"
-        before = quiet_snapshot(self.server.pid)
-        n = self.n
-        self.n += 1
-        with open(os.path.join(self.out, f"cmd.{n}"), "w") as f:
-            f.write(cmd)
-        time.sleep(0.3)  # the live loop is under way
-        detail = attack()
-        left_at = time.monotonic()
-        assert self.server.poll() is None, ("the attack killed the server:\n" +
-                                            self.log_text()[-3000:])
-        after = settled(self.server.pid, before, left_at)
-        open(os.path.join(self.out, f"stop.{n}"), "w").close()
-        self.last = self.results(n)
-        for res in self.last:
-            assert "crashed" not in res, res
-            assert res["live_bad"] == 0, res
-            assert cmd != "live" or res["live_calls"] > 0, res
-            assert res["fresh_bad"] == [], res
-            # Through the server, not around it (SMDDP_SERVER_REQUIRED=1 too).
-            assert res["fresh_servers"] == 1 and res["fresh_server_steps"] > 0, res
-            assert res["fresh_s"] < 5 * self.usual_s + 10, (res, self.usual_s)  # no hang
-        assert self.server.poll() is None
-        return before, after, detail
-
-    def close(self):
-        with open(os.path.join(self.out, f"cmd.{self.n}"), "w") as f:
-            f.write("quit")
-
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
@@ -440,40 +303,18 @@ def test_a_memory_limit_refuses_streams_not_the_server(live):
     assert any("ran out of memory" in e for e in errors), errors[:5]
 
 
-def _job_with_its_store(tmp_path, attempts=3, log_name="init", **extra):
-    """A fresh 2-rank `init` job of server_worker.py whose rank 0 has its
-    store listening (or got past it): (procs, port). A free port can be taken before rank 0
-    binds it (EADDRINUSE in its init error): then the job starts again on
-    another, up to `attempts` times, instead of leaving an attacker waiting
-    for a store that never comes."""
-    for _ in range(attempts):
-        port = find_free_port()
-        procs = Procs()
-        for r in range(2):
-            e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
-            procs.start([PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
-                        env=e, log=os.path.join(tmp_path, f"{log_name}.{r}.log"))
-        first = os.path.join(tmp_path, "init.0.json")
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return procs, port
-            except OSError:
-                pass
-            if os.path.exists(first):
-                with open(first) as f:
-                    if "EADDRINUSE" not in f.read():
-                        return procs, port  # rank 0 went on past its store (and is done)
-                break  # rank 0 could not bind the port: another process took it
-            time.sleep(0.05)
-        procs.kill()
-        for r in range(2):
-            try:
-                os.remove(os.path.join(tmp_path, f"init.{r}.json"))
-            except FileNotFoundError:
-                pass
-    raise AssertionError(f"rank 0's store never listened in {attempts} attempts")
+def _init_job(tmp_path, log_name="init", **extra):
+    """A fresh 2-rank `init` job of server_worker.py (each rank its own
+    host), once rank 0's store listens: (procs, port)."""
+    procs = Procs()
+    port = start_job(procs, 2, [PY, os.path.join(HERE, "server_worker.py"), "init", str(tmp_path)],
+                     lambda r, port: env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
+                                         MASTER_PORT=port, FI_TCP_IFACE="lo",
+                                         SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60,
+                                         **extra),
+                     lambda r: os.path.join(tmp_path, f"{log_name}.{r}.log"),
+                     [os.path.join(tmp_path, f"init.{r}.json") for r in range(2)])
+    return procs, port
 
 
 def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, tmp_path):
@@ -483,9 +324,7 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
     # rogue gets each rank's challenge (a header, a nonce, the address
     # dialled and the job id) and nothing else.
     rogue = hc.Rogue()
-    procs, port = _job_with_its_store(tmp_path, SMDDP_SERVER_COUNT=1,
-                                      SMDDP_SERVER_JOB="roguejob", FI_TCP_IFACE="lo",
-                                      SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60)
+    procs, port = _init_job(tmp_path, SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="roguejob")
     try:
         import torch.distributed as dist  # the attacker's store client
         from datetime import timedelta
@@ -510,10 +349,8 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
 def _init_through(tmp_path, name, hosts, job, **extra):
     """A fresh 2-rank job (each rank its own host) with the key file that
     only joins its group through `hosts`; each rank's init error."""
-    procs, _ = _job_with_its_store(tmp_path, log_name=name, SMDDP_SERVER_HOSTS=hosts,
-                                   SMDDP_SERVER_JOB=job, SMDDP_SERVER_REQUIRED=1,
-                                   FI_TCP_IFACE="lo", SERVER_TEST_HOST_PER_RANK=1,
-                                   SERVER_TEST_TIMEOUT_S=60, **extra)
+    procs, _ = _init_job(tmp_path, log_name=name, SMDDP_SERVER_HOSTS=hosts,
+                         SMDDP_SERVER_JOB=job, SMDDP_SERVER_REQUIRED=1, **extra)
     try:
         got = wait_results(str(tmp_path), ["init.0.json", "init.1.json"], 150)
     finally:
@@ -600,9 +437,15 @@ def test_store_mode_without_a_key_file_is_refused_unless_insecure(tmp_path):
     import torch.distributed as dist
     from datetime import timedelta
 
-    port = find_free_port()
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30),
-                          wait_for_workers=False)
+    for attempt in range(3):  # a free port can be taken before the store binds it
+        port = find_free_port()
+        try:
+            store = dist.TCPStore("127.0.0.1", port, is_master=True,
+                                  timeout=timedelta(seconds=30), wait_for_workers=False)
+            break
+        except RuntimeError as e:
+            if "EADDRINUSE" not in str(e) or attempt == 2:
+                raise
     args = [PY, "-m", "torch_smddp.server", "--bind", "127.0.0.1", "--job", "insecurejob",
             "--rendezvous", f"127.0.0.1:{port}"]
     r = subprocess.run(args, env=env(keyed=False), capture_output=True, text=True, timeout=60)

@@ -29,7 +29,7 @@ sys.path.insert(0, HERE)
 from mp_harness import REPO_ROOT, backend_under_test, find_free_port  # noqa: E402
 import hostile_client as hc  # noqa: E402
 from server_harness import (Procs, env as _env, hosts_line as _hosts_line,  # noqa: E402
-                            key_file, start_server as _start_server,
+                            key_file, start_job, start_server as _start_server,
                             wait_results as _wait_results)
 
 pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
@@ -49,13 +49,12 @@ def procs():
 
 
 def _local_world(procs, world, mode, out_dir, env_extra, args=()):
-    port = find_free_port()
-    for r in range(world):
-        env = _env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}",
-                   **env_extra)
-        procs.start([PY, WORKER, mode, str(out_dir), *args], env=env,
-                    log=os.path.join(out_dir, f"{mode}.{r}.log"))
+    start_job(procs, world, [PY, WORKER, mode, str(out_dir), *args],
+              lambda r, port: _env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
+                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                   SMDDP_HOST_ID=f"h{r}", **env_extra),
+              lambda r: os.path.join(out_dir, f"{mode}.{r}.log"),
+              [os.path.join(out_dir, f"{mode}.{r}.json") for r in range(world)])
 
 
 def _check_results(got, server_hosts):
@@ -173,18 +172,18 @@ def test_pretend_hosts_narrow_cross_in_bf16_and_fp16_through_the_servers(procs, 
 
 
 def test_servers_found_in_the_jobs_store(procs, tmp_path):
-    port = find_free_port()
     # Workers first: rank 0 hosts the store the server then registers in.
     # No key file on either side: the job's key, generated in its store,
     # which SMDDP_SERVER_INSECURE=1 must accept on both.
     world = 2
-    for r in range(world):
-        env = _env(keyed=False, SMDDP_SERVER_INSECURE=1, RANK=r, WORLD_SIZE=world,
-                   LOCAL_WORLD_SIZE=1,
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, SMDDP_HOST_ID=f"h{r}",
-                   SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="storejob")
-        procs.start([PY, WORKER, "check", str(tmp_path)], env=env,
-                    log=os.path.join(tmp_path, f"check.{r}.log"))
+    port = start_job(procs, world, [PY, WORKER, "check", str(tmp_path)],
+                     lambda r, port: _env(keyed=False, SMDDP_SERVER_INSECURE=1, RANK=r,
+                                          WORLD_SIZE=world, LOCAL_WORLD_SIZE=1,
+                                          MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                          SMDDP_HOST_ID=f"h{r}", SMDDP_SERVER_COUNT=1,
+                                          SMDDP_SERVER_JOB="storejob"),
+                     lambda r: os.path.join(tmp_path, f"check.{r}.log"),
+                     [os.path.join(tmp_path, f"check.{r}.json") for r in range(world)])
     _start_server(procs, ["--bind", "127.0.0.1", "--job", "storejob",
                           "--rendezvous", f"127.0.0.1:{port}"],
                   env=_env(keyed=False, SMDDP_SERVER_INSECURE=1))
