@@ -25,6 +25,17 @@
 
 namespace reduce_ref {
 
+// splitmix64: a well-mixed 64-bit value of `x`, for inputs that depend on
+// (rank, element) alone, so every rank can compute every other's.
+inline uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// [0, 1) from the high 53 bits of `h`.
+inline double unit(uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
+
 
 using smddp::DataType;
 using smddp::ReduceOp;

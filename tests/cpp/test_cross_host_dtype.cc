@@ -36,13 +36,6 @@ using namespace reduce_ref;
 
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-double unit(uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }  // [0, 1)
 
 // Element j of rank r on host `host`: classes by j % 5 (see the header).
 float adversarial(int r, int host, size_t j) {

@@ -41,12 +41,6 @@ using Pieces = std::vector<std::vector<float>>;
 
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Element j of piece p: 24 random significant bits, magnitudes 2^-20 to
 // 2^20, either sign, so f32 sums round and their order shows.

@@ -54,6 +54,33 @@ std::vector<std::shared_ptr<const PeerKeys>> groupKeys(int n, const std::string&
   return out;
 }
 
+// Rank r's options, rank r on host hosts[r] (each of its own boot).
+PeerMonitorOptions monitorOptions(int r, const std::vector<std::string>& hosts,
+                                  const std::vector<std::shared_ptr<const PeerKeys>>& keys,
+                                  milliseconds silence, milliseconds setup = milliseconds(10000)) {
+  PeerMonitorOptions o;
+  o.rank = r;
+  o.size = static_cast<int>(hosts.size());
+  o.keys = keys[r];
+  for (const auto& h : hosts) o.hosts.push_back(h + kBoot);
+  o.address = "127.0.0.1";
+  o.silence = silence;
+  o.setupTimeout = setup;
+  return o;
+}
+
+// Opens a monitor over its own view of `boot` into `out`, or its error
+// into `error`.
+void openInto(InMemoryBootstrap& boot, const PeerMonitorOptions& o,
+              std::unique_ptr<PeerMonitor>& out, std::string& error) {
+  try {
+    InMemoryBootstrap mine(boot.state());
+    out = PeerMonitor::open(mine, o);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+}
+
 // `silences` overrides `silence` per rank (0: liveness off there); `given`
 // the ranks' pair keys (else fresh ones).
 std::vector<std::unique_ptr<PeerMonitor>> openAll(
@@ -68,20 +95,8 @@ std::vector<std::unique_ptr<PeerMonitor>> openAll(
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      try {
-        InMemoryBootstrap mine(boot.state());
-        PeerMonitorOptions o;
-        o.rank = r;
-        o.size = n;
-        o.keys = keys[r];
-        for (const auto& h : hosts) o.hosts.push_back(h + kBoot);
-        o.address = "127.0.0.1";
-        o.silence = silences.empty() ? silence : silences[r];
-        o.setupTimeout = milliseconds(10000);
-        out[r] = PeerMonitor::open(mine, o);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
+      openInto(boot, monitorOptions(r, hosts, keys, silences.empty() ? silence : silences[r]),
+               out[r], errors[r]);
     });
   }
   for (auto& t : threads) t.join();
@@ -284,20 +299,8 @@ TEST_CASE("peer monitor: a flood of connections on a listener while the group fo
   std::vector<std::unique_ptr<PeerMonitor>> m(2);
   std::vector<std::string> errors(2);
   auto openRank = [&](int r) {
-    try {
-      InMemoryBootstrap mine(boot.state());
-      PeerMonitorOptions o;
-      o.rank = r;
-      o.size = 2;
-      o.keys = keys[r];
-      o.hosts = {"h0" + kBoot, "h1" + kBoot};
-      o.address = "127.0.0.1";
-      o.silence = silence;
-      o.setupTimeout = milliseconds(20000);
-      m[r] = PeerMonitor::open(mine, o);
-    } catch (const std::exception& e) {
-      errors[r] = e.what();
-    }
+    openInto(boot, monitorOptions(r, {"h0", "h1"}, keys, silence, milliseconds(20000)), m[r],
+             errors[r]);
   };
   std::thread rank0(openRank, 0);
   std::string entry;
@@ -370,20 +373,9 @@ TEST_CASE("peer monitor: a hello with the group's old secret, MACed for another 
   std::vector<std::unique_ptr<PeerMonitor>> m(3);
   std::vector<std::string> errors(3);
   auto openRank = [&](int r) {
-    try {
-      InMemoryBootstrap mine(boot.state());
-      PeerMonitorOptions o;
-      o.rank = r;
-      o.size = 3;
-      o.keys = keys[r];
-      o.hosts = {"h0" + kBoot, "h1" + kBoot, "h2" + kBoot};
-      o.address = "127.0.0.1";
-      o.silence = milliseconds(1500);
-      o.setupTimeout = milliseconds(20000);
-      m[r] = PeerMonitor::open(mine, o);
-    } catch (const std::exception& e) {
-      errors[r] = e.what();
-    }
+    openInto(boot, monitorOptions(r, {"h0", "h1", "h2"}, keys, milliseconds(1500),
+                                  milliseconds(20000)),
+             m[r], errors[r]);
   };
   std::thread rank0(openRank, 0);
   std::string entry;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -66,6 +67,25 @@ std::string keyFile(const std::string& contents, mode_t mode) {
   close(fd);
   chmod(path, mode);
   return path;
+}
+
+
+// Hosts 0 and 1 each post {1 + h, 2, 3} through their links and wait for
+// the result: each host's output (the closed form is {3, 4, 6}).
+std::array<std::vector<float>, 2> reduceOnTwoHosts(ServerLinks& a, ServerLinks& b) {
+  std::array<std::vector<float>, 2> out;
+  ServerLinks* links[2] = {&a, &b};
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < 2; ++h) {
+    hosts.emplace_back([&, h] {
+      float v[3] = {1.0f + h, 2.0f, 3.0f};
+      out[h].assign(3, 0);
+      links[h]->wait(0, links[h]->post(0, dataFrame(3), v, out[h].data()),
+                     Clock::now() + std::chrono::seconds(10), nullptr);
+    });
+  }
+  for (auto& t : hosts) t.join();
+  return out;
 }
 
 }  // namespace
@@ -212,18 +232,7 @@ TEST_CASE("with SMDDP_SERVER_INTEGRITY every frame is sealed, and an altered one
   {
     auto a = testLinks(loopback(server), 2, 0, "", 4, true);
     auto b = testLinks(loopback(server), 2, 1, "", 4, true);
-    std::vector<float> out[2];
-    std::vector<std::thread> hosts;
-    ServerLinks* links[2] = {a.get(), b.get()};
-    for (int h = 0; h < 2; ++h) {
-      hosts.emplace_back([&, h] {
-        float v[3] = {1.0f + h, 2.0f, 3.0f};
-        out[h].assign(3, 0);
-        links[h]->wait(0, links[h]->post(0, dataFrame(3), v, out[h].data()),
-                       Clock::now() + std::chrono::seconds(10), nullptr);
-      });
-    }
-    for (auto& t : hosts) t.join();
+    const auto out = reduceOnTwoHosts(*a, *b);
     CHECK(out[0] == std::vector<float>{3, 4, 6});
     CHECK(out[1] == out[0]);
   }
@@ -292,18 +301,7 @@ TEST_CASE("with SMDDP_WIRE_ENCRYPT workers and servers reduce as ever, and eithe
   // Each encrypting host reserves five times its largest piece (256 MiB
   // here), one more than a plain host: the ciphertext of its result.
   CHECK(server.reserved() == 2 * 5 * static_cast<int64_t>(kServerMaxPayload));
-  std::vector<float> out[2];
-  std::vector<std::thread> hosts;
-  ServerLinks* links[2] = {a.get(), b.get()};
-  for (int h = 0; h < 2; ++h) {
-    hosts.emplace_back([&, h] {
-      float v[3] = {1.0f + h, 2, 3};
-      out[h].assign(3, 0);
-      links[h]->wait(0, links[h]->post(0, dataFrame(3), v, out[h].data()),
-                     Clock::now() + std::chrono::seconds(10), nullptr);
-    });
-  }
-  for (auto& t : hosts) t.join();
+  const auto out = reduceOnTwoHosts(*a, *b);
   CHECK(out[0] == std::vector<float>{3, 4, 6});
   CHECK(out[1] == out[0]);
   // A worker that does not encrypt, sealed or not, is refused and told why.

@@ -178,9 +178,13 @@ def _read_result(path: str) -> dict | None:
         return None
 
 
+def says_port_clash(text: str) -> bool:
+    """Whether a process's output says it could not bind its port."""
+    return "EADDRINUSE" in text or "ddress already in use" in text
+
+
 def _looks_like_port_clash(ranks: Sequence[_Rank]) -> bool:
-    text = _tail(ranks[0].err_path, 200)
-    return "EADDRINUSE" in text or "Address already in use" in text or "address already in use" in text
+    return says_port_clash(_tail(ranks[0].err_path, 200))
 
 
 def run_world(

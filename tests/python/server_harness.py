@@ -20,7 +20,7 @@ import time
 
 import socket
 
-from mp_harness import HERE, REPO_ROOT, descendants, find_free_port
+from mp_harness import HERE, REPO_ROOT, descendants, find_free_port, says_port_clash
 
 PY = sys.executable
 START_S = 90.0  # torch imports on a loaded 2-core machine
@@ -152,10 +152,10 @@ def _clashed(paths) -> bool:
     for path in paths:
         try:
             with open(path, "rb") as f:
-                text = f.read()[-20000:]
+                text = f.read()[-20000:].decode("utf-8", "replace")
         except OSError:
             continue
-        if b"EADDRINUSE" in text or b"ddress already in use" in text:
+        if says_port_clash(text):
             return True
     return False
 

@@ -50,8 +50,8 @@ def test_calls_take_the_device_path_and_many_chunks_agree_with_the_closed_form()
     calls as device calls, and an allreduce of many chunks (more chunks than
     staging slots, landing out of order) matches the closed form exactly.
     All-gather and reduce-scatter pieces keep SMDDP_DEVICE_MIN_PIECE_BYTES
-    per rank, growing the slots (cases_device_sim.min_piece)."""
-    results = run_world(2, "cases_device_sim:routed", backend="smddp", timeout=120, env=SIM)
+    per rank, growing the slots (cases_device_chunks.min_piece)."""
+    results = run_world(2, "cases_device_chunks:routed", backend="smddp", timeout=120, env=SIM)
     for rank, r in enumerate(results):
         assert r["ok"], (rank, r)
         assert r["device_calls"] >= r["calls"], (rank, r)
@@ -61,7 +61,7 @@ def test_calls_take_the_device_path_and_many_chunks_agree_with_the_closed_form()
         # The list forms too (staged whole before: one copy from each).
         assert r["lists_ok"], (rank, r)
         assert (r["list_gather_copies"], r["list_scatter_copies"]) == (3, [3, 3]), (rank, r)
-    plain = run_world(2, "cases_device_sim:routed", backend="smddp", timeout=120)
+    plain = run_world(2, "cases_device_chunks:routed", backend="smddp", timeout=120)
     assert all(r["ok"] and r["device_calls"] == 0 for r in plain), plain
 
 
