@@ -393,8 +393,8 @@ void PeerMonitor::flushLocked(int peer) {
 void PeerMonitor::checkDeadlinesLocked(Clock::time_point now) {
   for (size_t i = pending_.size(); i-- > 0;) {
     if (now > pending_[i].giveUp) {
+      ++refused_;  // before the close
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-      ++refused_;
     }
   }
   const bool beat = now >= nextBeat_;

@@ -58,8 +58,8 @@ void PeerMonitor::turnAwayLocked(size_t i) {
   uint8_t sink[256];
   for (int k = 0; k < 16 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++k) {
   }
+  ++refused_;  // counted before the close a test (or a peer) may see first
   pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));  // closes it
-  ++refused_;
 }
 
 bool PeerMonitor::readPendingLocked(size_t i) {
@@ -85,12 +85,10 @@ bool PeerMonitor::readPendingLocked(size_t i) {
            links_[from].watched && !links_[from].fd && !links_[from].greeted &&
            m.counter > links_[from].heard && authentic(*opts_.keys, m);
   }
+  if (!keep) ++refused_;  // counted before its fd closes
   UniqueFd fd = std::move(p.fd);
   pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-  if (!keep) {
-    ++refused_;  // fd closes
-    return false;
-  }
+  if (!keep) return false;  // fd closes
   Link& l = links_[from];
   l.fd = std::move(fd);
   l.greeted = true;
