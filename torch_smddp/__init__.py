@@ -26,7 +26,7 @@ from . import _C  # noqa: E402  (needs torch.distributed's pybind types first)
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "all_reduce_", "stats", "reset_stats", "flight_recorder",
-           "Options", "ProcessGroupSmddp"]
+           "lost_ranks", "Options", "ProcessGroupSmddp"]
 
 ProcessGroupSmddp = _C.ProcessGroupSmddp
 
@@ -292,6 +292,15 @@ def stats(group=None, reset: bool = False) -> dict:
 def reset_stats(group=None) -> None:
     """Zeroes ``group``'s counters and latency histograms (see stats())."""
     _backend_of(group).reset_stats()
+
+
+def lost_ranks(group=None) -> list:
+    """The ranks of ``group`` (default: the world group) known to be gone: a
+    process on this host that died, a rank on another host whose liveness
+    connection closed without a goodbye or fell silent. What a survivor
+    hands ``dist.shrink_group`` after a call failed naming a lost rank
+    (examples/shrink_on_failure.py)."""
+    return list(_backend_of(group).lost_ranks())
 
 
 def flight_recorder(group=None) -> list:

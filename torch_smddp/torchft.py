@@ -100,12 +100,21 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
         self._rank = rank
         self._global_ranks = global_ranks
 
-        self.abort(errored=False)
+        # One step under the lock: the old group leaves and this formation's
+        # cancel handle takes its place, so an abort() from another thread
+        # from now on either cancels the formation or finds the new group
+        # installed; none falls between the two and is lost.
         cancel = _C.FormationCancel()
         with self._lock:
+            old, self._pg = self._pg, None
+            if self._forming is not None:
+                self._forming.cancel()
             self._forming = cancel
             self._aborted = None
             self._released = None  # the old group is gone: hold it no longer
+        if old is not None:
+            _abort_backend(old)
+        pg = None
         try:
             store = create_store_client(store_addr, timeout=self._timeout)
             pg = self._create_pg(store, rank, world_size, cancel)
@@ -113,10 +122,11 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
             with self._lock:
                 if self._forming is cancel:
                     self._forming = None
-        with self._lock:
-            if not cancel.cancelled:
-                self._pg = pg
-                return
+                installed = pg is not None and not cancel.cancelled
+                if installed:
+                    self._pg = pg
+        if installed:
+            return
         # abort() came after the group formed but before it was installed.
         _abort_backend(pg)
         raise RuntimeError("smddp: the group was aborted while it was being configured")
@@ -132,6 +142,11 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
         backend = _C.ProcessGroupSmddp(store, rank, world_size, self._timeout, name,
                                        cancel=cancel, keep_spare=True,
                                        **torch_smddp._server_kwargs(store, self._timeout))
+        # torch's flight-recorder dumps (TORCH_FR_DUMP_TEMP_FILE) describe
+        # each group and list its ranks in the job; torchft knows them.
+        given = getattr(self, "_global_ranks", None)
+        ranks = list(given) if given else list(range(world_size))
+        backend._set_torch_group(name, ranks)
         pg = dist.ProcessGroup(store, rank, world_size)
         pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
         pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
@@ -147,11 +162,18 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
                 self._forming.cancel()
             if errored:
                 self._aborted = RuntimeError("smddp: the group was aborted")
-        super().abort(errored=errored)  # aborts and drops self._pg
+            pg, self._pg = self._pg, None
+        super().abort(errored=errored)  # torchft's error log; the group is ours to abort
+        if pg is not None:
+            _abort_backend(pg)
 
     def shutdown(self) -> None:
-        pg = self._pg
-        self._pg = None
+        """Shuts the current group down (its peers hear it leave), and stops
+        one being formed."""
+        with self._lock:
+            if self._forming is not None:
+                self._forming.cancel()
+            pg, self._pg = self._pg, None
         if pg is not None:
             backend = _backend(pg)
             if backend is not None:
@@ -161,7 +183,7 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
         """The group's asynchronous error, or None while it is healthy."""
         with self._lock:
             aborted = self._aborted
-        pg = self._pg
+            pg = self._pg
         backend = _backend(pg) if pg is not None else None
         message = backend.errored() if backend is not None else None
         if message is not None:
@@ -187,7 +209,8 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
     def set_timeout(self, timeout: timedelta) -> None:
         """The timeout of groups formed from now on, and of the current one."""
         super().set_timeout(timeout)
-        pg = self._pg
+        with self._lock:
+            pg = self._pg
         backend = _backend(pg) if pg is not None else None
         if backend is not None:
             backend.set_timeout(timeout)

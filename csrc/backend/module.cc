@@ -325,10 +325,30 @@ void bindProcessGroup(py::module_& m) {
       .def_property_readonly("provider", &ProcessGroupSmddp::provider)
       .def_property_readonly("provider_reason", &ProcessGroupSmddp::providerReason)
       .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)
+      .def("lost_ranks", &ProcessGroupSmddp::lostRanks)
       // Where this group instance's keys live in its store (tests read them).
       .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix)
       // How torch's flight recorder format names the group (its desc and
       // global ranks), for TORCH_FR_DUMP_TEMP_FILE dumps.
+      // dist.shrink_group calls backend.shrink(ranks, flags, pg_options):
+      // this one takes torch_smddp.Options too, and forms the new group
+      // without the GIL (it waits on the other survivors).
+      .def("shrink",
+           [](ProcessGroupSmddp& pg, std::vector<int64_t> ranks, int flags, py::object options) {
+             std::optional<std::string> dtype;
+             if (!options.is_none()) {
+               if (!py::hasattr(options, "cross_host_dtype")) {
+                 throw py::type_error("smddp shrink takes pg_options=torch_smddp.Options(...)");
+               }
+               py::object d = options.attr("cross_host_dtype");
+               if (!d.is_none()) dtype = d.cast<std::string>();
+             }
+             return releaseWhile([&] {
+               return NoGilHolder<ProcessGroupSmddp>(pg.shrinkTo(std::move(ranks), flags, dtype));
+             });
+           },
+           py::arg("ranks_to_exclude"), py::arg("shrink_flags") = 0,
+           py::arg("pg_options") = py::none())
       .def("_set_torch_group", [](ProcessGroupSmddp& pg, const std::string& desc,
                                   const std::vector<int>& globalRanks) {
         if (auto rec = pg.flightRecorder()) rec->setTorchGroup(desc, globalRanks);

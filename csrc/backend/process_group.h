@@ -126,6 +126,16 @@ class ProcessGroupSmddp : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return comm_ ? comm_->nextSequence() : 0; }
   void setSequenceNumberForGroup() override {}
   void setTimeout(std::chrono::milliseconds timeout) override;
+  // dist.shrink_group (process_group_shrink.cc): a new group of the ranks
+  // not excluded, renumbered in order. SHRINK_ABORT aborts this group's
+  // calls in flight first; SHRINK_DEFAULT wants it idle. shrinkTo also
+  // takes torch_smddp.Options' cross_host_dtype (the binding's pg_options).
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude,
+                                           int shrinkFlags,
+                                           const c10::intrusive_ptr<Options>& optsOverride) override;
+  c10::intrusive_ptr<ProcessGroupSmddp> shrinkTo(std::vector<int64_t> excluded, int shrinkFlags,
+                                                 std::optional<std::string> crossHostDtype);
   void abort() override;
   void shutdown() override;
   // The group's asynchronous error (async_error.h): TIMEOUT or COMM_ERROR
@@ -177,6 +187,18 @@ class ProcessGroupSmddp : public c10d::Backend {
   // never concurrently with shutdown().
   void checkPeersAlive(const std::string& during) const {
     if (comm_) comm_->context().peers().checkAlive(during);
+  }
+  // Ranks known to be gone (PeerTable::lost): a process on this host whose
+  // owner lock is free, a rank on another host the liveness monitor lost.
+  // What a survivor hands dist.shrink_group. Same rules as checkPeersAlive.
+  std::vector<int> lostRanks() const {
+    std::vector<int> out;
+    if (!comm_) return out;
+    const smddp::PeerTable& peers = comm_->context().peers();
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && peers.lost(p)) out.push_back(p);
+    }
+    return out;
   }
   // The group's flight recorder; null with SMDDP_TRACE_BUFFER_SIZE=0.
   std::shared_ptr<const smddp::FlightRecorder> flightRecorder() const {
@@ -286,6 +308,7 @@ class ProcessGroupSmddp : public c10d::Backend {
   // Handed on to the device path's groups.
   const std::optional<smddp::RegisteredServers> servers_;
   const std::string crossHostDtype_;
+  std::atomic<int> shrinks_{0};  // groups shrunk from this one (their store prefixes)
   bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
   // The device path's private host-only group, made with the group (every
   // rank is there then), where a device path is possible: a later first

@@ -58,6 +58,8 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
           std::move(waitStore), std::move(askStore), ctx_->storePrefix(), recorder));
     }
   }
+  // No call yet: a goodbye now says this rank leaves before call 0.
+  ctx_->peers().noteFirstUnfinished(0);
   worker_ = std::thread([this] { workerLoop(); });
   ctx_->formationLap("observer");
   SMDDP_LOG(kInfo) << describeGroup();
@@ -113,9 +115,11 @@ Communicator::~Communicator() {
 void Communicator::shutdown() {
   std::lock_guard<std::mutex> once(shutdownMu_);
   std::deque<Task> leftover;
+  uint64_t leaveBefore = 0;  // the first call this rank will never finish
   {
     std::lock_guard<std::mutex> lock(queueMu_);
     if (stopping_ && !worker_.joinable()) return;
+    leaveBefore = firstUnfinishedLocked();
     stopping_ = true;
     ctx_->requestStop();
     leftover.swap(queue_);
@@ -165,7 +169,7 @@ void Communicator::shutdown() {
     abandonStuckCalls();
     return;
   }
-  releaseResources();
+  releaseResources(leaveBefore);
 }
 
 void Communicator::abandonStuckCalls() {
@@ -191,8 +195,10 @@ void Communicator::abandonStuckCalls() {
   }
 }
 
-void Communicator::releaseResources() {
-  ctx_->closeLiveness();  // the desync responder, then a goodbye to peers on other hosts
+void Communicator::releaseResources(uint64_t leaveBefore) {
+  // A peer in a call this rank never ran would wait out the group timeout:
+  // every peer hears which call this rank leaves before.
+  ctx_->closeLiveness(leaveBefore);
   path_->release();       // the host segment and the standalone servers' links
   ctx_->release();        // point-to-point, endpoint, requests, sink, owner locks
 }

@@ -82,6 +82,11 @@ class Communicator {
   // Any thread (c10d's setTimeout); a call already waiting keeps its deadline.
   void setTimeout(std::chrono::milliseconds t) { ctx_->setTimeout(t); }
   uint64_t nextSequence() const { return nextSeq_.load(); }
+  // Calls queued or running, not yet finished (a shrink wants none).
+  size_t unfinishedCalls() const {
+    std::lock_guard<std::mutex> lock(queueMu_);
+    return unfinished_.size();
+  }
   // "smddp/<nonce>/": where this group instance's keys live in the store.
   const std::string& storePrefix() const { return ctx_->storePrefix(); }
 
@@ -176,9 +181,11 @@ class Communicator {
   std::string describeGroup() const;
   // Gives up on a thread stuck in the provider: fails the unfinished calls.
   void abandonStuckCalls();
-  // The end of shutdown(), once no thread runs calls: the path, then the
-  // context's endpoint, requests and sink.
-  void releaseResources();
+  // The end of shutdown(), once no thread runs calls: the peers hear that
+  // this rank leaves before call `leaveBefore` (UINT64_MAX: nothing said,
+  // after a stuck thread), then the path, the context's endpoint, requests
+  // and sink go.
+  void releaseResources(uint64_t leaveBefore = UINT64_MAX);
 
   // --- The queue (task_queue.cc) ---
   uint64_t push(Task t, CallHooks hooks);
@@ -189,6 +196,10 @@ class Communicator {
   void noteBatchCut(uint64_t next);
   void noteBatchCutLocked(uint64_t next);     // noteBatchCut, under queueMu_
   void forgetUnfinishedLocked(uint64_t seq);  // drops a call from unfinished_
+  // The first call this rank has not finished (the next one when none is
+  // open), and telling the liveness goodbye about it.
+  uint64_t firstUnfinishedLocked() const;
+  void noteFirstUnfinishedLocked();
   void enqueueP2P(std::string what, Body body);
   void workerLoop();
   // Waits for work; false once the worker must exit. Meanwhile keeps
@@ -230,7 +241,7 @@ class Communicator {
 
   std::atomic<uint64_t> nextSeq_{0};
   std::mutex shutdownMu_;  // one shutdown at a time (abort from another thread)
-  std::mutex queueMu_;
+  mutable std::mutex queueMu_;
   std::condition_variable queueCv_;
   std::deque<Task> queue_;  // guarded by queueMu_
   // Overlap fences. A batch only fuses calls below every rank's published

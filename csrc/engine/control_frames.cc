@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "common/error.h"
 #include "common/logging.h"
@@ -49,6 +51,7 @@ void ControlPlane::start(Endpoint& endpoint, uint64_t secret,
   secret_ = secret;
   keys_ = std::move(keys);
   sink_ = sink;
+  left_.assign(static_cast<size_t>(peers_.size()), Left{});
   for (int i = 0; i < 4; ++i) {
     Request* r = requests_.acquire();
     r->type = Request::Type::kErrorRecv;
@@ -74,7 +77,8 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
   std::string why = "its receive failed";
   bool ok = c.err == 0 && checkControlFrame(r->control, r->text.data(), c.len, secret_, *keys_,
                                             r->text.size(), &why) == FrameVerdict::kOk;
-  if (ok && !withinWindow(h.seq)) {
+  const bool leave = h.kind == static_cast<uint8_t>(FrameKind::kLeave);
+  if (ok && !leave && !withinWindow(h.seq)) {
     ok = false;  // far ahead: a forged sequence
     why = "a control frame for a call far ahead of this rank's";
   }
@@ -84,6 +88,14 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
       rejectLogged_ = true;  // a forger can send many: one line, the count in stats
       SMDDP_LOG(kWarn) << "smddp: rank " << peers_.rank() << " dropped a control frame (" << why
                        << "); later ones are counted in frames_rejected, not logged";
+    }
+  } else if (leave) {
+    Left& l = left_[h.srcRank];  // srcRank < size: the MAC proved it a rank of the group
+    if (h.seq == kNeverLeft) {
+      ++greetedBy_;  // a greeting at formation (greetHost)
+    } else if (l.seq == kNeverLeft) {
+      l = {h.seq, std::chrono::steady_clock::now()};
+      anyLeft_ = true;
     }
   } else if (probe) {
     CollectiveSignature theirs = signatureOf(h);
@@ -156,6 +168,94 @@ void ControlPlane::broadcastError(uint64_t seq, const std::string& text, uint64_
     iovec iov[2] = {{&r->control, sizeof(ControlHead)}, {r->text.data(), r->text.size()}};
     postControl(r, iov, body.empty() ? 1 : 2);
   }
+}
+
+void ControlPlane::announceLeave(uint64_t seq, std::chrono::milliseconds budget) {
+  sendNotices(seq, budget, [] { return true; });
+}
+
+void ControlPlane::greetHost(std::chrono::milliseconds budget) {
+  int peersHere = 0;
+  for (int p = 0; p < peers_.size(); ++p) peersHere += p != peers_.rank() && peers_.sameHost(p);
+  // Until every peer here greeted this rank too: a peer that stopped
+  // polling early could leave another's first frame to it waiting.
+  if (peersHere > 0) sendNotices(kNeverLeft, budget, [&] { return greetedBy_ >= peersHere; });
+}
+
+void ControlPlane::sendNotices(uint64_t seq, std::chrono::milliseconds budget,
+                               const std::function<bool()>& alsoDone) {
+  if (!endpoint_) return;
+  std::vector<Request*> unsent;
+  for (int p = 0; p < peers_.size(); ++p) {
+    if (p == peers_.rank() || !peers_.sameHost(p) || peers_.lost(p)) continue;
+    Request* r = requests_.acquire();
+    r->type = Request::Type::kLeaveSend;
+    r->peer = p;
+    r->text.clear();
+    seal(r, makeHeader(FrameKind::kLeave, secret_, seq, peers_.rank(), 0, 0, 0,
+                       CollectiveSignature{}));
+    unsent.push_back(r);
+  }
+  // Nothing else polls now: post, and progress until every notice is sent.
+  // A first send to a peer this rank never talked to waits for the
+  // connection (-FI_EAGAIN); a peer that already closed its endpoint may
+  // never take one, so the budget bounds it (its own timeout still does).
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  while (true) {
+    std::erase_if(unsent, [&](Request* r) {
+      iovec iov{&r->control, sizeof(ControlHead)};
+      int rc = -1;
+      try {
+        rc = endpoint_->postSend(peers_.addr(r->peer), errorTag(), &iov, 1, &r->ctx);
+      } catch (const Error&) {
+      }
+      if (rc == -FI_EAGAIN) return false;
+      if (rc == 0) {
+        ++leavesInFlight_;
+      } else {
+        requests_.release(r);
+      }
+      return true;
+    });
+    if ((unsent.empty() && leavesInFlight_ <= 0 && alsoDone()) ||
+        std::chrono::steady_clock::now() > deadline) {
+      break;
+    }
+    if (engine_.progress() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  for (Request* r : unsent) requests_.release(r);
+}
+
+bool ControlPlane::leftBefore(uint64_t seq, std::string* why) const {
+  if (anyLeft_) {
+    for (size_t p = 0; p < left_.size(); ++p) {
+      if (left_[p].seq > seq) continue;
+      *why = "rank " + std::to_string(p) + " left the group: it shut its process group down " +
+             "before running call " + std::to_string(left_[p].seq) +
+             ", so this call cannot complete";
+      return true;
+    }
+  }
+  const PeerMonitor* monitor = peers_.monitor();
+  int rank = -1;
+  std::chrono::steady_clock::time_point when;
+  if (monitor && monitor->leftBefore(seq, &rank, &when)) {
+    *why = "rank " + std::to_string(rank) + " on host " + hostDisplayName(peers_.info(rank).host) +
+           " left the group: it said goodbye (its process exited or shut its process group " +
+           "down), so this call, which needs it, cannot complete";
+    return true;
+  }
+  return false;
+}
+
+bool ControlPlane::leftAt(int peer, std::chrono::steady_clock::time_point* when) const {
+  if (peer < 0 || static_cast<size_t>(peer) >= left_.size()) return false;
+  if (left_[peer].seq != kNeverLeft) {
+    *when = left_[peer].at;
+    return true;
+  }
+  const PeerMonitor* monitor = peers_.monitor();
+  return monitor && monitor->leftAt(peer, when);
 }
 
 void ControlPlane::seal(Request* r, const FrameHeader& h) {

@@ -10,6 +10,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -113,14 +114,40 @@ class ControlPlane {
     return true;
   }
 
+  // --- Leaving (docs/design.md, "A peer that leaves") ---
+  // Shutdown, once nothing else polls: tells the peers on this host that
+  // this rank runs no call from `seq` on (its first unfinished one), and
+  // progresses until each notice is sent or `budget` has passed. Peers on
+  // other hosts hear the same from its liveness goodbye.
+  void announceLeave(uint64_t seq, std::chrono::milliseconds budget);
+  // Formation, after start(): one frame each way between this rank and
+  // every peer on its host (a leave notice for no call), until each peer
+  // greeted this rank or `budget` passed. A first frame to a peer waits
+  // for a connection the peer's own polling completes (shm, rxm), and a
+  // rank that leaves must reach a peer that sits idle: connected now, its
+  // notices go straight through.
+  void greetHost(std::chrono::milliseconds budget);
+  // A rank that left before call `seq` (it never ran it): that call cannot
+  // complete. Names the rank and how it left in *why. Any thread that polls.
+  bool leftBefore(uint64_t seq, std::string* why) const;
+  // When `peer` left (either way), if it did: its point-to-point operations
+  // still waiting then cannot complete.
+  bool leftAt(int peer, std::chrono::steady_clock::time_point* when) const;
+
   // --- Called by EngineContext::progress ---
   // A completion of one of the control receives (Request::Type::kErrorRecv).
   void handleFrame(Request* r, const Completion& c);
   // Control frames wait for their peer (the engine keeps polling meanwhile).
   bool hasPending() const { return !pending_.empty(); }
   void retryPending();
+  // A leave notice's send completed (or failed): announceLeave stops waiting for it.
+  void leaveSent() { --leavesInFlight_; }
 
  private:
+  // Sends a leave notice for `seq` to every peer on this host and polls
+  // until each is sent and alsoDone(), or `budget` passed.
+  void sendNotices(uint64_t seq, std::chrono::milliseconds budget,
+                   const std::function<bool()>& alsoDone);
   // Sets r->control to `h` and its MAC for r->peer, over r->text.
   void seal(Request* r, const FrameHeader& h);
   // Posts an error or probe frame to r->peer, retrying a busy endpoint.
@@ -163,6 +190,18 @@ class ControlPlane {
   }
   std::string brokenReason_;
   bool brokenByPeer_ = false;  // brokenReason_ came from a peer
+  // Ranks on this host that left, by rank: the first call each never ran
+  // (kNeverLeft if it did not leave), and when its notice came. One slot
+  // per rank, so a notice needs no window: a forger has no MAC anyway.
+  static constexpr uint64_t kNeverLeft = UINT64_MAX;
+  struct Left {
+    uint64_t seq = kNeverLeft;
+    std::chrono::steady_clock::time_point at{};
+  };
+  std::vector<Left> left_;  // sized by start()
+  bool anyLeft_ = false;     // some entry of left_ is set (leftBefore's fast path)
+  int leavesInFlight_ = 0;  // announceLeave's notices not yet completed
+  int greetedBy_ = 0;       // greetings from peers on this host (greetHost)
   // Control frames whose peer could not take them yet (postControl),
   // retried by progress() until they post or their deadline passes.
   struct Pending {

@@ -132,6 +132,8 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   peers_.watch(bootstrap, *endpoint_, endpoint_->insertPeers(names), peerKeys_, opts.timeout);
   formationLap("liveness");
   control_.start(*endpoint_, jobSecret_, peerKeys_, overflowSink());
+  control_.greetHost(std::min<std::chrono::milliseconds>(opts.timeout, std::chrono::seconds(10)));
+  formationLap("host links");
   if (opts.keepSpare) prepareSpareEndpoint(provider_, kSparePause);
 }
 
@@ -265,6 +267,7 @@ size_t EngineContext::progress() {
     } else if (r->type == Request::Type::kErrorRecv) {
       control_.handleFrame(r, batch[i]);
     } else {
+      if (r->type == Request::Type::kLeaveSend) control_.leaveSent();
       requests_.release(r);  // orphaned, cancelled, or a fire-and-forget error send
     }
   }
@@ -353,7 +356,13 @@ void EngineContext::failP2P(const std::string& why, bool timedOut) {
   }
 }
 
-void EngineContext::closeLiveness() {
+void EngineContext::closeLiveness(uint64_t leaveBefore) {
+  if (leaveBefore != UINT64_MAX) {
+    // A peer that already closed its endpoint may never take the notice:
+    // bounded, and short next to any group timeout.
+    if (!quarantined_) control_.announceLeave(leaveBefore, std::chrono::milliseconds(100));
+    peers_.noteFirstUnfinished(leaveBefore);
+  }
   desync_.reset();        // its answering thread ends (or is left behind on a hung store)
   peers_.closeMonitor();  // says goodbye: peers on other hosts do not take this for a death
 }

@@ -140,10 +140,12 @@ class EngineContext {
   void failP2P(const std::string& why, bool timedOut);
 
   // --- Shutdown, once no thread runs calls any more ---
-  // First: the desync responder's thread ends, and the liveness
-  // connections say goodbye (peers on other hosts do not take this rank
-  // for dead).
-  void closeLiveness();
+  // First: the peers on this host hear that this rank leaves before call
+  // `leaveBefore` (ControlPlane::announceLeave; UINT64_MAX: not said), the
+  // desync responder's thread ends, and the liveness connections say
+  // goodbye, with the same call (peers on other hosts do not take this
+  // rank for dead, nor wait for it in a call it never ran).
+  void closeLiveness(uint64_t leaveBefore);
   // Last: point-to-point operations fail, the endpoint closes (unless
   // quarantined), then the requests, the sink and the owner locks go.
   void release();

@@ -74,6 +74,22 @@ void Communicator::superviseP2P() {
   }
   if (now < nextP2PLiveness_) return;
   nextP2PLiveness_ = now + std::chrono::milliseconds(200);
+  // A peer that left the group takes and sends nothing more. What it sent
+  // before leaving arrives before its notice (one ordered connection), so
+  // an operation with it still open 200 ms after both is one it never did.
+  for (auto& [raw, owned] : ctx_->requests().live()) {
+    std::chrono::steady_clock::time_point left;
+    if (!raw->onComplete || !raw->posted || !ctx_->control().leftAt(raw->peer, &left)) continue;
+    const auto postedAt = raw->deadline - timeout();
+    if (now - std::max(left, postedAt) > std::chrono::milliseconds(200)) {
+      breakP2P(ErrorKind::kPeerLost,
+               "rank " + std::to_string(raw->peer) + " left the group (it shut its process " +
+                   "group down or exited) with a " +
+                   (raw->type == Request::Type::kSend ? "send to" : "receive from") +
+                   " it still open");
+      return;
+    }
+  }
   try {
     ctx_->peers().checkAlive("point-to-point send/recv");
   } catch (const Error& e) {

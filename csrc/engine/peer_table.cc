@@ -165,6 +165,7 @@ void PeerTable::watch(Bootstrap& bootstrap, Endpoint& endpoint, std::vector<fi_a
     m.address = endpoint.ipAddress();
     m.silence = PeerMonitor::configuredSilence();
     m.setupTimeout = timeout;
+    m.firstUnfinished = firstUnfinished_;
     monitor_ = PeerMonitor::open(bootstrap, std::move(m));
   }
 }

@@ -6,6 +6,7 @@
 
 #include <rdma/fabric.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,10 @@ class PeerTable {
   // The liveness connections to ranks on other hosts; null on one host or
   // with SMDDP_PEER_TIMEOUT=0.
   const PeerMonitor* monitor() const { return monitor_.get(); }
+  // The engine's first unfinished call (Communicator, as calls come and
+  // go): this rank's liveness goodbye tells the peers on other hosts,
+  // should the process exit without shutting the group down.
+  void noteFirstUnfinished(uint64_t seq) const { firstUnfinished_->store(seq); }
 
  private:
   int rank_ = 0;
@@ -89,6 +94,9 @@ class PeerTable {
   std::shared_ptr<ShmOwner> owner_;                   // this rank's liveness lock
   std::vector<std::unique_ptr<OwnerLock>> peerLocks_;  // same-host peers' locks, by rank
   std::unique_ptr<PeerMonitor> monitor_;               // peers on other hosts
+  // Shared with the monitor, whose goodbye (the exit handler's too) reads it.
+  std::shared_ptr<std::atomic<uint64_t>> firstUnfinished_ =
+      std::make_shared<std::atomic<uint64_t>>(UINT64_MAX);
 };
 
 }  // namespace smddp

@@ -35,7 +35,7 @@ struct HeldMemory {
 
 struct Request {
   fi_context2 ctx;  // must stay the first member
-  enum class Type { kSend, kRecv, kErrorRecv, kErrorSend } type = Type::kSend;
+  enum class Type { kSend, kRecv, kErrorRecv, kErrorSend, kLeaveSend } type = Type::kSend;
   Exchange* owner = nullptr;  // null for communicator-level or orphaned requests
   int peer = -1;
   uint32_t phase = 0;

@@ -32,6 +32,12 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
   if (ctx_.control().brokenByPeer(&remote)) {
     throwError(ErrorKind::kAborted, "smddp: " + what() + " failed on another rank: " + remote);
   }
+  // A peer that left the group (shut it down, or said goodbye at exit)
+  // before the last of these calls will never run it: fail now, naming
+  // it, as Gloo's closed connection does, not at the timeout.
+  if (ctx_.control().leftBefore(firstSeq + count - 1, &remote)) {
+    throwError(ErrorKind::kPeerLost, "smddp: " + what() + ": " + remote);
+  }
   const auto now = std::chrono::steady_clock::now();
   // Liveness before the probe: a probe to a peer that cannot take it may
   // wait for its endpoint, and a dead peer is the better answer anyway.

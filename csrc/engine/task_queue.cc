@@ -29,6 +29,7 @@ uint64_t Communicator::push(Task t, CallHooks hooks) {
   observer_->queued(seq, t.sig, t.queuedAt);
   if (fuses_) noteFencesLocked(seq, t.allreduce != nullptr, std::move(hooks.touches));
   unfinished_.emplace_back(seq, t.done);
+  noteFirstUnfinishedLocked();
   t.prepare = std::move(hooks.prepare);
   // A caller that would only wait for the idle engine thread runs its call
   // itself, whatever the path (host segment, network, or a group of one):
@@ -104,6 +105,18 @@ void Communicator::forgetUnfinishedLocked(uint64_t seq) {
   auto it = std::find_if(unfinished_.begin(), unfinished_.end(),
                          [seq](const auto& u) { return u.first == seq; });
   if (it != unfinished_.end()) unfinished_.erase(it);
+  noteFirstUnfinishedLocked();
+}
+
+uint64_t Communicator::firstUnfinishedLocked() const {
+  // unfinished_ is in call order: push appends, calls only leave it.
+  return unfinished_.empty() ? nextSeq_.load() : unfinished_.front().first;
+}
+
+void Communicator::noteFirstUnfinishedLocked() {
+  // From shutdown on the calls left are dropped, not finished: the rank
+  // leaves before the first of them (shutdown records it first).
+  if (!stopping_) ctx_->peers().noteFirstUnfinished(firstUnfinishedLocked());
 }
 
 void Communicator::publishIssuedLocked() {

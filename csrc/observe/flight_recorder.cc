@@ -212,7 +212,13 @@ FlightRecorder::FlightRecorder(std::string group, int rank, int size, size_t cap
 void FlightRecorder::setTorchGroup(std::string desc, std::vector<int> globalRanks) const {
   std::lock_guard<std::mutex> lock(mu_);
   torchDesc_ = std::move(desc);
-  globalRanks_ = std::move(globalRanks);
+  // One global rank per rank of the group, or none (then 0 .. size - 1):
+  // torchRanks() reads one per rank.
+  if (globalRanks.size() == static_cast<size_t>(size_)) {
+    globalRanks_ = std::move(globalRanks);
+  } else {
+    globalRanks_.clear();
+  }
 }
 
 std::string FlightRecorder::torchDesc() const {

@@ -116,11 +116,12 @@ FrameVerdict validateFrame(const FrameHeader& h, size_t received, const FrameExp
   // Error and probe frames travel on the control tag (validateControlFrame).
   // Accepted here, one would be taken for this call's payload.
   if (h.kind == static_cast<uint8_t>(FrameKind::kError) ||
-      h.kind == static_cast<uint8_t>(FrameKind::kProbe)) {
-    return fail(FrameVerdict::kMalformed,
-                std::string(h.kind == static_cast<uint8_t>(FrameKind::kError) ? "an error frame"
-                                                                              : "a stall probe") +
-                    " arrived on a data receive");
+      h.kind == static_cast<uint8_t>(FrameKind::kProbe) ||
+      h.kind == static_cast<uint8_t>(FrameKind::kLeave)) {
+    const char* what = h.kind == static_cast<uint8_t>(FrameKind::kError)   ? "an error frame"
+                       : h.kind == static_cast<uint8_t>(FrameKind::kProbe) ? "a stall probe"
+                                                                           : "a leave notice";
+    return fail(FrameVerdict::kMalformed, std::string(what) + " arrived on a data receive");
   }
   if (h.kind != static_cast<uint8_t>(FrameKind::kData)) {
     return fail(FrameVerdict::kMalformed, "unknown frame kind " + std::to_string(h.kind));
@@ -161,11 +162,12 @@ FrameVerdict validateControlFrame(const FrameHeader& h, size_t received, uint64_
     return v;
   };
   const bool probe = h.kind == static_cast<uint8_t>(FrameKind::kProbe);
+  const bool leave = h.kind == static_cast<uint8_t>(FrameKind::kLeave);
   if (received < sizeof(FrameHeader)) {
     return fail(FrameVerdict::kMalformed, "control frame shorter than its header");
   }
   if (h.magic != kFrameMagic || h.version != kFrameVersion ||
-      !(probe || h.kind == static_cast<uint8_t>(FrameKind::kError))) {
+      !(probe || leave || h.kind == static_cast<uint8_t>(FrameKind::kError))) {
     return fail(FrameVerdict::kMalformed, "bad control frame magic, version or kind");
   }
   if (h.jobSecret != jobSecret || h.srcRank >= worldSize) {
@@ -180,6 +182,7 @@ FrameVerdict validateControlFrame(const FrameHeader& h, size_t received, uint64_
                 h.fingerprint != signatureOf(h).fingerprint(h.seq))) {
     return fail(FrameVerdict::kMalformed, "malformed stall probe");
   }
+  if (leave && h.length != 0) return fail(FrameVerdict::kMalformed, "malformed leave notice");
   return FrameVerdict::kOk;
 }
 

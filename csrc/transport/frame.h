@@ -27,6 +27,9 @@ enum class FrameKind : uint8_t {
   kProbe = 3,   // stall probe on the error channel: header only, carries the
                 // sender's signature for `seq`; chunk == 1 marks a reply.
                 // Never valid on a data receive (validateFrame rejects it).
+  kLeave = 4,   // on the error channel, header only: the sender shut its group
+                // down and will never run a call from `seq` on (a clean leave,
+                // which a collective that needs it must not wait out).
 };
 
 constexpr uint32_t kErrorBroken = 1;

@@ -22,7 +22,8 @@ namespace smddp::liveness {
 // whose it is, and it only ever means "retry".
 enum : uint8_t { kHello = 1, kBeat = 2, kBye = 3, kBusy = 4 };
 constexpr uint32_t kMagic = 0x4C444D53;  // "SMDL"
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;           // 3: a goodbye says which call its sender left before
+constexpr uint64_t kNoCall = UINT64_MAX;  // `leftBefore` of every message but a goodbye
 
 struct Message {
   uint32_t magic;
@@ -32,14 +33,18 @@ struct Message {
   uint32_t from;     // sender's rank
   uint32_t to;       // receiver's rank
   uint64_t counter;  // the sender's messages to `to`, from 1: never repeats
+  // A goodbye: the first call of the group its sender never ran (it left
+  // before it), so a peer in that call or a later one fails at once;
+  // kNoCall when unknown, and in every other message.
+  uint64_t leftBefore;
   uint8_t mac[kPeerMacBytes];
 };
-static_assert(sizeof(Message) == 40, "liveness messages are 40 bytes");
-constexpr size_t kMacCovers = 24;  // every field before the MAC
+static_assert(sizeof(Message) == 48, "liveness messages are 48 bytes");
+constexpr size_t kMacCovers = 32;  // every field before the MAC
 
 inline Message sealedMessage(const PeerKeys& keys, uint8_t type, uint32_t from, uint32_t to,
-                             uint64_t counter) {
-  Message m{kMagic, kVersion, type, 0, from, to, counter, {}};
+                             uint64_t counter, uint64_t leftBefore = kNoCall) {
+  Message m{kMagic, kVersion, type, 0, from, to, counter, leftBefore, {}};
   const PeerMac mac = keys.mac(from, to, std::string_view(reinterpret_cast<const char*>(&m),
                                                           kMacCovers));
   std::memcpy(m.mac, mac.bytes, kPeerMacBytes);

@@ -246,6 +246,28 @@ void PeerMonitor::sayGoodbye() {
   }
 }
 
+bool PeerMonitor::leftBefore(uint64_t seq, int* rank, Clock::time_point* when) const {
+  if (!anyLeft_.load()) return false;
+  std::lock_guard<std::mutex> lock(ioMu_);
+  for (int p = 0; p < opts_.size; ++p) {
+    const Link& l = links_[p];
+    if (l.departed && l.leftBefore <= seq) {
+      *rank = p;
+      *when = l.leftAt;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool PeerMonitor::leftAt(int rank, Clock::time_point* when) const {
+  if (!anyLeft_.load() || rank < 0 || rank >= opts_.size) return false;
+  std::lock_guard<std::mutex> lock(ioMu_);
+  if (!links_[rank].departed) return false;
+  *when = links_[rank].leftAt;
+  return true;
+}
+
 void PeerMonitor::dropWithoutGoodbye() {
   stopThread();
   std::lock_guard<std::mutex> lock(ioMu_);
@@ -367,8 +389,10 @@ void PeerMonitor::run() {
 void PeerMonitor::queueLocked(int peer, uint8_t type) {
   Link& l = links_[peer];
   if (l.tx.size() + kMessageBytes > kMaxOutbox) return;  // not reading: its silence shows
+  const uint64_t leftBefore =
+      type == kBye && opts_.firstUnfinished ? opts_.firstUnfinished->load() : kNoCall;
   const Message m = sealedMessage(*opts_.keys, type, static_cast<uint32_t>(opts_.rank),
-                                 static_cast<uint32_t>(peer), ++l.sent);
+                                 static_cast<uint32_t>(peer), ++l.sent, leftBefore);
   l.tx.append(reinterpret_cast<const char*>(&m), sizeof(m));
 }
 

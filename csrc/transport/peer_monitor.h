@@ -38,6 +38,11 @@ struct PeerMonitorOptions {
   // Set by open(): a fifth of the shortest silence of any rank (at most
   // 1 s), so one late beat is never a loss.
   std::chrono::milliseconds beatEvery{1000};
+  // The first call of the group this rank has not finished, kept current
+  // by its engine (null or UINT64_MAX: unknown). Its goodbye carries it, so
+  // that a peer waiting in that call, which will never complete, fails at
+  // once instead of waiting out the group timeout.
+  std::shared_ptr<const std::atomic<uint64_t>> firstUnfinished;
 };
 
 // A peer on another host that died or went silent.
@@ -73,6 +78,12 @@ class PeerMonitor {
   // Whether `rank` died or fell silent (any thread): nothing sent to it can
   // arrive, so there is no point waiting for its endpoint to take it.
   bool lost(int rank) const;
+  // A peer that said goodbye before running call `seq` of the group (see
+  // PeerMonitorOptions::firstUnfinished): its rank, and when it left. Any
+  // thread; one atomic load while nobody has left.
+  bool leftBefore(uint64_t seq, int* rank, std::chrono::steady_clock::time_point* when) const;
+  // When `rank` said goodbye, if it did (any thread).
+  bool leftAt(int rank, std::chrono::steady_clock::time_point* when) const;
   // Connections offered to the listener that did not open with a valid hello.
   uint64_t refusedConnections() const { return refused_.load(); }
   int listenPort() const { return listenPort_; }
@@ -97,13 +108,15 @@ class PeerMonitor {
 
  private:
   using Clock = std::chrono::steady_clock;
-  static constexpr size_t kMessageBytes = 40;
+  static constexpr size_t kMessageBytes = 48;
   // The connection to one rank on another host.
   struct Link {
     UniqueFd fd;
     bool watched = false;   // on another host, with liveness on
     bool greeted = false;   // its hello arrived
     bool departed = false;  // it said goodbye: its close is no death
+    uint64_t leftBefore = UINT64_MAX;  // its goodbye's first call it never ran
+    Clock::time_point leftAt{};        // when its goodbye came
     bool reported = false;  // a failure was recorded for it
     // Its listener turned this rank's connection away before any hello
     // (kBusy): a retry, not a death. Only on links this rank connects.
@@ -176,6 +189,7 @@ class PeerMonitor {
   std::vector<char> lost_;         // by rank; guarded by failMu_
   std::atomic<bool> failed_{false};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<bool> anyLeft_{false};  // some peer said goodbye (leftBefore's fast path)
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -138,7 +138,12 @@ void PeerMonitor::readLinkLocked(int peer) {
     l.lastHeard = Clock::now();
     l.heard = m.counter;
     if (m.type == kHello) l.greeted = true;
-    if (m.type == kBye) l.departed = true;
+    if (m.type == kBye) {
+      l.departed = true;
+      l.leftBefore = m.leftBefore;
+      l.leftAt = l.lastHeard;
+      anyLeft_ = true;
+    }
   }
 }
 

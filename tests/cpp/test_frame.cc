@@ -145,7 +145,7 @@ TEST_CASE("bad magic, version or kind is malformed", "[frame]") {
     }
   }
   SECTION("kind") {
-    for (uint8_t k : {uint8_t{0}, uint8_t{4}, uint8_t{255}}) {
+    for (uint8_t k : {uint8_t{0}, uint8_t{5}, uint8_t{255}}) {
       FrameHeader h = dataHeader(sig, 64);
       h.kind = k;
       Outcome r = check(h, kHdr + 64, e);
@@ -156,6 +156,11 @@ TEST_CASE("bad magic, version or kind is malformed", "[frame]") {
     FrameHeader h = dataHeader(sig, 64);
     h.kind = static_cast<uint8_t>(FrameKind::kProbe);
     CHECK(check(h, kHdr + 64, e).verdict != FrameVerdict::kOk);
+    // Nor a leave notice: its sequence would be taken for this call's.
+    h.kind = static_cast<uint8_t>(FrameKind::kLeave);
+    const Outcome leave = check(h, kHdr + 64, e);
+    CHECK(leave.verdict == FrameVerdict::kMalformed);
+    CHECK(leave.why.find("leave notice") != std::string::npos);
   }
 }
 
@@ -486,7 +491,7 @@ TEST_CASE("one error receive matches every error tag and no data tag", "[frame][
   }
 }
 
-TEST_CASE("validateControlFrame accepts error and probe frames and nothing else", "[frame]") {
+TEST_CASE("validateControlFrame accepts error, probe and leave frames and nothing else", "[frame]") {
   constexpr uint64_t kText = 4096;
   CollectiveSignature sig = allreduceSig();
   auto probe = makeHeader(FrameKind::kProbe, kSecret, kSeq, kSrc, 0, 0, 0, sig);
@@ -523,4 +528,14 @@ TEST_CASE("validateControlFrame accepts error and probe frames and nothing else"
   CHECK(validateControlFrame(forged, kHdr, kSecret, kWorld, kText, &why) ==
         FrameVerdict::kMalformed);
   CHECK(!why.empty());
+  // A leave notice is its header alone.
+  auto leave = makeHeader(FrameKind::kLeave, kSecret, kSeq, kSrc, 0, 0, 0, CollectiveSignature{});
+  CHECK(validateControlFrame(leave, kHdr, kSecret, kWorld, kText, &why) == FrameVerdict::kOk);
+  auto wordy = makeHeader(FrameKind::kLeave, kSecret, kSeq, kSrc, 0, 0, 5, CollectiveSignature{});
+  CHECK(validateControlFrame(wordy, kHdr + 5, kSecret, kWorld, kText, &why) ==
+        FrameVerdict::kMalformed);
+  auto unknown = leave;
+  unknown.kind = 5;
+  CHECK(validateControlFrame(unknown, kHdr, kSecret, kWorld, kText, &why) ==
+        FrameVerdict::kMalformed);
 }

@@ -128,18 +128,19 @@ int connectTo(int port) {
 // MACed with `keys` (which must hold `from` or `to`), or with a MAC of
 // zeros when `keys` is null.
 std::string message(uint8_t type, uint32_t from, uint32_t to, uint64_t counter,
-                    const PeerKeys* keys) {
-  std::string m(40, '\0');
+                    const PeerKeys* keys, uint64_t leftBefore = UINT64_MAX) {
+  std::string m(48, '\0');
   const uint32_t magic = 0x4C444D53;
   std::memcpy(&m[0], &magic, 4);
-  m[4] = 2;
+  m[4] = 3;
   m[5] = static_cast<char>(type);
   std::memcpy(&m[8], &from, 4);
   std::memcpy(&m[12], &to, 4);
   std::memcpy(&m[16], &counter, 8);
+  std::memcpy(&m[24], &leftBefore, 8);
   if (keys) {
-    const PeerMac mac = keys->mac(from, to, std::string_view(m.data(), 24));
-    std::memcpy(&m[24], mac.bytes, kPeerMacBytes);
+    const PeerMac mac = keys->mac(from, to, std::string_view(m.data(), 32));
+    std::memcpy(&m[32], mac.bytes, kPeerMacBytes);
   }
   return m;
 }
@@ -191,6 +192,56 @@ TEST_CASE("peer monitor: a goodbye is no death, and a monitor closes within 100 
   // Longer than the silence: a departed peer is not missed either.
   CHECK(secondsUntilFailure(*m[0], milliseconds(1500), &f) < 0);
   CHECK_FALSE(m[1]->failed(&f));
+}
+
+TEST_CASE("peer monitor: a goodbye says the first call its rank never ran, and its peers know "
+          "at once which calls cannot complete",
+          "[liveness]") {
+  // The engine's "first unfinished call" (PeerMonitorOptions) of rank 2 is
+  // 7 when it leaves; rank 1's monitor has none (unknown). The oracle is
+  // the value rank 2 was given.
+  InMemoryBootstrap boot;
+  const auto keys = groupKeys(3);
+  const std::vector<std::string> hosts = {"h0", "h1", "h2"};
+  auto firstUnfinished = std::make_shared<std::atomic<uint64_t>>(3);
+  std::vector<std::unique_ptr<PeerMonitor>> m(3);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      PeerMonitorOptions o = monitorOptions(r, hosts, keys, milliseconds(600));
+      if (r == 2) o.firstUnfinished = firstUnfinished;
+      openInto(boot, o, m[r], errors[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) REQUIRE(errors[r] == "");
+  int who = -1;
+  Clock::time_point when;
+  CHECK_FALSE(m[0]->leftBefore(UINT64_MAX - 1, &who, &when));  // nobody left yet
+  firstUnfinished->store(7);  // its engine moved on before it left
+  m[2].reset();
+  const auto t0 = Clock::now();
+  while (!m[0]->leftAt(2, &when) && Clock::now() - t0 < std::chrono::seconds(3)) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  REQUIRE(m[0]->leftAt(2, &when));
+  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 1.0);
+  CHECK_FALSE(m[0]->leftBefore(6, &who, &when));  // it ran calls 0 .. 6
+  REQUIRE(m[0]->leftBefore(7, &who, &when));
+  CHECK(who == 2);
+  CHECK(m[0]->leftBefore(1000, &who, &when));
+  // Rank 1 knew nothing of its calls: its goodbye fails none of them.
+  m[1].reset();
+  const auto t1 = Clock::now();
+  while (!m[0]->leftAt(1, &when) && Clock::now() - t1 < std::chrono::seconds(3)) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  REQUIRE(m[0]->leftAt(1, &when));
+  REQUIRE(m[0]->leftBefore(UINT64_MAX - 1, &who, &when));
+  CHECK(who == 2);
+  PeerFailure f;
+  CHECK(secondsUntilFailure(*m[0], milliseconds(1200), &f) < 0);  // a leave is no death
 }
 
 TEST_CASE("peer monitor: a host that falls silent is lost after SMDDP_PEER_TIMEOUT, not before",

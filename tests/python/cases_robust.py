@@ -434,7 +434,7 @@ def _forge_liveness_hellos(store, prefix, rank, world, secret):
     """Offers this rank's liveness listener (a group across hosts has one)
     hellos "from" every other rank that are not theirs: the layout before
     liveness messages carried a MAC, with the group's secret in the clear,
-    and today's with a MAC of zeros. Returns, per forgery, whether the
+    and today's (48 bytes, version 3) with a MAC of zeros. Returns, per forgery, whether the
     listener closed it unanswered (it must; an answer is its own hello,
     which would mean the forger holds a link), or None without a listener."""
     import struct
@@ -452,7 +452,8 @@ def _forge_liveness_hellos(store, prefix, rank, world, secret):
         if peer == rank:
             continue
         for msg in (struct.pack("<IBBHIIQ", magic, 1, 1, 0, peer, rank, secret),
-                    struct.pack("<IBBHIIQ", magic, 2, 1, 0, peer, rank, 1 << 40) + bytes(16)):
+                    struct.pack("<IBBHIIQQ", magic, 3, 1, 0, peer, rank, 1 << 40,
+                                (1 << 64) - 1) + bytes(16)):
             with socket.create_connection((address, port), timeout=10) as s:
                 s.sendall(msg)
                 # Nothing more comes: the old layout is shorter than a message.

@@ -138,3 +138,105 @@ def abort_while_forming(rank: int, world: int) -> dict:
         p.abort()
     out["errored_aborted"] = [str(p.errored()) for p in pgs]
     return out
+
+
+RACE_ROUNDS = 20
+
+
+def abort_races_configure(rank: int, world: int) -> dict:
+    """abort() hammered against configure() from another thread, torchft's
+    own pattern (the Manager aborts from its thread while the quorum
+    thread configures). Each round: rank 0's wrapper configures at world 2,
+    its partner joins 0.2 s later, and the main thread aborts rank 0 at a
+    random moment around the end of the formation. Whichever wins, the
+    abort is never lost: the wrapper then holds no group, errored()
+    reports the abort, and a configure that returned saw its group
+    aborted (an all_reduce on the wrapper fails, never runs)."""
+    import random
+
+    import torch
+    import torch.distributed as dist
+
+    from torch_smddp.torchft import ProcessGroupSmddp
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    addr = f"127.0.0.1:{store.port}"
+    timeout = datetime.timedelta(seconds=30)
+    rng = random.Random(20261202)
+    out: dict = {"lost": [], "configure_returned": 0, "configure_raised": 0, "stuck": 0}
+    for i in range(RACE_ROUNDS):
+        w = [ProcessGroupSmddp(timeout=timeout) for _ in range(2)]
+        said: dict = {}
+
+        def configure(r, delay):
+            time.sleep(delay)
+            try:
+                w[r].configure(f"{addr}/race{i}", "0", r, 2)
+                said[r] = "formed"
+            except Exception as e:  # noqa: BLE001
+                said[r] = f"{type(e).__name__}: {e}"
+
+        ths = [threading.Thread(target=configure, args=(r, 0.2 * r), daemon=True)
+               for r in range(2)]
+        for t in ths:
+            t.start()
+        time.sleep(max(0.0, 0.2 + rng.uniform(-0.1, 0.4)))
+        w[0].abort()
+        ths[0].join(timeout=40)
+        w[1].abort()  # its partner is gone: stop it forming or drop its group
+        ths[1].join(timeout=40)
+        if any(t.is_alive() for t in ths):
+            out["stuck"] += 1
+            continue
+        out["configure_returned" if said.get(0) == "formed" else "configure_raised"] += 1
+        problems = []
+        if w[0]._pg is not None:
+            problems.append("a group is installed after the abort")
+        if w[0].errored() is None:
+            problems.append("errored() is None after the abort")
+        if said.get(0) == "formed":
+            try:
+                w[0].allreduce([torch.ones(4)], dist.ReduceOp.SUM).wait()
+                problems.append("an all_reduce ran on the aborted wrapper")
+            except Exception:  # noqa: BLE001 - any error is the abort seen
+                pass
+        if problems:
+            out["lost"].append({"round": i, "configure": said.get(0), "problems": problems})
+    return out
+
+
+def torchft_flight_dump(rank: int, world: int) -> dict:
+    """A torchft group of two threads, its global ranks [4, 7]: rank 0's
+    all_reduce times out (rank 1 never calls), which writes torch's
+    flight-recorder dump (TORCH_FR_DUMP_TEMP_FILE, set by the test). The
+    dump's group entry, as torch's tools read it."""
+    import os
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    from torch_smddp.torchft import ProcessGroupSmddp
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    addr = f"127.0.0.1:{store.port}"
+    w = [ProcessGroupSmddp(timeout=datetime.timedelta(seconds=1)) for _ in range(2)]
+    errors: list = [None, None]
+
+    def rank_main(r):
+        w[r].configure(f"{addr}/fr", "0", r, 2, quorum_id=3, global_ranks=[4, 7])
+        if r == 0:
+            try:
+                w[r].allreduce([torch.ones(4)], dist.ReduceOp.SUM).wait()
+            except Exception as e:  # noqa: BLE001 - torchft's Work reports it below instead
+                errors[r] = str(e)
+            errors[r] = errors[r] or str(w[r].errored())
+
+    _two_ranks(rank_main)
+    path = os.environ["TORCH_FR_DUMP_TEMP_FILE"] + os.environ.get("RANK", "0")
+    with open(path, "rb") as f:
+        dump = pickle.load(f)
+    for wr in w:
+        wr.abort()
+    groups = {name: dict(cfg) for name, cfg in dump["pg_config"].items()}
+    return {"error": errors[0], "groups": groups}

@@ -101,3 +101,29 @@ def test_abort_stops_a_forming_group_and_the_wrapper_forms_again():
     assert res["error_after_release"] == res["failed_errors"][0], res
     assert res["abort_after_release_s"] < 0.5, res
     assert all("aborted" in e for e in res["errored_aborted"]), res
+
+
+def test_an_abort_racing_configure_from_another_thread_is_never_lost():
+    """cases_torchft.abort_races_configure: 20 rounds of abort() landing
+    around the end of a configure() on another thread; after each, the
+    wrapper holds no group and errored() reports the abort."""
+    (res,) = run_world(1, "cases_torchft:abort_races_configure", timeout=240)
+    assert res["stuck"] == 0, res
+    assert res["lost"] == [], res
+    # Both orders happened: aborts that cancelled the formation, and
+    # aborts of a group already installed.
+    assert res["configure_returned"] + res["configure_raised"] == 20, res
+    assert res["configure_returned"] >= 1 and res["configure_raised"] >= 1, res
+
+
+def test_torchft_groups_are_described_in_torch_flight_recorder_dumps(tmp_path):
+    """A torchft group's entry in torch's flight-recorder dump carries its
+    name as description and the global ranks torchft gave configure(),
+    not "undefined" and the group's own 0..n-1."""
+    (res,) = run_world(1, "cases_torchft:torchft_flight_dump", timeout=120,
+                       env={"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_")})
+    assert res["error"] and "timed out" in res["error"], res
+    mine = [g for g in res["groups"].values() if g["name"].startswith("torchft_quorum_3")]
+    assert len(mine) == 1, res["groups"]
+    assert mine[0]["desc"] == "torchft_quorum_3", mine
+    assert mine[0]["ranks"] == "[4, 7]", mine

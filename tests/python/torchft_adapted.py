@@ -10,15 +10,15 @@ What changed, and why (everything else is as in the original):
   the original matches Gloo's (``timeout after 10ms|Socket Timeout``).
 - ``MultiPgBaseTest._run_with_resiliency`` (``NormalGlooMultiPgTest.
   test_collective_with_resiliency``) -> ``SmddpResiliencyTest``:
-  1. the survivors' expected error also accepts smddp's timeout
-     (``... timed out: timeout of 1000 ms expired while waiting for rank(s)
-     2``). The failed rank shuts its group down, a clean leave: Gloo's
-     survivors read a closed connection; smddp's, on the same host and in
-     the same process, wait out the timeout, as its peers on other hosts do
-     after a goodbye (docs/fault-tolerance.md);
+  1. the survivors' expected error also accepts smddp's wording of the
+     same event. The failed rank shuts its group down, a clean leave:
+     Gloo's survivors read a closed connection ("Connection closed by
+     peer"); smddp's hear the rank's leave notice and fail at once with
+     ``rank 2 left the group: it shut its process group down ...``. The
+     group timeout is not accepted: a survivor that waits it out fails;
   2. ``errored()`` may return that cause. torchft's Gloo wrapper returns
      None there and its NCCL wrapper "aborted" after an abort; smddp's
-     returns the group's asynchronous error, which is the timeout here.
+     returns the group's asynchronous error, which is the leave here.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from torch_smddp.torchft import ProcessGroupSmddp
 
 _SURVIVOR_ERRORS = (r"(Connection closed by peer|timed out after|Timed out waiting|no error|"
                     r"Read error|not equal|not close|process group not initialized"
-                    r"|timed out: timeout of)")  # + smddp's timeout
+                    r"|rank 2 left the group)")  # + smddp's closed connection
 
 
 class SmddpTimeoutTest(TestCase):
@@ -98,7 +98,7 @@ class SmddpResiliencyTest(MultiPgBaseTest):
                 raise RuntimeError("no error")
 
             if err := pg.errored():
-                with self.assertRaisesRegex(RuntimeError, "aborted|timed out"):  # changed (2)
+                with self.assertRaisesRegex(RuntimeError, "aborted|left the group"):  # changed (2)
                     raise err
 
             return f"Rank{rank} final success."

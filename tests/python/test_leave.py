@@ -1,0 +1,77 @@
+"""A peer that leaves the group in order is not a peer that is slow.
+
+A rank that shuts its group down (destroy_process_group, torchft's
+shutdown) or exits after its goodbye will never run another call of that
+group. Gloo's survivors read a closed connection and fail at once; smddp's
+must too, naming the rank, not wait out the group timeout: on one host
+through a leave notice on the control channel, across hosts through the
+liveness goodbye, which carries the first call the rank never ran. And a
+rank that leaves right after its last call (any job's end) fails nobody.
+
+The oracle is the victim's own account: it leaves at a time it records,
+and before a call the survivors are already in; the group timeout (30 s)
+is what the survivors would otherwise wait. cases_leave.py runs every case
+in one job per topology.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mp_harness import ExitedRank, run_world
+
+PG_TIMEOUT = 30.0
+CASES = ("all_reduce", "broadcast", "barrier", "exit")
+
+
+def _check(results: list, victim: int) -> list[str]:
+    problems = []
+    dead = results[victim]
+    if not isinstance(dead, ExitedRank) or dead.returncode != 3:
+        problems.append(f"rank {victim} did not exit as planned: {dead!r}")
+    for rank, out in enumerate(results):
+        if rank == victim:
+            continue
+        if not out["end_of_job"]["sums_ok"]:
+            problems.append(f"rank {rank}: a sum was wrong in the end-of-job case")
+        cases = CASES + (("recv",) if rank == 0 else ())
+        for case in cases:
+            res = out[case]
+            where = f"rank {rank}, {case}"
+            if not res["raised"]:
+                problems.append(f"{where}: returned although rank {victim} had left")
+                continue
+            if not res["is_dist_backend_error"]:
+                problems.append(f"{where}: raised {res['type']}, not DistBackendError")
+            # On one host a process that exits also frees its owner lock,
+            # which names it as exited; either account names the rank.
+            if f"rank {victim}" not in res["msg"] or not (
+                    "left the group" in res["msg"] or "exited" in res["msg"]):
+                problems.append(f"{where}: the leave of rank {victim} is not named: "
+                                f"{res['msg']!r}")
+            if res["after_leave_s"] > PG_TIMEOUT / 3:
+                problems.append(f"{where}: failed {res['after_leave_s']:.1f} s after the leave "
+                                f"(the group timeout is {PG_TIMEOUT:.0f} s)")
+    return problems
+
+
+@pytest.mark.parametrize("topology", ["one host, world 3", "two hosts, world 4"])
+def test_a_rank_that_leaves_fails_the_calls_that_need_it_at_once(topology):
+    """Each survivor's call fails within moments of the leave, naming the
+    rank, for a collective, a barrier, a receive from the leaver and a
+    clean process exit; the end-of-job case fails nobody. On pretend hosts
+    the victim (rank 3) shares its host with rank 2 only: rank 2 hears its
+    leave notice, ranks 0 and 1 its liveness goodbye."""
+    if topology.startswith("one"):
+        world, victim, env = 3, 2, {}
+    else:
+        world, victim = 4, 3
+        env = {"SMDDP_HOST_ID": lambda rank: f"leavehost{rank // 2}", "FI_TCP_IFACE": "lo"}
+    results = run_world(world, "cases_leave:leave_cases", args=(victim,), env=env,
+                        pg_timeout=PG_TIMEOUT, timeout=240, expect_failure=True,
+                        allow_exit={victim})
+    problems = _check(results, victim)
+    times = {r: {c: round(out[c]["after_leave_s"], 2) for c in CASES}
+             for r, out in enumerate(results) if r != victim}
+    print(f"{topology}: seconds from the leave to each survivor's failure: {times}")
+    assert not problems, f"{problems}; seconds from leave to failure: {times}"
