@@ -271,7 +271,9 @@ def stats(group=None, reset: bool = False) -> dict:
     """Engine counters of ``group`` (default: the world group).
 
     bytes sent and received, fusion buffers flushed and their mean fill,
-    chunks in flight, server reduce time, rejected frames and errors.
+    chunks in flight, server reduce time, rejected frames and errors;
+    ``bytes_sealed`` and ``bytes_opened``, the payload encrypted to and
+    decrypted from ranks on other hosts (SMDDP_WIRE_ENCRYPT=1).
     ``collective_counts`` maps each collective ("allreduce", "broadcast",
     ...) to the calls completed; ``latency`` maps it to one entry per size
     class (power-of-4 bytes: ``min_bytes`` .. ``max_bytes``) with ``count``,

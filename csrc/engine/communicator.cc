@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
+#include "transport/peer_seal.h"
 
 namespace smddp {
 
@@ -29,6 +30,7 @@ void readEngineParams(EngineConfig& c) {
   c.sleepUs = paramSleepUs();
   c.hostPath = paramHostPath();
   c.serversPerNode = paramServersPerNode();
+  c.wireEncrypt = wireEncryptParam();
   readExchangeParams(c);
 }
 

@@ -47,6 +47,7 @@ struct EngineConfig {
   int64_t sleepUs = 0;
   bool hostPath = false;       // allreduce through the host's shared memory segment
   int64_t serversPerNode = 0;  // reduction servers per host; 0 = every rank
+  bool wireEncrypt = false;    // SMDDP_WIRE_ENCRYPT: seal data frames between hosts
   // algorithms/ (readAllreduceParams)
   uint64_t minShardBytes = 0;
   uint64_t minChunkBytes = 0;  // wire bytes; chunks shrink toward it for short shards

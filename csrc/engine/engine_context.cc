@@ -101,9 +101,10 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
     const X25519KeyPair pair = x25519KeyPair();
     const std::string preShared = peerKeyFile();
     peers_.gather(bootstrap, rank_, size_, opts.timeout, pair.publicKey,
-                  keyFileCheck(preShared, storePrefix_));
+                  keyFileCheck(preShared, storePrefix_), config_.wireEncrypt);
     derivePeerKeys(pair.privateKey, preShared);
   }
+  keyPeerSeal();
   formationLap("peers");
   placeNetworkServers();
   // The network path's receive ring: across hosts, more than two chunks
@@ -195,6 +196,28 @@ void EngineContext::derivePeerKeys(const std::string& privateKey, std::string pr
   wipe(preShared);
 }
 
+void EngineContext::keyPeerSeal() {
+  // Every rank decides alone whether a frame to a peer is sealed, so they
+  // must agree: a rank that sealed for one that does not would have its
+  // frames refused as malformed, far from the cause.
+  const bool mine = config_.wireEncrypt;
+  for (int r = 0; r < size_; ++r) {
+    const bool theirs = peers_.info(r).wireEncrypt;
+    SMDDP_CHECK(theirs == mine, kInvalidArgument,
+                "smddp: SMDDP_WIRE_ENCRYPT differs across the ranks of group '" + name_ +
+                    "': rank " + std::to_string(rank_) + " has " + (mine ? "1" : "0") +
+                    ", rank " + std::to_string(r) + " has " + (theirs ? "1" : "0") +
+                    "; set the same value on every rank");
+  }
+  if (!mine) return;
+  // Only frames that leave the host: shm and the host segment stay inside.
+  std::vector<bool> sealed(static_cast<size_t>(size_), false);
+  for (int r = 0; r < size_; ++r) {
+    sealed[static_cast<size_t>(r)] = r != rank_ && !peers_.sameHost(r);
+  }
+  seal_ = PeerSeal::derive(*peerKeys_, sealed);
+}
+
 void EngineContext::agreeOnSecret(Bootstrap& bootstrap) {
   if (rank_ == 0) {
     jobSecret_ = randomSecret();
@@ -239,8 +262,10 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
     }
   }
   if (!endpoint_) adopt(spareOrFreshEndpoint(provider_));
+  // A sealed frame carries its trailer after the payload.
   const size_t max = endpoint_->maxMessageSize();
-  maxPayload_ = max > sizeof(FrameHeader) ? max - sizeof(FrameHeader) : 0;
+  const size_t framing = sizeof(FrameHeader) + (seal_.any() ? kSealTrailerBytes : 0);
+  maxPayload_ = max > framing ? max - framing : 0;
 }
 
 size_t EngineContext::progress() {

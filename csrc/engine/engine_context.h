@@ -25,6 +25,7 @@
 #include "transport/bootstrap.h"
 #include "transport/endpoint.h"
 #include "transport/fabric.h"
+#include "transport/peer_seal.h"
 
 namespace smddp {
 
@@ -91,6 +92,10 @@ class EngineContext {
   size_t maxPayloadBytes() const { return maxPayload_; }
   // torch_smddp.stats(): atomics, any thread.
   StatsCounters& counters() { return stats_; }
+  // SMDDP_WIRE_ENCRYPT's keys and counters for the peers on other hosts
+  // (transport/peer_seal.h); seals nothing when it is off. Worker thread
+  // only (the counters).
+  PeerSeal& seal() { return seal_; }
   // Where the set-up's time went, phase by phase, for the group's
   // description: "join 1.2 ms, peers 0.8 ms, ...". The Communicator adds
   // the phases after the context (formationLap).
@@ -158,6 +163,9 @@ class EngineContext {
   // private key, the peers' public keys and the key file's key (if any),
   // once every rank is known to hold the same key file.
   void derivePeerKeys(const std::string& privateKey, std::string preShared);
+  // Once the pair keys exist: checks that every rank has this rank's
+  // SMDDP_WIRE_ENCRYPT, and keys the seal for the peers on other hosts.
+  void keyPeerSeal();
   void openEndpoint(Bootstrap& bootstrap, std::vector<std::string>& shmTrouble);
   void adoptProvider(ProviderChoice choice);
 
@@ -174,6 +182,7 @@ class EngineContext {
   bool providerForced_ = false;  // SMDDP_FI_PROVIDER named the provider
   uint64_t jobSecret_ = 0;
   std::shared_ptr<const PeerKeys> peerKeys_;  // set while forming, immutable after
+  PeerSeal seal_;                             // keyed while forming; counters: worker thread
   std::string storePrefix_;
   std::vector<int> netServers_;
   std::shared_ptr<Fabric> fabric_;

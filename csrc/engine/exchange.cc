@@ -11,6 +11,7 @@
 #include "common/caller_waiting.h"
 #include "common/error.h"
 #include "common/param.h"
+#include "engine/sealed_frames.h"
 
 namespace smddp {
 
@@ -86,15 +87,14 @@ void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, c
 }
 
 bool Exchange::postOne(Request* r) {
-    iovec iov[3];
-    size_t n = 0;
-    iov[n++] = {&r->header, sizeof(FrameHeader)};
-    if (r->payloadBytes) iov[n++] = {r->payload, r->payloadBytes};
+    // A send to another host is sealed here, chunk by chunk as the
+    // algorithm posts, so one chunk is sealed while the last is on the wire.
+    iovec iov[kDataFrameIovs];
+    const size_t n = dataFrameIov(ctx_, r, r->peer, iov);
     int rc;
     if (r->type == Request::Type::kSend) {
       rc = ctx_.endpoint().postSend(ctx_.peers().addr(r->peer), r->tag, iov, n, &r->ctx);
     } else {
-      iov[n++] = ctx_.overflowSink();
       rc = ctx_.endpoint().postRecv(ctx_.peers().addr(r->peer), r->tag, 0, iov, n, &r->ctx);
     }
     if (rc == -FI_EAGAIN) return false;  // queue full: progress first
@@ -172,11 +172,17 @@ void Exchange::complete(Request* r, const Completion& c) {
       FrameExpectation e{ctx_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
                          static_cast<uint32_t>(ctx_.size()), r->payloadBytes,
                          r->payloadBytes, sig_};
-      FrameVerdict v = validateFrame(r->header, c.len, e, &why);
+      FrameVerdict v = validateFrame(r->header, framedBytes(ctx_, r->peer, c.len), e, &why);
       if (v != FrameVerdict::kOk) {
         ctx_.counters().framesRejected++;
         failed_ = true;
         errorKind_ = v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol;
+        error_ = why;
+      } else if (!openArrived(ctx_, r, r->peer, &why)) {
+        // Never published: the algorithm's slot holds garbage the failed
+        // call discards.
+        failed_ = true;
+        errorKind_ = ErrorKind::kProtocol;
         error_ = why;
       } else {
         heardFrom_[static_cast<size_t>(r->peer)] = true;

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "engine/communicator.h"
+#include "engine/sealed_frames.h"
 
 namespace smddp {
 
@@ -36,10 +37,9 @@ void Communicator::postP2P(Request* r) {
                    ctx.provider() + "'s max_msg_size (" + std::to_string(ctx.maxPayloadBytes()) +
                    " bytes of payload)");
   }
-  iovec iov[3];
-  size_t n = 0;
-  iov[n++] = {&r->header, sizeof(FrameHeader)};
-  if (r->payloadBytes) iov[n++] = {r->payload, r->payloadBytes};
+  // Sealed once (to another host), before the first try.
+  iovec iov[kDataFrameIovs];
+  const size_t n = dataFrameIov(ctx, r, r->peer, iov);
   fi_addr_t addr = r->peer >= 0 ? ctx.peers().addr(r->peer) : FI_ADDR_UNSPEC;
   r->deadline = std::chrono::steady_clock::now() + timeout();
   while (true) {
@@ -47,8 +47,7 @@ void Communicator::postP2P(Request* r) {
     if (r->type == Request::Type::kSend) {
       rc = ctx.endpoint().postSend(addr, r->tag, iov, n, &r->ctx);
     } else {
-      iov[n] = ctx.overflowSink();
-      rc = ctx.endpoint().postRecv(addr, r->tag, kP2PAnySourceIgnore, iov, n + 1, &r->ctx);
+      rc = ctx.endpoint().postRecv(addr, r->tag, kP2PAnySourceIgnore, iov, n, &r->ctx);
     }
     if (rc == 0) break;
     ctx.progress();  // queue full: make room
@@ -187,12 +186,16 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
       FrameExpectation e{ctx.jobSecret(), static_cast<uint32_t>(tag), static_cast<uint32_t>(from),
                          static_cast<uint32_t>(ctx.size()), req->payloadBytes, req->payloadBytes,
                          sig};
-      FrameVerdict v = validateFrame(h, c.len, e, &why);
+      FrameVerdict v = validateFrame(h, framedBytes(ctx, from, c.len), e, &why);
       if (v != FrameVerdict::kOk) {
         ctx.counters().framesRejected++;
         done(p2pError(v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol,
                       what + ": " + why),
              from);
+        return;
+      }
+      if (!openArrived(ctx, req, from, &why)) {
+        done(p2pError(ErrorKind::kProtocol, what + ": " + why), from);
         return;
       }
       ctx.counters().bytesReceived += req->payloadBytes;

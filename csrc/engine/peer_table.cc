@@ -93,14 +93,15 @@ std::string bytesOfHex(const std::string& hex) {
 
 void PeerTable::gather(Bootstrap& bootstrap, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& publicKey,
-                       const std::string& keyCheck) {
+                       const std::string& keyCheck, bool wireEncrypt) {
   rank_ = rank;
   size_ = size;
   // Before anything is named after it: peers watch this owner's lock.
   owner_ = ShmOwner::acquire();
   const std::string myHost = hostIdentity();
   std::string me = myHost + "\n" + std::to_string(getpid()) + "\n" + pidNamespace() + "\n" +
-                   (owner_ ? owner_->tag() : "") + "\n" + hexOf(publicKey) + "\n" + keyCheck;
+                   (owner_ ? owner_->tag() : "") + "\n" + hexOf(publicKey) + "\n" + keyCheck +
+                   "\n" + (wireEncrypt ? "1" : "0");
   auto all = bootstrapAllGather(bootstrap, rank, size, "peer", me, timeout);
   for (const auto& s : all) {
     PeerInfo p;
@@ -114,6 +115,9 @@ void PeerTable::gather(Bootstrap& bootstrap, int rank, int size,
     std::getline(fields, key);
     p.publicKey = bytesOfHex(key);
     std::getline(fields, p.keyCheck);
+    std::string encrypt;
+    std::getline(fields, encrypt);
+    p.wireEncrypt = encrypt == "1";
     p.pid = pid.empty() ? 0 : std::stoll(pid);
     peers_.push_back(p);
   }

@@ -27,6 +27,7 @@ struct PeerInfo {
   std::string owner;         // its shm owner tag: a lock that says it lives
   std::string publicKey;     // its X25519 public key for this group (raw bytes)
   std::string keyCheck;      // a one-way check of its key file, "" without one
+  bool wireEncrypt = false;  // its SMDDP_WIRE_ENCRYPT: every rank must agree
 };
 
 // Set up by the engine context's constructor in two steps (gather, then
@@ -42,9 +43,10 @@ class PeerTable {
   // Takes this rank's owner lock (before anything is named after it:
   // peers watch it), then exchanges every rank's host identity, pid, PID
   // namespace, owner tag, `publicKey` (its X25519 key for the group's
-  // pair keys) and `keyCheck` (key "peer") and groups the ranks by host.
+  // pair keys), `keyCheck` and `wireEncrypt` (key "peer") and groups the
+  // ranks by host.
   void gather(Bootstrap& bootstrap, int rank, int size, std::chrono::milliseconds timeout,
-              const std::string& publicKey, const std::string& keyCheck);
+              const std::string& publicKey, const std::string& keyCheck, bool wireEncrypt);
   // Once the endpoint exists: the peers' fabric addresses, the owner locks
   // of the peers on this host and, when the group spans hosts, the
   // liveness connections to the others (collective over `bootstrap`).

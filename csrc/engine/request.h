@@ -16,6 +16,7 @@
 
 #include "transport/endpoint.h"
 #include "transport/frame.h"
+#include "transport/peer_seal.h"
 
 namespace smddp {
 
@@ -46,6 +47,14 @@ struct Request {
   ControlHead control{};  // the same, with its MAC, for control frames
   void* payload = nullptr;
   size_t payloadBytes = 0;
+  // SMDDP_WIRE_ENCRYPT, to a peer on another host (engine/sealed_frames.h):
+  // the trailer after the payload (sent, or where an incoming one lands),
+  // and a send's ciphertext, which the provider reads in place of
+  // `payload`. The buffer lives as long as the request: a send abandoned
+  // by its call keeps it until its completion, or until shutdown.
+  SealTrailer trailer{};
+  bool sealed = false;            // a send's payload is sealed into `staging`
+  std::vector<uint8_t> staging;   // from the pool's buffers for `peer`
   std::string text;                 // error-frame text (send or receive buffer)
   std::function<void()> onArrive;   // receives: runs after validation; sends: once complete
   // Group-level operations (point-to-point): called with the raw
@@ -73,11 +82,20 @@ class RequestPool {
   void clear() {
     live_.clear();
     free_.clear();
+    staging_.clear();
   }
+  // A buffer of at least `bytes` for a sealed send to `peer`: one that
+  // release() gave back for that peer when there is one (a ring reuses
+  // the same few, so no send maps and faults in fresh pages), else new.
+  std::vector<uint8_t> staging(int peer, size_t bytes);
+  // Buffers kept per peer once their sends completed: the ring depth
+  // across hosts (2) times both directions of a step, with room to spare.
+  static constexpr size_t kStagingKept = 4;
 
  private:
   std::unordered_map<Request*, std::unique_ptr<Request>> live_;
   std::vector<std::unique_ptr<Request>> free_;
+  std::unordered_map<int, std::vector<std::vector<uint8_t>>> staging_;  // free buffers by peer
 };
 
 }  // namespace smddp

@@ -36,6 +36,10 @@ struct Stats {
   uint64_t standaloneServerBytes = 0;  // bytes pushed to standalone reduction servers
   uint64_t standaloneServerSteps = 0;  // cross-host steps that used them
   uint64_t roundsCalls = 0;  // network-only calls run in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)
+  // Payload bytes encrypted to and decrypted from peers on other hosts
+  // (SMDDP_WIRE_ENCRYPT; engine/sealed_frames.h).
+  uint64_t bytesSealed = 0;
+  uint64_t bytesOpened = 0;
 };
 
 // Per-collective latency, queued to completed, per size class: a fixed
@@ -152,6 +156,8 @@ struct StatsCounters {
   std::atomic<uint64_t> standaloneServerBytes{0};
   std::atomic<uint64_t> standaloneServerSteps{0};
   std::atomic<uint64_t> roundsCalls{0};
+  std::atomic<uint64_t> bytesSealed{0};
+  std::atomic<uint64_t> bytesOpened{0};
   // Queued-to-completed latency of every collective (runTasks).
   LatencyHistograms latency;
 
@@ -161,7 +167,7 @@ struct StatsCounters {
                     &fusedCalls, &chunksInFlightMax, &serverReduceNs, &framesRejected, &errors,
                     &abandonedSends, &abandonedSendsConfirmed, &abandonedSendsHeld, &callerRuns,
                     &smallBatches, &directCalls, &standaloneServerBytes, &standaloneServerSteps,
-                    &roundsCalls}) {
+                    &roundsCalls, &bytesSealed, &bytesOpened}) {
       c->store(0);
     }
     latency.reset();
@@ -188,6 +194,8 @@ struct StatsCounters {
     s.standaloneServerBytes = standaloneServerBytes.load();
     s.standaloneServerSteps = standaloneServerSteps.load();
     s.roundsCalls = roundsCalls.load();
+    s.bytesSealed = bytesSealed.load();
+    s.bytesOpened = bytesOpened.load();
     return s;
   }
 };

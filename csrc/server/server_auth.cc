@@ -23,12 +23,6 @@ SMDDP_PARAM_BOOL(paramServerIntegrity, "SMDDP_SERVER_INTEGRITY", true,
                  "(workers ask for it; a server with it set refuses workers without it); 0 turns "
                  "it off, so that whoever can write into the TCP stream can change results")
 
-SMDDP_PARAM_BOOL(paramWireEncrypt, "SMDDP_WIRE_ENCRYPT", false,
-                 "1 = encrypt every frame to and from the standalone reduction servers "
-                 "(AES-256-GCM under the connection's key; it implies SMDDP_SERVER_INTEGRITY), "
-                 "so that whoever reads the TCP stream learns nothing of the gradients; workers "
-                 "and servers must agree on it, or they refuse each other")
-
 SMDDP_PARAM_BOOL(paramServerInsecure, "SMDDP_SERVER_INSECURE", false,
                  "1 = let standalone reduction servers found in a store, with no key file, use "
                  "the job's key kept in that store, which anyone who reaches the store can read "
@@ -36,7 +30,6 @@ SMDDP_PARAM_BOOL(paramServerInsecure, "SMDDP_SERVER_INSECURE", false,
 
 bool serverInsecureParam() { return paramServerInsecure(); }
 bool serverIntegrityParam() { return paramServerIntegrity(); }
-bool wireEncryptParam() { return paramWireEncrypt(); }
 
 std::string workerServerKey(const std::string& registered) {
   const std::string path = serverKeyFileParam();

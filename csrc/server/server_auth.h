@@ -17,6 +17,7 @@
 #include "common/crypto.h"
 #include "common/key_file.h"
 #include "server/server_wire.h"
+#include "transport/peer_seal.h"
 
 namespace smddp {
 
@@ -30,10 +31,11 @@ bool serverInsecureParam();
 // SMDDP_SERVER_INTEGRITY (on unless set to 0): a worker asks for a MAC on every
 // frame; a server refuses workers that do not.
 bool serverIntegrityParam();
-// SMDDP_WIRE_ENCRYPT (off unless set to 1): every frame after the hello is
-// encrypted too (AES-256-GCM, which implies its integrity); a worker and a
-// server that disagree about it refuse each other, naming it.
-bool wireEncryptParam();
+// SMDDP_WIRE_ENCRYPT (off unless set to 1; wireEncryptParam() in
+// transport/peer_seal.h, which encrypts the peer wire with it): every frame
+// after the hello is encrypted too (AES-256-GCM, which implies its
+// integrity); a worker and a server that disagree about it refuse each
+// other, naming it.
 
 // The key of one server's handshakes: the shared key bound to the job the
 // server serves and to the address the worker dialled (endpointText). A

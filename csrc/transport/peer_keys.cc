@@ -75,4 +75,12 @@ bool PeerKeys::verify(uint32_t from, std::string_view head, std::string_view bod
   return bytesEqual(want.bytes, mac, kPeerMacBytes);
 }
 
+std::string PeerKeys::directionKey(std::string_view label, uint32_t from, uint32_t to) const {
+  const int peer = static_cast<int>(from == static_cast<uint32_t>(rank_) ? to : from);
+  SMDDP_CHECK((from == static_cast<uint32_t>(rank_) || to == static_cast<uint32_t>(rank_)) &&
+                  has(peer),
+              kInternal, "smddp: no peer key for rank " + std::to_string(peer));
+  return macKey(hmacSha256(keys_[peer], {label, u32(from), u32(to)}));
+}
+
 }  // namespace smddp

@@ -47,6 +47,12 @@ class PeerKeys {
   // to this rank; false (never a throw) for a sender with no key here.
   bool verify(uint32_t from, std::string_view head, std::string_view body,
               const uint8_t* mac) const;
+  // A 32-byte key for one direction of a pair, `from` to `to` (one of them
+  // this rank): HMAC-SHA256 under the pair's key of `label`, then both
+  // ranks (4 bytes each, little-endian). The two directions differ, so a
+  // use that keys each direction apart (transport/peer_seal.h) needs no
+  // direction bit in its nonces. Throws kInternal when no key is held.
+  std::string directionKey(std::string_view label, uint32_t from, uint32_t to) const;
 
  private:
   int rank_ = -1;

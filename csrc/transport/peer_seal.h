@@ -1,0 +1,88 @@
+// The bulk half of SMDDP_WIRE_ENCRYPT on the peer wire: AES-256-GCM of the
+// data frames a rank sends a rank on another host (the exchange's and
+// point-to-point's), under a key per direction derived from the pair's key
+// (peer_keys.h). The engine seals a payload into a staging buffer before
+// posting it and opens it in place once its header is validated; this file
+// holds the keys, the counters and the frame's trailer, no I/O.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/crypto.h"
+#include "transport/frame.h"
+#include "transport/peer_keys.h"
+
+namespace smddp {
+
+// SMDDP_WIRE_ENCRYPT (0 unless set to 1): the standalone servers' wire
+// (server/) and, between hosts, the peer wire (here).
+bool wireEncryptParam();
+
+// What K(a->b) is derived from: HMAC-SHA256(pair key, label || a || b).
+inline constexpr char kWireEncryptLabel[] = "smddp wire encrypt v1";
+
+// After a sealed payload, in its own iov: the sender's counter for this
+// direction (the nonce is 4 zero bytes, then these 8) and the GCM tag.
+struct SealTrailer {
+  uint64_t counter = 0;  // little-endian on the wire (x86, as the header)
+  uint8_t tag[kTagBytes] = {};
+};
+static_assert(sizeof(SealTrailer) == 24, "a sealed frame's trailer is 24 bytes");
+constexpr size_t kSealTrailerBytes = sizeof(SealTrailer);
+
+// The 12-byte GCM nonce of `counter`: 32 zero bits, then the counter.
+void sealNonce(uint64_t counter, uint8_t out[kGmacNonceBytes]);
+
+// One rank's keys for the peers whose frames it seals. Built once at
+// formation and read by the worker thread (or a caller running its own
+// call), which alone advances the counters: one writer.
+class PeerSeal {
+ public:
+  PeerSeal() = default;  // seals nothing
+  // This rank's keys: K(rank->p) to seal and K(p->rank) to open, for each
+  // peer p with `sealed[p]` (those on other hosts); none for the rest.
+  static PeerSeal derive(const PeerKeys& keys, const std::vector<bool>& sealed);
+  // The same from keys given outright (tests): `sendKeys[p]` seals frames
+  // to p, `recvKeys[p]` opens p's; empty strings for peers left plain.
+  PeerSeal(int rank, std::vector<std::string> sendKeys, std::vector<std::string> recvKeys);
+  PeerSeal(PeerSeal&&) = default;
+  PeerSeal& operator=(PeerSeal&&) = default;
+  ~PeerSeal();  // wipes the keys
+
+  // Whether frames to and from `peer` are sealed.
+  bool seals(int peer) const {
+    return peer >= 0 && static_cast<size_t>(peer) < sendKeys_.size() &&
+           !sendKeys_[static_cast<size_t>(peer)].empty();
+  }
+  bool any() const { return any_; }
+
+  // Encrypts `n` bytes of `in` into `out` (never the caller's memory: the
+  // caller may read it again) for `peer`, with the next counter of that
+  // direction, and fills `trailer`. The tag covers `header`, the counter
+  // and `wireTag` (the message's 64-bit tag, which carries the phase the
+  // header lacks), so a frame moved to another receive fails to open.
+  void seal(int peer, const FrameHeader& header, uint64_t wireTag, const void* in, void* out,
+            size_t n, SealTrailer* trailer);
+  // Decrypts `n` bytes from `peer` in place at `buf`; false when the tag
+  // does not match (then `buf` holds garbage the caller must discard).
+  bool open(int peer, const FrameHeader& header, uint64_t wireTag, const SealTrailer& trailer,
+            void* buf, size_t n) const;
+  // Frames sealed to `peer` so far (its next counter).
+  uint64_t sealedTo(int peer) const { return counters_.at(static_cast<size_t>(peer)); }
+
+ private:
+  int rank_ = -1;
+  bool any_ = false;
+  std::vector<std::string> sendKeys_;  // by peer; empty: not sealed
+  std::vector<std::string> recvKeys_;
+  std::vector<uint64_t> counters_;     // next counter by peer: worker thread only
+};
+
+// The additional data a sealed frame's tag covers: the 72-byte header,
+// the counter, then the message's tag (both little-endian).
+std::string sealAad(const FrameHeader& header, uint64_t counter, uint64_t wireTag);
+
+}  // namespace smddp
