@@ -139,6 +139,7 @@ class ProcessGroupSmddp(ProcessGroupWrapper):
             if self._group_rank is not None and self._group_world_size:
                 name += f"_rank_{self._group_rank % self._group_world_size}"
         # Standalone reduction servers registered in a store (SMDDP_SERVER_COUNT).
+        _check_server_store()
         backend = _C.ProcessGroupSmddp(store, rank, world_size, self._timeout, name,
                                        cancel=cancel, keep_spare=True,
                                        **torch_smddp._server_kwargs(store, self._timeout))
@@ -285,6 +286,22 @@ def _backend(pg: dist.ProcessGroup) -> Optional[_C.ProcessGroupSmddp]:
     except RuntimeError:
         return None
     return backend if isinstance(backend, _C.ProcessGroupSmddp) else None
+
+
+def _check_server_store() -> None:
+    """Standalone servers found through a store (SMDDP_SERVER_COUNT without
+    SMDDP_SERVER_HOSTS) must be found in one that outlives every replica.
+    The quorum's store belongs to whichever replica is primary: a dead
+    primary would take the servers' registrations and key with it, and the
+    next quorum could not find them."""
+    lookup = _C.server_lookup()
+    if lookup["count"] and not lookup["hosts_given"] and not lookup["rendezvous"].strip():
+        raise ValueError(
+            "smddp under torchft: SMDDP_SERVER_COUNT finds the standalone servers in a store, "
+            "and the quorum's store dies with its primary replica; set "
+            "SMDDP_SERVER_RENDEZVOUS=HOST:PORT to a store that outlives the replicas (start the "
+            "servers with python -m torch_smddp.server --rendezvous HOST:PORT), or name the "
+            "servers with SMDDP_SERVER_HOSTS")
 
 
 def _abort_backend(pg: dist.ProcessGroup) -> None:

@@ -240,3 +240,22 @@ def torchft_flight_dump(rank: int, world: int) -> dict:
         wr.abort()
     groups = {name: dict(cfg) for name, cfg in dump["pg_config"].items()}
     return {"error": errors[0], "groups": groups}
+
+
+def servers_in_quorum_store(rank: int, world: int) -> dict:
+    """SMDDP_SERVER_COUNT (set by the test) without SMDDP_SERVER_RENDEZVOUS:
+    configure() refuses at once, naming the fix, instead of waiting for
+    servers in the quorum's store (which its primary's death would take)."""
+    import torch.distributed as dist
+
+    from torch_smddp.torchft import ProcessGroupSmddp
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    pg = ProcessGroupSmddp(timeout=datetime.timedelta(seconds=30))
+    t0 = time.monotonic()
+    try:
+        pg.configure(f"127.0.0.1:{store.port}/q", "0", 0, 1)
+        said = "formed"
+    except Exception as e:  # noqa: BLE001
+        said = f"{type(e).__name__}: {e}"
+    return {"said": said, "seconds": time.monotonic() - t0}

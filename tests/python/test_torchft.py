@@ -127,3 +127,18 @@ def test_torchft_groups_are_described_in_torch_flight_recorder_dumps(tmp_path):
     assert len(mine) == 1, res["groups"]
     assert mine[0]["desc"] == "torchft_quorum_3", mine
     assert mine[0]["ranks"] == "[4, 7]", mine
+
+
+def test_servers_found_through_the_quorum_store_are_refused_naming_the_fix():
+    """Under torchft the quorum's store dies with its primary replica, and
+    the servers' registrations and key with it: SMDDP_SERVER_COUNT without
+    SMDDP_SERVER_RENDEZVOUS is an error that says what to set."""
+    # The harness's own world group is Gloo's: an smddp one would look for
+    # the servers first.
+    (res,) = run_world(1, "cases_torchft:servers_in_quorum_store", timeout=120, backend="gloo",
+                       env={"SMDDP_SERVER_COUNT": "1", "SMDDP_SERVER_JOB": "ftjob",
+                            "SMDDP_SERVER_HOSTS": None,
+                            "SMDDP_SERVER_RENDEZVOUS": None})
+    assert res["said"].startswith("ValueError"), res
+    assert "SMDDP_SERVER_RENDEZVOUS" in res["said"] and "SMDDP_SERVER_HOSTS" in res["said"], res
+    assert res["seconds"] < 10, res  # not the 30 s wait for servers that never come
