@@ -133,6 +133,13 @@ class ControlPlane {
   // When `peer` left (either way), if it did: its point-to-point operations
   // still waiting then cannot complete.
   bool leftAt(int peer, std::chrono::steady_clock::time_point* when) const;
+  // Whether `peer` said, leaving, that it ran every call up to `seq`: its
+  // process may then exit while this rank still finishes that call.
+  bool leftAfter(int peer, uint64_t seq) const {
+    return peer >= 0 && static_cast<size_t>(peer) < left_.size() &&
+           left_[static_cast<size_t>(peer)].seq != kNeverLeft &&
+           left_[static_cast<size_t>(peer)].seq > seq;
+  }
 
   // --- Called by EngineContext::progress ---
   // A completion of one of the control receives (Request::Type::kErrorRecv).

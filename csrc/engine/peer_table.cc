@@ -174,7 +174,8 @@ void PeerTable::watch(Bootstrap& bootstrap, Endpoint& endpoint, std::vector<fi_a
   }
 }
 
-void PeerTable::checkAlive(const std::string& during) const {
+void PeerTable::checkAlive(const std::string& during,
+                           const std::function<bool(int)>& finished) const {
   PeerFailure f;
   if (monitor_ && monitor_->failed(&f)) {
     throwError(ErrorKind::kPeerLost, "smddp: " + f.who + " " + f.what + " during " + during +
@@ -186,7 +187,7 @@ void PeerTable::checkAlive(const std::string& during) const {
   // be opened (another /dev/shm).
   const PeerInfo& self = peers_[rank_];
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || peers_[p].host != self.host) continue;
+    if (p == rank_ || peers_[p].host != self.host || (finished && finished(p))) continue;
     const bool sameNs = peers_[p].pidNamespace == self.pidNamespace;
     const OwnerLock* lock = peerLocks_.size() > static_cast<size_t>(p) ? peerLocks_[p].get()
                                                                        : nullptr;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,7 +75,10 @@ class PeerTable {
   // Throws PeerLost if a same-host peer process has exited (its shm owner
   // lock is free; see transport/shm_owner.h), or a peer on another host
   // died or went silent (transport/peer_monitor.h).
-  void checkAlive(const std::string& during) const;
+  // `finished(p)`: peer p is known to have run every call this wait is
+  // for, and left after (its leave notice): its exit is no failure here.
+  void checkAlive(const std::string& during,
+                  const std::function<bool(int)>& finished = nullptr) const;
   // Whether peer `p` is known to be gone: its owner lock is free (same
   // host) or the liveness monitor lost it (another host).
   bool lost(int p) const;

@@ -49,7 +49,10 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
   const PeerMonitor* monitor = ctx_.peers().monitor();
   if (now > nextLiveness_ || (monitor && monitor->failed(&lostPeer))) {
     nextLiveness_ = now + std::chrono::milliseconds(200);
-    ctx_.peers().checkAlive(what());
+    // A peer on this host that finished these calls, said so and exited
+    // (the end of a job, ranks finishing in any order) fails nothing.
+    const uint64_t last = firstSeq + count - 1;
+    ctx_.peers().checkAlive(what(), [&](int p) { return ctx_.control().leftAfter(p, last); });
   }
   // A call still waiting after 200 ms tells its peers what it is (see
   // ControlPlane::sendProbe): one header per peer, once per call.

@@ -132,3 +132,33 @@ def _leave_mid_collective_bystander(rank: int, world: int, victim: int, key: str
     warm = torch.full((4,), float(rank + 1))
     dist.all_reduce(warm, group=g)
     _store().set(f"{key}/in/{rank}", "1")
+
+
+GATHER_LATE_S = 1.5
+
+
+def finished_then_left(rank: int, world: int, victim: int) -> dict:
+    """One host: a gather to rank 0 that the victim finishes at once (its
+    part is sent), then it destroys its group and exits; rank 1 joins the
+    gather GATHER_LATE_S late, so rank 0 waits on rank 1 while the victim's
+    process is gone. The victim ran the gather and said so (its leave
+    notice): its exit must fail nothing."""
+    import torch
+    import torch.distributed as dist
+
+    warm = torch.full((4,), float(rank + 1))
+    dist.all_reduce(warm)
+    if rank == 1:
+        time.sleep(GATHER_LATE_S)
+    part = torch.full((3,), float(rank + 1))
+    out = [torch.zeros(3) for _ in range(world)] if rank == 0 else None
+    t0 = time.monotonic()
+    dist.gather(part, out, dst=0)
+    if rank == victim:
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        ctypes.CDLL(None).exit(0)  # gone while rank 0 still waits on rank 1
+    res = {"seconds": time.monotonic() - t0}
+    if rank == 0:
+        res["gathered"] = [x.tolist() for x in out]
+    return res

@@ -75,3 +75,17 @@ def test_a_rank_that_leaves_fails_the_calls_that_need_it_at_once(topology):
              for r, out in enumerate(results) if r != victim}
     print(f"{topology}: seconds from the leave to each survivor's failure: {times}")
     assert not problems, f"{problems}; seconds from leave to failure: {times}"
+
+
+def test_a_rank_that_finished_the_call_and_left_fails_nobody_still_in_it():
+    """The end of a job, ranks finishing in any order: rank 2 finishes a
+    gather to rank 0, shuts its group down and exits while rank 0 still
+    waits for rank 1 (1.5 s late). Rank 0's liveness check sees rank 2's
+    process gone, but rank 2's leave notice says it ran the gather: the
+    gather completes with every part (the oracle: each rank's part is
+    rank + 1)."""
+    results = run_world(3, "cases_leave:finished_then_left", args=(2,), pg_timeout=PG_TIMEOUT,
+                        timeout=120, allow_exit={2})
+    assert isinstance(results[2], ExitedRank) and results[2].returncode == 0, results[2]
+    assert results[0]["gathered"] == [[1.0] * 3, [2.0] * 3, [3.0] * 3], results[0]
+    assert results[0]["seconds"] >= 1.0, results[0]  # it did wait for rank 1 past the exit
