@@ -17,14 +17,15 @@
 //   7 collective u8   8 jobSecret u64   16 seq u64   24 srcRank u32
 //   28 chunk u32   32 offset u64   40 length u64   48 numel u64
 //   56 fingerprint u64   64 dtype u8   65 op u8   66 reserved   68 root i32
-// kind: 1 data, 2 error (payload is UTF-8 text), 3 probe (header only).
+// kind: 1 data, 2 error (payload is UTF-8 text), 3 probe (header only),
+// 4 leave notice (header only).
 // fingerprint: FNV-1a 64 (offset basis 14695981039346656037, prime
 //   1099511628211) over the little-endian bytes of six u64 words: collective,
 //   dtype, op, numel, root sign-extended, seq.
 // A data receive (validateFrame) accepts a frame if and only if:
 //   D1 at least 72 bytes arrived;
 //   D2 magic and version are as above;
-//   D3 kind is data: error and probe frames travel on the control tag only;
+//   D3 kind is data: error, probe and leave frames travel on the control tag only;
 //   D4 jobSecret is the group's and srcRank is the sender the receive was
 //      posted for, below the world size;
 //   D5 length equals the bytes that arrived minus 72, and fits the posted
@@ -35,10 +36,11 @@
 //   already fixes the phase and chunk.)
 // The error channel (validateControlFrame) accepts a frame if and only if:
 //   C1 at least 72 bytes arrived; C2 magic and version as above;
-//   C3 kind is error or probe; C4 jobSecret is the group's, srcRank is below
-//   the world size; C5 length equals the bytes that arrived minus 72 and is
-//   at most the text buffer; C6 a probe carries no payload, names a known
-//   dtype and op, and its fingerprint is that of its own fields.
+//   C3 kind is error, probe or leave; C4 jobSecret is the group's, srcRank
+//   is below the world size; C5 length equals the bytes that arrived minus
+//   72 and is at most the text buffer; C6 a probe carries no payload, names
+//   a known dtype and op, and its fingerprint is that of its own fields;
+//   C7 a leave notice carries no payload.
 //
 // Build: cmake -DSMDDP_BUILD_FUZZERS=ON -DCMAKE_CXX_COMPILER=clang++ (see
 // `make fuzz` and tests/README.md, "Fuzzing").
@@ -107,7 +109,7 @@ std::unique_ptr<FrameHeader> consumeHeader(FuzzedDataProvider& in, const FrameEx
     std::memcpy(h.get(), raw, sizeof(raw));
     return h;
   }
-  FrameKind kind = static_cast<FrameKind>(in.ConsumeIntegralInRange<uint8_t>(1, 3));
+  FrameKind kind = static_cast<FrameKind>(in.ConsumeIntegralInRange<uint8_t>(1, 4));
   uint64_t length = in.ConsumeBool() ? e.length.value_or(e.maxPayload)
                                      : in.ConsumeIntegral<uint64_t>();
   CollectiveSignature sig = in.ConsumeBool() ? e.sig : consumeSignature(in);
@@ -155,7 +157,7 @@ uint64_t specFingerprint(uint8_t collective, uint8_t dtype, uint8_t op, uint64_t
 }
 
 constexpr size_t kSpecHeaderBytes = 72;
-constexpr uint8_t kSpecData = 1, kSpecError = 2, kSpecProbe = 3;
+constexpr uint8_t kSpecData = 1, kSpecError = 2, kSpecProbe = 3, kSpecLeave = 4;
 
 // D1..D6: "" when the spec accepts the frame, else the first rule it breaks.
 const char* specRejectsData(const uint8_t* header, size_t received, const FrameExpectation& e) {
@@ -190,7 +192,9 @@ const char* specRejectsControl(const uint8_t* header, size_t received, uint64_t 
   WireBytes w{header};
   if (w.at<uint32_t>(0) != 0x50444d53u || w.at<uint16_t>(4) != 1) return "C2 magic or version";
   const uint8_t kind = w.at<uint8_t>(6);
-  if (kind != kSpecError && kind != kSpecProbe) return "C3 only error or probe frames";
+  if (kind != kSpecError && kind != kSpecProbe && kind != kSpecLeave) {
+    return "C3 only error, probe or leave frames";
+  }
   if (w.at<uint64_t>(8) != jobSecret || w.at<uint32_t>(24) >= worldSize) {
     return "C4 job secret and source rank";
   }
@@ -208,6 +212,7 @@ const char* specRejectsControl(const uint8_t* header, size_t received, uint64_t 
       return "C6 probe fingerprint";
     }
   }
+  if (kind == kSpecLeave && length != 0) return "C7 a leave notice has no payload";
   return "";
 }
 
