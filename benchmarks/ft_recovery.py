@@ -1,8 +1,9 @@
 """Recovery from a dead replica on a cluster of network namespaces
-(scripts/cluster.sh; root): torchft with smddp, torchft with Gloo, and a
-plain ``torchrun --max-restarts`` job that restarts from a checkpoint.
+(scripts/cluster.sh; root): DDP over smddp going on through
+``dist.shrink_group``, torchft with smddp, torchft with Gloo, and a plain
+``torchrun --max-restarts`` job that restarts from a checkpoint.
 
-    sudo .venv/bin/python benchmarks/ft_recovery.py                 # all three, 3 hosts
+    sudo .venv/bin/python benchmarks/ft_recovery.py                 # all four, 3 hosts
     sudo .venv/bin/python benchmarks/ft_recovery.py --modes smddp --replicas 2
 
 Each host trains the demo model (examples/train_ddp.py's CharTransformer),
@@ -14,6 +15,11 @@ process in its namespace).
   a lighthouse in the hub. The survivors go on without restarting;
   --replace-after seconds after they have, a replacement starts on the dead
   host, heals from a live peer and trains to --steps with them.
+- shrink mode (benchmarks/ft_shrink_worker.py): plain DDP over smddp, one
+  rank per host, started by this driver with the hub's store (torchrun's
+  agents would stop the survivors). The survivors' failed step names the
+  dead rank; they shrink the default group without it, wrap the model in
+  DDP again and redo the step. No replacement joins.
 - torchrun mode (benchmarks/ft_torchrun_worker.py): one torchrun per host,
   --max-restarts 3, a checkpoint every --ckpt-every steps. Only the last
   host's worker is SIGKILLed, not its torchrun agent, which restarts it (a
@@ -25,7 +31,8 @@ Reported per mode:
 - steps lost: step computations thrown away. torchft: the survivors'
   attempts that did not commit after the kill. torchrun: the steps done
   again after the restart (last completed before the kill minus the
-  checkpoint's step) plus the one in flight.
+  checkpoint's step) plus the one in flight. shrink: the survivors' failed
+  attempts (the step in flight, done again on the smaller group).
 - recovery s: from the kill to the moment every survivor has completed its
   next step (torchrun: every rank of the restarted job).
 - quorum to step ms (torchft): the part the backend owns. Most of the
@@ -33,7 +40,8 @@ Reported per mode:
   after the kill (its join timeout), give or take 50 ms. This column starts
   when the survivors begin to configure on that quorum (the abort of their
   old group) and ends at their first completed step; "form ms" is the new
-  group's formation within it. The largest over the survivors.
+  group's formation within it. The largest over the survivors. In shrink
+  mode "form ms" is dist.shrink_group's own time.
 
 Checked, and a failure exits non-zero: the survivors never restarted
 (torchft), their step count went on from where it was and the loss did not
@@ -147,13 +155,16 @@ def _check_step_digests(paths: list[str]) -> int:
 
 def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at: int,
                 replace_after: float, deadline_s: float, timeout_s: float = 30.0,
-                between: bool = False, digests: bool = False) -> dict:
+                between: bool = False, digests: bool = False, victim: int | None = None,
+                extra_env: dict | None = None) -> dict:
     """One torchft scenario; returns its figures, raises ScenarioError.
     between: the victim SIGKILLs itself right after it commits step
     kill_at, before it asks for the next quorum (no step fails), instead of
     dying mid-step. digests: every replica logs a digest of its state at
     every step, and any two that committed a step must agree there (also
-    FT_REPLICA_DIGESTS=1)."""
+    FT_REPLICA_DIGESTS=1). victim: the replica killed (default the last;
+    0 is torchft's primary, whose store the quorum uses). extra_env: for
+    every replica (standalone servers' settings, say)."""
     deadline = time.monotonic() + deadline_s
     hub = cluster.addr("hub")
     lighthouse = f"http://{hub}:{LIGHTHOUSE_PORT}"
@@ -162,9 +173,10 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
             "join_timeout_ms=1000, heartbeat_timeout_ms=2000)\n"
             "print('lighthouse', l.address(), flush=True)\ntime.sleep(3600)\n")
     cluster.spawn("hub", [sys.executable, "-c", code], os.path.join(out, "lighthouse.log"))
-    victim = replicas - 1
+    victim = replicas - 1 if victim is None else victim
     env = {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": REPO,
-           "FT_REPLICA_DIGESTS": "1" if digests else os.environ.get("FT_REPLICA_DIGESTS", "")}
+           "FT_REPLICA_DIGESTS": "1" if digests else os.environ.get("FT_REPLICA_DIGESTS", ""),
+           **(extra_env or {})}
 
     def start(r: int, die_after: int = 0):
         cmd = [sys.executable, os.path.join(HERE, "ft_replica.py"), "--pg", mode,
@@ -235,7 +247,8 @@ def run_torchft(cluster, mode: str, out: str, replicas: int, steps: int, kill_at
           "every replica, the replacement included, to finish", out, poll=0.5)
     for r in survivors:
         procs[r].wait(timeout=30)
-    result = {"mode": f"torchft + {mode}", "steps_lost": lost, "recovery_s": recovery_s}
+    result = {"mode": f"torchft + {mode}", "steps_lost": lost, "recovery_s": recovery_s,
+              "t_kill": t_kill, "survivors": survivors}
     result.update(_after_quorum(paths, survivors, t_kill))
     # --- checks ---
     for r in survivors:
@@ -326,6 +339,83 @@ def run_torchrun(cluster, out: str, hosts: int, steps: int, kill_at: int, ckpt_e
             "recovery_s": max(ts) - t_kill, "checkpoint_step": resume}
 
 
+def run_shrink(cluster, out: str, hosts: int, steps: int, kill_at: int, deadline_s: float,
+               timeout_s: float = 30.0) -> dict:
+    """DDP over smddp, one rank per host, started here (no torchrun, whose
+    agents stop every worker when one dies); the last host is killed mid-step
+    and the survivors go on through dist.shrink_group (ft_shrink_worker.py).
+    Returns its figures, raises ScenarioError."""
+    deadline = time.monotonic() + deadline_s
+    victim = hosts - 1
+    job = f"ftshrink-{secrets.token_hex(3)}/"
+    store = f"{cluster.addr('hub')}:{cl.STORE_PORT}"
+    env = {"PYTHONPATH": REPO}
+
+    def start(r: int):
+        cmd = [sys.executable, os.path.join(HERE, "ft_shrink_worker.py"), "--rank", str(r),
+               "--world", str(hosts), "--store", store, "--job", job, "--steps", str(steps),
+               "--out", out, "--timeout", str(timeout_s)]
+        return cluster.spawn(r, cmd, os.path.join(out, f"rank{r}.log"), env=env, cwd=out)
+
+    procs = [start(r) for r in range(hosts)]
+    paths = [os.path.join(out, f"steps.{r}.jsonl") for r in range(hosts)]
+    _wait(lambda: all(_steps_done(_read_steps(p)) >= kill_at for p in paths), deadline,
+          f"every rank to reach step {kill_at}", out, procs=procs)
+    t_kill = time.time()
+    cluster.kill_host(victim)  # the ranks train back to back: mid-step
+    survivors = [r for r in range(hosts) if r != victim]
+    at_kill = {r: _steps_done([x for x in _read_steps(paths[r]) if x["t"] <= t_kill])
+               for r in survivors}
+
+    def recovered():
+        firsts = []
+        for r in survivors:
+            after = [x for x in _read_steps(paths[r]) if x.get("t", 0) > t_kill and "after" in x]
+            if not after:
+                return None
+            firsts.append(after[0]["t"])
+        return firsts
+
+    live = [procs[r] for r in survivors]
+    firsts = _wait(recovered, deadline, "the survivors to complete a step after the kill", out,
+                   procs=live)
+    finals = [os.path.join(out, f"final.{r}.json") for r in survivors]
+    _wait(lambda: all(os.path.exists(p) for p in finals), deadline,
+          "the survivors to finish", out, poll=0.5, procs=live)
+    codes = cluster.wait_jobs(max(1.0, deadline - time.monotonic()), jobs=live)
+    if any(c != 0 for c in codes):
+        raise ScenarioError(f"a survivor failed: exit codes {codes}\n{_logs(out)}")
+    result = {"mode": "shrink_group + smddp", "recovery_s": max(firsts) - t_kill}
+    # --- checks ---
+    lost, shrink_s = 0, []
+    for r in survivors:
+        rows = _read_steps(paths[r])
+        if len([x for x in rows if x.get("event") == "start"]) != 1:
+            raise ScenarioError(f"rank {r} restarted")
+        failed = [x for x in rows if x.get("event") == "failed"]
+        shrunk = [x for x in rows if x.get("event") == "shrunk"]
+        if len(shrunk) != 1 or shrunk[0]["lost"] != [victim] or shrunk[0]["world"] != hosts - 1:
+            raise ScenarioError(f"rank {r} did not shrink the group once, without rank "
+                                f"{victim}: {shrunk}")
+        shrink_s.append(shrunk[0]["s"])
+        lost = max(lost, len(failed))  # step computations thrown away
+        post = [x for x in rows if x.get("t", 0) > t_kill and "after" in x]
+        if post[0]["step"] != at_kill[r] or post[0]["participants"] != hosts - 1:
+            raise ScenarioError(f"rank {r} went on from step {post[0]['step']} on "
+                                f"{post[0]['participants']} ranks, not from {at_kill[r]} "
+                                f"on {hosts - 1}")
+        first_loss = next(x["loss"] for x in rows if "loss" in x)
+        if post[0]["loss"] > 0.9 * first_loss:
+            raise ScenarioError(f"rank {r}'s loss went back to {post[0]['loss']:.3f} "
+                                f"(it started at {first_loss:.3f})")
+    result.update(steps_lost=lost, shrink_s=max(shrink_s),
+                  step_pairs_compared=_check_step_digests(paths))
+    got = {r: json.load(open(os.path.join(out, f"final.{r}.json"))) for r in survivors}
+    if len({g["digest"] for g in got.values()}) != 1 or {g["step"] for g in got.values()} != {steps}:
+        raise ScenarioError(f"the survivors ended with different states: {got}")
+    return result
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
@@ -337,11 +427,12 @@ def git_commit() -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", default="smddp,gloo,torchrun")
+    p.add_argument("--modes", default="shrink,smddp,gloo,torchrun")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--steps", type=int, default=100000,
                    help="torchft: a bound; they stop a few steps after the replacement joined")
     p.add_argument("--torchrun-steps", type=int, default=60, help="torchrun: the job's steps")
+    p.add_argument("--shrink-steps", type=int, default=40, help="shrink: the job's steps")
     p.add_argument("--kill-at", type=int, default=20)
     p.add_argument("--kill-between", action="store_true",
                    help="torchft: the last host's replica SIGKILLs itself between steps (after "
@@ -364,7 +455,10 @@ def main(argv=None) -> int:
             for mode in args.modes.split(","):
                 out = tempfile.mkdtemp(prefix=f"ft-{mode}-")
                 try:
-                    if mode == "torchrun":
+                    if mode == "shrink":
+                        res = run_shrink(cluster, out, args.replicas, args.shrink_steps,
+                                         args.kill_at, deadline_s=600)
+                    elif mode == "torchrun":
                         res = run_torchrun(cluster, out, args.replicas, args.torchrun_steps,
                                            args.kill_at,
                                            args.ckpt_every, deadline_s=600)
@@ -390,7 +484,9 @@ def main(argv=None) -> int:
     for r in results:
         repl = f"{r['replacement_s']:14.2f}" if "replacement_s" in r else f"{'-':>14s}"
         after = (f"{1e3 * r['after_quorum_s']:18.1f} {1e3 * r['form_s']:8.1f}"
-                 if "after_quorum_s" in r else f"{'-':>18s} {'-':>8s}")
+                 if "after_quorum_s" in r else
+                 f"{'-':>18s} {1e3 * r['shrink_s']:8.1f}" if "shrink_s" in r else
+                 f"{'-':>18s} {'-':>8s}")
         print(f"{r['mode']:34s} {r['run']:3d} {r['steps_lost']:10d} {r['recovery_s']:11.2f} {repl} "
               f"{after}")
     if args.json:

@@ -85,7 +85,7 @@ def main(argv=None) -> None:
     timeout = datetime.timedelta(seconds=args.timeout)
     if args.pg == "smddp":
         from torch_smddp import _C
-        from torch_smddp.torchft import ProcessGroupSmddp
+        from torch_smddp.torchft import ProcessGroupSmddp, _backend
 
         pg = ProcessGroupSmddp(timeout=timeout)
     elif args.pg == "gloo":
@@ -191,6 +191,11 @@ def main(argv=None) -> None:
         if args.pg == "smddp":
             # Spare endpoints this process has formed groups on so far.
             row["spares_taken"] = _C.spare_endpoint_counts()["taken"]
+            # What this step's group sent through standalone servers so far
+            # (a group's counters start at its formation).
+            backend = _backend(getattr(pg, "_pg", None)) if getattr(pg, "_pg", None) else None
+            if backend is not None:
+                row["server_bytes"] = backend.stats()["standalone_server_bytes"]
         log.write(json.dumps(row) + "\n")
         if args.die_after and row["committed"] and after == args.die_after:
             os.kill(os.getpid(), signal.SIGKILL)

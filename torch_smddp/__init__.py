@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 # Debian's libfabric loads libinfinipath (psm provider), whose fatal-signal
 # handler calls exit() inside the handler and writes *.btr files; with our
@@ -296,13 +297,27 @@ def reset_stats(group=None) -> None:
     _backend_of(group).reset_stats()
 
 
-def lost_ranks(group=None) -> list:
+def lost_ranks(group=None, wait: float = 2.0) -> list:
     """The ranks of ``group`` (default: the world group) known to be gone: a
     process on this host that died, a rank on another host whose liveness
     connection closed without a goodbye or fell silent. What a survivor
     hands ``dist.shrink_group`` after a call failed naming a lost rank
-    (examples/shrink_on_failure.py)."""
-    return list(_backend_of(group).lost_ranks())
+    (examples/shrink_on_failure.py).
+
+    A call can fail on a peer's report before this rank has its own
+    evidence: a rank on the dead rank's host hears from another host first,
+    while the kernel is still tearing the dead process down and holds its
+    lock. So when the group has failed and no rank is known gone yet, this
+    looks again for up to ``wait`` seconds (never longer than that)."""
+    backend = _backend_of(group)
+    lost = list(backend.lost_ranks())
+    if lost or backend.errored() is None:
+        return lost
+    deadline = time.monotonic() + max(0.0, wait)
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+        lost = list(backend.lost_ranks())
+    return lost
 
 
 def flight_recorder(group=None) -> list:

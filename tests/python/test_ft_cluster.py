@@ -82,3 +82,39 @@ def test_a_replica_killed_the_survivor_goes_on_and_a_replacement_joins(tmp_path,
     print(f"\nsteps lost {res['steps_lost']}, recovery {res['recovery_s']:.2f} s, "
           f"replacement joined at step {res['replacement_joined_at_step']}, "
           f"survivors on spares {res.get('survivors_on_spares')}")
+
+
+def test_torchfts_primary_killed_with_standalone_servers_the_survivors_keep_using_them(tmp_path):
+    """3 replicas and a standalone server on a fourth host (SMDDP_SERVER_HOSTS:
+    the servers' keys are not in the quorum's store, which dies with its
+    primary). Replica 0, torchft's primary, is killed mid-step. The survivors
+    go on, and every step they commit after the kill still sends bytes
+    through the server: a survivor's links to a healthy server never marked
+    it down. The replacement joins with bitwise equal state (run_torchft)."""
+    why = cl.why_unavailable()
+    if why:
+        pytest.skip(f"no cluster of network namespaces here: {why}")
+    replicas = 3
+    with cl.Cluster(replicas + 1, "2gbit") as cluster:
+        try:
+            env = cluster.start_servers([replicas], str(tmp_path))
+            res = ft_recovery.run_torchft(cluster, "smddp", str(tmp_path), replicas=replicas,
+                                          steps=100000, kill_at=8, replace_after=0.5,
+                                          deadline_s=DEADLINE_S, digests=True, victim=0,
+                                          extra_env=env)
+        except ft_recovery.ScenarioError as e:
+            pytest.fail(str(e))
+        finally:
+            cluster.reset()
+    assert res["steps_lost"] in (0, 1), res
+    for r in res["survivors"]:
+        rows = [x for x in ft_recovery._read_steps(str(tmp_path / f"steps.{r}.jsonl"))
+                if x.get("committed")]
+        before = [x.get("server_bytes", 0) for x in rows if x["t"] <= res["t_kill"]]
+        after = [x.get("server_bytes", 0) for x in rows if x["t"] > res["t_kill"]]
+        assert before and all(b > 0 for b in before), (r, "no bytes via the server", before)
+        # A group's count grows at every step that used the server; it
+        # starts again (lower) in the next quorum's group. The same count
+        # twice is a step that sent the server nothing.
+        assert after and all(b > 0 for b in after), (r, "a step skipped the server", after)
+        assert all(b != a for a, b in zip(after, after[1:])), (r, "a step skipped it", after)

@@ -9,50 +9,65 @@ from __future__ import annotations
 from mp_harness import ExitedRank, run_world
 
 
-def test_shrink_group_on_a_sub_group_and_on_the_default_group_after_a_kill():
-    results = run_world(4, "cases_shrink:shrink_cases", timeout=240, pg_timeout=30,
-                        allow_exit={3})
-    dead = results[3]
-    assert isinstance(dead, ExitedRank) and dead.returncode == -9, dead
+def check_shrink(results: dict, world: int, excluded: int, victims: list[int]) -> list[str]:
+    """The problems in cases_shrink.shrink_cases's results (rank -> dict) of
+    the ranks that survive `victims`; every oracle a closed form over the
+    ranks that remain."""
     problems = []
-    for rank in range(3):
+    survivors = [r for r in range(world) if r not in victims]
+    sub_members = [r for r in range(world) if r != excluded]
+    for rank in survivors:
         sub, default = results[rank]["subgroup"], results[rank]["default"]
         if not sub["warm_ok"]:
             problems.append(f"rank {rank}: warm-up sum wrong")
-        if sub["world_sum"] != [10.0, 10.0]:
+        if sub["world_sum"] != [world * (world + 1) / 2] * 2:
             problems.append(f"rank {rank}: world group after the sub-group's shrink: "
                             f"{sub['world_sum']}")
-        if rank == 1:
+        if rank == excluded:
             late = sub["excluded_call"]
             # Its peers shut the old group down (the shrink): its call fails
             # at once, with their leave or their report of the shutdown.
             if not late["raised"] or not ("left the group" in late["msg"]
                                           or "shut down" in late["msg"]):
-                problems.append(f"rank 1 (excluded): its call into the old group: {late}")
+                problems.append(f"rank {rank} (excluded): its call into the old group: {late}")
             if late["raised"] and late["elapsed"] > 10:
-                problems.append(f"rank 1 (excluded): failed only after {late['elapsed']:.1f} s")
+                problems.append(f"rank {rank} (excluded): failed only after "
+                                f"{late['elapsed']:.1f} s")
         else:
             refused = sub["default_refused"]
             if not refused["raised"] or "SHRINK_DEFAULT needs the group idle" not in refused["msg"]:
                 problems.append(f"rank {rank}: SHRINK_DEFAULT with a call in flight: {refused}")
             if not sub["stuck_raised"]:
                 problems.append(f"rank {rank}: the call SHRINK_ABORT aborted returned normally")
-            want = {0: [0, 3], 2: [1, 3], 3: [2, 3]}[rank]
+            want = [sub_members.index(rank), world - 1]
             if sub["small_rank_size"] != want:
                 problems.append(f"rank {rank}: shrunk sub-group rank/size {sub['small_rank_size']}")
-            if sub["small_sum"] != [8.0] * 4:  # ranks 0, 2, 3: 1 + 3 + 4
+            total = float(sum(r + 1 for r in sub_members))
+            if sub["small_sum"] != [total] * 4:
                 problems.append(f"rank {rank}: shrunk sub-group sum {sub['small_sum']}")
+            if sub["idle_default"] != {"rank_size": want, "sum": [total] * 3}:
+                problems.append(f"rank {rank}: the idle sub-group shrunk with SHRINK_DEFAULT: "
+                                f"{sub['idle_default']}")
         failure = default["failure"]
-        if not failure["raised"] or "rank 3" not in failure["msg"]:
-            problems.append(f"rank {rank}: the all_reduce rank 3 died in: {failure}")
-        if default["world"] != [rank, 3]:
+        if not failure["raised"] or not any(f"rank {v}" in failure["msg"] for v in victims):
+            problems.append(f"rank {rank}: the all_reduce {victims} died in: {failure}")
+        if default["world"] != [survivors.index(rank), len(survivors)]:
             problems.append(f"rank {rank}: rank/size after the shrink {default['world']}")
         if not default["sum_ok"]:
             problems.append(f"rank {rank}: all_reduce on the shrunk default group is wrong")
-        if default["gathered"] != [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]:
+        if default["gathered"] != [[float(r)] * 2 for r in survivors]:
             problems.append(f"rank {rank}: all_gather {default['gathered']}")
-        if default["broadcast"] != [2.0] * 3:
+        if default["broadcast"] != [float(survivors[2])] * 3:
             problems.append(f"rank {rank}: broadcast {default['broadcast']}")
+    return problems
+
+
+def test_shrink_group_on_a_sub_group_and_on_the_default_group_after_a_kill():
+    results = run_world(4, "cases_shrink:shrink_cases", timeout=240, pg_timeout=30,
+                        allow_exit={3})
+    dead = results[3]
+    assert isinstance(dead, ExitedRank) and dead.returncode == -9, dead
+    problems = check_shrink(results, 4, excluded=1, victims=[3])
     times = [round(results[r]["default"]["kill_to_step_s"], 2) for r in range(3)]
     assert not problems, f"{problems}; kill to first step after the shrink (s): {times}"
 
