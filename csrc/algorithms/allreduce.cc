@@ -167,7 +167,7 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   if (cp.mine && n > 1) {
     const size_t depth = cp.rounds ? cp.mine->chunks.size()
                                    : static_cast<size_t>(ctx.config().ringDepth);
-    uint8_t* scratch = ctx.scratch(ServerRing::scratchBytes(n, depth, cp.chunkBytes));
+    uint8_t* scratch = ctx.memory().scratch(ServerRing::scratchBytes(n, depth, cp.chunkBytes));
     server.emplace(ctx, ex, *cp.mine, depth, scratch, cp.chunkBytes,
                    [es](uint64_t count) { return count * es; },
                    [&](size_t k, std::vector<const void*>& in) {
@@ -239,7 +239,7 @@ struct NarrowScratch {
     const size_t ownChunks = cp.mine ? cp.mine->chunks.size() : 0;
     ringAt = (2 * servers * kNarrowWindow + ownChunks) * slot;
     const size_t floatsAt = ringAt + (cp.mine ? ServerRing::scratchBytes(ctx.size(), depth, slot) : 0);
-    base = ctx.scratch(floatsAt + (n + 1) * maxChunk * sizeof(float));
+    base = ctx.memory().scratch(floatsAt + (n + 1) * maxChunk * sizeof(float));
     wide = reinterpret_cast<float*>(base + floatsAt);
   }
   uint8_t* out(const Shard& s, size_t k) const {
@@ -339,7 +339,7 @@ void allreduceBuffers(EngineContext& ctx, uint64_t seq, const std::vector<Buffer
     if (narrow) {
       allreduceCoreNarrow(ctx, seq, sig, reinterpret_cast<float*>(data), seq, extra);
     } else {
-      allreduceCore(ctx, seq, sig, data, seq, ctx.timeout(), extra);
+      allreduceCore(ctx, seq, sig, data, seq, ctx.waits().timeout(), extra);
     }
   };
   if (bufs.size() == 1) {
@@ -347,7 +347,7 @@ void allreduceBuffers(EngineContext& ctx, uint64_t seq, const std::vector<Buffer
     return;
   }
   // Several tensors: fuse them into one buffer, reduce once, scatter back.
-  uint8_t* fused = ctx.fusionBuffer(total * es);
+  uint8_t* fused = ctx.memory().fusionBuffer(total * es);
   uint64_t off = 0;
   for (const auto& b : bufs) {
     if (b.numel) std::memcpy(fused + off * es, b.data, b.numel * es);

@@ -9,7 +9,7 @@ void runBarrier(EngineContext& ctx, uint64_t seq) {
   // A zero-byte allreduce: everyone checks in with one server, which
   // releases everyone once all have arrived.
   CollectiveSignature sig{CollectiveType::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, -1};
-  checkInWithServer(ctx, seq, sig, seq, ctx.timeout());
+  checkInWithServer(ctx, seq, sig, seq, ctx.waits().timeout());
 }
 
 void runMonitoredBarrier(EngineContext& ctx, uint64_t seq, std::chrono::milliseconds timeout) {

@@ -16,7 +16,7 @@ void serveReduction(Exchange& ex, EngineContext& ctx, CollectiveSignature sig,
   const int rank = ctx.rank();
   const size_t es = elementSize(sig.dtype);
   chunks = splitChunks(count, es, ctx.config().chunkBytes);
-  uint8_t* scratch = ctx.scratch(count * es * n);
+  uint8_t* scratch = ctx.memory().scratch(count * es * n);
   remaining.assign(chunks.size(), n - 1);
   auto slot = [=](int p) { return scratch + count * es * p; };
   // Runs later, from run()'s completions: capture locals by value; the

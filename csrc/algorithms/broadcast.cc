@@ -20,7 +20,7 @@ void runBroadcast(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& b
   uint8_t* data = static_cast<uint8_t*>(bufs.empty() ? nullptr : bufs[0].data);
   bool fused = bufs.size() > 1;
   if (fused) {
-    data = ctx.fusionBuffer(total * es);
+    data = ctx.memory().fusionBuffer(total * es);
     if (ctx.rank() == root) {
       uint64_t off = 0;
       for (const auto& b : bufs) {

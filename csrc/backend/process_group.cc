@@ -147,7 +147,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     intra.store = store_;
     intra.rank = rank_;
     intra.size = size_;
-    intra.ranksByHost = comm_->context().peers().ranksByHost();
+    intra.ranksByHost = comm_->peers().ranksByHost();
     intra.groupName = groupName_;
     intra.instance = comm_->storePrefix();
     intra.timeout = timeout_;
@@ -264,7 +264,7 @@ bool ProcessGroupSmddp::allreduceNow(at::Tensor& tensor, const c10d::ReduceOp& r
   if (!engineDt || coalescingNow()) return false;
   const DataType dt = *engineDt;
   const smddp::ReduceOp op = toReduceOp(reduceOp, dt, "all_reduce");  // names an unsupported pair
-  comm_->context().counters().directCalls++;
+  comm_->counters().directCalls++;
   try {
     comm_->allreduceSync({bufferOf(tensor)}, dt, op, {extentOf(tensor)});
   } catch (const smddp::Error& e) {

@@ -150,16 +150,16 @@ class ProcessGroupSmddp : public c10d::Backend {
   smddp::Stats stats() const { return comm_ ? comm_->stats() : smddp::Stats{}; }
   // Per (collective, size class) counts and latency percentiles.
   std::vector<smddp::LatencyHistograms::Cell> latencyStats() const {
-    return comm_ ? comm_->context().counters().latency.cells()
+    return comm_ ? comm_->counters().latency.cells()
                  : std::vector<smddp::LatencyHistograms::Cell>{};
   }
   // torch_smddp.reset_stats(): every counter back to zero.
   void resetStats() {
-    if (comm_) comm_->context().counters().reset();
+    if (comm_) comm_->counters().reset();
   }
   std::string provider() const { return comm_ ? comm_->provider() : ""; }
   // How the provider was chosen (SMDDP_FI_PROVIDER, FI_PROVIDER, the layout).
-  std::string providerReason() const { return comm_ ? comm_->context().providerReason() : ""; }
+  std::string providerReason() const { return comm_ ? comm_->providerReason() : ""; }
   // "shared-memory" when allreduce runs through the host segment, else the
   // libfabric provider.
   std::string allreducePath() const {
@@ -177,7 +177,7 @@ class ProcessGroupSmddp : public c10d::Backend {
   int64_t ringDepth() const { return comm_ ? comm_->config().ringDepth : 0; }
   // The ranks on other hosts this rank keeps liveness connections to.
   std::vector<int> livenessPeers() const {
-    const smddp::PeerMonitor* monitor = comm_ ? comm_->context().peers().monitor() : nullptr;
+    const smddp::PeerMonitor* monitor = comm_ ? comm_->peers().monitor() : nullptr;
     return monitor ? monitor->watchedRanks() : std::vector<int>{};
   }
   std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
@@ -186,7 +186,7 @@ class ProcessGroupSmddp : public c10d::Backend {
   // lost a peer on another host (PeerTable::checkAlive). Any thread, but
   // never concurrently with shutdown().
   void checkPeersAlive(const std::string& during) const {
-    if (comm_) comm_->context().peers().checkAlive(during);
+    if (comm_) comm_->peers().checkAlive(during);
   }
   // Ranks known to be gone (PeerTable::lost): a process on this host whose
   // owner lock is free, a rank on another host the liveness monitor lost.
@@ -194,7 +194,7 @@ class ProcessGroupSmddp : public c10d::Backend {
   std::vector<int> lostRanks() const {
     std::vector<int> out;
     if (!comm_) return out;
-    const smddp::PeerTable& peers = comm_->context().peers();
+    const smddp::PeerTable& peers = comm_->peers();
     for (int p = 0; p < size_; ++p) {
       if (p != rank_ && peers.lost(p)) out.push_back(p);
     }

@@ -37,12 +37,13 @@ void readEngineParams(EngineConfig& c) {
 Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts) {
   // 0-4. Key space, peers, provider, secret, endpoint, control plane.
   std::vector<std::string> shmTrouble;  // why shared memory was given up, per path
-  ctx_ = std::make_unique<EngineContext>(store, opts, std::move(parts.config), shmTrouble);
+  ctx_ = std::make_unique<EngineContext>(store, opts, std::move(parts.config), shmTrouble,
+                                         laps_);
   // 5. The allreduce path the layout allows (the layers above choose).
   PrefixBootstrap bootstrap(store, ctx_->storePrefix());
   path_ = parts.openAllreducePath(*ctx_, bootstrap, shmTrouble);
   SMDDP_CHECK(path_ != nullptr, kInternal, "smddp: no allreduce path was opened");
-  ctx_->formationLap("path");
+  laps_.lap("path");
   fuses_ = path_->fuses();
   pathDescription_ = path_->describe();
   warnShmTrouble(shmTrouble);
@@ -63,7 +64,7 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
   // No call yet: a goodbye now says this rank leaves before call 0.
   ctx_->peers().noteFirstUnfinished(0);
   worker_ = std::thread([this] { workerLoop(); });
-  ctx_->formationLap("observer");
+  laps_.lap("observer");
   SMDDP_LOG(kInfo) << describeGroup();
 }
 
@@ -90,7 +91,7 @@ std::string Communicator::describeGroup() const {
       << " rank(s) on other hosts (port " << monitor->listenPort() << ", SMDDP_PEER_TIMEOUT "
       << PeerMonitor::configuredSilence().count() / 1000 << " s)";
   }
-  o << "; " << ctx_->formationTimes();
+  o << "; " << laps_.describe();
   return o.str();
 }
 
@@ -123,7 +124,7 @@ void Communicator::shutdown() {
     if (stopping_ && !worker_.joinable()) return;
     leaveBefore = firstUnfinishedLocked();
     stopping_ = true;
-    ctx_->requestStop();
+    ctx_->waits().requestStop();
     leftover.swap(queue_);
     queued_.store(0);
     for (const Task& t : leftover) forgetUnfinishedLocked(t.seq);

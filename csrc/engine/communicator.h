@@ -29,6 +29,7 @@
 #include "engine/call.h"
 #include "engine/engine_config.h"
 #include "engine/engine_context.h"
+#include "engine/formation_laps.h"
 #include "observe/call_observer.h"
 #include "observe/flight_recorder.h"
 #include "observe/stats.h"
@@ -78,9 +79,9 @@ class Communicator {
   // log's text); kept, so it can be read after the path released its
   // resources.
   const std::string& allreducePathDescription() const { return pathDescription_; }
-  std::chrono::milliseconds timeout() const { return ctx_->timeout(); }
+  std::chrono::milliseconds timeout() const { return ctx_->waits().timeout(); }
   // Any thread (c10d's setTimeout); a call already waiting keeps its deadline.
-  void setTimeout(std::chrono::milliseconds t) { ctx_->setTimeout(t); }
+  void setTimeout(std::chrono::milliseconds t) { ctx_->waits().setTimeout(t); }
   uint64_t nextSequence() const { return nextSeq_.load(); }
   // Calls queued or running, not yet finished (a shrink wants none).
   size_t unfinishedCalls() const {
@@ -89,6 +90,11 @@ class Communicator {
   }
   // "smddp/<nonce>/": where this group instance's keys live in the store.
   const std::string& storePrefix() const { return ctx_->storePrefix(); }
+  // How the provider was chosen (SMDDP_FI_PROVIDER, FI_PROVIDER, the layout).
+  const std::string& providerReason() const { return ctx_->providerReason(); }
+  // Who and where every rank is, and whether it is still alive
+  // (peer_table.h): any thread.
+  const PeerTable& peers() const { return ctx_->peers(); }
 
   // --- Collectives (any thread; communicator_calls.cc, p2p.cc) ---
   // Buffers must stay valid until `done` runs. Each returns the sequence
@@ -127,13 +133,17 @@ class Communicator {
   // runs, so this object must be leaked, never destroyed.
   bool stuck() const { return stuck_.load(); }
   Stats stats() const { return ctx_->counters().snapshot(); }
+  // The counters behind stats() (atomics, any thread): latency histograms,
+  // reset, and the counts the backend adds to.
+  StatsCounters& counters() { return ctx_->counters(); }
   // The group's flight recorder (flight_recorder.h); null with
   // SMDDP_TRACE_BUFFER_SIZE=0.
   std::shared_ptr<const FlightRecorder> flightRecorder() const { return observer_->recorder(); }
 
-  // --- The group's context (engine_context.h): its peers, counters and,
-  //     for tests that drive the endpoint themselves while nothing is
-  //     queued, its control plane and progress() ---
+  // --- The group's context (engine_context.h), for tests that drive the
+  //     endpoint themselves while nothing is queued: its control plane,
+  //     progress() and the servers' placement. The backend reads only the
+  //     accessors above. ---
   EngineContext& context() { return *ctx_; }
 
  private:
@@ -229,6 +239,9 @@ class Communicator {
   void superviseP2P();
   void breakP2P(ErrorKind kind, const std::string& why);
 
+  // Where the set-up's time went (the context's phases, then the path's
+  // and the observer's), for describeGroup().
+  FormationLaps laps_;
   // Set up by the constructor and released by shutdown; the path holds
   // references into the context, so it goes first (declared after it).
   std::unique_ptr<EngineContext> ctx_;

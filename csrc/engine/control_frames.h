@@ -40,7 +40,7 @@ class ControlPlane {
     virtual bool inProgress() const = 0;
     // Nothing polls the endpoint any more: quarantined, or shutting down.
     virtual bool pollingStopped() const = 0;
-    // The group timeout (EngineContext::timeout).
+    // The group timeout (WaitLimits::timeout).
     virtual std::chrono::milliseconds timeout() const = 0;
 
    protected:
@@ -56,7 +56,7 @@ class ControlPlane {
   // Once the endpoint and the peers' addresses exist: posts the receives
   // that stay armed for control frames. `secret` keeps other groups'
   // frames apart, `keys` (shared with the liveness monitor) MAC every
-  // frame. `sink` ends each receive (see EngineContext::overflowSink).
+  // frame. `sink` ends each receive (see CallMemory::overflowSink).
   void start(Endpoint& endpoint, uint64_t secret, std::shared_ptr<const PeerKeys> keys,
              iovec sink);
   // Shutdown, before the request pool is cleared: forgets the frames that

@@ -1,10 +1,8 @@
 // The engine context (engine_context.h): the group's set-up up to its
-// endpoint, progress(), which hands each completion to its owner, the
-// running call's memory, and the release of it all at shutdown.
+// endpoint, progress(), which hands each completion to its owner, and the
+// release of it all at shutdown. The running call's memory is in
+// call_memory.cc, the point-to-point operations in flight in p2p_state.cc.
 #include "engine/engine_context.h"
-
-#include <rdma/fi_errno.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cctype>
@@ -13,6 +11,7 @@
 #include "common/crypto.h"
 #include "common/logging.h"
 #include "engine/exchange.h"
+#include "engine/formation_laps.h"
 #include "common/key_file.h"
 #include "transport/spare_endpoints.h"
 
@@ -80,8 +79,8 @@ DataType parseCrossHostDtype(const std::string& value, const std::string& source
 }
 
 EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineConfig config,
-                             std::vector<std::string>& shmTrouble)
-    : rank_(opts.rank), size_(opts.size), name_(opts.name), timeoutMs_(opts.timeout.count()),
+                             std::vector<std::string>& shmTrouble, FormationLaps& laps)
+    : rank_(opts.rank), size_(opts.size), name_(opts.name), waits_(opts.timeout),
       config_(std::move(config)) {
   applyRegisteredServers(config_, opts.servers);  // the key lives on in config_ only
   if (!opts.crossHostDtype.empty()) {
@@ -94,7 +93,7 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   //    group (or a restarted job) still holds the keys of earlier ones.
   storePrefix_ = "smddp/" + joinGroupInstance(store, rank_, size_, opts.timeout, name_) + "/";
   PrefixBootstrap bootstrap(store, storePrefix_);
-  formationLap("join");
+  laps.lap("join");
   // 1. Who is where: host identity, pid, PID namespace and shm owner of
   //    every rank, and each one's public key for the group's pair keys.
   {
@@ -105,7 +104,7 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
     derivePeerKeys(pair.privateKey, preShared);
   }
   keyPeerSeal();
-  formationLap("peers");
+  laps.lap("peers");
   placeNetworkServers();
   // The network path's receive ring: across hosts, more than two chunks
   // per peer in flight only queue at the link (benchmarks/RESULTS.md,
@@ -123,18 +122,18 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   adoptProvider(chooseProvider(request));
   // 3. A per-group secret: frames without it are dropped.
   agreeOnSecret(bootstrap);
-  sink_.reserve();
-  formationLap("secret");
+  memory_.reserveSink();
+  laps.lap("secret");
   // 4. Endpoint and addresses, then the control plane's receives.
   openEndpoint(bootstrap, shmTrouble);
-  formationLap("endpoint");
+  laps.lap("endpoint");
   auto names = bootstrapAllGather(bootstrap, rank_, size_, "addr", endpoint_->name(), opts.timeout);
-  formationLap("addresses");
+  laps.lap("addresses");
   peers_.watch(bootstrap, *endpoint_, endpoint_->insertPeers(names), peerKeys_, opts.timeout);
-  formationLap("liveness");
-  control_.start(*endpoint_, jobSecret_, peerKeys_, overflowSink());
+  laps.lap("liveness");
+  control_.start(*endpoint_, jobSecret_, peerKeys_, memory_.overflowSink());
   control_.greetHost(std::min<std::chrono::milliseconds>(opts.timeout, std::chrono::seconds(10)));
-  formationLap("host links");
+  laps.lap("host links");
   if (opts.keepSpare) prepareSpareEndpoint(provider_, kSparePause);
 }
 
@@ -142,25 +141,6 @@ void EngineContext::adoptProvider(ProviderChoice choice) {
   provider_ = std::move(choice.provider);
   providerReason_ = std::move(choice.why);
   providerForced_ = choice.forced;
-}
-
-void EngineContext::formationLap(const char* phase) {
-  const auto now = std::chrono::steady_clock::now();
-  laps_.emplace_back(phase, std::chrono::duration<double, std::milli>(now - lapStart_).count());
-  lapStart_ = now;
-}
-
-std::string EngineContext::formationTimes() const {
-  double total = 0;
-  std::string parts;
-  char buf[64];
-  for (const auto& [phase, ms] : laps_) {
-    total += ms;
-    std::snprintf(buf, sizeof(buf), "%s%s %.1f", parts.empty() ? "" : ", ", phase, ms);
-    parts += buf;
-  }
-  std::snprintf(buf, sizeof(buf), "formed in %.1f ms (", total);
-  return buf + parts + ")";
 }
 
 EngineContext::~EngineContext() = default;
@@ -223,7 +203,7 @@ void EngineContext::agreeOnSecret(Bootstrap& bootstrap) {
     jobSecret_ = randomSecret();
     bootstrap.set("secret", std::to_string(jobSecret_));
   } else {
-    jobSecret_ = std::stoull(bootstrap.get("secret", timeout()));
+    jobSecret_ = std::stoull(bootstrap.get("secret", waits_.timeout()));
   }
 }
 
@@ -245,7 +225,7 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
   }
   if (provider_ == "shm" && !forced) {
     auto verdicts =
-        bootstrapAllGather(bootstrap, rank_, size_, "shmprovider", shmStatus, timeout());
+        bootstrapAllGather(bootstrap, rank_, size_, "shmprovider", shmStatus, waits_.timeout());
     auto bad = std::find_if(verdicts.begin(), verdicts.end(),
                             [](const std::string& v) { return v != "ok"; });
     if (bad != verdicts.end()) {
@@ -284,11 +264,7 @@ size_t EngineContext::progress() {
     if (r->owner) {
       r->owner->complete(r, batch[i]);
     } else if (r->onComplete) {
-      auto onComplete = std::move(r->onComplete);
-      r->onComplete = nullptr;
-      --p2pInFlight_;
-      onComplete(r, batch[i]);
-      requests_.release(r);
+      p2p_.complete(r, batch[i]);
     } else if (r->type == Request::Type::kErrorRecv) {
       control_.handleFrame(r, batch[i]);
     } else {
@@ -305,7 +281,7 @@ void EngineContext::quarantine(const std::string& why) {
   control_.markBroken(why);
   SMDDP_LOG(kWarn) << "group '" << name_ << "' rank " << rank_
                    << " stops using its endpoint: " << why;
-  failP2P(why, false);
+  p2p_.fail(why, false);
 }
 
 std::string EngineContext::withDesyncReport(const Error& e) {
@@ -319,66 +295,11 @@ std::string EngineContext::withDesyncReport(const Error& e) {
   // Long enough for a store round trip to every rank on a loaded host
   // (the answering threads may wait for a core), short next to the
   // timeout that brought us here.
-  const auto budget = std::clamp(timeout() / 2, std::chrono::milliseconds(1000),
+  const auto budget = std::clamp(waits_.timeout() / 2, std::chrono::milliseconds(1000),
                                  std::chrono::milliseconds(5000));
   const std::string report =
       desync_->collect(budget, [this](int r) { return peers_.lost(r); }, e.what());
   return std::string(e.what()) + ". Desync report: " + report;
-}
-
-uint8_t* EngineContext::scratch(size_t bytes) {
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  return scratch_.data();
-}
-
-uint8_t* EngineContext::fusionBuffer(size_t bytes) {
-  if (fusion_.size() < bytes) fusion_.resize(bytes);
-  return fusion_.data();
-}
-
-void EngineContext::holdForSend(Request* r) {
-  if (!callHeld_) callHeld_ = std::make_shared<HeldMemory>();
-  r->held = callHeld_;
-  stats_.abandonedSendsHeld++;
-}
-
-std::shared_ptr<HeldMemory> EngineContext::detachHeldMemory() {
-  if (!callHeld_) return nullptr;
-  callHeld_->scratch.swap(scratch_);
-  callHeld_->fusion.swap(fusion_);
-  return std::move(callHeld_);  // the sends hold it now
-}
-
-void EngineContext::failP2P(const std::string& why, bool timedOut) {
-  std::vector<Request*> p2p;
-  for (auto& [raw, owned] : requests_.live()) {
-    if (raw->onComplete) p2p.push_back(raw);
-  }
-  for (Request* r : p2p) {
-    Completion c;
-    c.err = FI_ECANCELED;
-    c.errText = why;
-    if (timedOut) r->text = "timed out";
-    auto onComplete = std::move(r->onComplete);
-    r->onComplete = nullptr;
-    if (r->posted && p2pInFlight_ > 0) --p2pInFlight_;
-    try {
-      onComplete(r, c);
-    } catch (...) {
-    }
-    if (r->posted) {
-      // The provider still holds the operation, and may still read (a send)
-      // or write (a receive) its buffer: the completion, which owns that
-      // buffer in the backend, stays with the request until the provider
-      // completes it or shutdown closes the endpoint.
-      r->held = std::make_shared<HeldMemory>();
-      r->held->owners.push_back([keep = std::move(onComplete)] {});
-      if (r->type == Request::Type::kSend) {
-        stats_.abandonedSends++;
-        stats_.abandonedSendsHeld++;
-      }
-    }
-  }
 }
 
 void EngineContext::closeLiveness(uint64_t leaveBefore) {
@@ -394,7 +315,7 @@ void EngineContext::closeLiveness(uint64_t leaveBefore) {
 
 void EngineContext::release() {
   // Point-to-point operations still posted get an "aborted" completion.
-  failP2P("the process group was shut down", false);
+  p2p_.fail("the process group was shut down", false);
   // Closing the endpoint discards whatever is still posted; only then may
   // the requests' memory go. A quarantined endpoint is never closed: it
   // holds receives that were never confirmed cancelled (and sends to a
@@ -419,20 +340,8 @@ void EngineContext::release() {
   fabric_.reset();
   control_.close();  // their requests go with requests_
   requests_.clear();
-  sink_.release();
+  memory_.releaseSink();
   peers_.releaseLocks();
-}
-
-void EngineContext::Sink::reserve() {
-  void* p = mmap(nullptr, kSinkBytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  SMDDP_CHECK(p != MAP_FAILED, kInternal, "cannot reserve the overflow sink");
-  base = p;
-}
-
-void EngineContext::Sink::release() {
-  if (base) munmap(base, kSinkBytes);
-  base = nullptr;
 }
 
 }  // namespace smddp

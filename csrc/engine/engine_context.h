@@ -1,14 +1,12 @@
 // What the parts of one group's engine share: the group's identity and
-// tunables, its endpoint, peers, control plane, request pool and counters,
-// the running call's memory, and progress(), which hands each completion
-// to its owner. The Communicator owns one and runs its queue on it;
+// tunables, what bounds its waits, its endpoint, peers, control plane,
+// request pool and counters, the running call's memory, the point-to-point
+// operations in flight, and progress(), which hands each completion to its
+// owner. The Communicator owns one and runs its queue on it;
 // Exchange, StallWatch, the algorithms and the allreduce paths take this
 // context instead of the Communicator, so none of them sees the queue.
 #pragma once
 
-#include <sys/uio.h>
-
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -16,10 +14,13 @@
 #include <vector>
 
 #include "common/error.h"
+#include "engine/call_memory.h"
 #include "engine/control_frames.h"
 #include "engine/engine_config.h"
+#include "engine/p2p_state.h"
 #include "engine/peer_table.h"
 #include "engine/request.h"
+#include "engine/wait_limits.h"
 #include "observe/desync.h"
 #include "observe/stats.h"
 #include "transport/bootstrap.h"
@@ -29,15 +30,18 @@
 
 namespace smddp {
 
+class FormationLaps;
+
 class EngineContext {
  public:
   // The group's set-up up to its endpoint: its key space in the store, who
   // is where (the peer table), the provider, the per-group secret, the
   // endpoint and the peers' addresses, the control plane. Throws on
   // failure (bounded by opts.timeout). `shmTrouble` gets why shared memory
-  // was given up, if it was (for the group's one warning).
+  // was given up, if it was (for the group's one warning); `laps` the
+  // set-up's phases (for the group's description).
   EngineContext(Bootstrap& store, const CommOptions& opts, EngineConfig config,
-                std::vector<std::string>& shmTrouble);
+                std::vector<std::string>& shmTrouble, FormationLaps& laps);
   ~EngineContext();
   EngineContext(const EngineContext&) = delete;
   EngineContext& operator=(const EngineContext&) = delete;
@@ -61,18 +65,9 @@ class EngineContext {
   // The ranks that run reduction servers on the network path, ascending
   // (server index i is rank networkServers()[i]).
   const std::vector<int>& networkServers() const { return netServers_; }
-  // The group timeout. Any thread may change it (c10d's setTimeout) while
-  // the worker reads it, hence the atomic; a call already waiting keeps the
-  // deadline it started with.
-  std::chrono::milliseconds timeout() const {
-    return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
-  }
-  void setTimeout(std::chrono::milliseconds t) {
-    timeoutMs_.store(t.count(), std::memory_order_relaxed);
-  }
-  // Set once shutdown starts: long waits give up.
-  bool stopRequested() const { return stopRequested_.load(); }
-  void requestStop() { stopRequested_ = true; }
+  // The group timeout and the stop that shutdown requests (wait_limits.h).
+  // Any thread.
+  WaitLimits& waits() { return waits_; }
 
   // --- The group's parts ---
   // Host topology and liveness: who and where every rank is, its fabric
@@ -96,11 +91,6 @@ class EngineContext {
   // (transport/peer_seal.h); seals nothing when it is off. Worker thread
   // only (the counters).
   PeerSeal& seal() { return seal_; }
-  // Where the set-up's time went, phase by phase, for the group's
-  // description: "join 1.2 ms, peers 0.8 ms, ...". The Communicator adds
-  // the phases after the context (formationLap).
-  std::string formationTimes() const;
-  void formationLap(const char* phase);
 
   // --- Worker thread only (or a caller running its own call) ---
   // Reads completions and dispatches them; returns how many were read.
@@ -119,30 +109,12 @@ class EngineContext {
   void setDesyncResponder(std::unique_ptr<DesyncResponder> responder) {
     desync_ = std::move(responder);
   }
-  // The running call's memory. Scratch memory is reused across
-  // collectives. A send of the running call that is still posted although
-  // the call gave up on it (Exchange::abandonOutstanding) holds the call's
-  // memory (its completions, once run, and the scratch buffers) until the
-  // send completes (holdForSend).
-  uint8_t* scratch(size_t bytes);
-  uint8_t* fusionBuffer(size_t bytes);
-  void holdForSend(Request* r);
-  // Once a call ended: what its still-posted sends hold, now with the
-  // scratch buffers (the next call allocates new ones), for the caller to
-  // add the call's completions to; null when no send holds anything.
-  std::shared_ptr<HeldMemory> detachHeldMemory();
-  // Every receive ends in this iov: a peer that sends more than expected
-  // (a mismatched call) spills here instead of truncating, so the frame's
-  // header can still be read and reported. Virtual memory, never touched
-  // by a well-behaved job.
-  iovec overflowSink() const { return {sink_.base, kSinkBytes}; }
-  static constexpr size_t kSinkBytes = 1ull << 30;
-  // Point-to-point operations posted and not yet completed (engine/p2p.cc).
-  size_t p2pInFlight() const { return p2pInFlight_; }
-  void p2pPosted() { ++p2pInFlight_; }
-  // Completes every point-to-point operation in flight with `why`; their
-  // requests stay pooled until the endpoint's completion or close.
-  void failP2P(const std::string& why, bool timedOut);
+  // The running call's memory: scratch and fusion buffers, what its
+  // abandoned sends hold, the overflow sink (call_memory.h).
+  CallMemory& memory() { return memory_; }
+  // The point-to-point operations in flight (p2p_state.h; posted by
+  // engine/p2p.cc).
+  P2PState& p2p() { return p2p_; }
 
   // --- Shutdown, once no thread runs calls any more ---
   // First: the peers on this host hear that this rank leaves before call
@@ -172,12 +144,9 @@ class EngineContext {
   const int rank_;
   const int size_;
   const std::string name_;
-  std::atomic<int64_t> timeoutMs_;
-  std::atomic<bool> stopRequested_{false};
+  WaitLimits waits_;
   EngineConfig config_;
   std::string provider_;
-  std::chrono::steady_clock::time_point lapStart_ = std::chrono::steady_clock::now();
-  std::vector<std::pair<const char*, double>> laps_;  // phase, ms
   std::string providerReason_;
   bool providerForced_ = false;  // SMDDP_FI_PROVIDER named the provider
   uint64_t jobSecret_ = 0;
@@ -189,24 +158,15 @@ class EngineContext {
   std::unique_ptr<Endpoint> endpoint_;
   size_t maxPayload_ = 0;
 
-  RequestPool requests_;          // worker thread only
-  std::vector<uint8_t> scratch_;  // worker thread only
-  std::vector<uint8_t> fusion_;   // worker thread only
-  // What the running call's unconfirmed sends hold (holdForSend), until
-  // detachHeldMemory. Worker thread only.
-  std::shared_ptr<HeldMemory> callHeld_;
-  size_t p2pInFlight_ = 0;     // worker thread only
+  RequestPool requests_;  // worker thread only
+  // Worker thread only. Both keep a reference to stats_ (declared below;
+  // bound here, used only once constructed). memory_ holds the overflow
+  // sink's reservation and unmaps it when it goes, so a constructor that
+  // throws after reserving it leaks nothing.
+  CallMemory memory_{stats_};
+  P2PState p2p_{requests_, stats_};
   bool progressing_ = false;   // inside progress(): worker thread only
   bool quarantined_ = false;   // never poll the endpoint again: worker thread only
-  // The overflow sink's reservation, unmapped by its destructor too, so a
-  // constructor that throws after reserving it leaks nothing.
-  struct Sink {
-    void* base = nullptr;
-    void reserve();
-    void release();
-    ~Sink() { release(); }
-  };
-  Sink sink_;
   // Set up by the constructor; closeLiveness closes its monitor and
   // release() its locks; this rank's owner lock goes with the object.
   PeerTable peers_;
@@ -217,8 +177,10 @@ class EngineContext {
     explicit ControlEngine(EngineContext& c) : ctx(c) {}
     size_t progress() override { return ctx.progress(); }
     bool inProgress() const override { return ctx.progressing_; }
-    bool pollingStopped() const override { return ctx.quarantined_ || ctx.stopRequested(); }
-    std::chrono::milliseconds timeout() const override { return ctx.timeout(); }
+    bool pollingStopped() const override {
+      return ctx.quarantined_ || ctx.waits_.stopRequested();
+    }
+    std::chrono::milliseconds timeout() const override { return ctx.waits_.timeout(); }
     EngineContext& ctx;
   };
   ControlEngine controlEngine_{*this};

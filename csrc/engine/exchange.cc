@@ -29,7 +29,7 @@ void readExchangeParams(EngineConfig& c) {
 Exchange::Exchange(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                    std::chrono::milliseconds timeout)
     : ctx_(ctx), seq_(seq), sig_(sig),
-      timeout_(timeout.count() > 0 ? timeout : ctx.timeout()),
+      timeout_(timeout.count() > 0 ? timeout : ctx.waits().timeout()),
       watch_(ctx, sig, seq, timeout_),
       heardFrom_(static_cast<size_t>(ctx.size()), false) {}
 
@@ -288,7 +288,7 @@ void Exchange::awaitAbandoned() {
   // sends for a short while only. Past the bound, a receive still posted
   // makes the context stop polling its endpoint altogether, so a late
   // completion can never write into memory that has been handed back; a
-  // send still posted holds the call's memory (EngineContext::holdForSend)
+  // send still posted holds the call's memory (CallMemory::holdForSend)
   // until it completes or shutdown closes the endpoint: a leak, never a
   // use after free. (A quarantined endpoint is never closed, nor
   // progressed: what its operations point into may then go at shutdown.)
@@ -306,7 +306,7 @@ void Exchange::awaitAbandoned() {
       return r->peer >= 0 && ctx_.peers().lost(r->peer);
     });
   };
-  while (!outstanding_.empty() && !ctx_.stopRequested()) {
+  while (!outstanding_.empty() && !ctx_.waits().stopRequested()) {
     bool recvs = false, sends = false;
     for (Request* r : outstanding_) (r->type == Request::Type::kRecv ? recvs : sends) = true;
     const auto now = clock::now();
@@ -323,7 +323,7 @@ void Exchange::awaitAbandoned() {
     if (r->type == Request::Type::kRecv) {
       if (recvPeer < 0) recvPeer = r->peer;
     } else {
-      ctx_.holdForSend(r);
+      ctx_.memory().holdForSend(r);
       ++sendsLeft;
     }
   }
@@ -336,7 +336,7 @@ void Exchange::awaitAbandoned() {
                    " could not be confirmed cancelled" +
                    (cancelRefused_ ? std::string(" (fi_cancel: ") + fi_strerror(-cancelRefused_) + ")"
                                    : std::string()) +
-                   (ctx_.stopRequested() ? ": the process group was shut down" : ""));
+                   (ctx_.waits().stopRequested() ? ": the process group was shut down" : ""));
 }
 
 void Exchange::run() {
@@ -348,7 +348,7 @@ void Exchange::run() {
   const std::string& what = watch_.what();
   while (pending_ > 0 && !failed_) {
     // Shutdown and abort must not wait out a call stuck on a lost peer.
-    if (ctx_.stopRequested()) {
+    if (ctx_.waits().stopRequested()) {
       fail(ErrorKind::kAborted, "smddp: " + what + ": the process group was shut down");
     }
     postPending();
@@ -384,7 +384,7 @@ void Exchange::run() {
 }
 
 size_t Exchange::poll() {
-  if (ctx_.stopRequested()) {
+  if (ctx_.waits().stopRequested()) {
     fail(ErrorKind::kAborted, "smddp: " + watch_.what() + ": the process group was shut down");
   }
   size_t n = 0;
@@ -411,7 +411,7 @@ void Exchange::raiseFailure() {
     const auto until = clock::now() + std::chrono::milliseconds(100);
     std::string remote;
     do {
-      if (ctx_.stopRequested()) break;
+      if (ctx_.waits().stopRequested()) break;
       ctx_.progress();
       if (ctx_.control().remoteErrorFor(seq_, &remote)) {
         fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);

@@ -51,13 +51,15 @@ void Communicator::postP2P(Request* r) {
     }
     if (rc == 0) break;
     ctx.progress();  // queue full: make room
-    if (ctx.stopRequested()) throwError(ErrorKind::kAborted, "the process group was shut down");
+    if (ctx.waits().stopRequested()) {
+      throwError(ErrorKind::kAborted, "the process group was shut down");
+    }
     if (std::chrono::steady_clock::now() > r->deadline) {
       throwError(ErrorKind::kTimeout, "could not post a point-to-point operation within the timeout");
     }
   }
   r->posted = true;
-  ctx.p2pPosted();
+  ctx.p2p().posted();
 }
 
 void Communicator::superviseP2P() {
@@ -102,7 +104,7 @@ void Communicator::breakP2P(ErrorKind kind, const std::string& why) {
   // `why`), and tell the peers so their next call fails too.
   const std::string reason = std::string("smddp: point-to-point ") +
                              (kind == ErrorKind::kTimeout ? "operation " : "") + why;
-  ctx_->failP2P(why, kind == ErrorKind::kTimeout);
+  ctx_->p2p().fail(why, kind == ErrorKind::kTimeout);
   ctx_->quarantine(reason);
   ctx_->control().broadcastError(nextSeq_.load(), reason, 0, /*broken=*/true);
 }

@@ -166,7 +166,7 @@ void Communicator::finishTasks(std::vector<Task>& tasks, CallPath path,
       SMDDP_LOG(kError) << "completion callback of " << t.name() << " threw";
     }
   }
-  if (auto held = ctx_->detachHeldMemory()) {
+  if (auto held = ctx_->memory().detachHeldMemory()) {
     // Sends of this call are still posted (holdForSend): the completions
     // own the call's buffers, so they are kept, not destroyed, with the
     // scratch buffers; the next call allocates new ones.

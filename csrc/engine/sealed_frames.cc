@@ -30,7 +30,7 @@ size_t dataFrameIov(EngineContext& ctx, Request* r, int peer, iovec* iov) {
     iov[n++] = {send && sealed ? r->staging.data() : r->payload, r->payloadBytes};
   }
   if (sealed) iov[n++] = {&r->trailer, kSealTrailerBytes};
-  if (!send) iov[n++] = ctx.overflowSink();
+  if (!send) iov[n++] = ctx.memory().overflowSink();
   return n;
 }
 

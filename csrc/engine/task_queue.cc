@@ -174,7 +174,7 @@ void Communicator::workerLoop() {
     std::vector<Task> tasks;
     tasks.push_back(std::move(task));
     runTasks(tasks);
-    if (ctx_->p2pInFlight() > 0) superviseP2P();  // their deadlines pass during collectives too
+    if (ctx_->p2p().inFlight() > 0) superviseP2P();  // their deadlines pass during collectives too
   }
 }
 
@@ -182,7 +182,7 @@ bool Communicator::waitForTask(Task* task) {
   const EngineConfig& config = ctx_->config();
   while (true) {
     std::unique_lock<std::mutex> lock(queueMu_);
-    if (ctx_->p2pInFlight() == 0 && !ctx_->control().hasPending() && queue_.empty() &&
+    if (ctx_->p2p().inFlight() == 0 && !ctx_->control().hasPending() && queue_.empty() &&
         !stopping_) {
       // Calls often come back to back (a benchmark loop, a caller that
       // waits on each call): poll for SMDDP_SPIN_US, yielding, before
@@ -214,7 +214,7 @@ bool Communicator::waitForTask(Task* task) {
     // for their peer (postControl): keep them moving.
     lock.unlock();
     if (ctx_->progress() == 0) {
-      if (ctx_->p2pInFlight() > 0) {
+      if (ctx_->p2p().inFlight() > 0) {
         superviseP2P();
         std::this_thread::sleep_for(
             std::chrono::microseconds(std::min<int64_t>(config.sleepUs, 20)));

@@ -59,11 +59,11 @@ class FusionBufferScheduler::CrossHost {
       serverSlicesAt_ = depth * 3 * H_ * sliceBytes_;
       const size_t floatsAt = serverSlicesAt_ + depth * 2 * K_ * serverSliceBytes_;
       wireSlices_ =
-          s.ctx_.scratch(floatsAt + (scaleFloats_ + H_ * maxPiece_) * sizeof(float));
+          s.ctx_.memory().scratch(floatsAt + (scaleFloats_ + H_ * maxPiece_) * sizeof(float));
       scratch_ = reinterpret_cast<float*>(wireSlices_ + floatsAt);
     } else {
       // Each step's pieces from the other hosts land in a slice of their own.
-      partials_ = s.ctx_.scratch(depth * H_ * pieceBytes_ + 1);
+      partials_ = s.ctx_.memory().scratch(depth * H_ * pieceBytes_ + 1);
     }
     SMDDP_CHECK(K_ == 0 || (s.serverLinks_ && s.serverLinks_->count() == K_), kInternal,
                 "smddp: a host server rank without its standalone-server links");
@@ -309,12 +309,12 @@ class FusionBufferScheduler::CrossHost {
   const size_t es_;
   const DataType wire_;  // kFloat32: the partials cross in acc_
   // The buffers the posted messages point into are the engine's scratch
-  // (EngineContext::scratch, kept from call to call, so a batch does not
+  // (CallMemory::scratch, kept from call to call, so a batch does not
   // allocate and zero 4-6 MiB again; nothing in it is read before this
   // batch writes it). They outlive the exchange: when a failure unwinds
   // the batch, the exchange's destructor cancels and waits for its
   // receives, and a send it leaves posted holds the scratch
-  // (EngineContext::holdForSend). A receive it cannot confirm cancelled (a
+  // (CallMemory::holdForSend). A receive it cannot confirm cancelled (a
   // peer on a host gone silent) quarantines the endpoint, which is then
   // never progressed, nor closed (EngineContext::release), so it cannot
   // write there any more.

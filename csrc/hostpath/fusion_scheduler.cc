@@ -100,7 +100,7 @@ void FusionBufferScheduler::run(AllreduceBatch& batch) {
   b.plan = &segment_->ctl().plans[b.index % kPlanDepth];
   b.firstSeq = calls[0]->seq;
   b.idleSince = clock::now();
-  b.watch.emplace(ctx_, calls[0]->signature(), b.firstSeq, ctx_.timeout());
+  b.watch.emplace(ctx_, calls[0]->signature(), b.firstSeq, ctx_.waits().timeout());
   b.sigs.push_back(calls[0]->signature());
   const int64_t tlBegin = timeline::on() ? timeline::nowNs() : 0;
   try {
@@ -171,7 +171,7 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
     std::string text(b.plan->abortText, strnlen(b.plan->abortText, kAbortTextBytes));
     throwError(ErrorKind::kMismatch, "smddp: " + b.what() + " failed on another rank: " + text);
   }
-  if (ctx_.stopRequested()) {
+  if (ctx_.waits().stopRequested()) {
     throwError(ErrorKind::kAborted, "smddp: " + b.what() + ": the process group was shut down");
   }
   auto now = clock::now();

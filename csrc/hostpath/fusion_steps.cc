@@ -298,7 +298,7 @@ void FusionBufferScheduler::streamSmall(Batch& b, const std::vector<AllreduceCal
   for (int p = 0; p < n; ++p) inputs[p] = seg.contribution(0, p, w);
   uint8_t* out = view.direct(0, count);
   if (out) inputs[rank] = out;
-  uint8_t* result = out ? out : ctx_.scratch(count * es);
+  uint8_t* result = out ? out : ctx_.memory().scratch(count * es);
   if (tl) t0 = timeline::nowNs();
   // Not a server's work: server_reduce_seconds stays the servers' own.
   reduceOrdered(result, inputs, n, count, b.dtype, b.op, n);

@@ -169,7 +169,7 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
   }
   std::vector<bool> quick(K, false);
   for (const auto& v : bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "serversdown", mine,
-                                          ctx.timeout())) {
+                                          ctx.waits().timeout())) {
     for (int i = 0; i < K && i < static_cast<int>(v.size()); ++i) quick[i] = quick[i] || v[i] == '1';
   }
   const int stream = seg.serverIndexOf(topo.localRank);
@@ -187,7 +187,7 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
       me.encrypt = wireEncryptParam();
       me.maxPiece = seg.slotBytes();  // a step's pieces fit in one slot
       const auto wait = std::min<std::chrono::milliseconds>(
-          std::chrono::seconds(config.serverWaitSeconds), ctx.timeout() / 2);
+          std::chrono::seconds(config.serverWaitSeconds), ctx.waits().timeout() / 2);
       *links = std::make_unique<ServerLinks>(config.serverHosts, me, wait, quick);
       unreachable = (*links)->unreachable();
     } catch (const Error& e) {
@@ -195,7 +195,7 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
     }
   }
   auto reports = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "serverlinks",
-                                    reachStatus(error, unreachable, K), ctx.timeout());
+                                    reachStatus(error, unreachable, K), ctx.waits().timeout());
   const ServerVerdict verdict = agreeOnServers(reports, K, config.serverRequired);
   if (!verdict.error.empty()) throwError(ErrorKind::kPeerLost, verdict.error);
   const int inUse = verdict.inUse();
@@ -249,7 +249,7 @@ std::vector<std::string> gatherVotesSameWire(EngineContext& ctx, Bootstrap& boot
                                              const std::string& key, const std::string& vote) {
   const std::string wire = toString(ctx.config().crossHostDtype);
   auto all = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), key, wire + " " + vote,
-                                ctx.timeout());
+                                ctx.waits().timeout());
   for (size_t r = 0; r < all.size(); ++r) {
     const size_t space = all[r].find(' ');
     const std::string theirs = all[r].substr(0, space);
@@ -288,7 +288,8 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
   try {
     PrefixBootstrap local(bootstrap, "host" + std::to_string(topo.hostIndex) + "/");
     seg = std::make_unique<HostSegment>(local, topo.localRank, topo.localSize, geometry.servers,
-                                        geometry.slotBytes, geometry.depth, owner, ctx.timeout());
+                                        geometry.slotBytes, geometry.depth, owner,
+                                        ctx.waits().timeout());
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kTransport) throw;
     status = e.what();

@@ -446,7 +446,7 @@ TEST_CASE("queued bf16-crossing calls fuse on the network-only path into the byt
 TEST_CASE("batches of every wire form and element size in turn read none of each other's bytes",
           "[cross_host][hosts]") {
   // The hosts' servers keep their cross-host buffers from batch to batch
-  // (EngineContext::scratch), so a batch must write every
+  // (CallMemory::scratch), so a batch must write every
   // byte it reads there. Each call below has new values and a closed form,
   // and the calls take turns: f32 crossing in bf16, f64 (8-byte partials),
   // f32 MAX (not narrowed), in sizes of one step and of many.
