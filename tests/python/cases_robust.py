@@ -439,10 +439,12 @@ def _forge_liveness_hellos(store, prefix, rank, world, secret):
     which would mean the forger holds a link), or None without a listener."""
     import struct
 
-    try:
-        entry = store.get(f"cpu//{prefix}liveness/{rank}").decode().split()
-    except Exception:  # noqa: BLE001 - one host: no liveness connections
+    key = f"cpu//{prefix}liveness/{rank}"
+    # One host: no liveness connections, and no key (a get would wait out
+    # the store's timeout for it: 100 s of this test's 120 under shm).
+    if not store.check([key]):
         return None
+    entry = store.get(key).decode().split()
     if len(entry) < 2 or entry[0] == "-":
         return None
     address, port = entry[0], int(entry[1])

@@ -183,7 +183,15 @@ def abort_races_configure(rank: int, world: int) -> dict:
         time.sleep(max(0.0, 0.2 + rng.uniform(-0.1, 0.4)))
         w[0].abort()
         ths[0].join(timeout=40)
-        w[1].abort()  # its partner is gone: stop it forming or drop its group
+        # Its partner is gone: stop it forming or drop its group. An abort
+        # before its configure() began would be no abort of that configure
+        # (torchft aborts, then configures the next quorum), which would
+        # then wait out the timeout for rank 0: wait until it has begun.
+        begun = time.monotonic() + 5
+        while (w[1]._forming is None and w[1]._pg is None and ths[1].is_alive()
+               and time.monotonic() < begun):
+            time.sleep(0.002)
+        w[1].abort()
         ths[1].join(timeout=40)
         if any(t.is_alive() for t in ths):
             out["stuck"] += 1
