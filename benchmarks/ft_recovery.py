@@ -124,7 +124,8 @@ def _after_quorum(paths: list[str], survivors: list[int], t_kill: float) -> dict
         if not forms:
             return {}
         f = forms[0]
-        aborts = [x for x in rows if x.get("event") == "abort" and x["t"] <= f["t"] - f["s"]]
+        aborts = [x for x in rows if x.get("event") in ("abort", "configure")
+                  and x["t"] <= f["t"] - f["s"]]
         steps = [x for x in rows if x.get("committed") and x["t"] > f["t"]]
         if not aborts or not steps:
             return {}

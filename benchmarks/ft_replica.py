@@ -127,6 +127,12 @@ def main(argv=None) -> None:
         def _create_pg(self, *a, **kw):
             return timed("form", super()._create_pg, *a, **kw)
 
+        def configure(self, *a, **kw):
+            # smddp's configure drops the old group itself, under its lock,
+            # without calling abort(): its start is where that begins.
+            log.write(json.dumps({"event": "configure", "t": time.time(), "s": 0.0}) + "\n")
+            return super().configure(*a, **kw)
+
     pg.__class__ = Timed
 
     text, _ = load_corpus(int(args.corpus_mb * 1e6))
