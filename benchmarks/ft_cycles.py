@@ -1,11 +1,13 @@
 """Many replica deaths in one torchft job, with a digest of every replica's
 state at every step: does any replica ever end a step with weights that
 differ from another's? (The one divergence seen once at 1786d94 was never
-reproduced.) On a cluster of network namespaces (scripts/cluster.sh; root).
+reproduced.) On a cluster of network namespaces (scripts/cluster.sh; root),
+or with --one-host, every replica a process group on this host.
 
     sudo .venv/bin/python benchmarks/ft_cycles.py --cycles 500 [--pg smddp]
+    .venv/bin/python benchmarks/ft_cycles.py --one-host --cycles 100
 
---replicas replicas (one per host) train the demo model through torchft
+--replicas replicas (one per host, or one per process group with --one-host) train the demo model through torchft
 (benchmarks/ft_replica.py with FT_REPLICA_DIGESTS=1), a lighthouse in the
 hub. Each cycle kills one replica's whole host, the victims taking turns
 (replica 0, torchft's primary, included), alternately in the middle of a
@@ -23,9 +25,12 @@ seconds per cycle.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +42,41 @@ import ft_recovery as fr  # noqa: E402  (torch-free)
 cl = fr.cl
 
 
+class OneHost:
+    """The cluster's interface (addr, spawn, kill_host, reset) on this
+    host: each replica in a session of its own on loopback, "killing its
+    host" SIGKILLs that session. The replicas' smddp group then runs on one
+    host's paths (the host segment), not across links."""
+
+    def __init__(self):
+        self._jobs: dict = {}
+
+    def addr(self, host) -> str:
+        return "127.0.0.1"
+
+    def spawn(self, host, cmd, log_path, env=None, cwd=None):
+        child_env = dict(os.environ, PYTHONUNBUFFERED="1")
+        child_env.update({k: str(v) for k, v in (env or {}).items()})
+        with open(log_path, "ab") as log:
+            p = subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 cwd=cwd or fr.REPO)
+        self._jobs.setdefault(host, []).append(p)
+        return p
+
+    def kill_host(self, host) -> None:
+        for p in self._jobs.get(host, []):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                p.wait(timeout=10)
+
+    def reset(self) -> None:
+        for host in list(self._jobs):
+            self.kill_host(host)
+        self._jobs.clear()
+
+
 def run(cluster, out: str, pg: str, replicas: int, cycles: int, seed: int,
         cycle_deadline_s: float = 120.0) -> dict:
     rng = random.Random(seed)
@@ -46,13 +86,17 @@ def run(cluster, out: str, pg: str, replicas: int, cycles: int, seed: int,
             "join_timeout_ms=1000, heartbeat_timeout_ms=2000)\n"
             "print('lighthouse', l.address(), flush=True)\ntime.sleep(86400)\n")
     cluster.spawn("hub", [sys.executable, "-c", code], os.path.join(out, "lighthouse.log"))
-    env = {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": fr.REPO, "FT_REPLICA_DIGESTS": "1"}
+    env = {"PYTHONPATH": fr.REPO, "FT_REPLICA_DIGESTS": "1"}
+    if not isinstance(cluster, OneHost):
+        env["GLOO_SOCKET_IFNAME"] = "eth0"
     lighthouse = f"http://{hub}:{fr.LIGHTHOUSE_PORT}"
 
     def start(r: int):
         cmd = [sys.executable, os.path.join(HERE, "ft_replica.py"), "--pg", pg, "--replica",
                str(r), "--addr", cluster.addr(r), "--lighthouse", lighthouse, "--steps",
-               "100000000", "--min-replicas", "1", "--timeout", "30", "--out", out]
+               "100000000", "--min-replicas", "1", "--timeout", "30", "--out", out,
+               # Ports of its own per replica: on one host they share an address.
+               "--store-port", str(29700 + 10 * r), "--manager-port", str(29701 + 10 * r)]
         return cluster.spawn(r, cmd, os.path.join(out, f"replica{r}.log"), env=env, cwd=out)
 
     procs = [start(r) for r in range(replicas)]
@@ -118,12 +162,26 @@ def main(argv=None) -> int:
     p.add_argument("--pg", default="smddp", choices=["smddp", "gloo"])
     p.add_argument("--rate", default="2gbit")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--one-host", action="store_true",
+                   help="every replica on this host (no namespaces, no root)")
     args = p.parse_args(argv)
+    out = tempfile.mkdtemp(prefix="ft-cycles-")
+    if args.one_host:
+        hosts = OneHost()
+        try:
+            res = run(hosts, out, args.pg, args.replicas, args.cycles, args.seed)
+        except fr.ScenarioError as e:
+            print(f"FAILED (logs in {out}): {e}", file=sys.stderr)
+            return 1
+        finally:
+            hosts.reset()
+        res.update(commit=fr.git_commit(), where="one host")
+        print(json.dumps(res))
+        return 0
     why = cl.why_unavailable()
     if why:
         print(f"no cluster of network namespaces here: {why}", file=sys.stderr)
         return 2
-    out = tempfile.mkdtemp(prefix="ft-cycles-")
     with cl.Cluster(args.replicas, args.rate) as cluster:
         try:
             res = run(cluster, out, args.pg, args.replicas, args.cycles, args.seed)
@@ -132,7 +190,7 @@ def main(argv=None) -> int:
             return 1
         finally:
             cluster.reset()
-    res["commit"] = fr.git_commit()
+    res.update(commit=fr.git_commit(), where=f"{args.replicas} namespace hosts at {args.rate}")
     print(json.dumps(res))
     return 0
 

@@ -90,7 +90,7 @@ bool Exchange::postOne(Request* r) {
     // A send to another host is sealed here, chunk by chunk as the
     // algorithm posts, so one chunk is sealed while the last is on the wire.
     iovec iov[kDataFrameIovs];
-    const size_t n = dataFrameIov(ctx_, r, r->peer, iov);
+    const size_t n = dataFrameIov(ctx_, SealScope::kBetweenHosts, r, r->peer, iov);
     int rc;
     if (r->type == Request::Type::kSend) {
       rc = ctx_.endpoint().postSend(ctx_.peers().addr(r->peer), r->tag, iov, n, &r->ctx);
@@ -172,13 +172,13 @@ void Exchange::complete(Request* r, const Completion& c) {
       FrameExpectation e{ctx_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
                          static_cast<uint32_t>(ctx_.size()), r->payloadBytes,
                          r->payloadBytes, sig_};
-      FrameVerdict v = validateFrame(r->header, framedBytes(ctx_, r->peer, c.len), e, &why);
+      FrameVerdict v = validateFrame(r->header, framedBytes(ctx_, SealScope::kBetweenHosts, r->peer, c.len), e, &why);
       if (v != FrameVerdict::kOk) {
         ctx_.counters().framesRejected++;
         failed_ = true;
         errorKind_ = v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol;
         error_ = why;
-      } else if (!openArrived(ctx_, r, r->peer, &why)) {
+      } else if (!openArrived(ctx_, SealScope::kBetweenHosts, r, r->peer, &why)) {
         // Never published: the algorithm's slot holds garbage the failed
         // call discards.
         failed_ = true;

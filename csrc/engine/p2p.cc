@@ -37,9 +37,9 @@ void Communicator::postP2P(Request* r) {
                    ctx.provider() + "'s max_msg_size (" + std::to_string(ctx.maxPayloadBytes()) +
                    " bytes of payload)");
   }
-  // Sealed once (to another host), before the first try.
+  // Sealed once (to any peer, when the group seals), before the first try.
   iovec iov[kDataFrameIovs];
-  const size_t n = dataFrameIov(ctx, r, r->peer, iov);
+  const size_t n = dataFrameIov(ctx, SealScope::kEveryPeer, r, r->peer, iov);
   fi_addr_t addr = r->peer >= 0 ? ctx.peers().addr(r->peer) : FI_ADDR_UNSPEC;
   r->deadline = std::chrono::steady_clock::now() + timeout();
   while (true) {
@@ -188,15 +188,20 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
       FrameExpectation e{ctx.jobSecret(), static_cast<uint32_t>(tag), static_cast<uint32_t>(from),
                          static_cast<uint32_t>(ctx.size()), req->payloadBytes, req->payloadBytes,
                          sig};
-      FrameVerdict v = validateFrame(h, framedBytes(ctx, from, c.len), e, &why);
+      FrameVerdict v = validateFrame(h, framedBytes(ctx, SealScope::kEveryPeer, from, c.len), e, &why);
       if (v != FrameVerdict::kOk) {
         ctx.counters().framesRejected++;
+        if (v != FrameVerdict::kMismatch && ctx.seal().any()) {
+          why = "a frame claiming rank " + std::to_string(from) + ": " + why +
+                " (SMDDP_WIRE_ENCRYPT seals every point-to-point frame; one without that "
+                "rank's seal is refused)";
+        }
         done(p2pError(v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol,
                       what + ": " + why),
              from);
         return;
       }
-      if (!openArrived(ctx, req, from, &why)) {
+      if (!openArrived(ctx, SealScope::kEveryPeer, req, from, &why)) {
         done(p2pError(ErrorKind::kProtocol, what + ": " + why), from);
         return;
       }

@@ -20,9 +20,9 @@ void sealSend(EngineContext& ctx, Request* r) {
 
 }  // namespace
 
-size_t dataFrameIov(EngineContext& ctx, Request* r, int peer, iovec* iov) {
+size_t dataFrameIov(EngineContext& ctx, SealScope scope, Request* r, int peer, iovec* iov) {
   const bool send = r->type == Request::Type::kSend;
-  const bool sealed = peer >= 0 ? ctx.seal().seals(peer) : ctx.seal().any();
+  const bool sealed = peer >= 0 ? ctx.seal().seals(peer, scope) : ctx.seal().any();
   if (send && sealed && !r->sealed) sealSend(ctx, r);
   size_t n = 0;
   iov[n++] = {&r->header, sizeof(FrameHeader)};
@@ -34,14 +34,22 @@ size_t dataFrameIov(EngineContext& ctx, Request* r, int peer, iovec* iov) {
   return n;
 }
 
-size_t framedBytes(EngineContext& ctx, int peer, size_t len) {
+size_t framedBytes(EngineContext& ctx, SealScope scope, int peer, size_t len) {
   // A frame too short for a trailer is reported by validateFrame as short.
-  if (!ctx.seal().seals(peer) || len < sizeof(FrameHeader) + kSealTrailerBytes) return len;
+  if (!ctx.seal().seals(peer, scope) || len < sizeof(FrameHeader) + kSealTrailerBytes) return len;
   return len - kSealTrailerBytes;
 }
 
-bool openArrived(EngineContext& ctx, Request* r, int peer, std::string* why) {
-  if (!ctx.seal().seals(peer)) return true;
+bool openArrived(EngineContext& ctx, SealScope scope, Request* r, int peer, std::string* why) {
+  if (!ctx.seal().seals(peer, scope)) {
+    if (scope == SealScope::kBetweenHosts || !ctx.seal().any()) return true;
+    // Point-to-point in a group that seals: every peer's frames are sealed,
+    // so a frame naming no peer with a key (this very rank) is forged.
+    ctx.counters().framesRejected++;
+    *why = "a data frame claiming to come from rank " + std::to_string(peer) +
+           " carries no seal of that rank (SMDDP_WIRE_ENCRYPT): it was forged";
+    return false;
+  }
   if (ctx.seal().open(peer, r->header, r->tag, r->trailer, r->payload, r->payloadBytes)) {
     ctx.counters().bytesOpened += r->payloadBytes;
     return true;

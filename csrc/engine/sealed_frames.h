@@ -20,21 +20,25 @@ namespace smddp {
 // the overflow sink of a receive.
 constexpr size_t kDataFrameIovs = 4;
 
+// Each function takes the frame's scope (transport/peer_seal.h): the
+// exchange's frames are sealed between hosts, point-to-point's with every
+// peer once the group seals any.
+//
 // The iov of data frame `r` to or from `peer` (-1: a receive from any
 // rank, which makes room for a trailer if any peer's frames are sealed).
 // A send to a sealed peer is sealed on the first call (a post retried
 // after a full queue reuses it); a receive ends in the overflow sink.
 // Returns the entries written.
-size_t dataFrameIov(EngineContext& ctx, Request* r, int peer, iovec* iov);
+size_t dataFrameIov(EngineContext& ctx, SealScope scope, Request* r, int peer, iovec* iov);
 
 // What of a completion of `len` bytes from `peer` is header and payload
 // (what validateFrame checks): a sealed frame's trailer is not.
-size_t framedBytes(EngineContext& ctx, int peer, size_t len);
+size_t framedBytes(EngineContext& ctx, SealScope scope, int peer, size_t len);
 
 // After `r`'s header from `peer` was validated: opens its payload in place
 // when the pair is sealed. False with `why` (naming the peer and
 // SMDDP_WIRE_ENCRYPT) when the tag does not match; the payload then holds
 // garbage that must never be published.
-bool openArrived(EngineContext& ctx, Request* r, int peer, std::string* why);
+bool openArrived(EngineContext& ctx, SealScope scope, Request* r, int peer, std::string* why);
 
 }  // namespace smddp

@@ -36,31 +36,42 @@ constexpr size_t kSealTrailerBytes = sizeof(SealTrailer);
 // The 12-byte GCM nonce of `counter`: 32 zero bits, then the counter.
 void sealNonce(uint64_t counter, uint8_t out[kGmacNonceBytes]);
 
+// Which of a pair's frames are sealed. The exchange's receives are
+// directed (FI_DIRECTED_RECV: the fabric address names the sender), so it
+// seals only what crosses hosts. A point-to-point receive from any rank
+// learns its sender from the frame's own header, which nothing but a seal
+// proves: once a group seals anything, point-to-point frames are sealed
+// with every peer, and a frame claiming a rank on this host opens only
+// under that rank's key.
+enum class SealScope { kBetweenHosts, kEveryPeer };
+
 // One rank's keys for the peers whose frames it seals. Built once at
 // formation and read by the worker thread (or a caller running its own
 // call), which alone advances the counters: one writer.
 class PeerSeal {
  public:
   PeerSeal() = default;  // seals nothing
-  // This rank's keys: K(rank->p) to seal and K(p->rank) to open, for each
-  // peer p with `sealed[p]` (those on other hosts); none for the rest.
-  static PeerSeal derive(const PeerKeys& keys, const std::vector<bool>& sealed);
+  // This rank's keys: when any `betweenHosts[p]` (the peers on other
+  // hosts), K(rank->p) to seal and K(p->rank) to open for every peer p
+  // (SealScope); none when no peer is on another host.
+  static PeerSeal derive(const PeerKeys& keys, const std::vector<bool>& betweenHosts);
   // The same from keys given outright (tests): `sendKeys[p]` seals frames
   // to p, `recvKeys[p]` opens p's; empty strings for peers left plain.
+  // Every keyed peer counts as on another host.
   PeerSeal(int rank, std::vector<std::string> sendKeys, std::vector<std::string> recvKeys);
   PeerSeal(PeerSeal&&) = default;
   PeerSeal& operator=(PeerSeal&&) = default;
   ~PeerSeal();  // wipes the keys
 
-  // Whether frames to and from `peer` are sealed.
-  bool seals(int peer) const {
-    return peer >= 0 && static_cast<size_t>(peer) < sendKeys_.size() &&
-           !sendKeys_[static_cast<size_t>(peer)].empty();
+  // Whether frames of `scope` to and from `peer` are sealed.
+  bool seals(int peer, SealScope scope = SealScope::kBetweenHosts) const {
+    if (!keyed(peer)) return false;
+    return scope == SealScope::kEveryPeer || betweenHosts_[static_cast<size_t>(peer)];
   }
   bool any() const { return any_; }
 
   // Encrypts `n` bytes of `in` into `out` (never the caller's memory: the
-  // caller may read it again) for `peer`, with the next counter of that
+  // caller may read it again) for `peer` (keyed in some scope), with the next counter of that
   // direction, and fills `trailer`. The tag covers `header`, the counter
   // and `wireTag` (the message's 64-bit tag, which carries the phase the
   // header lacks), so a frame moved to another receive fails to open.
@@ -79,6 +90,12 @@ class PeerSeal {
   std::vector<std::string> sendKeys_;  // by peer; empty: not sealed
   std::vector<std::string> recvKeys_;
   std::vector<uint64_t> counters_;     // next counter by peer: worker thread only
+  std::vector<bool> betweenHosts_;     // by peer: the exchange seals its frames too
+
+  bool keyed(int peer) const {
+    return peer >= 0 && static_cast<size_t>(peer) < sendKeys_.size() &&
+           !sendKeys_[static_cast<size_t>(peer)].empty();
+  }
 };
 
 // The additional data a sealed frame's tag covers: the 72-byte header,

@@ -255,4 +255,31 @@ TEST_CASE("K(a->b) is HMAC-SHA256 of the pair key, label and both ranks: the two
   CHECK_FALSE(at1.open(2, h, kWireTag, t, copy.data(), copy.size()));
   REQUIRE(at1.open(0, h, kWireTag, t, wire.data(), wire.size()));
   CHECK(wire == plain);
+
+  // Point-to-point scope: rank 2 shares rank 0's host, so the exchange
+  // leaves their frames plain, but point-to-point seals them, and an
+  // any-source receive at 0 opens a frame claiming rank 2 only if rank 2
+  // sealed it. Rank 1 (another host) relabelling its frame as rank 2's, to
+  // pass it off as plain traffic within the host, fails.
+  PeerSeal at2 = PeerSeal::derive(keys[2], {false, true, false});
+  CHECK(at0.seals(2, SealScope::kEveryPeer));
+  CHECK(at2.seals(0, SealScope::kEveryPeer));
+  CHECK_FALSE(at2.seals(0));
+  CHECK_FALSE(at0.seals(0, SealScope::kEveryPeer));  // never itself
+  const FrameHeader h2 = headerFor(2, 300);
+  std::vector<uint8_t> near(300);
+  SealTrailer t2;
+  at2.seal(0, h2, kWireTag, plain.data(), near.data(), near.size(), &t2);
+  CHECK(opensslSeal(keys[2].directionKey(kWireEncryptLabel, 2, 0), h2, t2.counter, kWireTag,
+                    plain, wantTag) == near);
+  std::vector<uint8_t> fromOne(300);
+  SealTrailer t1;
+  at1.seal(0, h2, kWireTag, plain.data(), fromOne.data(), fromOne.size(), &t1);
+  CHECK_FALSE(at0.open(2, h2, kWireTag, t1, fromOne.data(), fromOne.size()));
+  REQUIRE(at0.open(2, h2, kWireTag, t2, near.data(), near.size()));
+  CHECK(near == plain);
+  // A group all on one host seals nothing, in either scope.
+  PeerSeal oneHost = PeerSeal::derive(keys[0], {false, false, false});
+  CHECK_FALSE(oneHost.any());
+  CHECK_FALSE(oneHost.seals(1, SealScope::kEveryPeer));
 }

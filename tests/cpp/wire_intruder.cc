@@ -21,6 +21,14 @@
 //
 //   smddp_wire_intruder <provider> <hex endpoint name> <per kind> [secret] [world]
 //
+// Or, for tests/python/test_wire_encrypt.py, one point-to-point data frame
+// with the group's secret that claims to come from rank <src>, on user tag
+// <tag>, <n> floats of 666, in the sealed layout (a trailer of zeros) when
+// <sealed> is 1: what a holder of the secret on another host would send a
+// receive from any rank, passing itself off as a rank of the receiver's host.
+//
+//   smddp_wire_intruder p2p <provider> <hex endpoint name> <secret> <src> <tag> <n> <sealed>
+//
 // Prints "sent <error-tag frames> <data-tag frames>" once every send has
 // completed, then stays connected until stdin closes (at most 120 s), so the
 // messages are not torn down with the connection before they are read.
@@ -74,7 +82,78 @@ std::vector<uint8_t> withForgedMac(const FrameHeader& h, std::mt19937_64& rng) {
 
 }  // namespace
 
+// Sends each message, one at a time, each waited for: bounded, and no queue
+// to size. False when the 60 s deadline passes.
+bool sendAll(Endpoint& ep, fi_addr_t dest, std::vector<Message>& msgs) {
+  std::vector<uint8_t> context(64);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (auto& m : msgs) {
+    iovec iov{m.bytes.data(), m.bytes.size()};
+    while (ep.postSend(dest, m.tag, &iov, 1, context.data()) != 0) {
+      Completion c[4];
+      ep.poll(c, 4);
+      if (std::chrono::steady_clock::now() > deadline) return false;
+    }
+    for (;;) {
+      Completion c[4];
+      size_t n = ep.poll(c, 4);
+      if (n > 0) {
+        if (c[0].err) fprintf(stderr, "send failed: %s\n", c[0].errText.c_str());
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      usleep(100);
+    }
+  }
+  return true;
+}
+
+// Stays connected (and keeps progressing) until the test closes stdin, at
+// most 120 s, so the messages are not torn down before they are read.
+void stayConnected(Endpoint& ep) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{0, POLLIN, 0};
+    if (poll(&p, 1, 1) > 0) {
+      char buf[64];
+      if (read(0, buf, sizeof(buf)) <= 0) break;
+    }
+    Completion c[4];
+    ep.poll(c, 4);
+  }
+}
+
+int forgePointToPoint(int argc, char** argv) {
+  if (argc != 9) {
+    fprintf(stderr, "usage: %s p2p <provider> <hex endpoint name> <secret> <src> <tag> <n> <sealed>\n",
+            argv[0]);
+    return 2;
+  }
+  auto fabric = std::make_shared<Fabric>(argv[2]);
+  Endpoint ep(fabric);
+  fi_addr_t dest = ep.insertPeers({unhex(argv[3])})[0];
+  const uint64_t secret = std::stoull(argv[4]);
+  const uint32_t src = static_cast<uint32_t>(std::atoi(argv[5]));
+  const int32_t tag = std::atoi(argv[6]);
+  const size_t n = static_cast<size_t>(std::atoll(argv[7]));
+  const bool sealed = std::atoi(argv[8]) != 0;
+  const CollectiveSignature sig{CollectiveType::kSendRecv, DataType::kFloat32, ReduceOp::kSum, n, -1};
+  const FrameHeader h = makeHeader(FrameKind::kData, secret, static_cast<uint32_t>(tag), src, 0, 0,
+                                   n * sizeof(float), sig);
+  std::vector<uint8_t> b(sizeof(h) + n * sizeof(float) + (sealed ? 24 : 0), 0);
+  std::memcpy(b.data(), &h, sizeof(h));
+  const float forged = 666.0f;
+  for (size_t i = 0; i < n; ++i) std::memcpy(b.data() + sizeof(h) + i * sizeof(float), &forged, 4);
+  std::vector<Message> msgs{{makeP2PTag(tag), std::move(b)}};
+  if (!sendAll(ep, dest, msgs)) return 3;
+  printf("sent 1\n");
+  fflush(stdout);
+  stayConnected(ep);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "p2p") return forgePointToPoint(argc, argv);
   if (argc < 4) {
     fprintf(stderr, "usage: %s <provider> <hex endpoint name> <per kind> [secret] [world]\n",
             argv[0]);
@@ -181,39 +260,9 @@ int main(int argc, char** argv) {
   }
   const size_t slack = 0;  // nothing is held: every error-tag frame is rejected
 
-  // One send at a time, each waited for: bounded, and no queue to size.
-  std::vector<uint8_t> context(64);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (auto& m : msgs) {
-    iovec iov{m.bytes.data(), m.bytes.size()};
-    while (ep.postSend(dest, m.tag, &iov, 1, context.data()) != 0) {
-      Completion c[4];
-      ep.poll(c, 4);
-      if (std::chrono::steady_clock::now() > deadline) return 3;
-    }
-    for (;;) {
-      Completion c[4];
-      size_t n = ep.poll(c, 4);
-      if (n > 0) {
-        if (c[0].err) fprintf(stderr, "send failed: %s\n", c[0].errText.c_str());
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) return 3;
-      usleep(100);
-    }
-  }
+  if (!sendAll(ep, dest, msgs)) return 3;
   printf("sent %zu %zu %zu\n", errorFrames, msgs.size() - errorFrames - slack, slack);
   fflush(stdout);
-  // Stay connected (and keep progressing) until the test is done with us.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < until) {
-    pollfd p{0, POLLIN, 0};
-    if (poll(&p, 1, 1) > 0) {
-      char buf[64];
-      if (read(0, buf, sizeof(buf)) <= 0) break;
-    }
-    Completion c[4];
-    ep.poll(c, 4);
-  }
+  stayConnected(ep);
   return 0;
 }

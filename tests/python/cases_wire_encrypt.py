@@ -2,8 +2,10 @@
 (test_wire_encrypt.py): the collectives (on the shared-memory path and
 on the network-only one) and point-to-point match Gloo or a closed form
 of the same inputs, the counters say exactly the bytes that
-crossed hosts were sealed and opened, and a group whose ranks disagree on
-the setting fails to form naming it."""
+crossed hosts, and every point-to-point message, were sealed and opened,
+a group whose ranks disagree on the setting fails to form naming it, and
+a forged frame claiming a rank of the receiver's own host is refused by a
+receive from any rank."""
 
 import os
 import zlib
@@ -94,8 +96,9 @@ def _exchange_with(peer, rank, key, n):
 
 
 def _point_to_point(rank, world):
-    """Returns (bad, counters): across hosts, then within the host (never
-    sealed), then any-source receives of both kinds on rank 0."""
+    """Returns (bad, counters): across hosts, then within the host (sealed
+    too: point-to-point seals with every peer once the group seals), then
+    any-source receives from both on rank 0."""
     bad, n = [], 200_003
     across, beside = (rank + 2) % world, rank ^ 1
     torch_smddp.reset_stats()
@@ -107,8 +110,8 @@ def _point_to_point(rank, world):
         bad.append("p2p within the host")
     st = torch_smddp.stats()
     counters["beside"] = [st["bytes_sealed"], st["bytes_opened"]]
-    # Rank 0 receives from any rank: a sealed frame (rank 2) and a plain one
-    # (rank 1) into receives that made room for a trailer.
+    # Rank 0 receives from any rank: a frame from the other host (rank 2)
+    # and one from its own (rank 1), both sealed.
     if rank in (1, 2):
         dist.send(_input("any", rank, 1001), dst=0, tag=10 + rank)
     elif rank == 0:
@@ -136,10 +139,124 @@ def _disagreeing_group(rank):
         os.environ["SMDDP_WIRE_ENCRYPT"] = "1"
 
 
-def encrypted_world(rank, world):
+def _forged_any_source(intruder_bin):
+    """Rank 0's receives from any rank, each offered one frame by a foreign
+    libfabric process (tests/cpp/wire_intruder.cc) that holds the group's
+    secret (anyone who reads the store does) and claims to be rank 1, on
+    rank 0's host: once plain, as a frame within the host travelled before
+    point-to-point sealed with every peer, and once in the sealed layout
+    with a tag of zeros. Returns, per layout, what the receive did."""
+    import subprocess
+
+    import torch.distributed.distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    prefix = torch_smddp._backend_of().store_prefix
+    name = store.get(f"cpu//{prefix}addr/0")
+    secret = store.get(f"cpu//{prefix}secret").decode()
+    out = {}
+    for layout, tag in (("plain", 31), ("sealed", 32)):
+        proc = subprocess.Popen([intruder_bin, "p2p", torch_smddp._backend_of().provider,
+                                 name.hex(), secret, "1", str(tag), "1001",
+                                 "1" if layout == "sealed" else "0"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            t = torch.zeros(1001)
+            try:
+                got = dist.recv(t, tag=tag)
+                out[layout] = f"accepted from rank {got}: {t[:3].tolist()}"
+            except Exception as e:  # noqa: BLE001 - the message is the result
+                out[layout] = f"{type(e).__name__}: {e}"
+        finally:
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return out
+
+
+def encrypted_world(rank, world, intruder_bin=None):
     gloo = dist.new_group(backend="gloo")
     bad = _collectives(rank, world, gloo) + _network_only(rank, world)
     p2p_bad, counters = _point_to_point(rank, world)
     st = torch_smddp.stats()
-    return {"bad": bad + p2p_bad, "counters": counters, "provider": torch_smddp._backend_of().provider,
-            "path": st["allreduce_path"], "disagreeing": _disagreeing_group(rank)}
+    res = {"bad": bad + p2p_bad, "counters": counters,
+           "provider": torch_smddp._backend_of().provider, "path": st["allreduce_path"],
+           "disagreeing": _disagreeing_group(rank)}
+    # Last: a refused point-to-point frame may leave the default group
+    # unusable, and no rank calls into it after this. The others wait in
+    # Gloo meanwhile: a rank that left would fail rank 0's receive first.
+    if rank == 0 and intruder_bin:
+        res["forged"] = _forged_any_source(intruder_bin)
+    dist.barrier(group=gloo)
+    return res
+
+
+def _tamper_group(encrypt):
+    os.environ["SMDDP_WIRE_ENCRYPT"] = "1" if encrypt else "0"
+    try:
+        return dist.new_group(backend="smddp")
+    finally:
+        os.environ["SMDDP_WIRE_ENCRYPT"] = "1"
+
+
+def _tampered_call(rank, sender, arm, fn):
+    """Runs fn() on every rank, `sender` having armed its one-byte rewrite
+    (tests/cpp/wire_tamper_preload.cc) just before; returns what fn gave
+    or raised, and whether the rewrite went out (the arm was taken)."""
+    if rank == sender:
+        open(arm, "w").close()
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        out = f"{type(e).__name__}: {e}"
+    taken = not os.path.exists(arm) if rank == sender else None
+    if rank == sender and not taken:
+        os.unlink(arm)
+    return out, taken
+
+
+def tampered_wire(rank, world, arm_dir):
+    """World 2 on 2 pretend hosts, each rank's sends passing through a
+    one-byte rewrite it arms at will (an on-path attacker). Each case in a
+    group of its own, since a failed call leaves its group unusable; the
+    sender takes turns, so both directions are tried. Returns per case and
+    rank what the call gave: the count of elements that differ from the
+    closed form, or the error's text."""
+    gloo = dist.new_group(backend="gloo")
+    arm = os.path.join(arm_dir, f"arm{rank}")
+    n = 1 << 20
+    out = {}
+    for sender in (0, 1):
+        peer = 1 - sender
+        sent = _input(f"tamper-{sender}", sender, n)
+        # p2p, encryption off: the control, which shows the rewrite lands
+        # in the payload (and goes unseen: the peer wire's data frames
+        # carry no MAC without SMDDP_WIRE_ENCRYPT).
+        for encrypt in (False, True):
+            g = _tamper_group(encrypt)
+
+            def p2p():
+                if rank == sender:
+                    dist.send(sent.clone(), dst=peer, group=g)
+                    return "sent"
+                t = torch.empty(n)
+                dist.recv(t, src=sender, group=g)
+                return int((t != sent).sum())
+
+            out[f"p2p from {sender}, encrypt={int(encrypt)}"] = _tampered_call(rank, sender, arm, p2p)
+            dist.barrier(group=gloo)
+        # allreduce, encryption on: every rank's call fails.
+        g = _tamper_group(True)
+        xs = [_input(f"tamper-ar-{sender}", r, n) for r in range(world)]
+
+        def allreduce():
+            t = xs[rank].clone()
+            dist.all_reduce(t, group=g)
+            return int((t != torch.stack(xs).sum(0)).sum())
+
+        out[f"allreduce armed on {sender}"] = _tampered_call(rank, sender, arm, allreduce)
+        dist.barrier(group=gloo)
+    return out
