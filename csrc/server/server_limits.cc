@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/param.h"
+#include "reduce/narrow_wire.h"
 #include "server/server_wire.h"
 
 namespace smddp {
@@ -29,8 +32,9 @@ SMDDP_PARAM_INT(paramMaxWait, "SMDDP_SERVER_MAX_WAIT", 1800, 1, 86400,
                 "its other hosts at most, whatever wait their hellos announce (a worker's "
                 "SMDDP_SERVER_WAIT; the default is torch's default group timeout)")
 SMDDP_PARAM_BYTES(paramMemoryBudget, "SMDDP_SERVER_MEMORY_BUDGET", 0, 0, int64_t{1} << 50,
-                  "bytes a standalone reduction server may reserve for its streams' pieces, "
-                  "four times each host's largest piece (five with SMDDP_WIRE_ENCRYPT); a host "
+                  "bytes a standalone reduction server may reserve for its streams' pieces: for "
+                  "each host, three times its largest piece (four with SMDDP_WIRE_ENCRYPT) and "
+                  "its share of the stream's f32 room for a bf16 or f16 combine; a host "
                   "whose hello would pass it is refused, naming the budget (0: half the "
                   "machine's memory)")
 
@@ -38,14 +42,21 @@ std::chrono::seconds serverMaxWaitParam() { return std::chrono::seconds(paramMax
 
 namespace {
 
-// What a host's connection reserves of the memory budget: its piece as it
-// is read, one read ahead, its share of the result, and its share of a
-// narrow step's f32 room (stream_service.cc); encrypting
-// (SMDDP_WIRE_ENCRYPT), the ciphertext of the result being sent to it too
-// (server_wire.h, FrameWriter). Far less is resident while pieces are
-// small; this bounds what hellos can make the server promise.
-int64_t reservedPieces(const ServerFrame& hello) {
-  return hello.flags & kServerFlagEncrypt ? 5 : 4;
+// What a host's connection reserves of the memory budget, from its
+// hello's largest piece P (bytes) and group of H hosts: its piece as it is
+// read, one read ahead and the result sent back (3P); encrypting
+// (SMDDP_WIRE_ENCRYPT), the result's ciphertext too (P); and its share of
+// the stream's f32 room for a narrow step (stream_service.cc,
+// combineNarrow): the f32 sum of a bf16 or f16 piece (2P) and H + 1
+// widened chunks of at most kNarrowWireScratch floats each, over H hosts.
+// Far less is resident while pieces are small; this bounds what hellos
+// can make the server promise.
+int64_t reservedBytes(const ServerFrame& hello) {
+  const int64_t piece = static_cast<int64_t>(hello.count);
+  const int64_t hosts = std::max<int64_t>(hello.hosts, 1);
+  const int64_t chunk = std::min<int64_t>(2 * piece, kNarrowWireScratch * sizeof(float));
+  const int64_t f32Room = 2 * piece + (hosts + 1) * chunk;
+  return (hello.flags & kServerFlagEncrypt ? 4 : 3) * piece + (f32Room + hosts - 1) / hosts;
 }
 
 int64_t defaultMemoryBudget() {
@@ -127,12 +138,11 @@ std::string ServerLimits::grant(const ServerFrame& hello, const std::string& job
            " connections to this server (SMDDP_SERVER_JOB_CONNECTIONS)";
   }
   JobSlot slot(&jobQuota_, job);
-  const int64_t charge = reservedPieces(hello) * static_cast<int64_t>(hello.count);
+  const int64_t charge = reservedBytes(hello);
   if (!reserve(reserved_, charge, memoryBudget_)) {
     return "host " + std::to_string(hello.host) + "'s pieces of up to " + mib(hello.count) +
-           " would reserve " + mib(charge) + " (" + std::to_string(reservedPieces(hello)) +
-           " times its largest piece), past the " +
-           "server's memory budget: " + mib(reserved_.load()) + " of its " +
+           " would reserve " + mib(charge) + " (its pieces, the result and its share of the "
+           "f32 room), past the server's memory budget: " + mib(reserved_.load()) + " of its " +
            mib(memoryBudget_) + " (SMDDP_SERVER_MEMORY_BUDGET) are reserved";
   }
   *out = std::make_unique<HostGrant>(HostGrant{HeldBytes(reserved_, charge), std::move(slot)});

@@ -129,7 +129,9 @@ TEST_CASE("reservations past SMDDP_SERVER_MEMORY_BUDGET are refused, naming it, 
           "[server][security]") {
   test::ScopedEnv budget("SMDDP_SERVER_MEMORY_BUDGET", std::to_string(64 << 20));
   StandaloneServer server(testServer(1));
-  // A key holder's hosts: 8 MiB pieces reserve 32 MiB, 6 MiB pieces 24.
+  // A key holder's hosts of 2-host streams: 8 MiB pieces reserve 3 x 8
+  // MiB and half of the f32 room (16 MiB of sum, 3 x 256 KiB of widened
+  // chunks): 32.375 MiB; 6 MiB pieces 24.375 MiB.
   const int a = rawConnect(server.ports()[0]);
   REQUIRE(rawHandshake(a, helloFor(2, 0, 70, 8 << 20), "") == "");
   const int b = rawConnect(server.ports()[0]);
@@ -140,12 +142,22 @@ TEST_CASE("reservations past SMDDP_SERVER_MEMORY_BUDGET are refused, naming it, 
              Catch::Contains("past the server's memory budget") &&
                  Catch::Contains("SMDDP_SERVER_MEMORY_BUDGET") && Catch::Contains("64 MiB"));
   close(big);
-  // 16 MiB more would pass it too.
+  // 16.375 MiB more would pass it too.
   const int over = rawConnect(server.ports()[0]);
   CHECK_THAT(rawHandshake(over, helloFor(2, 0, 73, 4 << 20), ""),
              Catch::Contains("memory budget"));
   close(over);
-  // What is left (8 MiB) serves a real 2-host stream of 4000-byte pieces.
+  // 7.25 MiB are left: 1.75 MiB pieces would reserve 7.375 MiB (refused),
+  // 1.5 MiB pieces 6.375 MiB (taken, then given back).
+  const int edge = rawConnect(server.ports()[0]);
+  CHECK_THAT(rawHandshake(edge, helloFor(2, 0, 77, 7 << 18), ""),
+             Catch::Contains("memory budget") && Catch::Contains("share of the f32 room"));
+  close(edge);
+  const int fits = rawConnect(server.ports()[0]);
+  CHECK(rawHandshake(fits, helloFor(2, 0, 78, 6 << 18), "") == "");
+  close(fits);
+  CHECK(within(milliseconds(2000), [&] { return server.streams() == 2; }));
+  // What is left (7.25 MiB) serves a real 2-host stream of 4000-byte pieces.
   reducesExactly(server, 74);
   reducesExactly(server, 75);  // its reservation came back
   // Once the key holder's hosts leave, the whole budget is free again.
@@ -153,7 +165,7 @@ TEST_CASE("reservations past SMDDP_SERVER_MEMORY_BUDGET are refused, naming it, 
   close(b);
   CHECK(within(milliseconds(2000), [&] { return server.streams() == 0; }));
   const int all = rawConnect(server.ports()[0]);
-  CHECK(rawHandshake(all, helloFor(2, 0, 76, 16 << 20), "") == "");
+  CHECK(rawHandshake(all, helloFor(2, 0, 76, 15 << 20), "") == "");  // 60.375 MiB
   close(all);
 }
 

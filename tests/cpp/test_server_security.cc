@@ -298,9 +298,11 @@ TEST_CASE("with SMDDP_WIRE_ENCRYPT workers and servers reduce as ever, and eithe
   // server that requires no integrity (encryption brings it).
   auto a = testLinks(loopback(server), 2, 0, "", 7, false, kTestKey, /*encrypt=*/true);
   auto b = testLinks(loopback(server), 2, 1, "", 7, false, kTestKey, /*encrypt=*/true);
-  // Each encrypting host reserves five times its largest piece (256 MiB
-  // here), one more than a plain host: the ciphertext of its result.
-  CHECK(server.reserved() == 2 * 5 * static_cast<int64_t>(kServerMaxPayload));
+  // Each encrypting host reserves four times its largest piece P (256 MiB
+  // here), one more than a plain host (the ciphertext of its result), and
+  // half the stream's f32 room: 2P of sum and 3 widened chunks of 256 KiB.
+  const int64_t piece = static_cast<int64_t>(kServerMaxPayload);
+  CHECK(server.reserved() == 2 * (4 * piece + (2 * piece + 3 * (256 << 10)) / 2));
   const auto out = reduceOnTwoHosts(*a, *b);
   CHECK(out[0] == std::vector<float>{3, 4, 6});
   CHECK(out[1] == out[0]);
