@@ -89,7 +89,7 @@ class EngineContext {
   // torch_smddp.stats(): atomics, any thread.
   StatsCounters& counters() { return stats_; }
   // What a fusion batch's run shows: its timeline spans and stats()'
-  // fusion counters (batch_observer.h). Whichever thread runs the batch.
+  // counters of batches and their data steps (batch_observer.h). Any thread.
   const BatchObserver& batches() const { return batches_; }
   // SMDDP_WIRE_ENCRYPT's keys and counters for the peers on other hosts
   // (transport/peer_seal.h); seals nothing when it is off. Worker thread

@@ -102,14 +102,13 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<AllreduceCall*>& 
     return;
   }
   Steps st(*this, b, calls);
-  auto& stats = ctx_.counters();
+  const BatchObserver& observer = ctx_.batches();
   while (st.copiedOut < st.end) {
     const uint32_t seen = st.seg.wakeValue();
     bool moved = copyIn(b, st);
     moved = combine(b, st) || moved;
     moved = copyOut(b, st) || moved;
-    const uint64_t inFlight = st.written - st.copiedOut;
-    if (inFlight > stats.chunksInFlightMax.load()) stats.chunksInFlightMax = inFlight;
+    observer.stepsInFlight(st.written - st.copiedOut);
     if (b.plan->aborted.load() == b.index + 1) idle(b, seen, [] { return std::string(); });
     if (moved) {
       b.idleSince = std::chrono::steady_clock::now();
@@ -121,8 +120,8 @@ void FusionBufferScheduler::stream(Batch& b, const std::vector<AllreduceCall*>& 
 
 bool FusionBufferScheduler::copyIn(Batch& b, Steps& st) {
   const uint64_t from = st.written;
-  const auto span = ctx_.batches().steps(BatchObserver::Phase::kCopyIn, b.index, st.written);
-  auto& stats = ctx_.counters();
+  const BatchObserver& observer = ctx_.batches();
+  const auto span = observer.steps(BatchObserver::Phase::kCopyIn, b.index, st.written);
   // Copy this rank's part of the next step into every server's slot. The
   // slot is free once every rank has copied out the step `depth` before.
   auto slotFree = [&] {
@@ -137,7 +136,7 @@ bool FusionBufferScheduler::copyIn(Batch& b, Steps& st) {
       // there): one copy fewer per byte it serves.
       if (s == st.myServer && st.view.direct(off, len)) continue;
       if (len) st.view.read(off, len, st.seg.contribution(s, st.rank, st.written));
-      if (st.seg.serverRank(s) != st.rank) stats.bytesSent += len * st.elemBytes;
+      if (st.seg.serverRank(s) != st.rank) observer.sentOnHost(len * st.elemBytes);
     }
     ++st.written;
     st.seg.publish(st.ctl.written[st.rank], st.written);
@@ -190,8 +189,8 @@ void FusionBufferScheduler::reduceStep(Batch& b, Steps& st, uint64_t off, uint64
 
 bool FusionBufferScheduler::copyOut(Batch& b, Steps& st) {
   const uint64_t from = st.copiedOut;
-  const auto span = ctx_.batches().steps(BatchObserver::Phase::kCopyOut, b.index, st.copiedOut);
-  auto& stats = ctx_.counters();
+  const BatchObserver& observer = ctx_.batches();
+  const auto span = observer.steps(BatchObserver::Phase::kCopyOut, b.index, st.copiedOut);
   // A large result goes out with streaming stores when the engine thread
   // writes it: the caller reads it on its own core, maybe while computing
   // (DDP's backward), and cache-to-cache transfers and evicting its working
@@ -207,7 +206,7 @@ bool FusionBufferScheduler::copyOut(Batch& b, Steps& st) {
       uint64_t off;
       uint64_t len = st.chunkOf(s, st.copiedOut, &off);
       if (len) st.view.write(off, len, st.seg.result(s, st.copiedOut), streaming);
-      if (st.seg.serverRank(s) != st.rank) stats.bytesReceived += len * st.elemBytes;
+      if (st.seg.serverRank(s) != st.rank) observer.receivedOnHost(len * st.elemBytes);
     }
     ++st.copiedOut;
     if (streaming) streamingFence();
@@ -300,14 +299,11 @@ void FusionBufferScheduler::streamSmall(Batch& b, const std::vector<AllreduceCal
   // Not a server's work: server_reduce_seconds stays the servers' own.
   reduceOrdered(result, inputs, ranks, count, b.dtype, b.op, ranks);
   phaseBegin = observer.phase(Phase::kCombine, b.index, step, step + 1, bytes, phaseBegin);
-  auto& stats = ctx_.counters();
   if (!out) {
     view.write(0, count, result, false);
     observer.phase(Phase::kCopyOut, b.index, step, step + 1, bytes, phaseBegin);
   }
-  stats.smallBatches++;
-  stats.bytesSent += bytes * (ranks - 1);
-  stats.bytesReceived += bytes * (ranks - 1);
+  observer.smallBatch(bytes, ranks - 1);
   // 3. Done with the peers' slots: they may reuse them (step + depth).
   ctl.reduced[rank].value.store(step + 1);
   seg.publish(ctl.consumed[rank], step + 1);

@@ -1,6 +1,7 @@
 // What a fusion batch's run shows: its span and its phases' spans on the
 // SMDDP_TIMELINE track of the thread that runs it (the plan wait, copies
-// in, combines, copies out), and stats()' fusion counters. The call
+// in, combines, copies out), and what stats() counts of fusion batches and
+// their data steps; no counter of theirs is changed elsewhere. The call
 // observer (call_observer.h) sees each call; this one sees the batch, from
 // inside the allreduce path that runs it. The engine context holds one
 // per group: the paths are built from the context, before the call
@@ -74,6 +75,33 @@ class BatchObserver {
   };
   PhaseSpan steps(Phase p, uint64_t index, const uint64_t& cursor) const {
     return PhaseSpan(*this, p, index, cursor);
+  }
+
+  // --- stats()' counters of the data steps (atomics, one add each) ---
+  // Bytes this rank copied into another rank's slot, or out of another
+  // rank's result.
+  void sentOnHost(uint64_t bytes) const { stats_.bytesSent += bytes; }
+  void receivedOnHost(uint64_t bytes) const { stats_.bytesReceived += bytes; }
+  // Steps copied in and not yet out; stats() keeps the most seen.
+  void stepsInFlight(uint64_t steps) const {
+    if (steps > stats_.chunksInFlightMax.load()) stats_.chunksInFlightMax = steps;
+  }
+  // A small batch of `bytes` ran: every byte went to and came from each of
+  // `peers` ranks.
+  void smallBatch(uint64_t bytes, int peers) const {
+    stats_.smallBatches++;
+    stats_.bytesSent += bytes * peers;
+    stats_.bytesReceived += bytes * peers;
+  }
+  // A cross-host step that used standalone reduction servers finished;
+  // `bytes` were posted to one of them.
+  void standaloneStep() const { stats_.standaloneServerSteps++; }
+  void sentToStandalone(uint64_t bytes) const { stats_.standaloneServerBytes += bytes; }
+  // One call's buffers, `bytes` in all, went through a fusion buffer
+  // together (the network path's multi-tensor allreduce).
+  void buffersFused(uint64_t bytes) const {
+    stats_.fusionFlushes++;
+    stats_.fusionBytes += bytes;
   }
 
  private:
