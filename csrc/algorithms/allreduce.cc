@@ -366,8 +366,7 @@ void runAllreduce(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& b
   if (bufs.size() > 1 && ctx.size() > 1) {
     uint64_t total = 0;
     for (const auto& b : bufs) total += b.numel;
-    ctx.counters().fusionFlushes++;
-    ctx.counters().fusionBytes += total * elementSize(dtype);
+    ctx.batches().buffersFused(total * elementSize(dtype));
   }
   allreduceBuffers(ctx, seq, bufs, dtype, op, nullptr);
 }

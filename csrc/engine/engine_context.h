@@ -21,6 +21,7 @@
 #include "engine/peer_table.h"
 #include "engine/request.h"
 #include "engine/wait_limits.h"
+#include "observe/batch_observer.h"
 #include "observe/desync.h"
 #include "observe/stats.h"
 #include "transport/bootstrap.h"
@@ -87,6 +88,9 @@ class EngineContext {
   size_t maxPayloadBytes() const { return maxPayload_; }
   // torch_smddp.stats(): atomics, any thread.
   StatsCounters& counters() { return stats_; }
+  // What a fusion batch's run shows: its timeline spans and stats()'
+  // counters of batches and their data steps (batch_observer.h). Any thread.
+  const BatchObserver& batches() const { return batches_; }
   // SMDDP_WIRE_ENCRYPT's keys and counters for the peers on other hosts
   // (transport/peer_seal.h); seals nothing when it is off. Worker thread
   // only (the counters).
@@ -171,6 +175,7 @@ class EngineContext {
   // release() its locks; this rank's owner lock goes with the object.
   PeerTable peers_;
   StatsCounters stats_;
+  BatchObserver batches_{name_, stats_};
   // The control plane's view of this engine: progress() and the state
   // that says whether waiting for a peer is still allowed.
   struct ControlEngine final : ControlPlane::Engine {

@@ -133,7 +133,7 @@ class FusionBufferScheduler::CrossHost {
     const uint64_t before = done_;
     while (done_ < posted_ && stepDone(steps_[done_ % steps_.size()])) {
       Step& st = steps_[done_ % steps_.size()];
-      if (K_) s_.ctx_.counters().standaloneServerSteps++;
+      if (K_) s_.ctx_.batches().standaloneStep();
       if (K_ && narrow()) {
         const uint64_t k = done_;
         for (int j = 0; j < K_; ++j) {
@@ -219,7 +219,7 @@ class FusionBufferScheduler::CrossHost {
       // Queued, not waited for: the socket takes what it can now, and
       // poll() sends the rest and reads the result back into place.
       st.tickets[j] = s_.serverLinks_->post(j, f, src, dst);
-      s_.ctx_.counters().standaloneServerBytes += f.payload;
+      s_.ctx_.batches().sentToStandalone(f.payload);
     }
   }
 

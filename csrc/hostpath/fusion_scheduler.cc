@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "common/param.h"
 #include "hostpath/fusion_batch.h"
-#include "observe/timeline.h"
+#include "observe/batch_observer.h"
 
 namespace smddp {
 
@@ -102,15 +102,13 @@ void FusionBufferScheduler::run(AllreduceBatch& batch) {
   b.idleSince = clock::now();
   b.watch.emplace(ctx_, calls[0]->signature(), b.firstSeq, ctx_.waits().timeout());
   b.sigs.push_back(calls[0]->signature());
-  const int64_t tlBegin = timeline::on() ? timeline::nowNs() : 0;
+  const BatchObserver& observer = ctx_.batches();
+  const int64_t began = BatchObserver::begin();
   try {
     if (me_ == 0) lead(b, calls, batch);
     else follow(b, calls, batch);
-    if (timeline::on()) {
-      timeline::phase(timeline::Phase::kCut, ctx_.name(), b.index, b.firstStep,
-                      b.firstStep + b.steps, b.totalNumel * elementSize(b.dtype), tlBegin,
-                      timeline::nowNs());
-    }
+    observer.phase(BatchObserver::Phase::kCut, b.index, b.firstStep, b.firstStep + b.steps,
+                   b.totalNumel * elementSize(b.dtype), began);
     stream(b, calls);
     // Every rank has joined (mismatches found at plan time are recorded
     // before a rank joins), so an abort is visible now or never.
@@ -140,15 +138,8 @@ void FusionBufferScheduler::run(AllreduceBatch& batch) {
     throw;
   }
   for (AllreduceCall* c : calls) ctx_.control().noteSignature(c->seq, c->signature());
-  auto& st = ctx_.counters();
-  st.fusionFlushes++;
-  uint64_t bytes = b.totalNumel * elementSize(b.dtype);
-  if (timeline::on()) {
-    timeline::batch(ctx_.name(), b.index, calls[0]->seq, static_cast<uint32_t>(calls.size()),
-                    bytes, b.small, tlBegin, timeline::nowNs());
-  }
-  st.fusionBytes += bytes;
-  st.fusedCalls += calls.size();
+  observer.batch(b.index, calls[0]->seq, static_cast<uint32_t>(calls.size()),
+                 b.totalNumel * elementSize(b.dtype), b.small, began);
 }
 
 uint64_t FusionBufferScheduler::chunkElems(DataType dt) const {

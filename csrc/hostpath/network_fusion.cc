@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "algorithms/algorithms.h"
 #include "engine/exchange.h"
-#include "observe/timeline.h"
+#include "observe/batch_observer.h"
 
 namespace smddp {
 
@@ -109,7 +109,7 @@ std::vector<AllreduceCall*> NetworkFusion::takeRest(AllreduceBatch& batch, uint3
 
 void NetworkFusion::run(AllreduceBatch& batch) {
   const AllreduceCall& first = batch.first();
-  const int64_t tlBegin = timeline::on() ? timeline::nowNs() : 0;
+  const int64_t began = BatchObserver::begin();
   // 1. The first call runs at once, and every rank's proposal rides in its
   //    exchange: one small message to each peer, sent with the data, so a
   //    call that fuses with nothing costs no extra round trip.
@@ -160,14 +160,7 @@ void NetworkFusion::run(AllreduceBatch& batch) {
     if (c->seq > lastExchanged) control.noteSignature(c->seq, c->signature());
   }
   const uint64_t bytes = (first.numel + restNumel) * elementSize(first.dtype);
-  StatsCounters& stats = ctx_.counters();
-  stats.fusionFlushes++;
-  stats.fusionBytes += bytes;
-  stats.fusedCalls += cut;
-  if (timeline::on()) {
-    timeline::batch(ctx_.name(), batches_, first.seq, cut, bytes, false, tlBegin,
-                    timeline::nowNs());
-  }
+  ctx_.batches().batch(batches_, first.seq, cut, bytes, false, began);
   ++batches_;
 }
 

@@ -3,6 +3,9 @@
 // (SMDDP_LOG_LEVEL=debug). The engine reports when a call is queued, when
 // it starts, and when its run (the call alone, or a fusion batch) ends;
 // what each record keeps is decided here, so the engine only dispatches.
+// A fusion batch's own spans (the batch, its plan wait and data steps) and
+// stats()' fusion counters are its BatchObserver's (batch_observer.h),
+// which the engine context holds for the allreduce path that runs it.
 #pragma once
 
 #include <chrono>
