@@ -132,7 +132,7 @@ class DeviceCollectives::Watch {
   void check(const std::string& during) {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
-    host_->checkPeersAlive(during);
+    host_->inspect().checkPeersAlive(during);
     if (route_) route_->host->checkHealthy();
   }
   // The pipeline broke: end the work that can never complete.

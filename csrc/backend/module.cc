@@ -22,6 +22,7 @@
 #include "transport/spare_endpoints.h"
 
 namespace py = pybind11;
+using c10d_smddp::GroupInspector;
 using c10d_smddp::ProcessGroupSmddp;
 
 namespace c10d_smddp {
@@ -202,22 +203,23 @@ py::object stragglersToDict(const smddp::Stragglers& st) {
   return s;
 }
 
-py::dict groupStats(ProcessGroupSmddp& pg) {
-  py::dict d = statsToDict(pg.stats());
-  d["allreduce_path"] = pg.allreducePath();
-  d["allreduce_schedule"] = pg.allreduceSchedule();
-  d["reduction_servers"] = pg.reductionServers();
-  d["ring_depth"] = pg.ringDepth();
-  d["standalone_servers"] = pg.standaloneServers();
-  d["device_calls"] = pg.deviceCalls();
-  d["intra_route"] = pg.intraRoute();
-  d["stragglers"] = stragglersToDict(pg.stragglers());
+py::dict groupStats(const ProcessGroupSmddp& pg) {
+  const GroupInspector& g = pg.inspect();
+  py::dict d = statsToDict(g.stats());
+  d["allreduce_path"] = g.allreducePath();
+  d["allreduce_schedule"] = g.allreduceSchedule();
+  d["reduction_servers"] = g.reductionServers();
+  d["ring_depth"] = g.ringDepth();
+  d["standalone_servers"] = g.standaloneServers();
+  d["device_calls"] = g.deviceCalls();
+  d["intra_route"] = g.intraRoute();
+  d["stragglers"] = stragglersToDict(g.stragglers());
   // Per collective: calls, and per size class (power-of-4 bytes)
   // the count and latency (queued to completed) percentiles, read
   // from log-spaced bins (within a factor sqrt(2)).
   py::dict counts;
   py::dict latency;
-  for (const auto& c : pg.latencyStats()) {
+  for (const auto& c : g.latencyStats()) {
     const char* name = smddp::toString(static_cast<smddp::CollectiveType>(c.collective));
     py::str key(name);
     counts[key] = (counts.contains(key) ? counts[key].cast<uint64_t>() : 0) + c.count;
@@ -272,7 +274,7 @@ NoGilHolder<ProcessGroupSmddp> makeGroup(const c10::intrusive_ptr<c10d::Store>& 
 // The flight recorder's entries, oldest first (torch_smddp.flight_recorder).
 py::list flightRecorderEntries(const ProcessGroupSmddp& pg) {
   py::list out;
-  auto rec = pg.flightRecorder();
+  auto rec = pg.inspect().flightRecorder();
   if (!rec) return out;
   const auto steadyNow = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())
@@ -282,6 +284,13 @@ py::list flightRecorderEntries(const ProcessGroupSmddp& pg) {
                            .count();
   for (const auto& e : rec->entries()) out.append(entryToDict(e, steadyNow, wallNow));
   return out;
+}
+
+// A GroupInspector accessor (no arguments) as a method or property of the
+// group's Python object.
+template <auto Get>
+auto inspected() {
+  return [](const ProcessGroupSmddp& pg) { return (pg.inspect().*Get)(); };
 }
 
 // The process group and what it needs from Python: the formation cancel
@@ -306,7 +315,7 @@ void bindProcessGroup(py::module_& m) {
       // The group's asynchronous error as text, or None (async_error.h),
       // and its c10d ErrorType (Backend::getError: SUCCESS, TIMEOUT,
       // COMM_ERROR), which torch binds only for its own backends.
-      .def("errored", &ProcessGroupSmddp::errorMessage)
+      .def("errored", inspected<&GroupInspector::errorMessage>())
       .def("get_error", &ProcessGroupSmddp::getError)
       // Both join the engine thread, which may need the GIL (see NoGilHolder).
       .def("shutdown", &ProcessGroupSmddp::shutdown, py::call_guard<py::gil_scoped_release>())
@@ -323,13 +332,13 @@ void bindProcessGroup(py::module_& m) {
            py::arg("tensor"), py::arg("op"), py::call_guard<py::gil_scoped_release>())
       .def("all_reduce_now", &ProcessGroupSmddp::allreduceNow, py::arg("tensor"), py::arg("op"),
            py::call_guard<py::gil_scoped_release>())
-      .def("reset_stats", &ProcessGroupSmddp::resetStats)
-      .def_property_readonly("provider", &ProcessGroupSmddp::provider)
-      .def_property_readonly("provider_reason", &ProcessGroupSmddp::providerReason)
-      .def_property_readonly("liveness_peers", &ProcessGroupSmddp::livenessPeers)
-      .def("lost_ranks", &ProcessGroupSmddp::lostRanks)
+      .def("reset_stats", inspected<&GroupInspector::resetStats>())
+      .def_property_readonly("provider", inspected<&GroupInspector::provider>())
+      .def_property_readonly("provider_reason", inspected<&GroupInspector::providerReason>())
+      .def_property_readonly("liveness_peers", inspected<&GroupInspector::livenessPeers>())
+      .def("lost_ranks", inspected<&GroupInspector::lostRanks>())
       // Where this group instance's keys live in its store (tests read them).
-      .def_property_readonly("store_prefix", &ProcessGroupSmddp::storePrefix)
+      .def_property_readonly("store_prefix", inspected<&GroupInspector::storePrefix>())
       // How torch's flight recorder format names the group (its desc and
       // global ranks), for TORCH_FR_DUMP_TEMP_FILE dumps.
       // dist.shrink_group calls backend.shrink(ranks, flags, pg_options):
@@ -353,7 +362,7 @@ void bindProcessGroup(py::module_& m) {
            py::arg("pg_options") = py::none())
       .def("_set_torch_group", [](ProcessGroupSmddp& pg, const std::string& desc,
                                   const std::vector<int>& globalRanks) {
-        if (auto rec = pg.flightRecorder()) rec->setTorchGroup(desc, globalRanks);
+        if (auto rec = pg.inspect().flightRecorder()) rec->setTorchGroup(desc, globalRanks);
       });
 
   // A group still alive when Python finalizes is freed late in

@@ -41,7 +41,8 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
       timeout_(timeout),
       hostOnly_(options.hostOnly),
       servers_(options.servers),
-      crossHostDtype_(options.crossHostDtype) {
+      crossHostDtype_(options.crossHostDtype),
+      inspector_({comm_, asyncError_, hostGroup_, deviceMu_, device_, deviceCalls_, rank, size}) {
   if (!hostOnly_) simDevice_ = deviceSimRequested();
   // SMDDP_TIMELINE: the first group of the process (the world group) opens
   // the file named after its rank.
@@ -102,11 +103,6 @@ c10d::ErrorType ProcessGroupSmddp::getError() {
   return asyncError_->type();
 }
 
-std::optional<std::string> ProcessGroupSmddp::errorMessage() const {
-  if (auto m = asyncError_->message()) return m;
-  return hostGroup_ ? hostGroup_->errorMessage() : std::nullopt;
-}
-
 void ProcessGroupSmddp::shutdown() {
   {
     std::lock_guard<std::mutex> lock(deviceMu_);
@@ -162,11 +158,6 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
                     " (one device per rank, as with NCCL)");
   deviceCalls_.fetch_add(1, std::memory_order_relaxed);
   return device_.get();
-}
-
-std::string ProcessGroupSmddp::intraRoute() {
-  std::lock_guard<std::mutex> lock(deviceMu_);
-  return device_ ? device_->intraRoute() : "";
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::track(c10::intrusive_ptr<c10d::Work> work) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/async_error.h"
+#include "backend/group_inspector.h"
 #include "common/error.h"
 #include "engine/communicator.h"
 
@@ -140,75 +141,15 @@ class ProcessGroupSmddp : public c10d::Backend {
   void shutdown() override;
   // The group's asynchronous error (async_error.h): TIMEOUT or COMM_ERROR
   // once a call failed in a way that leaves the group unusable, or after
-  // abort(); SUCCESS until then. errorMessage() is its text.
+  // abort(); SUCCESS until then. inspect().errorMessage() is its text.
   c10d::ErrorType getError() override;
-  std::optional<std::string> errorMessage() const;
   // Shuts down every group of this process that is still alive (the
   // module's atexit hook: module.cc).
   static void shutdownAll();
 
-  smddp::Stats stats() const { return comm_ ? comm_->stats() : smddp::Stats{}; }
-  // Per (collective, size class) counts and latency percentiles.
-  std::vector<smddp::LatencyHistograms::Cell> latencyStats() const {
-    return comm_ ? comm_->counters().latency.cells()
-                 : std::vector<smddp::LatencyHistograms::Cell>{};
-  }
-  // torch_smddp.reset_stats(): every counter back to zero.
-  void resetStats() {
-    if (comm_) comm_->counters().reset();
-  }
-  std::string provider() const { return comm_ ? comm_->provider() : ""; }
-  // How the provider was chosen (SMDDP_FI_PROVIDER, FI_PROVIDER, the layout).
-  std::string providerReason() const { return comm_ ? comm_->providerReason() : ""; }
-  // "shared-memory" when allreduce runs through the host segment, else the
-  // libfabric provider.
-  std::string allreducePath() const {
-    return comm_ && comm_->allreducePath().throughHostSegment() ? "shared-memory" : provider();
-  }
-  // The path in words, with its schedule (chunks, fusion, servers, bf16
-  // crossing, pairwise rounds): what the set-up log says of it.
-  std::string allreduceSchedule() const { return comm_ ? comm_->allreducePathDescription() : ""; }
-  int reductionServers() const { return comm_ ? comm_->allreducePath().reductionServers() : 0; }
-  smddp::Stragglers stragglers() const {
-    return comm_ ? comm_->allreducePath().stragglers() : smddp::Stragglers{};
-  }
-  int standaloneServers() const { return comm_ ? comm_->allreducePath().standaloneServers() : 0; }
-  // The network path's receive ring per peer (SMDDP_RING_DEPTH, resolved).
-  int64_t ringDepth() const { return comm_ ? comm_->config().ringDepth : 0; }
-  // The ranks on other hosts this rank keeps liveness connections to.
-  std::vector<int> livenessPeers() const {
-    const smddp::PeerMonitor* monitor = comm_ ? comm_->peers().monitor() : nullptr;
-    return monitor ? monitor->watchedRanks() : std::vector<int>{};
-  }
-  std::string storePrefix() const { return comm_ ? comm_->storePrefix() : ""; }
-  // Throws (smddp::Error, kPeerLost) when a rank of the group is known to
-  // be gone: a same-host peer's owner lock is free, or the liveness monitor
-  // lost a peer on another host (PeerTable::checkAlive). Any thread, but
-  // never concurrently with shutdown().
-  void checkPeersAlive(const std::string& during) const {
-    if (comm_) comm_->peers().checkAlive(during);
-  }
-  // Ranks known to be gone (PeerTable::lost): a process on this host whose
-  // owner lock is free, a rank on another host the liveness monitor lost.
-  // What a survivor hands dist.shrink_group. Same rules as checkPeersAlive.
-  std::vector<int> lostRanks() const {
-    std::vector<int> out;
-    if (!comm_) return out;
-    const smddp::PeerTable& peers = comm_->peers();
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && peers.lost(p)) out.push_back(p);
-    }
-    return out;
-  }
-  // The group's flight recorder; null with SMDDP_TRACE_BUFFER_SIZE=0.
-  std::shared_ptr<const smddp::FlightRecorder> flightRecorder() const {
-    return comm_ ? comm_->flightRecorder() : nullptr;
-  }
-  // Calls that took the device path (device_collectives.h).
-  uint64_t deviceCalls() const { return deviceCalls_.load(std::memory_order_relaxed); }
-  // The GPU path's allreduce inside a host: "nccl", "shm", or "" before
-  // the first device allreduce (intra.h).
-  std::string intraRoute();
+  // smddp's own view of the group (counters, paths, lost peers, flight
+  // recorder, error text): what torch_smddp and the device path read.
+  const GroupInspector& inspect() const { return inspector_; }
 
   // While one is alive on a thread, calls made on that thread check their
   // arguments and stop before queueing anything (they return a null Work).
@@ -219,9 +160,10 @@ class ProcessGroupSmddp : public c10d::Backend {
     CheckOnly();
     ~CheckOnly();
   };
-  static bool checkingOnly();
 
  private:
+  // Whether a CheckOnly is alive on this thread.
+  static bool checkingOnly();
   // The device path of a call whose tensors are on a device (or, with
   // SMDDP_DEVICE_SIM, on the CPU); null when the call takes the CPU path.
   // Mixed devices, a device other than the group's or than device_id, and
@@ -322,6 +264,8 @@ class ProcessGroupSmddp : public c10d::Backend {
   std::mutex coalesceMu_;
   bool coalescing_ = false;                                  // guarded by coalesceMu_
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;    // guarded by coalesceMu_
+  // Reads the members above; declared last, so it is built after them.
+  const GroupInspector inspector_;
 };
 
 }  // namespace c10d_smddp
