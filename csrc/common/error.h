@@ -21,6 +21,13 @@ enum class ErrorKind {
 
 const char* toString(ErrorKind k);
 
+// Whether an error of this kind leaves the group unusable (every later
+// call fails with it), not just the call it ended.
+inline bool breaksGroup(ErrorKind k) {
+  return k == ErrorKind::kTimeout || k == ErrorKind::kPeerLost || k == ErrorKind::kTransport ||
+         k == ErrorKind::kAborted;
+}
+
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& msg)

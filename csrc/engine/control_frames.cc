@@ -123,6 +123,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
       auto& slot = remoteErrors_[h.seq];
       if (slot.text.empty()) {
         slot.text = text;
+        slot.broken = broken;
         const uint64_t count = std::clamp<uint64_t>(h.offset, 1, kMaxFusedCalls);
         slot.last = h.seq + count - 1;
       }
@@ -133,7 +134,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
   if (postReceive(r) != 0) requests_.release(r);
 }
 
-bool ControlPlane::remoteErrorFor(uint64_t seq, std::string* text) {
+bool ControlPlane::remoteErrorFor(uint64_t seq, std::string* text, ErrorKind* kind) {
   reached_ = std::max(reached_, seq);
   // Reports for sequences this rank already finished are stale: every rank
   // that saw the failure raised it then. Reports for later sequences wait.
@@ -145,6 +146,7 @@ bool ControlPlane::remoteErrorFor(uint64_t seq, std::string* text) {
       continue;
     }
     *text = it->second.text;
+    *kind = it->second.broken ? ErrorKind::kAborted : ErrorKind::kMismatch;
     if (it->second.last == seq) remoteErrors_.erase(it);
     return true;
   }

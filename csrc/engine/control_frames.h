@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/peer_table.h"
 #include "engine/request.h"
 #include "observe/stats.h"
@@ -64,8 +65,12 @@ class ControlPlane {
   void close() { pending_.clear(); }
 
   // --- Error frames ---
-  // The first error another rank reported for a sequence <= seq, if any.
-  bool remoteErrorFor(uint64_t seq, std::string* text);
+  // The first error another rank reported for a sequence <= seq, if any,
+  // and the kind this rank raises it as: kAborted when the report said the
+  // group is unusable there (a timeout, a lost peer), so that the group's
+  // asynchronous error and the ranks it lost are read as such here too;
+  // kMismatch otherwise (the reporter's call alone failed).
+  bool remoteErrorFor(uint64_t seq, std::string* text, ErrorKind* kind);
   // Tells every peer that calls seq .. seq + count - 1 failed here, so
   // nobody waits for us. `broken`: the group is unusable here (timeout,
   // lost peer), and so, from their next call, everywhere; count 0 then
@@ -175,6 +180,7 @@ class ControlPlane {
   struct RemoteError {
     uint64_t last = 0;  // the report covers sequences first .. last
     std::string text;
+    bool broken = false;  // the reporter's group is unusable
   };
   // Both bounded (kControlSequenceWindow, kMaxHeldControlSequences).
   std::map<uint64_t, RemoteError> remoteErrors_;

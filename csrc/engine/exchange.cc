@@ -413,8 +413,9 @@ void Exchange::raiseFailure() {
     do {
       if (ctx_.waits().stopRequested()) break;
       ctx_.progress();
-      if (ctx_.control().remoteErrorFor(seq_, &remote)) {
-        fail(ErrorKind::kMismatch, "smddp: " + what + " failed on another rank: " + remote);
+      ErrorKind kind;
+      if (ctx_.control().remoteErrorFor(seq_, &remote, &kind)) {
+        fail(kind, "smddp: " + what + " failed on another rank: " + remote);
       }
       try {
         ctx_.peers().checkAlive(what);

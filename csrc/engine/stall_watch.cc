@@ -21,8 +21,9 @@ void StallWatch::check(uint64_t firstSeq, const CollectiveSignature* sigs, size_
                        const std::function<std::string()>& notSeen) {
   std::string remote;
   for (size_t i = 0; i < count; ++i) {
-    if (ctx_.control().remoteErrorFor(firstSeq + i, &remote)) {
-      throwError(ErrorKind::kMismatch, "smddp: " + what() + " failed on another rank: " + remote);
+    ErrorKind kind;
+    if (ctx_.control().remoteErrorFor(firstSeq + i, &remote, &kind)) {
+      throwError(kind, "smddp: " + what() + " failed on another rank: " + remote);
     }
     if (ctx_.control().probeMismatch(firstSeq + i, sigs[i], &remote)) {
       throwError(ErrorKind::kMismatch, "smddp: " + what() + ": " + remote);

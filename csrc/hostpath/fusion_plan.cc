@@ -87,6 +87,7 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<AllreduceCall*>& calls,
   for (size_t i = 0; i < calls.size(); ++i) plan.numel[i] = calls[i]->numel;
   plan.aborted.store(0);
   plan.abortLock.store(0);
+  plan.abortBreaks = 0;
   plan.abortText[0] = 0;
   plan.published.store(b.index + 1, std::memory_order_release);
   nextBatch_ = b.index + 1;

@@ -128,7 +128,7 @@ void FusionBufferScheduler::run(AllreduceBatch& batch) {
     // desync report too.
     const std::string text = ctx_.withDesyncReport(e);
     if (b.joined) {
-      abortBatch(b, "rank " + std::to_string(ctx_.rank()) + " reported: " + text);
+      abortBatch(b, "rank " + std::to_string(ctx_.rank()) + " reported: " + text, e.kind());
       releaseBatch(b, b.firstStep + b.steps);
     }
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -160,7 +160,8 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
   using clock = std::chrono::steady_clock;
   if (b.joined && b.plan->aborted.load(std::memory_order_acquire) == b.index + 1) {
     std::string text(b.plan->abortText, strnlen(b.plan->abortText, kAbortTextBytes));
-    throwError(ErrorKind::kMismatch, "smddp: " + b.what() + " failed on another rank: " + text);
+    throwError(b.plan->abortBreaks ? ErrorKind::kAborted : ErrorKind::kMismatch,
+               "smddp: " + b.what() + " failed on another rank: " + text);
   }
   if (ctx_.waits().stopRequested()) {
     throwError(ErrorKind::kAborted, "smddp: " + b.what() + ": the process group was shut down");
@@ -215,7 +216,7 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
 void FusionBufferScheduler::skipBatch(Batch& b, const std::string& why) {
   auto& ctl = segment_->ctl();
   FusionPlan& p = *b.plan;
-  if (p.aborted.load() != b.index + 1) abortBatch(b, why);
+  if (p.aborted.load() != b.index + 1) abortBatch(b, why, ErrorKind::kMismatch);
   const uint64_t end = p.firstStep + p.steps;
   releaseBatch(b, end);
   nextBatch_ = b.index + 1;
@@ -235,10 +236,11 @@ void FusionBufferScheduler::releaseBatch(Batch& b, uint64_t endStep) {
   segment_->wakeAll();
 }
 
-void FusionBufferScheduler::abortBatch(Batch& b, const std::string& why) {
+void FusionBufferScheduler::abortBatch(Batch& b, const std::string& why, ErrorKind kind) {
   FusionPlan& plan = *b.plan;
   uint32_t expected = 0;
   if (plan.abortLock.compare_exchange_strong(expected, 1)) {
+    plan.abortBreaks = breaksGroup(kind) ? 1 : 0;
     size_t n = std::min(why.size(), kAbortTextBytes - 1);
     std::memcpy(plan.abortText, why.data(), n);
     plan.abortText[n] = 0;
@@ -249,7 +251,7 @@ void FusionBufferScheduler::abortBatch(Batch& b, const std::string& why) {
 
 void FusionBufferScheduler::failMismatch(Batch& b, const std::string& why) {
   std::string msg = "smddp: " + b.what() + ": " + why;
-  abortBatch(b, "rank " + std::to_string(ctx_.rank()) + " reported: " + why);
+  abortBatch(b, "rank " + std::to_string(ctx_.rank()) + " reported: " + why, ErrorKind::kMismatch);
   throwError(ErrorKind::kMismatch, msg);
 }
 

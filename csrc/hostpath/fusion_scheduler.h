@@ -119,7 +119,9 @@ class FusionBufferScheduler final : public AllreducePath {
   // a lost peer or a mismatch another rank reported.
   void idle(Batch& b, uint32_t seenWake, const std::function<std::string()>& waitingOn,
             bool mayBlock = true);
-  void abortBatch(Batch& b, const std::string& why);
+  // `kind`: the aborting error's; the other ranks of the host fail the
+  // batch as kAborted when it breaks the group, as kMismatch otherwise.
+  void abortBatch(Batch& b, const std::string& why, ErrorKind kind);
   // Marks this rank's part of batch b (steps up to endStep) as done.
   void releaseBatch(Batch& b, uint64_t endStep);
   // Marks batch b done for this rank without running it (aborting it for

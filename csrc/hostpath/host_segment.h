@@ -45,6 +45,9 @@ struct alignas(64) FusionPlan {
   // records why; every rank checks before it returns success.
   std::atomic<uint64_t> aborted{0};  // batch + 1 when aborted
   std::atomic<uint32_t> abortLock{0};
+  // The aborting rank's group is unusable (its error was a timeout, a lost
+  // peer, ...), not just this batch: the others fail it as kAborted.
+  uint8_t abortBreaks = 0;
   char abortText[kAbortTextBytes] = {};
 };
 

@@ -327,13 +327,20 @@ def peer_death(rank: int, world: int, coll: str, victim: int, how: str,
             raise ValueError(coll)
 
     first = _attempt(run)
+    # What a survivor reads next (shrink_on_failure.py): the group's error,
+    # as torchft reads it, and the ranks it knows are gone.
+    group = {}
+    if dist.get_backend() == "smddp":
+        import torch_smddp
+        group = {"errored": torch_smddp._backend_of().errored(),
+                 "lost": torch_smddp.lost_ranks()}
     # every later call fails too, fast, naming the lost rank
     later = _attempt(lambda: dist.all_reduce(torch.ones(3)))
     later_async = _attempt(lambda: dist.all_reduce(torch.ones(3), async_op=True).wait())
     assert victim != 0, "rank 0 hosts the store the survivors meet through"
     _survivor_barrier(rank, [r for r in range(world) if r != victim], f"death-{coll}")
     keep = ("raised", "type", "msg", "elapsed", "is_runtime_error", "is_dist_backend_error")
-    return {"warm_ok": warm_ok, "first": {k: first[k] for k in keep},
+    return {"warm_ok": warm_ok, "group": group, "first": {k: first[k] for k in keep},
             "later": {k: later[k] for k in keep}, "later_async": {k: later_async[k] for k in keep}}
 
 

@@ -199,6 +199,34 @@ def test_peer_death_across_pretend_hosts_fails_survivors_fast_naming_rank_and_ho
         assert later["raised"] and later["elapsed"] < 1.0, (where, later)
 
 
+@smddp_only
+def test_a_death_heard_only_from_a_peer_still_breaks_the_group_and_lost_ranks_names_it():
+    """Three pretend hosts; rank 0 keeps no liveness connections
+    (SMDDP_PEER_TIMEOUT=0 there), so it hears of rank 2's death only from
+    rank 1's report. That report says the group is unusable there, so it is
+    on rank 0 too: its call fails naming rank 2, and the group's error (what
+    torchft and lost_ranks() read) is set, not left empty as for a
+    mismatch. Rank 1, which saw the death itself, names rank 2 lost."""
+    world, victim = 3, 2
+    results = run_world(world, "cases_failures:peer_death", backend=BACKEND, timeout=60,
+                        pg_timeout=DEATH_PG_TIMEOUT, expect_failure=True, allow_exit={victim},
+                        args=("all_reduce", victim, "sigkill"),
+                        env={"SMDDP_HOST_ID": lambda r: f"deathhost{r}", "FI_TCP_IFACE": "lo",
+                             "SMDDP_PEER_TIMEOUT": lambda r: "0" if r == 0 else "10"})
+    assert isinstance(results[victim], ExitedRank) and results[victim].returncode == -9
+    for rank in (0, 1):
+        r = results[rank]
+        first = r["first"]
+        assert first["raised"] and f"rank {victim}" in first["msg"], (rank, first)
+        assert "timed out" not in first["msg"], (rank, first)
+        assert r["group"]["errored"] and f"rank {victim}" in r["group"]["errored"], (rank, r)
+        assert r["later"]["raised"] and r["later"]["elapsed"] < 1.0, (rank, r["later"])
+    assert results[1]["group"]["lost"] == [victim], results[1]
+    # Rank 0 has no evidence of its own, so lost_ranks() looked for it for
+    # its 2 s and found none: what it hands shrink_group is then empty.
+    assert results[0]["group"]["lost"] == [], results[0]
+
+
 # ---------------------------------------------------------------------------
 # 3. timeout
 # ---------------------------------------------------------------------------
