@@ -182,7 +182,7 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   // Receives first (so frames land in place), then sends.
   std::optional<OrderedSends> rounds;
   if (cp.rounds) {
-    ctx.counters().roundsCalls++;
+    ctx.traffic().pairwiseRounds();
     rounds.emplace(ex, std::max<size_t>(2, (kRoundsWindowBytes + cp.chunkBytes - 1) /
                                                cp.chunkBytes),
                    cp.mine->chunks.size());

@@ -83,7 +83,7 @@ class ServerRing {
   }
   void reduceAndRearm(size_t k) {
     for (int p = 0; p < n_; ++p) in_[p] = p == rank_ ? nullptr : slot(p, k);
-    const Result res = timeServerReduce(ctx_.counters(), [&] { return reduce_(k, in_); });
+    const Result res = ctx_.traffic().serverReduce([&] { return reduce_(k, in_); });
     if (sink_) {
       sink_(k);
       return;

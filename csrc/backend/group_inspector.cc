@@ -12,12 +12,12 @@ smddp::Stats GroupInspector::stats() const {
 }
 
 std::vector<smddp::LatencyHistograms::Cell> GroupInspector::latencyStats() const {
-  return s_.comm ? s_.comm->counters().latency.cells()
+  return s_.comm ? s_.comm->latencyStats()
                  : std::vector<smddp::LatencyHistograms::Cell>{};
 }
 
 void GroupInspector::resetStats() const {
-  if (s_.comm) s_.comm->counters().reset();
+  if (s_.comm) s_.comm->resetStats();
 }
 
 std::string GroupInspector::provider() const { return s_.comm ? s_.comm->provider() : ""; }

@@ -255,7 +255,6 @@ bool ProcessGroupSmddp::allreduceNow(at::Tensor& tensor, const c10d::ReduceOp& r
   if (!engineDt || coalescingNow()) return false;
   const DataType dt = *engineDt;
   const smddp::ReduceOp op = toReduceOp(reduceOp, dt, "all_reduce");  // names an unsupported pair
-  comm_->counters().directCalls++;
   try {
     comm_->allreduceSync({bufferOf(tensor)}, dt, op, {extentOf(tensor)});
   } catch (const smddp::Error& e) {

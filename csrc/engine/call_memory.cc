@@ -20,7 +20,7 @@ uint8_t* CallMemory::fusionBuffer(size_t bytes) {
 void CallMemory::holdForSend(Request* r) {
   if (!callHeld_) callHeld_ = std::make_shared<HeldMemory>();
   r->held = callHeld_;
-  stats_.abandonedSendsHeld++;
+  traffic_.sendHeld();
 }
 
 std::shared_ptr<HeldMemory> CallMemory::detachHeldMemory() {

@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "engine/request.h"
-#include "observe/stats.h"
+#include "observe/traffic_observer.h"
 
 namespace smddp {
 
 class CallMemory {
  public:
-  // `stats` counts the sends that hold memory (abandonedSendsHeld).
-  explicit CallMemory(StatsCounters& stats) : stats_(stats) {}
+  // `traffic` counts the sends that hold memory.
+  explicit CallMemory(const TrafficObserver& traffic) : traffic_(traffic) {}
   CallMemory(const CallMemory&) = delete;
   CallMemory& operator=(const CallMemory&) = delete;
 
@@ -48,7 +48,7 @@ class CallMemory {
   void releaseSink() { sink_.release(); }
 
  private:
-  StatsCounters& stats_;
+  const TrafficObserver& traffic_;
   std::vector<uint8_t> scratch_;
   std::vector<uint8_t> fusion_;
   // What the running call's unconfirmed sends hold (holdForSend), until

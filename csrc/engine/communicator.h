@@ -133,9 +133,11 @@ class Communicator {
   // runs, so this object must be leaked, never destroyed.
   bool stuck() const { return stuck_.load(); }
   Stats stats() const { return ctx_->counters().snapshot(); }
-  // The counters behind stats() (atomics, any thread): latency histograms,
-  // reset, and the counts the backend adds to.
-  StatsCounters& counters() { return ctx_->counters(); }
+  // stats()' latency histograms, and zeroing every counter (any thread).
+  std::vector<LatencyHistograms::Cell> latencyStats() const {
+    return ctx_->counters().latency.cells();
+  }
+  void resetStats() { ctx_->counters().reset(); }
   // The group's flight recorder (flight_recorder.h); null with
   // SMDDP_TRACE_BUFFER_SIZE=0.
   std::shared_ptr<const FlightRecorder> flightRecorder() const { return observer_->recorder(); }

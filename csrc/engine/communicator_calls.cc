@@ -54,6 +54,7 @@ uint64_t Communicator::allreduce(std::vector<Buffer> bufs, DataType dtype, Reduc
 
 void Communicator::allreduceSync(std::vector<Buffer> bufs, DataType dtype, ReduceOp op,
                                  std::vector<MemRange> touches) {
+  observer_->direct();
   // Usually done before allreduce() returns (run on this thread); on the
   // stack, where a std::promise would allocate its shared state per call.
   struct Outcome {

@@ -83,7 +83,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
     why = "a control frame for a call far ahead of this rank's";
   }
   if (!ok) {
-    stats_.framesRejected++;
+    traffic_.refused();
     if (!rejectLogged_) {
       rejectLogged_ = true;  // a forger can send many: one line, the count in stats
       SMDDP_LOG(kWarn) << "smddp: rank " << peers_.rank() << " dropped a control frame (" << why
@@ -103,7 +103,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
     const Called* done = recorded(h.seq);
     if (!done) {
       probes_[h.seq][src] = theirs;  // this rank is in, or not yet at, that call
-      stats_.framesRejected += keepNearest(probes_);
+      traffic_.refused(keepNearest(probes_));
     } else if (!(done->sig == theirs) && h.chunk != 1) {
       sendProbe(src, h.seq, done->sig, /*reply=*/true);  // never answer a reply
     }
@@ -127,7 +127,7 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
         const uint64_t count = std::clamp<uint64_t>(h.offset, 1, kMaxFusedCalls);
         slot.last = h.seq + count - 1;
       }
-      stats_.framesRejected += keepNearest(remoteErrors_);
+      traffic_.refused(keepNearest(remoteErrors_));
     }
   }
   // Re-arm the same receive.

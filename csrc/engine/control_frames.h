@@ -19,7 +19,7 @@
 #include "common/error.h"
 #include "engine/peer_table.h"
 #include "engine/request.h"
-#include "observe/stats.h"
+#include "observe/traffic_observer.h"
 #include "transport/endpoint.h"
 #include "transport/frame.h"
 
@@ -49,8 +49,8 @@ class ControlPlane {
   };
 
   ControlPlane(Engine& engine, const PeerTable& peers, RequestPool& requests,
-               StatsCounters& stats)
-      : engine_(engine), peers_(peers), requests_(requests), stats_(stats) {}
+               const TrafficObserver& traffic)
+      : engine_(engine), peers_(peers), requests_(requests), traffic_(traffic) {}
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
 
@@ -170,7 +170,7 @@ class ControlPlane {
   Engine& engine_;
   const PeerTable& peers_;
   RequestPool& requests_;
-  StatsCounters& stats_;
+  const TrafficObserver& traffic_;
   Endpoint* endpoint_ = nullptr;  // set by start()
   uint64_t secret_ = 0;
   std::shared_ptr<const PeerKeys> keys_;  // set by start(), immutable after

@@ -24,6 +24,7 @@
 #include "observe/batch_observer.h"
 #include "observe/desync.h"
 #include "observe/stats.h"
+#include "observe/traffic_observer.h"
 #include "transport/bootstrap.h"
 #include "transport/endpoint.h"
 #include "transport/fabric.h"
@@ -86,8 +87,13 @@ class EngineContext {
   // a message past it fails naming the limit instead of inside the
   // provider (Exchange::send, point-to-point sends).
   size_t maxPayloadBytes() const { return maxPayload_; }
-  // torch_smddp.stats(): atomics, any thread.
+  // torch_smddp.stats(): atomics, any thread. Only the observers change
+  // them.
   StatsCounters& counters() { return stats_; }
+  // What the wire code and the algorithms report: bytes, refused frames,
+  // abandoned sends, the servers' combine time (traffic_observer.h). Any
+  // thread.
+  const TrafficObserver& traffic() const { return traffic_; }
   // What a fusion batch's run shows: its timeline spans and stats()'
   // counters of batches and their data steps (batch_observer.h). Any thread.
   const BatchObserver& batches() const { return batches_; }
@@ -163,12 +169,12 @@ class EngineContext {
   size_t maxPayload_ = 0;
 
   RequestPool requests_;  // worker thread only
-  // Worker thread only. Both keep a reference to stats_ (declared below;
+  // Worker thread only. Both keep a reference to traffic_ (declared below;
   // bound here, used only once constructed). memory_ holds the overflow
   // sink's reservation and unmaps it when it goes, so a constructor that
   // throws after reserving it leaks nothing.
-  CallMemory memory_{stats_};
-  P2PState p2p_{requests_, stats_};
+  CallMemory memory_{traffic_};
+  P2PState p2p_{requests_, traffic_};
   bool progressing_ = false;   // inside progress(): worker thread only
   bool quarantined_ = false;   // never poll the endpoint again: worker thread only
   // Set up by the constructor; closeLiveness closes its monitor and
@@ -176,6 +182,7 @@ class EngineContext {
   PeerTable peers_;
   StatsCounters stats_;
   BatchObserver batches_{name_, stats_};
+  TrafficObserver traffic_{stats_};
   // The control plane's view of this engine: progress() and the state
   // that says whether waiting for a peer is still allowed.
   struct ControlEngine final : ControlPlane::Engine {
@@ -190,7 +197,7 @@ class EngineContext {
   };
   ControlEngine controlEngine_{*this};
   // Error frames, probes, broken state: worker thread only.
-  ControlPlane control_{controlEngine_, peers_, requests_, stats_};
+  ControlPlane control_{controlEngine_, peers_, requests_, traffic_};
   std::unique_ptr<DesyncResponder> desync_;  // null without a recorder or a clonable store
   bool desyncReported_ = false;              // worker thread only
 };

@@ -154,7 +154,7 @@ void Exchange::complete(Request* r, const Completion& c) {
       // and receive again, the frame this receive is for still comes.
       // Anything else is a transport fault; the header check alone would
       // not catch a same-sized chunk of this very call.
-      ctx_.counters().framesRejected++;
+      ctx_.traffic().refused();
       const FrameHeader& h = r->header;
       if (c.len >= sizeof(FrameHeader) && h.magic == kFrameMagic &&
           h.jobSecret == ctx_.jobSecret() && h.seq < seq_) {
@@ -174,7 +174,7 @@ void Exchange::complete(Request* r, const Completion& c) {
                          r->payloadBytes, sig_};
       FrameVerdict v = validateFrame(r->header, framedBytes(ctx_, SealScope::kBetweenHosts, r->peer, c.len), e, &why);
       if (v != FrameVerdict::kOk) {
-        ctx_.counters().framesRejected++;
+        ctx_.traffic().refused();
         failed_ = true;
         errorKind_ = v == FrameVerdict::kMismatch ? ErrorKind::kMismatch : ErrorKind::kProtocol;
         error_ = why;
@@ -186,11 +186,11 @@ void Exchange::complete(Request* r, const Completion& c) {
         error_ = why;
       } else {
         heardFrom_[static_cast<size_t>(r->peer)] = true;
-        ctx_.counters().bytesReceived += r->payloadBytes;
+        ctx_.traffic().received(r->payloadBytes);
         runCallback(r);
       }
     } else if (c.err == 0) {
-      ctx_.counters().bytesSent += r->payloadBytes;
+      ctx_.traffic().sent(r->payloadBytes);
       runCallback(r);
     }
   }
@@ -262,7 +262,7 @@ void Exchange::abandonOutstanding() {
     r->onArrive = nullptr;
     if (r->type != Request::Type::kRecv) {
       ++abandonedSends_;
-      ctx_.counters().abandonedSends++;
+      ctx_.traffic().sendAbandoned(/*held=*/false);
       continue;
     }
     // 0, or -FI_ENOENT when it was already matched: the completion still
@@ -327,7 +327,7 @@ void Exchange::awaitAbandoned() {
       ++sendsLeft;
     }
   }
-  ctx_.counters().abandonedSendsConfirmed += abandonedSends_ - sendsLeft;
+  ctx_.traffic().abandonedSendsDone(abandonedSends_ - sendsLeft);
   abandonedSends_ = 0;
   outstanding_.clear();
   if (recvPeer < 0) return;

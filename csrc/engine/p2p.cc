@@ -137,7 +137,7 @@ void Communicator::send(Buffer buf, DataType dtype, int dst, int32_t tag, P2PDon
     r->payloadBytes = bytes;
     r->onComplete = [&ctx, done, dst, tag, bytes](Request* req, const Completion& c) {
       if (c.err == 0) {
-        ctx.counters().bytesSent += bytes;
+        ctx.traffic().sent(bytes);
         done(nullptr, dst);
       } else {
         std::string why = c.errText;
@@ -190,7 +190,7 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
                          sig};
       FrameVerdict v = validateFrame(h, framedBytes(ctx, SealScope::kEveryPeer, from, c.len), e, &why);
       if (v != FrameVerdict::kOk) {
-        ctx.counters().framesRejected++;
+        ctx.traffic().refused();
         if (v != FrameVerdict::kMismatch && ctx.seal().any()) {
           why = "a frame claiming rank " + std::to_string(from) + ": " + why +
                 " (SMDDP_WIRE_ENCRYPT seals every point-to-point frame; one without that "
@@ -205,7 +205,7 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
         done(p2pError(ErrorKind::kProtocol, what + ": " + why), from);
         return;
       }
-      ctx.counters().bytesReceived += req->payloadBytes;
+      ctx.traffic().received(req->payloadBytes);
       done(nullptr, from);
     };
     try {

@@ -42,8 +42,7 @@ void P2PState::fail(const std::string& why, bool timedOut) {
       r->held = std::make_shared<HeldMemory>();
       r->held->owners.push_back([keep = std::move(onComplete)] {});
       if (r->type == Request::Type::kSend) {
-        stats_.abandonedSends++;
-        stats_.abandonedSendsHeld++;
+        traffic_.sendAbandoned(/*held=*/true);
       }
     }
   }

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "engine/request.h"
-#include "observe/stats.h"
+#include "observe/traffic_observer.h"
 #include "transport/endpoint.h"
 
 namespace smddp {
@@ -16,8 +16,9 @@ namespace smddp {
 class P2PState {
  public:
   // `requests`: the group's pool, which holds every point-to-point
-  // Request; `stats` counts the sends that stay posted after a failure.
-  P2PState(RequestPool& requests, StatsCounters& stats) : requests_(requests), stats_(stats) {}
+  // Request; `traffic` counts the sends that stay posted after a failure.
+  P2PState(RequestPool& requests, const TrafficObserver& traffic)
+      : requests_(requests), traffic_(traffic) {}
   P2PState(const P2PState&) = delete;
   P2PState& operator=(const P2PState&) = delete;
 
@@ -33,7 +34,7 @@ class P2PState {
 
  private:
   RequestPool& requests_;
-  StatsCounters& stats_;
+  const TrafficObserver& traffic_;
   size_t inFlight_ = 0;
 };
 

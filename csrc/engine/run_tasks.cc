@@ -108,7 +108,7 @@ std::exception_ptr Communicator::dispatch(std::vector<Task>& tasks, CallPath pat
 std::exception_ptr Communicator::failRun(const Error& e, uint64_t firstSeq, size_t calls) {
   ControlPlane& control = ctx_->control();
   std::exception_ptr eptr = std::current_exception();
-  ctx_->counters().errors++;
+  observer_->runFailed();
   std::string msg = e.what();
   // Timeouts and lost peers leave the group unusable (so did a
   // quarantine during this call): every peer is told, so that their

@@ -15,7 +15,7 @@ void sealSend(EngineContext& ctx, Request* r) {
   ctx.seal().seal(r->peer, r->header, r->tag, r->payload, r->staging.data(), r->payloadBytes,
                   &r->trailer);
   r->sealed = true;
-  ctx.counters().bytesSealed += r->payloadBytes;
+  ctx.traffic().sealed(r->payloadBytes);
 }
 
 }  // namespace
@@ -45,16 +45,16 @@ bool openArrived(EngineContext& ctx, SealScope scope, Request* r, int peer, std:
     if (scope == SealScope::kBetweenHosts || !ctx.seal().any()) return true;
     // Point-to-point in a group that seals: every peer's frames are sealed,
     // so a frame naming no peer with a key (this very rank) is forged.
-    ctx.counters().framesRejected++;
+    ctx.traffic().refused();
     *why = "a data frame claiming to come from rank " + std::to_string(peer) +
            " carries no seal of that rank (SMDDP_WIRE_ENCRYPT): it was forged";
     return false;
   }
   if (ctx.seal().open(peer, r->header, r->tag, r->trailer, r->payload, r->payloadBytes)) {
-    ctx.counters().bytesOpened += r->payloadBytes;
+    ctx.traffic().opened(r->payloadBytes);
     return true;
   }
-  ctx.counters().framesRejected++;
+  ctx.traffic().refused();
   *why = "the data frame from rank " + std::to_string(peer) +
          " failed its integrity check (SMDDP_WIRE_ENCRYPT): it was changed on the way, or "
          "sealed under another key";

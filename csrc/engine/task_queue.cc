@@ -80,7 +80,7 @@ void Communicator::runOnCaller(Task t, std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   std::vector<Task>& tasks = callerTasks_;  // kept: its storage is reused
   tasks.push_back(std::move(t));
-  ctx_->counters().callerRuns++;
+  observer_->ranOnCaller();
   {
     CallerWaiting waiting;  // this thread waits for peers: poll before sleeping
     runTasks(tasks, /*onCaller=*/true);  // completes every task it ran, errors included

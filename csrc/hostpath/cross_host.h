@@ -98,7 +98,7 @@ class FusionBufferScheduler::CrossHost {
       uint8_t* own = st.data + mine.offset * es_;
       std::vector<const void*> in(H_);
       for (int h = 0; h < H_; ++h) in[h] = h == myHost_ ? own : partials + h * mineBytes;
-      timeServerReduce(s_.ctx_.counters(), [&] {
+      s_.ctx_.traffic().serverReduce([&] {
         reduceOrdered(own, in.data(), H_, mine.count, acc_, b_.op,
                       b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0);
       });
@@ -257,7 +257,7 @@ class FusionBufferScheduler::CrossHost {
       // element (the pieces move with the batch), so bf16 gives the same
       // bits from run to run.
       for (int h = 0; h < H_; ++h) in[h] = partial(h);
-      const int bad = timeServerReduce(s_.ctx_.counters(), [&] {
+      const int bad = s_.ctx_.traffic().serverReduce([&] {
         return serveNarrowWire(
             own, out(myHost_), in.data(), H_, myHost_, mine.count, wire_, b_.op,
             b_.op == ReduceOp::kAvg ? static_cast<double>(s_.ctx_.size()) : 1.0, scratch_);

@@ -176,7 +176,7 @@ void FusionBufferScheduler::reduceStep(Batch& b, Steps& st, uint64_t off, uint64
   // Across hosts, AVG sums here and divides once at the end, and f16/bf16
   // partials stay in f32 until then (one rounding in all).
   const ReduceOp hostOp = st.multiHost && b.op == ReduceOp::kAvg ? ReduceOp::kSum : b.op;
-  timeServerReduce(ctx_.counters(), [&] {
+  ctx_.traffic().serverReduce([&] {
     if (st.wide) {
       reduceOrderedToFloat(reinterpret_cast<float*>(st.seg.result(st.myServer, st.reduced)),
                            st.inputs.data(), st.ranks, len, b.dtype, hostOp);

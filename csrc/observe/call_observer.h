@@ -37,6 +37,15 @@ class CallObserver {
   void started(uint64_t seq, CallPath path, uint64_t batchFirst, bool onCaller, TimePoint at);
   // A queued call that never ran (shutdown).
   void notRun(uint64_t seq, const std::string& why);
+  // stats()' calls_run_by_caller: a call runs on its caller's thread
+  // (CallHooks::callerWaits, the engine thread parked).
+  void ranOnCaller() { stats_.callerRuns.fetch_add(1, std::memory_order_relaxed); }
+  // stats()' direct_calls: a synchronous allreduce that skipped c10d's
+  // Work (Communicator::allreduceSync).
+  void direct() { stats_.directCalls.fetch_add(1, std::memory_order_relaxed); }
+  // stats()' errors: a run failed in the engine (not a call refused by a
+  // group already unusable).
+  void runFailed() { stats_.errors.fetch_add(1, std::memory_order_relaxed); }
 
   // One run of the engine: a call, or the calls of a fusion batch.
   struct Run {

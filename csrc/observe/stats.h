@@ -3,11 +3,9 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 namespace smddp {
@@ -199,30 +197,5 @@ struct StatsCounters {
     return s;
   }
 };
-
-// Runs `reduce` and adds its wall time to counters.serverReduceNs
-// (stats()' server_reduce_seconds); returns what it returns. The one place
-// a server's reduction is timed, whichever path serves it: the
-// network-only path's servers (algorithms/server_ring.h), the host
-// segment's reduce step (hostpath/fusion_steps.cc) and the host servers
-// across hosts (hostpath/cross_host.h). A reduction that throws adds
-// nothing.
-template <typename Reduce>
-auto timeServerReduce(StatsCounters& counters, Reduce&& reduce) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto add = [&counters, t0] {
-    counters.serverReduceNs += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count());
-  };
-  if constexpr (std::is_void_v<std::invoke_result_t<Reduce&>>) {
-    reduce();
-    add();
-  } else {
-    auto result = reduce();
-    add();
-    return result;
-  }
-}
 
 }  // namespace smddp

@@ -12,10 +12,11 @@
 
 #include "observe/stats.h"
 #include "observe/timeline.h"
+#include "observe/traffic_observer.h"
 
 using smddp::LatencyHistograms;
 using smddp::StatsCounters;
-using smddp::timeServerReduce;
+using smddp::TrafficObserver;
 
 TEST_CASE("latency bins are half octaves and hold their values", "[stats]") {
   for (uint64_t ns : {0ull, 1ull, 999ull, 1000ull, 1414ull, 1415ull, 2000ull, 2829ull, 999999ull,
@@ -88,12 +89,13 @@ uint64_t spinOneTick() {
 
 }  // namespace
 
-TEST_CASE("timeServerReduce adds the reduction's time to serverReduceNs and returns its result",
+TEST_CASE("serverReduce adds the reduction's time to serverReduceNs and returns its result",
           "[stats]") {
   StatsCounters c;
+  const TrafficObserver t(c);
   uint64_t inner = 0;
   // Its interval holds the reduction's: it adds at least what that saw.
-  const int got = timeServerReduce(c, [&] {
+  const int got = t.serverReduce([&] {
     inner = spinOneTick();
     return 7;
   });
@@ -102,13 +104,43 @@ TEST_CASE("timeServerReduce adds the reduction's time to serverReduceNs and retu
   CHECK(c.serverReduceNs.load() >= inner);
   // A reduction that returns nothing counts too, on top.
   const uint64_t before = c.serverReduceNs.load();
-  timeServerReduce(c, [&] { inner = spinOneTick(); });
+  t.serverReduce([&] { inner = spinOneTick(); });
   CHECK(c.serverReduceNs.load() >= before + inner);
   // One that throws adds nothing, and the error goes through.
   const uint64_t after = c.serverReduceNs.load();
-  CHECK_THROWS_WITH(timeServerReduce(c, []() -> int { throw std::runtime_error("bad scale"); }),
+  CHECK_THROWS_WITH(t.serverReduce([]() -> int { throw std::runtime_error("bad scale"); }),
                     "bad scale");
   CHECK(c.serverReduceNs.load() == after);
   // stats() reads it.
   CHECK(c.snapshot().serverReduceNs == after);
+}
+
+TEST_CASE("the traffic observer's hooks reach stats() each in its own counter", "[stats]") {
+  StatsCounters c;
+  const TrafficObserver t(c);
+  t.sent(100);
+  t.sent(20);
+  t.received(7);
+  t.sealed(64);
+  t.opened(32);
+  t.refused();
+  t.refused(3);
+  t.sendAbandoned(/*held=*/false);
+  t.sendAbandoned(/*held=*/true);
+  t.sendHeld();
+  t.abandonedSendsDone(2);
+  t.pairwiseRounds();
+  const smddp::Stats s = c.snapshot();
+  CHECK(s.bytesSent == 120);
+  CHECK(s.bytesReceived == 7);
+  CHECK(s.bytesSealed == 64);
+  CHECK(s.bytesOpened == 32);
+  CHECK(s.framesRejected == 4);
+  CHECK(s.abandonedSends == 2);
+  CHECK(s.abandonedSendsHeld == 2);
+  CHECK(s.abandonedSendsConfirmed == 2);
+  CHECK(s.roundsCalls == 1);
+  CHECK(s.collectives == 0);  // the call observer's, not touched here
+  c.reset();
+  CHECK(c.snapshot().bytesSent == 0);
 }
