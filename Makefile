@@ -34,12 +34,20 @@ build-ext: setup $(BUILD)/CMakeCache.txt
 demo: build-ext
 	$(PY) -m torch.distributed.run --standalone --nproc-per-node $(NPROC) examples/train_ddp.py --backend smddp
 
+# Each stage says when it starts, so a CI log shows where the time goes.
+STAGE = @echo "[make test] $$(date -u +%H:%M:%S) $(1)"
 test: build layers
+	$(call STAGE,ctest)
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
-	$(PY) -m pytest -q --durations=15 tests/python
+	$(call STAGE,pytest)
+	$(PY) -m pytest -q --durations=40 tests/python
+	$(call STAGE,test-asan-ci)
 	$(MAKE) --no-print-directory test-asan-ci
+	$(call STAGE,fuzz)
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS_CI)
+	$(call STAGE,check-cuda)
 	$(MAKE) --no-print-directory check-cuda
+	$(call STAGE,done)
 
 test-cpp: build layers
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
