@@ -19,7 +19,7 @@
 #include "common/param.h"
 #include "algorithms/algorithms.h"
 #include "algorithms/rounds.h"
-#include "algorithms/server_ring.h"
+#include "algorithms/shard_ring.h"
 #include "engine/exchange.h"
 #include "engine/peer_table.h"
 #include "reduce/narrow_wire.h"
@@ -163,11 +163,11 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   // Server side: the reduction goes straight into this rank's own buffer
   // and is sent from there: no staging copy on the way in or out.
   // In pairwise rounds the ring holds every chunk of the shard.
-  std::optional<ServerRing> server;
+  std::optional<ShardRing> server;
   if (cp.mine && n > 1) {
     const size_t depth = cp.rounds ? cp.mine->chunks.size()
                                    : static_cast<size_t>(ctx.config().ringDepth);
-    uint8_t* scratch = ctx.memory().scratch(ServerRing::scratchBytes(n, depth, cp.chunkBytes));
+    uint8_t* scratch = ctx.memory().scratch(ShardRing::scratchBytes(n, depth, cp.chunkBytes));
     server.emplace(ctx, ex, *cp.mine, depth, scratch, cp.chunkBytes,
                    [es](uint64_t count) { return count * es; },
                    [&](size_t k, std::vector<const void*>& in) {
@@ -175,7 +175,7 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
                      uint8_t* own = data + c.elemOffset * es;
                      in[rank] = own;
                      reduceOrdered(own, in.data(), n, c.elemCount, sig.dtype, sig.op, n);
-                     return ServerRing::Result{own, c.elemCount * es, c.elemOffset * es};
+                     return ShardRing::Result{own, c.elemCount * es, c.elemOffset * es};
                    });
   }
 
@@ -238,7 +238,7 @@ struct NarrowScratch {
     slot = (narrowWireBytes(maxChunk, wire) + 63) & ~size_t{63};
     const size_t ownChunks = cp.mine ? cp.mine->chunks.size() : 0;
     ringAt = (2 * servers * kNarrowWindow + ownChunks) * slot;
-    const size_t floatsAt = ringAt + (cp.mine ? ServerRing::scratchBytes(ctx.size(), depth, slot) : 0);
+    const size_t floatsAt = ringAt + (cp.mine ? ShardRing::scratchBytes(ctx.size(), depth, slot) : 0);
     base = ctx.memory().scratch(floatsAt + (n + 1) * maxChunk * sizeof(float));
     wide = reinterpret_cast<float*>(base + floatsAt);
   }
@@ -274,7 +274,7 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
 
   // Server side: widen every contribution (its own through the wire form
   // too), sum in f32, pack once, send and read back those bytes.
-  std::optional<ServerRing> server;
+  std::optional<ShardRing> server;
   if (mine) {
     server.emplace(ctx, ex, *mine, depth, sc.base + sc.ringAt, sc.slot,
                    [wire](uint64_t count) { return narrowWireBytes(count, wire); },
@@ -286,7 +286,7 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
       if (bad >= 0) {
         throwInvalidWireScale(wire, "the contribution from rank " + std::to_string(bad));
       }
-      return ServerRing::Result{res, narrowWireBytes(c.elemCount, wire), c.elemOffset * wes};
+      return ShardRing::Result{res, narrowWireBytes(c.elemCount, wire), c.elemOffset * wes};
     });
     server->start();
   }

@@ -1,7 +1,7 @@
 // Pairwise rounds on the network-only path (docs/design.md, "Pairwise
 // rounds"): the order and clock of a rank's sends, and the worker side of
 // a call. algorithms/allreduce.cc's allreduceCore runs them with a
-// ServerRing (server_ring.h).
+// ShardRing (shard_ring.h).
 #pragma once
 
 #include <cstddef>

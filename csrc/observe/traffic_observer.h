@@ -53,7 +53,7 @@ class TrafficObserver {
   // Runs `reduce` and adds its wall time to stats()' server_reduce_seconds;
   // returns what it returns. The one place a server's reduction is timed,
   // whichever path serves it: the network-only path's servers
-  // (algorithms/server_ring.h), the host segment's reduce step
+  // (algorithms/shard_ring.h), the host segment's reduce step
   // (hostpath/fusion_steps.cc) and the host servers across hosts
   // (hostpath/cross_host.h). A reduction that throws adds nothing.
   template <typename Reduce>

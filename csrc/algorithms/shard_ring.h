@@ -1,6 +1,8 @@
-// ServerRing: a reduction server's side of one network allreduce
-// (algorithms/allreduce.cc), shared by the all-to-all pattern and the
-// pairwise rounds (rounds.h).
+// ShardRing: the side of one network allreduce (algorithms/allreduce.cc)
+// where this rank serves its own shard: peers' chunks of it land in a ring
+// of slots and are reduced there. Shared by the all-to-all pattern and the
+// pairwise rounds (rounds.h). Not the standalone reduction servers
+// (server/): every rank of the network-only path serves its shard.
 #pragma once
 
 #include <algorithm>
@@ -27,7 +29,7 @@ namespace smddp {
 // re-arms the slots for chunk k + depth. In pairwise rounds the ring holds
 // every chunk (depth = the shard's chunks) and hands each result to the
 // caller instead (startInRounds).
-class ServerRing {
+class ShardRing {
  public:
   struct Result {
     const void* data;
@@ -43,7 +45,7 @@ class ServerRing {
     return slotBytes * depth * n;
   }
   // `depth`: chunks per peer in flight (>= 1).
-  ServerRing(EngineContext& ctx, Exchange& ex, const Shard& mine, size_t depth,
+  ShardRing(EngineContext& ctx, Exchange& ex, const Shard& mine, size_t depth,
              uint8_t* scratch, size_t slotBytes, ChunkBytes chunkBytes, Reduce reduce)
       : ctx_(ctx), ex_(ex), mine_(mine), rank_(ctx.rank()), n_(ctx.size()), depth_(depth),
         base_(scratch), slotBytes_(slotBytes), chunkBytes_(std::move(chunkBytes)),
