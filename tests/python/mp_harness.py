@@ -43,6 +43,13 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 
+
+def build_tool(name: str) -> str:
+    """A program or library the CMake build leaves beside the tests
+    (smddp_wire_intruder, libsmddp_wire_tamper.so): in SMDDP_BUILD_DIR when
+    set, else the checkout's build/."""
+    return os.path.join(os.environ.get("SMDDP_BUILD_DIR", os.path.join(REPO_ROOT, "build")), name)
+
 # Name of the env var that carries the path of the per-rank spec file.
 _SPEC_ENV = "SMDDP_HARNESS_SPEC"
 # Exit code of a child whose target raised (its traceback is in the result file).

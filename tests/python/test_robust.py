@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases_robust as cr  # noqa: E402  (torch-free at import time)
-from mp_harness import backend_under_test, run_with_deadline, run_world  # noqa: E402
+from mp_harness import backend_under_test, build_tool, run_with_deadline, run_world  # noqa: E402
 
 BACKEND = backend_under_test()
 pytestmark = pytest.mark.skipif("smddp" not in BACKEND,
@@ -124,10 +124,7 @@ def test_foreign_bytes_on_the_tcp_ports_neither_crash_nor_corrupt():
           f"{results[0]['calls']} allreduces under fire, all correct")
 
 
-INTRUDER = os.path.join(os.environ.get("SMDDP_BUILD_DIR",
-                                       os.path.join(os.path.dirname(os.path.dirname(
-                                           os.path.dirname(os.path.abspath(__file__)))), "build")),
-                        "smddp_wire_intruder")
+INTRUDER = build_tool("smddp_wire_intruder")
 
 
 @pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "shm"])

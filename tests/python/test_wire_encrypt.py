@@ -10,7 +10,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mp_harness import backend_under_test, run_world  # noqa: E402
+from mp_harness import backend_under_test, build_tool, run_world  # noqa: E402
 
 pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
                                 reason="SMDDP_WIRE_ENCRYPT on the peer wire is an smddp feature")
@@ -18,10 +18,7 @@ pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
 P2P_BYTES = 200_003 * 4  # cases_wire_encrypt._point_to_point's n, f32
 
 
-INTRUDER = os.path.join(os.environ.get("SMDDP_BUILD_DIR",
-                                       os.path.join(os.path.dirname(os.path.dirname(
-                                           os.path.dirname(os.path.abspath(__file__)))), "build")),
-                        "smddp_wire_intruder")
+INTRUDER = build_tool("smddp_wire_intruder")
 
 
 def test_encrypted_peer_wire_matches_oracles_and_seals_what_crosses_hosts_and_all_p2p():
@@ -53,7 +50,7 @@ def test_encrypted_peer_wire_matches_oracles_and_seals_what_crosses_hosts_and_al
         assert "rank 1" in forged[layout] and "SMDDP_WIRE_ENCRYPT" in forged[layout], (layout, forged)
 
 
-TAMPER = os.path.join(os.path.dirname(INTRUDER), "libsmddp_wire_tamper.so")
+TAMPER = build_tool("libsmddp_wire_tamper.so")
 
 
 def test_a_frame_rewritten_on_the_wire_fails_its_call_when_sealed_and_not_otherwise(tmp_path):
