@@ -23,7 +23,9 @@ Guarantees the tests rely on:
   their environment needs a fresh interpreter.
 
 The module is imported both by pytest (parent side) and by the children; it
-must not import torch at module level.
+must not import torch at module level. The small helpers (ports, a command
+under a deadline, the build's tools, captured stderr) are in mp_helpers.py,
+and every test imports them from here.
 """
 
 from __future__ import annotations
@@ -32,23 +34,26 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+# The small helpers live in mp_helpers.py; tests import them from here.
+from mp_helpers import (  # noqa: E402,F401
+    REPO_ROOT, backend_under_test, build_tool, captured_stderr, descendants, expect_raises,
+    find_free_port, needs_smddp, run_with_deadline, says_port_clash, _kill_tree)
 
+try:  # pytest fixture, usable as `from mp_harness import free_port`
+    from mp_helpers import free_port  # noqa: F401
+except ImportError:  # children do not need pytest
+    pass
 
-def build_tool(name: str) -> str:
-    """A program or library the CMake build leaves beside the tests
-    (smddp_wire_intruder, libsmddp_wire_tamper.so): in SMDDP_BUILD_DIR when
-    set, else the checkout's build/."""
-    return os.path.join(os.environ.get("SMDDP_BUILD_DIR", os.path.join(REPO_ROOT, "build")), name)
 
 # Name of the env var that carries the path of the per-rank spec file.
 _SPEC_ENV = "SMDDP_HARNESS_SPEC"
@@ -56,39 +61,6 @@ _SPEC_ENV = "SMDDP_HARNESS_SPEC"
 _EXIT_TARGET_FAILED = 17
 _STDERR_TAIL_LINES = 40
 
-
-def backend_under_test(default: str = "smddp") -> str:
-    """The backend the tests exercise: $SMDDP_TEST_BACKEND, else ``default``."""
-    return os.environ.get("SMDDP_TEST_BACKEND", "").strip() or default
-
-
-def needs_smddp(backend: str) -> bool:
-    return "smddp" in backend
-
-
-# --------------------------------------------------------------------------
-# ports
-# --------------------------------------------------------------------------
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-try:  # pytest fixture, usable as `from mp_harness import free_port`
-    import pytest
-
-    @pytest.fixture
-    def free_port() -> int:
-        return find_free_port()
-except ImportError:  # children do not need pytest
-    pass
-
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 from zygote import zygote_for  # noqa: E402
 
 
@@ -131,30 +103,6 @@ def _describe_exit(code: int | None) -> str:
     return f"exit {code}"
 
 
-def descendants(pid: int) -> list[int]:
-    """pids of every live descendant of ``pid`` (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _kill_all(ranks: Iterable[_Rank]) -> None:
     ranks = list(ranks)
     # Snapshot the trees first: once a child dies its descendants are
@@ -183,11 +131,6 @@ def _read_result(path: str) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def says_port_clash(text: str) -> bool:
-    """Whether a process's output says it could not bind its port."""
-    return "EADDRINUSE" in text or "ddress already in use" in text
 
 
 def _looks_like_port_clash(ranks: Sequence[_Rank]) -> bool:
@@ -440,77 +383,6 @@ def _indent(text: str, prefix: str = "      ") -> str:
 # --------------------------------------------------------------------------
 # child side
 # --------------------------------------------------------------------------
-
-# --------------------------------------------------------------------------
-# a launcher (torchrun) under a deadline
-
-def _kill_tree(proc):
-    """torchrun starts each worker in a session of its own, so killing
-    torchrun's process group is not enough: snapshot the tree, let torchrun
-    tear its workers down (SIGTERM), then SIGKILL whatever is left."""
-    tree = descendants(proc.pid)
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-    for pid in [proc.pid] + tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)  # no-op unless pid leads a group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
-
-
-def run_with_deadline(cmd, timeout, env, cwd=REPO_ROOT):
-    """Run cmd (in cwd) in its own session with a hard deadline; returns
-    (exit code, timed out?, combined output). Nothing it started survives."""
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=cwd, start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_tree(proc)
-        out.seek(0)
-        text = out.read().decode("utf-8", "replace")
-    return proc.returncode, timed_out, text
-
-
-@contextlib.contextmanager
-def captured_stderr(lines: list[str]):
-    """Appends to ``lines`` what this process writes to fd 2 (where the
-    C++ logger writes) inside the block."""
-    with tempfile.TemporaryFile() as f:
-        saved = os.dup(2)
-        os.dup2(f.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            f.seek(0)
-            lines.extend(f.read().decode(errors="replace").splitlines())
-
-
-def expect_raises(fn: Callable[[], Any], exc: type | tuple = Exception,
-                  what: str = "") -> str:
-    """Call ``fn``; it must raise ``exc``. Returns the exception's message.
-
-    Meant for targets run with ``expect_failure=True``. Raises AssertionError
-    when ``fn`` returns normally (or raises something not in ``exc``, which
-    then propagates as the test failure).
-    """
-    try:
-        fn()
-    except exc as e:  # noqa: PERF203
-        msg = f"{type(e).__name__}: {e}"
-        return msg if str(e) else f"{type(e).__name__}: <empty message>"
-    raise AssertionError(f"expected {exc} to be raised{' by ' + what if what else ''}, "
-                         "but the call returned normally")
-
 
 def _write_json_atomic(path: str, obj: Any) -> None:
     tmp = path + ".tmp"

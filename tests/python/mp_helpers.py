@@ -1,0 +1,162 @@
+"""The multi-process tests' small helpers, apart from the launcher
+(mp_harness.py, which re-exports every name here so tests import them from
+one place): the backend under test, free ports, a command run under a hard
+deadline with nothing it started left alive, the build's tools, and
+captured stderr. Imported by pytest and by the ranks; must not import torch
+at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def build_tool(name: str) -> str:
+    """A program or library the CMake build leaves beside the tests
+    (smddp_wire_intruder, libsmddp_wire_tamper.so): in SMDDP_BUILD_DIR when
+    set, else the checkout's build/."""
+    return os.path.join(os.environ.get("SMDDP_BUILD_DIR", os.path.join(REPO_ROOT, "build")), name)
+
+
+def backend_under_test(default: str = "smddp") -> str:
+    """The backend the tests exercise: $SMDDP_TEST_BACKEND, else ``default``."""
+    return os.environ.get("SMDDP_TEST_BACKEND", "").strip() or default
+
+
+def needs_smddp(backend: str) -> bool:
+    return "smddp" in backend
+
+
+# --------------------------------------------------------------------------
+# ports
+# --------------------------------------------------------------------------
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+try:  # pytest fixture, usable as `from mp_harness import free_port`
+    import pytest
+
+    @pytest.fixture
+    def free_port() -> int:
+        return find_free_port()
+except ImportError:  # children do not need pytest
+    pass
+
+
+# --------------------------------------------------------------------------
+# process trees
+# --------------------------------------------------------------------------
+
+def descendants(pid: int) -> list[int]:
+    """pids of every live descendant of ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def says_port_clash(text: str) -> bool:
+    """Whether a process's output says it could not bind its port."""
+    return "EADDRINUSE" in text or "ddress already in use" in text
+
+
+# --------------------------------------------------------------------------
+# a launcher (torchrun) under a deadline
+
+def _kill_tree(proc):
+    """torchrun starts each worker in a session of its own, so killing
+    torchrun's process group is not enough: snapshot the tree, let torchrun
+    tear its workers down (SIGTERM), then SIGKILL whatever is left."""
+    tree = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    for pid in [proc.pid] + tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # no-op unless pid leads a group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_with_deadline(cmd, timeout, env, cwd=REPO_ROOT):
+    """Run cmd (in cwd) in its own session with a hard deadline; returns
+    (exit code, timed out?, combined output). Nothing it started survives."""
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cwd, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill_tree(proc)
+        out.seek(0)
+        text = out.read().decode("utf-8", "replace")
+    return proc.returncode, timed_out, text
+
+
+@contextlib.contextmanager
+def captured_stderr(lines: list[str]):
+    """Appends to ``lines`` what this process writes to fd 2 (where the
+    C++ logger writes) inside the block."""
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            lines.extend(f.read().decode(errors="replace").splitlines())
+
+
+def expect_raises(fn: Callable[[], Any], exc: type | tuple = Exception,
+                  what: str = "") -> str:
+    """Call ``fn``; it must raise ``exc``. Returns the exception's message.
+
+    Meant for targets run with ``expect_failure=True``. Raises AssertionError
+    when ``fn`` returns normally (or raises something not in ``exc``, which
+    then propagates as the test failure).
+    """
+    try:
+        fn()
+    except exc as e:  # noqa: PERF203
+        msg = f"{type(e).__name__}: {e}"
+        return msg if str(e) else f"{type(e).__name__}: <empty message>"
+    raise AssertionError(f"expected {exc} to be raised{' by ' + what if what else ''}, "
+                         "but the call returned normally")
