@@ -8,8 +8,8 @@ NPROC     ?= 2
 CMAKE_ARGS ?=
 LAUNCHER  := $(shell command -v ccache >/dev/null 2>&1 && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: all setup build build-ext layers demo test test-cpp test-py test-asan test-asan-ci test-tsan fuzz bench info clean \
-        setup-cuda build-cuda-ext check-cuda test-gpu gpu-debs
+.PHONY: all setup build build-ext layers demo test test-cpp test-py build-asan test-asan test-asan-ci test-tsan build-fuzz fuzz bench info clean \
+        setup-cuda build-cuda-ext check-cuda check-cuda-run build-install check-install check-install-run test-gpu gpu-debs
 
 all: build
 
@@ -34,20 +34,12 @@ build-ext: setup $(BUILD)/CMakeCache.txt
 demo: build-ext
 	$(PY) -m torch.distributed.run --standalone --nproc-per-node $(NPROC) examples/train_ddp.py --backend smddp
 
-# Each stage says when it starts, so a CI log shows where the time goes.
-STAGE = @echo "[make test] $$(date -u +%H:%M:%S) $(1)"
+# ctest and pytest, then the sanitizer, fuzz, CUDA and install stages, whose
+# builds run in the background at idle priority while pytest runs
+# (scripts/make_test.sh says why). Each stage says when it starts, so a CI
+# log shows where the time goes.
 test: build layers
-	$(call STAGE,ctest)
-	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
-	$(call STAGE,pytest)
-	$(PY) -m pytest -q --durations=40 tests/python
-	$(call STAGE,test-asan-ci)
-	$(MAKE) --no-print-directory test-asan-ci
-	$(call STAGE,fuzz)
-	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SECONDS_CI)
-	$(call STAGE,check-cuda)
-	$(MAKE) --no-print-directory check-cuda
-	$(call STAGE,done)
+	@MAKE="$(MAKE)" PY="$(PY)" FUZZ_SECONDS_CI="$(FUZZ_SECONDS_CI)" scripts/make_test.sh
 
 test-cpp: build layers
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
@@ -62,17 +54,17 @@ test-py: build
 	$(PY) -m pytest -q --durations=15 tests/python
 
 # Core + Catch2 tests under sanitizers (no torch extension).
-test-asan: setup
+build-asan: setup
 	cmake -S . -B build-asan -DSMDDP_BUILD_EXTENSION=OFF -DSMDDP_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug $(LAUNCHER)
 	cmake --build build-asan -j $(JOBS)
+
+test-asan: build-asan
 	cd build-asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 600
 
 # What `make test` runs under ASan/UBSan: the same build as test-asan, with
 # the Catch2 tests that are slow under ASan (ASAN_SLOW_TESTS) left out.
 ASAN_SLOW_TESTS ?=
-test-asan-ci: setup
-	cmake -S . -B build-asan -DSMDDP_BUILD_EXTENSION=OFF -DSMDDP_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug $(LAUNCHER)
-	cmake --build build-asan -j $(JOBS)
+test-asan-ci: build-asan
 	cd build-asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 600 $(if $(ASAN_SLOW_TESTS),-E '$(ASAN_SLOW_TESTS)')
 
 # libFuzzer on the wire validators (tests/fuzz): the peers' frames
@@ -81,9 +73,11 @@ test-asan-ci: setup
 # repeated runs start where the last ended.
 FUZZ_SECONDS ?= 20
 FUZZ_SECONDS_CI ?= 20
-fuzz: setup
+build-fuzz: setup
 	cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DSMDDP_BUILD_FUZZERS=ON -DSMDDP_BUILD_TESTS=OFF -DSMDDP_BUILD_EXTENSION=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo $(LAUNCHER)
 	cmake --build build-fuzz --target fuzz_frame fuzz_server_frame -j $(JOBS)
+
+fuzz: build-fuzz
 	mkdir -p build-fuzz/corpus build-fuzz/corpus-server
 	build-fuzz/fuzz_frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 build-fuzz/corpus
 	build-fuzz/fuzz_server_frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 build-fuzz/corpus-server
@@ -159,11 +153,30 @@ build-cuda-ext: $(CUDA_SETUP)
 # fails to import under this torch with the one error naming both.
 # (The CUDA device's tests report themselves skipped where there is no GPU.)
 check-cuda: build-cuda-ext
+	@$(MAKE) --no-print-directory check-cuda-run
+
+# check-cuda's checks of a finished build-cuda-ext (make test builds it in
+# the background).
+check-cuda-run:
 	cd $(CUDA_BUILD) && ctest -L cuda --output-on-failure --timeout 300
 	$(CUDA_RUN) $(CURDIR)/tests/install/check_installed.py --torch-before torch-before.json --expect cuda \
 	  $(if $(wildcard torch_smddp/_build_info.py),--mismatch-checkout $(CURDIR))
 	$(CUDA_RUN) -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CUDA_PYTEST_ARGS) \
 	  $(addprefix $(CURDIR)/tests/python/,$(CUDA_PYTESTS))
+
+# The install a user makes, into a fresh venv with the CPU torch, from the
+# EFA installer's layout of libfabric (tests/install/fresh_venv_install.py):
+# a full compile (build-install, which make test runs in the background),
+# then its checks.
+INSTALL_DIR := build-install
+build-install: setup
+	$(PY) tests/install/fresh_venv_install.py build $(INSTALL_DIR)
+
+check-install: build-install
+	@$(MAKE) --no-print-directory check-install-run
+
+check-install-run:
+	$(PY) tests/install/fresh_venv_install.py check $(INSTALL_DIR)
 
 # The GPU path's own tests (tests/gpu); they skip where there is no GPU.
 test-gpu: build-cuda-ext
@@ -185,4 +198,4 @@ info: build
 	$(PY) -m torch_smddp.info
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz $(CUDA_BUILD) torch_smddp/_C*.so
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz $(CUDA_BUILD) $(INSTALL_DIR) build-bg torch_smddp/_C*.so

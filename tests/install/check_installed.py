@@ -1,7 +1,7 @@
 """Checks an installed torch-smddp from the interpreter that runs this file,
 against facts taken independently of the package (pip's metadata, the
 torch files' hashes, ldd, /proc/self/maps). Used by
-tests/python/test_install.py (a fresh venv with the CPU torch) and by
+tests/install/fresh_venv_install.py (a fresh venv with the CPU torch) and by
 `make check-cuda` (.venv-cuda, the CUDA torch).
 
     check_installed.py --record FILE
