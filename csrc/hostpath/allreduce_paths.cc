@@ -9,7 +9,7 @@
 #include "common/logging.h"
 #include "hostpath/fusion_scheduler.h"
 #include "hostpath/host_path.h"
-#include "hostpath/network_fusion.h"
+#include "algorithms/network_fusion.h"
 
 namespace smddp {
 

@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 #include "engine/communicator.h"
-#include "hostpath/network_fusion.h"
+#include "algorithms/network_fusion.h"
 #include "world.h"
 
 using namespace smddp;

@@ -1,6 +1,6 @@
 // Fusion batches on the network-only path: the cut rule, and the path
 // that cuts a batch from the engine's queue and runs it.
-#include "hostpath/network_fusion.h"
+#include "algorithms/network_fusion.h"
 
 #include <algorithm>
 #include <string>
