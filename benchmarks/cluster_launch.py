@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def cluster_tool():
     """tools/smddp_cluster.py of this checkout (it drives
-    scripts/cluster.sh). Loaded from its file, as tests/python/cluster.py
+    scripts/cluster.sh). Loaded from its file, as tests/python/harness/cluster.py
     does: it imports neither torch nor the package."""
     path = os.path.join(REPO, "tools", "smddp_cluster.py")
     if "smddp_cluster" not in sys.modules:

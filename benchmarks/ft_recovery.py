@@ -65,7 +65,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+sys.path.insert(0, os.path.join(REPO, "tests", "python", "harness"))
 import cluster as cl  # noqa: E402  (torch-free)
 
 LIGHTHOUSE_PORT = 29510

@@ -29,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python", "harness"))
 from cluster import DEFAULT_CC, Cluster, tail, wait_for_files, why_unavailable  # noqa: E402
 
 sys.path.insert(0, ROOT)

@@ -10,7 +10,7 @@ first 2% of each phase, at least 20 calls) the script samples the resident
 set size (VmRSS), the thread count and the open fds of every rank, and
 prints, per phase and rank, RSS after warm-up and at the end, the peak RSS
 of the first and of the second half of the samples, and the growth in
-percent (second-half peak over first-half peak). Ranks are launched by tests/python/mp_harness.py
+percent (second-half peak over first-half peak). Ranks are launched by tests/python/harness/mp_harness.py
 (hard deadline: --deadline seconds).
 """
 
@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--json", help="also write the raw per-rank results here")
     a = ap.parse_args()
 
-    sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+    sys.path.insert(0, os.path.join(REPO, "tests", "python", "harness"))
     from mp_harness import run_world
 
     env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -171,7 +171,7 @@ make_gpu=(make --no-print-directory CUDA_PY="$PY" CUDA_SETUP= JOBS="$jobs"
 # Tests run from build-cuda, so `import torch_smddp` takes the installed
 # package (the checkout's holds the CPU build), with the checkout's test
 # helpers on the path.
-TESTS_PATH="$ROOT/tests/gpu:$ROOT/tests/python"
+TESTS_PATH="$ROOT/tests/gpu:$ROOT/tests/python/harness"
 
 if [ "$stage" = all ] || [ "$stage" = build ]; then
   if [ $sim = 0 ]; then

@@ -8,7 +8,7 @@ the group timeout, and so must every later call.
     .venv/bin/python scripts/peer_death_trials.py [--trials 50] [--seed N]
 
 Each trial is one multi-process job with a hard deadline
-(tests/python/mp_harness.py). Prints one line per trial, then a summary;
+(tests/python/harness/mp_harness.py). Prints one line per trial, then a summary;
 exits 1 if any trial had a problem. `make test` runs three such trials
 (tests/python/test_robust.py).
 """
@@ -20,8 +20,9 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+sys.path.insert(0, os.path.join(REPO, "tests", "python", "harness"))
 
+import mp_harness  # noqa: E402,F401  (puts the cases on sys.path)
 import cases_robust as cr  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 and a tbf-shaped link to a hub, where a TCPStore serves as the rendezvous.
 Each host runs its own torchrun against it. Needs root and a source
 checkout (the script lives in scripts/); development tooling, not part of
-the installed package (tests/python/cluster.py and
+the installed package (tests/python/harness/cluster.py and
 `benchmarks/bench_hosts.py` load it from the checkout).
 
 ``Cluster`` is used as a context manager (or through a pytest fixture that

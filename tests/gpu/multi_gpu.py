@@ -14,8 +14,8 @@ other rank's call within 5 s. Last, a DDP step on every GPU against Gloo and
 against ProcessGroupNCCL alone: the same parameters after the same steps,
 and the median step time of each.
 
-    PYTHONPATH=tests/gpu:tests/python python3 tests/gpu/multi_gpu.py NGPU
-    PYTHONPATH=tests/gpu:tests/python python3 tests/gpu/multi_gpu.py --sim 4
+    PYTHONPATH=tests/gpu:tests/python/harness python3 tests/gpu/multi_gpu.py NGPU
+    PYTHONPATH=tests/gpu:tests/python/harness python3 tests/gpu/multi_gpu.py --sim 4
 
 --sim runs the same checks on the stand-in (SMDDP_DEVICE_SIM=1, the CPU
 build): 2 pretend hosts of 2 simulated GPUs, CPU tensors through the GPU
@@ -28,7 +28,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python", "harness"))
 from mp_harness import ExitedRank, run_world  # noqa: E402
 
 SIM_ENV = {"SMDDP_DEVICE_SIM": "1", "SMDDP_DEVICE_SIM_DELAY_US": "100",

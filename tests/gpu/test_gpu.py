@@ -13,7 +13,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python", "harness"))
 from mp_harness import backend_under_test, run_world  # noqa: E402
 
 import torch  # noqa: E402

@@ -29,7 +29,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "python", "harness"))
 from mp_harness import REPO_ROOT, run_with_deadline  # noqa: E402
 
 CHECK = os.path.join(HERE, "check_installed.py")

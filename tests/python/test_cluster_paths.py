@@ -31,7 +31,7 @@ def test_one_rank_per_host_routes_to_the_network_path_in_fp32_and_in_bf16():
     sys.path.insert(0, os.path.join(cl.REPO_ROOT, "benchmarks"))
     from cluster_launch import launch_on_cluster
 
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_paths_worker.py")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "cluster_paths_worker.py")
     try:
         res = launch_on_cluster([worker], HOSTS, 1, "2gbit", 240, "cluster_paths_worker")
     except SystemExit as e:

@@ -35,7 +35,7 @@ def test_torchrun_elastic_restart_after_a_worker_exits():
     # group must not read the failed attempt's keys (group instances are
     # scoped by a nonce). Repeated, because the failure this guards against
     # was intermittent.
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "elastic_worker.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", "2", "--monitor-interval", "0.2", worker]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", SMDDP_TEST_BACKEND=BACKEND)

@@ -50,7 +50,7 @@ def _in_private_shm(args, shm_size: str, logdir: str, timeout: float = 150) -> d
     with a fresh tmpfs of ``shm_size`` on /dev/shm; returns its JSON line.
     The PID namespace takes every process of the run down with it."""
     script = (f"mount -t tmpfs -o size={shm_size} tmpfs /dev/shm && "
-              f"exec {sys.executable} {os.path.join(HERE, 'cases_resources.py')} "
+              f"exec {sys.executable} {os.path.join(HERE, 'cases', 'cases_resources.py')} "
               + " ".join("'" + a.replace("'", "'\\''") + "'" for a in args))
     env = dict(os.environ, TMPDIR=logdir)
     p = subprocess.Popen(PIDNS + ["--propagation", "private", "sh", "-c", script],
@@ -105,7 +105,7 @@ def test_small_dev_shm_falls_back_to_the_network_on_every_rank_with_one_warning(
 @smddp_only
 def test_failed_constructor_does_not_leak_the_overflow_sink():
     env = dict(os.environ, SMDDP_FI_PROVIDER="no-such-provider")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "cases_resources.py"), "sink"],
+    r = subprocess.run([sys.executable, os.path.join(HERE, "cases", "cases_resources.py"), "sink"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
                                 reason="standalone reduction servers are smddp's")
 
 PY = sys.executable
-WORKER = os.path.join(HERE, "server_worker.py")
+WORKER = os.path.join(HERE, "workers", "server_worker.py")
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ HOSTS, NPROC = 3, 2
 WORLD = HOSTS * NPROC
 START_S = 180.0   # torch imports of six ranks, the group's formation (loaded machine)
 DONE_S = 90.0
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_shrink_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "cluster_shrink_worker.py")
 
 
 @pytest.fixture(scope="module")

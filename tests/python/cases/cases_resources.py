@@ -20,8 +20,11 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+# Run as a program too (the sweeper and the small /dev/shm): its cases and
+# the harness by name.
+for _p in (HERE, os.path.join(os.path.dirname(HERE), "harness")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 from cases_failures import DEATH_DELAY, _attempt  # noqa: E402
 

@@ -16,8 +16,20 @@ import subprocess
 import tempfile
 from typing import Any, Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+# tests/python holds the test files; beside them harness/ (this file's),
+# cases/ (what the ranks run) and workers/ (scripts started as programs).
+HARNESS = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(HARNESS)
+CASES = os.path.join(HERE, "cases")
+WORKERS = os.path.join(HERE, "workers")
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+# What a process needs on sys.path to import any of them by name.
+SUPPORT_PATH = [HARNESS, CASES, WORKERS]
+
+
+def worker(name: str) -> str:
+    """The path of workers/<name>, a script the tests start as a program."""
+    return os.path.join(WORKERS, name)
 
 
 def build_tool(name: str) -> str:

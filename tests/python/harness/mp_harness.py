@@ -41,13 +41,19 @@ import time
 import traceback
 from typing import Any, Iterable, NamedTuple, Sequence
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+_SELF = os.path.dirname(os.path.abspath(__file__))
+if _SELF not in sys.path:
+    sys.path.insert(0, _SELF)
 # The small helpers live in mp_helpers.py; tests import them from here.
 from mp_helpers import (  # noqa: E402,F401
-    REPO_ROOT, backend_under_test, build_tool, captured_stderr, descendants, expect_raises,
-    find_free_port, needs_smddp, run_with_deadline, says_port_clash, _kill_tree)
+    CASES, HARNESS, HERE, REPO_ROOT, SUPPORT_PATH, WORKERS, backend_under_test, build_tool,
+    captured_stderr, descendants, expect_raises, find_free_port, needs_smddp, run_with_deadline,
+    says_port_clash, worker, _kill_tree)
+
+# Whoever imports the harness can import the cases and workers by name.
+for _p in SUPPORT_PATH:
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 try:  # pytest fixture, usable as `from mp_harness import free_port`
     from mp_helpers import free_port  # noqa: F401
@@ -154,7 +160,7 @@ def run_world(
     """Run ``target(rank, world_size, *args)`` on ``world_size`` fresh ranks.
 
     ``target`` is ``"module:function"``; the module is imported in the child
-    with this directory (tests/python) on sys.path. ``args`` must be JSON
+    with harness/, cases/ and workers/ on sys.path. ``args`` must be JSON
     serialisable. ``env`` is merged over the inherited environment of every
     child (values are str()-ed; a value of None removes the variable).
 
@@ -264,7 +270,7 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
                 "job_timeout": timeout,
                 "expect_failure": expect_failure,
                 "result_path": os.path.join(workdir, f"result.{rank}.json"),
-                "sys_path": [HERE],
+                "sys_path": SUPPORT_PATH + [HERE],
                 "repo_root": REPO_ROOT,
             }
             spec_path = os.path.join(workdir, f"spec.{rank}.json")
@@ -286,7 +292,7 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
                 with open(out_path, "wb") as out, open(err_path, "wb") as err:
                     proc = subprocess.Popen(
                         [*(wrap or {}).get(rank, []), sys.executable, "-c",
-                         f"import sys; sys.path.insert(0, {HERE!r}); "
+                         f"import sys; sys.path.insert(0, {HARNESS!r}); "
                          "import mp_harness; mp_harness._child_main()"],
                         env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                         start_new_session=True, cwd=workdir,

@@ -1,13 +1,13 @@
 """The cluster of network namespaces the tests use: tools/smddp_cluster.py
 (shared with benchmarks/cluster_launch.py), loaded from its file
 so that the pytest process imports neither torch nor the package through
-it, plus this directory's worker."""
+it, plus the tests' cluster worker (workers/cluster_worker.py)."""
 
 import importlib.util
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/python
 _PATH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools", "smddp_cluster.py")
 _spec = importlib.util.spec_from_file_location("smddp_cluster", _PATH)
 _mod = importlib.util.module_from_spec(_spec)
@@ -25,9 +25,10 @@ tail = _mod.tail
 wait_for_files = _mod.wait_for_files
 why_unavailable = _mod.why_unavailable
 
-WORKER = os.path.join(HERE, "cluster_worker.py")
+WORKERS = os.path.join(HERE, "workers")
+WORKER = os.path.join(WORKERS, "cluster_worker.py")
 
 
 def run_worker(cluster, job, args, nproc, out_dir, env=None):
-    """torchrun this directory's cluster_worker.py ARGS on every host."""
-    cluster.torchrun(job, [WORKER, *args], nproc, out_dir, env, pythonpath=(HERE,))
+    """torchrun workers/cluster_worker.py ARGS on every host."""
+    cluster.torchrun(job, [WORKER, *args], nproc, out_dir, env, pythonpath=(WORKERS,))

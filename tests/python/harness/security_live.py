@@ -8,7 +8,7 @@ import re
 import resource
 import time
 
-from mp_harness import HERE
+from mp_harness import worker
 from server_harness import PY, env, key_file, start_job, start_server, wait_results
 
 JOB = "secret-job-name-7f3a"  # the server's --job: no refusal may echo it
@@ -90,7 +90,7 @@ class Live:
             preexec_fn=limit_fds)
         self.port = int(hosts.rsplit(":", 1)[1])
         before = len(procs.procs)
-        start_job(procs, 2, [PY, os.path.join(HERE, "security_worker.py"), out],
+        start_job(procs, 2, [PY, worker("security_worker.py"), out],
                   lambda r, port: env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
                                       MASTER_PORT=port, SMDDP_SERVER_HOSTS=hosts,
                                       SMDDP_SERVER_JOB=JOB, SMDDP_SERVER_REQUIRED=1,
