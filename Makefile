@@ -51,7 +51,7 @@ layers:
 	python3 scripts/check_layers.py --design docs/design.md
 
 test-py: build
-	$(PY) -m pytest -q --durations=15 tests/python
+	$(PY) -m pytest -q --durations=15 tests/python tests/tools
 
 # Core + Catch2 tests under sanitizers (no torch extension).
 build-asan: setup

@@ -44,7 +44,7 @@ trap 'kill -- -$bg 2>/dev/null || true' EXIT
 stage ctest
 (cd build && ctest --output-on-failure -j 2 --timeout 300)
 stage pytest
-"$PY" -m pytest -q --durations=40 tests/python
+"$PY" -m pytest -q --durations=40 tests/python tests/tools
 
 stage "waiting for the background builds (so far: $(tr '\n' ' ' < "$BG/started"))"
 if ! wait "$bg"; then
