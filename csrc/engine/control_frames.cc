@@ -52,6 +52,7 @@ void ControlPlane::start(Endpoint& endpoint, uint64_t secret,
   keys_ = std::move(keys);
   sink_ = sink;
   left_.assign(static_cast<size_t>(peers_.size()), Left{});
+  heard_.resize(peers_.size());
   for (int i = 0; i < 4; ++i) {
     Request* r = requests_.acquire();
     r->type = Request::Type::kErrorRecv;
@@ -82,6 +83,9 @@ void ControlPlane::handleFrame(Request* r, const Completion& c) {
     ok = false;  // far ahead: a forged sequence
     why = "a control frame for a call far ahead of this rank's";
   }
+  // The MAC proves who sent the frame and about which call, not when: a
+  // copy sent again on the same link must not count twice.
+  if (ok && !heard_.take(h, ended_, &why)) ok = false;
   if (!ok) {
     traffic_.refused();
     if (!rejectLogged_) {
@@ -334,6 +338,7 @@ void ControlPlane::retryPending() {
 
 void ControlPlane::noteSignature(uint64_t seq, const CollectiveSignature& sig) {
   reached_ = std::max(reached_, seq);
+  ended_ = std::max(ended_, seq + 1);
   history_[seq % kHistory] = {seq, true, sig};
   auto it = probes_.find(seq);
   if (it != probes_.end()) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "engine/control_replay.h"
 #include "engine/peer_table.h"
 #include "engine/request.h"
 #include "observe/traffic_observer.h"
@@ -186,6 +187,8 @@ class ControlPlane {
   std::map<uint64_t, RemoteError> remoteErrors_;
   std::map<uint64_t, std::map<int, CollectiveSignature>> probes_;
   uint64_t reached_ = 0;  // the latest call this rank has looked up or ended
+  uint64_t ended_ = 0;    // every call before this one has ended here (noteSignature)
+  ControlReplayGuard heard_;  // sized by start()
   // Whether a frame for `seq` may be kept (within the window).
   bool withinWindow(uint64_t seq) const { return seq <= reached_ + kControlSequenceWindow; }
   // The last kHistory calls, by sequence modulo kHistory: a ring, since

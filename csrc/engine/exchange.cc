@@ -168,6 +168,9 @@ void Exchange::complete(Request* r, const Completion& c) {
         error_ = "receive from rank " + std::to_string(r->peer) + " failed: " + buf;
       }
     } else if (c.err == 0 && isRecv) {
+      // The sender is r->peer, whose fabric address alone this receive
+      // matches (FI_DIRECTED_RECV), never the header's srcRank: seal and
+      // key follow from r->peer, and a header naming another is kForeign.
       std::string why;
       FrameExpectation e{ctx_.jobSecret(), seq_, static_cast<uint32_t>(r->peer),
                          static_cast<uint32_t>(ctx_.size()), r->payloadBytes,

@@ -183,6 +183,14 @@ void Communicator::recv(Buffer buf, DataType dtype, int src, int32_t tag, P2PDon
         return;
       }
       const FrameHeader& h = req->header;
+      // A receive from a named rank is directed at its fabric address
+      // (FI_DIRECTED_RECV), which names the sender. One from any rank
+      // (FI_ADDR_UNSPEC) learns it from the header alone, unproven: so a
+      // group that seals anything seals point-to-point frames with every
+      // peer (SealScope::kEveryPeer), and the claimed rank's key, which
+      // only that rank and this one hold, must open the frame, whose seal
+      // covers the header; a claim of this very rank opens under no key
+      // and is refused (openArrived).
       int from = src >= 0 ? src : (h.srcRank < static_cast<uint32_t>(ctx.size()) ? h.srcRank : 0);
       std::string why;
       FrameExpectation e{ctx.jobSecret(), static_cast<uint32_t>(tag), static_cast<uint32_t>(from),
