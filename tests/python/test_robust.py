@@ -208,8 +208,8 @@ def test_constructing_on_a_thread_while_another_makes_pybind_objects_does_not_ab
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import cases_robust as cr; "
             f"print('RESULT ' + json.dumps(cr.construct_while_churning({CHURN_GROUPS})))")
     code, timed_out, text = run_with_deadline(
-        [sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))], 120,
-        dict(os.environ))
+        [sys.executable, "-c", code, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases")],
+        120, dict(os.environ))
     assert not timed_out, f"hung:\n{text[-3000:]}"
     assert code == 0, f"exited {code}:\n{text[-3000:]}"
     res = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
