@@ -283,7 +283,9 @@ def stats(group=None, reset: bool = False) -> dict:
     sqrt(2)). ``allreduce_path`` is "shared-memory" or the libfabric
     provider; ``allreduce_schedule`` describes the path as the set-up log
     does (chunks, fusion, reduction servers, bf16 crossing, pairwise
-    rounds). With ``reset=True`` the counters are zeroed after reading.
+    rounds). ``gather_scatter_path`` says how all-gather and reduce-scatter
+    run: through shared memory, each rank reading its peers' buffers (one
+    host), or over the network. With ``reset=True`` the counters are zeroed after reading.
     """
     backend = _backend_of(group)
     out = backend.stats()

@@ -37,8 +37,12 @@ uint64_t allgather(Communicator& comm, Buffer in, std::vector<Buffer> outs, Data
                    Communicator::Done done, CallHooks hooks) {
   const CollectiveSignature sig = sigOf(CollectiveType::kAllgather, dtype, in.numel);
   return comm.enqueue(sig, std::string(),
-                      [in, outs = std::move(outs), dtype](EngineContext& ctx, uint64_t seq) {
-                        runAllgather(ctx, seq, in, outs, dtype);
+                      [&comm, in, outs = std::move(outs), dtype](EngineContext& ctx, uint64_t seq) {
+                        if (HostCollectives* host = comm.hostCollectives()) {
+                          host->allGather(ctx, seq, in, outs, dtype);
+                        } else {
+                          runAllgather(ctx, seq, in, outs, dtype);
+                        }
                       },
                       std::move(done), std::move(hooks));
 }
@@ -61,8 +65,13 @@ uint64_t reduceScatter(Communicator& comm, std::vector<Buffer> ins, Buffer out, 
                        ReduceOp op, Communicator::Done done, CallHooks hooks) {
   const CollectiveSignature sig = sigOf(CollectiveType::kReduceScatter, dtype, out.numel, op);
   return comm.enqueue(sig, std::string(),
-                      [ins = std::move(ins), out, dtype, op](EngineContext& ctx, uint64_t seq) {
-                        runReduceScatter(ctx, seq, ins, out, dtype, op);
+                      [&comm, ins = std::move(ins), out, dtype, op](EngineContext& ctx,
+                                                                   uint64_t seq) {
+                        if (HostCollectives* host = comm.hostCollectives()) {
+                          host->reduceScatter(ctx, seq, ins, out, dtype, op);
+                        } else {
+                          runReduceScatter(ctx, seq, ins, out, dtype, op);
+                        }
                       },
                       std::move(done), std::move(hooks));
 }

@@ -34,6 +34,10 @@ std::string GroupInspector::allreduceSchedule() const {
   return s_.comm ? s_.comm->allreducePathDescription() : "";
 }
 
+std::string GroupInspector::gatherScatterPath() const {
+  return s_.comm ? s_.comm->gatherScatterDescription() : "";
+}
+
 int GroupInspector::reductionServers() const {
   return s_.comm ? s_.comm->allreducePath().reductionServers() : 0;
 }

@@ -66,6 +66,8 @@ class GroupInspector {
   // The path in words, with its schedule (chunks, fusion, servers, bf16
   // crossing, pairwise rounds): what the set-up log says of it.
   std::string allreduceSchedule() const;
+  // How all-gather and reduce-scatter run, in words (stats' gather_scatter_path).
+  std::string gatherScatterPath() const;
   int reductionServers() const;
   smddp::Stragglers stragglers() const;
   int standaloneServers() const;

@@ -208,6 +208,7 @@ py::dict groupStats(const ProcessGroupSmddp& pg) {
   py::dict d = statsToDict(g.stats());
   d["allreduce_path"] = g.allreducePath();
   d["allreduce_schedule"] = g.allreduceSchedule();
+  d["gather_scatter_path"] = g.gatherScatterPath();
   d["reduction_servers"] = g.reductionServers();
   d["ring_depth"] = g.ringDepth();
   d["standalone_servers"] = g.standaloneServers();

@@ -93,6 +93,23 @@ struct Stragglers {
   std::vector<StragglerRow> rows;  // one per rank it covers
 };
 
+// All-gather and reduce-scatter among ranks that share one host, run by
+// the group's path without the network (hostpath/host_collectives.h).
+// Every rank of a group has one, or none.
+class HostCollectives {
+ public:
+  virtual ~HostCollectives() = default;
+  // outs[r] receives rank r's `in`; outs[rank] may be `in` itself.
+  virtual void allGather(EngineContext& ctx, uint64_t seq, Buffer in,
+                         const std::vector<Buffer>& outs, DataType dtype) = 0;
+  // ins[r] is the block destined for rank r; `out` receives this rank's
+  // reduced block, combined in rank order; `out` may be ins[rank] itself.
+  virtual void reduceScatter(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& ins,
+                             Buffer out, DataType dtype, ReduceOp op) = 0;
+  // For stats and the group's description, in a few words.
+  virtual std::string describe() const = 0;
+};
+
 class AllreducePath {
  public:
   virtual ~AllreducePath() = default;
@@ -119,6 +136,9 @@ class AllreducePath {
   // (the host segment, the standalone servers' links). Only the queries
   // above stay usable.
   virtual void release() {}
+  // All-gather and reduce-scatter through the host segment, or null: they
+  // then go over the network (algorithms/all_gather.cc, reduce_scatter.cc).
+  virtual HostCollectives* hostCollectives() { return nullptr; }
 
   // Allreduce goes through the host's shared-memory segment.
   bool throughHostSegment() const { return callPath() != CallPath::kNetwork; }

@@ -46,6 +46,8 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
   laps_.lap("path");
   fuses_ = path_->fuses();
   pathDescription_ = path_->describe();
+  gatherScatterDescription_ =
+      path_->hostCollectives() ? path_->hostCollectives()->describe() : "network, direct exchange";
   warnShmTrouble(shmTrouble);
   // 6. The observer (and its flight recorder), and a thread that tells a
   //    failing peer where this rank stands (desync.h).
@@ -85,7 +87,8 @@ std::string Communicator::describeGroup() const {
   std::ostringstream o;
   o << "[rank " << rank() << "] group '" << name() << "': " << size() << " rank(s) on "
     << peers.hostCount() << " host(s); provider " << provider() << " (" << ctx_->providerReason()
-    << "); allreduce " << pathDescription_;
+    << "); allreduce " << pathDescription_ << "; all-gather and reduce-scatter "
+    << gatherScatterDescription_;
   if (const PeerMonitor* monitor = peers.monitor()) {
     o << "; liveness connections to " << monitor->watchedRanks().size()
       << " rank(s) on other hosts (port " << monitor->listenPort() << ", SMDDP_PEER_TIMEOUT "

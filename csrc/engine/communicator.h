@@ -79,6 +79,11 @@ class Communicator {
   // log's text); kept, so it can be read after the path released its
   // resources.
   const std::string& allreducePathDescription() const { return pathDescription_; }
+  // All-gather and reduce-scatter through the host segment, or null: they
+  // then go over the network. Engine thread only (null once released).
+  HostCollectives* hostCollectives() const { return path_->hostCollectives(); }
+  // How they run, as chosen at formation; kept past release.
+  const std::string& gatherScatterDescription() const { return gatherScatterDescription_; }
   std::chrono::milliseconds timeout() const { return ctx_->waits().timeout(); }
   // Any thread (c10d's setTimeout); a call already waiting keeps its deadline.
   void setTimeout(std::chrono::milliseconds t) { ctx_->waits().setTimeout(t); }
@@ -250,6 +255,7 @@ class Communicator {
   // run(): worker thread only; noteIssued: under queueMu_; the rest: any thread.
   std::unique_ptr<AllreducePath> path_;
   std::string pathDescription_;
+  std::string gatherScatterDescription_;
   bool fuses_ = false;                   // path_->fuses(), fixed at construction
   std::unique_ptr<CallObserver> observer_;  // locks itself where it must
   std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only

@@ -72,7 +72,13 @@ class Communicator::QueuedRun final : public AllreduceBatch {
 
 void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   const auto started = std::chrono::steady_clock::now();
-  const CallPath path = tasks[0].allreduce ? path_->callPath() : CallPath::kNetwork;
+  const CollectiveType type = tasks[0].sig.collective;
+  const bool hostCollective = path_->hostCollectives() != nullptr &&
+                              (type == CollectiveType::kAllgather ||
+                               type == CollectiveType::kReduceScatter) && !tasks[0].p2p;
+  const CallPath path = tasks[0].allreduce ? path_->callPath()
+                        : hostCollective   ? CallPath::kSharedMemory
+                                           : CallPath::kNetwork;
   observer_->started(tasks[0].seq, path, tasks[0].seq, onCaller, started);
   std::exception_ptr eptr = dispatch(tasks, path, onCaller);
   finishTasks(tasks, path, started, eptr);

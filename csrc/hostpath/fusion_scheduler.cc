@@ -18,20 +18,6 @@
 
 namespace smddp {
 
-namespace {
-// Polls of the wake word between two sched_yield calls in idle() (about
-// 2 us of pause instructions).
-constexpr int kWakeWatchPolls = 64;
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-}  // namespace
-
 SMDDP_PARAM_INT(paramStreamSpinUs, "SMDDP_STREAM_SPIN_US", 500, 0, 1000000,
                 "microseconds a rank polls inside a shared-memory allreduce's data steps, where "
                 "its peers are working on the same call, before it sleeps (hosts with more ranks "
@@ -87,6 +73,7 @@ std::string FusionBufferScheduler::describe() const {
 
 void FusionBufferScheduler::release() {
   serverLinks_.reset();
+  hostCollectives_.reset();
   std::lock_guard<std::mutex> lock(segmentMu_);
   segment_.reset();
 }
@@ -199,12 +186,7 @@ void FusionBufferScheduler::idle(Batch& b, uint32_t seenWake,
     // for a moment first: a peer's publish is then seen in well under a
     // microsecond, where a sched_yield round trip alone costs about half
     // of one, several times per small call.
-    if (!topo_.oversubscribed) {
-      for (int i = 0; i < kWakeWatchPolls; ++i) {
-        if (segment_->wakeValue() != seenWake) return;
-        cpuRelax();
-      }
-    }
+    if (!topo_.oversubscribed && segment_->watchWake(seenWake)) return;
     sched_yield();  // polling, but let a runnable compute thread have the core
     return;
   }

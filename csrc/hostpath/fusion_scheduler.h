@@ -71,6 +71,9 @@ class FusionBufferScheduler final : public AllreducePath {
   // servers reduce the first H, the K standalone servers the rest.
   void setServerLinks(std::unique_ptr<ServerLinks> links) { serverLinks_ = std::move(links); }
   void setStandaloneServers(int k) { standalone_ = k; }
+  // One host: all-gather and reduce-scatter through the segment.
+  void setHostCollectives(std::unique_ptr<HostCollectives> c) { hostCollectives_ = std::move(c); }
+  HostCollectives* hostCollectives() override { return hostCollectives_.get(); }
 
  private:
   struct Batch;
@@ -154,6 +157,7 @@ class FusionBufferScheduler final : public AllreducePath {
   int64_t streamSpinUs_ = 0;  // polling budget inside a batch's data steps
   uint64_t smallBytes_ = 0;   // SMDDP_SMALL_BYTES, at most one slot
   std::unique_ptr<ServerLinks> serverLinks_;  // worker thread only
+  std::unique_ptr<HostCollectives> hostCollectives_;  // reads segment_: released first
   int standalone_ = 0;                        // K, the same on every rank
   uint64_t nextBatch_ = 0;  // worker thread only
   uint64_t nextStep_ = 0;   // worker thread only

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "engine/engine_context.h"
 #include "hostpath/fusion_scheduler.h"
+#include "hostpath/host_collectives.h"
 #include "hostpath/host_segment.h"
 #include "server/server_auth.h"
 #include "server/server_link.h"
@@ -308,8 +309,20 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
   }
   std::unique_ptr<ServerLinks> links;
   const int inUse = linkStandaloneServers(ctx, bootstrap, topo, *seg, &links);
+  std::unique_ptr<SegmentCollectives> direct;
+  if (topo.hosts() == 1) {
+    std::string why;
+    direct = SegmentCollectives::open(ctx, bootstrap, *seg, &why);
+    if (!direct && why != "SMDDP_SHM_COLLECTIVES=0" && ctx.rank() == 0) {
+      SMDDP_LOG(kWarn) << "group '" << ctx.name()
+                       << "': all-gather and reduce-scatter go over the network, not through "
+                          "shared memory: "
+                       << why << " (SMDDP_SHM_COLLECTIVES=0 says so without this warning)";
+    }
+  }
   auto scheduler = std::make_unique<FusionBufferScheduler>(ctx, std::move(seg), std::move(topo),
                                                            config.fusionBytes);
+  if (direct) scheduler->setHostCollectives(std::move(direct));
   if (inUse > 0) {
     scheduler->setStandaloneServers(inUse);
     if (links) scheduler->setServerLinks(std::move(links));

@@ -173,6 +173,19 @@ void HostSegment::wakeAll() {
   }
 }
 
+bool HostSegment::watchWake(uint32_t seen) const {
+  constexpr int kPolls = 64;  // about 2 us of pause instructions
+  for (int i = 0; i < kPolls; ++i) {
+    if (wakeValue() != seen) return true;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+  }
+  return false;
+}
+
 void HostSegment::sleep(uint32_t seen, std::chrono::microseconds maxWait) {
   ctl_->sleepers.fetch_add(1, std::memory_order_seq_cst);
   if (ctl_->wake.load(std::memory_order_seq_cst) == seen) {

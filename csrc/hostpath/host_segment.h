@@ -51,6 +51,19 @@ struct alignas(64) FusionPlan {
   char abortText[kAbortTextBytes] = {};
 };
 
+// Where one rank's input of an all-gather or reduce-scatter lies in its
+// own address space, for the host's other ranks to read directly
+// (hostpath/host_collectives.h). Written by that rank only.
+struct alignas(64) DirectPost {
+  std::atomic<uint64_t> posted{0};  // seq + 1 once the fields below are valid
+  std::atomic<uint64_t> done{0};    // seq + 1 once this rank read all it needs
+  uint64_t numel = 0;               // elements per block
+  uint8_t collective = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint64_t block[kHostMaxRanks] = {};  // all-gather: block[0]; reduce-scatter: rank r's block
+};
+
 struct SegmentControl {
   uint64_t magic;
   uint32_t ranks;
@@ -71,6 +84,7 @@ struct SegmentControl {
   SharedCounter issued[kHostMaxRanks];
   // When each rank issued its recent collectives, and who was last.
   ArrivalBoard arrivals;
+  DirectPost direct[kHostMaxRanks];
 };
 static_assert(kArrivalMaxRanks == kHostMaxRanks);
 
@@ -112,6 +126,9 @@ class HostSegment {
   void publish(SharedCounter& c, uint64_t v);
   void wakeAll();
   uint32_t wakeValue() const { return ctl_->wake.load(std::memory_order_seq_cst); }
+  // Watches the wake word for about 2 us (between two sched_yield calls of
+  // a polling wait); true once it differs from `seen`.
+  bool watchWake(uint32_t seen) const;
   // Sleeps until the wake word differs from `seen`, at most `maxWait`.
   void sleep(uint32_t seen, std::chrono::microseconds maxWait);
 

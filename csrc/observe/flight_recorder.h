@@ -25,7 +25,8 @@ const char* toString(CallState s);
 // How a call ran (set when it starts).
 enum class CallPath : uint8_t {
   kUnknown,
-  kSharedMemory,  // a fusion batch through the host segment (one host)
+  kSharedMemory,  // through the host segment (one host): a fusion batch, or an
+                  // all-gather or reduce-scatter reading its peers directly
   kHierarchy,     // a fusion batch through the segments, then across hosts
   kNetwork,       // libfabric only
 };

@@ -1,0 +1,200 @@
+"""Child side: all-gather and reduce-scatter through the host segment (each
+rank reading its peers' buffers), in one job per world size.
+
+Oracles, on the same inputs in the same job:
+- Gloo;
+- the same collectives on an smddp group made with SMDDP_SHM_COLLECTIVES=0,
+  which runs them over the network: reduce-scatter combines in rank order
+  with the same kernel on both paths, so the bits must match;
+- this path's own out-of-place result, for the in-place and overlapping
+  forms, and a second run, for determinism.
+"""
+
+import os
+import zlib
+
+import torch
+import torch.distributed as dist
+
+import torch_smddp
+from collective_oracle import settle
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32]
+# Sizes straddle the 256 KiB pieces reduce-scatter reads in, with odd tails.
+SIZES = [0, 1, 13, 4099, 65536 + 3, 300007]
+
+
+def make(key, rank, dtype, n):
+    g = torch.Generator().manual_seed(zlib.crc32(f"{key}/{rank}".encode()))
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g).to(dtype)
+    return torch.randint(-50, 50, (n,), generator=g).to(dtype)
+
+
+class Checker:
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+        self.cases, self.failures = 0, []
+
+    def check(self, case, ok, detail=""):
+        self.cases += 1
+        if not ok:
+            self.failures.append(f"rank {self.rank} {case} {detail}")
+
+    def equal(self, case, got, want):
+        settle()
+        self.check(case, torch.equal(got, want),
+                   f"got {got.flatten()[:4].tolist()} want {want.flatten()[:4].tolist()}")
+
+    def close(self, case, got, want):
+        settle()
+        tol = 2e-2 if got.dtype in (torch.float16, torch.bfloat16) else 1e-5
+        self.check(case, torch.allclose(got.double(), want.double(), rtol=tol, atol=tol),
+                   f"max diff {(got.double() - want.double()).abs().max().item() if got.numel() else 0}")
+
+
+def network_group(off=True):
+    """An smddp group made with SMDDP_SHM_COLLECTIVES=0 on this rank (or not)."""
+    os.environ["SMDDP_SHM_COLLECTIVES"] = "0" if off else "1"
+    try:
+        return dist.new_group(backend="smddp")
+    finally:
+        del os.environ["SMDDP_SHM_COLLECTIVES"]
+
+
+def one_rank_off(ck, rank, world, gloo):
+    """SMDDP_SHM_COLLECTIVES=0 on the last rank only: every rank agrees on
+    the network, and the results still match Gloo's."""
+    mixed = network_group(off=rank == world - 1)
+    path = torch_smddp.stats(mixed)["gather_scatter_path"]
+    ck.check("one rank off: every rank takes the network", path.startswith("network"), path)
+    x = make("mixed", rank, torch.float32, 999)
+    got, want = torch.empty(999 * world), torch.empty(999 * world)
+    dist.all_gather_into_tensor(got, x, group=mixed)
+    dist.all_gather_into_tensor(want, x, group=gloo)
+    ck.equal("one rank off: all_gather", got, want)
+    dist.destroy_process_group(mixed)
+
+
+def all_gathers(ck, rank, world, net, gloo, dtype, n):
+    x = make(f"ag{dtype}{n}", rank, dtype, n)
+    want = torch.empty(n * world, dtype=dtype)
+    dist.all_gather_into_tensor(want, x, group=gloo)
+    got = torch.empty(n * world, dtype=dtype)
+    dist.all_gather_into_tensor(got, x)
+    ck.equal(f"all_gather_into_tensor {dtype} n={n} vs gloo", got, want)
+    alt = torch.empty(n * world, dtype=dtype)
+    dist.all_gather_into_tensor(alt, x, group=net)
+    ck.equal(f"all_gather_into_tensor {dtype} n={n} network path vs gloo", alt, want)
+    outs = [torch.empty(n, dtype=dtype) for _ in range(world)]
+    dist.all_gather(outs, x)
+    ck.equal(f"all_gather list {dtype} n={n}", torch.cat(outs), want)
+    # FSDP2's form: the input is this rank's own chunk of the output.
+    buf = torch.zeros(n * world, dtype=dtype)
+    buf.narrow(0, n * rank, n).copy_(x)
+    dist.all_gather_into_tensor(buf, buf.narrow(0, n * rank, n))
+    ck.equal(f"all_gather in place {dtype} n={n}", buf, want)
+    # The input lies in the next rank's chunk of the output: the peers must
+    # still read it as it was.
+    clash = torch.zeros(n * world, dtype=dtype)
+    mine = clash.narrow(0, n * ((rank + 1) % world), n)
+    mine.copy_(x)
+    dist.all_gather_into_tensor(clash, mine)
+    ck.equal(f"all_gather input inside a peer's output chunk {dtype} n={n}", clash, want)
+
+
+def reduce_scatters(ck, rank, world, net, gloo, dtype, n):
+    flat = make(f"rs{dtype}{n}", rank, dtype, n * world)
+    ops = [("SUM", dist.ReduceOp.SUM), ("MAX", dist.ReduceOp.MAX)]
+    if dtype.is_floating_point:
+        ops.append(("AVG", dist.ReduceOp.AVG))
+    for name, op in ops:
+        case = f"reduce_scatter_tensor {name} {dtype} n={n}"
+        got = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter_tensor(got, flat.clone(), op=op)
+        alt = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter_tensor(alt, flat.clone(), op=op, group=net)
+        ck.equal(case + " vs the network path (bitwise)", got, alt)
+        again = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter_tensor(again, flat.clone(), op=op)
+        ck.equal(case + " run twice (bitwise)", again, got)
+        if op != dist.ReduceOp.AVG:  # Gloo has no AVG
+            ref = torch.empty(n, dtype=dtype)
+            dist.reduce_scatter_tensor(ref, flat.clone(), op=op, group=gloo)
+            (ck.equal if not dtype.is_floating_point else ck.close)(case + " vs gloo", got, ref)
+        inplace = flat.clone()
+        dist.reduce_scatter_tensor(inplace.narrow(0, n * rank, n), inplace, op=op)
+        ck.equal(case + " in place", inplace.narrow(0, n * rank, n), got)
+        # The output is the next rank's block of the input, which that rank
+        # reads while this one writes.
+        clash = flat.clone()
+        dist.reduce_scatter_tensor(clash.narrow(0, n * ((rank + 1) % world), n), clash, op=op)
+        ck.equal(case + " output inside a peer's block", clash.narrow(0, n * ((rank + 1) % world), n), got)
+    ins = [make(f"rsl{dtype}{n}{q}", rank, dtype, n) for q in range(world)]
+    got = torch.empty(n, dtype=dtype)
+    dist.reduce_scatter(got, [t.clone() for t in ins])
+    alt = torch.empty(n, dtype=dtype)
+    dist.reduce_scatter(alt, [t.clone() for t in ins], group=net)
+    ck.equal(f"reduce_scatter list {dtype} n={n} vs the network path", got, alt)
+
+
+def queued(ck, rank, world, gloo):
+    """Async calls queue and complete in any wait order."""
+    xs = [make(f"q{i}", rank, torch.float32, 1000 + 17 * i) for i in range(6)]
+    outs = [torch.empty(x.numel() * world) for x in xs]
+    works = [dist.all_gather_into_tensor(o, x, async_op=True) for o, x in zip(outs, xs)]
+    rs_in = make("qrs", rank, torch.float32, 4096 * world)
+    rs_out = torch.empty(4096)
+    works.append(dist.reduce_scatter_tensor(rs_out, rs_in.clone(), async_op=True))
+    for w in reversed(works):
+        w.wait()
+    for i, (o, x) in enumerate(zip(outs, xs)):
+        want = torch.empty_like(o)
+        dist.all_gather_into_tensor(want, x, group=gloo)
+        ck.equal(f"queued all_gather {i}", o, want)
+    ref = torch.empty(4096)
+    dist.reduce_scatter_tensor(ref, rs_in.clone(), group=gloo)
+    ck.close("queued reduce_scatter", rs_out, ref)
+
+
+def mismatch(ck, rank, world):
+    """Different sizes on one rank: every rank fails, naming it; the group
+    is still usable afterwards."""
+    n = 10 if rank == 0 else 12
+    try:
+        dist.all_gather_into_tensor(torch.empty(n * world), torch.ones(n))
+        ck.check("mismatched all_gather raises", False, "no error")
+    except Exception as e:  # noqa: BLE001
+        text = str(e)
+        ck.check("mismatched all_gather names the other call", "rank" in text and "elements" in text, text[:300])
+    x = torch.full((5,), float(rank))
+    out = torch.empty(5 * world)
+    dist.all_gather_into_tensor(out, x)
+    ck.equal("all_gather after a mismatch", out,
+             torch.cat([torch.full((5,), float(q)) for q in range(world)]))
+
+
+def run(rank, world):
+    ck = Checker(rank, world)
+    gloo = dist.new_group(backend="gloo")
+    net = network_group()
+    path = torch_smddp.stats()["gather_scatter_path"]
+    ck.check("default group reads its peers' buffers", path.startswith("shared memory"), path)
+    net_path = torch_smddp.stats(net)["gather_scatter_path"]
+    ck.check("SMDDP_SHM_COLLECTIVES=0 group uses the network", net_path.startswith("network"), net_path)
+    for dtype in DTYPES:
+        for n in SIZES:
+            all_gathers(ck, rank, world, net, gloo, dtype, n)
+            reduce_scatters(ck, rank, world, net, gloo, dtype, n)
+    queued(ck, rank, world, gloo)
+    record = [e for e in torch_smddp.flight_recorder()
+              if e["collective"] in ("allgather", "reduce_scatter") and e["state"] == "completed"]
+    ck.check("the flight recorder says shared-memory",
+             bool(record) and all(e["path"] == "shared-memory" for e in record),
+             str({e["path"] for e in record}))
+    net_record = [e for e in torch_smddp.flight_recorder(net) if e["collective"] == "allgather"]
+    ck.check("the network group's record says network",
+             bool(net_record) and all(e["path"] == "network" for e in net_record))
+    one_rank_off(ck, rank, world, gloo)
+    mismatch(ck, rank, world)
+    return {"cases": ck.cases, "failures": ck.failures}
