@@ -90,6 +90,26 @@ def build_model(torch, vocab=8192, d=384, layers=8, heads=6, seq=128):
     return LM()
 
 
+def synthetic_batch(torch, rank, batch, seq):
+    """This rank's tokens and targets for build_model's LM, seeded by the
+    rank: every copy of the model on a rank sees the same batch."""
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randint(0, 8192, (batch, seq), generator=g)
+    y = torch.randint(0, 8192, (batch, seq), generator=g)
+    return x, y
+
+
+def lm_step(torch, model, opt, x, y) -> float:
+    """One training step of build_model's LM (forward, cross-entropy,
+    backward, optimizer step); returns the loss."""
+    opt.zero_grad(set_to_none=True)
+    out = model(x)
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
 def offcpu_model(torch, lm, compute_s, rank):
     """`lm`'s parameters (the same module, so the same order and DDP the
     same buckets) under a forward and backward that sleep instead of
@@ -149,25 +169,13 @@ def worker(args) -> None:
     nparams = sum(p.numel() for p in model.parameters())
     ddp = DDP(model, gradient_as_bucket_view=args.bucket_view)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
-    y = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        out = ddp(x)
-        loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        return loss.item()
-
+    x, y = synthetic_batch(torch, rank, args.batch, args.seq)
     for _ in range(args.warmup):
-        step()
+        lm_step(torch, ddp, opt, x, y)
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        step()
+        lm_step(torch, ddp, opt, x, y)
     dt = (time.perf_counter() - t0) / args.steps
     t = torch.tensor([dt], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -238,9 +246,7 @@ def paired_worker(args) -> None:
         models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
     groups = {name: pg for name, pg in copies}
     nparams = sum(p.numel() for p in models["smddp"][0].parameters())
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
-    y = torch.randint(0, 8192, (args.batch, args.seq), generator=g)
+    x, y = synthetic_batch(torch, rank, args.batch, args.seq)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step(name, check=False):

@@ -87,11 +87,16 @@ def test_a_nan_result_is_reported():
     assert problem.startswith("iteration 0: element 7 of 64 is nan, expected 6.0"), problem
 
 
+def load_benchmark(name):
+    """benchmarks/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "benchmarks", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def load_ddp_step():
-    spec = importlib.util.spec_from_file_location("ddp_step", os.path.join(REPO, "benchmarks", "ddp_step.py"))
-    ddp_step = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ddp_step)
-    return ddp_step
+    return load_benchmark("ddp_step")
 
 
 def test_ddp_step_takes_turns_in_abba_order():
@@ -118,6 +123,40 @@ def test_ddp_step_forwards_every_option_a_worker_reads():
         assert getattr(got, field) == getattr(asked, field), field
     plain = ap.parse_args(ddp_step.worker_args("smddp", ap.parse_args([])))
     assert not plain.bucket_view and not plain.compressed and plain.offcpu_ms == 0.0
+
+
+def test_fsdp_step_forwards_every_option_a_worker_reads():
+    fsdp_step = load_benchmark("fsdp_step")
+    ap = fsdp_step.parser()
+    asked = ap.parse_args(["--paired", "--steps", "7", "--rounds", "5", "--warmup", "2",
+                           "--batch", "3", "--seq", "64", "--threads", "2", "--lr", "0.5",
+                           "--rtol", "1e-3", "--atol", "1e-5"])
+    got = ap.parse_args(fsdp_step.worker_args(asked))
+    assert got.worker
+    for field in ("steps", "rounds", "warmup", "batch", "seq", "threads", "lr", "rtol", "atol"):
+        assert getattr(got, field) == getattr(asked, field), field
+
+
+def test_fsdp_steps_oracle_fails_on_a_difference_and_on_a_model_that_never_moved():
+    # The smddp and Gloo copies must agree, and must both have left their
+    # initial weights (else agreeing proves nothing).
+    fsdp_step = load_benchmark("fsdp_step")
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    initial = [p.detach().clone() for p in a.parameters()]
+    models = {"smddp": (a, None), "gloo": (b, None)}
+    with pytest.raises(RuntimeError, match="never moved"):
+        fsdp_step.check_agree(torch, models, initial, 1e-4, 1e-6)
+    with torch.no_grad():
+        for p in (*a.parameters(), *b.parameters()):
+            p.add_(0.5)
+    worst = fsdp_step.check_agree(torch, models, initial, 1e-4, 1e-6)
+    assert worst["max_abs_diff"] == 0.0 and worst["min_moved"] == pytest.approx(0.5)
+    with torch.no_grad():
+        b.bias[1] += 1e-3
+    with pytest.raises(RuntimeError, match=r"parameter 1: .* differ at \[1\]"):
+        fsdp_step.check_agree(torch, models, initial, 1e-4, 1e-6)
 
 
 def test_ddp_steps_no_comm_hook_hands_each_bucket_back_untouched():

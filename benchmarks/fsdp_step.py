@@ -1,0 +1,226 @@
+"""FSDP2 step benchmark: the FSDP counterpart of `ddp_step.py --paired`, on
+one host. ddp_step.py's transformer (build_model), sharded with FSDP2
+(torch.distributed.fsdp.fully_shard: each encoder layer, then the root),
+smddp against Gloo in the same processes.
+
+    .venv/bin/python benchmarks/fsdp_step.py --paired [--world 2] [--steps 4] [--rounds 6]
+
+Every rank holds three copies of the model, built from the same seed:
+- "smddp": fully_shard on a DeviceMesh over the smddp default group, so
+  FSDP's all-gathers (forward and backward) and reduce-scatters (backward)
+  go through smddp;
+- "gloo": the same on a DeviceMesh built from a Gloo group over the same
+  ranks (DeviceMesh.from_group);
+- "compute only": the plain model, unsharded; forward, backward and the
+  optimizer step on this rank's batch with no communication at all: the
+  floor that neither backend can beat.
+
+They take turns in ABBA order (ddp_step.abba_order: smddp, gloo, compute
+only; then compute only, gloo, smddp; ...) for --rounds rounds of --steps
+steps each. A round's time is its mean step (max over ranks); the table gives
+the median round, and the ratios are medians of the per-round ratios, as
+ddp_step.py --paired does.
+
+The oracle: the smddp and Gloo copies start equal, see the same batches and
+take the same SGD steps, so after the timed rounds their parameter shards
+must agree (allclose, --rtol, --atol); any difference on any rank fails the
+run. Both copies must also have moved away from the initial weights, so the
+check cannot pass on a model that never learned.
+
+ddp_step.py's --offcpu-ms is left out: its offcpu_model hands the
+parameter objects it captured at construction to one autograd function and
+never calls the encoder layers' forward, while FSDP2 swaps every parameter
+for a DTensor shard and unshards them only in the sharded modules' forward
+hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ddp_step, this checkout's
+from ddp_step import abba_order, build_model, lm_step, synthetic_batch  # noqa: E402
+from torch_smddp.bench import launch_ranks  # noqa: E402
+
+NAMES = ("smddp", "gloo", "compute only")
+
+
+def sharded_model(torch, mesh, seq):
+    """build_model's transformer under FSDP2 on `mesh`: one FSDP unit per
+    encoder layer (their all-gathers can overlap the previous layer's
+    compute) and one for the rest (embedding, positions, output layer)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    lm = build_model(torch, seq=seq)
+    for layer in lm.body.layers:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(lm, mesh=mesh)
+
+
+def local_shards(model) -> list:
+    """Each parameter as this rank holds it: the DTensor's local shard under
+    FSDP2."""
+    return [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+
+
+def check_agree(torch, models, initial, rtol, atol) -> dict:
+    """The oracle: the smddp copy's shards equal the Gloo copy's to
+    (rtol, atol), and both moved away from `initial` (the shards before the
+    first step). Returns the largest differences seen on this rank."""
+    worst = {"max_abs_diff": 0.0, "min_moved": float("inf")}
+    pairs = zip(local_shards(models["smddp"][0]), local_shards(models["gloo"][0]), initial)
+    for i, (a, b, p0) in enumerate(pairs):
+        a, b = a.detach(), b.detach()
+        if a.numel() == 0:
+            continue
+        worst["max_abs_diff"] = max(worst["max_abs_diff"], (a - b).abs().max().item())
+        worst["min_moved"] = min(worst["min_moved"], (a - p0).abs().max().item(),
+                                 (b - p0).abs().max().item())
+        if not torch.allclose(a, b, rtol=rtol, atol=atol):
+            bad = ((a - b).abs() > atol + rtol * b.abs()).nonzero()[0].tolist()
+            raise RuntimeError(f"parameter {i}: the smddp copy {a[tuple(bad)].item():.8g} and "
+                               f"the gloo copy {b[tuple(bad)].item():.8g} differ at {bad}")
+    if worst["min_moved"] == 0.0:
+        raise RuntimeError("a parameter shard never moved from its initial value: "
+                           "the check could not have failed")
+    return worst
+
+
+def paired_worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    import torch_smddp
+    # FSDP2 warns that the root returns a view (Linear on a 3-D input); the
+    # step never changes it in place.
+    warnings.filterwarnings("ignore", message=".*returned a view tensor")
+    torch.set_num_threads(max(1, args.threads))
+    dist.init_process_group("smddp")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    models = {}
+    for name, group in (("smddp", dist.group.WORLD), ("gloo", gloo)):
+        models[name] = sharded_model(torch, DeviceMesh.from_group(group, "cpu"), args.seq)
+    torch.manual_seed(0)
+    models["compute only"] = build_model(torch, seq=args.seq)
+    models = {n: (m, torch.optim.SGD(m.parameters(), lr=args.lr)) for n, m in models.items()}
+    initial = [p.detach().clone() for p in local_shards(models["smddp"][0])]
+    nparams = sum(p.numel() for p in models["compute only"][0].parameters())
+    x, y = synthetic_batch(torch, rank, args.batch, args.seq)
+
+    def step(name):
+        lm_step(torch, *models[name], x, y)
+
+    for _ in range(args.warmup):
+        for name in NAMES:
+            step(name)
+    times = {name: [] for name in NAMES}
+    for i in range(args.rounds):
+        for name in abba_order(NAMES, i):
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step(name)
+            times[name].append((time.perf_counter() - t0) / args.steps)
+    # Outside the timed rounds: the oracle, on every rank; a failure on one
+    # rank fails the job.
+    worst = check_agree(torch, models, initial, args.rtol, args.atol)
+    for name in times:
+        t = torch.tensor(times[name], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+        times[name] = t.tolist()
+    w = torch.tensor([worst["max_abs_diff"], -worst["min_moved"]], dtype=torch.float64)
+    dist.all_reduce(w, op=dist.ReduceOp.MAX, group=gloo)
+    stats = torch_smddp.stats()
+    if rank == 0:
+        def ratio(a, b):
+            return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+        with open(args.out, "w") as f:
+            json.dump({"params": nparams, "world": world, "times": times,
+                       "median": {k: statistics.median(v) for k, v in times.items()},
+                       "smddp_over_gloo": ratio("smddp", "gloo"),
+                       "compute_over": {n: ratio("compute only", n) for n in ("smddp", "gloo")},
+                       "max_abs_diff": w[0].item(), "min_moved": -w[1].item(),
+                       "gather_scatter_path": stats["gather_scatter_path"],
+                       "collective_counts": stats.get("collective_counts", {})}, f)
+    dist.destroy_process_group()
+
+
+def worker_args(args) -> list:
+    """The worker's command line after the script's path: every option a
+    worker reads, forwarded from `args`."""
+    return ["--worker", "--steps", str(args.steps), "--rounds", str(args.rounds),
+            "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq),
+            "--threads", str(args.threads), "--lr", str(args.lr), "--rtol", str(args.rtol),
+            "--atol", str(args.atol)]
+
+
+def print_table(res, args) -> None:
+    tokens = args.batch * args.seq * args.world
+    print(f"\n# FSDP2 step, transformer {res['params'] / 1e6:.1f}M params, world {args.world}, "
+          f"batch {args.batch}x{args.seq} tokens per rank, {args.rounds} rounds of {args.steps} "
+          "steps, smddp, Gloo and compute only (unsharded, no communication) taking turns in "
+          "ABBA order in the same processes")
+    print(f"gather_scatter_path (smddp): {res['gather_scatter_path']}; smddp calls on rank 0: " +
+          ", ".join(f"{k} {v}" for k, v in sorted(res["collective_counts"].items()) if v))
+    print(f"{'backend':>14} {'median step ms':>15} {'tokens/s':>10}   rounds (ms per step)")
+    for name, m in res["median"].items():
+        rounds = " ".join(f"{t * 1e3:.0f}" for t in res["times"][name])
+        print(f"{name:>14} {m * 1e3:>15.1f} {tokens / m:>10.0f}   {rounds}")
+    print(f"median of per-round step time smddp/gloo: {res['smddp_over_gloo']:.3f} "
+          f"(throughput smddp/gloo {1 / res['smddp_over_gloo']:.2f}x); compute only/smddp: "
+          f"{res['compute_over']['smddp']:.3f}; compute only/gloo: "
+          f"{res['compute_over']['gloo']:.3f}")
+    print(f"check: smddp and gloo parameters agree (rtol {args.rtol:g}, atol {args.atol:g}); "
+          f"largest difference {res['max_abs_diff']:.3g}, every shard moved at least "
+          f"{res['min_moved']:.3g} from its initial value")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--paired", action="store_true",
+                    help="smddp and Gloo FSDP2 copies and compute only taking turns in the same "
+                         "processes (the only mode)")
+    ap.add_argument("--worker", action="store_true", help="internal: run as one of the ranks")
+    ap.add_argument("--out", help="internal: where rank 0 writes its results")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4, help="steps per copy per round")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds, in ABBA order (median)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per copy first")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--rtol", type=float, default=1e-4, help="the oracle's relative tolerance")
+    ap.add_argument("--atol", type=float, default=1e-6, help="the oracle's absolute tolerance")
+    ap.add_argument("--timeout", type=float, default=600, help="hard deadline of the job (s)")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
+    args = ap.parse_args()
+    if args.worker:
+        paired_worker(args)
+        return 0
+    if not args.paired:
+        ap.error("only --paired is implemented")
+    res = launch_ranks([sys.executable, __file__] + worker_args(args), args.world, args.timeout,
+                       "fsdp_step.py --paired")
+    print_table(res, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
