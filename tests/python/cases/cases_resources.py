@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _HARNESS = os.path.join(os.path.dirname(HERE), "harness")
 if _HARNESS not in sys.path:
     sys.path.insert(0, _HARNESS)
-from mp_helpers import put_support_on_path  # noqa: E402
+from mp_helpers import REPO_ROOT, put_support_on_path  # noqa: E402
 
 put_support_on_path()
 
@@ -149,8 +149,7 @@ def _smddp_names() -> set:
 
 
 def _start_holder(prefix=()):
-    repo = os.path.dirname(os.path.dirname(HERE))
-    p = subprocess.Popen([*prefix, sys.executable, "-c", _HOLDER.format(repo=repo)],
+    p = subprocess.Popen([*prefix, sys.executable, "-c", _HOLDER.format(repo=REPO_ROOT)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline().strip()
     if line != "ready":
