@@ -64,17 +64,15 @@ class EngineContext {
   const std::string& storePrefix() const { return storePrefix_; }
   // Frames without it are dropped.
   uint64_t jobSecret() const { return jobSecret_; }
-  // The ranks that run reduction servers on the network path, ascending
-  // (server index i is rank networkServers()[i]).
-  const std::vector<int>& networkServers() const { return netServers_; }
   // The group timeout and the stop that shutdown requests (wait_limits.h).
   // Any thread.
   WaitLimits& waits() { return waits_; }
 
   // --- The group's parts ---
   // Host topology and liveness: who and where every rank is, its fabric
-  // address, and whether it is still alive (peer_table.h). Any thread
-  // once constructed; its monitor() is thread-safe.
+  // address, which ranks serve the network path's shards, and whether it
+  // is still alive (peer_table.h). Any thread once constructed; its
+  // monitor() is thread-safe.
   const PeerTable& peers() const { return peers_; }
   // Error frames, stall probes and the group's broken state
   // (control_frames.h): worker thread only.
@@ -139,7 +137,6 @@ class EngineContext {
 
  private:
   // Set-up steps (the constructor, in this order).
-  void placeNetworkServers();
   void agreeOnSecret(Bootstrap& bootstrap);
   // After the "peer" exchange: this rank's pair keys from its X25519
   // private key, the peers' public keys and the key file's key (if any),
@@ -163,7 +160,6 @@ class EngineContext {
   std::shared_ptr<const PeerKeys> peerKeys_;  // set while forming, immutable after
   PeerSeal seal_;                             // keyed while forming; counters: worker thread
   std::string storePrefix_;
-  std::vector<int> netServers_;
   std::shared_ptr<Fabric> fabric_;
   std::unique_ptr<Endpoint> endpoint_;
   size_t maxPayload_ = 0;
