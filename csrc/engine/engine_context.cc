@@ -229,10 +229,6 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
     }
   }
   if (!endpoint_) adopt(spareOrFreshEndpoint(provider_));
-  // A sealed frame carries its trailer after the payload.
-  const size_t max = endpoint_->maxMessageSize();
-  const size_t framing = sizeof(FrameHeader) + (seal_.any() ? kSealTrailerBytes : 0);
-  maxPayload_ = max > framing ? max - framing : 0;
 }
 
 size_t EngineContext::progress() {

@@ -80,11 +80,6 @@ class EngineContext {
   // Every posted Request, until its completion (request.h): worker thread only.
   RequestPool& requests() { return requests_; }
   Endpoint& endpoint() { return *endpoint_; }
-  // The longest payload one frame may carry: the provider's max_msg_size
-  // less the frame header. Every provider here takes any size (SIZE_MAX);
-  // a message past it fails naming the limit instead of inside the
-  // provider (Exchange::send, point-to-point sends).
-  size_t maxPayloadBytes() const { return maxPayload_; }
   // torch_smddp.stats(): atomics, any thread. Only the observers change
   // them.
   StatsCounters& counters() { return stats_; }
@@ -162,7 +157,6 @@ class EngineContext {
   std::string storePrefix_;
   std::shared_ptr<Fabric> fabric_;
   std::unique_ptr<Endpoint> endpoint_;
-  size_t maxPayload_ = 0;
 
   RequestPool requests_;  // worker thread only
   // Worker thread only. Both keep a reference to traffic_ (declared below;
