@@ -51,12 +51,8 @@ class EngineContext {
   // --- Identity and configuration (any thread) ---
   int rank() const { return rank_; }
   int size() const { return size_; }
-  const std::string& name() const { return name_; }  // the group's, for logs and the timeline
-  // "<call> at sequence <seq> in group '<name>'": how every error names a
-  // call, so that a process with several groups can tell which one failed.
-  std::string callAt(const std::string& call, uint64_t seq) const {
-    return call + " at sequence " + std::to_string(seq) + " in group '" + name_ + "'";
-  }
+  // The group's, for logs, the timeline and errors (callAt, call.h).
+  const std::string& name() const { return name_; }
   const EngineConfig& config() const { return config_; }
   const std::string& provider() const { return provider_; }
   const std::string& providerReason() const { return providerReason_; }
