@@ -31,7 +31,7 @@ class NetworkPath : public AllreducePath {
   CallPath callPath() const override { return CallPath::kNetwork; }
   std::string describe() const override;
   int reductionServers() const override {
-    return static_cast<int>(ctx_.networkServers().size());
+    return static_cast<int>(ctx_.peers().networkServers().size());
   }
 
  protected:

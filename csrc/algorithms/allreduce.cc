@@ -1,7 +1,7 @@
 // Allreduce through reduction servers (docs/design.md, "The allreduce path").
 //
 // Every rank hosts one server (or SMDDP_SERVERS_PER_NODE ranks per host
-// do: EngineContext::networkServers). The buffer is cut into one shard per server
+// do: PeerTable::networkServers). The buffer is cut into one shard per server
 // (or goes whole to one server when small). Each rank sends shard s to
 // server s; server s waits for shard s from every rank, combines them in rank
 // order (bitwise reproducible), and returns the result to every rank. Shards
@@ -99,7 +99,7 @@ void postWorkerSide(Exchange& ex, const ShardPlan& plan, const std::vector<int>&
 struct CallPlan {
   CallPlan(const EngineContext& ctx, const CollectiveSignature& sig, uint64_t planSeq,
            size_t wireElemSize) {
-    const std::vector<int>& servers = ctx.networkServers();
+    const std::vector<int>& servers = ctx.peers().networkServers();
     const int S = static_cast<int>(servers.size());
     int myServer = -1;
     for (int i = 0; i < S; ++i) {
@@ -134,7 +134,7 @@ struct CallPlan {
     const EngineConfig& config = ctx.config();
     const int n = ctx.size();
     return config.roundsMinHosts > 0 && n >= 3 && n >= config.roundsMinHosts &&
-           static_cast<int>(ctx.networkServers().size()) == n &&
+           static_cast<int>(ctx.peers().networkServers().size()) == n &&
            ctx.peers().hostCount() == n && bytes > 0 && bytes >= config.roundsMinBytes &&
            bytes <= kRoundsMaxBytes;
   }
@@ -186,13 +186,13 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
     rounds.emplace(ex, std::max<size_t>(2, (kRoundsWindowBytes + cp.chunkBytes - 1) /
                                                cp.chunkBytes),
                    cp.mine->chunks.size());
-    postInRounds(ex, cp.plan, ctx.networkServers(), rank, n, data, es, *rounds);
+    postInRounds(ex, cp.plan, ctx.peers().networkServers(), rank, n, data, es, *rounds);
     server->startInRounds([&](size_t k) { rounds->release(k); },
                           [&](int) { rounds->arrive(OrderedSends::kData); });
     rounds->pump();
   } else {
     if (server) server->start();
-    postWorkerSide(ex, cp.plan, ctx.networkServers(), rank, data, es);
+    postWorkerSide(ex, cp.plan, ctx.peers().networkServers(), rank, data, es);
   }
   if (extra) extra(ex);
   ex.run();
@@ -234,7 +234,7 @@ struct NarrowScratch {
       for (const Chunk& c : s.chunks) maxChunk = std::max(maxChunk, c.elemCount);
     }
     const auto n = static_cast<size_t>(ctx.size());
-    servers = ctx.networkServers().size();
+    servers = ctx.peers().networkServers().size();
     slot = (narrowWireBytes(maxChunk, wire) + 63) & ~size_t{63};
     const size_t ownChunks = cp.mine ? cp.mine->chunks.size() : 0;
     ringAt = (2 * servers * kNarrowWindow + ownChunks) * slot;
@@ -256,7 +256,7 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   const int rank = ctx.rank();
   const int n = ctx.size();
   const DataType wire = ctx.config().crossHostDtype;
-  const std::vector<int>& servers = ctx.networkServers();
+  const std::vector<int>& servers = ctx.peers().networkServers();
   const size_t wes = elementSize(wire);
   const CallPlan cp(ctx, sig, planSeq, wes);
   const Shard* mine = cp.mine;
@@ -401,7 +401,7 @@ std::string NetworkPath::describe() const {
   const EngineConfig& config = ctx_.config();
   const bool fusing = fuses();
   std::ostringstream o;
-  o << "over libfabric only (" << why_ << "): " << ctx_.networkServers().size()
+  o << "over libfabric only (" << why_ << "): " << ctx_.peers().networkServers().size()
     << " reduction server(s), chunk " << kib(config.chunkBytes) << " (down to "
     << kib(std::min(config.minChunkBytes, config.chunkBytes)) << " for short shards), ring depth "
     << config.ringDepth << ", "

@@ -6,9 +6,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace smddp {
+
+// "<call> at sequence <seq> in group '<group>'": how every error names a
+// call, so that a process with several groups can tell which one failed.
+inline std::string callAt(const std::string& group, const std::string& call, uint64_t seq) {
+  return call + " at sequence " + std::to_string(seq) + " in group '" + group + "'";
+}
 
 struct Buffer {
   void* data = nullptr;

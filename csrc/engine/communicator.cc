@@ -134,8 +134,8 @@ void Communicator::shutdown() {
   }
   queueCv_.notify_all();
   for (auto& t : leftover) {
-    const std::string why =
-        "smddp: " + ctx_->callAt(t.name(), t.seq) + " was not run: the process group was shut down";
+    const std::string why = "smddp: " + callAt(ctx_->name(), t.name(), t.seq) +
+                            " was not run: the process group was shut down";
     if (!t.p2p) observer_->notRun(t.seq, why);
     try {
       if (t.done) (*t.done)(std::make_exception_ptr(Error(ErrorKind::kAborted, why)));
@@ -193,7 +193,7 @@ void Communicator::abandonStuckCalls() {
   for (auto& [seq, done] : unfinished) {
     try {
       (*done)(std::make_exception_ptr(Error(
-          ErrorKind::kAborted, "smddp: " + ctx_->callAt("the call", seq) +
+          ErrorKind::kAborted, "smddp: " + callAt(ctx_->name(), "the call", seq) +
                                    " was aborted: the process group was shut down while "
                                    "it was stuck in the transport")));
     } catch (...) {

@@ -186,8 +186,17 @@ class ControlPlane {
   // Both bounded (kControlSequenceWindow, kMaxHeldControlSequences).
   std::map<uint64_t, RemoteError> remoteErrors_;
   std::map<uint64_t, std::map<int, CollectiveSignature>> probes_;
-  uint64_t reached_ = 0;  // the latest call this rank has looked up or ended
-  uint64_t ended_ = 0;    // every call before this one has ended here (noteSignature)
+  // Two watermarks, never one: a call counts as reached from its first
+  // look-up but as ended only once it ends, and a fused batch looks up all
+  // its calls at once, so ended_ <= reached_ + 1, equal when nothing runs.
+  // The latest call this rank has looked up (remoteErrorFor, probeMismatch)
+  // or ended: frames may name calls up to a window past it (withinWindow).
+  // ended_ in its place would shrink the window during a batch.
+  uint64_t reached_ = 0;
+  // Every call before this one has ended here (noteSignature): the replay
+  // guard refuses error reports about those calls only. reached_ in its
+  // place would refuse reports about the calls still running.
+  uint64_t ended_ = 0;
   ControlReplayGuard heard_;  // sized by start()
   // Whether a frame for `seq` may be kept (within the window).
   bool withinWindow(uint64_t seq) const { return seq <= reached_ + kControlSequenceWindow; }

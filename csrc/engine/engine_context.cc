@@ -105,7 +105,7 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   }
   keyPeerSeal();
   laps.lap("peers");
-  placeNetworkServers();
+  peers_.placeNetworkServers(config_.serversPerNode);
   // The network path's receive ring: across hosts, more than two chunks
   // per peer in flight only queue at the link (benchmarks/RESULTS.md,
   // "The network path's ring across hosts").
@@ -144,19 +144,6 @@ void EngineContext::adoptProvider(ProviderChoice choice) {
 }
 
 EngineContext::~EngineContext() = default;
-
-void EngineContext::placeNetworkServers() {
-  // Network-path reduction servers: every rank, or SMDDP_SERVERS_PER_NODE
-  // ranks per host spread over its ranks (as on the shared-memory path).
-  for (const auto& ranks : peers_.ranksByHost()) {
-    const int local = static_cast<int>(ranks.size());
-    const int k = config_.serversPerNode > 0
-                      ? std::min<int>(local, static_cast<int>(config_.serversPerNode))
-                      : local;
-    for (int s = 0; s < k; ++s) netServers_.push_back(ranks[s * local / k]);
-  }
-  std::sort(netServers_.begin(), netServers_.end());
-}
 
 void EngineContext::derivePeerKeys(const std::string& privateKey, std::string preShared) {
   const std::string& mine = peers_.info(rank_).keyCheck;
@@ -242,10 +229,6 @@ void EngineContext::openEndpoint(Bootstrap& bootstrap, std::vector<std::string>&
     }
   }
   if (!endpoint_) adopt(spareOrFreshEndpoint(provider_));
-  // A sealed frame carries its trailer after the payload.
-  const size_t max = endpoint_->maxMessageSize();
-  const size_t framing = sizeof(FrameHeader) + (seal_.any() ? kSealTrailerBytes : 0);
-  maxPayload_ = max > framing ? max - framing : 0;
 }
 
 size_t EngineContext::progress() {

@@ -51,12 +51,8 @@ class EngineContext {
   // --- Identity and configuration (any thread) ---
   int rank() const { return rank_; }
   int size() const { return size_; }
-  const std::string& name() const { return name_; }  // the group's, for logs and the timeline
-  // "<call> at sequence <seq> in group '<name>'": how every error names a
-  // call, so that a process with several groups can tell which one failed.
-  std::string callAt(const std::string& call, uint64_t seq) const {
-    return call + " at sequence " + std::to_string(seq) + " in group '" + name_ + "'";
-  }
+  // The group's, for logs, the timeline and errors (callAt, call.h).
+  const std::string& name() const { return name_; }
   const EngineConfig& config() const { return config_; }
   const std::string& provider() const { return provider_; }
   const std::string& providerReason() const { return providerReason_; }
@@ -64,17 +60,15 @@ class EngineContext {
   const std::string& storePrefix() const { return storePrefix_; }
   // Frames without it are dropped.
   uint64_t jobSecret() const { return jobSecret_; }
-  // The ranks that run reduction servers on the network path, ascending
-  // (server index i is rank networkServers()[i]).
-  const std::vector<int>& networkServers() const { return netServers_; }
   // The group timeout and the stop that shutdown requests (wait_limits.h).
   // Any thread.
   WaitLimits& waits() { return waits_; }
 
   // --- The group's parts ---
   // Host topology and liveness: who and where every rank is, its fabric
-  // address, and whether it is still alive (peer_table.h). Any thread
-  // once constructed; its monitor() is thread-safe.
+  // address, which ranks serve the network path's shards, and whether it
+  // is still alive (peer_table.h). Any thread once constructed; its
+  // monitor() is thread-safe.
   const PeerTable& peers() const { return peers_; }
   // Error frames, stall probes and the group's broken state
   // (control_frames.h): worker thread only.
@@ -82,11 +76,6 @@ class EngineContext {
   // Every posted Request, until its completion (request.h): worker thread only.
   RequestPool& requests() { return requests_; }
   Endpoint& endpoint() { return *endpoint_; }
-  // The longest payload one frame may carry: the provider's max_msg_size
-  // less the frame header. Every provider here takes any size (SIZE_MAX);
-  // a message past it fails naming the limit instead of inside the
-  // provider (Exchange::send, point-to-point sends).
-  size_t maxPayloadBytes() const { return maxPayload_; }
   // torch_smddp.stats(): atomics, any thread. Only the observers change
   // them.
   StatsCounters& counters() { return stats_; }
@@ -139,7 +128,6 @@ class EngineContext {
 
  private:
   // Set-up steps (the constructor, in this order).
-  void placeNetworkServers();
   void agreeOnSecret(Bootstrap& bootstrap);
   // After the "peer" exchange: this rank's pair keys from its X25519
   // private key, the peers' public keys and the key file's key (if any),
@@ -163,10 +151,8 @@ class EngineContext {
   std::shared_ptr<const PeerKeys> peerKeys_;  // set while forming, immutable after
   PeerSeal seal_;                             // keyed while forming; counters: worker thread
   std::string storePrefix_;
-  std::vector<int> netServers_;
   std::shared_ptr<Fabric> fabric_;
   std::unique_ptr<Endpoint> endpoint_;
-  size_t maxPayload_ = 0;
 
   RequestPool requests_;  // worker thread only
   // Worker thread only. Both keep a reference to traffic_ (declared below;

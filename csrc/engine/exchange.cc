@@ -63,12 +63,12 @@ void Exchange::send(int peer, uint32_t phase, uint32_t chunk, uint64_t offset, c
   // Chunks grow past SMDDP_CHUNK_BYTES beyond kMaxChunksPerStream chunks
   // per stream (algorithms.h); a provider with a smaller max_msg_size than
   // that would fail the send inside libfabric, with a less useful error.
-  if (bytes > ctx_.maxPayloadBytes()) {
+  if (const size_t max = maxPayloadBytes(ctx_); bytes > max) {
     throwError(ErrorKind::kInvalidArgument,
                "smddp: " + watch_.what() + ": a message of " + std::to_string(bytes) +
                    " bytes to rank " + std::to_string(peer) + " exceeds provider " +
-                   ctx_.provider() + "'s max_msg_size (" +
-                   std::to_string(ctx_.maxPayloadBytes()) + " bytes of payload)");
+                   ctx_.provider() + "'s max_msg_size (" + std::to_string(max) +
+                   " bytes of payload)");
   }
   Request* r = ctx_.requests().acquire();
   r->type = Request::Type::kSend;

@@ -31,10 +31,11 @@ void Communicator::postP2P(Request* r) {
     throwError(ErrorKind::kAborted,
                "the group is unusable after an earlier failure: " + ctx.control().brokenReason());
   }
-  if (r->type == Request::Type::kSend && r->payloadBytes > ctx.maxPayloadBytes()) {
+  if (const size_t max = maxPayloadBytes(ctx);
+      r->type == Request::Type::kSend && r->payloadBytes > max) {
     throwError(ErrorKind::kInvalidArgument,
                "a message of " + std::to_string(r->payloadBytes) + " bytes exceeds provider " +
-                   ctx.provider() + "'s max_msg_size (" + std::to_string(ctx.maxPayloadBytes()) +
+                   ctx.provider() + "'s max_msg_size (" + std::to_string(max) +
                    " bytes of payload)");
   }
   // Sealed once (to any peer, when the group seals), before the first try.

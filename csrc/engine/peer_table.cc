@@ -134,6 +134,17 @@ void PeerTable::gather(Bootstrap& bootstrap, int rank, int size,
   hostCount_ = static_cast<int>(ranksByHost_.size());
 }
 
+void PeerTable::placeNetworkServers(int64_t perHost) {
+  // As on the shared-memory path: the servers spread over each host's ranks.
+  netServers_.clear();
+  for (const auto& ranks : ranksByHost_) {
+    const int local = static_cast<int>(ranks.size());
+    const int k = perHost > 0 ? std::min<int>(local, static_cast<int>(perHost)) : local;
+    for (int s = 0; s < k; ++s) netServers_.push_back(ranks[s * local / k]);
+  }
+  std::sort(netServers_.begin(), netServers_.end());
+}
+
 bool PeerTable::sharesProcess() const {
   // One shm owner per process (transport/shm_owner.h); without one, the
   // pid in its PID namespace.

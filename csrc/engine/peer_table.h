@@ -1,7 +1,8 @@
 // Host topology and liveness of one group: who every rank is (host, pid,
-// shm owner, fabric address), how the ranks group into hosts, and whether a
-// peer is still alive. The engine context builds it while it sets the group
-// up; every wait of the engine asks it about lost peers (checkAlive).
+// shm owner, fabric address), how the ranks group into hosts, which of them
+// serve the network path's shards, and whether a peer is still alive. The
+// engine context builds it while it sets the group up; every wait of the
+// engine asks it about lost peers (checkAlive).
 #pragma once
 
 #include <rdma/fabric.h>
@@ -71,6 +72,12 @@ class PeerTable {
   int hostCount() const { return hostCount_; }
   // Ranks by host, hosts in order of their lowest rank, ranks ascending.
   const std::vector<std::vector<int>>& ranksByHost() const { return ranksByHost_; }
+  // Once gathered (the engine context's constructor): the ranks that run
+  // the network path's reduction servers, every rank or `perHost` ranks per
+  // host (SMDDP_SERVERS_PER_NODE; 0: every rank) spread over its ranks.
+  void placeNetworkServers(int64_t perHost);
+  // Those ranks, ascending: server index i is rank networkServers()[i].
+  const std::vector<int>& networkServers() const { return netServers_; }
 
   // Throws PeerLost if a same-host peer process has exited (its shm owner
   // lock is free; see transport/shm_owner.h), or a peer on another host
@@ -96,6 +103,7 @@ class PeerTable {
   std::vector<PeerInfo> peers_;
   std::vector<std::vector<int>> ranksByHost_;
   int hostCount_ = 0;
+  std::vector<int> netServers_;
   std::vector<fi_addr_t> addrs_;
   std::shared_ptr<ShmOwner> owner_;                   // this rank's liveness lock
   std::vector<std::unique_ptr<OwnerLock>> peerLocks_;  // same-host peers' locks, by rank

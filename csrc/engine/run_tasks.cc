@@ -28,7 +28,8 @@ class Communicator::QueuedRun final : public AllreduceBatch {
     }
     if (comm_.stopping_) {
       throwError(ErrorKind::kAborted,
-                 "smddp: " + comm_.ctx_->callAt(callName(firstWhat_, firstSig_), firstSeq_) +
+                 "smddp: " +
+                     callAt(comm_.ctx_->name(), callName(firstWhat_, firstSig_), firstSeq_) +
                      ": the process group was shut down");
     }
     if (queue.empty()) return Take::kEmpty;
@@ -90,7 +91,7 @@ std::exception_ptr Communicator::dispatch(std::vector<Task>& tasks, CallPath pat
   // tasks[0], never a reference to it: a run of the path appends to tasks.
   if (control.broken()) {
     return std::make_exception_ptr(Error(
-        ErrorKind::kAborted, "smddp: " + ctx_->callAt(tasks[0].name(), tasks[0].seq) +
+        ErrorKind::kAborted, "smddp: " + callAt(ctx_->name(), tasks[0].name(), tasks[0].seq) +
                                  " refused: the group is unusable after an earlier failure: " +
                                  control.brokenReason()));
   }

@@ -20,6 +20,13 @@ void sealSend(EngineContext& ctx, Request* r) {
 
 }  // namespace
 
+size_t maxPayloadBytes(EngineContext& ctx) {
+  // A sealed frame carries its trailer after the payload.
+  const size_t max = ctx.endpoint().maxMessageSize();
+  const size_t framing = sizeof(FrameHeader) + (ctx.seal().any() ? kSealTrailerBytes : 0);
+  return max > framing ? max - framing : 0;
+}
+
 size_t dataFrameIov(EngineContext& ctx, SealScope scope, Request* r, int peer, iovec* iov) {
   const bool send = r->type == Request::Type::kSend;
   const bool sealed = peer >= 0 ? ctx.seal().seals(peer, scope) : ctx.seal().any();

@@ -20,6 +20,13 @@ namespace smddp {
 // the overflow sink of a receive.
 constexpr size_t kDataFrameIovs = 4;
 
+// The longest payload one data frame may carry: the provider's
+// max_msg_size less the frame header and, when the group seals any peer's
+// frames, the trailer. Every provider here takes any size (SIZE_MAX); a
+// message past it fails naming the limit instead of inside the provider
+// (Exchange::send, point-to-point sends). Fixed once the group is formed.
+size_t maxPayloadBytes(EngineContext& ctx);
+
 // Each function takes the frame's scope (transport/peer_seal.h): the
 // exchange's frames are sealed between hosts, point-to-point's with every
 // peer once the group seals any.

@@ -1,6 +1,7 @@
 #include "engine/stall_watch.h"
 
 #include "common/error.h"
+#include "engine/call.h"
 #include "engine/engine_context.h"
 
 namespace smddp {
@@ -12,7 +13,7 @@ StallWatch::StallWatch(EngineContext& ctx, const CollectiveSignature& sig, uint6
       nextLiveness_(start_ + std::chrono::milliseconds(200)) {}
 
 const std::string& StallWatch::what() const {
-  if (what_.empty()) what_ = ctx_.callAt(sig_.describe(), seq_);
+  if (what_.empty()) what_ = callAt(ctx_.name(), sig_.describe(), seq_);
   return what_;
 }
 

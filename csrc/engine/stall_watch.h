@@ -20,7 +20,7 @@ class EngineContext;
 class StallWatch {
  public:
   // Messages name the call "<sig> at sequence <seq> in group '<name>'"
-  // (EngineContext::callAt), spelled out only when a message needs it (a
+  // (callAt, call.h), spelled out only when a message needs it (a
   // small call has no time for the string).
   StallWatch(EngineContext& ctx, const CollectiveSignature& sig, uint64_t seq,
              std::chrono::milliseconds timeout);

@@ -66,7 +66,7 @@ class Endpoint {
   bool warmUp(std::chrono::milliseconds timeout);
 
   // The provider's max_msg_size: the longest message, header included, it
-  // carries (EngineContext::maxPayloadBytes turns it into a check).
+  // carries (engine/sealed_frames.h's maxPayloadBytes turns it into a check).
   size_t maxMessageSize() const { return maxMsgSize_; }
 
  private:

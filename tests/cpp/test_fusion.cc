@@ -241,9 +241,9 @@ TEST_CASE("SMDDP_SERVERS_PER_NODE on the network path", "[fusion][hosts]") {
         n,
         [&l](Communicator& comm) -> std::string {
           if (usesHostPath(comm)) return "the shared-memory path was used";
-          if (comm.context().networkServers() != l.serverRanks) {
+          if (comm.context().peers().networkServers() != l.serverRanks) {
             std::string got;
-            for (int r : comm.context().networkServers()) got += std::to_string(r) + " ";
+            for (int r : comm.context().peers().networkServers()) got += std::to_string(r) + " ";
             return "networkServers() = " + got;
           }
           std::string err = skewedJob(comm, 30, false);

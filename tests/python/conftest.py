@@ -5,11 +5,12 @@ by name from every test file."""
 import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-for _d in ("workers", "cases", "harness"):
-    _p = os.path.join(_HERE, _d)
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+# The list of directories is mp_helpers.SUPPORT_PATH's; harness/ first, to
+# find mp_helpers.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness"))
+from mp_helpers import put_support_on_path  # noqa: E402
+
+put_support_on_path()
 
 
 def pytest_configure(config):

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster as cl  # noqa: E402  (torch-free)
-from mp_harness import backend_under_test  # noqa: E402
+from mp_harness import backend_under_test, worker  # noqa: E402
 
 pytestmark = [
     pytest.mark.cluster,
@@ -31,9 +31,8 @@ def test_one_rank_per_host_routes_to_the_network_path_in_fp32_and_in_bf16():
     sys.path.insert(0, os.path.join(cl.REPO_ROOT, "benchmarks"))
     from cluster_launch import launch_on_cluster
 
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "cluster_paths_worker.py")
     try:
-        res = launch_on_cluster([worker], HOSTS, 1, "2gbit", 240, "cluster_paths_worker")
+        res = launch_on_cluster([worker("cluster_paths_worker.py")], HOSTS, 1, "2gbit", 240, "cluster_paths_worker")
     except SystemExit as e:
         pytest.fail(str(e))
     assert len(res) == HOSTS

@@ -11,7 +11,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mp_harness import REPO_ROOT, backend_under_test, run_with_deadline, run_world  # noqa: E402
+from mp_harness import REPO_ROOT, backend_under_test, run_with_deadline, run_world, worker  # noqa: E402
 
 BACKEND = backend_under_test()
 
@@ -35,9 +35,8 @@ def test_torchrun_elastic_restart_after_a_worker_exits():
     # group must not read the failed attempt's keys (group instances are
     # scoped by a nonce). Repeated, because the failure this guards against
     # was intermittent.
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "elastic_worker.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", "2", "--monitor-interval", "0.2", worker]
+           "--max-restarts", "2", "--monitor-interval", "0.2", worker("elastic_worker.py")]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", SMDDP_TEST_BACKEND=BACKEND)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), REPO_ROOT]))
     for trial in range(3):

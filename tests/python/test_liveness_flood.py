@@ -22,7 +22,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mp_harness import backend_under_test, find_free_port  # noqa: E402
+from mp_harness import backend_under_test, find_free_port, worker  # noqa: E402
 from server_harness import PY, Procs, env, wait_results  # noqa: E402
 
 pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
@@ -94,7 +94,7 @@ def test_a_flood_on_every_peer_monitor_listener_while_a_group_forms(tmp_path):
         for r in range(2):
             e = env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                     SMDDP_HOST_ID=f"flood{r}", FI_TCP_IFACE="lo", SMDDP_PEER_TIMEOUT=3)
-            procs.start([PY, os.path.join(HERE, "workers", "server_worker.py"), "steady", str(tmp_path), "8"],
+            procs.start([PY, worker("server_worker.py"), "steady", str(tmp_path), "8"],
                         env=e, log=os.path.join(tmp_path, f"steady.{r}.log"))
         attacker.start()
         got = wait_results(str(tmp_path), ["steady.0.json", "steady.1.json"], 150)

@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hostile_client as hc  # noqa: E402
 from security_live import JOB, Live, accept_cpu_seconds, snapshot  # noqa: E402
-from mp_harness import backend_under_test, find_free_port  # noqa: E402
+from mp_harness import backend_under_test, find_free_port, worker  # noqa: E402
 from server_harness import PY, Procs, env, key_file, start_job, start_server, wait_results  # noqa: E402
 
 pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
@@ -307,7 +307,7 @@ def _init_job(tmp_path, log_name="init", **extra):
     """A fresh 2-rank `init` job of server_worker.py (each rank its own
     host), once rank 0's store listens: (procs, port)."""
     procs = Procs()
-    port = start_job(procs, 2, [PY, os.path.join(HERE, "workers", "server_worker.py"), "init", str(tmp_path)],
+    port = start_job(procs, 2, [PY, worker("server_worker.py"), "init", str(tmp_path)],
                      lambda r, port: env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
                                          MASTER_PORT=port, FI_TCP_IFACE="lo",
                                          SERVER_TEST_HOST_PER_RANK=1, SERVER_TEST_TIMEOUT_S=60,

@@ -26,7 +26,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mp_harness import REPO_ROOT, backend_under_test, find_free_port  # noqa: E402
+from mp_harness import REPO_ROOT, backend_under_test, find_free_port, worker  # noqa: E402
 import hostile_client as hc  # noqa: E402
 from server_harness import (Procs, env as _env, hosts_line as _hosts_line,  # noqa: E402
                             key_file, start_job, start_server as _start_server,
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif("smddp" not in backend_under_test(),
                                 reason="standalone reduction servers are smddp's")
 
 PY = sys.executable
-WORKER = os.path.join(HERE, "workers", "server_worker.py")
+WORKER = worker("server_worker.py")
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster as cl  # noqa: E402  (torch-free)
-from mp_harness import REPO_ROOT, backend_under_test  # noqa: E402
+from mp_harness import REPO_ROOT, backend_under_test, worker  # noqa: E402
 from test_shrink import check_shrink  # noqa: E402
 
 pytestmark = [
@@ -39,7 +39,7 @@ HOSTS, NPROC = 3, 2
 WORLD = HOSTS * NPROC
 START_S = 180.0   # torch imports of six ranks, the group's formation (loaded machine)
 DONE_S = 90.0
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "cluster_shrink_worker.py")
+WORKER = worker("cluster_shrink_worker.py")
 
 
 @pytest.fixture(scope="module")

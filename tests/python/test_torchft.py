@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from mp_harness import HERE, REPO_ROOT, backend_under_test, run_with_deadline, run_world
+from mp_harness import REPO_ROOT, WORKERS, backend_under_test, run_with_deadline, run_world, worker
 
 pytestmark = [
     pytest.mark.skipif("smddp" not in backend_under_test(), reason="smddp's torchft wrapper"),
@@ -50,9 +50,9 @@ SUITE_DEADLINE_S = 240
 def test_torchfts_own_tests_pass_with_smddp_in_glooss_place(tmp_path):
     out = str(tmp_path / "results.json")
     env = dict(os.environ, SMDDP_TORCHFT_SUITE_DEADLINE=str(SUITE_DEADLINE_S),
-               PYTHONPATH=os.pathsep.join([os.path.join(HERE, "workers"), REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([WORKERS, REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
     code, timed_out, text = run_with_deadline(
-        [sys.executable, os.path.join(HERE, "workers", "torchft_suite.py"), out, *SELECTION],
+        [sys.executable, worker("torchft_suite.py"), out, *SELECTION],
         SUITE_DEADLINE_S, env)
     try:
         with open(out) as f:

@@ -21,10 +21,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Run as a program too (the sweeper and the small /dev/shm): its cases and
-# the harness by name.
-for _p in (HERE, os.path.join(os.path.dirname(HERE), "harness")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+# the harness by name (mp_helpers.SUPPORT_PATH).
+_HARNESS = os.path.join(os.path.dirname(HERE), "harness")
+if _HARNESS not in sys.path:
+    sys.path.insert(0, _HARNESS)
+from mp_helpers import REPO_ROOT, put_support_on_path  # noqa: E402
+
+put_support_on_path()
 
 from cases_failures import DEATH_DELAY, _attempt  # noqa: E402
 
@@ -146,8 +149,7 @@ def _smddp_names() -> set:
 
 
 def _start_holder(prefix=()):
-    repo = os.path.dirname(os.path.dirname(HERE))
-    p = subprocess.Popen([*prefix, sys.executable, "-c", _HOLDER.format(repo=repo)],
+    p = subprocess.Popen([*prefix, sys.executable, "-c", _HOLDER.format(repo=REPO_ROOT)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline().strip()
     if line != "ready":

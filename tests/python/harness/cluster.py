@@ -7,8 +7,9 @@ import importlib.util
 import os
 import sys
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/python
-_PATH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools", "smddp_cluster.py")
+from mp_helpers import REPO_ROOT as _REPO_ROOT, WORKERS, worker
+
+_PATH = os.path.join(_REPO_ROOT, "tools", "smddp_cluster.py")
 _spec = importlib.util.spec_from_file_location("smddp_cluster", _PATH)
 _mod = importlib.util.module_from_spec(_spec)
 sys.modules["smddp_cluster"] = _mod
@@ -25,8 +26,7 @@ tail = _mod.tail
 wait_for_files = _mod.wait_for_files
 why_unavailable = _mod.why_unavailable
 
-WORKERS = os.path.join(HERE, "workers")
-WORKER = os.path.join(WORKERS, "cluster_worker.py")
+WORKER = worker("cluster_worker.py")
 
 
 def run_worker(cluster, job, args, nproc, out_dir, env=None):

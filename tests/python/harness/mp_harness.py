@@ -47,13 +47,11 @@ if _SELF not in sys.path:
 # The small helpers live in mp_helpers.py; tests import them from here.
 from mp_helpers import (  # noqa: E402,F401
     CASES, HARNESS, HERE, REPO_ROOT, SUPPORT_PATH, WORKERS, backend_under_test, build_tool,
-    captured_stderr, descendants, expect_raises, find_free_port, needs_smddp, run_with_deadline,
-    says_port_clash, worker, _kill_tree)
+    captured_stderr, descendants, expect_raises, find_free_port, needs_smddp, put_support_on_path,
+    run_with_deadline, says_port_clash, worker, _kill_tree)
 
 # Whoever imports the harness can import the cases and workers by name.
-for _p in SUPPORT_PATH:
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+put_support_on_path()
 
 try:  # pytest fixture, usable as `from mp_harness import free_port`
     from mp_helpers import free_port  # noqa: F401

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from typing import Any, Callable
 
@@ -25,6 +26,15 @@ WORKERS = os.path.join(HERE, "workers")
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 # What a process needs on sys.path to import any of them by name.
 SUPPORT_PATH = [HARNESS, CASES, WORKERS]
+
+
+def put_support_on_path() -> None:
+    """Make harness/, cases/ and workers/ importable by name (in that order
+    of precedence) in this process: pytest's conftest.py, the launcher and
+    the scripts run as programs call it."""
+    for p in reversed(SUPPORT_PATH):
+        if p not in sys.path:
+            sys.path.insert(0, p)
 
 
 def worker(name: str) -> str:
