@@ -1,0 +1,77 @@
+// The bound a one-host all-gather meets on this machine
+// (hostpath/host_collectives.h): two processes at once, each copying the
+// other's buffer into its own with one process_vm_readv, against each
+// copying its own buffer with memcpy (the bench's `copy` floor). No
+// backend can do better than one cross-process copy; through shared
+// memory it takes two. Checks the bytes each copy brought, then prints the
+// best of the iterations.
+//   build/smddp_cross_process_copy [MiB] [iterations]
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+double seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Both processes pass this point together (one byte each way).
+void meet(int in, int out) {
+  char b = 0;
+  if (write(out, &b, 1) != 1 || read(in, &b, 1) != 1) std::exit(3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t bytes = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 32) << 20;
+  const int iters = argc > 2 ? std::atoi(argv[2]) : 16;
+  int down[2], up[2];
+  if (pipe(down) != 0 || pipe(up) != 0) return 2;
+  const pid_t pid = fork();
+  const bool child = pid == 0;
+  const int in = child ? down[0] : up[0];
+  const int out = child ? up[1] : down[1];
+  std::vector<uint8_t> src(bytes, child ? 1 : 2), dst(bytes, 0);
+  // Where this process's source lies, for the other.
+  const uint64_t mine[2] = {reinterpret_cast<uint64_t>(src.data()),
+                            static_cast<uint64_t>(getpid())};
+  uint64_t theirs[2];
+  if (write(out, mine, sizeof(mine)) != sizeof(mine) ||
+      read(in, theirs, sizeof(theirs)) != sizeof(theirs)) {
+    return 3;
+  }
+  double bestRead = 1e9, bestCopy = 1e9;
+  for (int i = 0; i < iters; ++i) {
+    meet(in, out);
+    double t = seconds();
+    iovec l{dst.data(), bytes};
+    iovec r{reinterpret_cast<void*>(theirs[0]), bytes};
+    if (process_vm_readv(static_cast<pid_t>(theirs[1]), &l, 1, &r, 1, 0) !=
+        static_cast<ssize_t>(bytes)) {
+      std::perror("process_vm_readv");
+      return 1;
+    }
+    bestRead = std::min(bestRead, seconds() - t);
+    if (dst[bytes / 2] != (child ? 2 : 1)) return 4;  // the other's bytes
+    meet(in, out);
+    t = seconds();
+    std::memcpy(dst.data(), src.data(), bytes);
+    bestCopy = std::min(bestCopy, seconds() - t);
+  }
+  meet(in, out);
+  std::printf("%s: %zu MiB, process_vm_readv %.2f ms, memcpy %.2f ms, ratio %.2f\n",
+              child ? "child " : "parent", bytes >> 20, bestRead * 1e3, bestCopy * 1e3,
+              bestRead / bestCopy);
+  if (!child) waitpid(pid, nullptr, 0);
+  return 0;
+}
