@@ -185,9 +185,10 @@ void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint6
                                      d.numel, -1};
     if (theirs == sig) continue;
     // Every rank sees every post, so every rank fails here.
-    throwError(ErrorKind::kMismatch, "smddp: " + watch.what() + ": rank " +
-                                         std::to_string(p) + " called " + theirs.describe() +
-                                         " at the same point (the calls must match on every rank)");
+    throwError(ErrorKind::kMismatch,
+               "smddp: " + watch.what() + ": rank " + std::to_string(p) + " called " +
+                   theirs.describe() + " at sequence " + std::to_string(seq) +
+                   " but this rank called " + sig.describe() + " (collective mismatch)");
   }
 }
 
