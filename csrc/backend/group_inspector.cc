@@ -31,11 +31,11 @@ std::string GroupInspector::allreducePath() const {
 }
 
 std::string GroupInspector::allreduceSchedule() const {
-  return s_.comm ? s_.comm->allreducePathDescription() : "";
+  return s_.comm ? s_.comm->pathWords().allreduce : "";
 }
 
 std::string GroupInspector::gatherScatterPath() const {
-  return s_.comm ? s_.comm->gatherScatterDescription() : "";
+  return s_.comm ? s_.comm->pathWords().gatherScatter : "";
 }
 
 int GroupInspector::reductionServers() const {

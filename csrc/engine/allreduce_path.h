@@ -138,7 +138,7 @@ class AllreducePath {
   virtual void release() {}
   // All-gather and reduce-scatter through the host segment, or null: they
   // then go over the network (algorithms/all_gather.cc, reduce_scatter.cc).
-  virtual HostCollectives* hostCollectives() { return nullptr; }
+  virtual HostCollectives* hostCollectives() const { return nullptr; }
 
   // Allreduce goes through the host's shared-memory segment.
   bool throughHostSegment() const { return callPath() != CallPath::kNetwork; }

@@ -45,8 +45,8 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
   SMDDP_CHECK(path_ != nullptr, kInternal, "smddp: no allreduce path was opened");
   laps_.lap("path");
   fuses_ = path_->fuses();
-  pathDescription_ = path_->describe();
-  gatherScatterDescription_ =
+  pathWords_.allreduce = path_->describe();
+  pathWords_.gatherScatter =
       path_->hostCollectives() ? path_->hostCollectives()->describe() : "network, direct exchange";
   warnShmTrouble(shmTrouble);
   // 6. The observer (and its flight recorder), and a thread that tells a
@@ -87,8 +87,8 @@ std::string Communicator::describeGroup() const {
   std::ostringstream o;
   o << "[rank " << rank() << "] group '" << name() << "': " << size() << " rank(s) on "
     << peers.hostCount() << " host(s); provider " << provider() << " (" << ctx_->providerReason()
-    << "); allreduce " << pathDescription_ << "; all-gather and reduce-scatter "
-    << gatherScatterDescription_;
+    << "); allreduce " << pathWords_.allreduce << "; all-gather and reduce-scatter "
+    << pathWords_.gatherScatter;
   if (const PeerMonitor* monitor = peers.monitor()) {
     o << "; liveness connections to " << monitor->watchedRanks().size()
       << " rank(s) on other hosts (port " << monitor->listenPort() << ", SMDDP_PEER_TIMEOUT "

@@ -73,17 +73,19 @@ class Communicator {
   const std::string& provider() const { return ctx_->provider(); }
   const EngineConfig& config() const { return ctx_->config(); }
   // How allreduce runs: through the host segment (throughHostSegment()),
-  // fused on the network, or plainly on the network; its servers.
+  // fused on the network, or plainly on the network; its servers; and, on
+  // the engine thread, the all-gather and reduce-scatter of a group on one
+  // host (hostCollectives(); null once released).
   const AllreducePath& allreducePath() const { return *path_; }
-  // The path as chosen at formation (AllreducePath::describe(), the set-up
-  // log's text); kept, so it can be read after the path released its
-  // resources.
-  const std::string& allreducePathDescription() const { return pathDescription_; }
-  // All-gather and reduce-scatter through the host segment, or null: they
-  // then go over the network. Engine thread only (null once released).
-  HostCollectives* hostCollectives() const { return path_->hostCollectives(); }
-  // How they run, as chosen at formation; kept past release.
-  const std::string& gatherScatterDescription() const { return gatherScatterDescription_; }
+  // The paths as chosen at formation, in the set-up log's words: how
+  // allreduce runs (AllreducePath::describe()) and how all-gather and
+  // reduce-scatter do (HostCollectives::describe(), or the network); kept,
+  // so they can be read after the path released its resources.
+  struct PathWords {
+    std::string allreduce;
+    std::string gatherScatter;
+  };
+  const PathWords& pathWords() const { return pathWords_; }
   std::chrono::milliseconds timeout() const { return ctx_->waits().timeout(); }
   // Any thread (c10d's setTimeout); a call already waiting keeps its deadline.
   void setTimeout(std::chrono::milliseconds t) { ctx_->waits().setTimeout(t); }
@@ -254,8 +256,7 @@ class Communicator {
   std::unique_ptr<EngineContext> ctx_;
   // run(): worker thread only; noteIssued: under queueMu_; the rest: any thread.
   std::unique_ptr<AllreducePath> path_;
-  std::string pathDescription_;
-  std::string gatherScatterDescription_;
+  PathWords pathWords_;
   bool fuses_ = false;                   // path_->fuses(), fixed at construction
   std::unique_ptr<CallObserver> observer_;  // locks itself where it must
   std::chrono::steady_clock::time_point nextP2PLiveness_{};  // worker thread only

@@ -73,7 +73,7 @@ class FusionBufferScheduler final : public AllreducePath {
   void setStandaloneServers(int k) { standalone_ = k; }
   // One host: all-gather and reduce-scatter through the segment.
   void setHostCollectives(std::unique_ptr<HostCollectives> c) { hostCollectives_ = std::move(c); }
-  HostCollectives* hostCollectives() override { return hostCollectives_.get(); }
+  HostCollectives* hostCollectives() const override { return hostCollectives_.get(); }
 
  private:
   struct Batch;
