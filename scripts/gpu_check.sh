@@ -50,6 +50,8 @@ stage=${1:-all}
 case $stage in all|build|tests|multi|bench) ;; *) echo "gpu_check.sh: unknown stage $stage" >&2; exit 2 ;; esac
 report=${2:-${OUT:+$OUT/gpu_report.md}}
 report=${report:-build-cuda/gpu_report.md}
+# Absolute, since steps run in other folders (build-cuda) and name it.
+case $report in /*) ;; *) report=$ROOT/$report ;; esac
 commit=${commit:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
 BUDGET=${GPU_CHECK_BUDGET:-500}
 export SMDDP_TEST_PG_TIMEOUT=${SMDDP_TEST_PG_TIMEOUT:-60} SMDDP_GPU_TEST_TIMEOUT=${SMDDP_GPU_TEST_TIMEOUT:-240}
@@ -222,10 +224,10 @@ fi
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
   section "Benchmarks"
   if [ $sim = 0 ]; then
-    run_step bench-shm 120 env SMDDP_INTRA=shm bash -c "cd build-cuda && '$PY' '$ROOT/benchmarks/gpu_bench.py' --report '$ROOT/$report.bench-shm'"
+    run_step bench-shm 120 env SMDDP_INTRA=shm bash -c "cd build-cuda && '$PY' '$ROOT/benchmarks/gpu_bench.py' --report '$report.bench-shm'"
     [ -f "$report.bench-shm" ] && cat "$report.bench-shm" >>"$report" && rm -f "$report.bench-shm"
     if [ "$ngpu" -ge 2 ]; then
-      run_step bench-nccl 90 env SMDDP_INTRA=nccl bash -c "cd build-cuda && '$PY' '$ROOT/benchmarks/gpu_bench.py' --iters 5 --report '$ROOT/$report.bench-nccl'"
+      run_step bench-nccl 90 env SMDDP_INTRA=nccl bash -c "cd build-cuda && '$PY' '$ROOT/benchmarks/gpu_bench.py' --iters 5 --report '$report.bench-nccl'"
       [ -f "$report.bench-nccl" ] && cat "$report.bench-nccl" >>"$report" && rm -f "$report.bench-nccl"
     fi
     worlds="2 4 8"

@@ -21,12 +21,21 @@ BG=build-bg   # the background builds' logs
 BG_TARGETS=(build-asan build-fuzz build-cuda-ext build-install)
 
 stage() { echo "[make test] $(date -u +%H:%M:%S) $*"; }
+# Free space where the builds and venvs go: the CUDA stage alone installs
+# torch's CUDA build (about 7 GiB with its nvidia wheels), and a run that
+# fills the disk fails in a background build with "No space left on device".
+free_gib() { df -Pk . | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }'; }
+NEED_GIB=${SMDDP_TEST_NEED_GIB:-16}
 
 idle=(chrt --idle 0)
 "${idle[@]}" true 2>/dev/null || idle=(nice -n 19)
 
 rm -rf "$BG"
 mkdir -p "$BG"
+stage "disk: $(free_gib) GiB free here; a whole run takes about $NEED_GIB GiB"
+if awk -v f="$(free_gib)" -v n="$NEED_GIB" 'BEGIN { exit !(f < n) }'; then
+  echo "make test: WARNING: $(free_gib) GiB free, under the $NEED_GIB GiB a whole run takes: expect 'No space left on device'" >&2
+fi
 stage "background builds, at idle priority: ${BG_TARGETS[*]} (logs in $BG/)"
 setsid "${idle[@]}" bash -c '
   for t in "$@"; do
@@ -50,7 +59,7 @@ stage "waiting for the background builds (so far: $(tr '\n' ' ' < "$BG/started")
 if ! wait "$bg"; then
   failed=$(cat "$BG/failed" 2>/dev/null || echo "?")
   tail -120 "$BG/$failed.log" 2>/dev/null || true
-  echo "make test: the background build '$failed' failed: $BG/$failed.log"
+  echo "make test: the background build '$failed' failed: $BG/$failed.log ($(free_gib) GiB free now)"
   exit 1
 fi
 echo "background builds: $(tr '\n' ' ' < "$BG/started")"
