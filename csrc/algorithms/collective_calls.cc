@@ -38,7 +38,8 @@ uint64_t allgather(Communicator& comm, Buffer in, std::vector<Buffer> outs, Data
   const CollectiveSignature sig = sigOf(CollectiveType::kAllgather, dtype, in.numel);
   return comm.enqueue(sig, std::string(),
                       [&comm, in, outs = std::move(outs), dtype](EngineContext& ctx, uint64_t seq) {
-                        if (HostCollectives* host = comm.allreducePath().hostCollectives()) {
+                        if (HostCollectives* host = comm.allreducePath().hostCollectivesFor(
+                                CollectiveType::kAllgather)) {
                           host->allGather(ctx, seq, in, outs, dtype);
                         } else {
                           runAllgather(ctx, seq, in, outs, dtype);
@@ -67,7 +68,8 @@ uint64_t reduceScatter(Communicator& comm, std::vector<Buffer> ins, Buffer out, 
   return comm.enqueue(sig, std::string(),
                       [&comm, ins = std::move(ins), out, dtype, op](EngineContext& ctx,
                                                                    uint64_t seq) {
-                        if (HostCollectives* host = comm.allreducePath().hostCollectives()) {
+                        if (HostCollectives* host = comm.allreducePath().hostCollectivesFor(
+                                CollectiveType::kReduceScatter)) {
                           host->reduceScatter(ctx, seq, ins, out, dtype, op);
                         } else {
                           runReduceScatter(ctx, seq, ins, out, dtype, op);

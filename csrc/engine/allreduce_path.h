@@ -139,6 +139,12 @@ class AllreducePath {
   // All-gather and reduce-scatter through the host segment, or null: they
   // then go over the network (algorithms/all_gather.cc, reduce_scatter.cc).
   virtual HostCollectives* hostCollectives() const { return nullptr; }
+  // What serves a collective call of `type` through the host segment, or
+  // null: the one rule the calls and the flight recorder's path both read.
+  HostCollectives* hostCollectivesFor(CollectiveType type) const {
+    const bool served = type == CollectiveType::kAllgather || type == CollectiveType::kReduceScatter;
+    return served ? hostCollectives() : nullptr;
+  }
 
   // Allreduce goes through the host's shared-memory segment.
   bool throughHostSegment() const { return callPath() != CallPath::kNetwork; }

@@ -74,9 +74,7 @@ class Communicator::QueuedRun final : public AllreduceBatch {
 void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   const auto started = std::chrono::steady_clock::now();
   const CollectiveType type = tasks[0].sig.collective;
-  const bool hostCollective = path_->hostCollectives() != nullptr &&
-                              (type == CollectiveType::kAllgather ||
-                               type == CollectiveType::kReduceScatter) && !tasks[0].p2p;
+  const bool hostCollective = !tasks[0].p2p && path_->hostCollectivesFor(type) != nullptr;
   const CallPath path = tasks[0].allreduce ? path_->callPath()
                         : hostCollective   ? CallPath::kSharedMemory
                                            : CallPath::kNetwork;

@@ -8,10 +8,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <random>
 
 #include "algorithms/blocks.h"
 #include "common/caller_waiting.h"
+#include "common/crypto.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
@@ -85,12 +85,14 @@ std::string probePeer(int rank, int peer, const std::string& theirs) {
 std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
                                                              Bootstrap& bootstrap,
                                                              HostSegment& segment,
-                                                             std::string* why) {
+                                                             NotOpened* notOpened) {
   const int rank = ctx.rank();
   const int n = ctx.size();
   SMDDP_CHECK(n == segment.ranks(), kInternal, "host collectives need every rank on one host");
   // A word only this process knows, for a peer to read back.
-  volatile uint64_t probe = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  uint64_t word = 0;
+  randomBytes(&word, sizeof(word));
+  volatile uint64_t probe = word;
   const std::string mine =
       paramShmCollectives() ? std::to_string(getpid()) + " " +
                                   std::to_string(address(const_cast<uint64_t*>(&probe))) + " " +
@@ -109,7 +111,8 @@ std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
   auto votes = bootstrapAllGather(bootstrap, rank, n, "hostcoll/ok", status, timeout);
   for (const std::string& v : votes) {
     if (v == "ok") continue;
-    *why = v == "off" ? "SMDDP_SHM_COLLECTIVES=0" : v;
+    notOpened->switchedOff = v == "off";
+    notOpened->why = notOpened->switchedOff ? "SMDDP_SHM_COLLECTIVES=0" : v;
     return nullptr;
   }
   return std::unique_ptr<SegmentCollectives>(new SegmentCollectives(segment, rank, pids));

@@ -30,13 +30,18 @@ class StallWatch;
 
 class SegmentCollectives final : public HostCollectives {
  public:
+  // Why open() returned null.
+  struct NotOpened {
+    bool switchedOff = false;  // SMDDP_SHM_COLLECTIVES=0 on some rank, as asked
+    std::string why;           // otherwise: what some rank could not do
+  };
   // Collective over `bootstrap` (the group's key space; a group whose
   // ranks all share `segment`'s host), bounded by the group timeout: each
   // rank tries to read a peer's memory, and all agree. Null when
   // SMDDP_SHM_COLLECTIVES=0 on some rank or some rank could not read (a
-  // kernel's ptrace rules, a seccomp filter), with `why` saying which.
+  // kernel's ptrace rules, a seccomp filter), with `notOpened` saying which.
   static std::unique_ptr<SegmentCollectives> open(EngineContext& ctx, Bootstrap& bootstrap,
-                                                  HostSegment& segment, std::string* why);
+                                                  HostSegment& segment, NotOpened* notOpened);
 
   void allGather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                  DataType dtype) override;

@@ -311,13 +311,13 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
   const int inUse = linkStandaloneServers(ctx, bootstrap, topo, *seg, &links);
   std::unique_ptr<SegmentCollectives> direct;
   if (topo.hosts() == 1) {
-    std::string why;
-    direct = SegmentCollectives::open(ctx, bootstrap, *seg, &why);
-    if (!direct && why != "SMDDP_SHM_COLLECTIVES=0" && ctx.rank() == 0) {
+    SegmentCollectives::NotOpened notOpened;
+    direct = SegmentCollectives::open(ctx, bootstrap, *seg, &notOpened);
+    if (!direct && !notOpened.switchedOff && ctx.rank() == 0) {
       SMDDP_LOG(kWarn) << "group '" << ctx.name()
                        << "': all-gather and reduce-scatter go over the network, not through "
                           "shared memory: "
-                       << why << " (SMDDP_SHM_COLLECTIVES=0 says so without this warning)";
+                       << notOpened.why << " (SMDDP_SHM_COLLECTIVES=0 says so without this warning)";
     }
   }
   auto scheduler = std::make_unique<FusionBufferScheduler>(ctx, std::move(seg), std::move(topo),
