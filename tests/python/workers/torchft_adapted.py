@@ -19,6 +19,18 @@ What changed, and why (everything else is as in the original):
   2. ``errored()`` may return that cause. torchft's Gloo wrapper returns
      None there and its NCCL wrapper "aborted" after an abort; smddp's
      returns the group's asynchronous error, which is the leave here.
+
+And of one test of manager_integ_test.py:
+
+- ``ManagerIntegTest.test_ddp_skip_init_sync`` -> ``SmddpSkipInitSyncTest``:
+  the same test, with ``torch.rand`` and ``torch.randint`` taken under the
+  module's ``INIT_LOCK`` while it runs. The replicas are threads sharing
+  torch's default generator, and the original holds the lock only around
+  ``manual_seed(42)`` and the model's init: a replica that has started
+  training can draw its batch between the other's seed and its init, and
+  with ``init_sync=False`` nothing makes the two models equal again, so the
+  final comparison fails (seen once in CI, with smddp; the race is the
+  test's, whatever the process group).
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from unittest import TestCase
 from parameterized import parameterized
 
 from torch_smddp.torchft import ProcessGroupSmddp
+from torchft import manager_integ_test
+from unittest import mock
 
 _SURVIVOR_ERRORS = (r"(Connection closed by peer|timed out after|Timed out waiting|no error|"
                     r"Read error|not equal|not close|process group not initialized"
@@ -113,3 +127,17 @@ class SmddpResiliencyTest(MultiPgBaseTest):
     @parameterized.expand(COLLECTIVES)
     def test_collective_with_resiliency(self, collective: str) -> None:
         self._run_with_resiliency(collective, device="cpu")
+
+
+def _under_init_lock(draw):
+    def locked(*args, **kwargs):
+        with manager_integ_test.INIT_LOCK:
+            return draw(*args, **kwargs)
+    return locked
+
+
+class SmddpSkipInitSyncTest(TestCase):
+    def test_ddp_skip_init_sync(self) -> None:
+        with mock.patch.object(torch, "rand", _under_init_lock(torch.rand)), \
+                mock.patch.object(torch, "randint", _under_init_lock(torch.randint)):
+            manager_integ_test.ManagerIntegTest.test_ddp_skip_init_sync(self)
