@@ -122,7 +122,11 @@ section "Machine"
 log '```'
 { [ $sim = 0 ] && nvidia-smi -L && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   "$PY" -c "import torch, sys; print('python', sys.executable); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
-  echo "cores $(nproc)"; } 2>&1 | tee -a "$report"
+  echo "cores $(nproc)"
+  # The compiler the build takes (CXX where set): one that linked libstdc++
+  # statically into _C crashed every log line on a lent machine
+  # (cmake/shared_libstdcxx.cmake; the build summary says what it did).
+  echo "CXX ${CXX:-unset}: $("${CXX:-c++}" --version 2>&1 | head -1)"; } 2>&1 | tee -a "$report"
 log '```'
 ngpu=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 if [ $sim = 0 ]; then
