@@ -91,20 +91,24 @@ std::string socketEndpoint(int fd, bool local) {
   return endpointText(ip, port);
 }
 
+// Every part has a fixed length (the shares are checked to be
+// kX25519Bytes before any proof is made), but for the job id, which comes
+// last.
 Mac Handshake::serverProof() const {
-  return hmacSha256(key_, {"smddp server v3: server proof", bytesOf(worker_.bytes, kNonceBytes),
-                           bytesOf(server_.bytes, kNonceBytes)});
+  return hmacSha256(key_, {"smddp server v5: server proof", bytesOf(worker_.bytes, kNonceBytes),
+                           bytesOf(server_.bytes, kNonceBytes), workerShare_, serverShare_});
 }
 
 Mac Handshake::workerProof(const ServerFrame& hello, std::string_view job) const {
-  return hmacSha256(key_, {"smddp server v3: worker proof", bytesOf(worker_.bytes, kNonceBytes),
-                           bytesOf(server_.bytes, kNonceBytes), bytesOf(&hello, sizeof(hello)),
-                           job});
+  return hmacSha256(key_, {"smddp server v5: worker proof", bytesOf(worker_.bytes, kNonceBytes),
+                           bytesOf(server_.bytes, kNonceBytes), workerShare_, serverShare_,
+                           bytesOf(&hello, sizeof(hello)), job});
 }
 
-std::string Handshake::sessionKey() const {
-  const Mac m = hmacSha256(key_, {"smddp server v3: session", bytesOf(worker_.bytes, kNonceBytes),
-                                  bytesOf(server_.bytes, kNonceBytes)});
+std::string Handshake::sessionKey(std::string_view shared) const {
+  const Mac m = hmacSha256(key_, {"smddp server v5: session", bytesOf(worker_.bytes, kNonceBytes),
+                                  bytesOf(server_.bytes, kNonceBytes), workerShare_, serverShare_,
+                                  shared});
   return std::string(reinterpret_cast<const char*>(m.bytes), kMacBytes);
 }
 

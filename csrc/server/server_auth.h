@@ -63,29 +63,37 @@ struct Nonce {
 };
 
 // The proofs of one connection's handshake, under serverIdentityKey:
-//   worker -> server  challenge: a fresh nonce Nw, the address it dialled
-//                     and its job id
-//   server -> worker  answer: a fresh nonce Ns and serverProof
+//   worker -> server  challenge: a fresh nonce Nw, an ephemeral X25519
+//                     share Pw, the address it dialled and its job id
+//   server -> worker  answer: a fresh nonce Ns, its share Ps, serverProof
 //   worker -> server  hello (its header, then workerProof and the job id)
 //   server -> worker  welcome, or an error
-// Each proof is an HMAC-SHA256 under the key of a label, both nonces and,
-// for the worker's, the hello it vouches for. The labels differ, so one
-// side's proof never passes for the other's (a reflection), and each side's
-// own fresh nonce keeps a recorded exchange from being replayed to it.
+// Each proof is an HMAC-SHA256 under the key of a label, both nonces, both
+// shares and, for the worker's, the hello it vouches for. The labels
+// differ, so one side's proof never passes for the other's (a reflection);
+// each side's own fresh nonce keeps a recorded exchange from being replayed
+// to it; and a share swapped on the way (to read the session) breaks the
+// proof. The session key also takes the X25519 secret of the two shares,
+// which neither sends: one who holds the key and recorded the handshake
+// (or steals the key later) still cannot derive it.
 class Handshake {
  public:
-  // `key`: serverIdentityKey's.
-  Handshake(std::string_view key, const Nonce& worker, const Nonce& server)
-      : key_(key), worker_(worker), server_(server) {}
+  // `key`: serverIdentityKey's; the shares: each side's X25519 public key.
+  Handshake(std::string_view key, const Nonce& worker, const Nonce& server,
+            std::string_view workerShare, std::string_view serverShare)
+      : key_(key), worker_(worker), server_(server), workerShare_(workerShare),
+        serverShare_(serverShare) {}
   Mac serverProof() const;
   // `hello` as sent: its payload field counts the proof and the job id.
   Mac workerProof(const ServerFrame& hello, std::string_view job) const;
-  // The key of this connection's frame MACs (SMDDP_SERVER_INTEGRITY).
-  std::string sessionKey() const;
+  // The key of this connection's frame MACs and ciphers, from `shared`,
+  // the shares' X25519 secret (x25519SharedSecret).
+  std::string sessionKey(std::string_view shared) const;
 
  private:
   std::string_view key_;
   Nonce worker_, server_;
+  std::string_view workerShare_, serverShare_;
 };
 
 // Frame MACs on one connection in one direction: AES-256-GMAC under the

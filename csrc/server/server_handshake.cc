@@ -14,6 +14,8 @@ ServerHandshake::ServerHandshake(ServerConnection conn, const ServerIdentity& id
     : conn_(std::move(conn)), identity_(identity), source_(std::move(source)),
       started_(Clock::now()), deadline_(deadline) {}
 
+ServerHandshake::~ServerHandshake() { wipe(shared_); }
+
 short ServerHandshake::events() const { return phase_ == Phase::kAnswer ? POLLOUT : POLLIN; }
 
 ServerHandshake::State ServerHandshake::fail(const std::string& why, const std::string& refusal) {
@@ -35,8 +37,9 @@ ServerHandshake::State ServerHandshake::step() {
     if (!outbox_.empty()) return State::kGoing;
     phase_ = Phase::kHello;
   }
-  // Both frames it reads are short: a nonce or a proof, an address, a job id.
-  const uint64_t most = kServerProofBytes + kServerMaxAddress + kServerMaxJob;
+  // Both frames it reads are short: a nonce and a share, or a proof; an
+  // address, a job id.
+  const uint64_t most = kServerProofBytes + kServerShareBytes + kServerMaxAddress + kServerMaxJob;
   const auto kind = phase_ == Phase::kChallenge ? ServerFrameKind::kChallenge
                                                 : ServerFrameKind::kHello;
   std::string why;
@@ -59,9 +62,16 @@ ServerHandshake::State ServerHandshake::step() {
 
 ServerHandshake::State ServerHandshake::onChallenge() {
   std::memcpy(worker_.bytes, payload_.data(), kNonceBytes);
+  workerShare_ = payload_.substr(kNonceBytes, kServerShareBytes);
   const uint64_t addressBytes = reader_.header().count;  // validated: fits the payload
-  dialled_ = payload_.substr(kNonceBytes, addressBytes);
-  const std::string job = payload_.substr(kNonceBytes + addressBytes);
+  dialled_ = payload_.substr(kNonceBytes + kServerShareBytes, addressBytes);
+  const std::string job = payload_.substr(kNonceBytes + kServerShareBytes + addressBytes);
+  share_ = x25519KeyPair();
+  try {
+    shared_ = x25519SharedSecret(share_.privateKey, workerShare_, "the worker's challenge");
+  } catch (const std::exception& e) {
+    return fail(std::string("a bad challenge: ") + e.what(), "a bad challenge: its key share");
+  }
   // This server proves itself only as itself: the address the connection
   // reached (or one it was told it is reached at), the job it serves. A
   // worker that dialled something else (a relay that forwards its
@@ -78,12 +88,13 @@ ServerHandshake::State ServerHandshake::onChallenge() {
   }
   key_ = serverIdentityKey(identity_.key, identity_.job.empty() ? job : identity_.job, address);
   server_ = Nonce::random();
-  const Mac proof = Handshake(key_, worker_, server_).serverProof();
+  const Mac proof = proofs().serverProof();
   ServerFrame answer;
   answer.kind = static_cast<uint8_t>(ServerFrameKind::kAnswer);
-  answer.payload = 2 * kServerProofBytes;
+  answer.payload = kServerAnswerBytes;
   outbox_.assign(reinterpret_cast<const char*>(&answer), sizeof(answer));
   outbox_.append(reinterpret_cast<const char*>(server_.bytes), kNonceBytes);
+  outbox_.append(share_.publicKey);
   outbox_.append(reinterpret_cast<const char*>(proof.bytes), kMacBytes);
   phase_ = Phase::kAnswer;
   return step();
@@ -92,7 +103,7 @@ ServerHandshake::State ServerHandshake::onChallenge() {
 ServerHandshake::State ServerHandshake::onHello() {
   hello_ = reader_.header();
   job_ = payload_.substr(kServerProofBytes);
-  const Mac want = Handshake(key_, worker_, server_).workerProof(hello_, job_);
+  const Mac want = proofs().workerProof(hello_, job_);
   if (!macEquals(want, reinterpret_cast<const uint8_t*>(payload_.data()))) {
     // Nothing about this server or its key in the answer: only that the
     // worker did not prove it holds the same key.

@@ -37,6 +37,9 @@ class ServerHandshake {
   // `source`: the peer's address without its port, for per-source limits.
   ServerHandshake(ServerConnection conn, const ServerIdentity& identity,
                   Clock::time_point deadline, std::string source = "");
+  ~ServerHandshake();
+  ServerHandshake(const ServerHandshake&) = delete;
+  ServerHandshake& operator=(const ServerHandshake&) = delete;
 
   // Moves on with whatever the socket holds or takes now. kDone: the hello
   // is in and proved (hello(), job(), sessionKey()); kFailed: why() says
@@ -54,7 +57,7 @@ class ServerHandshake {
   const std::string& refusal() const { return refusal_; }
   const ServerFrame& hello() const { return hello_; }
   const std::string& job() const { return job_; }
-  std::string sessionKey() const { return Handshake(key_, worker_, server_).sessionKey(); }
+  std::string sessionKey() const { return proofs().sessionKey(shared_); }
   // The address the worker said it dialled ("" before its challenge).
   const std::string& dialled() const { return dialled_; }
   ServerConnection release() { return std::move(conn_); }
@@ -63,6 +66,9 @@ class ServerHandshake {
   State fail(const std::string& why, const std::string& refusal);
   State onChallenge();
   State onHello();
+  Handshake proofs() const {
+    return Handshake(key_, worker_, server_, workerShare_, share_.publicKey);
+  }
 
   ServerConnection conn_;
   const ServerIdentity& identity_;
@@ -76,6 +82,9 @@ class ServerHandshake {
   std::string payload_;  // the frame being read: a nonce, or a proof and a job id
   std::string outbox_;   // the answer, until the socket took it
   Nonce worker_, server_;
+  std::string workerShare_;  // the worker's X25519 public key
+  X25519KeyPair share_;      // this side's, made at the challenge
+  std::string shared_;       // their X25519 secret, wiped with the handshake
   ServerFrame hello_;
   std::string job_;
   std::string why_, refusal_;

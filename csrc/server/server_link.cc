@@ -164,17 +164,34 @@ ServerFrame helloFrame(const ServerLinks::Identity& me, int server,
   return hello;
 }
 
+// A server whose answer did not prove it (`why`: what was wrong with the
+// answer itself, or "" for a proof that does not check).
+[[noreturn]] void failedAuthentication(const std::string& name, const std::string& why,
+                                       const std::string& dialled, const std::string& job) {
+  throwError(ErrorKind::kInvalidArgument,
+             "smddp: " + name + " failed authentication: " +
+                 (why.empty() ? std::string("its answer does not prove it holds the key")
+                              : "it answered the challenge with " + why) +
+                 " for " + dialled + " and job '" + job +
+                 "' (a relay or a name that leads elsewhere, a server of another job, a "
+                 "server of another key, or not a reduction server: nothing was sent to it; "
+                 "SMDDP_SERVER_JOB, SMDDP_SERVER_KEY_FILE or the key in the store it "
+                 "registered in, and the server's --advertise)");
+}
+
 }  // namespace
 
 std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
                                    Clock::time_point answerBy) {
   const std::string name = describeServer(servers_[i], ips_[i], i);
-  // 1. The challenge: a fresh nonce, the address this worker dialled (the
-  //    one its socket reached, whatever name led there) and its job id.
+  // 1. The challenge: a fresh nonce, an ephemeral X25519 share, the
+  //    address this worker dialled (the one its socket reached, whatever
+  //    name led there) and its job id.
   //    The server must prove itself as that server of that job: a relay
   //    that forwards this challenge to the real server gets back a proof
   //    for the real server's address, which fails below.
   const Nonce mine = Nonce::random();
+  const X25519KeyPair share = x25519KeyPair();
   const std::string dialled = socketEndpoint(l.fd.get(), /*local=*/false);
   if (dialled.empty() || dialled.size() > kServerMaxAddress) {
     return "cannot tell the address its socket reached";
@@ -186,8 +203,8 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
   challenge.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
   challenge.count = dialled.size();
   std::string why = writeTextFrame(
-      l.fd.get(), challenge, std::string(bytesOf(mine.bytes, kNonceBytes)) + dialled + me.job,
-      answerBy);
+      l.fd.get(), challenge,
+      std::string(bytesOf(mine.bytes, kNonceBytes)) + share.publicKey + dialled + me.job, answerBy);
   if (!why.empty()) return "challenge: " + why;
   // 2. Its answer must prove it holds the key before it hears anything
   //    more. A refusal before that (busy) is unproven: the server is left
@@ -202,20 +219,17 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
            unprovenText(answer) + "\"";
   }
   Nonce theirs;
-  if (why.empty()) std::memcpy(theirs.bytes, answer.data(), kNonceBytes);
+  std::string theirShare;
+  if (why.empty()) {
+    std::memcpy(theirs.bytes, answer.data(), kNonceBytes);
+    theirShare = answer.substr(kNonceBytes, kServerShareBytes);
+  }
   const std::string identity = serverIdentityKey(me.key, me.job, dialled);
-  const Handshake proofs(identity, mine, theirs);
-  if (!why.empty() || !macEquals(proofs.serverProof(),
-                                 reinterpret_cast<const uint8_t*>(answer.data()) + kNonceBytes)) {
-    throwError(ErrorKind::kInvalidArgument,
-               "smddp: " + name + " failed authentication: " +
-                   (why.empty() ? std::string("its answer does not prove it holds the key")
-                                : "it answered the challenge with " + why) +
-                   " for " + dialled + " and job '" + me.job +
-                   "' (a relay or a name that leads elsewhere, a server of another job, a "
-                   "server of another key, or not a reduction server: nothing was sent to it; "
-                   "SMDDP_SERVER_JOB, SMDDP_SERVER_KEY_FILE or the key in the store it "
-                   "registered in, and the server's --advertise)");
+  const Handshake proofs(identity, mine, theirs, share.publicKey, theirShare);
+  const auto* proofBytes =
+      reinterpret_cast<const uint8_t*>(answer.data()) + kNonceBytes + kServerShareBytes;
+  if (!why.empty() || !macEquals(proofs.serverProof(), proofBytes)) {
+    failedAuthentication(name, why, dialled, me.job);
   }
   // 3. The hello, vouched for by this worker's proof, then its answer.
   const ServerFrame hello = helloFrame(me, i, answerBy);
@@ -224,9 +238,13 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
                        answerBy);
   if (!why.empty()) return "hello: " + why;
   if (hello.flags & kServerFlagIntegrity) {
-    l.seal = std::make_unique<FrameSeal>(proofs.sessionKey(), SealDirection::kToServer, me.encrypt);
-    l.check =
-        std::make_unique<FrameSeal>(proofs.sessionKey(), SealDirection::kToWorker, me.encrypt);
+    // A proved share (the proof covers it) that is still a low-order point
+    // could only come from a server holding the key: refused all the same.
+    std::string shared = x25519SharedSecret(share.privateKey, theirShare, name + "'s answer");
+    const std::string session = proofs.sessionKey(shared);
+    wipe(shared);
+    l.seal = std::make_unique<FrameSeal>(session, SealDirection::kToServer, me.encrypt);
+    l.check = std::make_unique<FrameSeal>(session, SealDirection::kToWorker, me.encrypt);
     l.out.sealWith(l.seal.get());
     l.in.checkWith(l.check.get());
   }

@@ -109,17 +109,19 @@ std::string validateServerFrame(const ServerFrame& f,
   } else if (kind == ServerFrameKind::kHello) {
     return validateHello(f);
   } else if (kind == ServerFrameKind::kChallenge) {
-    if (f.count == 0 || f.count > kServerMaxAddress || f.payload < kServerProofBytes + f.count ||
-        f.payload - kServerProofBytes - f.count > kServerMaxJob) {
+    const uint64_t fixed = kServerProofBytes + kServerShareBytes;
+    if (f.count == 0 || f.count > kServerMaxAddress || f.payload < fixed + f.count ||
+        f.payload - fixed - f.count > kServerMaxJob) {
       return "a challenge of " + std::to_string(f.payload) + " bytes with an address of " +
              std::to_string(f.count) + " (a nonce of " + std::to_string(kServerProofBytes) +
+             ", a key share of " + std::to_string(kServerShareBytes) +
              ", an address of 1 to " + std::to_string(kServerMaxAddress) +
              " and a job id of at most " + std::to_string(kServerMaxJob) + ")";
     }
   } else if (kind == ServerFrameKind::kAnswer) {
-    if (f.payload != 2 * kServerProofBytes) {
+    if (f.payload != kServerAnswerBytes) {
       return "an answer of " + std::to_string(f.payload) + " bytes (it carries " +
-             std::to_string(2 * kServerProofBytes) + ")";
+             std::to_string(kServerAnswerBytes) + ")";
     }
   } else if ((kind == ServerFrameKind::kWelcome || kind == ServerFrameKind::kBye) && f.payload) {
     return std::string("a ") + toString(kind) + " frame with " + std::to_string(f.payload) +

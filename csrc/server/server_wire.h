@@ -28,8 +28,9 @@ namespace smddp {
 
 constexpr uint32_t kServerMagic = 0x56534d53;  // "SMSV" little-endian
 // 3: data and result frames may be narrow; 4: a challenge names the
-// address dialled and the job (server_auth.h, serverIdentityKey).
-constexpr uint16_t kServerVersion = 4;
+// address dialled and the job (server_auth.h, serverIdentityKey); 5: the
+// challenge and the answer carry each side's X25519 share (forward secrecy).
+constexpr uint16_t kServerVersion = 5;
 // The largest payload either side accepts: a data piece is at most one
 // shared-memory step (SMDDP_SHM_SLOT_BYTES <= 256 MiB); texts are short.
 constexpr uint64_t kServerMaxPayload = 1ull << 28;
@@ -42,6 +43,9 @@ constexpr uint64_t kServerMaxAddress = 64;   // bytes of "ip:port" in a challeng
 // hosts is past any group the rest of smddp is tested at.
 constexpr uint16_t kServerMaxHosts = 4096;
 constexpr uint64_t kServerProofBytes = 32;   // a challenge's nonce, a proof (HMAC-SHA256)
+constexpr uint64_t kServerShareBytes = 32;   // an ephemeral X25519 public key
+// An answer: the server's nonce, its share, its proof.
+constexpr uint64_t kServerAnswerBytes = 2 * kServerProofBytes + kServerShareBytes;
 constexpr uint8_t kServerFlagIntegrity = 1;  // hello: a MAC on every later frame
 // Hello (with kServerFlagIntegrity): every later frame's payload encrypted
 // too (SMDDP_WIRE_ENCRYPT); a welcome repeats it, the server agreeing.

@@ -83,10 +83,26 @@ inline bool sendAll(int fd, const void* p, size_t n) {
   return send(fd, p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n);
 }
 
-// A worker's challenge (`mine`, a fresh nonce) and the server's answer to
-// it, whole: its header (an answer, or an error) into `header`, and for an
-// answer the server's nonce and proof into `answer` (64 bytes). False if
-// the exchange broke off.
+// The X25519 share a raw worker sends with nonce `mine`: the pair whose
+// private key is the nonce's bytes (a test's worker needs no other secret).
+inline X25519KeyPair rawShare(const Nonce& mine) {
+  return x25519KeyPair(std::string(bytesOf(mine.bytes, kNonceBytes)));
+}
+// What a raw worker's handshake proves, from the server's `answer`.
+inline Handshake rawProofs(const std::string& identity, const Nonce& mine, const X25519KeyPair& share,
+                           const Nonce& theirs, const uint8_t* answer) {
+  return Handshake(identity, mine, theirs, share.publicKey,
+                   bytesOf(answer + kNonceBytes, kServerShareBytes));
+}
+// The server's proof within an answer.
+inline const uint8_t* answerProof(const uint8_t* answer) {
+  return answer + kNonceBytes + kServerShareBytes;
+}
+
+// A worker's challenge (`mine`, a fresh nonce, with rawShare's share) and
+// the server's answer to it, whole: its header (an answer, or an error)
+// into `header`, and for an answer the server's nonce, share and proof
+// into `answer` (kServerAnswerBytes). False if the exchange broke off.
 // The challenge names the address the socket reached (or `dialled`) and
 // the job.
 inline bool rawChallenge(int fd, const Nonce& mine, ServerFrame* header, uint8_t* answer,
@@ -95,14 +111,16 @@ inline bool rawChallenge(int fd, const Nonce& mine, ServerFrame* header, uint8_t
   ServerFrame c;
   c.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
   c.count = dialled.size();
-  c.payload = kNonceBytes + dialled.size() + job.size();
+  c.payload = kNonceBytes + kServerShareBytes + dialled.size() + job.size();
+  const std::string share = rawShare(mine).publicKey;
   if (!sendAll(fd, &c, sizeof(c)) || !sendAll(fd, mine.bytes, kNonceBytes) ||
-      !sendAll(fd, dialled.data(), dialled.size()) || !sendAll(fd, job.data(), job.size())) {
+      !sendAll(fd, share.data(), share.size()) || !sendAll(fd, dialled.data(), dialled.size()) ||
+      !sendAll(fd, job.data(), job.size())) {
     return false;
   }
   if (recv(fd, header, sizeof(*header), MSG_WAITALL) != sizeof(*header)) return false;
   return header->kind != static_cast<uint8_t>(ServerFrameKind::kAnswer) ||
-         recv(fd, answer, 64, MSG_WAITALL) == 64;
+         recv(fd, answer, kServerAnswerBytes, MSG_WAITALL) == kServerAnswerBytes;
 }
 
 // A worker's side of the handshake, byte by byte, on a connected socket:
@@ -117,8 +135,9 @@ struct RawSession {
 inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& job,
                                 const std::string& key = kTestKey, RawSession* session = nullptr) {
   const Nonce mine = Nonce::random();
+  const X25519KeyPair share = rawShare(mine);
   ServerFrame a;
-  uint8_t answer[64];
+  uint8_t answer[kServerAnswerBytes];
   if (!rawChallenge(fd, mine, &a, answer, job)) return "no answer";
   if (a.kind == static_cast<uint8_t>(ServerFrameKind::kError)) {
     std::string text(std::min<uint64_t>(a.payload, kServerMaxText), '\0');
@@ -129,8 +148,8 @@ inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& jo
   Nonce theirs;
   std::memcpy(theirs.bytes, answer, kNonceBytes);
   const std::string identity = serverIdentityKey(key, job, socketEndpoint(fd, /*local=*/false));
-  const Handshake h(identity, mine, theirs);
-  if (!macEquals(h.serverProof(), answer + kNonceBytes)) return "the server's proof is wrong";
+  const Handshake h = rawProofs(identity, mine, share, theirs, answer);
+  if (!macEquals(h.serverProof(), answerProof(answer))) return "the server's proof is wrong";
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.payload = kServerProofBytes + job.size();
   const Mac proof = h.workerProof(hello, job);
@@ -140,9 +159,12 @@ inline std::string rawHandshake(int fd, ServerFrame hello, const std::string& jo
   }
   if (session && (hello.flags & kServerFlagIntegrity)) {
     const bool encrypt = hello.flags & kServerFlagEncrypt;
-    session->seal = std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToServer, encrypt);
+    const std::string shared = x25519SharedSecret(
+        share.privateKey, std::string(bytesOf(answer + kNonceBytes, kServerShareBytes)), "test");
+    session->seal =
+        std::make_unique<FrameSeal>(h.sessionKey(shared), SealDirection::kToServer, encrypt);
     session->check =
-        std::make_unique<FrameSeal>(h.sessionKey(), SealDirection::kToWorker, encrypt);
+        std::make_unique<FrameSeal>(h.sessionKey(shared), SealDirection::kToWorker, encrypt);
   }
   ServerFrame w;
   if (recv(fd, &w, sizeof(w), MSG_WAITALL) != sizeof(w)) return "no welcome";

@@ -81,6 +81,7 @@ std::string childState(pid_t pid) {
 struct HalfDone {
   int fd = -1;
   Nonce mine, theirs;
+  uint8_t answer[kServerAnswerBytes] = {};
 };
 HalfDone challenged(int port) {
   HalfDone h;
@@ -88,17 +89,17 @@ HalfDone challenged(int port) {
   REQUIRE(h.fd >= 0);
   h.mine = Nonce::random();
   ServerFrame a;
-  uint8_t answer[64];
-  REQUIRE(rawChallenge(h.fd, h.mine, &a, answer));
+  REQUIRE(rawChallenge(h.fd, h.mine, &a, h.answer));
   REQUIRE(a.kind == static_cast<uint8_t>(ServerFrameKind::kAnswer));
-  std::memcpy(h.theirs.bytes, answer, kNonceBytes);
+  std::memcpy(h.theirs.bytes, h.answer, kNonceBytes);
   return h;
 }
 void sendHello(const HalfDone& h, ServerFrame hello, bool proveKey) {
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.payload = kServerProofBytes;
   const std::string identity = serverIdentityKey(kTestKey, "", socketEndpoint(h.fd, false));
-  Mac proof = Handshake(identity, h.mine, h.theirs).workerProof(hello, "");
+  const X25519KeyPair share = rawShare(h.mine);
+  Mac proof = rawProofs(identity, h.mine, share, h.theirs, h.answer).workerProof(hello, "");
   if (!proveKey) std::memset(proof.bytes, 0, kMacBytes);
   REQUIRE(sendAll(h.fd, &hello, sizeof(hello)));
   REQUIRE(sendAll(h.fd, proof.bytes, kMacBytes));

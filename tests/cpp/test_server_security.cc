@@ -118,8 +118,8 @@ TEST_CASE("a rogue server that cannot prove the key gets a challenge and nothing
       received += sizeof(head) + head.payload;
       ServerFrame answer;
       answer.kind = static_cast<uint8_t>(ServerFrameKind::kAnswer);
-      answer.payload = 64;
-      uint8_t junk[64];
+      answer.payload = kServerAnswerBytes;
+      uint8_t junk[kServerAnswerBytes];
       randomBytes(junk, sizeof(junk));
       sendAll(fd, &answer, sizeof(answer));
       sendAll(fd, junk, sizeof(junk));
@@ -139,9 +139,9 @@ TEST_CASE("a rogue server that cannot prove the key gets a challenge and nothing
   }
   rogue.join();
   close(listener);
-  // The challenge (a header, a nonce, the address dialled and the job id)
-  // is all it ever got: no hello, no group, no data.
-  CHECK(received.load() == 64 + 32 + ("127.0.0.1:" + std::to_string(port)).size() + 3);
+  // The challenge (a header, a nonce, a key share, the address dialled and
+  // the job id) is all it ever got: no hello, no group, no data.
+  CHECK(received.load() == 64 + 32 + 32 + ("127.0.0.1:" + std::to_string(port)).size() + 3);
 }
 
 TEST_CASE("a server of another key is refused by the worker, and a worker without the key by "
@@ -164,7 +164,7 @@ TEST_CASE("a server of another key is refused by the worker, and a worker withou
     // refused, joins no stream and hears nothing about the server.
     const int fd2 = rawConnect(server.ports()[0]);
     ServerFrame head;
-    uint8_t answer[64];
+    uint8_t answer[kServerAnswerBytes];
     REQUIRE(rawChallenge(fd2, Nonce::random(), &head, answer, "jobA"));
     ServerFrame hello = helloFor(2, 0, 5);
     hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
@@ -198,7 +198,7 @@ TEST_CASE("a recorded hello does not open a second connection", "[server][securi
   const int fd = rawConnect(server.ports()[0]);
   const Nonce mine = Nonce::random();
   ServerFrame head;
-  uint8_t answer[64];
+  uint8_t answer[kServerAnswerBytes];
   REQUIRE(rawChallenge(fd, mine, &head, answer));
   Nonce theirs;
   std::memcpy(theirs.bytes, answer, 32);
@@ -206,7 +206,7 @@ TEST_CASE("a recorded hello does not open a second connection", "[server][securi
   hello.kind = static_cast<uint8_t>(ServerFrameKind::kHello);
   hello.payload = 32;
   const std::string identity = serverIdentityKey(kTestKey, "", socketEndpoint(fd, false));
-  const Mac proof = Handshake(identity, mine, theirs).workerProof(hello, "");
+  const Mac proof = rawProofs(identity, mine, rawShare(mine), theirs, answer).workerProof(hello, "");
   close(fd);  // the recorded session ends before its hello
   // The replay: the same challenge, the same hello and proof.
   const int again = rawConnect(server.ports()[0]);
@@ -217,6 +217,57 @@ TEST_CASE("a recorded hello does not open a second connection", "[server][securi
   REQUIRE(recv(again, &err, sizeof(err), MSG_WAITALL) == sizeof(err));
   CHECK(err.kind == static_cast<uint8_t>(ServerFrameKind::kError));
   close(again);
+  CHECK(server.streams() == 0);
+}
+
+TEST_CASE("the session key takes the shares' X25519 secret, and a swapped share breaks the proofs",
+          "[server][security]") {
+  const std::string identity = serverIdentityKey(kTestKey, "jobA", "127.0.0.1:29600");
+  const Nonce nw = Nonce::random(), ns = Nonce::random();
+  const X25519KeyPair worker = x25519KeyPair(), server = x25519KeyPair(), middle = x25519KeyPair();
+  const Handshake h(identity, nw, ns, worker.publicKey, server.publicKey);
+  // Both sides reach the same secret, and so the same session key.
+  const std::string atWorker = x25519SharedSecret(worker.privateKey, server.publicKey, "server");
+  const std::string atServer = x25519SharedSecret(server.privateKey, worker.publicKey, "worker");
+  REQUIRE(atWorker == atServer);
+  const std::string session = h.sessionKey(atWorker);
+  CHECK(session.size() == kMacBytes);
+  // One who holds the key and recorded everything sent (nonces, shares,
+  // proofs) lacks the secret: any other secret, none included, gives
+  // another key.
+  CHECK(h.sessionKey("") != session);
+  CHECK(h.sessionKey(x25519SharedSecret(middle.privateKey, server.publicKey, "server")) != session);
+  // A man in the middle who swaps in its own share, either way, breaks the
+  // proof the other side checks.
+  const Handshake swappedToWorker(identity, nw, ns, worker.publicKey, middle.publicKey);
+  const Handshake swappedToServer(identity, nw, ns, middle.publicKey, server.publicKey);
+  CHECK(!macEquals(swappedToWorker.serverProof(), h.serverProof().bytes));
+  ServerFrame hello = helloFor(2, 0, 1);
+  CHECK(!macEquals(swappedToServer.workerProof(hello, "jobA"), h.workerProof(hello, "jobA").bytes));
+}
+
+TEST_CASE("a challenge whose key share is a low-order point is refused", "[server][security]") {
+  StandaloneServer server(testServer(1));
+  const int fd = rawConnect(server.ports()[0]);
+  const std::string dialled = socketEndpoint(fd, /*local=*/false);
+  ServerFrame c;
+  c.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
+  c.count = dialled.size();
+  c.payload = kNonceBytes + kServerShareBytes + dialled.size();
+  const Nonce mine = Nonce::random();
+  const uint8_t zero[kServerShareBytes] = {};  // all-zero: forces a known secret
+  REQUIRE(sendAll(fd, &c, sizeof(c)));
+  REQUIRE(sendAll(fd, mine.bytes, kNonceBytes));
+  REQUIRE(sendAll(fd, zero, sizeof(zero)));
+  REQUIRE(sendAll(fd, dialled.data(), dialled.size()));
+  ServerFrame head;
+  REQUIRE(recv(fd, &head, sizeof(head), MSG_WAITALL) == sizeof(head));
+  CHECK(head.kind == static_cast<uint8_t>(ServerFrameKind::kError));
+  std::string why(std::min<uint64_t>(head.payload, kServerMaxText), '\0');
+  REQUIRE(recv(fd, why.data(), why.size(), MSG_WAITALL) == static_cast<ssize_t>(why.size()));
+  CHECK_THAT(why, Catch::Contains("key share"));
+  CHECK(closedByPeer(fd));
+  close(fd);
   CHECK(server.streams() == 0);
 }
 

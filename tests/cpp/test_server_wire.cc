@@ -108,35 +108,35 @@ TEST_CASE("server frames: well-formed ones pass, each bad field is named", "[ser
   g2.flags = kServerFlagEncrypt;
   CHECK_THAT(validateServerFrame(g2, {ServerFrameKind::kHello}),
              Catch::Contains("encryption without integrity"));
-  // A challenge is a nonce, an address of 1 to 64 bytes (count) and a job
-  // id of at most 256; an answer a nonce and a proof: a header announcing
-  // more is refused before a byte of it is read.
+  // A challenge is a nonce, a key share, an address of 1 to 64 bytes
+  // (count) and a job id of at most 256; an answer a nonce, a share and a
+  // proof: a header announcing more is refused before a byte of it is read.
   ServerFrame ch;
   ch.kind = static_cast<uint8_t>(ServerFrameKind::kChallenge);
   ch.count = 15;  // "127.0.0.1:29500"
-  ch.payload = 32 + 15;
+  ch.payload = 64 + 15;
   CHECK(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
-  ch.payload = 32 + 15 + 256;
+  ch.payload = 64 + 15 + 256;
   CHECK(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
-  ch.payload = 32 + 15 + 257;
+  ch.payload = 64 + 15 + 257;
   CHECK_THAT(validateServerFrame(ch, {ServerFrameKind::kChallenge}),
-             Catch::Contains("challenge of 304 bytes"));
-  ch.payload = 32 + 14;  // shorter than its address
+             Catch::Contains("challenge of 336 bytes"));
+  ch.payload = 64 + 14;  // shorter than its address
   CHECK_FALSE(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
   ch.count = 0;  // no address
-  ch.payload = 32;
+  ch.payload = 64;
   CHECK_FALSE(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
   ch.count = 65;
-  ch.payload = 32 + 65;
+  ch.payload = 64 + 65;
   CHECK_FALSE(validateServerFrame(ch, {ServerFrameKind::kChallenge}).empty());
   ch.count = 15;
   ch.payload = 256ull << 20;
   CHECK_THAT(validateServerFrame(ch, {ServerFrameKind::kChallenge}),
              Catch::Contains("challenge of 268435456 bytes"));
   ch.kind = static_cast<uint8_t>(ServerFrameKind::kAnswer);
-  ch.payload = 64;
+  ch.payload = 96;
   CHECK(validateServerFrame(ch, {ServerFrameKind::kAnswer}).empty());
-  ch.payload = 32;
+  ch.payload = 64;  // a version 4 answer: no share
   CHECK_FALSE(validateServerFrame(ch, {ServerFrameKind::kAnswer}).empty());
   ServerFrame bye;
   bye.kind = static_cast<uint8_t>(ServerFrameKind::kBye);

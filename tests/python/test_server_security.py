@@ -71,14 +71,14 @@ def test_unauthenticated_clients_get_nothing_and_learn_nothing(live):
     # challenge, a hello with a guessed proof, and a hello recorded from a
     # real session replayed on a new one: 300 connections in all.
     s = hc.connect(live.port)
-    nw = os.urandom(32)
+    nw, pw = os.urandom(32), os.urandom(32)
     dialled = hc.endpoint(s)
-    s.sendall(hc.challenge(nw, dialled))
+    s.sendall(hc.challenge(nw, dialled, pw=pw))
     f, body = hc.read_frame(s)
     hello = hc.header(hc.HELLO, group=1, hosts=2, host=0, count=1 << 20, payload=32)
-    recorded = hc.challenge(nw, dialled), hello + hc.mac(
-        hc.identity_key(live.key, b"", dialled), b"smddp server v3: worker proof", nw,
-        body[:32], hello)
+    recorded = hc.challenge(nw, dialled, pw=pw), hello + hc.mac(
+        hc.identity_key(live.key, b"", dialled), b"smddp server v5: worker proof", nw,
+        body[:32], pw, body[32:64], hello)
     s.close()
     lines_before = live.log_text().count("\n")
     texts = []
@@ -321,8 +321,8 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
     # A third party registers itself at index 0 of a job's servers in the
     # job's store before any real server does. The job holds a key file the
     # rogue does not: every rank fails at set-up naming the rogue, and the
-    # rogue gets each rank's challenge (a header, a nonce, the address
-    # dialled and the job id) and nothing else.
+    # rogue gets each rank's challenge (a header, a nonce, a key share, the
+    # address dialled and the job id) and nothing else.
     rogue = hc.Rogue()
     procs, port = _init_job(tmp_path, SMDDP_SERVER_COUNT=1, SMDDP_SERVER_JOB="roguejob")
     try:
@@ -340,7 +340,7 @@ def test_a_rogue_server_registered_first_fails_the_job_and_hears_nothing(live, t
         err = res.get("init_error", "")
         assert f"standalone reduction server 0 (127.0.0.1:{rogue.port}" in err, res
         assert "failed authentication" in err, res
-    challenge = 64 + 32 + len(f"127.0.0.1:{rogue.port}") + len("roguejob")
+    challenge = 64 + 32 + 32 + len(f"127.0.0.1:{rogue.port}") + len("roguejob")
     assert rogue.got and all(n == challenge for n in rogue.got), rogue.got
     # The live server was never involved; it still serves a following group.
     live.round(lambda: None)

@@ -25,7 +25,7 @@ import time
 # group, seq, step, count, payload (u64 each), hosts, host, stream, server (u16)
 HEADER = struct.Struct("<IHBBBB2xIQQQQQHHHH")
 assert HEADER.size == 64
-MAGIC, VERSION = 0x56534D53, 4
+MAGIC, VERSION = 0x56534D53, 5
 HELLO, WELCOME, DATA, RESULT, ERROR, BYE, CHALLENGE, ANSWER = range(1, 9)
 UINT8, SUM = 4, 0  # dtype and op numbers (common/dtype.h)
 FIELDS = ("magic", "version", "kind", "dtype", "op", "flags", "divisor", "group", "seq", "step",
@@ -87,10 +87,14 @@ def identity_key(key: bytes, job: bytes, dialled: bytes) -> bytes:
                job, dialled)
 
 
-def challenge(nw: bytes, dialled: bytes, job: bytes = b"") -> bytes:
-    """A challenge frame: the nonce, the address dialled (`count` bytes), the job."""
-    return header(CHALLENGE, count=len(dialled), payload=32 + len(dialled) + len(job)) + nw + \
-        dialled + job
+def challenge(nw: bytes, dialled: bytes, job: bytes = b"", pw: bytes = b"") -> bytes:
+    """A challenge frame: the nonce, the X25519 share `pw` (default: 32
+    random bytes, a valid public key but for a negligible few; this side
+    never needs the secret, as it seals nothing), the address dialled
+    (`count` bytes), the job."""
+    pw = pw or os.urandom(32)
+    return header(CHALLENGE, count=len(dialled), payload=64 + len(dialled) + len(job)) + nw + \
+        pw + dialled + job
 
 
 class Session:
@@ -110,21 +114,21 @@ def handshake(s: socket.socket, key: bytes, *, hosts: int, host: int, group: int
     """A worker's handshake (challenge, the server's proof checked, hello
     with this side's proof). Returns (Session, "") once welcomed, else
     (None, why): the server's error text, or what was wrong."""
-    nw = os.urandom(32)
+    nw, pw = os.urandom(32), os.urandom(32)
     dialled = endpoint(s)
     key = identity_key(key, job, dialled)
-    s.sendall(challenge(nw, dialled, job))
+    s.sendall(challenge(nw, dialled, job, pw))
     body, why = _answer(s, ANSWER)
     if why:
         return None, why
-    if len(body) != 64:
+    if len(body) != 96:
         return None, f"an answer of {len(body)} bytes"
-    ns, proof = body[:32], body[32:]
-    if not hmac.compare_digest(proof, mac(key, b"smddp server v3: server proof", nw, ns)):
+    ns, ps, proof = body[:32], body[32:64], body[64:]
+    if not hmac.compare_digest(proof, mac(key, b"smddp server v5: server proof", nw, ns, pw, ps)):
         return None, "the server's proof is wrong"
     hello = header(HELLO, group=group, seq=host, step=wait_ms, count=max_piece,
                    payload=32 + len(job), hosts=hosts, host=host, stream=stream)
-    s.sendall(hello + mac(key, b"smddp server v3: worker proof", nw, ns, hello, job) + job)
+    s.sendall(hello + mac(key, b"smddp server v5: worker proof", nw, ns, pw, ps, hello, job) + job)
     _, why = _answer(s, WELCOME)
     return (None, why) if why else (Session(s), "")
 
@@ -190,7 +194,7 @@ class Rogue(Listener):
         c.settimeout(5)
         got = read_frame(c)
         data = b"" if got is None else HEADER.pack(*got[0].values()) + got[1]
-        c.sendall(header(ANSWER, payload=64) + os.urandom(64))
+        c.sendall(header(ANSWER, payload=96) + os.urandom(96))
         data += recv_exact(c, 1 << 20)  # whatever follows, until it closes
         self.got.append(len(data))
         c.close()
@@ -307,11 +311,12 @@ class Liar(Listener):
             c.close()
             return
         body, ns = got[1], os.urandom(32)
-        nw, dialled = body[:32], body[32:32 + got[0]["count"]]
-        job = body[32 + got[0]["count"]:]
-        c.sendall(header(ANSWER, payload=64) + ns +
-                  mac(identity_key(self.key, job, dialled), b"smddp server v3: server proof",
-                      nw, ns))
+        nw, pw, ps = body[:32], body[32:64], os.urandom(32)
+        dialled = body[64:64 + got[0]["count"]]
+        job = body[64 + got[0]["count"]:]
+        c.sendall(header(ANSWER, payload=96) + ns + ps +
+                  mac(identity_key(self.key, job, dialled), b"smddp server v5: server proof",
+                      nw, ns, pw, ps))
         got = read_frame(c)
         if got is None or got[0]["kind"] != HELLO:
             c.close()
