@@ -1,11 +1,12 @@
-"""Allreduce against its peers: smddp, Gloo and DeepSpeed's CPU shm op in
-the same processes, and MPICH (benchmarks/peers_mpi.py, its own job) in
-one table.
+"""Allreduce, all-gather or reduce-scatter against its peers: smddp, Gloo
+and DeepSpeed's CPU shm op in the same processes, and MPICH
+(benchmarks/peers_mpi.py, its own job) in one table.
 
     PY=.venv-peers/bin/python        # the peers' venv (benchmarks/README.md, "Peers")
     $PY benchmarks/peers_mpi.py --world 2 4 --out /tmp/mpich.json
     $PY benchmarks/peers.py --world 2 4 --mpi /tmp/mpich.json [--plot peers.png]
     $PY benchmarks/peers.py --world 2 4 --pairs 3     # MPICH's job and these, 3 times
+    $PY benchmarks/peers.py --op all_gather --world 2 4 --min 1M --max 64M --pairs 2
 
 Installs nothing: a backend whose package is missing (DeepSpeed) or whose
 op cannot be built shows as "n/a" with the reason. DeepSpeed's op is
@@ -24,6 +25,20 @@ each size's timed rounds, one call per backend is checked against the
 closed form (rank r holds r + 1 everywhere, so every element must be
 n(n+1)/2); a wrong result fails the run. The timed blocks run on zeros, so
 that back-to-back in-place sums stay finite.
+
+--op all_gather (dist.all_gather_into_tensor) and --op reduce_scatter
+(dist.reduce_scatter_tensor, SUM) time the two collectives FSDP spends its
+time in, on smddp's and Gloo's groups, measured as above. Their sizes,
+closed forms and busbw are torch_smddp.bench --op's (bench_ops.py, as
+nccl-tests): SIZE is all-gather's whole output and reduce-scatter's whole
+input (S / n per rank goes in, or comes out); busbw = algbw x (n-1)/n.
+Rank r gives r + 1: all-gather's output part j must hold j + 1, and
+reduce-scatter's output n(n+1)/2; the check poisons the output (-1)
+first, so a call that writes nothing fails it. The timed blocks read the
+input the check filled. smddp_direct (torch_smddp.all_reduce_) and
+DeepSpeed's op (inference_all_reduce_, the only collective its CPU comm op
+has) are allreduce only: for the other two ops their columns read n/a,
+with the reason.
 
 --pairs N runs peers_mpi.py's job and then the in-process backends' job N
 times in a row (the same worlds, sizes and rounds). This machine's speed
@@ -48,12 +63,21 @@ import time
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch_smddp.bench import (  # noqa: E402
-    add_common_args, fmt_size, launch_ranks, resolve_sizes, result_path)
+    OPS, OpBuffers, add_common_args, bus_factor, fmt_size, launch_ranks, resolve_sizes,
+    result_path)
 
 # smddp: dist.all_reduce on the smddp group; smddp_direct: the same engine
 # call through torch_smddp.all_reduce_, without c10d (as DeepSpeed's op).
 BACKENDS = ["smddp", "smddp_direct", "gloo", "deepspeed"]
 OURS = ("smddp", "smddp_direct")
+OP_NAMES = {"all_reduce": "allreduce", "all_gather": "all-gather",
+            "reduce_scatter": "reduce-scatter"}
+# What has no entry for all_gather and reduce_scatter, and why.
+ALLREDUCE_ONLY = {
+    "smddp_direct": "torch_smddp has a direct entry for allreduce only (all_reduce_)",
+    "deepspeed": "DeepSpeed's CPU comm op (ShareMemCommBuilder) has only inference_all_reduce_; "
+                 "its all_gather_into_tensor and reduce_scatter_tensor are torch.distributed's",
+}
 
 
 def abba(names, i):
@@ -81,83 +105,123 @@ def load_deepspeed(world: int, rank: int):
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
 
-def worker(args) -> None:
+def usable_backends(args, gloo, ds_op, ds_why: str) -> tuple[list[str], dict]:
+    """The backends this job measures, and each requested one it cannot
+    with the reason: DeepSpeed where its op did not load on every rank,
+    smddp_direct and DeepSpeed for any op but allreduce."""
     import torch
+    import torch.distributed as dist
+
+    have = torch.tensor([1.0 if ds_op is not None else 0.0])
+    dist.all_reduce(have, op=dist.ReduceOp.MIN, group=gloo)
+    unavailable = {}
+    if "deepspeed" in args.backends and have.item() != 1.0:
+        unavailable["deepspeed"] = ds_why or "its op did not load on every rank"
+    if args.op != "all_reduce":
+        unavailable.update({b: why for b, why in ALLREDUCE_ONLY.items() if b in args.backends})
+    return [b for b in args.backends if b not in unavailable], unavailable
+
+
+def backend_calls(op: str, bufs, gloo, ds_op) -> dict:
+    """Per backend, the call on `bufs` (bench_ops.OpBuffers): allreduce in
+    place on bufs.out, the other ops from bufs.inp into bufs.out."""
     import torch.distributed as dist
 
     import torch_smddp
 
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    # Compile DeepSpeed's op (JIT, cached) one rank at a time, before any
-    # group exists, so the build neither races nor stalls a timeout.
-    ds_op, ds_why = (None, "not requested")
-    if "deepspeed" in args.backends:
-        ds_op, ds_why = load_deepspeed(world, rank)
-    dist.init_process_group("smddp")
-    gloo = dist.new_group(backend="gloo")
-    have = torch.tensor([1.0 if ds_op is not None else 0.0])
-    dist.all_reduce(have, op=dist.ReduceOp.MIN, group=gloo)
-    backends = [b for b in args.backends if b != "deepspeed" or have.item() == 1.0]
-    calls = {
-        "smddp": lambda t: dist.all_reduce(t),
-        "smddp_direct": lambda t: torch_smddp.all_reduce_(t),
-        "gloo": lambda t: dist.all_reduce(t, group=gloo),
-        "deepspeed": lambda t: ds_op(t),
+    if op != "all_reduce":
+        return {"smddp": bufs.call(dist, None), "gloo": bufs.call(dist, gloo)}
+    t = bufs.out
+    return {
+        "smddp": lambda: dist.all_reduce(t),
+        "smddp_direct": lambda: torch_smddp.all_reduce_(t),
+        "gloo": lambda: dist.all_reduce(t, group=gloo),
+        "deepspeed": lambda: ds_op(t),
     }
-    expected = world * (world + 1) / 2
 
-    def checked(name, t):
-        t.fill_(rank + 1.0)
-        calls[name](t)
-        bad = (t != expected).nonzero()
-        flag = torch.tensor([float(bad.numel() > 0)])
+
+def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
+    """One size: every backend checked, its block length set from a warm-up
+    call, --rounds timed blocks in ABBA order, and checked again."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bufs = OpBuffers(args.op, nbytes, rank, world)
+    calls = backend_calls(args.op, bufs, gloo, ds_op)
+    # Allreduce's timed blocks sum in place: on zeros, so the sums stay
+    # finite. The other ops leave their input as it is.
+    prepare = bufs.out.zero_ if args.op == "all_reduce" else bufs.refill
+
+    def checked(name):
+        bufs.refill()
+        calls[name]()
+        problem = bufs.problem(0)
+        flag = torch.tensor([float(bool(problem))])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=gloo)
         if flag.item():
-            raise SystemExit(f"peers.py: WRONG RESULT: {name} allreduce of {fmt_size(t.numel() * 4)}"
-                             f" at world {world} (rank {rank} {'differs' if bad.numel() else 'ok'})")
+            raise SystemExit(f"peers.py: WRONG RESULT: {name} {OP_NAMES[args.op]} of "
+                             f"{fmt_size(bufs.nbytes)} at world {world} (rank {rank}: "
+                             f"{problem or 'ok here'})")
 
     def agree_max(x: float) -> float:
         v = torch.tensor([x], dtype=torch.float64)
         dist.all_reduce(v, op=dist.ReduceOp.MAX, group=gloo)
         return v.item()
 
-    rows = []
-    for nbytes in args.sizes:
-        t = torch.empty(max(1, nbytes // 4), dtype=torch.float32)
-        iters = {}
-        for name in backends:
-            checked(name, t)
-            t.zero_()
+    iters = {}
+    for name in backends:
+        checked(name)
+        prepare()
+        dist.barrier(group=gloo)
+        t0 = time.perf_counter()
+        calls[name]()
+        warm = agree_max(time.perf_counter() - t0)
+        iters[name] = int(max(args.min_iters, min(args.max_iters, args.block_s / max(warm, 1e-7))))
+    times = {name: [] for name in backends}
+    for i in range(args.rounds):
+        for name in abba(backends, i):
+            prepare()
             dist.barrier(group=gloo)
+            f = calls[name]
+            # Gloo's barrier lets ranks go up to milliseconds apart (four
+            # ranks on two cores); a few untimed calls of the backend
+            # itself line them up, so a short block times the calls, not
+            # the skew (nccl-tests' warm-up iterations).
+            for _ in range(args.warmup):
+                f()
             t0 = time.perf_counter()
-            calls[name](t)
-            warm = agree_max(time.perf_counter() - t0)
-            iters[name] = int(max(args.min_iters, min(args.max_iters, args.block_s / max(warm, 1e-7))))
-        times = {name: [] for name in backends}
-        for i in range(args.rounds):
-            for name in abba(backends, i):
-                t.zero_()
-                dist.barrier(group=gloo)
-                f = calls[name]
-                # Gloo's barrier lets ranks go up to milliseconds apart (four
-                # ranks on two cores); a few untimed calls of the backend
-                # itself line them up, so a short block times the calls, not
-                # the skew (nccl-tests' warm-up iterations).
-                for _ in range(args.warmup):
-                    f(t)
-                t0 = time.perf_counter()
-                for _ in range(iters[name]):
-                    f(t)
-                dt = (time.perf_counter() - t0) / iters[name]
-                times[name].append(agree_max(dt))
-        for name in backends:
-            checked(name, t)
-        rows.append({"bytes": t.numel() * 4, "iters": iters, "times": times})
+            for _ in range(iters[name]):
+                f()
+            dt = (time.perf_counter() - t0) / iters[name]
+            times[name].append(agree_max(dt))
+    for name in backends:
+        checked(name)
+    return {"bytes": bufs.nbytes, "iters": iters, "times": times}
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp  # noqa: F401  (registers the smddp backend)
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Compile DeepSpeed's op (JIT, cached) one rank at a time, before any
+    # group exists, so the build neither races nor stalls a timeout. Only
+    # allreduce has one.
+    ds_op, ds_why = (None, "not requested")
+    if "deepspeed" in args.backends and args.op == "all_reduce":
+        ds_op, ds_why = load_deepspeed(world, rank)
+    dist.init_process_group("smddp")
+    gloo = dist.new_group(backend="gloo")
+    backends, unavailable = usable_backends(args, gloo, ds_op, ds_why)
+    rows = [measure_size(args, nbytes, backends, gloo, ds_op) for nbytes in args.sizes]
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"world": world, "rows": rows, "backends": backends,
-                       "deepspeed_unavailable": "" if "deepspeed" in backends else ds_why}, f)
+            json.dump({"world": world, "op": args.op, "rows": rows, "backends": backends,
+                       "unavailable": unavailable}, f)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
 
@@ -165,7 +229,7 @@ def worker(args) -> None:
 def _timing_args(args) -> list[str]:
     """The sizes and timing options, as both this script's and
     peers_mpi.py's jobs take them."""
-    return ["--rounds", str(args.rounds), "--block-s", str(args.block_s),
+    return ["--op", args.op, "--rounds", str(args.rounds), "--block-s", str(args.block_s),
             "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
             "--warmup", str(args.warmup), "--sizes", *map(str, args.sizes)]
 
@@ -187,6 +251,9 @@ def merge_mpi(all_data: list[dict], path: str) -> None:
     with open(path) as f:
         mpi = {d["world"]: d for d in json.load(f)}
     for data in all_data:
+        theirs, ours = mpi.get(data["world"], {}).get("op", "all_reduce"), data.get("op", "all_reduce")
+        if theirs != ours:
+            raise SystemExit(f"peers.py: {path} holds MPICH's {theirs}, this job timed {ours}")
         m = mpi.get(data["world"])
         if not m:
             continue
@@ -197,10 +264,17 @@ def merge_mpi(all_data: list[dict], path: str) -> None:
         data["backends"] = data["backends"] + ["mpich"]
 
 
+def lead_backend(names) -> str | None:
+    """The entry of ours the pairs are counted for: smddp_direct where it
+    was measured (allreduce), else smddp."""
+    return next((b for b in ("smddp_direct", "smddp") if b in names), None)
+
+
 def run_pairs(args) -> list[dict]:
     """--pairs: MPICH's job, then the others', args.pairs times; per world,
     size and backend the list of each pair's median round, and per pair
-    whether smddp_direct was at least as fast as the best peer."""
+    whether smddp_direct (smddp for the ops it has no entry for) was at
+    least as fast as the best peer."""
     pairs = []
     mpi_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers_mpi.py")
     for i in range(args.pairs):
@@ -223,7 +297,8 @@ def run_pairs(args) -> list[dict]:
             wins = 0
             for t in per_pair:
                 peers = [median(v) for b, v in t.items() if b not in OURS]
-                if "smddp_direct" in t and peers and median(t["smddp_direct"]) <= min(peers):
+                lead = lead_backend(t)
+                if lead and peers and median(t[lead]) <= min(peers):
                     wins += 1
             row["pairs_won"] = f"{wins} of {len(per_pair)}"
     return merged
@@ -234,24 +309,38 @@ def fmt_us(s: float) -> str:
     return f"{us:.1f}" if us < 1000 else f"{us:.0f}"
 
 
+HEADLINES = {
+    "all_reduce": "allreduce, float32, SUM, in place",
+    "all_gather": "all-gather (all_gather_into_tensor), float32; size = the whole output",
+    "reduce_scatter": "reduce-scatter (reduce_scatter_tensor), float32, SUM; size = the whole input",
+}
+
+
 def print_table(all_data: list[dict]) -> None:
+    """The merged table: per backend the median time and busbw, the best
+    peer and its ratio to ours; a backend a job could not run reads n/a,
+    its reason below the table."""
     names = []
     for d in all_data:
-        names += [b for b in d["backends"] if b not in names]
+        names += [b for b in d["backends"] + list(d.get("unavailable", {})) if b not in names]
+    order = BACKENDS + ["mpich"]
+    names.sort(key=lambda b: order.index(b) if b in order else len(order))
+    op = all_data[0].get("op", "all_reduce") if all_data else "all_reduce"
     won = any("pairs_won" in r for d in all_data for r in d["rows"])
     what = "median over pairs of each pair's median round" if won else "median of rounds"
-    print(f"\n# allreduce, float32, SUM, in place; us per call ({what}, max over ranks);")
-    print("# busbw GB/s = algbw x 2(n-1)/n; ratio = best peer's time / smddp's (>1: smddp faster)")
+    print(f"\n# {HEADLINES[op]}; us per call ({what}, max over ranks);")
+    print(f"# busbw GB/s = algbw x {'2(n-1)/n' if op == 'all_reduce' else '(n-1)/n'}; "
+          "ratio = best peer's time / smddp's (>1: smddp faster)")
     head = f"| world | size |" + "".join(f" {b} us |" for b in names)
-    ours = [b for b in OURS if b in names]
+    ours = [b for b in OURS if any(b in d["backends"] for d in all_data)]
     head += "".join(f" {b} busbw |" for b in names) + " best peer |"
     head += "".join(f" best peer / {b} |" for b in ours)
-    head += " pairs smddp_direct won |" if won else ""
+    head += f" pairs {lead_backend(ours)} won |" if won else ""
     print(head)
     print("|" + "---|" * (3 + 2 * len(names) + len(ours) + won))
     for d in all_data:
         n = d["world"]
-        factor = 2 * (n - 1) / n if n > 1 else 1.0
+        factor = bus_factor(op, n)
         for row in d["rows"]:
             med = {b: median(row["times"][b]) for b in names if b in row["times"]}
             line = f"| {n} | {fmt_size(row['bytes'])} |"
@@ -265,9 +354,12 @@ def print_table(all_data: list[dict]) -> None:
                             for b in ours)
             line += f" {row.get('pairs_won', '-')} |" if won else ""
             print(line)
+    worlds = {}
     for d in all_data:
-        if d.get("deepspeed_unavailable"):
-            print(f"\nDeepSpeed at world {d['world']}: n/a ({d['deepspeed_unavailable']})")
+        for b, why in d.get("unavailable", {}).items():
+            worlds.setdefault((b, why), []).append(str(d["world"]))
+    for (b, why), ws in worlds.items():
+        print(f"\n{b} at world {', '.join(ws)}: n/a ({why})")
 
 
 def plot(all_data: list[dict], path: str) -> None:
@@ -283,7 +375,8 @@ def plot(all_data: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, len(all_data), figsize=(6 * len(all_data), 4.5), squeeze=False)
     for ax, d in zip(axes[0], all_data):
         n = d["world"]
-        factor = 2 * (n - 1) / n if n > 1 else 1.0
+        op = d.get("op", "all_reduce")
+        factor = bus_factor(op, n)
         for b in d["backends"]:
             pts = [(r["bytes"], r["bytes"] / median(r["times"][b]) / 1e9 * factor)
                    for r in d["rows"] if b in r["times"]]
@@ -292,7 +385,7 @@ def plot(all_data: list[dict], path: str) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"allreduce busbw, world {n}, one host (CPU)")
+        ax.set_title(f"{OP_NAMES[op]} busbw, world {n}, one host (CPU)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -303,6 +396,9 @@ def plot(all_data: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap, sizes_help="explicit sizes in bytes (overrides --min/--max)")
+    ap.add_argument("--op", choices=OPS, default="all_reduce",
+                    help="the collective (sizes as nccl-tests: the buffer, all_gather's output, "
+                         "reduce_scatter's input)")
     ap.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--block-s", type=float, default=0.2,

@@ -225,6 +225,47 @@ def test_peers_runs_without_the_peers_and_checks_real_results():
     assert "best peer / smddp_direct" in p.stdout, p.stdout
 
 
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_peers_gather_and_scatter_check_real_results(op):
+    # --op all_gather / reduce_scatter: smddp and Gloo checked against the
+    # closed form (all-gather's part j holds j + 1, reduce-scatter n(n+1)/2)
+    # into a poisoned output; smddp_direct has no entry for them and reads
+    # n/a with the reason.
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "peers.py"), "--op", op, "--world", "2",
+           "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "gloo",
+           "--rounds", "2", "--block-s", "0.002", "--max-iters", "20", "--timeout", "150"]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert "WRONG RESULT" not in p.stdout + p.stderr
+    assert ("size = the whole output" if op == "all_gather" else "size = the whole input") in p.stdout
+    assert "algbw x (n-1)/n" in p.stdout
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 2 and all(" n/a |" in r for r in rows), p.stdout
+    assert "smddp_direct at world 2: n/a (torch_smddp has a direct entry for allreduce only" in p.stdout
+
+
+def test_peers_mpi_loads_the_bench_helpers_without_the_extension():
+    # peers_mpi.py must not import the torch_smddp package (its extension
+    # brings an MPI of its own, which mpi4py then takes for the mpich
+    # wheel's, every rank a world of one): only bench.py and bench_ops.py.
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('pm', {os.path.join(REPO, 'benchmarks', 'peers_mpi.py')!r})\n"
+            "pm = importlib.util.module_from_spec(spec); spec.loader.exec_module(pm)\n"
+            "assert pm.fmt_size(1 << 20) == '1M', pm.fmt_size(1 << 20)\n"
+            "assert 'torch' not in sys.modules and 'torch_smddp._C' not in sys.modules\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_peers_refuses_mpich_results_of_another_op(tmp_path):
+    import json
+    peers = _peers_module()
+    mpi = tmp_path / "mpich.json"
+    mpi.write_text(json.dumps([{"world": 2, "op": "all_reduce", "rows": []}]))
+    with pytest.raises(SystemExit, match="MPICH's all_reduce, this job timed all_gather"):
+        peers.merge_mpi([{"world": 2, "op": "all_gather", "rows": [], "backends": []}], str(mpi))
+
+
 FAKE_RANK = """
 import json, os, sys, time
 out = sys.argv[sys.argv.index("--out") + 1]
@@ -367,7 +408,7 @@ def test_peers_pairs_take_each_pairs_median_and_count_the_pairs_won(monkeypatch,
     monkeypatch.setattr(peers.subprocess, "run", fake_mpi)
     monkeypatch.setattr(peers, "run_world", fake_world)
     args = types.SimpleNamespace(pairs=2, world=[2], sizes=[4096], rounds=3, block_s=0.2,
-                                 min_iters=3, max_iters=2000, warmup=5, timeout=60)
+                                 min_iters=3, max_iters=2000, warmup=5, timeout=60, op="all_reduce")
     (d,) = peers.run_pairs(args)
     assert len(mpi_runs) == 2
     row = d["rows"][0]
