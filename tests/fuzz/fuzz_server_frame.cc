@@ -16,7 +16,7 @@
 // and payload bytes, and to stop where the spec says the stream goes bad.
 //
 // The spec. Header: 64 bytes, little-endian, fields at these byte offsets:
-//   0 magic u32 = 0x56534d53 ("SMSV")  4 version u16 = 4  6 kind u8
+//   0 magic u32 = 0x56534d53 ("SMSV")  4 version u16 = 5  6 kind u8
 //   7 dtype u8  8 op u8  9 flags u8  10 reserved[2]  12 divisor u32
 //   16 group u64  24 seq u64  32 step u64  40 count u64  48 payload u64
 //   56 hosts u16  58 host u16  60 stream u16  62 server u16
@@ -35,8 +35,8 @@
 //   S4 welcome or bye: payload == 0;
 //   S5 error: payload <= 4096;
 //   S6 challenge: 1 <= count (the address dialled) <= 64, and
-//      payload == 32 (a nonce) + count + a job id of at most 256 bytes;
-//      answer: payload == 64.
+//      payload == 32 (a nonce) + 32 (a key share) + count + a job id of
+//      at most 256 bytes; answer: payload == 96 (a nonce, a share, a proof).
 // A sealed stream (every frame followed by its 16-byte tag) reads back
 // frame for frame; with one byte changed anywhere, no frame from the one
 // that holds it on is delivered, and the reader stops there.
@@ -91,7 +91,7 @@ constexpr uint64_t kSpecSize[9] = {4, 8, 2, 2, 1, 1, 4, 8, 1};
 
 // The spec's verdict on raw header bytes: true if accepted for `kinds`.
 bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
-  if (at<uint32_t>(b, 0) != 0x56534d53u || at<uint16_t>(b, 4) != 4) return false;
+  if (at<uint32_t>(b, 0) != 0x56534d53u || at<uint16_t>(b, 4) != 5) return false;
   const uint8_t kind = b[6];
   bool listed = false;
   for (uint8_t k : kinds) listed = listed || k == kind;
@@ -125,9 +125,9 @@ bool specAccepts(const uint8_t* b, const std::vector<uint8_t>& kinds) {
     case 5: return payload <= 4096;
     case 7: {
       const uint64_t address = at<uint64_t>(b, 40);
-      return address >= 1 && address <= 64 && payload >= 32 + address && payload - 32 - address <= 256;
+      return address >= 1 && address <= 64 && payload >= 64 + address && payload - 64 - address <= 256;
     }
-    case 8: return payload == 64;
+    case 8: return payload == 96;
     default: return false;  // not reachable: listed kinds are 1..8
   }
 }
