@@ -1,5 +1,5 @@
 // Linked by shared_libstdcxx.cmake to see how the compiler links libstdc++
-// into a shared library, and by tests/install/test_static_libstdcxx.py,
+// into a shared library, and by tests/python/test_static_libstdcxx.py,
 // which loads it after torch: an integer written to a std::ostream.
 #include <cstring>
 #include <sstream>

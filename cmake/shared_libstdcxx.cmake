@@ -17,7 +17,7 @@
 # target (--exclude-libs), so every reference binds inside it. Where neither
 # works, the configure fails and says why.
 #
-# tests/install/test_static_libstdcxx.py builds a module with such a wrapper,
+# tests/python/test_static_libstdcxx.py builds a module with such a wrapper,
 # with and without this, and loads it after torch.
 
 set(SMDDP_LIBSTDCXX_PROBE_SOURCE "${CMAKE_CURRENT_LIST_DIR}/libstdcxx_probe.cc")
@@ -68,8 +68,8 @@ function(smddp_use_shared_libstdcxx target)
       return()
     endif()
   endif()
-  set(private "LINKER:--exclude-libs,libstdc++.a:libsupc++.a")
-  _smddp_probe_libstdcxx(hidden hidden "-Wl,--exclude-libs,libstdc++.a:libsupc++.a")
+  set(private "-Wl,--exclude-libs,libstdc++.a:libsupc++.a")
+  _smddp_probe_libstdcxx(hidden hidden "${private}")
   if(hidden STREQUAL "TRUE")
     message(STATUS "torch-smddp build: ${CMAKE_CXX_COMPILER} links libstdc++ statically into "
                    "shared libraries; ${target} keeps its copy private (--exclude-libs)")
