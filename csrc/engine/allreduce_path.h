@@ -93,9 +93,9 @@ struct Stragglers {
   std::vector<StragglerRow> rows;  // one per rank it covers
 };
 
-// All-gather and reduce-scatter among ranks that share one host, run by
-// the group's path without the network (hostpath/host_collectives.h).
-// Every rank of a group has one, or none.
+// All-gather and reduce-scatter through the hosts' shared-memory segments
+// (hostpath/host_collectives.h): on one host without the network, across
+// hosts in a hierarchy. Every rank of a group has one, or none.
 class HostCollectives {
  public:
   virtual ~HostCollectives() = default;
@@ -108,6 +108,8 @@ class HostCollectives {
                              Buffer out, DataType dtype, ReduceOp op) = 0;
   // For stats and the group's description, in a few words.
   virtual std::string describe() const = 0;
+  // How its calls run, for the flight recorder, the timeline and the log.
+  virtual CallPath callPath() const = 0;
 };
 
 class AllreducePath {

@@ -27,14 +27,16 @@ void readExchangeParams(EngineConfig& c) {
 
 
 Exchange::Exchange(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
-                   std::chrono::milliseconds timeout)
+                   std::chrono::milliseconds timeout, CallEnd end)
     : ctx_(ctx), seq_(seq), sig_(sig),
       timeout_(timeout.count() > 0 ? timeout : ctx.waits().timeout()),
+      end_(end),
       watch_(ctx, sig, seq, timeout_),
       heardFrom_(static_cast<size_t>(ctx.size()), false) {}
 
 Exchange::~Exchange() {
   abandonOutstanding();
+  if (end_ == CallEnd::kLater) return;
   try {
     ctx_.control().noteSignature(seq_, sig_);
   } catch (...) {

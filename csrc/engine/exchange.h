@@ -20,9 +20,14 @@ namespace smddp {
 
 class Exchange {
  public:
+  // Whether the call ends with this exchange (the usual case), or goes on
+  // after it and notes its own end (ControlPlane::noteSignature): an error
+  // report about a call that has ended here is refused as a replay.
+  enum class CallEnd { kWithExchange, kLater };
   // `timeout` 0 means the group's timeout.
   Exchange(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
-           std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+           std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
+           CallEnd end = CallEnd::kWithExchange);
   ~Exchange();
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
@@ -75,6 +80,7 @@ class Exchange {
   uint64_t seq_;
   CollectiveSignature sig_;
   std::chrono::milliseconds timeout_;
+  CallEnd end_;
   StallWatch watch_;  // remote errors, probes, deadline, liveness
   std::deque<Request*> recvsToPost_;   // created, not yet accepted by the provider
   std::deque<Request*> sendsToPost_;

@@ -74,9 +74,9 @@ class Communicator::QueuedRun final : public AllreduceBatch {
 void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
   const auto started = std::chrono::steady_clock::now();
   const CollectiveType type = tasks[0].sig.collective;
-  const bool hostCollective = !tasks[0].p2p && path_->hostCollectivesFor(type) != nullptr;
+  const HostCollectives* host = tasks[0].p2p ? nullptr : path_->hostCollectivesFor(type);
   const CallPath path = tasks[0].allreduce ? path_->callPath()
-                        : hostCollective   ? CallPath::kSharedMemory
+                        : host             ? host->callPath()
                                            : CallPath::kNetwork;
   observer_->started(tasks[0].seq, path, tasks[0].seq, onCaller, started);
   std::exception_ptr eptr = dispatch(tasks, path, onCaller);

@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/param.h"
 #include "engine/engine_context.h"
+#include "engine/exchange.h"
 #include "engine/stall_watch.h"
 #include "hostpath/fusion_batch.h"
 #include "reduce/reduce_kernels.h"
@@ -43,6 +44,38 @@ bool overlaps(const void* a, uint64_t aBytes, const void* b, uint64_t bBytes) {
 }
 
 uint64_t address(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// Notes the call's end when it leaves, however it leaves: the control
+// plane then answers probes about it and refuses replayed error reports
+// about it (an Exchange inside the call leaves that to the call).
+class CallEnds {
+ public:
+  CallEnds(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig)
+      : ctx_(ctx), seq_(seq), sig_(sig) {}
+  ~CallEnds() {
+    try {
+      ctx_.control().noteSignature(seq_, sig_);
+    } catch (...) {
+    }
+  }
+  CallEnds(const CallEnds&) = delete;
+  CallEnds& operator=(const CallEnds&) = delete;
+
+ private:
+  EngineContext& ctx_;
+  const uint64_t seq_;
+  const CollectiveSignature sig_;
+};
+
+// Whether the blocks lie one after another, each `bytes` long, from bufs[0].
+bool contiguous(const std::vector<Buffer>& bufs, uint64_t bytes) {
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    if (static_cast<const uint8_t*>(bufs[i].data) != static_cast<const uint8_t*>(bufs[0].data) + i * bytes) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // Reads `bytes` at `remote` in process `pid`; errno's text, or "".
 std::string readProcess(pid_t pid, void* local, uint64_t remote, uint64_t bytes) {
@@ -85,10 +118,18 @@ std::string probePeer(int rank, int peer, const std::string& theirs) {
 std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
                                                              Bootstrap& bootstrap,
                                                              HostSegment& segment,
+                                                             const HostTopology& topo,
                                                              NotOpened* notOpened) {
-  const int rank = ctx.rank();
-  const int n = ctx.size();
-  SMDDP_CHECK(n == segment.ranks(), kInternal, "host collectives need every rank on one host");
+  const int local = topo.localRank;
+  const int n = topo.localSize;
+  SMDDP_CHECK(n == segment.ranks(), kInternal, "host collectives need the host's segment");
+  const auto timeout = ctx.waits().timeout();
+  // Every host holds the same number of ranks here (openHostPath), so every
+  // rank reaches the same verdict on the layout.
+  if (topo.hosts() > kHostMaxRanks) {
+    notOpened->why = "more than " + std::to_string(kHostMaxRanks) + " hosts";
+    return nullptr;
+  }
   // A word only this process knows, for a peer to read back.
   uint64_t word = 0;
   randomBytes(&word, sizeof(word));
@@ -98,37 +139,55 @@ std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
                                   std::to_string(address(const_cast<uint64_t*>(&probe))) + " " +
                                   std::to_string(static_cast<uint64_t>(probe))
                             : "off";
-  const auto timeout = ctx.waits().timeout();
-  auto where = bootstrapAllGather(bootstrap, rank, n, "hostcoll/where", mine, timeout);
+  PrefixBootstrap host(bootstrap, "host" + std::to_string(topo.hostIndex) + "/");
+  auto where = bootstrapAllGather(host, local, n, "hostcoll/where", mine, timeout);
   std::string status = "ok";
   std::vector<pid_t> pids(n);
   for (int r = 0; r < n && status == "ok"; ++r) {
     if (where[r] == "off") status = "off";
     else pids[r] = static_cast<pid_t>(std::strtoll(where[r].c_str(), nullptr, 10));
   }
-  if (status == "ok") status = probePeer(rank, (rank + 1) % n, where[(rank + 1) % n]);
-  // Every rank has read (or failed to) before any probe word goes away.
-  auto votes = bootstrapAllGather(bootstrap, rank, n, "hostcoll/ok", status, timeout);
+  if (status == "ok" && n > 1) {
+    status = probePeer(ctx.rank(), topo.ranksOfHost[topo.hostIndex][(local + 1) % n],
+                       where[(local + 1) % n]);
+  }
+  // Every rank of every host has read (or failed to) before any probe word
+  // goes away, and all take the same path.
+  auto votes = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "hostcoll/ok", status, timeout);
   for (const std::string& v : votes) {
     if (v == "ok") continue;
     notOpened->switchedOff = v == "off";
     notOpened->why = notOpened->switchedOff ? "SMDDP_SHM_COLLECTIVES=0" : v;
     return nullptr;
   }
-  return std::unique_ptr<SegmentCollectives>(new SegmentCollectives(segment, rank, pids));
+  return std::unique_ptr<SegmentCollectives>(new SegmentCollectives(segment, topo, pids));
 }
 
-SegmentCollectives::SegmentCollectives(HostSegment& segment, int rank, std::vector<pid_t> pids)
-    : segment_(segment), rank_(rank), ranks_(segment.ranks()), pids_(std::move(pids)) {}
+SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology& topo,
+                                       std::vector<pid_t> pids)
+    : segment_(segment),
+      topo_(topo),
+      local_(topo.localRank),
+      ranks_(segment.ranks()),
+      pids_(std::move(pids)) {}
 
 std::string SegmentCollectives::describe() const {
-  return "shared memory, each rank reading its peers' buffers (" + std::to_string(ranks_) +
-         " ranks)";
+  if (hosts() == 1) {
+    return "shared memory, each rank reading its peers' buffers (" + std::to_string(ranks_) +
+           " ranks)";
+  }
+  return "hierarchy: shared memory within each host, each rank reading its peers' buffers, and "
+         "across hosts only between ranks of the same local index (" +
+         std::to_string(hosts()) + " hosts x " + std::to_string(ranks_) + " ranks)";
+}
+
+CallPath SegmentCollectives::callPath() const {
+  return hosts() == 1 ? CallPath::kSharedMemory : CallPath::kHierarchy;
 }
 
 void SegmentCollectives::post(uint64_t seq, const CollectiveSignature& sig,
                               const std::vector<uint64_t>& blocks) {
-  DirectPost& p = segment_.ctl().direct[rank_];
+  DirectPost& p = segment_.ctl().direct[local_];
   p.numel = sig.numel;
   p.collective = static_cast<uint8_t>(sig.collective);
   p.dtype = static_cast<uint8_t>(sig.dtype);
@@ -138,17 +197,17 @@ void SegmentCollectives::post(uint64_t seq, const CollectiveSignature& sig,
   segment_.wakeAll();
 }
 
+template <typename Arrived>
 void SegmentCollectives::await(EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                               const CollectiveSignature& sig,
-                               const std::function<bool(int)>& arrived) {
+                               const CollectiveSignature& sig, const Arrived& arrived) {
   using clock = std::chrono::steady_clock;
   const auto spin = std::chrono::microseconds(ctx.config().spinUs);
   const auto idleSince = clock::now();
   auto nextCheck = idleSince;
-  auto behind = [&] {  // for messages
+  auto behind = [&] {  // for messages: group ranks
     std::vector<int> ranks;
     for (int p = 0; p < ranks_; ++p) {
-      if (!arrived(p)) ranks.push_back(p);
+      if (!arrived(p)) ranks.push_back(globalRank(topo_.hostIndex, p));
     }
     return ranks;
   };
@@ -187,19 +246,23 @@ void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint6
                                      static_cast<DataType>(d.dtype), static_cast<ReduceOp>(d.op),
                                      d.numel, -1};
     if (theirs == sig) continue;
-    // Every rank sees every post, so every rank fails here.
+    // Every rank of the host sees every post, so every one fails here.
     throwError(ErrorKind::kMismatch,
-               "smddp: " + watch.what() + ": rank " + std::to_string(p) + " called " +
+               "smddp: " + watch.what() + ": rank " +
+                   std::to_string(globalRank(topo_.hostIndex, p)) + " called " +
                    theirs.describe() + " at sequence " + std::to_string(seq) +
                    " but this rank called " + sig.describe() + " (collective mismatch)");
   }
 }
 
-void SegmentCollectives::finish(EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                                const CollectiveSignature& sig) {
-  SegmentControl& ctl = segment_.ctl();
-  ctl.direct[rank_].done.store(seq + 1, std::memory_order_release);
+void SegmentCollectives::markDone(uint64_t seq) {
+  segment_.ctl().direct[local_].done.store(seq + 1, std::memory_order_release);
   segment_.wakeAll();
+}
+
+void SegmentCollectives::awaitDone(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                                   const CollectiveSignature& sig) {
+  const SegmentControl& ctl = segment_.ctl();
   await(ctx, watch, seq, sig, [&](int p) {
     return ctl.direct[p].done.load(std::memory_order_acquire) >= seq + 1;
   });
@@ -212,86 +275,167 @@ void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t b
   // The peer's process is gone (ESRCH) or its buffer went away under the
   // read: either way that rank cannot finish this call.
   throwError(ErrorKind::kPeerLost, "smddp: " + watch.what() + ": reading rank " +
-                                       std::to_string(peer) + "'s buffer failed (" + err +
+                                       std::to_string(globalRank(topo_.hostIndex, peer)) +
+                                       "'s buffer failed (" + err +
                                        "); that rank died or left the call");
 }
 
 void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
                                    const std::vector<Buffer>& outs, DataType dtype) {
-  SMDDP_CHECK(static_cast<int>(outs.size()) == ranks_, kInvalidArgument,
+  SMDDP_CHECK(static_cast<int>(outs.size()) == ctx.size(), kInvalidArgument,
               "allgather needs one output per rank");
   const CollectiveSignature sig{CollectiveType::kAllgather, dtype, ReduceOp::kSum, in.numel, -1};
-  const uint64_t bytes = in.numel * elementSize(dtype);
+  const CallEnds ends(ctx, seq, sig);
+  const size_t es = elementSize(dtype);
+  const uint64_t bytes = in.numel * es;
+  const int me = ctx.rank();
   const auto* src = static_cast<const uint8_t*>(in.data);
   // The peers read `in` while this rank writes its outputs: if one of them
   // (other than `in` itself as its own output) overlaps it, they read a copy.
   bool clash = false;
-  for (int p = 0; p < ranks_; ++p) {
-    if (p != rank_ || outs[p].data != in.data) clash = clash || overlaps(src, bytes, outs[p].data, bytes);
+  for (int p = 0; p < ctx.size(); ++p) {
+    if (p != me || outs[p].data != in.data) clash = clash || overlaps(src, bytes, outs[p].data, bytes);
   }
   if (clash) {
     snapshot_.assign(src, src + bytes);
     src = snapshot_.data();
   }
-  if (bytes && outs[rank_].data != src) std::memmove(outs[rank_].data, src, bytes);
-  post(seq, sig, {address(src)});
+  if (bytes && outs[me].data != src) std::memmove(outs[me].data, src, bytes);
+  // Across hosts: this rank's part to the ranks of its local index on the
+  // other hosts, theirs into their outputs.
+  const int H = hosts();
+  const int host = topo_.hostIndex;
+  if (H > 1) {
+    Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
+    for (int h = 0; h < H; ++h) {
+      if (h == host) continue;
+      const int peer = globalRank(h, local_);
+      recvBlock(ex, ctx, peer, static_cast<uint8_t*>(outs[peer].data), in.numel, es);
+      sendBlock(ex, ctx, peer, src, in.numel, es);
+    }
+    ex.run();
+  }
+  // What this rank holds, by host: its own part, and what arrived.
+  std::vector<uint64_t> blocks(H);
+  for (int h = 0; h < H; ++h) {
+    blocks[h] = h == host ? address(src) : address(outs[globalRank(h, local_)].data);
+  }
+  post(seq, sig, blocks);
   StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   awaitPosts(ctx, watch, seq, sig);
   const SegmentControl& ctl = segment_.ctl();
   for (int i = 1; i < ranks_; ++i) {
-    const int p = (rank_ + i) % ranks_;
-    read(p, outs[p].data, ctl.direct[p].block[0], bytes, watch);
+    const int p = (local_ + i) % ranks_;
+    for (int k = 0; k < H; ++k) {
+      const int h = (host + k) % H;
+      read(p, outs[globalRank(h, p)].data, ctl.direct[p].block[h], bytes, watch);
+    }
   }
-  finish(ctx, watch, seq, sig);
+  markDone(seq);
+  awaitDone(ctx, watch, seq, sig);
+}
+
+template <typename Remote>
+void SegmentCollectives::combineHost(const uint8_t* own, const Remote& remote, uint8_t* dst,
+                                     uint64_t numel, DataType dtype, ReduceOp op,
+                                     double avgDivisor, const StallWatch& watch) {
+  const size_t es = elementSize(dtype);
+  const uint64_t pieceElems = std::max<uint64_t>(1, kPieceBytes / es);
+  pieces_.resize(pieceElems * es * ranks_);
+  std::vector<const void*> inputs(ranks_);
+  for (uint64_t off = 0; off < numel; off += pieceElems) {
+    const uint64_t len = std::min(pieceElems, numel - off);
+    for (int p = 0; p < ranks_; ++p) {
+      if (p == local_) {
+        inputs[p] = own + off * es;
+        continue;
+      }
+      uint8_t* piece = pieces_.data() + p * pieceElems * es;
+      read(p, piece, remote(p) + off * es, len * es, watch);
+      inputs[p] = piece;
+    }
+    reduceOrdered(dst + off * es, inputs.data(), ranks_, len, dtype, op, avgDivisor);
+  }
 }
 
 void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
                                        const std::vector<Buffer>& ins, Buffer out, DataType dtype,
                                        ReduceOp op) {
   checkOp("reduce_scatter", op, dtype);
-  SMDDP_CHECK(static_cast<int>(ins.size()) == ranks_, kInvalidArgument,
+  const int world = ctx.size();
+  const int me = ctx.rank();
+  SMDDP_CHECK(static_cast<int>(ins.size()) == world, kInvalidArgument,
               "reduce_scatter needs one input block per rank");
   const CollectiveSignature sig{CollectiveType::kReduceScatter, dtype, op, out.numel, -1};
+  const CallEnds ends(ctx, seq, sig);
   const size_t es = elementSize(dtype);
   const uint64_t bytes = out.numel * es;
   // The peers read every block but this rank's own while this rank writes
-  // `out`; `out` may be its own block exactly (the kernel allows it).
-  bool clash = false;
-  for (int p = 0; p < ranks_; ++p) {
-    if (p != rank_ || out.data != ins[p].data) clash = clash || overlaps(out.data, bytes, ins[p].data, bytes);
+  // `out`; `out` may be its own block exactly (the kernel allows it). Past
+  // kHostMaxRanks ranks a post names where the first block lies, and the
+  // blocks must lie one after another: the peers read a copy otherwise.
+  const bool perBlock = world <= kHostMaxRanks;
+  bool clash = !perBlock && !contiguous(ins, bytes);
+  for (int p = 0; p < world; ++p) {
+    if (p != me || out.data != ins[p].data) clash = clash || overlaps(out.data, bytes, ins[p].data, bytes);
   }
-  std::vector<uint64_t> blocks(ranks_);
-  for (int p = 0; p < ranks_; ++p) blocks[p] = address(ins[p].data);
+  std::vector<const uint8_t*> block(world);
+  for (int p = 0; p < world; ++p) block[p] = static_cast<const uint8_t*>(ins[p].data);
   if (clash) {
-    snapshot_.resize(bytes * ranks_);
-    for (int p = 0; p < ranks_; ++p) {
+    snapshot_.resize(bytes * world);
+    for (int p = 0; p < world; ++p) {
       if (bytes) std::memcpy(snapshot_.data() + p * bytes, ins[p].data, bytes);
-      blocks[p] = address(snapshot_.data() + p * bytes);
+      block[p] = snapshot_.data() + p * bytes;
     }
   }
-  const auto* own = reinterpret_cast<const uint8_t*>(blocks[rank_]);
-  post(seq, sig, blocks);
+  std::vector<uint64_t> posted(perBlock ? world : 1);
+  for (size_t p = 0; p < posted.size(); ++p) posted[p] = address(block[p]);
+  post(seq, sig, posted);
   StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   awaitPosts(ctx, watch, seq, sig);
   const SegmentControl& ctl = segment_.ctl();
-  const uint64_t pieceElems = std::max<uint64_t>(1, kPieceBytes / es);
-  pieces_.resize(pieceElems * es * ranks_);
-  std::vector<const void*> inputs(ranks_);
-  auto* dst = static_cast<uint8_t*>(out.data);
-  for (uint64_t off = 0; off < out.numel; off += pieceElems) {
-    const uint64_t len = std::min(pieceElems, out.numel - off);
-    for (int p = 0; p < ranks_; ++p) {
-      if (p == rank_) {
-        inputs[p] = own + off * es;
-        continue;
-      }
-      uint8_t* piece = pieces_.data() + p * pieceElems * es;
-      read(p, piece, ctl.direct[p].block[rank_] + off * es, len * es, watch);
-      inputs[p] = piece;
-    }
-    reduceOrdered(dst + off * es, inputs.data(), ranks_, len, dtype, op, ranks_);
+  // Where local rank p's block for group rank `owner` lies in p's memory.
+  auto remoteOf = [&](int owner) {
+    return [&ctl, owner, perBlock, bytes](int p) {
+      return perBlock ? ctl.direct[p].block[owner] : ctl.direct[p].block[0] + owner * bytes;
+    };
+  };
+  const int H = hosts();
+  if (H == 1) {
+    combineHost(block[me], remoteOf(me), static_cast<uint8_t*>(out.data), out.numel, dtype, op,
+                world, watch);
+    markDone(seq);
+    awaitDone(ctx, watch, seq, sig);
+    return;
   }
-  finish(ctx, watch, seq, sig);
+  // This host's sum of each block owned by this rank's local index, sent to
+  // its owner as soon as it is made (this rank's own block last); averaging
+  // divides once, at the end.
+  const int host = topo_.hostIndex;
+  const ReduceOp hostOp = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  hostSums_.resize(bytes * H);
+  arrived_.resize(bytes * H);
+  Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
+  for (int h = 0; h < H; ++h) {
+    if (h != host) recvBlock(ex, ctx, globalRank(h, local_), arrived_.data() + h * bytes, out.numel, es);
+  }
+  for (int k = 1; k <= H; ++k) {
+    const int h = (host + k) % H;
+    const int owner = globalRank(h, local_);
+    uint8_t* sum = hostSums_.data() + h * bytes;
+    combineHost(block[owner], remoteOf(owner), sum, out.numel, dtype, hostOp, 1.0, watch);
+    if (h == host) break;
+    sendBlock(ex, ctx, owner, sum, out.numel, es);
+    ex.poll();
+  }
+  markDone(seq);
+  ex.run();
+  std::vector<const void*> inputs(H);
+  for (int h = 0; h < H; ++h) {
+    inputs[h] = (h == host ? hostSums_.data() : arrived_.data()) + h * bytes;
+  }
+  if (out.numel) reduceOrdered(out.data, inputs.data(), H, out.numel, dtype, op, world);
+  awaitDone(ctx, watch, seq, sig);
 }
 
 }  // namespace smddp

@@ -1,14 +1,23 @@
-// All-gather and reduce-scatter among the ranks of one host, straight from
+// All-gather and reduce-scatter through the host segment, straight from
 // each peer's buffer (docs/design.md, "All-gather and reduce-scatter on
-// one host"). A rank posts where its input lies (DirectPost, in the host
-// segment), and every rank copies what it needs from the others with
-// cross-memory attach (process_vm_readv): all-gather moves each peer's
-// part once, into the output; reduce-scatter reads the other ranks' parts
-// of its own block once, a piece at a time into a buffer that stays in
-// cache, and combines them in rank order with the reduction servers'
-// kernel, so its result has the bits of the network path's. A rank leaves
-// the call once every rank has read what it needs, so that its input may
-// change again.
+// one host" and "... across hosts"). A rank posts where its blocks lie
+// (DirectPost, in the host segment), and every rank copies what it needs
+// from the others of its host with cross-memory attach
+// (process_vm_readv). On one host, all-gather moves each peer's part once,
+// into the output; reduce-scatter reads the other ranks' parts of its own
+// block once, a piece at a time into a buffer that stays in cache, and
+// combines them in rank order with the reduction servers' kernel, so its
+// result has the bits of the network path's.
+//
+// Across hosts (every host holding L ranks), local rank l of each host
+// talks over the network only to local rank l of the other hosts, so no
+// byte crosses a link twice: all-gather first swaps its own part with
+// them, then gathers through the segment what its host's ranks received;
+// reduce-scatter first combines, through the segment, its host's
+// contributions to the blocks of the ranks with local index l (in local
+// rank order), sends each host sum to its owner, and sums what arrives in
+// host order. A rank leaves the call once every rank of its host has read
+// what it needs, so that its input may change again.
 #pragma once
 
 #include <sys/types.h>
@@ -20,6 +29,7 @@
 #include <vector>
 
 #include "engine/allreduce_path.h"
+#include "hostpath/host_path.h"
 #include "hostpath/host_segment.h"
 #include "transport/bootstrap.h"
 
@@ -35,43 +45,64 @@ class SegmentCollectives final : public HostCollectives {
     bool switchedOff = false;  // SMDDP_SHM_COLLECTIVES=0 on some rank, as asked
     std::string why;           // otherwise: what some rank could not do
   };
-  // Collective over `bootstrap` (the group's key space; a group whose
-  // ranks all share `segment`'s host), bounded by the group timeout: each
-  // rank tries to read a peer's memory, and all agree. Null when
-  // SMDDP_SHM_COLLECTIVES=0 on some rank or some rank could not read (a
-  // kernel's ptrace rules, a seccomp filter), with `notOpened` saying which.
+  // Collective over `bootstrap` (the group's key space; `segment` is this
+  // host's, for `topo`'s ranks), bounded by the group timeout: each rank
+  // tries to read a peer's memory, and all ranks of all hosts agree. Null
+  // when SMDDP_SHM_COLLECTIVES=0 on some rank, some rank could not read (a
+  // kernel's ptrace rules, a seccomp filter) or the layout has no such
+  // path (hosts of different sizes, more than kHostMaxRanks hosts), with
+  // `notOpened` saying which.
   static std::unique_ptr<SegmentCollectives> open(EngineContext& ctx, Bootstrap& bootstrap,
-                                                  HostSegment& segment, NotOpened* notOpened);
+                                                  HostSegment& segment, const HostTopology& topo,
+                                                  NotOpened* notOpened);
 
   void allGather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                  DataType dtype) override;
   void reduceScatter(EngineContext& ctx, uint64_t seq, const std::vector<Buffer>& ins, Buffer out,
                      DataType dtype, ReduceOp op) override;
   std::string describe() const override;
+  CallPath callPath() const override;
 
  private:
-  SegmentCollectives(HostSegment& segment, int rank, std::vector<pid_t> pids);
+  SegmentCollectives(HostSegment& segment, const HostTopology& topo, std::vector<pid_t> pids);
+  // The group rank of local rank `local` of host `host`.
+  int globalRank(int host, int local) const { return topo_.ranksOfHost[host][local]; }
+  int hosts() const { return topo_.hosts(); }
   // Publishes this rank's blocks for call `seq`.
   void post(uint64_t seq, const CollectiveSignature& sig, const std::vector<uint64_t>& blocks);
-  // Waits until every rank posted call `seq`, and checks that they made
-  // the same call (kMismatch naming the first that differs).
+  // Waits until every rank of this host posted call `seq`, and checks that
+  // they made the same call (kMismatch naming the first that differs).
   void awaitPosts(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                   const CollectiveSignature& sig);
-  // Marks this rank's reads done and waits until every rank's are.
-  void finish(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig);
+  // This rank has read all it needs of its host's peers.
+  void markDone(uint64_t seq);
+  // Waits until every rank of this host has.
+  void awaitDone(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                 const CollectiveSignature& sig);
+  template <typename Arrived>
   void await(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,
-             const std::function<bool(int)>& arrived);
-  // Copies `bytes` at `remote` in rank `peer`'s memory to `local`.
+             const Arrived& arrived);
+  // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`.
   void read(int peer, void* local, uint64_t remote, uint64_t bytes, const StallWatch& watch) const;
+  // Reduce-scatter: combines, in local rank order, the host's blocks for
+  // group rank `owner` into `dst` (`own` is this rank's block; peer p's
+  // lies at remote(p)), a piece at a time.
+  template <typename Remote>
+  void combineHost(const uint8_t* own, const Remote& remote, uint8_t* dst, uint64_t numel,
+                   DataType dtype, ReduceOp op, double avgDivisor, const StallWatch& watch);
 
   HostSegment& segment_;
-  const int rank_;
-  const int ranks_;
-  const std::vector<pid_t> pids_;
+  const HostTopology topo_;
+  const int local_;   // this rank's index on its host
+  const int ranks_;   // ranks on this host
+  const std::vector<pid_t> pids_;  // by local rank
   // A private copy of this rank's input when the output overlaps it in a
-  // way the peers' reads would see; the pieces of the peers' parts.
+  // way the peers' reads would see; the pieces of the peers' parts; across
+  // hosts, this host's sums and what the other hosts sent.
   std::vector<uint8_t> snapshot_;
   std::vector<uint8_t> pieces_;
+  std::vector<uint8_t> hostSums_;
+  std::vector<uint8_t> arrived_;
 };
 
 }  // namespace smddp

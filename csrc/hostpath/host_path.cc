@@ -309,16 +309,14 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
   }
   std::unique_ptr<ServerLinks> links;
   const int inUse = linkStandaloneServers(ctx, bootstrap, topo, *seg, &links);
-  std::unique_ptr<SegmentCollectives> direct;
-  if (topo.hosts() == 1) {
-    SegmentCollectives::NotOpened notOpened;
-    direct = SegmentCollectives::open(ctx, bootstrap, *seg, &notOpened);
-    if (!direct && !notOpened.switchedOff && ctx.rank() == 0) {
-      SMDDP_LOG(kWarn) << "group '" << ctx.name()
-                       << "': all-gather and reduce-scatter go over the network, not through "
-                          "shared memory: "
-                       << notOpened.why << " (SMDDP_SHM_COLLECTIVES=0 says so without this warning)";
-    }
+  SegmentCollectives::NotOpened notOpened;
+  std::unique_ptr<SegmentCollectives> direct =
+      SegmentCollectives::open(ctx, bootstrap, *seg, topo, &notOpened);
+  if (!direct && !notOpened.switchedOff && ctx.rank() == 0) {
+    SMDDP_LOG(kWarn) << "group '" << ctx.name()
+                     << "': all-gather and reduce-scatter go over the network, not through "
+                        "shared memory: "
+                     << notOpened.why << " (SMDDP_SHM_COLLECTIVES=0 says so without this warning)";
   }
   auto scheduler = std::make_unique<FusionBufferScheduler>(ctx, std::move(seg), std::move(topo),
                                                            config.fusionBytes);

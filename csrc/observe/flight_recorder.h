@@ -27,7 +27,8 @@ enum class CallPath : uint8_t {
   kUnknown,
   kSharedMemory,  // through the host segment (one host): a fusion batch, or an
                   // all-gather or reduce-scatter reading its peers directly
-  kHierarchy,     // a fusion batch through the segments, then across hosts
+  kHierarchy,     // through the segments, then across hosts: a fusion batch, or
+                  // an all-gather or reduce-scatter
   kNetwork,       // libfabric only
 };
 const char* toString(CallPath p);

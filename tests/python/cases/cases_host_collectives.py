@@ -1,11 +1,16 @@
 """Child side: all-gather and reduce-scatter through the host segment (each
-rank reading its peers' buffers), in one job per world size.
+rank reading its peers' buffers), in one job per world size; on a cluster
+of namespace hosts (run_on_hosts), in the hierarchy across hosts.
 
 Oracles, on the same inputs in the same job:
 - Gloo;
 - the same collectives on an smddp group made with SMDDP_SHM_COLLECTIVES=0,
-  which runs them over the network: reduce-scatter combines in rank order
-  with the same kernel on both paths, so the bits must match;
+  which runs them over the network: on one host, reduce-scatter combines in
+  rank order with the same kernel on both paths, so the bits must match
+  (across hosts the orders differ, so the two agree within rounding);
+- a closed form for sums: every rank regenerates every rank's inputs and
+  adds them as the path says it does (each host's ranks in rank order,
+  rounded to the dtype, then the hosts in order), so the bits must match;
 - this path's own out-of-place result, for the in-place and overlapping
   forms, and a second run, for determinism.
 """
@@ -103,7 +108,42 @@ def all_gathers(ck, rank, world, net, gloo, dtype, n):
     ck.equal(f"all_gather input inside a peer's output chunk {dtype} n={n}", clash, want)
 
 
-def reduce_scatters(ck, rank, world, net, gloo, dtype, n):
+def ordered_sum(tensors, dtype):
+    """Sums in the given order as reduceOrdered does: floats accumulate in
+    f32 (16-bit ones rounded once at the end), integers in their own type."""
+    if not dtype.is_floating_point:
+        acc = tensors[0].clone()
+        for t in tensors[1:]:
+            acc += t
+        return acc
+    acc = tensors[0].float()
+    for t in tensors[1:]:
+        acc = acc + t.float()
+    return acc.to(dtype)
+
+
+def closed_form_block(key, dtype, n, world, hosts, owner, absolute=False, source=None):
+    """Rank `owner`'s block of a SUM reduce-scatter of every rank's
+    make(key, r, source or dtype, n * world), as the path adds it in
+    `dtype` (of the absolute values with `absolute`)."""
+    block = [make(key, r, source or dtype, n * world).narrow(0, n * owner, n).to(dtype)
+             for r in range(world)]
+    if absolute:
+        block = [b.abs() for b in block]
+    return hierarchy_sum(block, dtype, world, hosts)
+
+
+def hierarchy_sum(block, dtype, world, hosts):
+    """Every rank's block (by rank) summed as the path does: each host's
+    ranks in rank order, then the hosts in order."""
+    per_host = world // hosts
+    if hosts == 1:
+        return ordered_sum(block, dtype)
+    sums = [ordered_sum(block[h * per_host:(h + 1) * per_host], dtype) for h in range(hosts)]
+    return ordered_sum(sums, dtype)
+
+
+def reduce_scatters(ck, rank, world, net, gloo, dtype, n, hosts=1):
     flat = make(f"rs{dtype}{n}", rank, dtype, n * world)
     ops = [("SUM", dist.ReduceOp.SUM), ("MAX", dist.ReduceOp.MAX)]
     if dtype.is_floating_point:
@@ -114,14 +154,33 @@ def reduce_scatters(ck, rank, world, net, gloo, dtype, n):
         dist.reduce_scatter_tensor(got, flat.clone(), op=op)
         alt = torch.empty(n, dtype=dtype)
         dist.reduce_scatter_tensor(alt, flat.clone(), op=op, group=net)
-        ck.equal(case + " vs the network path (bitwise)", got, alt)
+        if hosts == 1 or not dtype.is_floating_point or name == "MAX":
+            ck.equal(case + " vs the network path (bitwise)", got, alt)
+        elif dtype == torch.float32:  # 16-bit: the closed form and Gloo's bound below
+            ck.close(case + " vs the network path", got, alt)
+        if name == "SUM":
+            want = closed_form_block(f"rs{dtype}{n}", dtype, n, world, hosts, rank)
+            ck.equal(case + " vs the closed form (bitwise)", got, want)
         again = torch.empty(n, dtype=dtype)
         dist.reduce_scatter_tensor(again, flat.clone(), op=op)
         ck.equal(case + " run twice (bitwise)", again, got)
         if op != dist.ReduceOp.AVG:  # Gloo has no AVG
             ref = torch.empty(n, dtype=dtype)
             dist.reduce_scatter_tensor(ref, flat.clone(), op=op, group=gloo)
-            (ck.equal if not dtype.is_floating_point else ck.close)(case + " vs gloo", got, ref)
+            if dtype in (torch.float16, torch.bfloat16) and name == "SUM":
+                # Both round to 16 bits along the way (Gloo at every step):
+                # each is within (world + 1) roundings of sum |x| of the
+                # exact sum, so they are within twice that of each other.
+                eps = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+                absum = closed_form_block(f"rs{dtype}{n}", torch.float64, n, world, 1, rank,
+                                          absolute=True, source=dtype)
+                settle()
+                err = (got.double() - ref.double()).abs()
+                ck.check(case + " vs gloo (within 16-bit rounding)",
+                         bool((err <= 2 * (world + 1) * eps * absum + 1e-6).all()),
+                         f"max diff {err.max().item() if n else 0}")
+            else:
+                (ck.equal if not dtype.is_floating_point else ck.close)(case + " vs gloo", got, ref)
         inplace = flat.clone()
         dist.reduce_scatter_tensor(inplace.narrow(0, n * rank, n), inplace, op=op)
         ck.equal(case + " in place", inplace.narrow(0, n * rank, n), got)
@@ -135,7 +194,13 @@ def reduce_scatters(ck, rank, world, net, gloo, dtype, n):
     dist.reduce_scatter(got, [t.clone() for t in ins])
     alt = torch.empty(n, dtype=dtype)
     dist.reduce_scatter(alt, [t.clone() for t in ins], group=net)
-    ck.equal(f"reduce_scatter list {dtype} n={n} vs the network path", got, alt)
+    if hosts == 1 or not dtype.is_floating_point:
+        ck.equal(f"reduce_scatter list {dtype} n={n} vs the network path", got, alt)
+    elif dtype == torch.float32:
+        ck.close(f"reduce_scatter list {dtype} n={n} vs the network path", got, alt)
+    want = hierarchy_sum([make(f"rsl{dtype}{n}{rank}", r, dtype, n) for r in range(world)],
+                         dtype, world, hosts)
+    ck.equal(f"reduce_scatter list {dtype} n={n} vs the closed form (bitwise)", got, want)
 
 
 def queued(ck, rank, world, gloo):
@@ -174,23 +239,27 @@ def mismatch(ck, rank, world):
              torch.cat([torch.full((5,), float(q)) for q in range(world)]))
 
 
-def run(rank, world):
+def run(rank, world, hosts=1, sizes=SIZES):
+    """Every case; `hosts` hosts of world / hosts ranks each (rank r on host
+    r // (world / hosts), as torchrun numbers them)."""
     ck = Checker(rank, world)
     gloo = dist.new_group(backend="gloo")
     net = network_group()
     path = torch_smddp.stats()["gather_scatter_path"]
-    ck.check("default group reads its peers' buffers", path.startswith("shared memory"), path)
+    want_path, record_path = (("shared memory", "shared-memory") if hosts == 1
+                              else ("hierarchy", "hierarchy"))
+    ck.check(f"default group's path is {want_path}", path.startswith(want_path), path)
     net_path = torch_smddp.stats(net)["gather_scatter_path"]
     ck.check("SMDDP_SHM_COLLECTIVES=0 group uses the network", net_path.startswith("network"), net_path)
     for dtype in DTYPES:
-        for n in SIZES:
+        for n in sizes:
             all_gathers(ck, rank, world, net, gloo, dtype, n)
-            reduce_scatters(ck, rank, world, net, gloo, dtype, n)
+            reduce_scatters(ck, rank, world, net, gloo, dtype, n, hosts)
     queued(ck, rank, world, gloo)
     record = [e for e in torch_smddp.flight_recorder()
               if e["collective"] in ("allgather", "reduce_scatter") and e["state"] == "completed"]
-    ck.check("the flight recorder says shared-memory",
-             bool(record) and all(e["path"] == "shared-memory" for e in record),
+    ck.check(f"the flight recorder says {record_path}",
+             bool(record) and all(e["path"] == record_path for e in record),
              str({e["path"] for e in record}))
     net_record = [e for e in torch_smddp.flight_recorder(net) if e["collective"] == "allgather"]
     ck.check("the network group's record says network",
