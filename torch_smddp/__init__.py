@@ -285,7 +285,8 @@ def stats(group=None, reset: bool = False) -> dict:
     does (chunks, fusion, reduction servers, bf16 crossing, pairwise
     rounds). ``gather_scatter_path`` says how all-gather and reduce-scatter
     run: through shared memory, each rank reading its peers' buffers (one
-    host), or over the network. With ``reset=True`` the counters are zeroed after reading.
+    host), in a hierarchy across hosts ("hierarchy: ..."), or over the
+    network. With ``reset=True`` the counters are zeroed after reading.
     """
     backend = _backend_of(group)
     out = backend.stats()

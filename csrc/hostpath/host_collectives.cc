@@ -33,6 +33,9 @@ namespace {
 // Reduce-scatter reads the peers' parts in pieces of this many bytes, which
 // stay in cache until the combine reads them.
 constexpr uint64_t kPieceBytes = 256 * 1024;
+// An all-gather across hosts reads its host's parts in slices of this
+// many bytes, polling its exchange between them.
+constexpr uint64_t kPollSliceBytes = 1 << 20;
 // One process_vm_readv moves at most this much (the kernel's limit is
 // about 2 GiB).
 constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;
@@ -255,6 +258,19 @@ void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint6
   }
 }
 
+void SegmentCollectives::markLanded(uint64_t seq) {
+  segment_.ctl().direct[local_].landed.store(seq + 1, std::memory_order_release);
+  segment_.wakeAll();
+}
+
+void SegmentCollectives::awaitLanded(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                                     const CollectiveSignature& sig) {
+  const SegmentControl& ctl = segment_.ctl();
+  await(ctx, watch, seq, sig, [&](int p) {
+    return ctl.direct[p].landed.load(std::memory_order_acquire) >= seq + 1;
+  });
+}
+
 void SegmentCollectives::markDone(uint64_t seq) {
   segment_.ctl().direct[local_].done.store(seq + 1, std::memory_order_release);
   segment_.wakeAll();
@@ -301,21 +317,10 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
     src = snapshot_.data();
   }
   if (bytes && outs[me].data != src) std::memmove(outs[me].data, src, bytes);
-  // Across hosts: this rank's part to the ranks of its local index on the
-  // other hosts, theirs into their outputs.
+  // What this rank holds, by host: its own part, and (across hosts) where
+  // the part of the rank of its local index on each other host lands.
   const int H = hosts();
   const int host = topo_.hostIndex;
-  if (H > 1) {
-    Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
-    for (int h = 0; h < H; ++h) {
-      if (h == host) continue;
-      const int peer = globalRank(h, local_);
-      recvBlock(ex, ctx, peer, static_cast<uint8_t*>(outs[peer].data), in.numel, es);
-      sendBlock(ex, ctx, peer, src, in.numel, es);
-    }
-    ex.run();
-  }
-  // What this rank holds, by host: its own part, and what arrived.
   std::vector<uint64_t> blocks(H);
   for (int h = 0; h < H; ++h) {
     blocks[h] = h == host ? address(src) : address(outs[globalRank(h, local_)].data);
@@ -324,21 +329,57 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   awaitPosts(ctx, watch, seq, sig);
   const SegmentControl& ctl = segment_.ctl();
-  for (int i = 1; i < ranks_; ++i) {
-    const int p = (local_ + i) % ranks_;
-    for (int k = 0; k < H; ++k) {
-      const int h = (host + k) % H;
-      read(p, outs[globalRank(h, p)].data, ctl.direct[p].block[h], bytes, watch);
+  // This host's parts first; across hosts, while this rank's part goes to
+  // the ranks of its local index on the other hosts, and theirs arrive.
+  auto readHostParts = [&](auto poll) {
+    for (int i = 1; i < ranks_; ++i) {
+      const int p = (local_ + i) % ranks_;
+      readPolling(p, static_cast<uint8_t*>(outs[globalRank(host, p)].data),
+                  ctl.direct[p].block[host], bytes, watch, poll);
+    }
+  };
+  if (H == 1) {
+    readHostParts([] {});
+  } else {
+    Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
+    for (int h = 0; h < H; ++h) {
+      if (h == host) continue;
+      const int peer = globalRank(h, local_);
+      recvBlock(ex, ctx, peer, static_cast<uint8_t*>(outs[peer].data), in.numel, es);
+      sendBlock(ex, ctx, peer, src, in.numel, es);
+    }
+    ex.poll();
+    readHostParts([&ex] { ex.poll(); });
+    ex.run();
+    markLanded(seq);
+    awaitLanded(ctx, watch, seq, sig);
+    for (int i = 1; i < ranks_; ++i) {
+      const int p = (local_ + i) % ranks_;
+      for (int k = 1; k < H; ++k) {
+        const int h = (host + k) % H;
+        read(p, outs[globalRank(h, p)].data, ctl.direct[p].block[h], bytes, watch);
+      }
     }
   }
   markDone(seq);
   awaitDone(ctx, watch, seq, sig);
 }
 
-template <typename Remote>
+template <typename Poll>
+void SegmentCollectives::readPolling(int peer, uint8_t* local, uint64_t remote, uint64_t bytes,
+                                     const StallWatch& watch, const Poll& poll) const {
+  for (uint64_t off = 0; off < bytes; off += kPollSliceBytes) {
+    const uint64_t len = std::min(kPollSliceBytes, bytes - off);
+    read(peer, local + off, remote + off, len, watch);
+    poll();
+  }
+}
+
+template <typename Remote, typename Poll>
 void SegmentCollectives::combineHost(const uint8_t* own, const Remote& remote, uint8_t* dst,
                                      uint64_t numel, DataType dtype, ReduceOp op,
-                                     double avgDivisor, const StallWatch& watch) {
+                                     double avgDivisor, const StallWatch& watch,
+                                     const Poll& poll) {
   const size_t es = elementSize(dtype);
   const uint64_t pieceElems = std::max<uint64_t>(1, kPieceBytes / es);
   pieces_.resize(pieceElems * es * ranks_);
@@ -355,6 +396,7 @@ void SegmentCollectives::combineHost(const uint8_t* own, const Remote& remote, u
       inputs[p] = piece;
     }
     reduceOrdered(dst + off * es, inputs.data(), ranks_, len, dtype, op, avgDivisor);
+    poll();
   }
 }
 
@@ -403,7 +445,7 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   const int H = hosts();
   if (H == 1) {
     combineHost(block[me], remoteOf(me), static_cast<uint8_t*>(out.data), out.numel, dtype, op,
-                world, watch);
+                world, watch, [] {});
     markDone(seq);
     awaitDone(ctx, watch, seq, sig);
     return;
@@ -423,7 +465,8 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
     const int h = (host + k) % H;
     const int owner = globalRank(h, local_);
     uint8_t* sum = hostSums_.data() + h * bytes;
-    combineHost(block[owner], remoteOf(owner), sum, out.numel, dtype, hostOp, 1.0, watch);
+    combineHost(block[owner], remoteOf(owner), sum, out.numel, dtype, hostOp, 1.0, watch,
+                [&ex] { ex.poll(); });
     if (h == host) break;
     sendBlock(ex, ctx, owner, sum, out.numel, es);
     ex.poll();

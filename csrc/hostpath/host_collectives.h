@@ -74,6 +74,10 @@ class SegmentCollectives final : public HostCollectives {
   // they made the same call (kMismatch naming the first that differs).
   void awaitPosts(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                   const CollectiveSignature& sig);
+  // All-gather across hosts: the other hosts' parts have landed here.
+  void markLanded(uint64_t seq);
+  void awaitLanded(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                   const CollectiveSignature& sig);
   // This rank has read all it needs of its host's peers.
   void markDone(uint64_t seq);
   // Waits until every rank of this host has.
@@ -84,12 +88,18 @@ class SegmentCollectives final : public HostCollectives {
              const Arrived& arrived);
   // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`.
   void read(int peer, void* local, uint64_t remote, uint64_t bytes, const StallWatch& watch) const;
+  // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`
+  // a slice at a time, calling poll() after each (an exchange in flight).
+  template <typename Poll>
+  void readPolling(int peer, uint8_t* local, uint64_t remote, uint64_t bytes,
+                   const StallWatch& watch, const Poll& poll) const;
   // Reduce-scatter: combines, in local rank order, the host's blocks for
   // group rank `owner` into `dst` (`own` is this rank's block; peer p's
-  // lies at remote(p)), a piece at a time.
-  template <typename Remote>
+  // lies at remote(p)), a piece at a time, calling poll() after each.
+  template <typename Remote, typename Poll>
   void combineHost(const uint8_t* own, const Remote& remote, uint8_t* dst, uint64_t numel,
-                   DataType dtype, ReduceOp op, double avgDivisor, const StallWatch& watch);
+                   DataType dtype, ReduceOp op, double avgDivisor, const StallWatch& watch,
+                   const Poll& poll);
 
   HostSegment& segment_;
   const HostTopology topo_;

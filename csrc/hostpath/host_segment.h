@@ -57,11 +57,14 @@ struct alignas(64) FusionPlan {
 struct alignas(64) DirectPost {
   std::atomic<uint64_t> posted{0};  // seq + 1 once the fields below are valid
   std::atomic<uint64_t> done{0};    // seq + 1 once this rank read all it needs
+  std::atomic<uint64_t> landed{0};  // across hosts: seq + 1 once the other hosts' parts arrived
   uint64_t numel = 0;               // elements per block
   uint8_t collective = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint64_t block[kHostMaxRanks] = {};  // all-gather: block[0]; reduce-scatter: rank r's block
+  // All-gather: block[h] holds host h's part (this rank's input for its
+  // own host); reduce-scatter: rank r's block, or where block 0 lies.
+  uint64_t block[kHostMaxRanks] = {};
 };
 
 struct SegmentControl {

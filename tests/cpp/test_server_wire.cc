@@ -425,7 +425,7 @@ std::vector<std::vector<uint8_t>> readWire(FrameSeal& check, const std::string& 
 }  // namespace
 
 TEST_CASE("encrypted frames (SMDDP_WIRE_ENCRYPT) cross in any split as ciphertext, and any "
-          "altered, dropped, replayed, reordered or reflected one fails",
+          "altered, dropped, replayed, reordered or reflected one fails, in both directions",
           "[server][encrypt]") {
   const std::string session(32, 'k');
   const std::string pattern = "GRADIENT-PLAINTEXT-PATTERN/";
@@ -493,6 +493,24 @@ TEST_CASE("encrypted frames (SMDDP_WIRE_ENCRYPT) cross in any split as ciphertex
   fails(f0 + f0, 1, SealDirection::kToServer);            // frame 0 replayed
   fails(f1 + f0, 0, SealDirection::kToServer);            // frames 0 and 1 reordered
   fails(f0 + f1, 0, SealDirection::kToWorker);            // reflected back to its sender
+  // The same towards the worker: the server's results, sealed with the
+  // other direction's nonce.
+  FrameSeal toWorker(session, SealDirection::kToWorker, /*encrypt=*/true);
+  const std::string back = wireBytes(toWorker, frames, payloads);
+  REQUIRE(back.size() > len0 + len1);
+  const std::string b0 = back.substr(0, len0), b1 = back.substr(len0, len1);
+  CHECK(b1.substr(64, 10000) != f1.substr(64, 10000));  // another nonce, another ciphertext
+  {
+    FrameSeal c(session, SealDirection::kToWorker, true);
+    CHECK(readWire(c, b0 + b1, &why).size() == 2);
+  }
+  std::string badResult = b1;
+  badResult[64 + 5000] ^= 1;
+  fails(b0 + badResult, 1, SealDirection::kToWorker);   // a result altered
+  fails(b1, 0, SealDirection::kToWorker);                 // result 0 dropped
+  fails(b0 + b0, 1, SealDirection::kToWorker);            // result 0 replayed
+  fails(b1 + b0, 0, SealDirection::kToWorker);            // results 0 and 1 reordered
+  fails(b0 + b1, 0, SealDirection::kToServer);            // reflected back to the server
   // Another connection's key (another handshake) opens nothing.
   FrameSeal other(std::string(32, 'j'), SealDirection::kToServer, true);
   CHECK(readWire(other, f0 + f1, &why).empty());
