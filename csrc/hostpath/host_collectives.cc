@@ -19,6 +19,7 @@
 #include "engine/exchange.h"
 #include "engine/stall_watch.h"
 #include "hostpath/fusion_batch.h"
+#include "reduce/narrow_wire.h"
 #include "reduce/reduce_kernels.h"
 
 namespace smddp {
@@ -163,25 +164,32 @@ std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
     notOpened->why = notOpened->switchedOff ? "SMDDP_SHM_COLLECTIVES=0" : v;
     return nullptr;
   }
-  return std::unique_ptr<SegmentCollectives>(new SegmentCollectives(segment, topo, pids));
+  return std::unique_ptr<SegmentCollectives>(
+      new SegmentCollectives(segment, topo, pids, ctx.config().crossHostDtype));
 }
 
 SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology& topo,
-                                       std::vector<pid_t> pids)
+                                       std::vector<pid_t> pids, DataType crossHostDtype)
     : segment_(segment),
       topo_(topo),
       local_(topo.localRank),
       ranks_(segment.ranks()),
-      pids_(std::move(pids)) {}
+      pids_(std::move(pids)),
+      crossHostDtype_(crossHostDtype) {}
 
 std::string SegmentCollectives::describe() const {
   if (hosts() == 1) {
     return "shared memory, each rank reading its peers' buffers (" + std::to_string(ranks_) +
            " ranks)";
   }
-  return "hierarchy: shared memory within each host, each rank reading its peers' buffers, and "
-         "across hosts only between ranks of the same local index (" +
-         std::to_string(hosts()) + " hosts x " + std::to_string(ranks_) + " ranks)";
+  std::string text =
+      "hierarchy: shared memory within each host, each rank reading its peers' buffers, and "
+      "across hosts only between ranks of the same local index (" +
+      std::to_string(hosts()) + " hosts x " + std::to_string(ranks_) + " ranks)";
+  if (crossHostDtype_ != DataType::kFloat32) {
+    text += "; reduce-scatter's f32 host sums cross in " + std::string(toString(crossHostDtype_));
+  }
+  return text;
 }
 
 CallPath SegmentCollectives::callPath() const {
@@ -410,8 +418,7 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
               "reduce_scatter needs one input block per rank");
   const CollectiveSignature sig{CollectiveType::kReduceScatter, dtype, op, out.numel, -1};
   const CallEnds ends(ctx, seq, sig);
-  const size_t es = elementSize(dtype);
-  const uint64_t bytes = out.numel * es;
+  const uint64_t bytes = out.numel * elementSize(dtype);
   // The peers read every block but this rank's own while this rank writes
   // `out`; `out` may be its own block exactly (the kernel allows it). Past
   // kHostMaxRanks ranks a post names where the first block lies, and the
@@ -437,48 +444,107 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   awaitPosts(ctx, watch, seq, sig);
   const SegmentControl& ctl = segment_.ctl();
   // Where local rank p's block for group rank `owner` lies in p's memory.
-  auto remoteOf = [&](int owner) {
-    return [&ctl, owner, perBlock, bytes](int p) {
-      return perBlock ? ctl.direct[p].block[owner] : ctl.direct[p].block[0] + owner * bytes;
-    };
-  };
-  const int H = hosts();
-  if (H == 1) {
-    combineHost(block[me], remoteOf(me), static_cast<uint8_t*>(out.data), out.numel, dtype, op,
+  const RemoteBlocks remote{ctl, perBlock, bytes};
+  if (hosts() == 1) {
+    combineHost(block[me], remote.of(me), static_cast<uint8_t*>(out.data), out.numel, dtype, op,
                 world, watch, [] {});
-    markDone(seq);
-    awaitDone(ctx, watch, seq, sig);
-    return;
+  } else {
+    reduceAcrossHosts(ctx, seq, sig, block, remote, out, watch);
   }
-  // This host's sum of each block owned by this rank's local index, sent to
-  // its owner as soon as it is made (this rank's own block last); averaging
-  // divides once, at the end.
+  markDone(seq);
+  awaitDone(ctx, watch, seq, sig);
+}
+
+void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
+                                           const CollectiveSignature& sig,
+                                           const std::vector<const uint8_t*>& block,
+                                           const RemoteBlocks& remote, Buffer out,
+                                           StallWatch& watch) {
+  // This host's sum of each block owned by this rank's local index goes to
+  // its owner a chunk at a time, each chunk sent as soon as it is combined
+  // (this rank's own block last), in the wire form of SMDDP_CROSS_HOST_DTYPE
+  // where it narrows (each chunk its own piece, with its own scale);
+  // averaging divides once, at the end.
+  const int H = hosts();
   const int host = topo_.hostIndex;
+  const DataType dtype = sig.dtype;
+  const ReduceOp op = sig.op;
+  const uint64_t count = out.numel;
+  const size_t es = elementSize(dtype);
+  const DataType wire = crossingWire(dtype, op);
+  const bool narrow = wire != dtype;
+  const std::vector<Chunk> chunks = splitChunks(count, es, ctx.config().chunkBytes);
+  // Where chunk c lies in a host's wire form, and how long it is there.
+  auto wireAt = [&](const Chunk& c) {
+    return narrow ? c.index * kNarrowWireScaleBytes + c.elemOffset * elementSize(wire)
+                  : c.elemOffset * es;
+  };
+  auto wireLen = [&](const Chunk& c) {
+    return narrow ? narrowWireBytes(c.elemCount, wire) : c.elemCount * es;
+  };
+  const uint64_t wireBytes = wireAt(chunks.back()) + wireLen(chunks.back());
   const ReduceOp hostOp = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  hostSums_.resize(bytes * H);
-  arrived_.resize(bytes * H);
+  hostSums_.resize(narrow ? count * es : wireBytes * H);
+  packed_.resize(narrow ? wireBytes * H : 0);
+  arrived_.resize(wireBytes * H);
+  std::vector<float> scratch(narrow ? std::min<uint64_t>(count, kNarrowWireScratch) : 0);
+  // What this host sends (or keeps) for host h.
+  auto piece = [&](int h) { return (narrow ? packed_.data() : hostSums_.data()) + h * wireBytes; };
   Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
   for (int h = 0; h < H; ++h) {
-    if (h != host) recvBlock(ex, ctx, globalRank(h, local_), arrived_.data() + h * bytes, out.numel, es);
+    if (h == host) continue;
+    for (const Chunk& c : chunks) {
+      ex.recv(globalRank(h, local_), kPhaseToServer, c.index,
+              arrived_.data() + h * wireBytes + wireAt(c), wireLen(c));
+    }
   }
   for (int k = 1; k <= H; ++k) {
     const int h = (host + k) % H;
     const int owner = globalRank(h, local_);
-    uint8_t* sum = hostSums_.data() + h * bytes;
-    combineHost(block[owner], remoteOf(owner), sum, out.numel, dtype, hostOp, 1.0, watch,
-                [&ex] { ex.poll(); });
-    if (h == host) break;
-    sendBlock(ex, ctx, owner, sum, out.numel, es);
-    ex.poll();
+    for (const Chunk& c : chunks) {
+      const uint64_t off = c.elemOffset * es;
+      uint8_t* sum = (narrow ? hostSums_.data() : piece(h)) + off;
+      const auto at = remote.of(owner);
+      combineHost(block[owner] + off, [&at, off](int p) { return at(p) + off; }, sum,
+                  c.elemCount, dtype, hostOp, 1.0, watch, [&ex] { ex.poll(); });
+      // Every host's sum is rounded once, this host's own too.
+      if (narrow) {
+        packNarrowWire(piece(h) + wireAt(c), reinterpret_cast<const float*>(sum), c.elemCount,
+                       wire, scratch.data());
+      }
+      if (h == host) continue;
+      ex.send(owner, kPhaseToServer, c.index, wireAt(c), piece(h) + wireAt(c), wireLen(c));
+      ex.poll();
+    }
   }
   markDone(seq);
   ex.run();
+  if (count == 0) return;
   std::vector<const void*> inputs(H);
-  for (int h = 0; h < H; ++h) {
-    inputs[h] = (h == host ? hostSums_.data() : arrived_.data()) + h * bytes;
+  for (int h = 0; h < H; ++h) inputs[h] = h == host ? piece(h) : arrived_.data() + h * wireBytes;
+  if (!narrow) {
+    reduceOrdered(out.data, inputs.data(), H, count, dtype, op, ctx.size());
+    return;
   }
-  if (out.numel) reduceOrdered(out.data, inputs.data(), H, out.numel, dtype, op, world);
-  awaitDone(ctx, watch, seq, sig);
+  uint64_t longest = 0;
+  for (const Chunk& c : chunks) longest = std::max<uint64_t>(longest, c.elemCount);
+  std::vector<float> wide(H * longest);
+  std::vector<const void*> at(H);
+  auto* dst = static_cast<float*>(out.data);
+  for (const Chunk& c : chunks) {
+    for (int h = 0; h < H; ++h) at[h] = static_cast<const uint8_t*>(inputs[h]) + wireAt(c);
+    const int bad = reduceNarrowWire(dst + c.elemOffset, at.data(), H, c.elemCount, wire, op,
+                                     ctx.size(), wide.data());
+    if (bad >= 0) {
+      throwInvalidWireScale(wire, "the host sum from host " + std::to_string(bad) + " (rank " +
+                                      std::to_string(globalRank(bad, local_)) + ")");
+    }
+  }
+}
+
+DataType SegmentCollectives::crossingWire(DataType dtype, ReduceOp op) const {
+  const bool sums = op == ReduceOp::kSum || op == ReduceOp::kAvg;
+  return dtype == DataType::kFloat32 && sums ? crossHostDtype_ : dtype;
 }
 
 }  // namespace smddp

@@ -64,7 +64,29 @@ class SegmentCollectives final : public HostCollectives {
   CallPath callPath() const override;
 
  private:
-  SegmentCollectives(HostSegment& segment, const HostTopology& topo, std::vector<pid_t> pids);
+  // Where local rank p's reduce-scatter block for group rank `owner` lies
+  // in p's memory: one address per rank, or one after another from the
+  // first (past kHostMaxRanks ranks).
+  struct RemoteBlocks {
+    const SegmentControl& ctl;
+    bool perBlock;
+    uint64_t bytes;
+    auto of(int owner) const {
+      return [this, owner](int p) {
+        return perBlock ? ctl.direct[p].block[owner] : ctl.direct[p].block[0] + owner * bytes;
+      };
+    }
+  };
+
+  SegmentCollectives(HostSegment& segment, const HostTopology& topo, std::vector<pid_t> pids,
+                     DataType crossHostDtype);
+  // Reduce-scatter across hosts, once this host's ranks posted.
+  void reduceAcrossHosts(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
+                         const std::vector<const uint8_t*>& block, const RemoteBlocks& remote,
+                         Buffer out, StallWatch& watch);
+  // The form a reduce-scatter's host sums of `dtype` cross hosts in: the
+  // narrow wire of SMDDP_CROSS_HOST_DTYPE for f32 sums, else `dtype`.
+  DataType crossingWire(DataType dtype, ReduceOp op) const;
   // The group rank of local rank `local` of host `host`.
   int globalRank(int host, int local) const { return topo_.ranksOfHost[host][local]; }
   int hosts() const { return topo_.hosts(); }
@@ -112,7 +134,9 @@ class SegmentCollectives final : public HostCollectives {
   std::vector<uint8_t> snapshot_;
   std::vector<uint8_t> pieces_;
   std::vector<uint8_t> hostSums_;
+  std::vector<uint8_t> packed_;  // the host sums in the narrow wire form
   std::vector<uint8_t> arrived_;
+  const DataType crossHostDtype_;  // SMDDP_CROSS_HOST_DTYPE
 };
 
 }  // namespace smddp

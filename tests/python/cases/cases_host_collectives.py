@@ -203,6 +203,47 @@ def reduce_scatters(ck, rank, world, net, gloo, dtype, n, hosts=1):
     ck.equal(f"reduce_scatter list {dtype} n={n} vs the closed form (bitwise)", got, want)
 
 
+def narrow_crossing(ck, rank, world, hosts, gloo):
+    """A group whose f32 sums cross hosts in bf16 (cross_host_dtype): each
+    host's sum of a reduce-scatter block is rounded to bf16 once (this
+    host's own too) and the hosts' are added in f32, in host order; an
+    all-gather and every other dtype are not narrowed."""
+    narrow = dist.new_group(backend="smddp",
+                            pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
+    path = torch_smddp.stats(narrow)["gather_scatter_path"]
+    ck.check("bf16 crossing: the path says so", "cross in bf" in path, path)
+    per_host = world // hosts
+    for n in (13, 70001):
+        key = f"narrow{n}"
+        flat = make(key, rank, torch.float32, n * world)
+        got = torch.empty(n)
+        dist.reduce_scatter_tensor(got, flat.clone(), group=narrow)
+        block = [make(key, r, torch.float32, n * world).narrow(0, n * rank, n) for r in range(world)]
+        sums = [ordered_sum(block[h * per_host:(h + 1) * per_host], torch.float32)
+                for h in range(hosts)]
+        want = ordered_sum([s.to(torch.bfloat16).float() for s in sums], torch.float32)
+        ck.equal(f"bf16 crossing: reduce_scatter SUM n={n} vs the closed form (bitwise)", got, want)
+        exact = ordered_sum(block, torch.float64)
+        ck.check(f"bf16 crossing: reduce_scatter SUM n={n} did round",
+                 hosts == 1 or not torch.equal(got.double(), exact.float().double()))
+        avg = torch.empty(n)
+        dist.reduce_scatter_tensor(avg, flat.clone(), op=dist.ReduceOp.AVG, group=narrow)
+        ck.close(f"bf16 crossing: reduce_scatter AVG n={n} is the SUM over the world", avg,
+                 want / world)
+        same = torch.empty(n * world)
+        dist.all_gather_into_tensor(same, flat.narrow(0, 0, n), group=narrow)
+        ref = torch.empty(n * world)
+        dist.all_gather_into_tensor(ref, flat.narrow(0, 0, n), group=gloo)
+        ck.equal(f"bf16 crossing: all_gather f32 n={n} is not narrowed", same, ref)
+        for dtype in (torch.bfloat16, torch.int32):
+            x = make(key, rank, dtype, n * world)
+            a, b = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
+            dist.reduce_scatter_tensor(a, x.clone(), group=narrow)
+            dist.reduce_scatter_tensor(b, x.clone())
+            ck.equal(f"bf16 crossing: reduce_scatter {dtype} n={n} as without it", a, b)
+    dist.destroy_process_group(narrow)
+
+
 def queued(ck, rank, world, gloo):
     """Async calls queue and complete in any wait order."""
     xs = [make(f"q{i}", rank, torch.float32, 1000 + 17 * i) for i in range(6)]
@@ -255,6 +296,8 @@ def run(rank, world, hosts=1, sizes=SIZES):
         for n in sizes:
             all_gathers(ck, rank, world, net, gloo, dtype, n)
             reduce_scatters(ck, rank, world, net, gloo, dtype, n, hosts)
+    if hosts > 1:
+        narrow_crossing(ck, rank, world, hosts, gloo)
     queued(ck, rank, world, gloo)
     record = [e for e in torch_smddp.flight_recorder()
               if e["collective"] in ("allgather", "reduce_scatter") and e["state"] == "completed"]
