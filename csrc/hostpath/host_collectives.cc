@@ -21,6 +21,7 @@
 #include "hostpath/fusion_batch.h"
 #include "reduce/narrow_wire.h"
 #include "reduce/reduce_kernels.h"
+#include "transport/fabric.h"
 
 namespace smddp {
 
@@ -70,6 +71,12 @@ class CallEnds {
   const uint64_t seq_;
   const CollectiveSignature sig_;
 };
+
+// The chunks of `count` elements of `es` bytes that cross hosts: within
+// rxm's eager limit, header included (transport/fabric.h).
+std::vector<Chunk> crossChunks(const EngineContext& ctx, uint64_t count, size_t es) {
+  return splitChunks(count, es, std::min<uint64_t>(ctx.config().chunkBytes, kEagerPayloadBytes));
+}
 
 // Whether the blocks lie one after another, each `bytes` long, from bufs[0].
 bool contiguous(const std::vector<Buffer>& bufs, uint64_t bytes) {
@@ -350,11 +357,21 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
     readHostParts([] {});
   } else {
     Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
+    const std::vector<Chunk> chunks = crossChunks(ctx, in.numel, es);
     for (int h = 0; h < H; ++h) {
       if (h == host) continue;
       const int peer = globalRank(h, local_);
-      recvBlock(ex, ctx, peer, static_cast<uint8_t*>(outs[peer].data), in.numel, es);
-      sendBlock(ex, ctx, peer, src, in.numel, es);
+      auto* dst = static_cast<uint8_t*>(outs[peer].data);
+      for (const Chunk& c : chunks) {
+        ex.recv(peer, kPhaseToServer, c.index, dst + c.elemOffset * es, c.elemCount * es);
+      }
+    }
+    for (const Chunk& c : chunks) {
+      for (int h = 0; h < H; ++h) {
+        if (h == host) continue;
+        ex.send(globalRank(h, local_), kPhaseToServer, c.index, c.elemOffset * es,
+                src + c.elemOffset * es, c.elemCount * es);
+      }
     }
     ex.poll();
     readHostParts([&ex] { ex.poll(); });
@@ -473,7 +490,7 @@ void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
   const size_t es = elementSize(dtype);
   const DataType wire = crossingWire(dtype, op);
   const bool narrow = wire != dtype;
-  const std::vector<Chunk> chunks = splitChunks(count, es, ctx.config().chunkBytes);
+  const std::vector<Chunk> chunks = crossChunks(ctx, count, es);
   // Where chunk c lies in a host's wire form, and how long it is there.
   auto wireAt = [&](const Chunk& c) {
     return narrow ? c.index * kNarrowWireScaleBytes + c.elemOffset * elementSize(wire)

@@ -85,7 +85,7 @@ std::optional<std::string> providerFilterAtInit;  // written once, under `once` 
 void libfabricDefaults() {
   static std::once_flag once;
   std::call_once(once, [] {
-    setenv("FI_OFI_RXM_EAGER_LIMIT", "262144", 0);
+    setenv("FI_OFI_RXM_EAGER_LIMIT", std::to_string(kRxmEagerLimitBytes).c_str(), 0);
     setenv("FI_OFI_RXM_ENABLE_DIRECT_SEND", "1", 0);
     setenv("FI_OFI_RXM_MSG_RX_SIZE", "16", 0);
     if (const char* v = std::getenv("FI_PROVIDER")) providerFilterAtInit = v;
