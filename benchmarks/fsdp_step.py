@@ -4,6 +4,12 @@ one host. ddp_step.py's transformer (build_model), sharded with FSDP2
 smddp against Gloo in the same processes.
 
     .venv/bin/python benchmarks/fsdp_step.py --paired [--world 2] [--steps 4] [--rounds 6]
+    .venv/bin/python benchmarks/fsdp_step.py --paired --hosts 2 --ranks 2 --rate 2gbit   # root
+
+--hosts H runs the same job across H namespace hosts of --ranks ranks
+each, links shaped to --rate (tools/smddp_cluster.py, as
+benchmarks/bench_hosts.py and ddp_step.py --hosts do): smddp's all-gathers
+and reduce-scatters then take the hierarchy across hosts (docs/design.md).
 
 Every rank holds three copies of the model, built from the same seed:
 - "smddp": fully_shard on a DeviceMesh over the smddp default group, so
@@ -48,6 +54,8 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ddp_step, this checkout's
 from ddp_step import abba_order, build_model, lm_step, synthetic_batch  # noqa: E402
 from torch_smddp.bench import launch_ranks  # noqa: E402
+
+from cluster_launch import launch_on_cluster  # noqa: E402
 
 NAMES = ("smddp", "gloo", "compute only")
 
@@ -205,6 +213,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rtol", type=float, default=1e-4, help="the oracle's relative tolerance")
     ap.add_argument("--atol", type=float, default=1e-6, help="the oracle's absolute tolerance")
     ap.add_argument("--timeout", type=float, default=600, help="hard deadline of the job (s)")
+    ap.add_argument("--hosts", type=int, help="across this many namespace hosts (root)")
+    ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
+    ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate (tc tbf)")
     return ap
 
 
@@ -216,8 +227,14 @@ def main() -> int:
         return 0
     if not args.paired:
         ap.error("only --paired is implemented")
-    res = launch_ranks([sys.executable, __file__] + worker_args(args), args.world, args.timeout,
-                       "fsdp_step.py --paired")
+    if args.hosts:
+        args.world = args.hosts * args.ranks
+        res = launch_on_cluster([os.path.abspath(__file__)] + worker_args(args), args.hosts,
+                                args.ranks, args.rate, args.timeout, "fsdp_step.py --paired --hosts")
+        print(f"\n# across {args.hosts} hosts x {args.ranks} ranks, links of {args.rate}")
+    else:
+        res = launch_ranks([sys.executable, __file__] + worker_args(args), args.world,
+                           args.timeout, "fsdp_step.py --paired")
     print_table(res, args)
     return 0
 

@@ -488,17 +488,12 @@ void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
   const ReduceOp op = sig.op;
   const uint64_t count = out.numel;
   const size_t es = elementSize(dtype);
-  const DataType wire = crossingWire(dtype, op);
-  const bool narrow = wire != dtype;
+  const CrossForm form{crossingWire(dtype, op), dtype};
+  const DataType wire = form.wire;
+  const bool narrow = form.narrow();
   const std::vector<Chunk> chunks = crossChunks(ctx, count, es);
-  // Where chunk c lies in a host's wire form, and how long it is there.
-  auto wireAt = [&](const Chunk& c) {
-    return narrow ? c.index * kNarrowWireScaleBytes + c.elemOffset * elementSize(wire)
-                  : c.elemOffset * es;
-  };
-  auto wireLen = [&](const Chunk& c) {
-    return narrow ? narrowWireBytes(c.elemCount, wire) : c.elemCount * es;
-  };
+  auto wireAt = [&form](const Chunk& c) { return form.at(c); };
+  auto wireLen = [&form](const Chunk& c) { return form.length(c); };
   const uint64_t wireBytes = wireAt(chunks.back()) + wireLen(chunks.back());
   const ReduceOp hostOp = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   hostSums_.resize(narrow ? count * es : wireBytes * H);
@@ -536,27 +531,45 @@ void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
   }
   markDone(seq);
   ex.run();
-  if (count == 0) return;
-  std::vector<const void*> inputs(H);
+  std::vector<const uint8_t*> inputs(H);
   for (int h = 0; h < H; ++h) inputs[h] = h == host ? piece(h) : arrived_.data() + h * wireBytes;
-  if (!narrow) {
-    reduceOrdered(out.data, inputs.data(), H, count, dtype, op, ctx.size());
+  addHostSums(inputs, chunks, form, out, op, ctx.size());
+}
+
+void SegmentCollectives::addHostSums(const std::vector<const uint8_t*>& inputs,
+                                     const std::vector<Chunk>& chunks, const CrossForm& form,
+                                     Buffer out, ReduceOp op, int world) const {
+  const int H = static_cast<int>(inputs.size());
+  if (out.numel == 0) return;
+  if (!form.narrow()) {
+    std::vector<const void*> all(inputs.begin(), inputs.end());
+    reduceOrdered(out.data, all.data(), H, out.numel, form.dtype, op, world);
     return;
   }
+  const DataType wire = form.wire;
   uint64_t longest = 0;
   for (const Chunk& c : chunks) longest = std::max<uint64_t>(longest, c.elemCount);
   std::vector<float> wide(H * longest);
   std::vector<const void*> at(H);
   auto* dst = static_cast<float*>(out.data);
   for (const Chunk& c : chunks) {
-    for (int h = 0; h < H; ++h) at[h] = static_cast<const uint8_t*>(inputs[h]) + wireAt(c);
+    for (int h = 0; h < H; ++h) at[h] = inputs[h] + form.at(c);
     const int bad = reduceNarrowWire(dst + c.elemOffset, at.data(), H, c.elemCount, wire, op,
-                                     ctx.size(), wide.data());
+                                     world, wide.data());
     if (bad >= 0) {
       throwInvalidWireScale(wire, "the host sum from host " + std::to_string(bad) + " (rank " +
                                       std::to_string(globalRank(bad, local_)) + ")");
     }
   }
+}
+
+uint64_t SegmentCollectives::CrossForm::at(const Chunk& c) const {
+  return narrow() ? c.index * kNarrowWireScaleBytes + c.elemOffset * elementSize(wire)
+                  : c.elemOffset * elementSize(dtype);
+}
+
+uint64_t SegmentCollectives::CrossForm::length(const Chunk& c) const {
+  return narrow() ? narrowWireBytes(c.elemCount, wire) : c.elemCount * elementSize(dtype);
 }
 
 DataType SegmentCollectives::crossingWire(DataType dtype, ReduceOp op) const {

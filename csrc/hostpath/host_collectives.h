@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/algorithms.h"  // Chunk
 #include "engine/allreduce_path.h"
 #include "hostpath/host_path.h"
 #include "hostpath/host_segment.h"
@@ -84,6 +85,20 @@ class SegmentCollectives final : public HostCollectives {
   void reduceAcrossHosts(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                          const std::vector<const uint8_t*>& block, const RemoteBlocks& remote,
                          Buffer out, StallWatch& watch);
+  // How a reduce-scatter's host sums cross: in `wire`, each chunk where
+  // at() says in a host's whole wire form, length() bytes long (the narrow
+  // form gives each chunk its own scale).
+  struct CrossForm {
+    DataType wire;
+    DataType dtype;
+    bool narrow() const { return wire != dtype; }
+    uint64_t at(const Chunk& c) const;
+    uint64_t length(const Chunk& c) const;
+  };
+  // out = the host sums `inputs` (by host, in `form`), added in host order;
+  // AVG divides by `world`. Throws kMismatch naming a piece with a bad scale.
+  void addHostSums(const std::vector<const uint8_t*>& inputs, const std::vector<Chunk>& chunks,
+                   const CrossForm& form, Buffer out, ReduceOp op, int world) const;
   // The form a reduce-scatter's host sums of `dtype` cross hosts in: the
   // narrow wire of SMDDP_CROSS_HOST_DTYPE for f32 sums, else `dtype`.
   DataType crossingWire(DataType dtype, ReduceOp op) const;

@@ -63,7 +63,8 @@ SMDDP_PARAM_STRING(paramCrossHostDtype, "SMDDP_CROSS_HOST_DTYPE", "fp32",
                    "accumulate in f32 and return "
                    "the result in this type (SUM and AVG of f32, f16 and bf16 only; the same "
                    "on every rank; a group's torch_smddp.Options(cross_host_dtype=...) "
-                   "overrides it)")
+                   "overrides it); a hierarchical reduce-scatter's f32 SUM and AVG host sums "
+                   "cross in it too, and are added in f32 at their owner")
 
 SMDDP_PARAM_BOOL(paramServerRequired, "SMDDP_SERVER_REQUIRED", false,
                  "a standalone reduction server unreachable at group creation fails the group "
