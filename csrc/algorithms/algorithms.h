@@ -106,6 +106,11 @@ constexpr uint64_t kChunksPerShard = 16;
 uint64_t shardChunkBytes(uint64_t shardElems, size_t elemSize, size_t wireElemSize,
                          uint64_t chunkBytes, uint64_t minWireBytes);
 
+// The chunk of a direct exchange (the direct collectives, the hierarchy's
+// crossing): SMDDP_CHUNK_BYTES, within rxm's eager limit, header included
+// (kEagerPayloadBytes, common/wire_limits.h).
+uint64_t directChunkBytes(const EngineContext& ctx);
+
 // Cuts [0, numel) into chunks of at most chunkBytes (at least one chunk,
 // possibly empty), numbering them from `firstIndex`.
 std::vector<Chunk> splitChunks(uint64_t numel, size_t elemSize, uint64_t chunkBytes,

@@ -21,7 +21,7 @@ void runAllgather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector
   }
   if (n == 1) return;
   Exchange ex(ctx, seq, sig);
-  auto chunks = splitChunks(in.numel, es, ctx.config().chunkBytes);
+  auto chunks = splitChunks(in.numel, es, directChunkBytes(ctx));
   // Receive every peer's buffer into its slot, then send ours to everyone.
   for (int p = 0; p < n; ++p) {
     if (p == ctx.rank()) continue;

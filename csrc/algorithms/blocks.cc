@@ -15,7 +15,7 @@ void serveReduction(Exchange& ex, EngineContext& ctx, CollectiveSignature sig,
   const int n = ctx.size();
   const int rank = ctx.rank();
   const size_t es = elementSize(sig.dtype);
-  chunks = splitChunks(count, es, ctx.config().chunkBytes);
+  chunks = splitChunks(count, es, directChunkBytes(ctx));
   uint8_t* scratch = ctx.memory().scratch(count * es * n);
   remaining.assign(chunks.size(), n - 1);
   auto slot = [=](int p) { return scratch + count * es * p; };
@@ -46,14 +46,14 @@ void serveReduction(Exchange& ex, EngineContext& ctx, CollectiveSignature sig,
 // Worker half: send `count` elements at `src` to `server`, chunked.
 void sendBlock(Exchange& ex, EngineContext& ctx, int server, const uint8_t* src, uint64_t count,
                size_t es, uint32_t phase) {
-  for (const Chunk& c : splitChunks(count, es, ctx.config().chunkBytes)) {
+  for (const Chunk& c : splitChunks(count, es, directChunkBytes(ctx))) {
     ex.send(server, phase, c.index, c.elemOffset * es, src + c.elemOffset * es, c.elemCount * es);
   }
 }
 
 void recvBlock(Exchange& ex, EngineContext& ctx, int from, uint8_t* dst, uint64_t count,
                size_t es, uint32_t phase) {
-  for (const Chunk& c : splitChunks(count, es, ctx.config().chunkBytes)) {
+  for (const Chunk& c : splitChunks(count, es, directChunkBytes(ctx))) {
     ex.recv(from, phase, c.index, dst + c.elemOffset * es, c.elemCount * es);
   }
 }

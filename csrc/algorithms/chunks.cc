@@ -4,8 +4,13 @@
 #include <algorithm>
 
 #include "algorithms/algorithms.h"
+#include "common/wire_limits.h"
 
 namespace smddp {
+
+uint64_t directChunkBytes(const EngineContext& ctx) {
+  return std::min<uint64_t>(ctx.config().chunkBytes, kEagerPayloadBytes);
+}
 
 uint64_t effectiveChunkBytes(uint64_t numel, size_t elemSize, uint64_t chunkBytes) {
   uint64_t perChunk = (numel + kMaxChunksPerStream - 1) / kMaxChunksPerStream;

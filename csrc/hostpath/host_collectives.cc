@@ -15,13 +15,13 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
+#include "common/wire_limits.h"
 #include "engine/engine_context.h"
 #include "engine/exchange.h"
 #include "engine/stall_watch.h"
 #include "hostpath/fusion_batch.h"
 #include "reduce/narrow_wire.h"
 #include "reduce/reduce_kernels.h"
-#include "transport/fabric.h"
 
 namespace smddp {
 
@@ -72,10 +72,9 @@ class CallEnds {
   const CollectiveSignature sig_;
 };
 
-// The chunks of `count` elements of `es` bytes that cross hosts: within
-// rxm's eager limit, header included (transport/fabric.h).
+// The chunks of `count` elements of `es` bytes that cross hosts.
 std::vector<Chunk> crossChunks(const EngineContext& ctx, uint64_t count, size_t es) {
-  return splitChunks(count, es, std::min<uint64_t>(ctx.config().chunkBytes, kEagerPayloadBytes));
+  return splitChunks(count, es, directChunkBytes(ctx));
 }
 
 // Whether the blocks lie one after another, each `bytes` long, from bufs[0].

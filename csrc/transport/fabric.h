@@ -8,18 +8,11 @@
 
 #include <memory>
 #include <string>
+
+#include "common/wire_limits.h"  // kRxmEagerLimitBytes
 #include <vector>
 
 namespace smddp {
-
-// The largest message rxm sends eager (FI_OFI_RXM_EAGER_LIMIT, set by
-// fabric.cc unless the user set it), header included: one just past it
-// goes by rendezvous, a round trip per message. A 256 KiB chunk plus its
-// frame header is past it; bulk exchanges that must run at the link's rate
-// cut their messages to kEagerPayloadBytes (2 x 2 at 2 Gbit/s, 64 MiB
-// reduce-scatter: 62% of the link bound at 256 KiB, 97% at 248 KiB).
-inline constexpr uint64_t kRxmEagerLimitBytes = 262144;
-inline constexpr uint64_t kEagerPayloadBytes = kRxmEagerLimitBytes - 8192;
 
 struct FidCloser {
   void operator()(fid* f) const;
