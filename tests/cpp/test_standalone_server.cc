@@ -532,3 +532,19 @@ TEST_CASE("a worker posts far more than the sockets hold before it reads a resul
   }
   CHECK(server.piecesReduced() == 2 * kSteps);
 }
+
+TEST_CASE("a key holder who names a live job's id but not its group cannot enter its stream",
+          "[server]") {
+  // The rogue holds the key file and knows the job id, not the group's
+  // secret (whose one-way hash names the stream): it says host 1 of a
+  // two-host stream of the job before the real host 1 does.
+  StandaloneServer server(testServer(1, "jobA"));
+  const auto servers = loopback(server);
+  auto real0 = link(servers, 2, 0, "jobA", 42);
+  int rogue = rawHost(server.ports()[0], 2, 1, 43, "jobA");
+  // The real host 1 still joins, and the two real hosts' sum is the closed
+  // form: the rogue's slot is in a stream of its own.
+  auto real1 = link(servers, 2, 1, "jobA", 42);
+  twoHostsSum(*real0, *real1);
+  close(rogue);
+}
