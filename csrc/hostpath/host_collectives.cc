@@ -272,29 +272,16 @@ void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint6
   }
 }
 
-void SegmentCollectives::markLanded(uint64_t seq) {
-  segment_.ctl().direct[local_].landed.store(seq + 1, std::memory_order_release);
+void SegmentCollectives::mark(Flag flag, uint64_t seq) {
+  (segment_.ctl().direct[local_].*flag).store(seq + 1, std::memory_order_release);
   segment_.wakeAll();
 }
 
-void SegmentCollectives::awaitLanded(EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                                     const CollectiveSignature& sig) {
+void SegmentCollectives::awaitAll(Flag flag, EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                                  const CollectiveSignature& sig) {
   const SegmentControl& ctl = segment_.ctl();
   await(ctx, watch, seq, sig, [&](int p) {
-    return ctl.direct[p].landed.load(std::memory_order_acquire) >= seq + 1;
-  });
-}
-
-void SegmentCollectives::markDone(uint64_t seq) {
-  segment_.ctl().direct[local_].done.store(seq + 1, std::memory_order_release);
-  segment_.wakeAll();
-}
-
-void SegmentCollectives::awaitDone(EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                                   const CollectiveSignature& sig) {
-  const SegmentControl& ctl = segment_.ctl();
-  await(ctx, watch, seq, sig, [&](int p) {
-    return ctl.direct[p].done.load(std::memory_order_acquire) >= seq + 1;
+    return (ctl.direct[p].*flag).load(std::memory_order_acquire) >= seq + 1;
   });
 }
 
@@ -375,8 +362,8 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
     ex.poll();
     readHostParts([&ex] { ex.poll(); });
     ex.run();
-    markLanded(seq);
-    awaitLanded(ctx, watch, seq, sig);
+    mark(&DirectPost::landed, seq);
+    awaitAll(&DirectPost::landed, ctx, watch, seq, sig);
     for (int i = 1; i < ranks_; ++i) {
       const int p = (local_ + i) % ranks_;
       for (int k = 1; k < H; ++k) {
@@ -385,8 +372,8 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
       }
     }
   }
-  markDone(seq);
-  awaitDone(ctx, watch, seq, sig);
+  mark(&DirectPost::done, seq);
+  awaitAll(&DirectPost::done, ctx, watch, seq, sig);
 }
 
 template <typename Poll>
@@ -467,8 +454,8 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   } else {
     reduceAcrossHosts(ctx, seq, sig, block, remote, out, watch);
   }
-  markDone(seq);
-  awaitDone(ctx, watch, seq, sig);
+  mark(&DirectPost::done, seq);
+  awaitAll(&DirectPost::done, ctx, watch, seq, sig);
 }
 
 void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
@@ -528,7 +515,7 @@ void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
       ex.poll();
     }
   }
-  markDone(seq);
+  mark(&DirectPost::done, seq);
   ex.run();
   std::vector<const uint8_t*> inputs(H);
   for (int h = 0; h < H; ++h) inputs[h] = h == host ? piece(h) : arrived_.data() + h * wireBytes;

@@ -111,15 +111,15 @@ class SegmentCollectives final : public HostCollectives {
   // they made the same call (kMismatch naming the first that differs).
   void awaitPosts(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                   const CollectiveSignature& sig);
-  // All-gather across hosts: the other hosts' parts have landed here.
-  void markLanded(uint64_t seq);
-  void awaitLanded(EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                   const CollectiveSignature& sig);
-  // This rank has read all it needs of its host's peers.
-  void markDone(uint64_t seq);
+  // A per-rank word of the post, seq + 1 once reached: `landed` (across
+  // hosts, an all-gather's other hosts' parts arrived here) or `done`
+  // (this rank read all it needs of its host's peers).
+  using Flag = std::atomic<uint64_t> DirectPost::*;
+  // This rank has reached `flag` in call `seq`.
+  void mark(Flag flag, uint64_t seq);
   // Waits until every rank of this host has.
-  void awaitDone(EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                 const CollectiveSignature& sig);
+  void awaitAll(Flag flag, EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                const CollectiveSignature& sig);
   template <typename Arrived>
   void await(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,
              const Arrived& arrived);

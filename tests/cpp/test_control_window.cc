@@ -22,19 +22,8 @@
 namespace {
 
 using namespace smddp;
+using smddp::test::barrierSync;
 using smddp::test::runWorld;
-
-std::string barrierSync(Communicator& comm) {
-  std::promise<std::exception_ptr> p;
-  barrier(comm, [&](std::exception_ptr e) { p.set_value(e); });
-  auto e = p.get_future().get();
-  if (!e) return "";
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  }
-}
 
 // Past the barriers (sequences 0 to 2), inside the window.
 constexpr uint64_t kFirstNear = 10;

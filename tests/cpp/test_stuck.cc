@@ -28,6 +28,7 @@
 #include "world.h"
 
 using namespace smddp;
+using smddp::test::barrierSync;
 using smddp::test::runWorld;
 using smddp::test::ScopedEnv;
 
@@ -37,18 +38,6 @@ constexpr uint64_t kSeq = 1000;  // far from the queue's own sequence numbers
 constexpr size_t kChunk = 4 << 20;
 constexpr uint32_t kChunks = 16;
 constexpr uint8_t kGuard = 0xa5;
-
-std::string barrierSync(Communicator& comm) {
-  std::promise<std::exception_ptr> p;
-  barrier(comm, [&](std::exception_ptr e) { p.set_value(e); });
-  auto e = p.get_future().get();
-  if (!e) return "";
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  }
-}
 
 }  // namespace
 

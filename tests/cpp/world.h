@@ -10,11 +10,14 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
+#include <future>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "algorithms/collective_calls.h"
 #include "engine/communicator.h"
 #include "hostpath/allreduce_paths.h"
 #include "transport/bootstrap.h"
@@ -50,6 +53,19 @@ class ScopedEnv {
   std::string old_;
   bool hadOld_ = false;
 };
+
+// A barrier on `comm`, waited for: "" or the error's text.
+inline std::string barrierSync(Communicator& comm) {
+  std::promise<std::exception_ptr> p;
+  barrier(comm, [&](std::exception_ptr e) { p.set_value(e); });
+  auto e = p.get_future().get();
+  if (!e) return "";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+}
 
 inline std::vector<std::string> runWorld(
     int size, const std::function<std::string(Communicator&)>& fn,

@@ -37,6 +37,22 @@ def put_support_on_path() -> None:
             sys.path.insert(0, p)
 
 
+def write_everyones(res: dict, out: str, gloo) -> None:
+    """A cluster worker's end: every rank's `res` gathered over `gloo`,
+    rank 0 writes the list to `out` as JSON, then the group goes."""
+    import json
+
+    import torch.distributed as dist
+
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, res, group=gloo)
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(everyone, f)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+
+
 def worker(name: str) -> str:
     """The path of workers/<name>, a script the tests start as a program."""
     return os.path.join(WORKERS, name)

@@ -9,7 +9,6 @@ what every rank saw to F; the parent asserts."""
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -18,7 +17,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-from mp_helpers import put_support_on_path  # noqa: E402
+from mp_helpers import put_support_on_path, write_everyones  # noqa: E402
 
 put_support_on_path()
 import cases_fsdp  # noqa: E402
@@ -41,14 +40,7 @@ def main() -> None:
     res = {"rank": rank, "host": os.environ.get("SMDDP_HOST_ID", "")}
     res["collectives"] = cases_host_collectives.run(rank, world, hosts, SIZES)
     res["fsdp"] = cases_fsdp.run(rank, world)
-    gloo = dist.new_group(backend="gloo")
-    everyone = [None] * world
-    dist.all_gather_object(everyone, res, group=gloo)
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(everyone, f)
-    dist.barrier(group=gloo)
-    dist.destroy_process_group()
+    write_everyones(res, args.out, dist.new_group(backend="gloo"))
 
 
 if __name__ == "__main__":

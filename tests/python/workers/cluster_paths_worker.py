@@ -8,12 +8,16 @@ asserts; the worker only observes."""
 
 import argparse
 import datetime
-import json
+import os
+import sys
 
 import torch
 import torch.distributed as dist
 
 import torch_smddp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from mp_helpers import write_everyones  # noqa: E402
 
 
 def main() -> None:
@@ -58,13 +62,7 @@ def main() -> None:
     res["bf16_worst_of_bound"] = float((err / bound).max())
     res["bf16_representable"] = bool(torch.equal(y.to(torch.bfloat16).float(), y))
     res["bf16_bytes"] = int(y.view(torch.int32).to(torch.int64).sum())
-    everyone = [None] * world
-    dist.all_gather_object(everyone, res, group=gloo)
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(everyone, f)
-    dist.barrier(group=gloo)
-    dist.destroy_process_group()
+    write_everyones(res, args.out, gloo)
 
 
 if __name__ == "__main__":
