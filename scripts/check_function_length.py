@@ -5,7 +5,7 @@
 
 Prints "file:line: name is N lines (limit 80)" for each one and exits 1.
 Python functions are measured with ast (def line to last line); C++
-function bodies with a brace scanner that drops comments and literals and
+functions from the line that names them to their closing brace, with a brace scanner that drops comments and literals and
 takes a brace as a function's when the text before it, at namespace or
 class level, ends in a parameter list (not a control statement, a lambda
 or an initializer). Nested lambdas count toward the function they are in.
@@ -79,8 +79,10 @@ def scan_cpp(text: str) -> list[tuple[int, int, str]]:
                 kind = "fn"
             else:
                 kind = "block"
-            names = re.findall(r"([~\w:]+)\s*\(", head)
-            open_blocks.append((kind, line, names[0] if names else head[:40]))
+            name = re.search(r"([~\w:]+)\s*\(", s[head_start:i])
+            # A function counts from the line that names it, not from its brace.
+            first = line - s.count("\n", head_start + name.start(), i) if name else line
+            open_blocks.append((kind, first, name.group(1) if name else head[:40]))
             head_start = i + 1
         elif c == "}":
             if open_blocks:

@@ -86,7 +86,6 @@ class Communicator {
     std::string gatherScatter;
   };
   const PathWords& pathWords() const { return pathWords_; }
-  std::chrono::milliseconds timeout() const { return ctx_->waits().timeout(); }
   // Any thread (c10d's setTimeout); a call already waiting keeps its deadline.
   void setTimeout(std::chrono::milliseconds t) { ctx_->waits().setTimeout(t); }
   uint64_t nextSequence() const { return nextSeq_.load(); }
@@ -156,6 +155,7 @@ class Communicator {
   EngineContext& context() { return *ctx_; }
 
  private:
+  std::chrono::milliseconds timeout() const { return ctx_->waits().timeout(); }
   // A call's `done`, run once, by whoever gets there first: the thread
   // that ran the call, or a shutdown that had to give up on it (stuck in
   // the provider). Shared by its task and unfinished_: one allocation.

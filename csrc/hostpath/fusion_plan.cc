@@ -60,21 +60,7 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<AllreduceCall*>& calls,
   b.dtype = first.dtype;
   b.op = first.op;
 
-  // The plan slot is free once every rank has joined the batch that used
-  // it kPlanDepth batches ago, and so has finished the one before.
-  auto& ctl = segment_->ctl();
-  if (b.index + 2 > static_cast<uint64_t>(kPlanDepth)) {
-    const uint64_t need = b.index + 2 - kPlanDepth;
-    while (true) {
-      uint32_t seen = segment_->wakeValue();
-      std::vector<int> behind;
-      for (int p = 0; p < topo_.localSize; ++p) {
-        if (ctl.arrived[p].value.load() < need) behind.push_back(globalRank(p));
-      }
-      if (behind.empty()) break;
-      idle(b, seen, [&] { return rankList(behind); });
-    }
-  }
+  awaitPlanSlot(b);
   FusionPlan& plan = *b.plan;
   plan.firstSeq = b.firstSeq;
   plan.firstStep = b.firstStep;
@@ -96,7 +82,24 @@ void FusionBufferScheduler::lead(Batch& b, std::vector<AllreduceCall*>& calls,
   // Before this rank counts as arrived, so the next cut sees its fences
   // past this batch gone.
   batch.noteCut(calls.back()->seq + 1);
-  segment_->publish(ctl.arrived[0], b.index + 1);
+  segment_->publish(segment_->ctl().arrived[0], b.index + 1);
+}
+
+// The plan slot is free once every rank has joined the batch that used it
+// kPlanDepth batches ago, and so has finished the one before.
+void FusionBufferScheduler::awaitPlanSlot(Batch& b) {
+  if (b.index + 2 <= static_cast<uint64_t>(kPlanDepth)) return;
+  const uint64_t need = b.index + 2 - kPlanDepth;
+  auto& ctl = segment_->ctl();
+  while (true) {
+    uint32_t seen = segment_->wakeValue();
+    std::vector<int> behind;
+    for (int p = 0; p < topo_.localSize; ++p) {
+      if (ctl.arrived[p].value.load() < need) behind.push_back(globalRank(p));
+    }
+    if (behind.empty()) return;
+    idle(b, seen, [&] { return rankList(behind); });
+  }
 }
 
 namespace {

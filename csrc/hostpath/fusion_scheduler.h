@@ -78,6 +78,7 @@ class FusionBufferScheduler final : public AllreducePath {
  private:
   struct Batch;
   void lead(Batch& b, std::vector<AllreduceCall*>& calls, AllreduceBatch& batch);
+  void awaitPlanSlot(Batch& b);
   // Across hosts: rank 0 sends each batch's cut to the other hosts'
   // leaders, which take the same calls from their queues (or fail naming
   // both sides when theirs differ).

@@ -53,6 +53,20 @@ std::string mib(size_t bytes) {
   return buf;
 }
 
+// Rank 0's part of making the segment: create `name` and reserve its
+// guard.bytes. Returns "ok" or why not; `fd` is open once shm_open succeeded.
+std::string createSegment(const std::string& name, SegmentGuard& guard, int& fd) {
+  fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return errnoText("shm_open");
+  guard.name = name;
+  if (ftruncate(fd, static_cast<off_t>(guard.bytes)) != 0) return errnoText("ftruncate");
+  if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(guard.bytes)); rc != 0) {
+    return std::string(kNoRoomText) + mib(guard.bytes) + " shared-memory segment (" +
+           std::strerror(rc) + ")";
+  }
+  return "ok";
+}
+
 }  // namespace
 
 HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
@@ -80,18 +94,7 @@ HostSegment::HostSegment(Bootstrap& bootstrap, int rank, int ranks, int servers,
   int fd = -1;
   if (rank == 0) {
     name = "/smddp-" + ownerTag + "-seg-" + randomHex(16);
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      status = errnoText("shm_open");
-    } else {
-      guard.name = name;
-      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-        status = errnoText("ftruncate");
-      } else if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes_)); rc != 0) {
-        status = std::string(kNoRoomText) + mib(bytes_) + " shared-memory segment (" +
-                 std::strerror(rc) + ")";
-      }
-    }
+    status = createSegment(name, guard, fd);
     bootstrap.set("hostseg/name", name);
     bootstrap.set("hostseg/created", status);
   } else {

@@ -248,14 +248,20 @@ std::string ServerLinks::handshake(int i, const Identity& me, Link& l,
     l.out.sealWith(l.seal.get());
     l.in.checkWith(l.check.get());
   }
+  return welcome(l, name, me.encrypt, answerBy);
+}
+
+std::string ServerLinks::welcome(Link& l, const std::string& name, bool encrypt,
+                                 Clock::time_point answerBy) {
   std::string text;
-  why = readFrameBefore(l.fd.get(), l.in, {ServerFrameKind::kWelcome, ServerFrameKind::kError},
-                        kServerMaxText, &text, answerBy);
+  const std::string why =
+      readFrameBefore(l.fd.get(), l.in, {ServerFrameKind::kWelcome, ServerFrameKind::kError},
+                      kServerMaxText, &text, answerBy);
   if (why == "closed" || why == "silent" || why == "timed out") return "no welcome: " + why;
   std::string refusal;
   if (!why.empty()) refusal = "answered the hello with " + why;
   else if (l.in.header().kind == static_cast<uint8_t>(ServerFrameKind::kError)) refusal = text;
-  else if (me.encrypt && !(l.in.header().flags & kServerFlagEncrypt)) {
+  else if (encrypt && !(l.in.header().flags & kServerFlagEncrypt)) {
     refusal = "welcomed this worker without confirming SMDDP_WIRE_ENCRYPT=1 (a server that "
               "does not encrypt: set it on the server too)";
   }

@@ -126,6 +126,10 @@ class ServerLinks {
   // not; a server that did not prove it holds the key throws.
   std::string handshake(int i, const Identity& me, Link& l,
                         std::chrono::steady_clock::time_point answerBy);
+  // The handshake's last step: the server's welcome, or why not; throws on
+  // a refusal.
+  std::string welcome(Link& l, const std::string& name, bool encrypt,
+                      std::chrono::steady_clock::time_point answerBy);
   bool send(int k);
   bool receive(int k);
   [[noreturn]] void fail(int k, const std::string& why, const std::string& during);

@@ -40,6 +40,18 @@ def test_long_cpp_functions_are_found_with_their_first_line_and_length():
     assert not any(name in ("a", "S", "") for name in found), found
 
 
+def test_a_cpp_function_counts_from_the_line_that_names_it():
+    # A signature over three lines and a body of 78: 82 lines, over the
+    # limit, though 80 from its brace (which the limit allows).
+    text = ("#include <x>\n"
+            "void Wide::call(int a,\n"
+            "                int b,\n"
+            "                int c) {\n" + body(78) + "}\n")
+    found = {name: (n, first) for n, first, name in cfl.scan_cpp(text)}
+    assert found["Wide::call"] == (82, 2), found
+    assert cfl.LIMIT < 82
+
+
 def test_lambdas_blocks_and_initializers_count_toward_their_function():
     text = ("void outer() {\n  auto f = [&](int y) {\n" + body(50, "    ") + "  };\n"
             "  if (ok(x)) {\n" + body(40, "    ") + "  }\n}\n"
