@@ -131,11 +131,8 @@ struct CallPlan {
   // its own host, SMDDP_ROUNDS_MIN_HOSTS of them or more, a call of
   // SMDDP_ROUNDS_MIN_BYTES up to kRoundsMaxBytes.
   static bool inRounds(const EngineContext& ctx, uint64_t bytes) {
-    const EngineConfig& config = ctx.config();
-    const int n = ctx.size();
-    return config.roundsMinHosts > 0 && n >= 3 && n >= config.roundsMinHosts &&
-           static_cast<int>(ctx.peers().networkServers().size()) == n &&
-           ctx.peers().hostCount() == n && bytes > 0 && bytes >= config.roundsMinBytes &&
+    return roundsFor(ctx, bytes) &&
+           static_cast<int>(ctx.peers().networkServers().size()) == ctx.size() &&
            bytes <= kRoundsMaxBytes;
   }
   // A server in pairwise rounds holds every peer's contribution to its
@@ -183,9 +180,7 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   std::optional<OrderedSends> rounds;
   if (cp.rounds) {
     ctx.traffic().pairwiseRounds();
-    rounds.emplace(ex, std::max<size_t>(2, (kRoundsWindowBytes + cp.chunkBytes - 1) /
-                                               cp.chunkBytes),
-                   cp.mine->chunks.size());
+    rounds.emplace(ex, roundsWindow(cp.chunkBytes), cp.mine->chunks.size());
     postInRounds(ex, cp.plan, ctx.peers().networkServers(), rank, n, data, es, *rounds);
     server->startInRounds([&](size_t k) { rounds->release(k); },
                           [&](int) { rounds->arrive(OrderedSends::kData); });

@@ -11,7 +11,7 @@ namespace smddp {
 // them with `own` (this rank's contribution) into `out`, in rank order.
 void serveReduction(Exchange& ex, EngineContext& ctx, CollectiveSignature sig,
                     const uint8_t* own, uint8_t* out, uint64_t count, std::vector<int>& remaining,
-                    std::vector<Chunk>& chunks) {
+                    std::vector<Chunk>& chunks, const std::function<void()>& onArrive) {
   const int n = ctx.size();
   const int rank = ctx.rank();
   const size_t es = elementSize(sig.dtype);
@@ -28,13 +28,14 @@ void serveReduction(Exchange& ex, EngineContext& ctx, CollectiveSignature sig,
     for (int p = 0; p < n; ++p) inputs[p] = p == rank ? own + off : slot(p) + off;
     reduceOrdered(out + off, inputs.data(), n, c.elemCount, sig.dtype, sig.op, n);
   };
-  for (size_t k = 0; k < chunks.size(); ++k) {
-    const Chunk& c = chunks[k];
-    for (int p = 0; p < n; ++p) {
-      if (p == rank) continue;
+  for (int r = 1; r < n; ++r) {
+    const int p = (rank - r + n) % n;
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const Chunk& c = chunks[k];
       ex.recv(p, kPhaseToServer, c.index, slot(p) + c.elemOffset * es, c.elemCount * es,
-              [&remaining, reduceChunk, k] {
+              [&remaining, reduceChunk, k, onArrive] {
                 if (--remaining[k] == 0) reduceChunk(k);
+                if (onArrive) onArrive();
               });
     }
   }

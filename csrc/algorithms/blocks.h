@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "algorithms/algorithms.h"
@@ -16,10 +17,12 @@ namespace smddp {
 
 // Server half: receive `count` elements from every other rank and reduce
 // them with `own` (this rank's contribution) into `out`, in rank order.
-// `remaining` and `chunks` must outlive the Exchange's run().
+// `remaining` and `chunks` must outlive the Exchange's run(); `onArrive`
+// (if set) runs as each chunk of each peer arrives (RoundSends' clock).
+// Receives post in round order: from rank - 1 first.
 void serveReduction(Exchange& ex, EngineContext& ctx, CollectiveSignature sig,
                     const uint8_t* own, uint8_t* out, uint64_t count, std::vector<int>& remaining,
-                    std::vector<Chunk>& chunks);
+                    std::vector<Chunk>& chunks, const std::function<void()>& onArrive = nullptr);
 // Worker half: send `count` elements at `src` to `server`, chunked.
 void sendBlock(Exchange& ex, EngineContext& ctx, int server, const uint8_t* src, uint64_t count,
                size_t es, uint32_t phase = kPhaseToServer);

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "algorithms/blocks.h"
+#include "algorithms/rounds.h"
 
 namespace smddp {
 
@@ -19,11 +20,18 @@ void runReduceScatter(EngineContext& ctx, uint64_t seq, const std::vector<Buffer
   std::vector<int> remaining;
   std::vector<Chunk> chunks;
   // This rank serves block `rank`; every other block goes to its owner.
+  // Every rank its own host and a large call: pairwise rounds (rounds.h),
+  // round i sending rank + i its block while rank - i's comes in.
+  RoundSends sends(ctx, ex, roundsFor(ctx, out.numel * es * n), directChunkBytes(ctx));
   serveReduction(ex, ctx, sig, static_cast<const uint8_t*>(ins[ctx.rank()].data),
-                 static_cast<uint8_t*>(out.data), out.numel, remaining, chunks);
+                 static_cast<uint8_t*>(out.data), out.numel, remaining, chunks, sends.onArrive());
   for (int i = 1; i < n; ++i) {
-    int p = (ctx.rank() + i) % n;
-    sendBlock(ex, ctx, p, static_cast<const uint8_t*>(ins[p].data), out.numel, es);
+    const int p = (ctx.rank() + i) % n;
+    const auto* src = static_cast<const uint8_t*>(ins[p].data);
+    for (const Chunk& c : chunks) {
+      sends.send(p, kPhaseToServer, c.index, c.elemOffset * es, src + c.elemOffset * es,
+                 c.elemCount * es);
+    }
   }
   ex.run();
 }

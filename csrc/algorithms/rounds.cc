@@ -2,15 +2,45 @@
 
 #include "algorithms/rounds.h"
 
+#include "engine/engine_context.h"
+
 namespace smddp {
+
+bool roundsFor(const EngineContext& ctx, uint64_t bytes) {
+  const EngineConfig& config = ctx.config();
+  const int n = ctx.size();
+  return config.roundsMinHosts > 0 && n >= 3 && n >= config.roundsMinHosts &&
+         ctx.peers().hostCount() == n && bytes > 0 && bytes >= config.roundsMinBytes;
+}
+
+RoundSends::RoundSends(EngineContext& ctx, Exchange& ex, bool rounds, uint64_t chunkBytes)
+    : ex_(ex) {
+  if (!rounds) return;
+  ctx.traffic().pairwiseRounds();
+  ordered_.emplace(ex, roundsWindow(chunkBytes), 0);
+}
+
+std::function<void()> RoundSends::onArrive() {
+  if (!ordered_) return nullptr;
+  return [this] { ordered_->arrive(OrderedSends::kData); };
+}
+
+void RoundSends::send(int peer, uint32_t phase, uint32_t index, uint64_t offset, const void* src,
+                      size_t bytes) {
+  if (!ordered_) {
+    ex_.send(peer, phase, index, offset, src, bytes);
+    return;
+  }
+  ordered_->add(peer, phase, index, offset, src, bytes, OrderedSends::kData,
+                ordered_->need(sent_++));
+  ordered_->pump();
+}
 
 void postInRounds(Exchange& ex, const ShardPlan& plan, const std::vector<int>& servers, int rank,
                   int n, uint8_t* data, size_t es, OrderedSends& sends) {
   std::vector<const Shard*> shardOf(n, nullptr);  // by server rank
   for (const Shard& s : plan.shards()) shardOf[servers[s.server]] = &s;
   const std::vector<Chunk>& mine = shardOf[rank]->chunks;
-  const uint64_t W = sends.window();
-  auto need = [W](uint64_t j) { return j + 1 > W ? j + 1 - W : 0; };
   for (int r = 1; r < n; ++r) {
     const int server = (rank - r + n) % n;
     for (const Chunk& c : shardOf[server]->chunks) {
@@ -23,7 +53,7 @@ void postInRounds(Exchange& ex, const ShardPlan& plan, const std::vector<int>& s
     const int server = (rank + r) % n;
     for (const Chunk& c : shardOf[server]->chunks) {
       sends.add(server, kPhaseToServer, c.index, c.elemOffset * es, data + c.elemOffset * es,
-                c.elemCount * es, OrderedSends::kData, need(j++));
+                c.elemCount * es, OrderedSends::kData, sends.need(j++));
     }
   }
   j = 0;
@@ -31,7 +61,7 @@ void postInRounds(Exchange& ex, const ShardPlan& plan, const std::vector<int>& s
     for (size_t k = 0; k < mine.size(); ++k) {
       const Chunk& c = mine[k];
       sends.add((rank + r) % n, kPhaseFromServer, c.index, c.elemOffset * es,
-                data + c.elemOffset * es, c.elemCount * es, OrderedSends::kResults, need(j++),
+                data + c.elemOffset * es, c.elemCount * es, OrderedSends::kResults, sends.need(j++),
                 static_cast<int64_t>(k));
     }
   }

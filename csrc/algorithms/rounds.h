@@ -4,8 +4,11 @@
 // ShardRing (shard_ring.h).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "engine/exchange.h"
@@ -51,6 +54,9 @@ class OrderedSends {
     pump();
   }
   size_t window() const { return window_; }
+  // The arrivals the j-th send (from 0) of a clock waits for: the first
+  // window() go at once, then one per arrival.
+  uint64_t need(uint64_t j) const { return j + 1 > window_ ? j + 1 - window_ : 0; }
   void pump() {
     while (next_ < items_.size() && inFlight_ < window_) {
       const Item& it = items_[next_];
@@ -87,6 +93,38 @@ class OrderedSends {
 // at least two chunks. At 8 x 1 hosts 512 KiB to 2 MiB were alike and 4 MiB
 // lost at 64 MiB calls (docs/notes/2026-11-29-rounds-window.md).
 constexpr size_t kRoundsWindowBytes = 1 << 20;
+// The window, in chunks of `chunkBytes`.
+inline size_t roundsWindow(uint64_t chunkBytes) {
+  return std::max<size_t>(2, (kRoundsWindowBytes + chunkBytes - 1) / chunkBytes);
+}
+
+// Whether a call of `bytes` between ranks that each have a host of their
+// own runs in pairwise rounds: SMDDP_ROUNDS_MIN_HOSTS of them and at least
+// three, and SMDDP_ROUNDS_MIN_BYTES and up (the all-gather's output, the
+// reduce-scatter's input, the allreduce's buffer).
+bool roundsFor(const EngineContext& ctx, uint64_t bytes);
+
+// A call's sends to other hosts, for the direct collectives and the
+// hierarchy's crossing: in pairwise rounds, an OrderedSends on the kData
+// clock (the caller adds them round by round, and hands every receive
+// onArrive()); else each goes at once.
+class RoundSends {
+ public:
+  RoundSends(EngineContext& ctx, Exchange& ex, bool rounds, uint64_t chunkBytes);
+  RoundSends(const RoundSends&) = delete;
+  RoundSends& operator=(const RoundSends&) = delete;
+  bool rounds() const { return ordered_.has_value(); }
+  // What a receive runs once its chunk arrived: in rounds, the clock of the
+  // sends; else null.
+  std::function<void()> onArrive();
+  void send(int peer, uint32_t phase, uint32_t index, uint64_t offset, const void* src,
+            size_t bytes);
+
+ private:
+  Exchange& ex_;
+  std::optional<OrderedSends> ordered_;
+  uint64_t sent_ = 0;
+};
 
 // The worker side in pairwise rounds, and the server's results: receives
 // in the order the servers send (server i - 1 first), then the shards to

@@ -8,8 +8,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include "algorithms/blocks.h"
+#include "algorithms/rounds.h"
 #include "common/caller_waiting.h"
 #include "common/crypto.h"
 #include "common/error.h"
@@ -170,18 +173,28 @@ std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
     notOpened->why = notOpened->switchedOff ? "SMDDP_SHM_COLLECTIVES=0" : v;
     return nullptr;
   }
+  // Pairwise rounds by the allreduce's rule (algorithms/rounds.h): from
+  // three hosts and SMDDP_ROUNDS_MIN_HOSTS, for calls of
+  // SMDDP_ROUNDS_MIN_BYTES and up.
+  const EngineConfig& c = ctx.config();
+  const int H = topo.hosts();
+  const uint64_t roundsFrom = c.roundsMinHosts > 0 && H >= 3 && H >= c.roundsMinHosts
+                                  ? std::max<uint64_t>(c.roundsMinBytes, 1)
+                                  : UINT64_MAX;
   return std::unique_ptr<SegmentCollectives>(
-      new SegmentCollectives(segment, topo, pids, ctx.config().crossHostDtype));
+      new SegmentCollectives(segment, topo, pids, c.crossHostDtype, roundsFrom));
 }
 
 SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology& topo,
-                                       std::vector<pid_t> pids, DataType crossHostDtype)
+                                       std::vector<pid_t> pids, DataType crossHostDtype,
+                                       uint64_t roundsFromBytes)
     : segment_(segment),
       topo_(topo),
       local_(topo.localRank),
       ranks_(segment.ranks()),
       pids_(std::move(pids)),
-      crossHostDtype_(crossHostDtype) {}
+      crossHostDtype_(crossHostDtype),
+      roundsFromBytes_(roundsFromBytes) {}
 
 std::string SegmentCollectives::describe() const {
   if (hosts() == 1) {
@@ -194,6 +207,10 @@ std::string SegmentCollectives::describe() const {
       std::to_string(hosts()) + " hosts x " + std::to_string(ranks_) + " ranks)";
   if (crossHostDtype_ != DataType::kFloat32) {
     text += "; reduce-scatter's f32 host sums cross in " + std::string(toString(crossHostDtype_));
+  }
+  if (roundsFromBytes_ != UINT64_MAX) {
+    text += "; pairwise rounds for calls of " + std::to_string(roundsFromBytes_ >> 10) +
+            " KiB and up";
   }
   return text;
 }
@@ -329,51 +346,153 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   post(seq, sig, blocks);
   StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   awaitPosts(ctx, watch, seq, sig);
-  const SegmentControl& ctl = segment_.ctl();
-  // This host's parts first; across hosts, while this rank's part goes to
-  // the ranks of its local index on the other hosts, and theirs arrive.
-  auto readHostParts = [&](auto poll) {
-    for (int i = 1; i < ranks_; ++i) {
-      const int p = (local_ + i) % ranks_;
-      readPolling(p, static_cast<uint8_t*>(outs[globalRank(host, p)].data),
-                  ctl.direct[p].block[host], bytes, watch, poll);
-    }
-  };
   if (H == 1) {
-    readHostParts([] {});
+    readHostParts(outs, bytes, watch, [] {});
   } else {
-    Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
-    const std::vector<Chunk> chunks = crossChunks(ctx, in.numel, es);
-    for (int h = 0; h < H; ++h) {
-      if (h == host) continue;
-      const int peer = globalRank(h, local_);
-      auto* dst = static_cast<uint8_t*>(outs[peer].data);
-      for (const Chunk& c : chunks) {
-        ex.recv(peer, kPhaseToServer, c.index, dst + c.elemOffset * es, c.elemCount * es);
-      }
+    gatherAcrossHosts(ctx, seq, sig, src, outs, watch);
+  }
+  mark(&DirectPost::done, seq);
+  awaitAll(&DirectPost::done, ctx, watch, seq, sig);
+}
+
+template <typename Poll>
+void SegmentCollectives::readHostParts(const std::vector<Buffer>& outs, uint64_t bytes,
+                                       const StallWatch& watch, const Poll& poll) const {
+  const int host = topo_.hostIndex;
+  for (int i = 1; i < ranks_; ++i) {
+    const int p = (local_ + i) % ranks_;
+    readPolling(p, static_cast<uint8_t*>(outs[globalRank(host, p)].data),
+                segment_.ctl().direct[p].block[host], bytes, watch, poll);
+  }
+}
+
+void SegmentCollectives::gatherAcrossHosts(EngineContext& ctx, uint64_t seq,
+                                           const CollectiveSignature& sig, const uint8_t* src,
+                                           const std::vector<Buffer>& outs, StallWatch& watch) {
+  // This rank's part goes to the ranks of its local index on the other
+  // hosts, and theirs arrive, while it reads this host's parts; then the
+  // other hosts' parts from this host's peers, each chunk once it landed.
+  const int H = hosts();
+  const int host = topo_.hostIndex;
+  const size_t es = elementSize(sig.dtype);
+  const uint64_t bytes = sig.numel * es;
+  Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
+  const std::vector<Chunk> chunks = crossChunks(ctx, sig.numel, es);
+  RoundSends sends(ctx, ex, inRounds(bytes * ctx.size()), directChunkBytes(ctx));
+  SMDDP_CHECK(chunks.size() < (uint64_t{1} << kLandedSeqShift), kInvalidArgument,
+              "all_gather: " + std::to_string(chunks.size()) +
+                  " chunks per part across hosts (SMDDP_CHUNK_BYTES too small for " +
+                  std::to_string(bytes) + " bytes)");
+  landedChunks_.assign(H, std::vector<bool>(chunks.size(), false));
+  landedPrefix_.assign(H, 0);
+  for (int r = 1; r < H; ++r) {
+    const int h = (host - r + H) % H;
+    const int peer = globalRank(h, local_);
+    auto* dst = static_cast<uint8_t*>(outs[peer].data);
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const Chunk& c = chunks[k];
+      ex.recv(peer, kPhaseToServer, c.index, dst + c.elemOffset * es, c.elemCount * es,
+              [this, h, k, seq, arrive = sends.onArrive()] {
+                noteLanded(h, k, seq);
+                if (arrive) arrive();
+              });
     }
+  }
+  auto sendTo = [&](int h, const Chunk& c) {
+    sends.send(globalRank(h, local_), kPhaseToServer, c.index, c.elemOffset * es,
+               src + c.elemOffset * es, c.elemCount * es);
+  };
+  if (sends.rounds()) {
+    // Round r: every chunk to host + r, while host - r's come in.
+    for (int r = 1; r < H; ++r) {
+      for (const Chunk& c : chunks) sendTo((host + r) % H, c);
+    }
+  } else {
     for (const Chunk& c : chunks) {
-      for (int h = 0; h < H; ++h) {
-        if (h == host) continue;
-        ex.send(globalRank(h, local_), kPhaseToServer, c.index, c.elemOffset * es,
-                src + c.elemOffset * es, c.elemCount * es);
+      for (int r = 1; r < H; ++r) sendTo((host + r) % H, c);
+    }
+  }
+  ex.poll();
+  readHostParts(outs, bytes, watch, [&ex] { ex.poll(); });
+  readLandedParts(ctx, ex, watch, seq, sig, outs, chunks, es);
+}
+
+void SegmentCollectives::noteLanded(int h, size_t k, uint64_t seq) {
+  std::vector<bool>& got = landedChunks_[h];
+  got[k] = true;
+  uint32_t& prefix = landedPrefix_[h];
+  if (k != prefix) return;
+  while (prefix < got.size() && got[prefix]) ++prefix;
+  segment_.ctl().direct[local_].landed[h].store(((seq + 1) << kLandedSeqShift) | prefix,
+                                               std::memory_order_release);
+  segment_.wakeAll();
+}
+
+void SegmentCollectives::readLandedParts(EngineContext& ctx, Exchange& ex, StallWatch& watch,
+                                         uint64_t seq, const CollectiveSignature& sig,
+                                         const std::vector<Buffer>& outs,
+                                         const std::vector<Chunk>& chunks, size_t es) {
+  using clock = std::chrono::steady_clock;
+  const int H = hosts();
+  const int host = topo_.hostIndex;
+  const SegmentControl& ctl = segment_.ctl();
+  // Chunks of host h's part read from local peer p so far: next[p * H + h].
+  std::vector<uint32_t> next(static_cast<size_t>(ranks_) * H, 0);
+  const auto total = static_cast<uint32_t>(chunks.size());
+  size_t left = static_cast<size_t>(ranks_ - 1) * (H - 1) * total;
+  auto landedAt = [&](int p, int h) -> uint32_t {
+    const uint64_t v = ctl.direct[p].landed[h].load(std::memory_order_acquire);
+    return v >> kLandedSeqShift == seq + 1 ? static_cast<uint32_t>(v & ((1u << kLandedSeqShift) - 1))
+                                           : 0;
+  };
+  auto behind = [&] {  // for messages: the peers whose parts this rank still reads
+    std::vector<int> ranks;
+    for (int p = 0; p < ranks_; ++p) {
+      for (int h = 0; h < H && p != local_; ++h) {
+        if (h != host && next[p * H + h] < total) {
+          ranks.push_back(globalRank(host, p));
+          break;
+        }
       }
     }
-    ex.poll();
-    readHostParts([&ex] { ex.poll(); });
-    ex.run();
-    mark(&DirectPost::landed, seq);
-    awaitAll(&DirectPost::landed, ctx, watch, seq, sig);
+    return ranks;
+  };
+  const auto spin = std::chrono::microseconds(ctx.config().spinUs);
+  const auto maxSleep = std::chrono::microseconds(ctx.config().sleepUs);
+  auto idleSince = clock::now();
+  auto sleep = std::chrono::microseconds(1);
+  while (left > 0 || !ex.finished()) {
+    size_t moved = ex.poll();
     for (int i = 1; i < ranks_; ++i) {
       const int p = (local_ + i) % ranks_;
       for (int k = 1; k < H; ++k) {
         const int h = (host + k) % H;
-        read(p, outs[globalRank(h, p)].data, ctl.direct[p].block[h], bytes, watch);
+        uint32_t& from = next[p * H + h];
+        const uint32_t to = std::min(landedAt(p, h), total);
+        if (to <= from) continue;
+        const uint64_t off = chunks[from].elemOffset * es;
+        const uint64_t end = (chunks[to - 1].elemOffset + chunks[to - 1].elemCount) * es;
+        read(p, static_cast<uint8_t*>(outs[globalRank(h, p)].data) + off,
+             ctl.direct[p].block[h] + off, end - off, watch);
+        left -= to - from;
+        from = to;
+        ++moved;
       }
     }
+    if (moved > 0) {
+      idleSince = clock::now();
+      sleep = std::chrono::microseconds(1);
+      continue;
+    }
+    watch.check(seq, &sig, 1, [&] { return rankList(behind()) + "; " + ex.waitingOn(); },
+                [&] { return "not seen at this call: " + rankList(behind()); });
+    if (clock::now() - idleSince < spin && aCallerIsWaiting()) {
+      sched_yield();
+      continue;
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(maxSleep, sleep * 2);
   }
-  mark(&DirectPost::done, seq);
-  awaitAll(&DirectPost::done, ctx, watch, seq, sig);
 }
 
 template <typename Poll>
@@ -489,11 +608,13 @@ void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
   // What this host sends (or keeps) for host h.
   auto piece = [&](int h) { return (narrow ? packed_.data() : hostSums_.data()) + h * wireBytes; };
   Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
-  for (int h = 0; h < H; ++h) {
-    if (h == host) continue;
+  // In rounds, round k sends host + k its sums while host - k's come in.
+  RoundSends sends(ctx, ex, inRounds(count * es * ctx.size()), directChunkBytes(ctx));
+  for (int k = 1; k < H; ++k) {
+    const int h = (host - k + H) % H;
     for (const Chunk& c : chunks) {
       ex.recv(globalRank(h, local_), kPhaseToServer, c.index,
-              arrived_.data() + h * wireBytes + wireAt(c), wireLen(c));
+              arrived_.data() + h * wireBytes + wireAt(c), wireLen(c), sends.onArrive());
     }
   }
   for (int k = 1; k <= H; ++k) {
@@ -511,7 +632,7 @@ void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
                        wire, scratch.data());
       }
       if (h == host) continue;
-      ex.send(owner, kPhaseToServer, c.index, wireAt(c), piece(h) + wireAt(c), wireLen(c));
+      sends.send(owner, kPhaseToServer, c.index, wireAt(c), piece(h) + wireAt(c), wireLen(c));
       ex.poll();
     }
   }

@@ -36,6 +36,8 @@
 
 namespace smddp {
 
+class Exchange;
+
 class EngineContext;
 class StallWatch;
 
@@ -80,7 +82,13 @@ class SegmentCollectives final : public HostCollectives {
   };
 
   SegmentCollectives(HostSegment& segment, const HostTopology& topo, std::vector<pid_t> pids,
-                     DataType crossHostDtype);
+                     DataType crossHostDtype, uint64_t roundsFromBytes);
+  // Whether a call of `bytes` (its larger side: all-gather's output,
+  // reduce-scatter's input) crosses hosts in pairwise rounds (RoundSends,
+  // algorithms/rounds.h). Receives post in round order either way: from
+  // host - 1 first.
+  bool inRounds(uint64_t bytes) const { return bytes >= roundsFromBytes_; }
+
   // Reduce-scatter across hosts, once this host's ranks posted.
   void reduceAcrossHosts(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
                          const std::vector<const uint8_t*>& block, const RemoteBlocks& remote,
@@ -111,9 +119,8 @@ class SegmentCollectives final : public HostCollectives {
   // they made the same call (kMismatch naming the first that differs).
   void awaitPosts(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                   const CollectiveSignature& sig);
-  // A per-rank word of the post, seq + 1 once reached: `landed` (across
-  // hosts, an all-gather's other hosts' parts arrived here) or `done`
-  // (this rank read all it needs of its host's peers).
+  // A per-rank word of the post, seq + 1 once reached: `done` (this rank
+  // read all it needs of its host's peers).
   using Flag = std::atomic<uint64_t> DirectPost::*;
   // This rank has reached `flag` in call `seq`.
   void mark(Flag flag, uint64_t seq);
@@ -123,6 +130,24 @@ class SegmentCollectives final : public HostCollectives {
   template <typename Arrived>
   void await(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,
              const Arrived& arrived);
+  // All-gather: copies this host's peers' own parts into `outs`, calling
+  // poll() between slices.
+  template <typename Poll>
+  void readHostParts(const std::vector<Buffer>& outs, uint64_t bytes, const StallWatch& watch,
+                     const Poll& poll) const;
+  // All-gather across hosts, once this host's ranks posted; `src` is this
+  // rank's part.
+  void gatherAcrossHosts(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
+                         const uint8_t* src, const std::vector<Buffer>& outs, StallWatch& watch);
+  // All-gather across hosts: chunk k of host h's part arrived here (in
+  // call `seq`); publishes how many arrived in order from the first.
+  void noteLanded(int h, size_t k, uint64_t seq);
+  // All-gather across hosts: reads the other hosts' parts from this host's
+  // peers, each chunk once it landed there, and progresses `ex` (this
+  // rank's own exchange) in between, until both are done.
+  void readLandedParts(EngineContext& ctx, Exchange& ex, StallWatch& watch, uint64_t seq,
+                       const CollectiveSignature& sig, const std::vector<Buffer>& outs,
+                       const std::vector<Chunk>& chunks, size_t es);
   // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`.
   void read(int peer, void* local, uint64_t remote, uint64_t bytes, const StallWatch& watch) const;
   // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`
@@ -151,7 +176,14 @@ class SegmentCollectives final : public HostCollectives {
   std::vector<uint8_t> hostSums_;
   std::vector<uint8_t> packed_;  // the host sums in the narrow wire form
   std::vector<uint8_t> arrived_;
+  // All-gather across hosts: by host, which chunks arrived, and how many
+  // in order from the first.
+  std::vector<std::vector<bool>> landedChunks_;
+  std::vector<uint32_t> landedPrefix_;
   const DataType crossHostDtype_;  // SMDDP_CROSS_HOST_DTYPE
+  // Calls this big and up cross in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS
+  // and SMDDP_ROUNDS_MIN_BYTES, as the allreduce's); UINT64_MAX: never.
+  const uint64_t roundsFromBytes_;
 };
 
 }  // namespace smddp

@@ -54,10 +54,13 @@ struct alignas(64) FusionPlan {
 // Where one rank's input of an all-gather or reduce-scatter lies in its
 // own address space, for the host's other ranks to read directly
 // (hostpath/host_collectives.h). Written by that rank only.
+constexpr int kLandedSeqShift = 24;
 struct alignas(64) DirectPost {
   std::atomic<uint64_t> posted{0};  // seq + 1 once the fields below are valid
   std::atomic<uint64_t> done{0};    // seq + 1 once this rank read all it needs
-  std::atomic<uint64_t> landed{0};  // across hosts: seq + 1 once the other hosts' parts arrived
+  // Across hosts, an all-gather's chunks of host h's part that arrived
+  // here, in order from the first: (seq + 1) << kLandedSeqShift | count.
+  std::atomic<uint64_t> landed[kHostMaxRanks] = {};
   uint64_t numel = 0;               // elements per block
   uint8_t collective = 0;
   uint8_t dtype = 0;

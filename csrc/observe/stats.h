@@ -33,7 +33,7 @@ struct Stats {
   uint64_t directCalls = 0;   // allreduces entered through torch_smddp.all_reduce_
   uint64_t standaloneServerBytes = 0;  // bytes pushed to standalone reduction servers
   uint64_t standaloneServerSteps = 0;  // cross-host steps that used them
-  uint64_t roundsCalls = 0;  // network-only calls run in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)
+  uint64_t roundsCalls = 0;  // calls whose crossing ran in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)
   // Payload bytes encrypted to and decrypted from peers on other hosts
   // (SMDDP_WIRE_ENCRYPT; engine/sealed_frames.h).
   uint64_t bytesSealed = 0;

@@ -42,6 +42,13 @@ def test_one_rank_per_host_routes_to_the_network_path_in_fp32_and_in_bf16():
         assert r["int64_equal_gloo"], r
         assert r["rounds_calls"] == 2, r  # the int64 and f64 calls, in pairwise rounds
         assert r["f64_within_rounding_of_gloo"], r
+        for tag in ("big", "small"):
+            assert r[f"all_gather_{tag}_equal_gloo"], (tag, r)
+            assert r[f"reduce_scatter_{tag}_closed_form"], (tag, r)
+            assert r[f"reduce_scatter_{tag}_int64_equal_gloo"], (tag, r)
+        # The big all-gather and its two reduce-scatters (7.2 MB and up),
+        # in pairwise rounds; the small ones (1.2 MB) not.
+        assert r["gather_scatter_rounds_calls"] == 3, r
         assert r["bf16_within_bound"], r
         assert r["bf16_worst_of_bound"] > 0.05, r  # it did cross in bf16
         assert r["bf16_representable"], r

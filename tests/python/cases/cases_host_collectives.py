@@ -244,6 +244,55 @@ def narrow_crossing(ck, rank, world, hosts, gloo):
     dist.destroy_process_group(narrow)
 
 
+def pairwise_rounds(ck, rank, world, hosts, gloo):
+    """A group made with SMDDP_ROUNDS_MIN_BYTES=1 crosses hosts in pairwise
+    rounds (round k to host + k, clocked by what arrives) for every call:
+    the schedule changes, not the sums, so all-gather is Gloo's and
+    reduce-scatter the closed form, bitwise, with the narrow crossing too."""
+    os.environ["SMDDP_ROUNDS_MIN_BYTES"] = "1"
+    try:
+        rounds = dist.new_group(backend="smddp")
+        narrow = dist.new_group(backend="smddp",
+                                pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
+    finally:
+        del os.environ["SMDDP_ROUNDS_MIN_BYTES"]
+    path = torch_smddp.stats(rounds)["gather_scatter_path"]
+    ck.check("rounds: the path says so", "pairwise rounds for calls of 0 KiB" in path, path)
+    before = torch_smddp.stats(rounds)["rounds_calls"]
+    calls = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        for n in (13, 70001):
+            x = make(f"rounds{dtype}{n}", rank, dtype, n)
+            got, want = torch.empty(n * world, dtype=dtype), torch.empty(n * world, dtype=dtype)
+            dist.all_gather_into_tensor(got, x, group=rounds)
+            dist.all_gather_into_tensor(want, x, group=gloo)
+            ck.equal(f"rounds: all_gather {dtype} n={n} vs gloo", got, want)
+            key = f"roundsrs{dtype}{n}"
+            flat = make(key, rank, dtype, n * world)
+            out = torch.empty(n, dtype=dtype)
+            dist.reduce_scatter_tensor(out, flat.clone(), group=rounds)
+            ck.equal(f"rounds: reduce_scatter SUM {dtype} n={n} vs the closed form (bitwise)",
+                     out, closed_form_block(key, dtype, n, world, hosts, rank))
+            calls += 2
+    n = 70001
+    flat = make("roundsnarrow", rank, torch.float32, n * world)
+    got = torch.empty(n)
+    dist.reduce_scatter_tensor(got, flat.clone(), group=narrow)
+    block = [make("roundsnarrow", r, torch.float32, n * world).narrow(0, n * rank, n)
+             for r in range(world)]
+    per_host = world // hosts
+    sums = [ordered_sum(block[h * per_host:(h + 1) * per_host], torch.float32) for h in range(hosts)]
+    want = ordered_sum([s.to(torch.bfloat16).float() for s in sums], torch.float32)
+    ck.equal("rounds: bf16 crossing reduce_scatter vs the closed form (bitwise)", got, want)
+    ran = torch_smddp.stats(rounds)["rounds_calls"] - before
+    ck.check("rounds: every call ran in rounds", ran == calls, f"{ran} of {calls}")
+    ck.check("rounds: the default group does not (4 MiB and up only)",
+             "pairwise rounds for calls of 4096 KiB" in torch_smddp.stats()["gather_scatter_path"],
+             torch_smddp.stats()["gather_scatter_path"])
+    dist.destroy_process_group(narrow)
+    dist.destroy_process_group(rounds)
+
+
 def queued(ck, rank, world, gloo):
     """Async calls queue and complete in any wait order."""
     xs = [make(f"q{i}", rank, torch.float32, 1000 + 17 * i) for i in range(6)]
@@ -298,6 +347,8 @@ def run(rank, world, hosts=1, sizes=SIZES):
             reduce_scatters(ck, rank, world, net, gloo, dtype, n, hosts)
     if hosts > 1:
         narrow_crossing(ck, rank, world, hosts, gloo)
+    if hosts > 2:
+        pairwise_rounds(ck, rank, world, hosts, gloo)
     queued(ck, rank, world, gloo)
     record = [e for e in torch_smddp.flight_recorder()
               if e["collective"] in ("allgather", "reduce_scatter") and e["state"] == "completed"]
