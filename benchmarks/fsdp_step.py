@@ -33,11 +33,18 @@ must agree (allclose, --rtol, --atol); any difference on any rank fails the
 run. Both copies must also have moved away from the initial weights, so the
 check cannot pass on a model that never learned.
 
-ddp_step.py's --offcpu-ms is left out: its offcpu_model hands the
-parameter objects it captured at construction to one autograd function and
-never calls the encoder layers' forward, while FSDP2 swaps every parameter
-for a DTensor shard and unshards them only in the sharded modules' forward
-hooks.
+--offcpu-ms MS takes the compute off the CPU, as ddp_step.py's does: every
+copy's forward and backward sleep instead of computing, MS per step in all
+(offcpu_lm), so that the collectives have the host's cores to themselves
+while "compute" runs, as beside a GPU. Unlike ddp_step.py's offcpu_model it
+still calls every encoder layer as a module, so FSDP2's hooks unshard each
+layer's parameters before its forward and reduce-scatter their gradients
+after its backward; each part hands back a gradient of 1e-3 * (rank + 1)
+for every element of the parameters it was given (the unsharded ones).
+It adds "smddp comm only" and "gloo comm only": the same FSDP2 step with
+sleeps of 0, its all-gathers and reduce-scatters with no compute to hide
+them; and prints the overlap share, (compute + comm only - step) /
+min(compute, comm only), as ddp_step.py does.
 """
 
 from __future__ import annotations
@@ -60,17 +67,62 @@ from cluster_launch import launch_on_cluster  # noqa: E402
 NAMES = ("smddp", "gloo", "compute only")
 
 
-def sharded_model(torch, mesh, seq):
+def sharded_model(torch, mesh, seq, offcpu=None):
     """build_model's transformer under FSDP2 on `mesh`: one FSDP unit per
     encoder layer (their all-gathers can overlap the previous layer's
-    compute) and one for the rest (embedding, positions, output layer)."""
+    compute) and one for the rest (embedding, positions, output layer);
+    with `offcpu` (compute seconds, rank), its compute off the CPU."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     lm = build_model(torch, seq=seq)
+    if offcpu is not None:
+        lm = offcpu_lm(torch, lm, *offcpu)
     for layer in lm.body.layers:
         fully_shard(layer, mesh=mesh)
     return fully_shard(lm, mesh=mesh)
+
+
+def offcpu_lm(torch, lm, compute_s, rank):
+    """`lm` (before fully_shard) with forward and backward that sleep
+    instead of computing: compute_s per step, a third forward and two
+    thirds backward, by parameter count (the embedding's lookup counts as
+    nothing), as ddp_step.offcpu_model. The encoder layers are still called
+    as modules, so FSDP2's hooks around them run; each part's backward
+    returns a gradient of 1e-3 * (rank + 1) for every element of the
+    parameters its module holds at forward time (FSDP2's unsharded ones)."""
+    import types
+
+    class Part(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h, fwd_s, bwd_s, fill, *params):
+            ctx.bwd_s, ctx.fill, ctx.params = bwd_s, fill, params
+            time.sleep(fwd_s)
+            return h * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(ctx.bwd_s)
+            return (g, None, None, None, *[torch.full_like(p, ctx.fill) for p in ctx.params])
+
+    fill = 1e-3 * (rank + 1)
+    weight = sum(p.numel() for p in lm.parameters()) - lm.emb.weight.numel() - lm.pos.numel()
+
+    def part(h, params, counted=True):
+        share = compute_s * sum(p.numel() for p in params) / weight if counted else 0.0
+        return Part.apply(h, share / 3, share * 2 / 3, fill, *params)
+
+    for layer in lm.body.layers:
+        layer.forward = types.MethodType(lambda self, h: part(h, list(self.parameters())), layer)
+
+    def forward(self, x):
+        h = part(x.float(), [self.emb.weight, self.pos], counted=False)
+        for layer in self.body.layers:
+            h = layer(h)
+        return part(h, list(self.head.parameters()))
+
+    lm.forward = types.MethodType(forward, lm)
+    return lm
 
 
 def local_shards(model) -> list:
@@ -115,25 +167,39 @@ def paired_worker(args) -> None:
     dist.init_process_group("smddp")
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
+    offcpu = (args.offcpu_ms / 1e3, rank) if args.offcpu_ms else None
+    copies = [("smddp", dist.group.WORLD, offcpu), ("gloo", gloo, offcpu)]
+    if offcpu:
+        copies += [("smddp comm only", dist.group.WORLD, (0.0, rank)),
+                   ("gloo comm only", gloo, (0.0, rank))]
     models = {}
-    for name, group in (("smddp", dist.group.WORLD), ("gloo", gloo)):
-        models[name] = sharded_model(torch, DeviceMesh.from_group(group, "cpu"), args.seq)
+    for name, group, off in copies:
+        models[name] = sharded_model(torch, DeviceMesh.from_group(group, "cpu"), args.seq, off)
     torch.manual_seed(0)
     models["compute only"] = build_model(torch, seq=args.seq)
+    if offcpu:
+        models["compute only"] = offcpu_lm(torch, models["compute only"], *offcpu)
     models = {n: (m, torch.optim.SGD(m.parameters(), lr=args.lr)) for n, m in models.items()}
     initial = [p.detach().clone() for p in local_shards(models["smddp"][0])]
     nparams = sum(p.numel() for p in models["compute only"][0].parameters())
     x, y = synthetic_batch(torch, rank, args.batch, args.seq)
+    names = (*NAMES, "smddp comm only", "gloo comm only") if offcpu else NAMES
 
     def step(name):
-        lm_step(torch, *models[name], x, y)
+        if not offcpu:
+            lm_step(torch, *models[name], x, y)
+            return
+        model, opt = models[name]
+        opt.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        opt.step()
 
     for _ in range(args.warmup):
-        for name in NAMES:
+        for name in names:
             step(name)
-    times = {name: [] for name in NAMES}
+    times = {name: [] for name in names}
     for i in range(args.rounds):
-        for name in abba_order(NAMES, i):
+        for name in abba_order(names, i):
             dist.barrier(group=gloo)
             t0 = time.perf_counter()
             for _ in range(args.steps):
@@ -153,9 +219,17 @@ def paired_worker(args) -> None:
         def ratio(a, b):
             return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
+        median = {k: statistics.median(v) for k, v in times.items()}
+        # (compute + comm only - step) / min(compute, comm only): 1 when the
+        # step takes the larger of the two, 0 when it takes their sum.
+        overlap = {}
+        for n in ("smddp", "gloo"):
+            c, a, st = median["compute only"], median.get(f"{n} comm only"), median[n]
+            if a:
+                overlap[n] = (c + a - st) / min(c, a)
         with open(args.out, "w") as f:
-            json.dump({"params": nparams, "world": world, "times": times,
-                       "median": {k: statistics.median(v) for k, v in times.items()},
+            json.dump({"params": nparams, "world": world, "times": times, "overlap": overlap,
+                       "median": median,
                        "smddp_over_gloo": ratio("smddp", "gloo"),
                        "compute_over": {n: ratio("compute only", n) for n in ("smddp", "gloo")},
                        "max_abs_diff": w[0].item(), "min_moved": -w[1].item(),
@@ -170,7 +244,7 @@ def worker_args(args) -> list:
     return ["--worker", "--steps", str(args.steps), "--rounds", str(args.rounds),
             "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq),
             "--threads", str(args.threads), "--lr", str(args.lr), "--rtol", str(args.rtol),
-            "--atol", str(args.atol)]
+            "--atol", str(args.atol), "--offcpu-ms", str(args.offcpu_ms)]
 
 
 def print_table(res, args) -> None:
@@ -189,6 +263,10 @@ def print_table(res, args) -> None:
           f"(throughput smddp/gloo {1 / res['smddp_over_gloo']:.2f}x); compute only/smddp: "
           f"{res['compute_over']['smddp']:.3f}; compute only/gloo: "
           f"{res['compute_over']['gloo']:.3f}")
+    if res.get("overlap"):
+        print("compute off the CPU: " + f"{args.offcpu_ms:g} ms of sleeps per step; overlap "
+              "share, (compute + comm only - step) / min(compute, comm only): " +
+              ", ".join(f"{n} {v:.2f}" for n, v in res["overlap"].items()))
     print(f"check: smddp and gloo parameters agree (rtol {args.rtol:g}, atol {args.atol:g}); "
           f"largest difference {res['max_abs_diff']:.3g}, every shard moved at least "
           f"{res['min_moved']:.3g} from its initial value")
@@ -213,6 +291,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rtol", type=float, default=1e-4, help="the oracle's relative tolerance")
     ap.add_argument("--atol", type=float, default=1e-6, help="the oracle's absolute tolerance")
     ap.add_argument("--timeout", type=float, default=600, help="hard deadline of the job (s)")
+    ap.add_argument("--offcpu-ms", type=float, default=0.0,
+                    help="compute off the CPU: forward and backward sleep this many ms per step "
+                         "(offcpu_lm), and the comm-only copies are timed")
     ap.add_argument("--hosts", type=int, help="across this many namespace hosts (root)")
     ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate (tc tbf)")

@@ -130,11 +130,36 @@ def test_fsdp_step_forwards_every_option_a_worker_reads():
     ap = fsdp_step.parser()
     asked = ap.parse_args(["--paired", "--steps", "7", "--rounds", "5", "--warmup", "2",
                            "--batch", "3", "--seq", "64", "--threads", "2", "--lr", "0.5",
-                           "--rtol", "1e-3", "--atol", "1e-5"])
+                           "--rtol", "1e-3", "--atol", "1e-5", "--offcpu-ms", "250"])
     got = ap.parse_args(fsdp_step.worker_args(asked))
     assert got.worker
-    for field in ("steps", "rounds", "warmup", "batch", "seq", "threads", "lr", "rtol", "atol"):
+    for field in ("steps", "rounds", "warmup", "batch", "seq", "threads", "lr", "rtol", "atol",
+                  "offcpu_ms"):
         assert getattr(got, field) == getattr(asked, field), field
+
+
+def test_fsdp_steps_offcpu_model_sleeps_its_share_and_hands_back_the_fill(monkeypatch):
+    # Compute off the CPU: every encoder layer is still called as a module
+    # (FSDP2's hooks live there), the sleeps add up to the step's compute, a
+    # third forward and two thirds backward, and every parameter's gradient
+    # is the rank's fill; the embedding's lookup counts as nothing.
+    fsdp_step = load_benchmark("fsdp_step")
+    ddp_step = load_ddp_step()
+    slept = []
+    monkeypatch.setattr(fsdp_step.time, "sleep", slept.append)
+    torch.manual_seed(0)
+    lm = fsdp_step.offcpu_lm(torch, ddp_step.build_model(torch, seq=16, layers=2), 0.6, 3)
+    calls = []
+    for layer in lm.body.layers:
+        layer.register_forward_hook(lambda m, i, o: calls.append(m))
+    x, _ = ddp_step.synthetic_batch(torch, 0, 2, 16)
+    lm(x).sum().backward()
+    assert calls == list(lm.body.layers)
+    forward, backward = slept[:len(slept) // 2], slept[len(slept) // 2:]
+    assert forward[0] == 0.0 and backward[-1] == 0.0  # the embedding's part
+    assert sum(forward) == pytest.approx(0.2) and sum(backward) == pytest.approx(0.4)
+    for p in lm.parameters():
+        assert torch.equal(p.grad, torch.full_like(p, 4e-3)), p.shape
 
 
 def test_fsdp_steps_oracle_fails_on_a_difference_and_on_a_model_that_never_moved():
