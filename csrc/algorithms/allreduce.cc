@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/param.h"
 #include "algorithms/algorithms.h"
+#include "algorithms/algorithms_config.h"
 #include "algorithms/rounds.h"
 #include "algorithms/shard_ring.h"
 #include "engine/exchange.h"
@@ -44,12 +45,18 @@ SMDDP_PARAM_INT(paramRoundsMinHosts, "SMDDP_ROUNDS_MIN_HOSTS", 3, 0, 1 << 20,
 SMDDP_PARAM_BYTES(paramRoundsMinBytes, "SMDDP_ROUNDS_MIN_BYTES", 4194304, 1, 1LL << 40,
                   "smallest call that runs in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)")
 
+SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
+                  "queued allreduce calls are fused up to this many bytes (0: no fusion)")
+
 void readAllreduceParams(EngineConfig& c) {
-  c.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
-  c.minChunkBytes = static_cast<uint64_t>(paramMinChunkBytes());
-  c.ringDepth = paramRingDepth();
-  c.roundsMinHosts = paramRoundsMinHosts();
-  c.roundsMinBytes = static_cast<uint64_t>(paramRoundsMinBytes());
+  AlgorithmsConfig a;
+  a.minShardBytes = static_cast<uint64_t>(paramMinShardBytes());
+  a.minChunkBytes = static_cast<uint64_t>(paramMinChunkBytes());
+  a.ringDepth = paramRingDepth();
+  a.roundsMinHosts = paramRoundsMinHosts();
+  a.roundsMinBytes = static_cast<uint64_t>(paramRoundsMinBytes());
+  a.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
+  c.layers.set(a);
 }
 
 
@@ -110,7 +117,8 @@ struct CallPlan {
     const uint64_t shardElems = sig.numel / S + 1;
     chunkBytes = effectiveChunkBytes(
         shardElems, es,
-        shardChunkBytes(shardElems, es, wireElemSize, config.chunkBytes, config.minChunkBytes));
+        shardChunkBytes(shardElems, es, wireElemSize, config.chunkBytes,
+                        algorithmsConfig(config).minChunkBytes));
     rounds = wireElemSize == es && inRounds(ctx, sig.numel * es);
     if (rounds) {
       // Every receive of the call is posted at once, (n - 1) peers' data
@@ -120,7 +128,8 @@ struct CallPlan {
           1, static_cast<uint64_t>(config.maxPostedRecvs) / (2 * static_cast<uint64_t>(S - 1)));
       chunkBytes = std::max<uint64_t>(chunkBytes, (shardElems + perShard - 1) / perShard * es);
     }
-    plan = ShardPlan::make(sig.numel, es, S, planSeq, config.minShardBytes, chunkBytes);
+    plan = ShardPlan::make(sig.numel, es, S, planSeq, algorithmsConfig(config).minShardBytes,
+                           chunkBytes);
     mine = myServer >= 0 ? plan.shardFor(myServer) : nullptr;
     if (plan.shards().size() != static_cast<size_t>(S) || !mine) rounds = false;
     for (const Shard& s : plan.shards()) {
@@ -163,7 +172,7 @@ void allreduceCore(EngineContext& ctx, uint64_t seq, const CollectiveSignature& 
   std::optional<ShardRing> server;
   if (cp.mine && n > 1) {
     const size_t depth = cp.rounds ? cp.mine->chunks.size()
-                                   : static_cast<size_t>(ctx.config().ringDepth);
+                                   : static_cast<size_t>(ringDepthFor(ctx.config(), ctx.peers().oneHost()));
     uint8_t* scratch = ctx.memory().scratch(ShardRing::scratchBytes(n, depth, cp.chunkBytes));
     server.emplace(ctx, ex, *cp.mine, depth, scratch, cp.chunkBytes,
                    [es](uint64_t count) { return count * es; },
@@ -255,7 +264,7 @@ void allreduceCoreNarrow(EngineContext& ctx, uint64_t seq, const CollectiveSigna
   const size_t wes = elementSize(wire);
   const CallPlan cp(ctx, sig, planSeq, wes);
   const Shard* mine = cp.mine;
-  const size_t depth = static_cast<size_t>(ctx.config().ringDepth);
+  const size_t depth = static_cast<size_t>(ringDepthFor(ctx.config(), ctx.peers().oneHost()));
   const size_t W = kNarrowWindow;
   const NarrowScratch sc(ctx, cp, depth, wire);
   float* wide = sc.wide;
@@ -394,18 +403,19 @@ std::unique_ptr<AllreducePath> openNetworkAllreduce(EngineContext& ctx, std::str
 std::string NetworkPath::describe() const {
   auto kib = [](uint64_t b) { return std::to_string(b >> 10) + " KiB"; };
   const EngineConfig& config = ctx_.config();
+  const AlgorithmsConfig& tunables = algorithmsConfig(config);
   const bool fusing = fuses();
   std::ostringstream o;
   o << "over libfabric only (" << why_ << "): " << ctx_.peers().networkServers().size()
     << " reduction server(s), chunk " << kib(config.chunkBytes) << " (down to "
-    << kib(std::min(config.minChunkBytes, config.chunkBytes)) << " for short shards), ring depth "
-    << config.ringDepth << ", "
-    << (fusing ? "fusion buffer " + kib(config.fusionBytes) : std::string("no fusion"));
+    << kib(std::min(tunables.minChunkBytes, config.chunkBytes)) << " for short shards), ring depth "
+    << ringDepthFor(config, ctx_.peers().oneHost()) << ", "
+    << (fusing ? "fusion buffer " + kib(tunables.fusionBytes) : std::string("no fusion"));
   if (narrowsOnNetwork(ctx_, DataType::kFloat32, ReduceOp::kSum)) {
     o << ", f32 sums crossing hosts in " << toString(config.crossHostDtype);
   }
-  if (CallPlan::inRounds(ctx_, std::max<uint64_t>(config.roundsMinBytes, 1))) {
-    o << ", pairwise rounds for calls of " << kib(config.roundsMinBytes) << " and up";
+  if (CallPlan::inRounds(ctx_, std::max<uint64_t>(tunables.roundsMinBytes, 1))) {
+    o << ", pairwise rounds for calls of " << kib(tunables.roundsMinBytes) << " and up";
   }
   return o.str();
 }

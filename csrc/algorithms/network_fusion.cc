@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "algorithms/algorithms.h"
+#include "algorithms/algorithms_config.h"
 #include "engine/exchange.h"
 #include "observe/batch_observer.h"
 
@@ -79,7 +80,7 @@ CutProposal NetworkFusion::proposeCut(AllreduceBatch& batch) const {
     if (p.count >= static_cast<uint32_t>(kMaxFusedCalls) || c.seq != first.seq + p.count ||
         c.dtype != first.dtype || c.op != first.op ||
         c.numel * es > ctx_.config().chunkBytes ||
-        bytes + c.numel * es > ctx_.config().fusionBytes) {
+        bytes + c.numel * es > algorithmsConfig(ctx_.config()).fusionBytes) {
       return false;
     }
     p.numel[p.count++] = c.numel;

@@ -2,12 +2,13 @@
 
 #include "algorithms/rounds.h"
 
+#include "algorithms/algorithms_config.h"
 #include "engine/engine_context.h"
 
 namespace smddp {
 
 bool roundsFor(const EngineContext& ctx, uint64_t bytes) {
-  const EngineConfig& config = ctx.config();
+  const AlgorithmsConfig& config = algorithmsConfig(ctx.config());
   const int n = ctx.size();
   return config.roundsMinHosts > 0 && n >= 3 && n >= config.roundsMinHosts &&
          ctx.peers().hostCount() == n && bytes > 0 && bytes >= config.roundsMinBytes;

@@ -1,5 +1,6 @@
 #include "backend/group_inspector.h"
 
+#include "algorithms/algorithms_config.h"
 #include "backend/async_error.h"
 #include "backend/device_collectives.h"
 #include "backend/process_group.h"
@@ -50,7 +51,9 @@ int GroupInspector::standaloneServers() const {
   return s_.comm ? s_.comm->allreducePath().standaloneServers() : 0;
 }
 
-int64_t GroupInspector::ringDepth() const { return s_.comm ? s_.comm->config().ringDepth : 0; }
+int64_t GroupInspector::ringDepth() const {
+  return s_.comm ? smddp::ringDepthFor(s_.comm->config(), s_.comm->peers().oneHost()) : 0;
+}
 
 std::vector<int> GroupInspector::livenessPeers() const {
   const smddp::PeerMonitor* monitor = s_.comm ? s_.comm->peers().monitor() : nullptr;

@@ -1,8 +1,11 @@
 // A group's options and tunables. CommOptions come from the caller (rank,
-// size, timeout, name); EngineConfig holds every layer's SMDDP_* values,
-// read once per group. Each layer reads its own, next to the code that
-// uses them (the NCCL_PARAM pattern): the engine's here, the algorithms'
-// and the host path's above it; hostpath/allreduce_paths.h assembles them.
+// size, timeout, name); EngineConfig holds the engine's SMDDP_* values and
+// carries every other layer's own struct without knowing it
+// (common/layer_configs.h), all read once per group. Each layer reads its
+// own, next to the code that uses them (the NCCL_PARAM pattern): the
+// engine's here, the algorithms' (algorithms/algorithms_config.h) and the
+// host path's (hostpath/host_path.h) above it;
+// hostpath/allreduce_paths.h assembles them.
 #pragma once
 
 #include <chrono>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/layer_configs.h"
 #include "common/server_address.h"
 
 namespace smddp {
@@ -48,29 +52,17 @@ struct EngineConfig {
   bool hostPath = false;       // allreduce through the host's shared memory segment
   int64_t serversPerNode = 0;  // reduction servers per host; 0 = every rank
   bool wireEncrypt = false;    // SMDDP_WIRE_ENCRYPT: seal data frames between hosts
-  // algorithms/ (readAllreduceParams)
-  uint64_t minShardBytes = 0;
-  uint64_t minChunkBytes = 0;  // wire bytes; chunks shrink toward it for short shards
-  int64_t ringDepth = 0;  // 0 (auto) until the engine resolves it: 4, or 2 across hosts
-  int64_t roundsMinHosts = 0;   // network-only path: pairwise rounds from this many hosts (0: never)
-  uint64_t roundsMinBytes = 0;  // ... for calls at least this big
-  // hostpath/ (readHostPathParams, readFusionParams)
-  int64_t streamSpinUs = 0;    // polling inside a shared-memory batch's data steps
-  uint64_t fusionBytes = 0;    // fusion buffer budget
-  uint64_t shmSlotBytes = 0;   // one pipeline step of one shard
-  int64_t shmDepth = 0;        // pipeline steps in flight
-  uint64_t streamingBytes = 0; // batches this large write results with streaming stores
-  uint64_t smallBytes = 0;     // batches up to this size: one step, every rank reduces all parts
-  std::vector<ServerAddress> serverHosts;  // standalone reduction servers (SMDDP_SERVER_HOSTS)
-  std::string serverJob;                   // SMDDP_SERVER_JOB
+  // The standalone reduction servers, as the engine places and checks them
+  // (applyRegisteredServers); the host path's own server settings are in
+  // its HostPathConfig.
+  std::vector<ServerAddress> serverHosts;  // SMDDP_SERVER_HOSTS
   int64_t serverCount = 0;                 // SMDDP_SERVER_COUNT
   std::string serverKey;                   // the key a store handed out (else the key file)
-  int serverSharePercent = -1;             // SMDDP_SERVER_SHARE (-1: balanced)
-  int64_t serverWaitSeconds = 60;          // SMDDP_SERVER_WAIT
-  bool serverRequired = false;             // SMDDP_SERVER_REQUIRED
   // What f32 partials cross hosts in: kFloat32, kBFloat16 or kFloat16
   // (SMDDP_CROSS_HOST_DTYPE, or the group's option; reduce/narrow_wire.h).
   DataType crossHostDtype = DataType::kFloat32;
+  // The layers above: AlgorithmsConfig, HostPathConfig.
+  LayerConfigs layers;
 };
 
 // "fp32", "bf16" or "fp16" (also float32, bfloat16, float16, half) as the

@@ -106,10 +106,6 @@ EngineContext::EngineContext(Bootstrap& store, const CommOptions& opts, EngineCo
   keyPeerSeal();
   laps.lap("peers");
   peers_.placeNetworkServers(config_.serversPerNode);
-  // The network path's receive ring: across hosts, more than two chunks
-  // per peer in flight only queue at the link (benchmarks/RESULTS.md,
-  // "The network path's ring across hosts").
-  if (config_.ringDepth == 0) config_.ringDepth = peers_.oneHost() ? 4 : 2;
   // 2. The same provider on every rank (everyone saw the same host list
   //    and has the same SMDDP_FI_PROVIDER and FI_PROVIDER): a conflict
   //    between those two fails every rank here, with the same message.

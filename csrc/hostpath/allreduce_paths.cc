@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "algorithms/algorithms.h"
+#include "algorithms/algorithms_config.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "hostpath/fusion_scheduler.h"
@@ -25,6 +26,7 @@ EngineConfig readEngineConfig() {
 std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& bootstrap,
                                                  std::vector<std::string>& shmTrouble) {
   const EngineConfig& config = ctx.config();
+  const AlgorithmsConfig& tunables = algorithmsConfig(config);
   // 1. Through each host's shared segment when the layout allows.
   std::string networkOnly = !config.hostPath ? "SMDDP_SHM_ALLREDUCE=0" : "one rank";
   if (config.hostPath && ctx.size() > 1) {
@@ -49,10 +51,11 @@ std::unique_ptr<AllreducePath> openAllreducePath(EngineContext& ctx, Bootstrap& 
   bool fusing = false;
   if (ctx.size() > 1) {
     fusing = true;
-    const std::string rounds = "SMDDP_ROUNDS_MIN_HOSTS=" + std::to_string(config.roundsMinHosts) +
-                               " SMDDP_ROUNDS_MIN_BYTES=" + std::to_string(config.roundsMinBytes);
+    const std::string rounds =
+        "SMDDP_ROUNDS_MIN_HOSTS=" + std::to_string(tunables.roundsMinHosts) +
+        " SMDDP_ROUNDS_MIN_BYTES=" + std::to_string(tunables.roundsMinBytes);
     const auto votes = gatherVotesSameWire(ctx, bootstrap, "netfusion",
-                                           (config.fusionBytes > 0 ? "on " : "off ") + rounds);
+                                           (tunables.fusionBytes > 0 ? "on " : "off ") + rounds);
     for (size_t r = 0; r < votes.size(); ++r) {
       const size_t space = votes[r].find(' ');
       fusing = fusing && votes[r].substr(0, space) == "on";

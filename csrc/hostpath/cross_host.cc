@@ -17,7 +17,7 @@ FusionBufferScheduler::CrossHost::CrossHost(FusionBufferScheduler& s, Batch& b, 
                                             uint64_t depth, uint64_t chunkElems)
     : s_(s), b_(b), H_(s.topo_.hosts()), myHost_(s.topo_.hostIndex),
       local_(s.segment_->serverRank(server)), K_(s.standalone_),
-      share_(serverShareMillionths(H_, K_, s.ctx_.config().serverSharePercent)),
+      share_(serverShareMillionths(H_, K_, hostPathConfig(s.ctx_.config()).serverSharePercent)),
       wide_(s.widePartials(b.dtype)),
       acc_(wide_ ? DataType::kFloat32 : b.dtype), es_(elementSize(acc_)),
       wire_(s.crossHostWire(b.dtype, b.op)), steps_(depth), ex_(s.ctx_, b.firstSeq, b.sigs[0]) {

@@ -35,9 +35,11 @@ SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0
                   "unless a caller runs its own synchronous call on a host with a core per rank")
 
 void readFusionParams(EngineConfig& c) {
-  c.streamSpinUs = paramStreamSpinUs();
-  c.streamingBytes = static_cast<uint64_t>(paramStreamingBytes());
-  c.smallBytes = static_cast<uint64_t>(paramSmallBytes());
+  HostPathConfig h = c.layers.get<HostPathConfig>();  // readHostPathParams' part too
+  h.streamSpinUs = paramStreamSpinUs();
+  h.streamingBytes = static_cast<uint64_t>(paramStreamingBytes());
+  h.smallBytes = static_cast<uint64_t>(paramSmallBytes());
+  c.layers.set(h);
 }
 
 
@@ -50,8 +52,8 @@ FusionBufferScheduler::FusionBufferScheduler(EngineContext& ctx,
   // With more ranks than cores a polling rank holds a core its peer needs.
   streamSpinUs_ = topo_.oversubscribed ? ctx.config().spinUs
                                         : std::max<int64_t>(ctx.config().spinUs,
-                                                            ctx.config().streamSpinUs);
-  smallBytes_ = std::min<uint64_t>(ctx.config().smallBytes, segment_->slotBytes());
+                                                            hostPathConfig(ctx.config()).streamSpinUs);
+  smallBytes_ = std::min<uint64_t>(hostPathConfig(ctx.config()).smallBytes, segment_->slotBytes());
   stragglerReport_ = static_cast<int>(paramStragglerReport());
 }
 

@@ -33,7 +33,7 @@ struct FusionBufferScheduler::Steps {
         chunkElems(sched.chunkElems(b.dtype)), wide(sched.widePartials(b.dtype)),
         depth(seg.depth()), first(b.firstStep), end(b.firstStep + b.steps),
         myServer(seg.serverIndexOf(rank)), multiHost(sched.topo_.hosts() > 1),
-        largeBatch(b.totalNumel * elemBytes >= sched.ctx_.config().streamingBytes),
+        largeBatch(b.totalNumel * elemBytes >= hostPathConfig(sched.ctx_.config()).streamingBytes),
         view(calls, elemBytes), shards(servers), inputs(ranks), written(first),
         reduced(myServer < 0 ? end : first), copiedOut(first) {
     // Balanced: shards differ by at most one element, and the leftovers

@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "algorithms/algorithms_config.h"
 #include "algorithms/blocks.h"
 #include "algorithms/rounds.h"
 #include "common/caller_waiting.h"
@@ -176,13 +177,14 @@ std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
   // Pairwise rounds by the allreduce's rule (algorithms/rounds.h): from
   // three hosts and SMDDP_ROUNDS_MIN_HOSTS, for calls of
   // SMDDP_ROUNDS_MIN_BYTES and up.
-  const EngineConfig& c = ctx.config();
+  const EngineConfig& config = ctx.config();
+  const AlgorithmsConfig& c = algorithmsConfig(config);
   const int H = topo.hosts();
   const uint64_t roundsFrom = c.roundsMinHosts > 0 && H >= 3 && H >= c.roundsMinHosts
                                   ? std::max<uint64_t>(c.roundsMinBytes, 1)
                                   : UINT64_MAX;
   return std::unique_ptr<SegmentCollectives>(
-      new SegmentCollectives(segment, topo, pids, c.crossHostDtype, roundsFrom));
+      new SegmentCollectives(segment, topo, pids, config.crossHostDtype, roundsFrom));
 }
 
 SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology& topo,

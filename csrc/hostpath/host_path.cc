@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "algorithms/algorithms_config.h"
 #include "common/error.h"
 #include "common/param.h"
 #include "common/logging.h"
@@ -24,8 +25,6 @@ SMDDP_PARAM_BYTES(paramShmSlotBytes, "SMDDP_SHM_SLOT_BYTES", 0, 0, 1LL << 28,
 SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 0, 0, 64,
                 "pipeline steps the shared-memory allreduce keeps in flight (0: 4, or 16 across "
                 "hosts or when a host has more ranks than cores)")
-SMDDP_PARAM_BYTES(paramFusionBytes, "SMDDP_FUSION_BUFFER_BYTES", 33554432, 0, 1LL << 34,
-                  "queued allreduce calls are fused up to this many bytes (0: no fusion)")
 
 SMDDP_PARAM_STRING(paramServerHosts, "SMDDP_SERVER_HOSTS", "",
                    "standalone reduction servers (python -m torch_smddp.server) as host:port,... "
@@ -71,21 +70,22 @@ SMDDP_PARAM_BOOL(paramServerRequired, "SMDDP_SERVER_REQUIRED", false,
                  "instead of being left out")
 
 void readHostPathParams(EngineConfig& c) {
-  c.serverWaitSeconds = paramServerWait();
-  c.serverRequired = paramServerRequired();
+  HostPathConfig h = c.layers.get<HostPathConfig>();  // readFusionParams' part too
+  h.serverWaitSeconds = paramServerWait();
+  h.serverRequired = paramServerRequired();
   c.serverHosts = parseServerHosts(paramServerHosts());
-  c.serverSharePercent = static_cast<int>(paramServerShare());
+  h.serverSharePercent = static_cast<int>(paramServerShare());
   c.serverCount = paramServerCount();
-  c.serverJob = paramServerJob();
-  SMDDP_CHECK(c.serverJob.size() <= 256, kInvalidArgument,
+  h.serverJob = paramServerJob();
+  SMDDP_CHECK(h.serverJob.size() <= 256, kInvalidArgument,
               "SMDDP_SERVER_JOB is longer than 256 bytes");
-  c.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
-  if (paramShmSlotBytes() > 0 && c.shmSlotBytes < 4096) {
+  h.shmSlotBytes = static_cast<uint64_t>(paramShmSlotBytes()) & ~uint64_t{63};
+  if (paramShmSlotBytes() > 0 && h.shmSlotBytes < 4096) {
     throwError(ErrorKind::kInvalidArgument,
                "SMDDP_SHM_SLOT_BYTES must be 0 (automatic) or at least 4096");
   }
-  c.shmDepth = paramShmDepth();
-  c.fusionBytes = static_cast<uint64_t>(paramFusionBytes());
+  h.shmDepth = paramShmDepth();
+  c.layers.set(h);
   c.crossHostDtype = parseCrossHostDtype(paramCrossHostDtype(), "SMDDP_CROSS_HOST_DTYPE");
 }
 
@@ -141,8 +141,9 @@ SegmentGeometry hostSegmentGeometry(const EngineConfig& c, int localSize, int ho
   // Oversubscribed hosts (more ranks than cores) get a deeper pipeline too:
   // a rank then runs in time slices and should cover more steps in each.
   g.deep = localSize > static_cast<int>(cores) || hosts > 1;
-  g.slotBytes = c.shmSlotBytes ? c.shmSlotBytes : (g.deep ? 262144 : 131072);
-  g.depth = c.shmDepth ? static_cast<int>(c.shmDepth) : (g.deep ? 16 : 4);
+  const HostPathConfig& h = hostPathConfig(c);
+  g.slotBytes = h.shmSlotBytes ? h.shmSlotBytes : (g.deep ? 262144 : 131072);
+  g.depth = h.shmDepth ? static_cast<int>(h.shmDepth) : (g.deep ? 16 : 4);
   g.bytes = HostSegment::bytesFor(localSize, g.servers, g.slotBytes, g.depth);
   return g;
 }
@@ -178,7 +179,7 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
   if (stream >= 0) {
     try {
       ServerLinks::Identity me;
-      me.job = config.serverJob;
+      me.job = hostPathConfig(config).serverJob;
       me.group = serverGroupId(ctx.jobSecret());  // the secret itself never leaves the group
       me.hosts = topo.hosts();
       me.host = topo.hostIndex;
@@ -189,7 +190,8 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
       me.encrypt = wireEncryptParam();
       me.maxPiece = seg.slotBytes();  // a step's pieces fit in one slot
       const auto wait = std::min<std::chrono::milliseconds>(
-          std::chrono::seconds(config.serverWaitSeconds), ctx.waits().timeout() / 2);
+          std::chrono::seconds(hostPathConfig(config).serverWaitSeconds),
+          ctx.waits().timeout() / 2);
       *links = std::make_unique<ServerLinks>(config.serverHosts, me, wait, quick);
       unreachable = (*links)->unreachable();
     } catch (const Error& e) {
@@ -198,7 +200,8 @@ int linkStandaloneServers(EngineContext& ctx, Bootstrap& bootstrap, const HostTo
   }
   auto reports = bootstrapAllGather(bootstrap, ctx.rank(), ctx.size(), "serverlinks",
                                     reachStatus(error, unreachable, K), ctx.waits().timeout());
-  const ServerVerdict verdict = agreeOnServers(reports, K, config.serverRequired);
+  const ServerVerdict verdict =
+      agreeOnServers(reports, K, hostPathConfig(config).serverRequired);
   if (!verdict.error.empty()) throwError(ErrorKind::kPeerLost, verdict.error);
   const int inUse = verdict.inUse();
   if (inUse < K) {
@@ -320,7 +323,7 @@ std::unique_ptr<FusionBufferScheduler> openHostPath(EngineContext& ctx, Bootstra
                      << notOpened.why << " (SMDDP_SHM_COLLECTIVES=0 says so without this warning)";
   }
   auto scheduler = std::make_unique<FusionBufferScheduler>(ctx, std::move(seg), std::move(topo),
-                                                           config.fusionBytes);
+                                                           algorithmsConfig(config).fusionBytes);
   if (direct) scheduler->setHostCollectives(std::move(direct));
   if (inUse > 0) {
     scheduler->setStandaloneServers(inUse);

@@ -8,16 +8,35 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_config.h"
 #include "transport/bootstrap.h"
 
 namespace smddp {
 
 class EngineContext;
 class FusionBufferScheduler;
-struct EngineConfig;
 
-// The host path's parameters (host_path.cc): segment geometry, fusion
-// size, standalone reduction servers.
+// The host path's own tunables (readHostPathParams here and
+// readFusionParams, fusion_scheduler.h), carried by the group's
+// EngineConfig (common/layer_configs.h).
+struct HostPathConfig {
+  int64_t streamSpinUs = 0;        // SMDDP_STREAM_SPIN_US: polling inside a batch's data steps
+  uint64_t shmSlotBytes = 0;       // SMDDP_SHM_SLOT_BYTES: one pipeline step of one shard (0: auto)
+  int64_t shmDepth = 0;            // SMDDP_SHM_DEPTH: pipeline steps in flight (0: auto)
+  uint64_t streamingBytes = 0;     // batches this large write results with streaming stores
+  uint64_t smallBytes = 0;         // batches up to this size: one step, every rank reduces all
+  std::string serverJob;           // SMDDP_SERVER_JOB
+  int serverSharePercent = -1;     // SMDDP_SERVER_SHARE (-1: balanced)
+  int64_t serverWaitSeconds = 60;  // SMDDP_SERVER_WAIT
+  bool serverRequired = false;     // SMDDP_SERVER_REQUIRED
+};
+
+inline const HostPathConfig& hostPathConfig(const EngineConfig& c) {
+  return c.layers.get<HostPathConfig>();
+}
+
+// The host path's parameters (host_path.cc): segment geometry, standalone
+// reduction servers, SMDDP_CROSS_HOST_DTYPE.
 void readHostPathParams(EngineConfig& c);
 
 // Which ranks share a host. Hosts are numbered by their lowest rank.

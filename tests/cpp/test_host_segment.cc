@@ -135,8 +135,10 @@ TEST_CASE("the host segment's geometry follows the layout and the SMDDP_* settin
   }
   // The settings that size it.
   c.serversPerNode = 2;
-  c.shmSlotBytes = 65536;
-  c.shmDepth = 8;
+  HostPathConfig h;
+  h.shmSlotBytes = 65536;
+  h.shmDepth = 8;
+  c.layers.set(h);
   g = hostSegmentGeometry(c, 8, 2, 16);
   CHECK((g.servers == 2 && g.slotBytes == 65536 && g.depth == 8));
   CHECK(g.bytes == control + 2ull * 9 * 8 * 65536);
