@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/param.h"
+#include "env_override.h"
 
 namespace {
 
@@ -20,26 +21,6 @@ using namespace smddp;
 
 constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
-
-// Sets (or, with nullopt, unsets) a variable and restores the old state.
-class EnvOverride {
- public:
-  EnvOverride(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) setenv(name, value->c_str(), 1);
-    else unsetenv(name);
-  }
-  ~EnvOverride() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
-  }
-  EnvOverride(const EnvOverride&) = delete;
-  EnvOverride& operator=(const EnvOverride&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // Runs `fn`, which must throw an invalid-argument Error naming `env`.
 template <typename F>
