@@ -110,16 +110,11 @@ def lm_step(torch, model, opt, x, y) -> float:
     return loss.item()
 
 
-def offcpu_model(torch, lm, compute_s, rank):
-    """`lm`'s parameters (the same module, so the same order and DDP the
-    same buckets) under a forward and backward that sleep instead of
-    computing: compute that holds no core, as a GPU's does. The chain runs
-    the LM's parts in forward order (embedding, the encoder layers, the
-    output layer) and backward in reverse; each part sleeps its share of
-    compute_s (a third forward, two thirds backward, as BACKWARD_SHARE in
-    tools/smddp_model/project.py) by its parameter count (the embedding's lookup
-    counts as nothing), then hands back a gradient for each of its
-    parameters, every element 1e-3 * (rank + 1)."""
+def sleeping_part(torch):
+    """An autograd function standing for a part of the model whose compute
+    holds no core: Part.apply(h, fwd_s, bwd_s, fill, *params) sleeps fwd_s
+    and passes h on; its backward sleeps bwd_s and hands back a gradient of
+    `fill` for every element of `params`."""
     class Part(torch.autograd.Function):
         @staticmethod
         def forward(ctx, h, fwd_s, bwd_s, fill, *params):
@@ -132,6 +127,20 @@ def offcpu_model(torch, lm, compute_s, rank):
             time.sleep(ctx.bwd_s)
             return (g, None, None, None, *[torch.full_like(p, ctx.fill) for p in ctx.params])
 
+    return Part
+
+
+def offcpu_model(torch, lm, compute_s, rank):
+    """`lm`'s parameters (the same module, so the same order and DDP the
+    same buckets) under a forward and backward that sleep instead of
+    computing: compute that holds no core, as a GPU's does. The chain runs
+    the LM's parts in forward order (embedding, the encoder layers, the
+    output layer) and backward in reverse; each part sleeps its share of
+    compute_s (a third forward, two thirds backward, as BACKWARD_SHARE in
+    tools/smddp_model/project.py) by its parameter count (the embedding's lookup
+    counts as nothing), then hands back a gradient for each of its
+    parameters, every element 1e-3 * (rank + 1)."""
+    Part = sleeping_part(torch)
     parts = [([lm.emb.weight, lm.pos], 0)]
     parts += [(list(layer.parameters()), sum(p.numel() for p in layer.parameters()))
               for layer in lm.body.layers]

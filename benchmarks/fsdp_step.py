@@ -59,7 +59,8 @@ import warnings
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ddp_step, this checkout's
-from ddp_step import abba_order, build_model, lm_step, synthetic_batch  # noqa: E402
+from ddp_step import (abba_order, build_model, lm_step, sleeping_part,  # noqa: E402
+                      synthetic_batch)
 from torch_smddp.bench import launch_ranks  # noqa: E402
 
 from cluster_launch import launch_on_cluster  # noqa: E402
@@ -93,18 +94,7 @@ def offcpu_lm(torch, lm, compute_s, rank):
     parameters its module holds at forward time (FSDP2's unsharded ones)."""
     import types
 
-    class Part(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, h, fwd_s, bwd_s, fill, *params):
-            ctx.bwd_s, ctx.fill, ctx.params = bwd_s, fill, params
-            time.sleep(fwd_s)
-            return h * 1.0
-
-        @staticmethod
-        def backward(ctx, g):
-            time.sleep(ctx.bwd_s)
-            return (g, None, None, None, *[torch.full_like(p, ctx.fill) for p in ctx.params])
-
+    Part = sleeping_part(torch)
     fill = 1e-3 * (rank + 1)
     weight = sum(p.numel() for p in lm.parameters()) - lm.emb.weight.numel() - lm.pos.numel()
 
