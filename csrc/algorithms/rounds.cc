@@ -2,16 +2,21 @@
 
 #include "algorithms/rounds.h"
 
+#include <algorithm>
+
 #include "algorithms/algorithms_config.h"
 #include "engine/engine_context.h"
 
 namespace smddp {
 
+uint64_t roundsFromBytes(const EngineConfig& c, int hosts) {
+  const AlgorithmsConfig& a = algorithmsConfig(c);
+  const bool many = a.roundsMinHosts > 0 && hosts >= 3 && hosts >= a.roundsMinHosts;
+  return many ? std::max<uint64_t>(a.roundsMinBytes, 1) : UINT64_MAX;
+}
+
 bool roundsFor(const EngineContext& ctx, uint64_t bytes) {
-  const AlgorithmsConfig& config = algorithmsConfig(ctx.config());
-  const int n = ctx.size();
-  return config.roundsMinHosts > 0 && n >= 3 && n >= config.roundsMinHosts &&
-         ctx.peers().hostCount() == n && bytes > 0 && bytes >= config.roundsMinBytes;
+  return ctx.peers().hostCount() == ctx.size() && bytes >= roundsFromBytes(ctx.config(), ctx.size());
 }
 
 RoundSends::RoundSends(EngineContext& ctx, Exchange& ex, bool rounds, uint64_t chunkBytes)

@@ -98,10 +98,13 @@ inline size_t roundsWindow(uint64_t chunkBytes) {
   return std::max<size_t>(2, (kRoundsWindowBytes + chunkBytes - 1) / chunkBytes);
 }
 
+// The smallest call that crosses `hosts` hosts in pairwise rounds:
+// SMDDP_ROUNDS_MIN_BYTES (at least 1) from SMDDP_ROUNDS_MIN_HOSTS hosts and
+// at least three; UINT64_MAX (never) with fewer. Bytes count the
+// all-gather's output, the reduce-scatter's input, the allreduce's buffer.
+uint64_t roundsFromBytes(const EngineConfig& c, int hosts);
 // Whether a call of `bytes` between ranks that each have a host of their
-// own runs in pairwise rounds: SMDDP_ROUNDS_MIN_HOSTS of them and at least
-// three, and SMDDP_ROUNDS_MIN_BYTES and up (the all-gather's output, the
-// reduce-scatter's input, the allreduce's buffer).
+// own runs in pairwise rounds (roundsFromBytes over the ranks).
 bool roundsFor(const EngineContext& ctx, uint64_t bytes);
 
 // A call's sends to other hosts, for the direct collectives and the

@@ -19,7 +19,6 @@ EngineConfig readEngineConfig() {
   readEngineParams(c);
   readAllreduceParams(c);
   readHostPathParams(c);
-  readFusionParams(c);
   return c;
 }
 

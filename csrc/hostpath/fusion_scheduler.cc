@@ -34,12 +34,10 @@ SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0
                   "fusion buffers at least this large copy results out with non-temporal stores, "
                   "unless a caller runs its own synchronous call on a host with a core per rank")
 
-void readFusionParams(EngineConfig& c) {
-  HostPathConfig h = c.layers.get<HostPathConfig>();  // readHostPathParams' part too
+void readFusionParams(HostPathConfig& h) {
   h.streamSpinUs = paramStreamSpinUs();
   h.streamingBytes = static_cast<uint64_t>(paramStreamingBytes());
   h.smallBytes = static_cast<uint64_t>(paramSmallBytes());
-  c.layers.set(h);
 }
 
 

@@ -26,9 +26,10 @@
 
 namespace smddp {
 
-// The fusion scheduler's parameters (fusion_scheduler.cc): data-step
-// polling, small batches, streaming stores.
-void readFusionParams(EngineConfig& c);
+// The fusion scheduler's part of HostPathConfig (fusion_scheduler.cc):
+// data-step polling, small batches, streaming stores; readHostPathParams
+// reads it with the rest.
+void readFusionParams(HostPathConfig& h);
 
 // The group's allreduce path when every host's segment is open
 // (openHostPath): the engine hands it each run of queued calls.

@@ -13,6 +13,7 @@
 
 #include "algorithms/algorithms_config.h"
 #include "algorithms/blocks.h"
+#include "hostpath/host_collectives_parts.h"
 #include "algorithms/rounds.h"
 #include "common/caller_waiting.h"
 #include "common/crypto.h"
@@ -29,6 +30,8 @@
 
 namespace smddp {
 
+using namespace hostcoll;
+
 SMDDP_PARAM_BOOL(paramShmCollectives, "SMDDP_SHM_COLLECTIVES", true,
                  "all-gather and reduce-scatter of a group whose ranks share one host read "
                  "each peer's buffer directly (process_vm_readv: one copy, no network); 0, or "
@@ -36,60 +39,12 @@ SMDDP_PARAM_BOOL(paramShmCollectives, "SMDDP_SHM_COLLECTIVES", true,
 
 namespace {
 
-// Reduce-scatter reads the peers' parts in pieces of this many bytes, which
-// stay in cache until the combine reads them.
-constexpr uint64_t kPieceBytes = 256 * 1024;
 // An all-gather across hosts reads its host's parts in slices of this
 // many bytes, polling its exchange between them.
 constexpr uint64_t kPollSliceBytes = 1 << 20;
 // One process_vm_readv moves at most this much (the kernel's limit is
 // about 2 GiB).
 constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;
-
-bool overlaps(const void* a, uint64_t aBytes, const void* b, uint64_t bBytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a);
-  const auto y = reinterpret_cast<uintptr_t>(b);
-  return aBytes > 0 && bBytes > 0 && x < y + bBytes && y < x + aBytes;
-}
-
-uint64_t address(const void* p) { return reinterpret_cast<uint64_t>(p); }
-
-// Notes the call's end when it leaves, however it leaves: the control
-// plane then answers probes about it and refuses replayed error reports
-// about it (an Exchange inside the call leaves that to the call).
-class CallEnds {
- public:
-  CallEnds(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig)
-      : ctx_(ctx), seq_(seq), sig_(sig) {}
-  ~CallEnds() {
-    try {
-      ctx_.control().noteSignature(seq_, sig_);
-    } catch (...) {
-    }
-  }
-  CallEnds(const CallEnds&) = delete;
-  CallEnds& operator=(const CallEnds&) = delete;
-
- private:
-  EngineContext& ctx_;
-  const uint64_t seq_;
-  const CollectiveSignature sig_;
-};
-
-// The chunks of `count` elements of `es` bytes that cross hosts.
-std::vector<Chunk> crossChunks(const EngineContext& ctx, uint64_t count, size_t es) {
-  return splitChunks(count, es, directChunkBytes(ctx));
-}
-
-// Whether the blocks lie one after another, each `bytes` long, from bufs[0].
-bool contiguous(const std::vector<Buffer>& bufs, uint64_t bytes) {
-  for (size_t i = 0; i < bufs.size(); ++i) {
-    if (static_cast<const uint8_t*>(bufs[i].data) != static_cast<const uint8_t*>(bufs[0].data) + i * bytes) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // Reads `bytes` at `remote` in process `pid`; errno's text, or "".
 std::string readProcess(pid_t pid, void* local, uint64_t remote, uint64_t bytes) {
@@ -174,17 +129,10 @@ std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
     notOpened->why = notOpened->switchedOff ? "SMDDP_SHM_COLLECTIVES=0" : v;
     return nullptr;
   }
-  // Pairwise rounds by the allreduce's rule (algorithms/rounds.h): from
-  // three hosts and SMDDP_ROUNDS_MIN_HOSTS, for calls of
-  // SMDDP_ROUNDS_MIN_BYTES and up.
-  const EngineConfig& config = ctx.config();
-  const AlgorithmsConfig& c = algorithmsConfig(config);
-  const int H = topo.hosts();
-  const uint64_t roundsFrom = c.roundsMinHosts > 0 && H >= 3 && H >= c.roundsMinHosts
-                                  ? std::max<uint64_t>(c.roundsMinBytes, 1)
-                                  : UINT64_MAX;
+  // Pairwise rounds by the allreduce's rule (algorithms/rounds.h).
   return std::unique_ptr<SegmentCollectives>(
-      new SegmentCollectives(segment, topo, pids, config.crossHostDtype, roundsFrom));
+      new SegmentCollectives(segment, topo, pids, ctx.config().crossHostDtype,
+                             roundsFromBytes(ctx.config(), topo.hosts())));
 }
 
 SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology& topo,
@@ -385,7 +333,7 @@ void SegmentCollectives::gatherAcrossHosts(EngineContext& ctx, uint64_t seq,
               "all_gather: " + std::to_string(chunks.size()) +
                   " chunks per part across hosts (SMDDP_CHUNK_BYTES too small for " +
                   std::to_string(bytes) + " bytes)");
-  landedChunks_.assign(H, std::vector<bool>(chunks.size(), false));
+  landedChunks_.assign(static_cast<size_t>(H) * chunks.size(), 0);
   landedPrefix_.assign(H, 0);
   for (int r = 1; r < H; ++r) {
     const int h = (host - r + H) % H;
@@ -400,18 +348,12 @@ void SegmentCollectives::gatherAcrossHosts(EngineContext& ctx, uint64_t seq,
               });
     }
   }
-  auto sendTo = [&](int h, const Chunk& c) {
-    sends.send(globalRank(h, local_), kPhaseToServer, c.index, c.elemOffset * es,
-               src + c.elemOffset * es, c.elemCount * es);
-  };
-  if (sends.rounds()) {
-    // Round r: every chunk to host + r, while host - r's come in.
-    for (int r = 1; r < H; ++r) {
-      for (const Chunk& c : chunks) sendTo((host + r) % H, c);
-    }
-  } else {
+  // Round r: every chunk to host + r, while host - r's come in (in rounds,
+  // each send waits for its share of arrivals; else all go at once).
+  for (int r = 1; r < H; ++r) {
     for (const Chunk& c : chunks) {
-      for (int r = 1; r < H; ++r) sendTo((host + r) % H, c);
+      sends.send(globalRank((host + r) % H, local_), kPhaseToServer, c.index, c.elemOffset * es,
+                 src + c.elemOffset * es, c.elemCount * es);
     }
   }
   ex.poll();
@@ -420,11 +362,12 @@ void SegmentCollectives::gatherAcrossHosts(EngineContext& ctx, uint64_t seq,
 }
 
 void SegmentCollectives::noteLanded(int h, size_t k, uint64_t seq) {
-  std::vector<bool>& got = landedChunks_[h];
-  got[k] = true;
+  const size_t n = landedChunks_.size() / landedPrefix_.size();  // chunks per part
+  uint8_t* got = landedChunks_.data() + h * n;
+  got[k] = 1;
   uint32_t& prefix = landedPrefix_[h];
   if (k != prefix) return;
-  while (prefix < got.size() && got[prefix]) ++prefix;
+  while (prefix < n && got[prefix]) ++prefix;
   segment_.ctl().direct[local_].landed[h].store(((seq + 1) << kLandedSeqShift) | prefix,
                                                std::memory_order_release);
   segment_.wakeAll();
@@ -505,185 +448,6 @@ void SegmentCollectives::readPolling(int peer, uint8_t* local, uint64_t remote, 
     read(peer, local + off, remote + off, len, watch);
     poll();
   }
-}
-
-template <typename Remote, typename Poll>
-void SegmentCollectives::combineHost(const uint8_t* own, const Remote& remote, uint8_t* dst,
-                                     uint64_t numel, DataType dtype, ReduceOp op,
-                                     double avgDivisor, const StallWatch& watch,
-                                     const Poll& poll) {
-  const size_t es = elementSize(dtype);
-  const uint64_t pieceElems = std::max<uint64_t>(1, kPieceBytes / es);
-  pieces_.resize(pieceElems * es * ranks_);
-  std::vector<const void*> inputs(ranks_);
-  for (uint64_t off = 0; off < numel; off += pieceElems) {
-    const uint64_t len = std::min(pieceElems, numel - off);
-    for (int p = 0; p < ranks_; ++p) {
-      if (p == local_) {
-        inputs[p] = own + off * es;
-        continue;
-      }
-      uint8_t* piece = pieces_.data() + p * pieceElems * es;
-      read(p, piece, remote(p) + off * es, len * es, watch);
-      inputs[p] = piece;
-    }
-    reduceOrdered(dst + off * es, inputs.data(), ranks_, len, dtype, op, avgDivisor);
-    poll();
-  }
-}
-
-void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
-                                       const std::vector<Buffer>& ins, Buffer out, DataType dtype,
-                                       ReduceOp op) {
-  checkOp("reduce_scatter", op, dtype);
-  const int world = ctx.size();
-  const int me = ctx.rank();
-  SMDDP_CHECK(static_cast<int>(ins.size()) == world, kInvalidArgument,
-              "reduce_scatter needs one input block per rank");
-  const CollectiveSignature sig{CollectiveType::kReduceScatter, dtype, op, out.numel, -1};
-  const CallEnds ends(ctx, seq, sig);
-  const uint64_t bytes = out.numel * elementSize(dtype);
-  // The peers read every block but this rank's own while this rank writes
-  // `out`; `out` may be its own block exactly (the kernel allows it). Past
-  // kHostMaxRanks ranks a post names where the first block lies, and the
-  // blocks must lie one after another: the peers read a copy otherwise.
-  const bool perBlock = world <= kHostMaxRanks;
-  bool clash = !perBlock && !contiguous(ins, bytes);
-  for (int p = 0; p < world; ++p) {
-    if (p != me || out.data != ins[p].data) clash = clash || overlaps(out.data, bytes, ins[p].data, bytes);
-  }
-  std::vector<const uint8_t*> block(world);
-  for (int p = 0; p < world; ++p) block[p] = static_cast<const uint8_t*>(ins[p].data);
-  if (clash) {
-    snapshot_.resize(bytes * world);
-    for (int p = 0; p < world; ++p) {
-      if (bytes) std::memcpy(snapshot_.data() + p * bytes, ins[p].data, bytes);
-      block[p] = snapshot_.data() + p * bytes;
-    }
-  }
-  std::vector<uint64_t> posted(perBlock ? world : 1);
-  for (size_t p = 0; p < posted.size(); ++p) posted[p] = address(block[p]);
-  post(seq, sig, posted);
-  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
-  awaitPosts(ctx, watch, seq, sig);
-  const SegmentControl& ctl = segment_.ctl();
-  // Where local rank p's block for group rank `owner` lies in p's memory.
-  const RemoteBlocks remote{ctl, perBlock, bytes};
-  if (hosts() == 1) {
-    combineHost(block[me], remote.of(me), static_cast<uint8_t*>(out.data), out.numel, dtype, op,
-                world, watch, [] {});
-  } else {
-    reduceAcrossHosts(ctx, seq, sig, block, remote, out, watch);
-  }
-  mark(&DirectPost::done, seq);
-  awaitAll(&DirectPost::done, ctx, watch, seq, sig);
-}
-
-void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
-                                           const CollectiveSignature& sig,
-                                           const std::vector<const uint8_t*>& block,
-                                           const RemoteBlocks& remote, Buffer out,
-                                           StallWatch& watch) {
-  // This host's sum of each block owned by this rank's local index goes to
-  // its owner a chunk at a time, each chunk sent as soon as it is combined
-  // (this rank's own block last), in the wire form of SMDDP_CROSS_HOST_DTYPE
-  // where it narrows (each chunk its own piece, with its own scale);
-  // averaging divides once, at the end.
-  const int H = hosts();
-  const int host = topo_.hostIndex;
-  const DataType dtype = sig.dtype;
-  const ReduceOp op = sig.op;
-  const uint64_t count = out.numel;
-  const size_t es = elementSize(dtype);
-  const CrossForm form{crossingWire(dtype, op), dtype};
-  const DataType wire = form.wire;
-  const bool narrow = form.narrow();
-  const std::vector<Chunk> chunks = crossChunks(ctx, count, es);
-  auto wireAt = [&form](const Chunk& c) { return form.at(c); };
-  auto wireLen = [&form](const Chunk& c) { return form.length(c); };
-  const uint64_t wireBytes = wireAt(chunks.back()) + wireLen(chunks.back());
-  const ReduceOp hostOp = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  hostSums_.resize(narrow ? count * es : wireBytes * H);
-  packed_.resize(narrow ? wireBytes * H : 0);
-  arrived_.resize(wireBytes * H);
-  std::vector<float> scratch(narrow ? std::min<uint64_t>(count, kNarrowWireScratch) : 0);
-  // What this host sends (or keeps) for host h.
-  auto piece = [&](int h) { return (narrow ? packed_.data() : hostSums_.data()) + h * wireBytes; };
-  Exchange ex(ctx, seq, sig, std::chrono::milliseconds(0), Exchange::CallEnd::kLater);
-  // In rounds, round k sends host + k its sums while host - k's come in.
-  RoundSends sends(ctx, ex, inRounds(count * es * ctx.size()), directChunkBytes(ctx));
-  for (int k = 1; k < H; ++k) {
-    const int h = (host - k + H) % H;
-    for (const Chunk& c : chunks) {
-      ex.recv(globalRank(h, local_), kPhaseToServer, c.index,
-              arrived_.data() + h * wireBytes + wireAt(c), wireLen(c), sends.onArrive());
-    }
-  }
-  for (int k = 1; k <= H; ++k) {
-    const int h = (host + k) % H;
-    const int owner = globalRank(h, local_);
-    for (const Chunk& c : chunks) {
-      const uint64_t off = c.elemOffset * es;
-      uint8_t* sum = (narrow ? hostSums_.data() : piece(h)) + off;
-      const auto at = remote.of(owner);
-      combineHost(block[owner] + off, [&at, off](int p) { return at(p) + off; }, sum,
-                  c.elemCount, dtype, hostOp, 1.0, watch, [&ex] { ex.poll(); });
-      // Every host's sum is rounded once, this host's own too.
-      if (narrow) {
-        packNarrowWire(piece(h) + wireAt(c), reinterpret_cast<const float*>(sum), c.elemCount,
-                       wire, scratch.data());
-      }
-      if (h == host) continue;
-      sends.send(owner, kPhaseToServer, c.index, wireAt(c), piece(h) + wireAt(c), wireLen(c));
-      ex.poll();
-    }
-  }
-  mark(&DirectPost::done, seq);
-  ex.run();
-  std::vector<const uint8_t*> inputs(H);
-  for (int h = 0; h < H; ++h) inputs[h] = h == host ? piece(h) : arrived_.data() + h * wireBytes;
-  addHostSums(inputs, chunks, form, out, op, ctx.size());
-}
-
-void SegmentCollectives::addHostSums(const std::vector<const uint8_t*>& inputs,
-                                     const std::vector<Chunk>& chunks, const CrossForm& form,
-                                     Buffer out, ReduceOp op, int world) const {
-  const int H = static_cast<int>(inputs.size());
-  if (out.numel == 0) return;
-  if (!form.narrow()) {
-    std::vector<const void*> all(inputs.begin(), inputs.end());
-    reduceOrdered(out.data, all.data(), H, out.numel, form.dtype, op, world);
-    return;
-  }
-  const DataType wire = form.wire;
-  uint64_t longest = 0;
-  for (const Chunk& c : chunks) longest = std::max<uint64_t>(longest, c.elemCount);
-  std::vector<float> wide(H * longest);
-  std::vector<const void*> at(H);
-  auto* dst = static_cast<float*>(out.data);
-  for (const Chunk& c : chunks) {
-    for (int h = 0; h < H; ++h) at[h] = inputs[h] + form.at(c);
-    const int bad = reduceNarrowWire(dst + c.elemOffset, at.data(), H, c.elemCount, wire, op,
-                                     world, wide.data());
-    if (bad >= 0) {
-      throwInvalidWireScale(wire, "the host sum from host " + std::to_string(bad) + " (rank " +
-                                      std::to_string(globalRank(bad, local_)) + ")");
-    }
-  }
-}
-
-uint64_t SegmentCollectives::CrossForm::at(const Chunk& c) const {
-  return narrow() ? c.index * kNarrowWireScaleBytes + c.elemOffset * elementSize(wire)
-                  : c.elemOffset * elementSize(dtype);
-}
-
-uint64_t SegmentCollectives::CrossForm::length(const Chunk& c) const {
-  return narrow() ? narrowWireBytes(c.elemCount, wire) : c.elemCount * elementSize(dtype);
-}
-
-DataType SegmentCollectives::crossingWire(DataType dtype, ReduceOp op) const {
-  const bool sums = op == ReduceOp::kSum || op == ReduceOp::kAvg;
-  return dtype == DataType::kFloat32 && sums ? crossHostDtype_ : dtype;
 }
 
 }  // namespace smddp

@@ -178,7 +178,7 @@ class SegmentCollectives final : public HostCollectives {
   std::vector<uint8_t> arrived_;
   // All-gather across hosts: by host, which chunks arrived, and how many
   // in order from the first.
-  std::vector<std::vector<bool>> landedChunks_;
+  std::vector<uint8_t> landedChunks_;  // by host, then chunk
   std::vector<uint32_t> landedPrefix_;
   const DataType crossHostDtype_;  // SMDDP_CROSS_HOST_DTYPE
   // Calls this big and up cross in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS

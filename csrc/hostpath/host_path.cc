@@ -70,7 +70,8 @@ SMDDP_PARAM_BOOL(paramServerRequired, "SMDDP_SERVER_REQUIRED", false,
                  "instead of being left out")
 
 void readHostPathParams(EngineConfig& c) {
-  HostPathConfig h = c.layers.get<HostPathConfig>();  // readFusionParams' part too
+  HostPathConfig h;
+  readFusionParams(h);
   h.serverWaitSeconds = paramServerWait();
   h.serverRequired = paramServerRequired();
   c.serverHosts = parseServerHosts(paramServerHosts());

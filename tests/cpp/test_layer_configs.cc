@@ -1,7 +1,7 @@
 // Each layer's own config (common/layer_configs.h): readEngineConfig reads
 // the engine's, the algorithms' and the host path's SMDDP_* values into
-// their own structs, which the EngineConfig carries; the host path's two
-// readers each keep the other's fields; a struct never set reads as its
+// their own structs, which the EngineConfig carries; the host path's
+// reader takes the fusion scheduler's part too; a struct never set reads as its
 // defaults; the ring depth resolves in the algorithms, not the engine.
 #include <catch2/catch.hpp>
 
@@ -56,9 +56,8 @@ TEST_CASE("each layer's SMDDP_* values land in its own struct", "[config]") {
   CHECK(h.serverSharePercent == 40);  // readHostPathParams
   CHECK(h.smallBytes == 12288);       // readFusionParams
   CHECK(h.streamingBytes == (8u << 20));
-  // Either reader after the other keeps what the other read.
+  // The host path's one reader takes the fusion scheduler's part too.
   EngineConfig again;
-  readFusionParams(again);
   readHostPathParams(again);
   CHECK(hostPathConfig(again).smallBytes == 12288);
   CHECK(hostPathConfig(again).shmDepth == 5);
