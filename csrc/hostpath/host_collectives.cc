@@ -148,8 +148,9 @@ SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology&
 
 std::string SegmentCollectives::describe() const {
   if (hosts() == 1) {
-    return "shared memory, each rank reading its peers' buffers (" + std::to_string(ranks_) +
-           " ranks)";
+    return "shared memory: all-gather through each rank's ring in the host segment, "
+           "reduce-scatter reading its peers' buffers (" +
+           std::to_string(ranks_) + " ranks)";
   }
   std::string text =
       "hierarchy: shared memory within each host, each rank reading its peers' buffers, and "
@@ -177,29 +178,22 @@ void SegmentCollectives::post(uint64_t seq, const CollectiveSignature& sig,
   p.dtype = static_cast<uint8_t>(sig.dtype);
   p.op = static_cast<uint8_t>(sig.op);
   std::copy(blocks.begin(), blocks.end(), p.block);
+  p.ringStart = segment_.ctl().gatherWritten[local_].value.load(std::memory_order_relaxed);
   p.posted.store(seq + 1, std::memory_order_release);
   segment_.wakeAll();
 }
 
-template <typename Arrived>
-void SegmentCollectives::await(EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                               const CollectiveSignature& sig, const Arrived& arrived) {
+void SegmentCollectives::drive(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                               const CollectiveSignature& sig, const std::function<Turn()>& turn,
+                               const std::function<std::vector<int>()>& behind) {
   using clock = std::chrono::steady_clock;
   const auto spin = std::chrono::microseconds(ctx.config().spinUs);
-  const auto idleSince = clock::now();
+  auto idleSince = clock::now();
   auto nextCheck = idleSince;
-  auto behind = [&] {  // for messages: group ranks
-    std::vector<int> ranks;
-    for (int p = 0; p < ranks_; ++p) {
-      if (!arrived(p)) ranks.push_back(globalRank(topo_.hostIndex, p));
-    }
-    return ranks;
-  };
   while (true) {
     const uint32_t seen = segment_.wakeValue();
-    int p = 0;
-    while (p < ranks_ && arrived(p)) ++p;
-    if (p == ranks_) return;
+    const Turn t = turn();
+    if (t == Turn::kDone) return;
     if (ctx.waits().stopRequested()) {
       throwError(ErrorKind::kAborted, "smddp: " + watch.what() + ": the process group was shut down");
     }
@@ -210,12 +204,36 @@ void SegmentCollectives::await(EngineContext& ctx, StallWatch& watch, uint64_t s
       watch.check(seq, &sig, 1, [&] { return rankList(behind()); },
                   [&] { return "not seen at this call: " + rankList(behind()); });
     }
+    if (t == Turn::kMoved) {
+      idleSince = now;
+      continue;
+    }
     if (now - idleSince < spin && aCallerIsWaiting()) {
       if (!segment_.watchWake(seen)) sched_yield();
       continue;
     }
     segment_.sleep(seen, std::chrono::microseconds(2000));
   }
+}
+
+void SegmentCollectives::await(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                               const CollectiveSignature& sig,
+                               const std::function<bool(int)>& arrived) {
+  drive(
+      ctx, watch, seq, sig,
+      [&] {
+        for (int p = 0; p < ranks_; ++p) {
+          if (!arrived(p)) return Turn::kIdle;
+        }
+        return Turn::kDone;
+      },
+      [&] {  // for messages: group ranks
+        std::vector<int> ranks;
+        for (int p = 0; p < ranks_; ++p) {
+          if (!arrived(p)) ranks.push_back(globalRank(topo_.hostIndex, p));
+        }
+        return ranks;
+      });
 }
 
 void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint64_t seq,
@@ -264,6 +282,10 @@ void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t b
                                        "); that rank died or left the call");
 }
 
+bool SegmentCollectives::throughRings(uint64_t bytes) const {
+  return hosts() == 1 && ranks_ > 1 && bytes > 0;
+}
+
 void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
                                    const std::vector<Buffer>& outs, DataType dtype) {
   SMDDP_CHECK(static_cast<int>(outs.size()) == ctx.size(), kInvalidArgument,
@@ -284,7 +306,8 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
     snapshot_.assign(src, src + bytes);
     src = snapshot_.data();
   }
-  if (bytes && outs[me].data != src) std::memmove(outs[me].data, src, bytes);
+  const bool rings = throughRings(bytes);
+  if (!rings && bytes && outs[me].data != src) std::memmove(outs[me].data, src, bytes);
   // What this rank holds, by host: its own part, and (across hosts) where
   // the part of the rank of its local index on each other host lands.
   const int H = hosts();
@@ -296,6 +319,11 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   post(seq, sig, blocks);
   StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   awaitPosts(ctx, watch, seq, sig);
+  if (rings) {
+    // Only this rank reads `in`: it may leave once it has its peers' parts.
+    gatherThroughRings(ctx, watch, seq, sig, src, outs);
+    return;
+  }
   if (H == 1) {
     readHostParts(outs, bytes, watch, [] {});
   } else {

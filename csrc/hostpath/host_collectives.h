@@ -127,9 +127,35 @@ class SegmentCollectives final : public HostCollectives {
   // Waits until every rank of this host has.
   void awaitAll(Flag flag, EngineContext& ctx, StallWatch& watch, uint64_t seq,
                 const CollectiveSignature& sig);
-  template <typename Arrived>
+  // Waits until arrived(p) holds for every local rank p.
   void await(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,
-             const Arrived& arrived);
+             const std::function<bool(int)>& arrived);
+  // What one turn of a driven loop did.
+  enum class Turn { kDone, kMoved, kIdle };
+  // Calls turn() until it says kDone. After a turn that moved nothing it
+  // waits for the segment's wake word (spinning while a caller waits, else
+  // sleeping); every 100 us it progresses the network (error frames) and
+  // checks the deadline and the peers' health, naming behind()'s ranks.
+  void drive(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,
+             const std::function<Turn()>& turn, const std::function<std::vector<int>()>& behind);
+  // All-gather on one host through the rings (host_rings.cc): writes this
+  // rank's part `src` into its ring a chunk at a time, and copies the
+  // peers' chunks out of theirs into `outs`, each as soon as it is there.
+  void gatherThroughRings(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                          const CollectiveSignature& sig, const uint8_t* src,
+                          const std::vector<Buffer>& outs);
+  // Whether a one-host all-gather of `bytes` per part goes through the rings.
+  bool throughRings(uint64_t bytes) const;
+  // Where each local rank's ring stood when the call began (its post);
+  // marks everything before that as read by this rank.
+  std::vector<uint64_t> ringStarts();
+  // Whether this rank's ring may take position `pos`: every peer has read
+  // what the slot held.
+  bool ringSlotFree(uint64_t pos) const;
+  // How many positions local rank p has put in its ring.
+  uint64_t ringWritten(int p) const;
+  // Puts `len` bytes at ring position `pos` of this rank's ring.
+  void ringPut(uint64_t pos, const uint8_t* from, uint64_t len);
   // All-gather: copies this host's peers' own parts into `outs`, calling
   // poll() between slices.
   template <typename Poll>

@@ -27,9 +27,10 @@ std::string errnoText(const char* what) { return std::string(what) + ": " + std:
 }  // namespace
 
 size_t HostSegment::bytesFor(int ranks, int servers, uint64_t slotBytes, uint64_t depth) {
-  // servers x ranks contribution slots and servers result slots, per depth.
+  // servers x ranks contribution slots and servers result slots, per
+  // depth; then each rank's all-gather ring.
   uint64_t slots = static_cast<uint64_t>(servers) * (static_cast<uint64_t>(ranks) + 1) * depth;
-  return controlBytes() + slots * slotBytes;
+  return controlBytes() + slots * slotBytes + static_cast<uint64_t>(ranks) * kGatherSlots * kGatherSlotBytes;
 }
 
 namespace {
@@ -162,6 +163,11 @@ uint8_t* HostSegment::result(int server, uint64_t step) const {
   uint64_t slot = static_cast<uint64_t>(servers_) * ranks_ * depth_ +
                   static_cast<uint64_t>(server) * depth_ + step % depth_;
   return data_ + slot * slotBytes_;
+}
+
+uint8_t* HostSegment::gatherSlot(int rank, uint64_t pos) const {
+  const uint64_t slots = static_cast<uint64_t>(servers_) * (ranks_ + 1) * depth_;
+  return data_ + slots * slotBytes_ + (rank * kGatherSlots + pos % kGatherSlots) * kGatherSlotBytes;
 }
 
 void HostSegment::publish(SharedCounter& c, uint64_t v) {

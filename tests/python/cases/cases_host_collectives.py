@@ -1,5 +1,6 @@
-"""Child side: all-gather and reduce-scatter through the host segment (each
-rank reading its peers' buffers), in one job per world size; on a cluster
+"""Child side: all-gather and reduce-scatter through the host segment (on one
+host, all-gather through each rank's ring, reduce-scatter reading its peers'
+buffers), in one job per world size; on a cluster
 of namespace hosts (run_on_hosts), in the hierarchy across hosts.
 
 Oracles, on the same inputs in the same job:
@@ -312,6 +313,32 @@ def queued(ck, rank, world, gloo):
     ck.close("queued reduce_scatter", rs_out, ref)
 
 
+def rings(ck, rank, world):
+    """All-gather on one host goes through each rank's ring in the host
+    segment (8 slots of 128 KiB): parts of many ring turns, of one partial
+    slot and of exactly one slot, in four dtypes, queued back to back and
+    between reduce-scatters, each against the parts regenerated here."""
+    shapes = [(torch.float32, 2_000_003), (torch.bfloat16, 65536 * 3 + 1), (torch.int64, 16384),
+              (torch.uint8, 7), (torch.float32, 1 << 20)]
+    calls = [(f"ring{i}", dtype, n) for i, (dtype, n) in enumerate(shapes * 2)]
+    works, outs = [], []
+    rs_in = make("ringrs", rank, torch.float32, 70001 * world)
+    rs_out = torch.empty(70001)
+    for i, (key, dtype, n) in enumerate(calls):
+        out = torch.empty(n * world, dtype=dtype)
+        works.append(dist.all_gather_into_tensor(out, make(key, rank, dtype, n), async_op=True))
+        outs.append(out)
+        if i == 4:
+            works.append(dist.reduce_scatter_tensor(rs_out, rs_in.clone(), async_op=True))
+    for w in works:
+        w.wait()
+    for (key, dtype, n), out in zip(calls, outs):
+        want = torch.cat([make(key, r, dtype, n) for r in range(world)])
+        ck.equal(f"ring all_gather {key} ({dtype}, {n})", out, want)
+    want = closed_form_block("ringrs", torch.float32, 70001, world, 1, rank)
+    ck.equal("reduce_scatter between ring all_gathers", rs_out, want)
+
+
 def mismatch(ck, rank, world):
     """Different sizes on one rank: every rank fails, naming it; the group
     is still usable afterwards."""
@@ -339,6 +366,8 @@ def run(rank, world, hosts=1, sizes=SIZES):
     want_path, record_path = (("shared memory", "shared-memory") if hosts == 1
                               else ("hierarchy", "hierarchy"))
     ck.check(f"default group's path is {want_path}", path.startswith(want_path), path)
+    if hosts == 1:
+        ck.check("one host's all-gather goes through the rings", "ring" in path, path)
     net_path = torch_smddp.stats(net)["gather_scatter_path"]
     ck.check("SMDDP_SHM_COLLECTIVES=0 group uses the network", net_path.startswith("network"), net_path)
     for dtype in DTYPES:
@@ -350,6 +379,8 @@ def run(rank, world, hosts=1, sizes=SIZES):
     if hosts > 2:
         pairwise_rounds(ck, rank, world, hosts, gloo)
     queued(ck, rank, world, gloo)
+    if hosts == 1:
+        rings(ck, rank, world)
     record = [e for e in torch_smddp.flight_recorder()
               if e["collective"] in ("allgather", "reduce_scatter") and e["state"] == "completed"]
     ck.check(f"the flight recorder says {record_path}",
