@@ -144,7 +144,8 @@ class SegmentCollectives final : public HostCollectives {
   void gatherThroughRings(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                           const CollectiveSignature& sig, const uint8_t* src,
                           const std::vector<Buffer>& outs);
-  // Whether a one-host all-gather of `bytes` per part goes through the rings.
+  // Whether a one-host all-gather of `bytes` per part goes through the
+  // rings (the same answer on every rank: it depends on the call only).
   bool throughRings(uint64_t bytes) const;
   // Where each local rank's ring stood when the call began (its post);
   // marks everything before that as read by this rank.

@@ -1,16 +1,16 @@
-// All-gather on one host through the segment's rings (docs/design.md,
-// "All-gather and reduce-scatter on one host"). Each rank copies its part
-// into a ring of its own, a chunk at a time, and copies its peers' chunks
-// out of theirs as soon as they are there: two copies, but the second
-// reads from cache, and no page of a peer is pinned. On the development
-// VM, 64 MiB all-gathers back to back took 20-21 ms at world 4 this way
-// against 27-32 ms reading the peers' buffers with process_vm_readv, and
-// about the same at world 2 (docs/notes/2026-12-05-gather-rings.md).
-// Reduce-scatter keeps process_vm_readv: through the rings (each rank's
-// blocks for the others written in, each owner adding its chunks from
-// every ring) it was slower, 31 ms against 24 at world 4.
+// All-gather on one host, parts from 4 MiB up, through the segment's rings
+// (docs/design.md, "All-gather and reduce-scatter on one host"). Each rank
+// copies its part into a ring of its own, a chunk at a time, and copies
+// its peers' chunks out of theirs as soon as they are there: two copies,
+// but the second reads from cache, and no page of a peer is pinned. On the
+// development VM, 64 MiB all-gathers back to back took 20-21 ms at world 4
+// this way against 27-32 ms reading the peers' buffers with
+// process_vm_readv, and about the same at world 2
+// (docs/notes/2026-12-05-gather-rings.md). Reduce-scatter keeps
+// process_vm_readv: through the rings (each rank's blocks for the others
+// written in, each owner adding its chunks from every ring) it was slower,
+// 31 ms against 24 at world 4.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "hostpath/host_collectives.h"

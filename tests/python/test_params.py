@@ -163,10 +163,11 @@ def test_info_json_takes_fi_provider_into_account(info_runs):
     assert one["provider"] == "tcp;ofi_rxm" and "FI_PROVIDER=tcp hides shm" in one["reason"], one
     assert "FI_PROVIDER=tcp allows it" in lf["choice_several_hosts"]["reason"]
     assert not r["shm"]["shm_provider_offered"]
-    # 4 ranks per host over 2 hosts: 256 KiB slots, 16 deep, a server per rank.
+    # 4 ranks per host over 2 hosts: 256 KiB slots, 16 deep, a server per
+    # rank, and each rank's all-gather ring (8 x 128 KiB).
     shm = r["shm"]
     assert (shm["local_world"], shm["hosts"], shm["local_world_from"]) == (4, 2, "--local-world")
-    slots = 4 * (4 + 1) * 16 * 262144
+    slots = 4 * (4 + 1) * 16 * 262144 + 4 * 8 * 131072
     assert slots <= shm["need_bytes"] < slots + (1 << 20), shm
 
 
@@ -187,13 +188,15 @@ def test_info_dev_shm_check(monkeypatch):
     r = info.report(local_world=2, hosts=1)["shm"]
     assert r["total_bytes"] == total
     assert abs(r["free_bytes"] - free) < (64 << 20)  # others may write meanwhile
-    slots = 2 * 3 * 4 * 131072  # 2 servers x (2 ranks + a result) x 4 deep x 128 KiB
+    # 2 servers x (2 ranks + a result) x 4 deep x 128 KiB, and 2 all-gather
+    # rings of 8 x 128 KiB.
+    slots = 2 * 3 * 4 * 131072 + 2 * 8 * 131072
     assert slots <= r["need_bytes"] < slots + (1 << 20)
     assert r["ok"] == (r["need_bytes"] <= r["free_bytes"])
     # A huge world: 64 ranks per host over 2 hosts with 256 MiB slots.
     monkeypatch.setenv("SMDDP_SHM_SLOT_BYTES", "256M")
     r = info.report(local_world=64, hosts=2)["shm"]
-    need = 64 * 65 * 16 * (256 << 20)
+    need = 64 * 65 * 16 * (256 << 20) + 64 * 8 * 131072  # the slots, then the rings
     assert need <= r["need_bytes"] < need + (1 << 20)
     assert not r["ok"]
     m = re.fullmatch(r"too small: need (.+), have (.+) free \(of (.+)\); docker: --shm-size=(\d+)([mg])",

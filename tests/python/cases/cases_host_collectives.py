@@ -314,12 +314,13 @@ def queued(ck, rank, world, gloo):
 
 
 def rings(ck, rank, world):
-    """All-gather on one host goes through each rank's ring in the host
-    segment (8 slots of 128 KiB): parts of many ring turns, of one partial
-    slot and of exactly one slot, in four dtypes, queued back to back and
-    between reduce-scatters, each against the parts regenerated here."""
-    shapes = [(torch.float32, 2_000_003), (torch.bfloat16, 65536 * 3 + 1), (torch.int64, 16384),
-              (torch.uint8, 7), (torch.float32, 1 << 20)]
+    """All-gather on one host takes each rank's ring in the host segment (8
+    slots of 128 KiB) from 4 MiB parts up, and reads the peers' buffers
+    below: parts of many ring turns, ending in a partial slot or a whole
+    one, in three dtypes, queued back to back with small parts and a
+    reduce-scatter between, each against the parts regenerated here."""
+    shapes = [(torch.float32, 2_000_003), (torch.bfloat16, 2_097_153), (torch.int64, 16384),
+              (torch.uint8, 7), (torch.float32, 1 << 20), (torch.int64, 524_291)]
     calls = [(f"ring{i}", dtype, n) for i, (dtype, n) in enumerate(shapes * 2)]
     works, outs = [], []
     rs_in = make("ringrs", rank, torch.float32, 70001 * world)
