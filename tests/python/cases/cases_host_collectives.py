@@ -1,6 +1,6 @@
 """Child side: all-gather and reduce-scatter through the host segment (on one
-host, all-gather through each rank's ring, reduce-scatter reading its peers'
-buffers), in one job per world size; on a cluster
+host, all-gather of 4 MiB parts and up through each rank's ring, the rest
+reading the peers' buffers), in one job per world size; on a cluster
 of namespace hosts (run_on_hosts), in the hierarchy across hosts.
 
 Oracles, on the same inputs in the same job:
