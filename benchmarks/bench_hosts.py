@@ -85,7 +85,7 @@ def run_cluster(args) -> dict:
 def print_cluster_table(data: dict, backends: list[str]) -> None:
     h, r, rate_bps = data["hosts"], data["ranks_per_host"], data["rate_bps"]
     op = data.get("op", "all_reduce")
-    print(f"\n# {bench.title(op)}, {h} hosts x {r} ranks, links of {data['rate']} "
+    print(f"\n# {bench.title(op, data.get('in_place', False))}, {h} hosts x {r} ranks, links of {data['rate']} "
           f"({rate_bps / 8e9:.3f} GB/s each way), tcp {data.get('cc', 'of the machine')}")
     if h > 1:
         what = "buffer" if op == "all_reduce" else ("output" if op == "all_gather" else "input")

@@ -40,6 +40,14 @@ DeepSpeed's op (inference_all_reduce_, the only collective its CPU comm op
 has) are allreduce only: for the other two ops their columns read n/a,
 with the reason.
 
+`copy` (--backends ... copy) is no peer but the floor (bench_ops.py): every
+rank at once copying what it must receive, timed in blocks like the
+others, so on a machine with fewer cores than ranks it shares the cores as
+the collective's ranks do. The table sets smddp's time against it
+(smddp / copy). --in-place times all-gather as FSDP2 calls it: the input
+is this rank's part of the output (MPICH: MPI.IN_PLACE), and the floor
+copies the other n - 1 parts.
+
 --pairs N runs peers_mpi.py's job and then the in-process backends' job N
 times in a row (the same worlds, sizes and rounds). This machine's speed
 changes for minutes at a time (docs/notes/2026-11-one-host-allreduce.md,
@@ -68,8 +76,11 @@ from torch_smddp.bench import (  # noqa: E402
 
 # smddp: dist.all_reduce on the smddp group; smddp_direct: the same engine
 # call through torch_smddp.all_reduce_, without c10d (as DeepSpeed's op).
-BACKENDS = ["smddp", "smddp_direct", "gloo", "deepspeed"]
+BACKENDS = ["smddp", "smddp_direct", "gloo", "deepspeed", "copy"]
 OURS = ("smddp", "smddp_direct")
+# Not a collective: the copy floor (bench_ops.OpBuffers.copy_floor), timed in
+# blocks as the others are, every rank at once. Never a peer.
+FLOORS = ("copy",)
 OP_NAMES = {"all_reduce": "allreduce", "all_gather": "all-gather",
             "reduce_scatter": "reduce-scatter"}
 # What has no entry for all_gather and reduce_scatter, and why.
@@ -130,9 +141,11 @@ def backend_calls(op: str, bufs, gloo, ds_op) -> dict:
     import torch_smddp
 
     if op != "all_reduce":
-        return {"smddp": bufs.call(dist, None), "gloo": bufs.call(dist, gloo)}
+        return {"smddp": bufs.call(dist, None), "gloo": bufs.call(dist, gloo),
+                "copy": bufs.copy_floor()}
     t = bufs.out
     return {
+        "copy": bufs.copy_floor(),
         "smddp": lambda: dist.all_reduce(t),
         "smddp_direct": lambda: torch_smddp.all_reduce_(t),
         "gloo": lambda: dist.all_reduce(t, group=gloo),
@@ -147,7 +160,7 @@ def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    bufs = OpBuffers(args.op, nbytes, rank, world)
+    bufs = OpBuffers(args.op, nbytes, rank, world, args.in_place)
     calls = backend_calls(args.op, bufs, gloo, ds_op)
     # Allreduce's timed blocks sum in place: on zeros, so the sums stay
     # finite. The other ops leave their input as it is.
@@ -220,7 +233,8 @@ def worker(args) -> None:
     rows = [measure_size(args, nbytes, backends, gloo, ds_op) for nbytes in args.sizes]
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"world": world, "op": args.op, "rows": rows, "backends": backends,
+            json.dump({"world": world, "op": args.op, "in_place": args.in_place, "rows": rows,
+                       "backends": backends,
                        "unavailable": unavailable}, f)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
@@ -231,7 +245,8 @@ def _timing_args(args) -> list[str]:
     peers_mpi.py's jobs take them."""
     return ["--op", args.op, "--rounds", str(args.rounds), "--block-s", str(args.block_s),
             "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters),
-            "--warmup", str(args.warmup), "--sizes", *map(str, args.sizes)]
+            "--warmup", str(args.warmup), "--sizes", *map(str, args.sizes),
+            *(["--in-place"] if getattr(args, "in_place", False) else [])]
 
 
 def run_world(world: int, args) -> dict:
@@ -296,7 +311,7 @@ def run_pairs(args) -> list[dict]:
             row["times"] = {b: [median(t[b]) for t in per_pair] for b in row["times"]}
             wins = 0
             for t in per_pair:
-                peers = [median(v) for b, v in t.items() if b not in OURS]
+                peers = [median(v) for b, v in t.items() if b not in OURS + FLOORS]
                 lead = lead_backend(t)
                 if lead and peers and median(t[lead]) <= min(peers):
                     wins += 1
@@ -309,6 +324,7 @@ def fmt_us(s: float) -> str:
     return f"{us:.1f}" if us < 1000 else f"{us:.0f}"
 
 
+IN_PLACE = ", in place (FSDP2's form: the input is this rank's part of the output)"
 HEADLINES = {
     "all_reduce": "allreduce, float32, SUM, in place",
     "all_gather": "all-gather (all_gather_into_tensor), float32; size = the whole output",
@@ -326,18 +342,21 @@ def print_table(all_data: list[dict]) -> None:
     order = BACKENDS + ["mpich"]
     names.sort(key=lambda b: order.index(b) if b in order else len(order))
     op = all_data[0].get("op", "all_reduce") if all_data else "all_reduce"
+    in_place = bool(all_data and all_data[0].get("in_place"))
     won = any("pairs_won" in r for d in all_data for r in d["rows"])
     what = "median over pairs of each pair's median round" if won else "median of rounds"
-    print(f"\n# {HEADLINES[op]}; us per call ({what}, max over ranks);")
+    print(f"\n# {HEADLINES[op]}{IN_PLACE if in_place else ''}; us per call ({what}, max over ranks);")
     print(f"# busbw GB/s = algbw x {'2(n-1)/n' if op == 'all_reduce' else '(n-1)/n'}; "
           "ratio = best peer's time / smddp's (>1: smddp faster)")
     head = f"| world | size |" + "".join(f" {b} us |" for b in names)
     ours = [b for b in OURS if any(b in d["backends"] for d in all_data)]
     head += "".join(f" {b} busbw |" for b in names) + " best peer |"
     head += "".join(f" best peer / {b} |" for b in ours)
+    floor = "copy" in names and bool(ours)
+    head += f" {ours[0]} / copy |" if floor else ""
     head += f" pairs {lead_backend(ours)} won |" if won else ""
     print(head)
-    print("|" + "---|" * (3 + 2 * len(names) + len(ours) + won))
+    print("|" + "---|" * (3 + 2 * len(names) + len(ours) + floor + won))
     for d in all_data:
         n = d["world"]
         factor = bus_factor(op, n)
@@ -347,11 +366,14 @@ def print_table(all_data: list[dict]) -> None:
             line += "".join(f" {fmt_us(med[b])} |" if b in med else " n/a |" for b in names)
             line += "".join(f" {row['bytes'] / med[b] / 1e9 * factor:.3f} |" if b in med else " n/a |"
                             for b in names)
-            peers = {b: v for b, v in med.items() if b not in OURS}
+            peers = {b: v for b, v in med.items() if b not in OURS + FLOORS}
             best = min(peers, key=peers.get) if peers else None
             line += f" {best or '-'} |"
             line += "".join(f" {peers[best] / med[b]:.2f}x |" if best and b in med else " - |"
                             for b in ours)
+            if floor:
+                have = ours[0] in med and "copy" in med
+                line += f" {med[ours[0]] / med['copy']:.2f} |" if have else " - |"
             line += f" {row.get('pairs_won', '-')} |" if won else ""
             print(line)
     worlds = {}

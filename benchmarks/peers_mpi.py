@@ -60,7 +60,7 @@ class MpiBuffers:
     numpy: the input, the output (the same array for allreduce, in place),
     what the output must hold, and the call."""
 
-    def __init__(self, op: str, nbytes: int, rank: int, world: int, comm):
+    def __init__(self, op: str, nbytes: int, rank: int, world: int, comm, in_place=False):
         import numpy as np
         from mpi4py import MPI
 
@@ -79,15 +79,18 @@ class MpiBuffers:
             self.inp, self.out = part, whole
             self.expected = np.repeat(np.arange(1, world + 1, dtype=np.float32), per)
             self.call = lambda: comm.Allgather(self.inp, self.out)
+            if in_place:  # FSDP2's form: this rank's part already sits in the output
+                self.inp = whole[rank * per:(rank + 1) * per]
+                self.call = lambda: comm.Allgather(MPI.IN_PLACE, self.out)
         else:
             self.inp, self.out = whole, part
             self.expected = sum_all
             self.call = lambda: comm.Reduce_scatter_block(self.inp, self.out, op=MPI.SUM)
 
     def refill(self) -> None:
-        self.inp.fill(self.rank + 1.0)
         if self.out is not self.inp:
             self.out.fill(-1.0)
+        self.inp.fill(self.rank + 1.0)
 
     def prepare(self) -> None:
         """Before a timed block: allreduce sums in place on zeros (so the
@@ -119,7 +122,7 @@ def worker(args) -> None:
 
     rows = []
     for nbytes in args.sizes:
-        b = MpiBuffers(args.op, nbytes, rank, world, comm)
+        b = MpiBuffers(args.op, nbytes, rank, world, comm, args.in_place)
         checked(b)
         b.prepare()
         comm.Barrier()
@@ -165,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-iters", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=5,
                     help="untimed calls before each timed block")
+    ap.add_argument("--in-place", action="store_true",
+                    help="all_gather with MPI.IN_PLACE (FSDP2's form, as peers.py --in-place)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -105,7 +105,7 @@ def worker(args, extras=None) -> None:
     custom, close = extras(gloo, rank, world) if extras else ({}, None)
     results = []
     for nbytes in args.sizes:
-        bufs = OpBuffers(args.op, nbytes, rank, world)
+        bufs = OpBuffers(args.op, nbytes, rank, world, args.in_place)
         iters = _iters_for(bufs.nbytes, args.budget)
         row = {"bytes": bufs.nbytes, "iters": iters}
         for name in args.backends:
@@ -138,7 +138,8 @@ def worker(args, extras=None) -> None:
         close()
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"world": world, "op": args.op, "rows": results}, f)
+            json.dump({"world": world, "op": args.op, "in_place": args.in_place,
+                       "rows": results}, f)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
 
@@ -220,7 +221,7 @@ def launch_ranks(cmd: list[str], world: int, timeout: float, what: str,
 def _worker_args(args) -> list[str]:
     return ["--worker", "--op", args.op, "--budget", str(args.budget), "--warmup", str(args.warmup),
             "--backends", *args.backends,
-            "--sizes", *map(str, args.sizes)]
+            "--sizes", *map(str, args.sizes), *(["--in-place"] if args.in_place else [])]
 
 
 def run_world(world: int, args) -> dict:
@@ -256,8 +257,9 @@ def print_rows(rows: list[dict], backends: list[str], n: int, ratio_head: str,
         print(line)
 
 
-def title(op: str) -> str:
-    return {"all_reduce": "allreduce, float32, SUM", "all_gather": "all_gather, float32",
+def title(op: str, in_place: bool = False) -> str:
+    return {"all_reduce": "allreduce, float32, SUM",
+            "all_gather": "all_gather, float32" + (", in place (FSDP2's form)" if in_place else ""),
             "reduce_scatter": "reduce_scatter, float32, SUM"}[op]
 
 
@@ -267,7 +269,7 @@ def factor_text(op: str) -> str:
 
 def print_table(data: dict, backends: list[str]) -> None:
     n, op = data["world"], data.get("op", "all_reduce")
-    print(f"\n# {title(op)}, world {n}  (busbw = algbw x {factor_text(op)})")
+    print(f"\n# {title(op, data.get('in_place', False))}, world {n}  (busbw = algbw x {factor_text(op)})")
     print_rows(data["rows"], backends, n, "busbw " + backends[0] + "/" + backends[1]
                 if len(backends) >= 2 else "", op=op)
 
@@ -304,12 +306,18 @@ def add_common_args(ap: argparse.ArgumentParser, sizes_help: str = argparse.SUPP
     ap.add_argument("--min", default="4K")
     ap.add_argument("--max", default="256M")
     ap.add_argument("--sizes", nargs="+", type=int, help=sizes_help)
+    ap.add_argument("--in-place", action="store_true",
+                    help="all_gather as FSDP2 calls it: the input is this rank's part of the "
+                         "output, and the copy floor copies the other n - 1 parts")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
 
 
 def resolve_sizes(args) -> None:
-    """--sizes as given, else every power of two from --min to --max."""
+    """--sizes as given, else every power of two from --min to --max; and
+    --in-place only with --op all_gather."""
+    if args.in_place and getattr(args, "op", "all_reduce") != "all_gather":
+        raise SystemExit("--in-place is all_gather's form (FSDP2's); it needs --op all_gather")
     if not args.sizes:
         args.sizes = sizes_between(parse_size(args.min), parse_size(args.max))
 

@@ -17,6 +17,11 @@ the collective's ranks do. all_gather must write its S-byte output
 (copy: S bytes from a buffer that already holds the answer); reduce_scatter
 must read S bytes and write S / n (a local sum of n pieces of S / n, each
 (n+1)/2, so the sum is the closed form); all_reduce must read and write S.
+
+`in_place` (all_gather only) is the form FSDP2 calls: the input is this
+rank's part of the output (`all_gather_into_tensor(out, out[r*S/n:...])`),
+so the rank's own part never moves and its floor copies the other n - 1
+parts: (n-1)/n of S.
 """
 
 from __future__ import annotations
@@ -78,12 +83,14 @@ class OpBuffers:
     tensor for all_reduce, which runs in place), and what the output must
     hold. `nbytes` is the op's size as nccl-tests counts it."""
 
-    def __init__(self, op: str, nbytes: int, rank: int, world: int):
+    def __init__(self, op: str, nbytes: int, rank: int, world: int, in_place: bool = False):
         import torch
 
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}; one of {', '.join(OPS)}")
-        self.op, self.rank, self.world = op, rank, world
+        if in_place and op != "all_gather":
+            raise ValueError(f"in_place is all_gather's form (FSDP2's), not {op}'s")
+        self.op, self.rank, self.world, self.in_place = op, rank, world, in_place
         f32 = torch.float32
         if op == "all_reduce":
             numel = max(1, nbytes // 4)
@@ -94,8 +101,8 @@ class OpBuffers:
         per = max(1, nbytes // 4 // world)
         self.nbytes = per * world * 4
         if op == "all_gather":
-            self.inp = torch.empty(per, dtype=f32)
             self.out = torch.empty(per * world, dtype=f32)
+            self.inp = self.out.narrow(0, rank * per, per) if in_place else torch.empty(per, dtype=f32)
             self.expected = torch.arange(1, world + 1, dtype=f32).repeat_interleave(per)
         else:
             self.inp = torch.empty(per * world, dtype=f32)
@@ -103,9 +110,9 @@ class OpBuffers:
             self.expected = closed_form_sum(world)
 
     def refill(self) -> None:
-        self.inp.fill_(self.rank + 1.0)
         if self.out is not self.inp:
             self.out.fill_(-1.0)
+        self.inp.fill_(self.rank + 1.0)
 
     def problem(self, i: int) -> str:
         return first_mismatch(self.out, self.expected, i)
@@ -129,6 +136,12 @@ class OpBuffers:
             return lambda: torch.sum(src, 0, out=self.out)
         src = (self.expected.clone() if self.op == "all_gather"
                else torch.full_like(self.out, self.expected))
+        if self.in_place:
+            # The other parts only: before this rank's and after it.
+            per = self.inp.numel()
+            lo, hi = self.rank * per, (self.rank + 1) * per
+            pieces = [(self.out[:lo], src[:lo]), (self.out[hi:], src[hi:])]
+            return lambda: [o.copy_(s) for o, s in pieces if o.numel()]
         return lambda: self.out.copy_(src)
 
 

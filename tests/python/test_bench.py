@@ -252,20 +252,26 @@ def test_peers_runs_without_the_peers_and_checks_real_results():
 
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
 def test_peers_gather_and_scatter_check_real_results(op):
-    # --op all_gather / reduce_scatter: smddp and Gloo checked against the
-    # closed form (all-gather's part j holds j + 1, reduce-scatter n(n+1)/2)
-    # into a poisoned output; smddp_direct has no entry for them and reads
-    # n/a with the reason.
+    # --op all_gather (in place, FSDP2's form) / reduce_scatter: smddp, Gloo
+    # and the copy floor checked against the closed form (all-gather's part
+    # j holds j + 1, reduce-scatter n(n+1)/2) into a poisoned output;
+    # smddp_direct has no entry for them and reads n/a with the reason. The
+    # floor is no peer: the table sets smddp against it in a column of its
+    # own.
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "peers.py"), "--op", op, "--world", "2",
-           "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "gloo",
-           "--rounds", "2", "--block-s", "0.002", "--max-iters", "20", "--timeout", "150"]
+           "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "gloo", "copy",
+           "--rounds", "2", "--block-s", "0.002", "--max-iters", "20", "--timeout", "150",
+           *(["--in-place"] if op == "all_gather" else [])]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert "WRONG RESULT" not in p.stdout + p.stderr
     assert ("size = the whole output" if op == "all_gather" else "size = the whole input") in p.stdout
+    assert ("in place (FSDP2's form" in p.stdout) == (op == "all_gather"), p.stdout
     assert "algbw x (n-1)/n" in p.stdout
+    assert "| smddp / copy |" in p.stdout, p.stdout
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 2 and all(" n/a |" in r for r in rows), p.stdout
+    assert all(" gloo |" in r for r in rows), p.stdout  # the best peer, never the floor
     assert "smddp_direct at world 2: n/a (torch_smddp has a direct entry for allreduce only" in p.stdout
 
 
@@ -544,7 +550,7 @@ def test_bench_ops_count_bytes_as_nccl_tests_do():
         bench_ops.OpBuffers("broadcast", 1000, 0, 2)
 
 
-@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce", "all_gather_in_place"])
 def test_bench_ops_check_each_result_and_their_copy_floor_leaves_it(op):
     # A stand-in collective computes the closed form from what every rank
     # would hold (rank r: r + 1); one that writes nothing, or one wrong
@@ -552,7 +558,9 @@ def test_bench_ops_check_each_result_and_their_copy_floor_leaves_it(op):
     from torch_smddp import bench_ops
 
     world = 3
-    bufs = bench_ops.OpBuffers(op, 4 * 3 * 8, rank=2, world=world)
+    in_place = op.endswith("_in_place")
+    op = op.removesuffix("_in_place")
+    bufs = bench_ops.OpBuffers(op, 4 * 3 * 8, rank=2, world=world, in_place=in_place)
     per = bufs.nbytes // 4 // world
 
     def right():
@@ -566,6 +574,14 @@ def test_bench_ops_check_each_result_and_their_copy_floor_leaves_it(op):
 
     assert bench_ops.timed_checked(right, bufs, 3)[1] == ""
     assert bench_ops.timed_checked(bufs.copy_floor(), bufs, 3)[1] == ""
+    if in_place:
+        # The input is this rank's part of the output; the floor copies the
+        # other parts, 2 of 3, and leaves its own as the refill wrote it.
+        assert bufs.inp.data_ptr() == bufs.out.data_ptr() + 2 * per * 4
+        bufs.refill()
+        bufs.inp.fill_(99.0)
+        bufs.copy_floor()()
+        assert bool((bufs.inp == 99.0).all()) and bool((bufs.out[:2 * per] == bufs.expected[:2 * per]).all())
     if op != "all_reduce":  # in place, an allreduce that does nothing leaves r + 1
         _, problem = bench_ops.timed_checked(lambda: None, bufs, 2)
         assert problem.startswith("iteration 0: element 0 of"), problem
@@ -584,14 +600,20 @@ def test_bench_ops_check_each_result_and_their_copy_floor_leaves_it(op):
 def test_bench_times_all_gather_and_reduce_scatter_and_checks_real_results():
     # One job per op at world 2 against Gloo and the copy floor: every
     # result is checked inside the benchmark, which exits non-zero on a
-    # mismatch.
-    for op in ("all_gather", "reduce_scatter"):
+    # mismatch. The in-place all-gather (FSDP2's form) takes 8 MiB, whose
+    # 4 MiB parts go through the host segment's rings.
+    for op, extra, big in (("all_gather", [], "1M"), ("reduce_scatter", [], "1M"),
+                           ("all_gather", ["--in-place"], "8M")):
+        size = str({"1M": 1 << 20, "8M": 8 << 20}[big])
         cmd = [sys.executable, "-m", "torch_smddp.bench", "--op", op, "--world", "2",
-               "--sizes", "4096", "1048576", "--budget", "65536", "--timeout", "150",
-               "--backends", "smddp", "gloo", "copy"]
+               "--sizes", "4096", size, "--budget", "65536", "--timeout", "150",
+               "--backends", "smddp", "gloo", "copy", *extra]
         p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
         assert "WRONG RESULT" not in p.stdout + p.stderr
         assert f"# {op}, float32" in p.stdout and "x (n-1)/n" in p.stdout, p.stdout
-        rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(("4K", "1M"))]
+        assert ("in place (FSDP2's form)" in p.stdout) == bool(extra), p.stdout
+        rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(("4K", big))]
         assert len(rows) == 2, p.stdout
+    with pytest.raises(SystemExit, match="--in-place is all_gather's form"):
+        bench.main(["--op", "reduce_scatter", "--in-place", "--world", "2"])
