@@ -109,7 +109,8 @@ void ProcessGroupSmddp::shutdown() {
     if (device_) device_->shutdown();
   }
   if (hostGroup_) hostGroup_->shutdown();
-  if (comm_) comm_->shutdown();
+  // Orderly unless the group failed or was aborted.
+  if (comm_) comm_->shutdown(getError() == c10d::ErrorType::SUCCESS);
   // destroy_process_group() and exit leave a complete timeline file.
   smddp::timeline::flush();
 }

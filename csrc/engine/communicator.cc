@@ -118,7 +118,7 @@ Communicator::~Communicator() {
   releaseResources();
 }
 
-void Communicator::shutdown() {
+void Communicator::shutdown(bool orderly) {
   std::lock_guard<std::mutex> once(shutdownMu_);
   std::deque<Task> leftover;
   uint64_t leaveBefore = 0;  // the first call this rank will never finish
@@ -126,6 +126,7 @@ void Communicator::shutdown() {
     std::lock_guard<std::mutex> lock(queueMu_);
     if (stopping_ && !worker_.joinable()) return;
     leaveBefore = firstUnfinishedLocked();
+    orderly = orderly && unfinished_.empty();
     stopping_ = true;
     ctx_->waits().requestStop();
     leftover.swap(queue_);
@@ -175,7 +176,7 @@ void Communicator::shutdown() {
     abandonStuckCalls();
     return;
   }
-  releaseResources(leaveBefore);
+  releaseResources(leaveBefore, orderly);
 }
 
 void Communicator::abandonStuckCalls() {
@@ -201,10 +202,10 @@ void Communicator::abandonStuckCalls() {
   }
 }
 
-void Communicator::releaseResources(uint64_t leaveBefore) {
+void Communicator::releaseResources(uint64_t leaveBefore, bool orderly) {
   // A peer in a call this rank never ran would wait out the group timeout:
   // every peer hears which call this rank leaves before.
-  ctx_->closeLiveness(leaveBefore);
+  ctx_->closeLiveness(leaveBefore, orderly);
   path_->release();       // the host segment and the standalone servers' links
   ctx_->release();        // point-to-point, endpoint, requests, sink, owner locks
 }

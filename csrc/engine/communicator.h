@@ -134,7 +134,10 @@ class Communicator {
   // --- Lifecycle and statistics (any thread) ---
   // Fails queued work, joins the worker, closes the endpoint. Idempotent;
   // a second caller while the first is at work waits for it to finish.
-  void shutdown();
+  // `orderly`: no error ended the group (destroy_process_group, not an
+  // abort); with no call left unfinished, rank 0 then lets the peers leave
+  // the store before it does (EngineContext::closeLiveness).
+  void shutdown(bool orderly = false);
   // After shutdown(): the engine thread was stuck in the provider and still
   // runs, so this object must be leaked, never destroyed.
   bool stuck() const { return stuck_.load(); }
@@ -204,7 +207,7 @@ class Communicator {
   // this rank leaves before call `leaveBefore` (UINT64_MAX: nothing said,
   // after a stuck thread), then the path, the context's endpoint, requests
   // and sink go.
-  void releaseResources(uint64_t leaveBefore = UINT64_MAX);
+  void releaseResources(uint64_t leaveBefore = UINT64_MAX, bool orderly = false);
 
   // --- The queue (task_queue.cc) ---
   uint64_t push(Task t, CallHooks hooks);

@@ -281,12 +281,20 @@ std::string EngineContext::withDesyncReport(const Error& e) {
   return std::string(e.what()) + ". Desync report: " + report;
 }
 
-void EngineContext::closeLiveness(uint64_t leaveBefore) {
+void EngineContext::closeLiveness(uint64_t leaveBefore, bool orderly) {
   if (leaveBefore != UINT64_MAX) {
     // A peer that already closed its endpoint may never take the notice:
     // bounded, and short next to any group timeout.
     if (!quarantined_) control_.announceLeave(leaveBefore, std::chrono::milliseconds(100));
     peers_.noteFirstUnfinished(leaveBefore);
+  }
+  if (desync_ && orderly && rank_ == 0) {
+    // Every call finished and nothing failed: the peers are leaving too.
+    // Rank 0 usually hosts the store and takes it away when its process
+    // exits; it waits a moment for the peers' answering threads to leave
+    // the store first.
+    desync_->awaitPeersStopped(std::chrono::milliseconds(1000),
+                               [this](int r) { return peers_.lost(r); });
   }
   desync_.reset();        // its answering thread ends (or is left behind on a hung store)
   peers_.closeMonitor();  // says goodbye: peers on other hosts do not take this for a death

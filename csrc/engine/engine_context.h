@@ -121,7 +121,7 @@ class EngineContext {
   // desync responder's thread ends, and the liveness connections say
   // goodbye, with the same call (peers on other hosts do not take this
   // rank for dead, nor wait for it in a call it never ran).
-  void closeLiveness(uint64_t leaveBefore);
+  void closeLiveness(uint64_t leaveBefore, bool orderly = false);
   // Last: point-to-point operations fail, the endpoint closes (unless
   // quarantined), then the requests, the sink and the owner locks go.
   void release();

@@ -28,6 +28,8 @@ struct DesyncResponder::Shared {
 
   std::string reqKey(int r) const { return prefix + "desync/req/" + std::to_string(r); }
   std::string posKey(int r) const { return prefix + "desync/pos/" + std::to_string(r); }
+  // Set once this rank's answering thread no longer waits in the store.
+  std::string stoppedKey(int r) const { return prefix + "desync/stopped/" + std::to_string(r); }
 
   // The answering thread: blocked on this rank's request key until a peer
   // asks (then it answers once: a group that failed this way is unusable,
@@ -45,7 +47,10 @@ struct DesyncResponder::Shared {
         if (!waitStore->waitFor(reqKey(me), chunk)) continue;
         std::string why;
         waitStore->tryGet(reqKey(me), &why);
-        if (stop.load() || why == kBye) break;
+        if (stop.load() || why == kBye) {
+          waitStore->set(stoppedKey(me), "1");
+          break;
+        }
         const std::string mine = recorder->position().serialize();
         recorder->notePosition(mine);
         waitStore->set(posKey(me), mine);
@@ -108,6 +113,30 @@ DesyncResponder::~DesyncResponder() {
   lock.unlock();
   joinOrLeave(answerer_, answered);
   joinOrLeave(bye, said);
+}
+
+void DesyncResponder::awaitPeersStopped(std::chrono::milliseconds bound,
+                                         const std::function<bool(int)>& lost) {
+  using clock = std::chrono::steady_clock;
+  auto s = shared_;
+  const int me = s->recorder->rank();
+  const auto until = clock::now() + bound;
+  // Polled, not waited on: a TCPStore wait that runs out logs a warning.
+  // A peer found lost meanwhile is not waited for.
+  PollPause pause(std::chrono::milliseconds(5));
+  std::lock_guard<std::mutex> ask(s->askMu);
+  try {
+    std::string value;
+    for (int r = 0; r < s->recorder->size(); ++r) {
+      while (r != me && !lost(r) && !s->askStore->tryGet(s->stoppedKey(r), &value)) {
+        if (clock::now() >= until) return;
+        std::this_thread::sleep_for(pause.next());
+      }
+    }
+  } catch (const std::exception& e) {  // the store is gone: nobody waits in it
+    SMDDP_LOG(kDebug) << "group '" << s->recorder->group() << "' rank " << me
+                      << ": not waiting for the peers' desync threads: " << e.what();
+  }
 }
 
 std::string DesyncResponder::collect(std::chrono::milliseconds budget,

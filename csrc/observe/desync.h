@@ -37,6 +37,14 @@ class DesyncResponder {
   std::string collect(std::chrono::milliseconds budget, const std::function<bool(int)>& lost,
                       const std::string& reason);
 
+  // At an orderly shutdown, on the rank that usually hosts the store (rank
+  // 0, when the job was not launched by torchrun, whose agent holds it):
+  // waits, up to `bound`, until every peer that `lost` does not name has
+  // stopped its answering thread. A store whose host exits while a peer's
+  // thread still waits in it makes that peer's TCPStore print a warning
+  // with a stack ("recvValue failed ... Connection was likely closed").
+  void awaitPeersStopped(std::chrono::milliseconds bound, const std::function<bool(int)>& lost);
+
   struct Shared;
 
  private:

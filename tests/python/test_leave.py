@@ -89,3 +89,46 @@ def test_a_rank_that_finished_the_call_and_left_fails_nobody_still_in_it():
     assert isinstance(results[2], ExitedRank) and results[2].returncode == 0, results[2]
     assert results[0]["gathered"] == [[1.0] * 3, [2.0] * 3, [3.0] * 3], results[0]
     assert results[0]["seconds"] >= 1.0, results[0]  # it did wait for rank 1 past the exit
+
+
+def test_rank_0_exiting_first_leaves_no_store_warnings_on_its_peers():
+    """Launched without torchrun, rank 0 hosts the TCPStore, and its exit
+    takes the store away. Each peer's desync responder waits in that store
+    until its group is destroyed; a peer still waiting when the store goes
+    printed TCPStore's "recvValue failed" warning with a C++ stack. Rank 0
+    now lets its peers' responders leave first, up to 1 s (the peers here
+    take 0.4 s longer to reach destroy_process_group). Oracle: the peers'
+    stderr holds no TCPStore warning, and rank 0's destroy waited for them
+    (at least most of their 0.4 s) but not past the bound."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    world, late = 3, 0.4
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    script = os.path.join(here, "workers", "exit_order_worker.py")
+    procs = []
+    try:
+        for rank in range(world):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                       PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+            procs.append(subprocess.Popen([sys.executable, script, str(late)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, start_new_session=True))
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{out}\n{err[-3000:]}"
+        assert "TCPStore" not in err and "recvValue" not in err, f"rank {rank}:\n{err[-3000:]}"
+    destroy = [float(out.split("destroy_s")[1].split()[0]) for out, _ in outs]
+    assert late * 0.5 <= destroy[0] <= 5.0, destroy
