@@ -31,8 +31,9 @@ std::vector<uint64_t> SegmentCollectives::ringStarts() {
 }
 
 bool SegmentCollectives::ringSlotFree(uint64_t pos) const {
+  if (pos < kGatherSlots) return true;  // no earlier position held this slot
   const SegmentControl& ctl = segment_.ctl();
-  for (int q = 0; q < ranks_ && pos >= kGatherSlots; ++q) {
+  for (int q = 0; q < ranks_; ++q) {
     if (q != local_ &&
         ctl.gatherRead[q].of[local_].load(std::memory_order_acquire) + kGatherSlots <= pos) {
       return false;
@@ -56,8 +57,11 @@ void SegmentCollectives::gatherThroughRings(EngineContext& ctx, StallWatch& watc
   SegmentControl& ctl = segment_.ctl();
   const int host = topo_.hostIndex;
   const uint64_t bytes = sig.numel * elementSize(sig.dtype);
+  // A slot's worth each, whatever the part's size (splitChunks is the
+  // wire's cut: it grows chunks past a slot for parts over 16 MiB).
   const uint64_t chunks = (bytes + kGatherSlotBytes - 1) / kGatherSlotBytes;
-  auto length = [&](uint64_t k) { return std::min(kGatherSlotBytes, bytes - k * kGatherSlotBytes); };
+  auto offset = [](uint64_t k) { return k * kGatherSlotBytes; };
+  auto length = [&](uint64_t k) { return std::min(kGatherSlotBytes, bytes - offset(k)); };
   // Rank p's chunk k lies at ring position start[p] + k; next[p] of them
   // are copied out.
   const std::vector<uint64_t> start = ringStarts();
@@ -79,11 +83,8 @@ void SegmentCollectives::gatherThroughRings(EngineContext& ctx, StallWatch& watc
         bool moved = false;
         if (wrote < chunks && ringSlotFree(start[local_] + wrote)) {
           const uint64_t pos = start[local_] + wrote;
-          ringPut(pos, src + wrote * kGatherSlotBytes, length(wrote));
-          if (own != src) {
-            copyOut(own + wrote * kGatherSlotBytes, segment_.gatherSlot(local_, pos),
-                    length(wrote));
-          }
+          ringPut(pos, src + offset(wrote), length(wrote));
+          if (own != src) copyOut(own + offset(wrote), segment_.gatherSlot(local_, pos), length(wrote));
           ++wrote;
           moved = true;
         }
@@ -93,7 +94,7 @@ void SegmentCollectives::gatherThroughRings(EngineContext& ctx, StallWatch& watc
           const uint64_t there = std::min(chunks, ringWritten(p) - start[p]);
           auto* dst = static_cast<uint8_t*>(outs[globalRank(host, p)].data);
           for (uint64_t& k = next[p]; k < there; ++k) {
-            copyOut(dst + k * kGatherSlotBytes, segment_.gatherSlot(p, start[p] + k), length(k));
+            copyOut(dst + offset(k), segment_.gatherSlot(p, start[p] + k), length(k));
             ctl.gatherRead[local_].of[p].store(start[p] + k + 1, std::memory_order_release);
             moved = true;
           }

@@ -318,10 +318,13 @@ def rings(ck, rank, world):
     slots of 128 KiB) from 4 MiB parts up, and reads the peers' buffers
     below: parts of many ring turns, ending in a partial slot or a whole
     one, in three dtypes, queued back to back with small parts and a
-    reduce-scatter between, each against the parts regenerated here."""
+    reduce-scatter between, each against the parts regenerated here. The
+    last part (17 MiB) is past the size from which the wire's chunking
+    (splitChunks) would cut chunks larger than a slot."""
     shapes = [(torch.float32, 2_000_003), (torch.bfloat16, 2_097_153), (torch.int64, 16384),
               (torch.uint8, 7), (torch.float32, 1 << 20), (torch.int64, 524_291)]
     calls = [(f"ring{i}", dtype, n) for i, (dtype, n) in enumerate(shapes * 2)]
+    calls.append(("ringbig", torch.uint8, 18_000_001))
     works, outs = [], []
     rs_in = make("ringrs", rank, torch.float32, 70001 * world)
     rs_out = torch.empty(70001)
