@@ -42,11 +42,15 @@ namespace {
 // An all-gather across hosts reads its host's parts in slices of this
 // many bytes, polling its exchange between them.
 constexpr uint64_t kPollSliceBytes = 1 << 20;
-// One-host all-gathers of parts this big and up go through the rings
-// (host_rings.cc). Smaller parts stay in cache between the peer's write
-// and the read, and one process_vm_readv copy beats the rings' two there:
-// 2 MiB parts at world 2 took 0.47 ms read, 0.83-0.97 through the rings.
-constexpr uint64_t kRingsFromPartBytes = uint64_t{4} << 20;
+// One-host all-gathers in which a rank receives this much and up ((ranks
+// - 1) x the part) go through the rings (host_rings.cc). Below, the parts
+// stay in cache between the peer's write and the read, and one
+// process_vm_readv copy beats the rings' two: 2 MiB parts at world 2 took
+// 0.47 ms read, 0.83-0.97 through the rings. Reads pin every page they
+// touch, once per reader, so the rings pay sooner with more ranks: 2 MiB
+// parts at world 4 (6 MiB in) took 2.9 ms through the rings, 3.6 read
+// (docs/notes/2026-12-06-floor-back-to-back.md).
+constexpr uint64_t kRingsFromBytesIn = uint64_t{4} << 20;
 // One process_vm_readv moves at most this much (the kernel's limit is
 // about 2 GiB).
 constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;
@@ -153,9 +157,10 @@ SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology&
 
 std::string SegmentCollectives::describe() const {
   if (hosts() == 1) {
-    return "shared memory: all-gather of parts from " + std::to_string(kRingsFromPartBytes >> 10) +
-           " KiB through each rank's ring in the host segment, smaller ones and reduce-scatter "
-           "reading the peers' buffers (" + std::to_string(ranks_) + " ranks)";
+    return "shared memory: all-gather through each rank's ring in the host segment once a rank "
+           "receives " + std::to_string(kRingsFromBytesIn >> 10) +
+           " KiB, smaller ones and reduce-scatter reading the peers' buffers (" +
+           std::to_string(ranks_) + " ranks)";
   }
   std::string text =
       "hierarchy: shared memory within each host, each rank reading its peers' buffers, and "
@@ -288,7 +293,7 @@ void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t b
 }
 
 bool SegmentCollectives::throughRings(uint64_t bytes) const {
-  return hosts() == 1 && ranks_ > 1 && bytes >= kRingsFromPartBytes;
+  return hosts() == 1 && ranks_ > 1 && bytes * (ranks_ - 1) >= kRingsFromBytesIn;
 }
 
 void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,

@@ -1,4 +1,4 @@
-// All-gather on one host, parts from 4 MiB up, through the segment's rings
+// All-gather on one host, once a rank receives 4 MiB, through the segment's rings
 // (docs/design.md, "All-gather and reduce-scatter on one host"). Each rank
 // copies its part into a ring of its own, a chunk at a time, and copies
 // its peers' chunks out of theirs as soon as they are there: two copies,

@@ -1,6 +1,6 @@
-"""All-gather and reduce-scatter through the host segment (all-gather of
-4 MiB parts and up through each rank's ring, the rest reading the peers'
-buffers): one job per world size, against Gloo, the
+"""All-gather and reduce-scatter through the host segment (all-gather
+through each rank's ring once a rank receives 4 MiB, the rest reading the
+peers' buffers): one job per world size, against Gloo, the
 network path and this path's own out-of-place results (cases_host_collectives)."""
 
 import pytest

@@ -1,6 +1,6 @@
 """Child side: all-gather and reduce-scatter through the host segment (on one
-host, all-gather of 4 MiB parts and up through each rank's ring, the rest
-reading the peers' buffers), in one job per world size; on a cluster
+host, all-gather through each rank's ring once a rank receives 4 MiB, the
+rest reading the peers' buffers), in one job per world size; on a cluster
 of namespace hosts (run_on_hosts), in the hierarchy across hosts.
 
 Oracles, on the same inputs in the same job:
@@ -315,8 +315,8 @@ def queued(ck, rank, world, gloo):
 
 def rings(ck, rank, world):
     """All-gather on one host takes each rank's ring in the host segment (8
-    slots of 128 KiB) from 4 MiB parts up, and reads the peers' buffers
-    below: parts of many ring turns, ending in a partial slot or a whole
+    slots of 128 KiB) once a rank receives 4 MiB ((world - 1) x the part),
+    and reads the peers' buffers below: parts of many ring turns, ending in a partial slot or a whole
     one, in three dtypes, queued back to back with small parts and a
     reduce-scatter between, each against the parts regenerated here. The
     last part (17 MiB) is past the size from which the wire's chunking
