@@ -36,6 +36,7 @@ struct DesyncResponder::Shared {
   // so nobody asks again) or the group goes away.
   void answer() {
     const int me = recorder->rank();
+    bool storeFailed = false;
     while (!stop.load()) {
       try {
         // A store that blocks on the key gets long waits (a TCPStore logs a
@@ -47,19 +48,25 @@ struct DesyncResponder::Shared {
         if (!waitStore->waitFor(reqKey(me), chunk)) continue;
         std::string why;
         waitStore->tryGet(reqKey(me), &why);
-        if (stop.load() || why == kBye) {
-          waitStore->set(stoppedKey(me), "1");
-          break;
-        }
+        if (stop.load() || why == kBye) break;
         const std::string mine = recorder->position().serialize();
         recorder->notePosition(mine);
         waitStore->set(posKey(me), mine);
         dumpFlightRecord(*recorder, "rank asked for a desync report: " + why);
       } catch (const std::exception& e) {
+        storeFailed = true;
         SMDDP_LOG(kDebug) << "group '" << recorder->group() << "' rank " << me
                           << ": desync responder stops: " << e.what();
       }
       break;
+    }
+    // Out of the store for good (rank 0 waits for this at an orderly
+    // shutdown: awaitPeersStopped), whether it said goodbye or answered.
+    if (!storeFailed) {
+      try {
+        waitStore->set(stoppedKey(me), "1");
+      } catch (const std::exception&) {
+      }
     }
     std::lock_guard<std::mutex> lock(mu);
     answererExited = true;
