@@ -122,7 +122,9 @@ c10d::ReduceOp DeviceStage::mapOp(const c10d::ReduceOp& op) {
 // thread, which a shutdown may leave behind.
 class DeviceCollectives::Watch {
  public:
-  explicit Watch(c10::intrusive_ptr<ProcessGroupSmddp> host) : host_(std::move(host)) {}
+  // `group`'s liveness: the ranks of the host group, watched before it
+  // has formed too. close() comes before the group goes.
+  explicit Watch(const ProcessGroupSmddp& group) : group_(group) {}
 
   void setRoute(std::shared_ptr<IntraRoute> route) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -132,7 +134,7 @@ class DeviceCollectives::Watch {
   void check(const std::string& during) {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
-    host_->inspect().checkPeersAlive(during);
+    group_.inspect().checkPeersAlive(during);
     if (route_) route_->host->checkHealthy();
   }
   // The pipeline broke: end the work that can never complete.
@@ -150,7 +152,7 @@ class DeviceCollectives::Watch {
 
  private:
   std::mutex mu_;
-  const c10::intrusive_ptr<ProcessGroupSmddp> host_;
+  const ProcessGroupSmddp& group_;
   std::shared_ptr<IntraRoute> route_;  // guarded by mu_
   bool closed_ = false;                // guarded by mu_
 };
@@ -191,9 +193,9 @@ void waitWatched(c10d::Work& work, DeviceCollectives::Watch& watch, const std::s
 // ---- DeviceCollectives --------------------------------------------------------
 
 DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
-                                     c10::intrusive_ptr<ProcessGroupSmddp> host, int rank,
-                                     std::chrono::milliseconds timeout, IntraSetup intra)
-    : ctx_(std::move(ctx)), host_(std::move(host)), rank_(rank), world_(host_->getSize()),
+                                     std::shared_ptr<HostGroupFormation> host, ProcessGroupSmddp& group,
+                                     int rank, std::chrono::milliseconds timeout, IntraSetup intra)
+    : ctx_(std::move(ctx)), host_(std::move(host)), group_(group), rank_(rank), world_(host_->size()),
       timeout_(timeout), intraSetup_(std::move(intra)) {
   auto entered = ctx_->enter();  // the slots are allocated on the device
   pool_ = smddp::HostBufferPool::make(ctx_->device(), static_cast<size_t>(paramDeviceHostCache()));
@@ -206,7 +208,7 @@ DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
   o.timeout = timeout;
   o.inStream = 0;
   o.outStream = 1;
-  watch_ = std::make_shared<Watch>(host_);
+  watch_ = std::make_shared<Watch>(group_);
   smddp::StagingOptions collective = o;
   collective.watch = [watch = watch_](const std::string& what) { watch->check(what); };
   collective.onBroken = [watch = watch_](std::exception_ptr) { watch->broken(); };
@@ -347,12 +349,12 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, cons
   {
     // The CPU path's own argument checks, on the caller's thread.
     ProcessGroupSmddp::CheckOnly check;
-    (void)call(*host_);
+    (void)call(group_);
   }
   auto work = c10::make_intrusive<DeviceWork>(ctx_, rank_, type, coll, std::move(outputs),
                                               timeout_, syncOnWait);
   stage.chunk_.host = [host = host_, call, work](void*) {
-    if (auto w = call(*host)) {
+    if (auto w = call(*host->get())) {
       w->wait();
       work->setSourceRank(w->sourceRank());
     }

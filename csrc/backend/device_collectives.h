@@ -4,7 +4,8 @@
 // thread copies its inputs to page-locked host memory once that event has
 // completed, runs the CPU collective on the host copies over a private
 // host-only group (so every rank issues host collectives in its device
-// calls' order), and only then queues the copies back.
+// calls' order; formed in the background with the group, host_group_formation.h),
+// and only then queues the copies back.
 //
 // Completion (Gloo's CUDA model; docs/design.md, "GPU path"):
 // - a call never blocks at submit;
@@ -22,7 +23,8 @@
 //
 // Arguments are checked on the caller's thread, with the CPU path's own
 // checks and messages: the host call is run once in check-only mode
-// (ProcessGroupSmddp::CheckOnly) before anything is queued.
+// (ProcessGroupSmddp::CheckOnly), on the group itself, before anything is
+// queued.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -39,6 +41,7 @@
 
 #include "backend/device_context.h"
 #include "backend/intra.h"
+#include "backend/host_group_formation.h"
 #include "device/host_pool.h"
 #include "device/staging_pipeline.h"
 
@@ -139,8 +142,12 @@ class DeviceCollectives {
   // returns the host call over the mapped ones.
   using Plan = std::function<HostCall(DeviceStage&)>;
 
-  DeviceCollectives(std::shared_ptr<DeviceContext> ctx, c10::intrusive_ptr<ProcessGroupSmddp> host,
-                    int rank, std::chrono::milliseconds timeout, IntraSetup intra);
+  // `host`: the private host group, which the host calls wait for
+  // (host_group_formation.h). `group`: the group this path belongs to, which
+  // outlives it: its checks and its liveness.
+  DeviceCollectives(std::shared_ptr<DeviceContext> ctx, std::shared_ptr<HostGroupFormation> host,
+                    ProcessGroupSmddp& group, int rank, std::chrono::milliseconds timeout,
+                    IntraSetup intra);
   ~DeviceCollectives();
 
   c10::Device device() const { return ctx_->torchDevice(); }
@@ -227,7 +234,8 @@ class DeviceCollectives {
   std::vector<smddp::StagingPipeline*> pipelines() const;
 
   std::shared_ptr<DeviceContext> ctx_;
-  c10::intrusive_ptr<ProcessGroupSmddp> host_;
+  std::shared_ptr<HostGroupFormation> host_;
+  ProcessGroupSmddp& group_;
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;

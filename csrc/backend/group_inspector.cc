@@ -3,6 +3,7 @@
 #include "algorithms/algorithms_config.h"
 #include "backend/async_error.h"
 #include "backend/device_collectives.h"
+#include "backend/host_group_formation.h"
 #include "backend/process_group.h"
 #include "engine/communicator.h"
 
@@ -85,9 +86,14 @@ std::string GroupInspector::intraRoute() const {
   return s_.device ? s_.device->intraRoute() : "";
 }
 
+std::string GroupInspector::deviceHostGroup() const {
+  return s_.hostGroup ? s_.hostGroup->state() : "none";
+}
+
 std::optional<std::string> GroupInspector::errorMessage() const {
   if (auto m = s_.asyncError->message()) return m;
-  return s_.hostGroup ? s_.hostGroup->inspect().errorMessage() : std::nullopt;
+  auto host = s_.hostGroup ? s_.hostGroup->formed() : nullptr;
+  return host ? host->inspect().errorMessage() : std::nullopt;
 }
 
 }  // namespace c10d_smddp

@@ -29,6 +29,7 @@ namespace c10d_smddp {
 
 class AsyncError;
 class DeviceCollectives;
+class HostGroupFormation;
 class ProcessGroupSmddp;
 
 class GroupInspector {
@@ -40,7 +41,7 @@ class GroupInspector {
   struct Sources {
     const std::unique_ptr<smddp::Communicator>& comm;
     const std::shared_ptr<AsyncError>& asyncError;
-    const c10::intrusive_ptr<ProcessGroupSmddp>& hostGroup;
+    const std::shared_ptr<HostGroupFormation>& hostGroup;
     std::mutex& deviceMu;
     const std::unique_ptr<DeviceCollectives>& device;
     const std::atomic<uint64_t>& deviceCalls;
@@ -76,6 +77,10 @@ class GroupInspector {
   // The ranks on other hosts this rank keeps liveness connections to.
   std::vector<int> livenessPeers() const;
   std::string storePrefix() const;
+  // The device path's private host group: "none" (no device path: no GPU
+  // visible), "forming", "formed", "failed" or "shut down"
+  // (host_group_formation.h).
+  std::string deviceHostGroup() const;
   // Throws (smddp::Error, kPeerLost) when a rank of the group is known to
   // be gone: a same-host peer's owner lock is free, or the liveness monitor
   // lost a peer on another host (PeerTable::checkAlive). Any thread, but

@@ -214,6 +214,7 @@ py::dict groupStats(const ProcessGroupSmddp& pg) {
   d["standalone_servers"] = g.standaloneServers();
   d["device_calls"] = g.deviceCalls();
   d["intra_route"] = g.intraRoute();
+  d["device_host_group"] = g.deviceHostGroup();
   d["stragglers"] = stragglersToDict(g.stragglers());
   // Per collective: calls, and per size class (power-of-4 bytes)
   // the count and latency (queued to completed) percentiles, read

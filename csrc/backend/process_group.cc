@@ -9,6 +9,7 @@
 #include "backend/device_collectives.h"
 #include "backend/sim_context.h"
 #include "backend/engine_call.h"
+#include "backend/host_group_formation.h"
 #include "backend/store_bootstrap.h"
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include "backend/work.h"
@@ -66,11 +67,20 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   if (!hostOnly_ && (simDevice_ || cudaDeviceCount() > 0)) {
     // A private host-only group carries the device calls' CPU collectives,
     // in the order the device calls were made (device_collectives.h). It
-    // forms with the group, as it will again, on the same cancel.
+    // forms from the first device call, on a thread of its own, cancelled
+    // by a shutdown.
     options.hostOnly = true;
-    hostGroup_ = c10::make_intrusive<ProcessGroupSmddp>(
-        c10::make_intrusive<c10d::PrefixStore>("device", store_), rank_, size_, timeout_,
-        groupName_ + "/device", std::move(options));
+    options.cancel = nullptr;
+    hostGroup_ = std::make_shared<HostGroupFormation>(
+        groupName_ + "/device", size_, timeout_,
+        [store = c10::make_intrusive<c10d::PrefixStore>("device", store_), rank = rank_,
+         size = size_, timeout = timeout_, name = groupName_ + "/device",
+         options = std::move(options)](std::shared_ptr<FormationCancel> cancel) {
+          GroupOptions o = options;
+          o.cancel = std::move(cancel);
+          return c10::make_intrusive<ProcessGroupSmddp>(store, rank, size, timeout, name, o);
+        });
+    hostGroup_->start();
   }
   std::lock_guard<std::mutex> lock(gLiveMu);
   gLive.insert(this);
@@ -97,8 +107,8 @@ void ProcessGroupSmddp::abort() {
 }
 
 c10d::ErrorType ProcessGroupSmddp::getError() {
-  if (hostGroup_ && hostGroup_->getError() != c10d::ErrorType::SUCCESS) {
-    return hostGroup_->getError();
+  if (auto host = hostGroup_ ? hostGroup_->formed() : nullptr) {
+    if (host->getError() != c10d::ErrorType::SUCCESS) return host->getError();
   }
   return asyncError_->type();
 }
@@ -151,8 +161,8 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     intra.sim = dev.is_cpu();
     intra.servers = servers_;
     intra.crossHostDtype = crossHostDtype_;
-    device_ = std::make_unique<DeviceCollectives>(std::move(ctx), hostGroup_, rank_, timeout_,
-                                                  std::move(intra));
+    device_ = std::make_unique<DeviceCollectives>(std::move(ctx), hostGroup_, *this, rank_,
+                                                  timeout_, std::move(intra));
   }
   TORCH_CHECK_VALUE(device_->device() == dev || (dev.is_cuda() && !dev.has_index()), "smddp ",
                     coll, ": this group runs on ", device_->device(), "; got a tensor on ", dev,
@@ -163,7 +173,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::track(c10::intrusive_ptr<c10d::Work> work) {
   std::lock_guard<std::mutex> lock(coalesceMu_);
-  if (coalescing_) coalesced_.push_back(work);
+  if (coalescing_ && work) coalesced_.push_back(work);  // null: a call only checked
   return work;
 }
 
@@ -382,6 +392,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOptions& opts) {
+  if (checkingOnly()) return {};  // nothing to check
   DeviceCollectives* dev = nullptr;
   {
     std::lock_guard<std::mutex> lock(deviceMu_);

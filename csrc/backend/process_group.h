@@ -25,6 +25,7 @@ namespace c10d_smddp {
 struct EngineCall;
 class DeviceCollectives;
 class FormationCancel;
+class HostGroupFormation;
 
 // How a group forms, beyond its store, rank, size, timeout and name.
 struct GroupOptions {
@@ -154,7 +155,8 @@ class ProcessGroupSmddp : public c10d::Backend {
   // While one is alive on a thread, calls made on that thread check their
   // arguments and stop before queueing anything (they return a null Work).
   // The device path checks a call's host counterpart this way on the
-  // caller's thread (device_collectives.h).
+  // caller's thread (device_collectives.h), on the group itself: its host
+  // group may not have formed yet, and takes the same checks.
   class CheckOnly {
    public:
     CheckOnly();
@@ -172,7 +174,9 @@ class ProcessGroupSmddp : public c10d::Backend {
   // tensor.
   template <typename... Ts>
   DeviceCollectives* deviceFor(const char* coll, const Ts&... tensorArgs) {
-    if (hostOnly_) return nullptr;
+    // A call only checked (the device path's own check, on this group)
+    // takes the CPU path's checks.
+    if (hostOnly_ || checkingOnly()) return nullptr;
     const at::Tensor* first = nullptr;  // the first defined tensor
     const at::Tensor* other = nullptr;  // the first on another device than `first`
     auto see = [&](const at::Tensor& t) {
@@ -252,10 +256,10 @@ class ProcessGroupSmddp : public c10d::Backend {
   const std::string crossHostDtype_;
   std::atomic<int> shrinks_{0};  // groups shrunk from this one (their store prefixes)
   bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
-  // The device path's private host-only group, made with the group (every
-  // rank is there then), where a device path is possible: a later first
-  // device call between two ranks must not wait for every rank.
-  c10::intrusive_ptr<ProcessGroupSmddp> hostGroup_;
+  // The device path's private host-only group where a device path is
+  // possible (a GPU is visible, or SMDDP_DEVICE_SIM): it starts to form,
+  // on a thread of its own, once this group has (host_group_formation.h).
+  std::shared_ptr<HostGroupFormation> hostGroup_;
   std::mutex deviceMu_;
   std::unique_ptr<DeviceCollectives> device_;  // created by the first device call; guarded by deviceMu_
   std::atomic<uint64_t> deviceCalls_{0};

@@ -63,6 +63,9 @@ def test_calls_take_the_device_path_and_many_chunks_agree_with_the_closed_form()
         assert (r["list_gather_copies"], r["list_scatter_copies"]) == (3, [3, 3]), (rank, r)
     plain = run_world(2, "cases_device_chunks:routed", backend="smddp", timeout=120)
     assert all(r["ok"] and r["device_calls"] == 0 for r in plain), plain
+    # No GPU and no stand-in: no device path, so no private host group.
+    assert [r["device_host_group"] for r in results] == ["formed"] * 2, results
+    assert [r["device_host_group"] for r in plain] == ["none"] * 2, plain
 
 
 def test_more_collectives_through_the_device_path():
@@ -193,6 +196,16 @@ def test_a_pairs_first_device_call_does_not_wait_for_the_other_ranks():
     for rank in (0, 1):
         assert results[rank]["ok"], results
         assert results[rank]["elapsed"] < 3.0, results
+
+
+def test_the_host_group_forms_in_the_background_and_a_group_may_go_while_it_forms():
+    results = run_world(3, "cases_device_sim:host_group_in_background", backend="smddp", timeout=90,
+                        pg_timeout=30.0, env=SIM)
+    for r in results:
+        assert r["after_new_group"] in ("forming", "formed"), results
+        assert r["sum_ok"] and r["world_ok"] and r["after_call"] == "formed", results
+        assert r["threads_left"] <= 0, results
+        assert r["cycles_s"] < 25.0, results  # not a timing: far below the group timeout (30 s)
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -32,7 +32,9 @@ def routed(rank, world):
     calls += len(works)
     ok &= all(bool(torch.equal(w.result()[0], torch.full((5000,), float(sum(range(world)) + world * i))))
               for i, w in enumerate(works))
-    out = {"ok": ok, "calls": calls, "device_calls": torch_smddp.stats()["device_calls"]}
+    st = torch_smddp.stats()
+    out = {"ok": ok, "calls": calls, "device_calls": st["device_calls"],
+           "device_host_group": st["device_host_group"]}
     if os.environ.get("SMDDP_DEVICE_SIM") == "1":
         out.update(min_piece(rank, world))
     return out
