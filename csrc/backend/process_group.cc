@@ -82,6 +82,9 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
         });
     hostGroup_->start();
   }
+  // A device path's host group is shut down with its group. It may form on
+  // a thread that the group's shutdown joins, under shutdownAll's lock.
+  if (hostOnly_) return;
   std::lock_guard<std::mutex> lock(gLiveMu);
   gLive.insert(this);
 }

@@ -199,7 +199,7 @@ def test_a_pairs_first_device_call_does_not_wait_for_the_other_ranks():
 
 
 def test_the_host_group_forms_in_the_background_and_a_group_may_go_while_it_forms():
-    results = run_world(3, "cases_device_sim:host_group_in_background", backend="smddp", timeout=90,
+    results = run_world(3, "cases_host_group:host_group_in_background", backend="smddp", timeout=90,
                         pg_timeout=30.0, env=SIM)
     for r in results:
         assert r["after_new_group"] in ("forming", "formed"), results

@@ -312,47 +312,6 @@ def pair_first_call(rank, world):
     return {"elapsed": time.monotonic() - start, "ok": bool((buf == 0).all())}
 
 
-def host_group_in_background(rank, world):
-    """The device path's host group forms on a thread of its own from the
-    group's creation: new_group returns without it, a first device call
-    waits for it, and groups destroyed while theirs still forms neither
-    hang nor leave threads behind."""
-    import os
-
-    import torch
-    import torch.distributed as dist
-
-    import torch_smddp
-    import torch_smddp.testing as sim
-
-    def threads():
-        return len(os.listdir("/proc/self/task"))
-
-    res = {}
-    g = dist.new_group(backend="smddp")
-    res["after_new_group"] = torch_smddp.stats(g)["device_host_group"]
-    t = torch.full((3000,), float(rank + 1))
-    dist.all_reduce(t, group=g)
-    sim.sim_synchronize()
-    res["sum_ok"] = bool((t == world * (world + 1) / 2).all())
-    res["after_call"] = torch_smddp.stats(g)["device_host_group"]
-    dist.destroy_process_group(g)
-    before = threads()
-    start = time.monotonic()
-    for _ in range(3):
-        dist.destroy_process_group(dist.new_group(backend="smddp"))
-    res["cycles_s"] = time.monotonic() - start
-    deadline = time.monotonic() + 5.0
-    while threads() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    res["threads_left"] = threads() - before
-    t = torch.ones(10)
-    dist.all_reduce(t)
-    sim.sim_synchronize()
-    res["world_ok"] = bool((t == world).all())
-    return res
-
-
 def coalesced_stream_order(rank, world):
     """Coalesced blocks (_coalescing_manager, batch_isend_irecv): the block's
     Work orders the caller's stream after every call's copies back. Run with
