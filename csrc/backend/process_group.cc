@@ -67,8 +67,9 @@ ProcessGroupSmddp::ProcessGroupSmddp(const c10::intrusive_ptr<c10d::Store>& stor
   if (!hostOnly_ && (simDevice_ || cudaDeviceCount() > 0)) {
     // A private host-only group carries the device calls' CPU collectives,
     // in the order the device calls were made (device_collectives.h). It
-    // forms from the first device call, on a thread of its own, cancelled
-    // by a shutdown.
+    // forms on a thread of its own, started now on every rank, so creating
+    // the group waits for one rendezvous (host_group_formation.h); a
+    // shutdown cancels it.
     options.hostOnly = true;
     options.cancel = nullptr;
     hostGroup_ = std::make_shared<HostGroupFormation>(
