@@ -121,9 +121,9 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::allreduce(c10d::OpType type, c
 
   const size_t elem = tensors[0].element_size();
   const size_t chunkBytes = std::max(elem, pipeline_->slotBytes() / elem * elem);
-  auto hostWork = [host = host_, st, hostOpts](void* slot, size_t bytes) {
+  auto hostWork = [host = host_, watch = watch_, st, hostOpts](void* slot, size_t bytes) {
     std::vector<at::Tensor> v{hostView(slot, 0, bytes, st)};
-    if (auto w = host->get()->allreduce(v, hostOpts)) w->wait();
+    if (auto w = formedHost(*host, *watch).allreduce(v, hostOpts)) w->wait();
   };
   smddp::StagingChunk cur;
   size_t used = 0;
@@ -280,9 +280,11 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::gatherChunked(
     for (int r = 0; r < world_ && n > 0; ++r) {
       chunk.out.push_back({outs[static_cast<size_t>(r)] + a, reinterpret_cast<void*>(n + r * n), n});
     }
-    chunk.host = [host = host_, n, st, world = world_](void* slot) {
+    chunk.host = [host = host_, watch = watch_, n, st, world = world_](void* slot) {
       at::Tensor i = hostView(slot, 0, n, st), o = hostView(slot, n, world * n, st);
-      if (auto w = host->get()->_allgather_base(o, i, c10d::AllgatherOptions())) w->wait();
+      if (auto w = formedHost(*host, *watch)._allgather_base(o, i, c10d::AllgatherOptions())) {
+        w->wait();
+      }
     };
     c.call.chunks.push_back(std::move(chunk));
     if (bytes == 0) break;
@@ -345,9 +347,9 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::scatterChunked(
       chunk.in.push_back({ins[static_cast<size_t>(r)] + a, reinterpret_cast<void*>(r * n), n});
     }
     if (n > 0) chunk.out.push_back({out + a, reinterpret_cast<void*>(world_ * n), n});
-    chunk.host = [host = host_, n, st, world = world_, hostOpts](void* slot) {
+    chunk.host = [host = host_, watch = watch_, n, st, world = world_, hostOpts](void* slot) {
       at::Tensor i = hostView(slot, 0, world * n, st), o = hostView(slot, world * n, n, st);
-      if (auto w = host->get()->_reduce_scatter_base(o, i, hostOpts)) w->wait();
+      if (auto w = formedHost(*host, *watch)._reduce_scatter_base(o, i, hostOpts)) w->wait();
     };
     c.call.chunks.push_back(std::move(chunk));
     if (bytes == 0) break;

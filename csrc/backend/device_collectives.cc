@@ -190,6 +190,10 @@ void waitWatched(c10d::Work& work, DeviceCollectives::Watch& watch, const std::s
   }
 }
 
+ProcessGroupSmddp& formedHost(HostGroupFormation& host, DeviceCollectives::Watch& watch) {
+  return *host.get([&] { watch.check("the device path's host group forming"); });
+}
+
 // ---- DeviceCollectives --------------------------------------------------------
 
 DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
@@ -353,8 +357,8 @@ c10::intrusive_ptr<c10d::Work> DeviceCollectives::staged(c10d::OpType type, cons
   }
   auto work = c10::make_intrusive<DeviceWork>(ctx_, rank_, type, coll, std::move(outputs),
                                               timeout_, syncOnWait);
-  stage.chunk_.host = [host = host_, call, work](void*) {
-    if (auto w = call(*host->get())) {
+  stage.chunk_.host = [host = host_, watch = watch_, call, work](void*) {
+    if (auto w = call(formedHost(*host, *watch))) {
       w->wait();
       work->setSourceRank(w->sourceRank());
     }

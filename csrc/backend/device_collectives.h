@@ -262,5 +262,8 @@ class DeviceCollectives {
 // Waits for `work` as its wait() does, running `watch`'s check every few
 // ms meanwhile (the NCCL route's host work, waiting on the rail).
 void waitWatched(c10d::Work& work, DeviceCollectives::Watch& watch, const std::string& during);
+// The private host group, once formed; meanwhile `watch`'s check runs every
+// few ms, so a rank lost before it formed fails the call at once, naming it.
+ProcessGroupSmddp& formedHost(HostGroupFormation& host, DeviceCollectives::Watch& watch);
 
 }  // namespace c10d_smddp

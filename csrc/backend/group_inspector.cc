@@ -92,6 +92,7 @@ std::string GroupInspector::deviceHostGroup() const {
 
 std::optional<std::string> GroupInspector::errorMessage() const {
   if (auto m = s_.asyncError->message()) return m;
+  if (auto f = s_.hostGroup ? s_.hostGroup->failure() : std::nullopt) return f;
   auto host = s_.hostGroup ? s_.hostGroup->formed() : nullptr;
   return host ? host->inspect().errorMessage() : std::nullopt;
 }

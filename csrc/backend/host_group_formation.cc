@@ -42,11 +42,24 @@ void HostGroupFormation::run() {
   cv_.notify_all();
 }
 
-c10::intrusive_ptr<ProcessGroupSmddp> HostGroupFormation::get() {
+c10::intrusive_ptr<ProcessGroupSmddp> HostGroupFormation::get(const std::function<void()>& check) {
+  const auto until = std::chrono::steady_clock::now() + timeout_;
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout_, [&] { return state_ != State::kForming; });
+  while (state_ == State::kForming && std::chrono::steady_clock::now() < until) {
+    cv_.wait_for(lock, std::chrono::milliseconds(5), [&] { return state_ != State::kForming; });
+    if (state_ != State::kForming || !check) continue;
+    lock.unlock();
+    check();
+    lock.lock();
+  }
   if (state_ != State::kFormed) fail();
   return group_;
+}
+
+std::optional<std::string> HostGroupFormation::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kFailed || cancel_->cancelled()) return std::nullopt;
+  return "smddp: the device path's host group '" + name_ + "' did not form: " + error_;
 }
 
 void HostGroupFormation::fail() const {

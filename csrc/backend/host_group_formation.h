@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -43,10 +44,13 @@ class HostGroupFormation {
   // Starts the formation, once; later calls (and calls after shutdown) do
   // nothing.
   void start();
-  // The formed group. Waits for the formation, at most the group timeout;
-  // throws smddp::Error naming the group when it failed, was shut down, or
-  // was never started.
-  c10::intrusive_ptr<ProcessGroupSmddp> get();
+  // The formed group. Waits for the formation, at most the group timeout,
+  // running `check` (which may throw) every few ms meanwhile; throws
+  // smddp::Error naming the group when it failed, was shut down, or was
+  // never started.
+  c10::intrusive_ptr<ProcessGroupSmddp> get(const std::function<void()>& check = {});
+  // Why it failed to form, unless a shutdown stopped it; else nothing.
+  std::optional<std::string> failure() const;
   // The group once formed (also after a shutdown), else null. Never waits.
   c10::intrusive_ptr<ProcessGroupSmddp> formed() const;
   // "not started", "forming", "formed", "failed" or "shut down"

@@ -111,6 +111,7 @@ void ProcessGroupSmddp::abort() {
 }
 
 c10d::ErrorType ProcessGroupSmddp::getError() {
+  if (hostGroup_ && hostGroup_->failure()) return c10d::ErrorType::COMM_ERROR;
   if (auto host = hostGroup_ ? hostGroup_->formed() : nullptr) {
     if (host->getError() != c10d::ErrorType::SUCCESS) return host->getError();
   }

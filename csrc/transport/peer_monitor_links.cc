@@ -49,7 +49,7 @@ void PeerMonitor::acceptLocked() {
 
 void PeerMonitor::turnAwayLocked(size_t i) {
   const Message busy{kMagic, kVersion, kBusy, 0, static_cast<uint32_t>(opts_.rank), kAnyone, 0,
-                     {}};
+                     kNoCall, {}};
   const int fd = pending_[i].fd.get();
   (void)send(fd, &busy, sizeof(busy), MSG_DONTWAIT | MSG_NOSIGNAL);
   // Read what it sent first (a peer's hello, at most a few bytes): closing

@@ -208,6 +208,20 @@ def test_the_host_group_forms_in_the_background_and_a_group_may_go_while_it_form
         assert r["cycles_s"] < 25.0, results  # not a timing: far below the group timeout (30 s)
 
 
+def test_a_rank_lost_before_the_host_group_forms_fails_device_calls_and_the_group_says_so():
+    world, victim = 3, 2
+    results = run_world(world, "cases_host_group:host_group_peer_lost", backend="smddp", timeout=90,
+                        pg_timeout=8.0, expect_failure=True, allow_exit={victim}, args=(victim,),
+                        env=SIM)
+    for r in results[:victim]:
+        assert r["state_before"] == "forming", results
+        assert r["raised"] and f"rank {victim}" in r["msg"], results
+        assert r["elapsed"] < 5.0, results  # the liveness check, not the group's 8 s timeout
+        assert r["state_after"] == "failed", results
+        assert "host group" in (r["errored"] or ""), results
+        assert "COMM_ERROR" in r["error_type"], results
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_coalesced_calls_order_the_callers_stream(world):
     # A busy copy engine: the copies back trail the host part by far.

@@ -49,3 +49,44 @@ def host_group_in_background(rank, world):
     _left_forming = dist.new_group(backend="smddp")
     return res
 
+
+
+def host_group_peer_lost(rank, world, victim):
+    """`victim` dies right after a new group forms, before that group's
+    host group can: a device call on it fails at once naming the rank, and
+    once the formation gives up (the group's 8 s timeout) the group reports
+    it."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp
+
+    import datetime
+
+    g = dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=8))
+    store = dist.distributed_c10d._get_default_store()
+    store.add("host_group_peer_lost", 1)
+    if rank == victim:
+        os._exit(0)
+    while store.add("host_group_peer_lost", 0) < world:
+        time.sleep(0.001)
+    res = {"state_before": torch_smddp.stats(g)["device_host_group"]}
+    start = time.monotonic()
+    try:
+        # An all-gather: the first allreduce would agree on its intra-host
+        # route first, on this thread (intra.cc), waiting for the rank.
+        dist.all_gather_into_tensor(torch.empty(10 * world), torch.ones(10), group=g)
+        res["raised"] = False
+    except Exception as e:  # noqa: BLE001 - what it raised is the result
+        res["raised"], res["msg"] = True, str(e)[:400]
+    res["elapsed"] = time.monotonic() - start
+    backend = torch_smddp._backend_of(g)
+    deadline = time.monotonic() + 30.0
+    while torch_smddp.stats(g)["device_host_group"] == "forming" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    res["state_after"] = torch_smddp.stats(g)["device_host_group"]
+    res["errored"] = backend.errored()
+    res["error_type"] = str(backend.get_error())
+    return res
