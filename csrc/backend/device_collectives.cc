@@ -213,6 +213,7 @@ DeviceCollectives::DeviceCollectives(std::shared_ptr<DeviceContext> ctx,
   o.inStream = 0;
   o.outStream = 1;
   watch_ = std::make_shared<Watch>(group_);
+  intraSetup_.alive = [watch = watch_] { watch->check("setting up the intra-host route"); };
   smddp::StagingOptions collective = o;
   collective.watch = [watch = watch_](const std::string& what) { watch->check(what); };
   collective.onBroken = [watch = watch_](std::exception_ptr) { watch->broken(); };

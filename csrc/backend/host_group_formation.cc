@@ -3,6 +3,7 @@
 #include "backend/process_group.h"
 #include "backend/store_bootstrap.h"
 #include "common/error.h"
+#include "common/thread_name.h"
 
 namespace c10d_smddp {
 
@@ -20,7 +21,10 @@ void HostGroupFormation::start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ != State::kIdle) return;
   state_ = State::kForming;
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    smddp::nameThisThread("smddp-hostgroup");
+    run();
+  });
 }
 
 void HostGroupFormation::run() {
@@ -56,26 +60,29 @@ c10::intrusive_ptr<ProcessGroupSmddp> HostGroupFormation::get(const std::functio
   return group_;
 }
 
+std::string HostGroupFormation::described(const std::string& what) const {
+  return "smddp: the device path's host group '" + name_ + "' " + what;
+}
+
 std::optional<std::string> HostGroupFormation::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ != State::kFailed || cancel_->cancelled()) return std::nullopt;
-  return "smddp: the device path's host group '" + name_ + "' did not form: " + error_;
+  return described("did not form: " + error_);
 }
 
 void HostGroupFormation::fail() const {
-  const std::string head = "smddp: the device path's host group '" + name_ + "' ";
   switch (state_) {
     case State::kForming:
       smddp::throwError(smddp::ErrorKind::kTimeout,
-                        head + "did not form within " + std::to_string(timeout_.count()) +
-                            " ms of this call; it began when the group formed, on every rank.");
+                        described("did not form within " + std::to_string(timeout_.count()) +
+                                  " ms of this call; it began when the group formed, on every rank."));
     case State::kFailed:
       smddp::throwError(cancel_->cancelled() ? smddp::ErrorKind::kAborted : smddp::ErrorKind::kTimeout,
-                        head + "did not form: " + error_);
+                        described("did not form: " + error_));
     case State::kShut:
-      smddp::throwError(smddp::ErrorKind::kAborted, head + "was shut down");
+      smddp::throwError(smddp::ErrorKind::kAborted, described("was shut down"));
     default:
-      smddp::throwError(smddp::ErrorKind::kInternal, head + "was never started");
+      smddp::throwError(smddp::ErrorKind::kInternal, described("was never started"));
   }
 }
 

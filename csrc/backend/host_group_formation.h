@@ -65,6 +65,8 @@ class HostGroupFormation {
   void run();
   // Throws why get() has no group; mu_ held.
   [[noreturn]] void fail() const;
+  // "smddp: the device path's host group '<name>' " + what.
+  std::string described(const std::string& what) const;
 
   const std::string name_;
   const int size_;

@@ -58,8 +58,18 @@ std::chrono::milliseconds left(Clock::time_point deadline) {
   return std::max(ms, std::chrono::milliseconds(1));
 }
 
-std::string getWithin(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
-  store.wait({key}, timeout);
+// The value of `key`, once a rank has set it, by `deadline`; meanwhile
+// the group's liveness (IntraSetup::alive) is checked every few ms.
+std::string getWithin(const IntraSetup& s, c10d::Store& store, const std::string& key,
+                      Clock::time_point deadline) {
+  constexpr auto kAlivePoll = std::chrono::milliseconds(10);
+  if (s.alive) {
+    while (!store.check({key}) && Clock::now() < deadline) {
+      s.alive();
+      std::this_thread::sleep_for(kAlivePoll);
+    }
+  }
+  store.wait({key}, left(deadline));
   auto bytes = store.get(key);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -85,7 +95,7 @@ void confirmFormed(const IntraSetup& s, Clock::time_point deadline, const std::s
     if (r == s.rank) continue;
     std::string theirs;
     try {
-      theirs = getWithin(*store, std::to_string(r), left(deadline));
+      theirs = getWithin(s, *store, std::to_string(r), deadline);
     } catch (const c10::DistStoreError& e) {
       C10_THROW_ERROR(DistBackendError,
                       "smddp: group " + s.groupName + ": the intra-host NCCL route did not form "
@@ -107,7 +117,7 @@ void confirmFormed(const IntraSetup& s, Clock::time_point deadline, const std::s
   }
   for (int r = 1; r < s.size; ++r) {
     try {
-      (void)getWithin(*store, "read/" + std::to_string(r), left(deadline));
+      (void)getWithin(s, *store, "read/" + std::to_string(r), deadline);
     } catch (const c10::DistStoreError& e) {
       C10_THROW_ERROR(DistBackendError,
                       "smddp: group " + s.groupName + ": rank " + std::to_string(r) +
@@ -127,7 +137,7 @@ void agreeOnMode(const IntraSetup& s, const std::string& mine, Clock::time_point
   if (s.rank == 0) {
     std::string verdict = "ok";
     for (int r = 1; r < s.size && verdict == "ok"; ++r) {
-      const std::string theirs = getWithin(*store, std::to_string(r), left(deadline));
+      const std::string theirs = getWithin(s, *store, std::to_string(r), deadline);
       if (theirs != mine) {
         verdict = "SMDDP_INTRA differs across the ranks of group " + s.groupName + ": rank 0 has '" +
                   mine + "', rank " + std::to_string(r) + " has '" + theirs +
@@ -136,7 +146,7 @@ void agreeOnMode(const IntraSetup& s, const std::string& mine, Clock::time_point
     }
     store->set("verdict", std::vector<uint8_t>(verdict.begin(), verdict.end()));
   }
-  const std::string verdict = getWithin(*store, "verdict", left(deadline));
+  const std::string verdict = getWithin(s, *store, "verdict", deadline);
   TORCH_CHECK_VALUE(verdict == "ok", verdict);
 }
 
@@ -147,7 +157,7 @@ std::vector<int> deviceIndexes(const IntraSetup& s, int mine, Clock::time_point 
   store->set(std::to_string(s.rank), std::vector<uint8_t>(v.begin(), v.end()));
   std::vector<int> out(static_cast<size_t>(s.size));
   for (int r = 0; r < s.size; ++r) {
-    out[r] = std::stoi(getWithin(*store, std::to_string(r), left(deadline)));
+    out[r] = std::stoi(getWithin(s, *store, std::to_string(r), deadline));
   }
   return out;
 }
@@ -161,7 +171,7 @@ std::string uniqueIdOfHost(const IntraSetup& s, smddp::NcclApi& nccl, const std:
     s.store->set(key, std::vector<uint8_t>(id.begin(), id.end()));
     return id;
   }
-  return getWithin(*s.store, key, left(deadline));
+  return getWithin(s, *s.store, key, deadline);
 }
 
 // Where this rank sits: its host, its index on that host (its rail).

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,6 +51,11 @@ struct IntraSetup {
   bool sim = false;
   std::optional<smddp::RegisteredServers> servers;  // the rail group's (cross-host) servers
   std::string crossHostDtype;                       // the rail group's cross_host_dtype
+  // Throws when a rank of the group is known lost (the group's liveness).
+  // Run every few ms while the route's set-up waits for the other ranks
+  // through the store, so that a rank lost before its first device
+  // allreduce fails the others' at once, naming it, not at the timeout.
+  std::function<void()> alive;
 };
 
 // SMDDP_INTRA: auto (the host route until the NCCL route has passed the

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace smddp {
 
@@ -71,6 +72,7 @@ size_t CompletionPool::threads() {
 }
 
 void CompletionPool::runThread() {
+  nameThisThread("smddp-complete");
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     while (queue_.empty()) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace smddp {
 
@@ -18,7 +19,10 @@ namespace {
 class Reaper final : public DeviceReaper {
  public:
   explicit Reaper(std::shared_ptr<Device> device) : device_(std::move(device)) {
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      smddp::nameThisThread("smddp-reaper");
+      run();
+    });
   }
   // Never destroyed (DeviceReaper::of): what waits at exit may still be in
   // use by the device, so it is never freed.

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/thread_name.h"
 #include "device/sim_rules.h"
 
 namespace smddp {
@@ -300,7 +301,10 @@ class SimDevice : public Device {
     core_->queues = std::vector<SimCore::Queue>(static_cast<size_t>(core_->opts.queues));
     for (size_t q = 0; q < core_->queues.size(); ++q) {
       const uint64_t seed = core_->opts.seed + 0x9e3779b97f4a7c15ull * (q + 1);
-      core_->queues[q].thread = std::thread([core = core_.get(), q, seed] { core->run(q, seed); });
+      core_->queues[q].thread = std::thread([core = core_.get(), q, seed] {
+        smddp::nameThisThread("sim-stream");
+        core->run(q, seed);
+      });
     }
     defaultStream_ = std::make_unique<SimStream>(core_);
     for (int i = 0; i < kPoolStreams; ++i) {

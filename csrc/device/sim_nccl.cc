@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "device/sim_device.h"
 
 namespace smddp {
@@ -91,6 +92,7 @@ void enqueue(const std::shared_ptr<SimComm>& c, DeviceStream& stream, int64_t in
 }
 
 void runLauncher(std::shared_ptr<SimComm> c) {
+  smddp::nameThisThread("sim-nccl-launch");
   sim::setDevice(c->device);  // the communicator's device, as NCCL's threads
   std::unique_lock<std::mutex> lk(c->mu);
   for (;;) {
@@ -281,6 +283,7 @@ class SimNccl final : public NcclApi {
   // The init's work: connect, then (after `delay`) the communicator is ready.
   static void form(std::shared_ptr<SimComm> c, SimNcclConnect connect, std::string id,
                    std::chrono::microseconds delay) {
+    smddp::nameThisThread("sim-nccl-init");
     std::shared_ptr<SimNcclPeers> peers;
     std::string failed;
     try {

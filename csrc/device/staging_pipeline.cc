@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "device/reaper.h"
 
 namespace smddp {
@@ -352,6 +353,7 @@ std::exception_ptr StagingPipeline::broken() const {
 }
 
 void StagingPipeline::run(std::shared_ptr<Core> core) {
+  smddp::nameThisThread("smddp-staging");
   Core& c = *core;
   std::exception_ptr bindFailed;
   try {

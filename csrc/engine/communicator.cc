@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
+#include "common/thread_name.h"
 #include "transport/peer_seal.h"
 
 namespace smddp {
@@ -65,7 +66,10 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
   }
   // No call yet: a goodbye now says this rank leaves before call 0.
   ctx_->peers().noteFirstUnfinished(0);
-  worker_ = std::thread([this] { workerLoop(); });
+  worker_ = std::thread([this] {
+    smddp::nameThisThread("smddp-engine");
+    workerLoop();
+  });
   laps_.lap("observer");
   SMDDP_LOG(kInfo) << describeGroup();
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace smddp {
 
@@ -82,7 +83,10 @@ DesyncResponder::DesyncResponder(std::unique_ptr<Bootstrap> waitStore,
   shared_->askStore = std::move(askStore);
   shared_->prefix = std::move(prefix);
   shared_->recorder = std::move(recorder);
-  answerer_ = std::thread([s = shared_] { s->answer(); });
+  answerer_ = std::thread([s = shared_] {
+    smddp::nameThisThread("smddp-desync");
+    s->answer();
+  });
 }
 
 namespace {
@@ -102,6 +106,7 @@ DesyncResponder::~DesyncResponder() {
   // Wake the answering thread through the other connection; a store that
   // hangs holds only these threads, left behind, never the caller.
   std::thread bye([s] {
+    smddp::nameThisThread("smddp-dsync-bye");
     {
       std::lock_guard<std::mutex> ask(s->askMu);
       try {
@@ -166,6 +171,7 @@ std::string DesyncResponder::collect(std::chrono::milliseconds budget,
   const std::string mine = s->recorder->position().serialize();
   s->recorder->notePosition(mine);
   std::thread asker([s, job, ask, until, mine, me, n, reason] {
+    smddp::nameThisThread("smddp-dsync-ask");
     try {
       std::lock_guard<std::mutex> askLock(s->askMu);
       s->askStore->set(s->posKey(me), mine);

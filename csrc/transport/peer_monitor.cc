@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
+#include "common/thread_name.h"
 #include "transport/liveness_message.h"
 #include "transport/socket_address.h"
 
@@ -130,7 +131,10 @@ std::unique_ptr<PeerMonitor> PeerMonitor::open(Bootstrap& bootstrap, PeerMonitor
   auto m = std::make_unique<PeerMonitor>(std::move(opts), listenFd, std::move(addresses),
                                          std::move(ports));
   m->connectToLowerPeers();
-  m->thread_ = std::thread([p = m.get()] { p->run(); });
+  m->thread_ = std::thread([p = m.get()] {
+    smddp::nameThisThread("smddp-liveness");
+    p->run();
+  });
   {
     std::lock_guard<std::mutex> lock(registry().mu);
     registry().live.push_back(m.get());

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/param.h"
+#include "common/thread_name.h"
 
 namespace smddp {
 
@@ -67,7 +68,10 @@ class Reserve {
     if (held >= kMaxSpares) return;
     wanted_.push_back({provider, std::chrono::steady_clock::now() + pause});
     if (!thread_.joinable()) {
-      thread_ = std::thread([this] { run(); });
+      thread_ = std::thread([this] {
+        smddp::nameThisThread("smddp-spares");
+        run();
+      });
       std::atexit([] { Reserve::instance().stopAtExit(); });
     }
     cv_.notify_all();

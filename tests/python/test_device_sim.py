@@ -204,7 +204,8 @@ def test_the_host_group_forms_in_the_background_and_a_group_may_go_while_it_form
     for r in results:
         assert r["after_new_group"] in ("forming", "formed"), results
         assert r["sum_ok"] and r["world_ok"] and r["after_call"] == "formed", results
-        assert r["threads_left"] <= 0, results
+        assert r["world_host_group"] == "formed", results
+        assert r["threads_left"] <= 0, r["threads_new"]
         assert r["cycles_s"] < 25.0, results  # not a timing: far below the group timeout (30 s)
 
 
@@ -220,6 +221,17 @@ def test_a_rank_lost_before_the_host_group_forms_fails_device_calls_and_the_grou
         assert r["state_after"] == "failed", results
         assert "host group" in (r["errored"] or ""), results
         assert "COMM_ERROR" in r["error_type"], results
+
+
+def test_a_rank_lost_before_the_first_device_allreduce_fails_the_others_at_once():
+    world, victim = 3, 2
+    results = run_world(world, "cases_host_group:intra_route_peer_lost", backend="smddp", timeout=90,
+                        pg_timeout=8.0, expect_failure=True, allow_exit={victim}, args=(victim,),
+                        env=SIM)
+    for r in results[:victim]:
+        assert r["gather_ok"], results
+        assert r["raised"] and f"rank {victim}" in r["msg"], results
+        assert r["elapsed"] < 5.0, results  # the liveness check, not the group's 8 s timeout
 
 
 @pytest.mark.parametrize("world", [2, 4])

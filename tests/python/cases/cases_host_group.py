@@ -22,6 +22,16 @@ def host_group_in_background(rank, world):
     def threads():
         return len(os.listdir("/proc/self/task"))
 
+    def thread_names():
+        names = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    names[tid] = f.read().strip()
+            except OSError:
+                pass
+        return names
+
     res = {}
     g = dist.new_group(backend="smddp")
     res["after_new_group"] = torch_smddp.stats(g)["device_host_group"]
@@ -31,7 +41,14 @@ def host_group_in_background(rank, world):
     res["sum_ok"] = bool((t == world * (world + 1) / 2).all())
     res["after_call"] = torch_smddp.stats(g)["device_host_group"]
     dist.destroy_process_group(g)
+    # The world group's host group forms in the background too, and under
+    # load may complete only now: its threads are not the cycles'.
+    deadline = time.monotonic() + 30.0
+    while torch_smddp.stats()["device_host_group"] == "forming" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    res["world_host_group"] = torch_smddp.stats()["device_host_group"]
     before = threads()
+    names_before = thread_names()
     start = time.monotonic()
     for _ in range(3):
         dist.destroy_process_group(dist.new_group(backend="smddp"))
@@ -40,6 +57,7 @@ def host_group_in_background(rank, world):
     while threads() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     res["threads_left"] = threads() - before
+    res["threads_new"] = sorted(n for tid, n in thread_names().items() if tid not in names_before)
     t = torch.ones(10)
     dist.all_reduce(t)
     sim.sim_synchronize()
@@ -89,4 +107,40 @@ def host_group_peer_lost(rank, world, victim):
     res["state_after"] = torch_smddp.stats(g)["device_host_group"]
     res["errored"] = backend.errored()
     res["error_type"] = str(backend.get_error())
+    return res
+
+
+def intra_route_peer_lost(rank, world, victim):
+    """The host group has formed (a device all-gather ran on every rank);
+    then `victim` dies before its first device allreduce. The others' first
+    allreduce agrees on the intra-host route through the store (intra.cc),
+    waiting for every rank: it fails at once naming the rank, not at the
+    group's 8 s timeout."""
+    import datetime
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import torch_smddp.testing as sim
+
+    g = dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=8))
+    out = torch.empty(10 * world)
+    dist.all_gather_into_tensor(out, torch.full((10,), float(rank)), group=g)
+    sim.sim_synchronize()
+    res = {"gather_ok": bool((out == torch.arange(world).repeat_interleave(10).float()).all())}
+    store = dist.distributed_c10d._get_default_store()
+    store.add("intra_route_peer_lost", 1)
+    if rank == victim:
+        os._exit(0)
+    while store.add("intra_route_peer_lost", 0) < world:
+        time.sleep(0.001)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10), group=g)
+        sim.sim_synchronize()
+        res["raised"] = False
+    except Exception as e:  # noqa: BLE001 - what it raised is the result
+        res["raised"], res["msg"] = True, str(e)[:400]
+    res["elapsed"] = time.monotonic() - start
     return res
