@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "server/server_auth.h"
 #include "server/server_handshake.h"
 #include "server/server_limits.h"
@@ -209,7 +209,7 @@ void StandaloneServer::noteError(const std::string& text) {
 void StandaloneServer::acceptLoop(int server) {
   // Named, so that an operator (and the hostile suite) can tell the accept
   // loops from the stream loops in top -H or /proc/PID/task.
-  pthread_setname_np(pthread_self(), "smddp-accept");
+  nameThisThread("smddp-accept");
   Front front;
   front.server = server;
   front.who = "reduction server " + std::to_string(server);
@@ -490,7 +490,7 @@ void StandaloneServer::startServing(int server, std::shared_ptr<Waiting> stream)
     }
     try {
       threads_.emplace_back([this, who, stream] {
-        pthread_setname_np(pthread_self(), "smddp-stream");
+        nameThisThread("smddp-stream");
         const std::string why =
             serveStream(who, stream->group, stream->members, stop_, {pieces_, bytes_});
         if (!why.empty()) noteError(who + ": " + why);

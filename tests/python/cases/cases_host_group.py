@@ -6,6 +6,33 @@ import time
 _left_forming = None
 
 
+def _victim_exits(rank, world, victim, key):
+    """Every rank arrives here; then `victim` exits, and the others go on
+    once all have arrived."""
+    import os
+
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    store.add(key, 1)
+    if rank == victim:
+        os._exit(0)
+    while store.add(key, 0) < world:
+        time.sleep(0.001)
+
+
+def _attempt(call):
+    """What `call` raised (its message), and how long it took."""
+    start = time.monotonic()
+    try:
+        call()
+        res = {"raised": False}
+    except Exception as e:  # noqa: BLE001 - what it raised is the result
+        res = {"raised": True, "msg": str(e)[:400]}
+    res["elapsed"] = time.monotonic() - start
+    return res
+
+
 def host_group_in_background(rank, world):
     """The device path's host group forms on a thread of its own from the
     group's creation: new_group returns without it, a first device call
@@ -68,38 +95,25 @@ def host_group_in_background(rank, world):
     return res
 
 
-
 def host_group_peer_lost(rank, world, victim):
     """`victim` dies right after a new group forms, before that group's
     host group can: a device call on it fails at once naming the rank, and
     once the formation gives up (the group's 8 s timeout) the group reports
     it."""
-    import os
+    import datetime
 
     import torch
     import torch.distributed as dist
 
     import torch_smddp
 
-    import datetime
-
     g = dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=8))
-    store = dist.distributed_c10d._get_default_store()
-    store.add("host_group_peer_lost", 1)
-    if rank == victim:
-        os._exit(0)
-    while store.add("host_group_peer_lost", 0) < world:
-        time.sleep(0.001)
+    _victim_exits(rank, world, victim, "host_group_peer_lost")
     res = {"state_before": torch_smddp.stats(g)["device_host_group"]}
-    start = time.monotonic()
-    try:
-        # An all-gather: the first allreduce would agree on its intra-host
-        # route first, on this thread (intra.cc), waiting for the rank.
-        dist.all_gather_into_tensor(torch.empty(10 * world), torch.ones(10), group=g)
-        res["raised"] = False
-    except Exception as e:  # noqa: BLE001 - what it raised is the result
-        res["raised"], res["msg"] = True, str(e)[:400]
-    res["elapsed"] = time.monotonic() - start
+    # An all-gather: the first allreduce would agree on its intra-host route
+    # first (intra_route_peer_lost).
+    res.update(_attempt(lambda: dist.all_gather_into_tensor(torch.empty(10 * world), torch.ones(10),
+                                                            group=g)))
     backend = torch_smddp._backend_of(g)
     deadline = time.monotonic() + 30.0
     while torch_smddp.stats(g)["device_host_group"] == "forming" and time.monotonic() < deadline:
@@ -117,7 +131,6 @@ def intra_route_peer_lost(rank, world, victim):
     waiting for every rank: it fails at once naming the rank, not at the
     group's 8 s timeout."""
     import datetime
-    import os
 
     import torch
     import torch.distributed as dist
@@ -129,18 +142,11 @@ def intra_route_peer_lost(rank, world, victim):
     dist.all_gather_into_tensor(out, torch.full((10,), float(rank)), group=g)
     sim.sim_synchronize()
     res = {"gather_ok": bool((out == torch.arange(world).repeat_interleave(10).float()).all())}
-    store = dist.distributed_c10d._get_default_store()
-    store.add("intra_route_peer_lost", 1)
-    if rank == victim:
-        os._exit(0)
-    while store.add("intra_route_peer_lost", 0) < world:
-        time.sleep(0.001)
-    start = time.monotonic()
-    try:
+    _victim_exits(rank, world, victim, "intra_route_peer_lost")
+
+    def first_allreduce():
         dist.all_reduce(torch.ones(10), group=g)
         sim.sim_synchronize()
-        res["raised"] = False
-    except Exception as e:  # noqa: BLE001 - what it raised is the result
-        res["raised"], res["msg"] = True, str(e)[:400]
-    res["elapsed"] = time.monotonic() - start
+
+    res.update(_attempt(first_allreduce))
     return res
