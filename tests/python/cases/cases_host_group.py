@@ -149,4 +149,12 @@ def intra_route_peer_lost(rank, world, victim):
         sim.sim_synchronize()
 
     res.update(_attempt(first_allreduce))
+    # Rank 0 hosts the store: it stays until the other survivor has its
+    # result, whose liveness may see the death a moment after rank 0's.
+    store = dist.distributed_c10d._get_default_store()
+    store.add("intra_route_peer_lost/done", 1)
+    deadline = time.monotonic() + 10.0
+    while rank == 0 and store.add("intra_route_peer_lost/done", 0) < world - 1 and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
     return res
