@@ -126,7 +126,7 @@ CUDA_SIM_TESTS    := test_collectives_vs_gloo_through_the_device_path test_more_
                      test_bad_inputs_are_rejected_on_the_callers_thread test_ddp_through_the_device_path_matches_gloo \
                      test_tensors_on_devices_it_cannot_serve_fail_at_once_naming_the_call
 CUDA_PYTESTS      ?= $(addprefix test_device_sim.py::,$(CUDA_SIM_TESTS)) test_collectives.py test_more_collectives.py \
-                     test_surface.py test_direct_group.py test_params.py test_ddp.py test_fsdp.py
+                     test_sim_torch_device.py test_surface.py test_direct_group.py test_params.py test_ddp.py test_fsdp.py
 CUDA_PYTEST_ARGS  ?= -k "not harness and not demo"
 
 setup-cuda:

@@ -7,6 +7,10 @@ readiness event on that stream, ``work.wait()`` makes the stream wait for the
 copies back without blocking the host, and a host read of a result is
 correct only after :func:`sim_synchronize`, as after
 ``torch.cuda.synchronize()``. These helpers drive the stand-in from tests.
+
+:func:`sim_torch_device` also makes the stand-in a torch device,
+``privateuseone``, whose ops are kernels on its streams and whose futures
+carry its events, as CUDA's do.
 """
 from __future__ import annotations
 
@@ -18,7 +22,71 @@ from . import _C
 
 __all__ = ["sim_set_device", "sim_current_device", "sim_synchronize", "sim_fill_", "sim_record",
            "sim_capture", "sim_contexts", "sim_violations", "sim_clear_violations",
-           "sim_copies_from"]
+           "sim_copies_from", "sim_torch_device"]
+
+SIM_TORCH_DEVICE = "privateuseone"
+_renamed: list = []
+
+
+def sim_torch_device() -> str:
+    """Registers the stand-in as torch's PrivateUse1 device and returns its
+    name: tensors on ``privateuseone:N`` live on simulated device N; every
+    op on them first waits, on the host, for what the current stream of
+    their device has queued (as a kernel on that stream would), and
+    collectives on them take smddp's device path, whose futures carry the
+    stand-in's events. Needs ``SMDDP_DEVICE_SIM=1``; refuses when another
+    extension owns PrivateUse1."""
+    import os
+
+    import torch.distributed as dist
+
+    if os.environ.get("SMDDP_DEVICE_SIM") != "1":
+        raise RuntimeError("sim_torch_device() needs SMDDP_DEVICE_SIM=1")
+    _C.sim_enable_torch_device()
+    # torch takes PrivateUse1 for the accelerator once it has a name.
+    if not _renamed:
+        torch.utils.rename_privateuse1_backend(SIM_TORCH_DEVICE)
+        _renamed.append(True)
+    # c10d sends the device's tensors to smddp (a group made after this).
+    devices = dist.Backend.backend_capability.setdefault("smddp", ["cpu"])
+    if SIM_TORCH_DEVICE not in devices:
+        devices.append(SIM_TORCH_DEVICE)
+    if not hasattr(torch, SIM_TORCH_DEVICE):
+        torch._register_device_module(SIM_TORCH_DEVICE, _SimDeviceModule)
+    return SIM_TORCH_DEVICE
+
+
+class _SimDeviceModule:
+    """``torch.privateuseone``: what torch's generic code asks of a device module."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def device_count() -> int:
+        return 8
+
+    @staticmethod
+    def current_device() -> int:
+        return _C.sim_current_device()
+
+    @staticmethod
+    def set_device(index) -> None:
+        _C.sim_set_device(int(torch.device(SIM_TORCH_DEVICE, index).index
+                              if not isinstance(index, int) else index))
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        _C.sim_synchronize(60.0)
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        pass  # its random numbers come from the CPU generator
 
 
 def sim_set_device(index: int) -> None:

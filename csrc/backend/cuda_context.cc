@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "backend/device_context.h"
+#include "backend/device_future.h"
 #include "backend/intra.h"
 #include "common/error.h"
 #include "device/cuda/cuda_device.h"
@@ -37,8 +38,7 @@ class CudaContext : public DeviceContext {
   bool capturing() override { return device_->capturing(current()); }
   smddp::DeviceEventPtr callerReady() override { return device_->recordOn(current()); }
   void streamWaits(const smddp::DeviceEventPtr& done) override {
-    if (!done) return;
-    C10_CUDA_CHECK(cudaStreamWaitEvent(current(), native(done), 0));
+    currentStreamWaits(torchDevice(), done, handle());
   }
   void synchronizeCaller(std::chrono::milliseconds timeout) override {
     auto event = device_->recordOn(current());
@@ -67,19 +67,15 @@ class CudaContext : public DeviceContext {
 
   void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future, c10::IValue value,
                       const std::vector<smddp::DeviceEventPtr>& done) override {
-    c10::cuda::CUDAGuard guard(index_);
-    // markCompleted records the future's events on the current stream: a
-    // pool stream that first waits for `done`, so whoever waits on the
-    // future (or a then() callback) sees the finished tensors, and the
-    // caller's own stream is not held up by the wait.
-    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index_);
-    for (const auto& e : done) C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), native(e), 0));
-    c10::cuda::CUDAStreamGuard streamGuard(stream);
-    future->markCompleted(std::move(value));
+    completeBehind(torchDevice(), future, std::move(value), done, handle());
   }
 
  private:
   cudaStream_t current() const { return c10::cuda::getCurrentCUDAStream(index_).stream(); }
+  // c10's CUDA events are cudaEvent_t handles.
+  EventHandle handle() const {
+    return [this](const smddp::DeviceEventPtr& e) { return static_cast<void*>(native(e)); };
+  }
   cudaEvent_t native(const smddp::DeviceEventPtr& event) const {
     auto* e = dynamic_cast<smddp::CudaEvent*>(event.get());
     SMDDP_CHECK(e, kInternal, device_->name() + ": an event of another kind of device");

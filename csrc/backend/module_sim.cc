@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/sim_context.h"
+#include "backend/sim_torch_device.h"
 #include "common/error.h"
 #include "device/sim_device.h"
 
@@ -42,6 +43,7 @@ void bindSimTesting(py::module_& m) {
     smddp::sim::setDevice(index);
   });
   m.def("sim_current_device", &smddp::sim::currentDevice);
+  m.def("sim_enable_torch_device", &enableSimTorchDevice);
   m.def(
       "sim_synchronize",
       [](double timeoutSeconds) {

@@ -8,6 +8,7 @@
 #include "backend/call_support.h"
 #include "backend/device_collectives.h"
 #include "backend/sim_context.h"
+#include "backend/sim_torch_device.h"
 #include "backend/engine_call.h"
 #include "backend/host_group_formation.h"
 #include "backend/store_bootstrap.h"
@@ -137,7 +138,8 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
                       first.device(), " and ", other->device());
   }
   const c10::Device dev = first.device();
-  if (!dev.is_cpu()) {
+  const bool simTorch = simDevice_ && dev.is_privateuseone() && simTorchDeviceEnabled();
+  if (!dev.is_cpu() && !simTorch) {
     TORCH_CHECK_VALUE(dev.is_cuda(), "smddp ", coll, ": tensors on ", dev,
                       " are not supported (CPU and CUDA tensors are)");
     TORCH_CHECK_VALUE(builtWithCuda(), "smddp ", coll, ": got a tensor on ", dev,
@@ -153,8 +155,8 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     TORCH_CHECK(hostGroup_, "smddp ", coll, ": a tensor on ", dev, " but this group was made "
                 "without a device path (no CUDA device was visible when it was created)");
     std::shared_ptr<DeviceContext> ctx =
-        dev.is_cpu() ? makeSimContext(timeout_)
-                     : makeCudaContext(dev.has_index() ? dev.index() : currentCudaDevice());
+        dev.is_cuda() ? makeCudaContext(dev.has_index() ? dev.index() : currentCudaDevice())
+                      : makeSimContext(timeout_, dev);
     IntraSetup intra;
     intra.store = store_;
     intra.rank = rank_;
@@ -163,7 +165,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
     intra.groupName = groupName_;
     intra.instance = comm_->storePrefix();
     intra.timeout = timeout_;
-    intra.sim = dev.is_cpu();
+    intra.sim = !dev.is_cuda();
     intra.servers = servers_;
     intra.crossHostDtype = crossHostDtype_;
     device_ = std::make_unique<DeviceCollectives>(std::move(ctx), hostGroup_, *this, rank_,
@@ -412,7 +414,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOpt
     // group's bound one, or the current one; torch passes the backend no
     // other.
     c10::Device where(c10::kCPU);
-    if (!simDevice_) {
+    if (simDevice_ && simTorchDeviceEnabled()) {
+      where = c10::Device(c10::kPrivateUse1, currentSimTorchDevice());
+    } else if (!simDevice_) {
       const auto bound = getBoundDeviceId();
       c10::DeviceIndex index = currentCudaDevice();
       if (!opts.device_ids.empty()) index = static_cast<c10::DeviceIndex>(opts.device_ids[0]);

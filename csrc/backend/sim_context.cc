@@ -1,18 +1,20 @@
-// The device path on CPU tensors (SMDDP_DEVICE_SIM=1, for tests): CPU
-// tensors play device memory, the simulated device (device/sim_device.h)
-// plays the device under CUDA's rules. Everything above the seam
-// (device_collectives.cc: the staging, chunking, checks, Work and future)
-// runs as it does for CUDA.
-//
-// One difference is forced on it: CPU ops are not stream-ordered, and c10's
-// futures over CPU tensors carry no device events. Work::wait() and the
-// future follow CUDA's rules: a host read after either needs
-// sim_synchronize(). Frameworks whose own code reads results on the host
-// where CUDA would order kernels (DDP unflattens a broadcast after wait(),
-// its reducer reads through the future) run with
-// SMDDP_DEVICE_SIM_HOST_ORDER, which makes that host code stand for kernels
-// on the current stream: wait() and the future then also wait, on the host,
-// for the copies back.
+// The device path on the simulated device (SMDDP_DEVICE_SIM=1, for tests),
+// which plays the device under CUDA's rules (device/sim_device.h).
+// Everything above the seam (device_collectives.cc: the staging, chunking,
+// checks, Work and future) runs as it does for CUDA. Its tensors are either
+// of two kinds:
+// - the stand-in's torch device ("privateuseone:N", sim_torch_device.h):
+//   ops are stream-ordered and futures carry the copies' events, so the
+//   completion is CUDA's own code (device_future.h);
+// - CPU tensors, which play device memory. One difference is forced on
+//   them: CPU ops are not stream-ordered, and c10's futures over CPU
+//   tensors carry no device events. Work::wait() and the future follow
+//   CUDA's rules: a host read after either needs sim_synchronize().
+//   Frameworks whose own code reads results on the host where CUDA would
+//   order kernels (DDP unflattens a broadcast after wait(), its reducer
+//   reads through the future) run with SMDDP_DEVICE_SIM_HOST_ORDER, which
+//   makes that host code stand for kernels on the current stream: wait()
+//   and the future then also wait, on the host, for the copies back.
 #include "backend/sim_context.h"
 
 #include <ATen/ATen.h>
@@ -23,6 +25,8 @@
 #include <cstring>
 #include <thread>
 
+#include "backend/device_future.h"
+#include "backend/sim_torch_device.h"
 #include "backend/work.h"
 #include "common/error.h"
 #include "common/param.h"
@@ -66,10 +70,10 @@ namespace {
 
 class SimContext : public DeviceContext {
  public:
-  SimContext(int index, std::chrono::milliseconds timeout)
-      : index_(index), timeout_(timeout), device_(smddp::sim::deviceAt(index)) {}
+  SimContext(c10::Device torch, int index, std::chrono::milliseconds timeout)
+      : torch_(torch), index_(index), timeout_(timeout), device_(smddp::sim::deviceAt(index)) {}
 
-  c10::Device torchDevice() const override { return c10::Device(c10::kCPU); }
+  c10::Device torchDevice() const override { return torch_; }
   std::shared_ptr<smddp::Device> device() override { return device_; }
 
   std::shared_ptr<void> enter() override {
@@ -83,6 +87,7 @@ class SimContext : public DeviceContext {
     return smddp::sim::currentStream(*device_).record();
   }
   void streamWaits(const smddp::DeviceEventPtr& done) override {
+    if (onTorchDevice()) return currentStreamWaits(torch_, done, &simTorchEventHandle);
     smddp::sim::currentStream(*device_).wait(done);
     // CPU ops are not stream-ordered: where host code stands for kernels
     // (DDP's unflatten after a broadcast), the host waits in their place.
@@ -95,14 +100,23 @@ class SimContext : public DeviceContext {
     if (!t.defined() || !t.has_storage()) return;
     c10::weak_intrusive_ptr<c10::StorageImpl> storage(t.storage().getWeakStorageImpl());
     smddp::sim::recordStream(stream, [storage] { return !storage.expired(); });
+    simTorchRecordStream(t, stream);
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> newFuture() override {
-    return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    auto type = c10::ListType::create(c10::TensorType::get());
+    if (!onTorchDevice()) return c10::make_intrusive<c10::ivalue::Future>(type);
+    return c10::make_intrusive<c10::ivalue::Future>(type, std::vector<c10::Device>{torch_});
   }
   void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future, c10::IValue value,
                       const std::vector<smddp::DeviceEventPtr>& done) override {
-    // As CUDA's, the future completes once the host part is done; a host
+    // On the stand-in's torch device, CUDA's own code: the future carries
+    // the copies' events (device_future.h).
+    if (onTorchDevice()) {
+      device_->bindThread();
+      return completeBehind(torch_, future, std::move(value), done, &simTorchEventHandle);
+    }
+    // On CPU tensors, as CUDA's, the future completes once the host part is done; a host
     // read of its value then needs sim_synchronize(). Where host code stands
     // for kernels (SMDDP_DEVICE_SIM_HOST_ORDER: DDP's reducer reads through
     // the future), the future waits for the copies back instead.
@@ -122,6 +136,7 @@ class SimContext : public DeviceContext {
   }
 
  private:
+  bool onTorchDevice() const { return !torch_.is_cpu(); }
   void waitOnHost(const smddp::DeviceEventPtr& event, std::chrono::milliseconds timeout,
                   const char* what) {
     const auto until = std::chrono::steady_clock::now() + timeout;
@@ -133,6 +148,7 @@ class SimContext : public DeviceContext {
     }
   }
 
+  c10::Device torch_;
   int index_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<smddp::Device> device_;
@@ -140,9 +156,10 @@ class SimContext : public DeviceContext {
 
 }  // namespace
 
-std::shared_ptr<DeviceContext> makeSimContext(std::chrono::milliseconds timeout) {
+std::shared_ptr<DeviceContext> makeSimContext(std::chrono::milliseconds timeout, c10::Device torch) {
   configureSimOnce();
-  return std::make_shared<SimContext>(smddp::sim::currentDevice(), timeout);
+  const int index = torch.is_cpu() ? smddp::sim::currentDevice() : torch.index();
+  return std::make_shared<SimContext>(torch, index, timeout);
 }
 
 }  // namespace c10d_smddp

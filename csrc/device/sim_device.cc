@@ -428,6 +428,8 @@ DeviceStream& currentStream(Device& device) {
   return it != tStreams.end() && it->second ? *it->second : sim.defaultStream();
 }
 
+DeviceStream& defaultStream(Device& device) { return simOf(device).defaultStream(); }
+
 std::unique_ptr<DeviceStream> newStream(Device& device) {
   return std::make_unique<SimStream>(simOf(device).sharedCore());
 }

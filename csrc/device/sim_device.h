@@ -74,6 +74,8 @@ int currentDevice();
 int exchangeDevice(int index);
 void maybeSetDevice(int index);
 DeviceStream& currentStream(Device& device);
+// The stream every thread starts on (CUDA's default stream).
+DeviceStream& defaultStream(Device& device);
 // A new stream (torch.cuda.Stream()); the caller owns it.
 std::unique_ptr<DeviceStream> newStream(Device& device);
 void setCurrentStream(Device& device, DeviceStream* stream);  // null: the default stream

@@ -14,6 +14,10 @@ runs only agree if DDP's initial broadcast works. Checks:
 
 Each check is done for several DDP configurations (one bucket; many tiny
 buckets with gradient_as_bucket_view and no_sync gradient accumulation).
+``device`` puts the tested run's model and data on that device
+(cases_sim_torch_device: the stand-in's "privateuseone"); the Gloo run stays
+on the CPU.
+
 Returns {"checks": n, "failures": [...], "losses": {...}}.
 """
 
@@ -55,9 +59,9 @@ def batch(rank: int, step: int, teacher: torch.Tensor):
     return x, y
 
 
-def train(rank, world, steps, group, variant):
+def train(rank, world, steps, group, variant, device="cpu"):
     cfg = VARIANTS[variant]
-    model = make_model(rank)
+    model = make_model(rank).to(device)
     ddp = DDP(model, process_group=group, **cfg["ddp"])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     teacher = _teacher()
@@ -67,7 +71,7 @@ def train(rank, world, steps, group, variant):
     for step in range(steps):
         micro = []
         for k in range(acc):
-            x, y = batch(rank, step * acc + k, teacher)
+            x, y = (t.to(device) for t in batch(rank, step * acc + k, teacher))
             last = k == acc - 1
             if last:
                 loss = nn.functional.mse_loss(ddp(x), y) / acc
@@ -80,7 +84,7 @@ def train(rank, world, steps, group, variant):
         opt.step()
         opt.zero_grad(set_to_none=not cfg["ddp"].get("gradient_as_bucket_view", False))
         losses.append(sum(micro) / len(micro))
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     moved = max((p.detach() - q).abs().max().item() for p, q in zip(model.parameters(), initial))
     return state, losses, moved
 
@@ -90,7 +94,7 @@ def _flat_params(state):
                       if "running" not in k and "num_batches" not in k])
 
 
-def ddp_vs_gloo(rank, world, steps=20, rtol=1e-5, atol=1e-6):
+def ddp_vs_gloo(rank, world, steps=20, rtol=1e-5, atol=1e-6, device="cpu"):
     torch.set_num_threads(1)
     gloo = dist.new_group(backend="gloo")
     failures, checks = [], 0
@@ -100,7 +104,7 @@ def ddp_vs_gloo(rank, world, steps=20, rtol=1e-5, atol=1e-6):
         failures.append(f"[rank {rank}] {msg}")
 
     for variant in VARIANTS:
-        tested_state, tested_losses, moved = train(rank, world, steps, None, variant)
+        tested_state, tested_losses, moved = train(rank, world, steps, None, variant, device)
         gloo_state, gloo_losses, _ = train(rank, world, steps, gloo, variant)
         losses_out[variant] = {"tested": tested_losses, "gloo": gloo_losses}
 

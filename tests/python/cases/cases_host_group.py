@@ -149,12 +149,21 @@ def intra_route_peer_lost(rank, world, victim):
         sim.sim_synchronize()
 
     res.update(_attempt(first_allreduce))
-    # Rank 0 hosts the store: it stays until the other survivor has its
-    # result, whose liveness may see the death a moment after rank 0's.
+    # Every survivor stays until all of them have their result: one that
+    # left first would be a second lost rank to the others, and might be
+    # named before the victim (rank 0 also hosts the store).
+    # Rank 0 leaves last, once the others no longer need the store.
     store = dist.distributed_c10d._get_default_store()
-    store.add("intra_route_peer_lost/done", 1)
     deadline = time.monotonic() + 10.0
-    while rank == 0 and store.add("intra_route_peer_lost/done", 0) < world - 1 and \
-            time.monotonic() < deadline:
-        time.sleep(0.01)
+
+    def wait_for(key, count):
+        while store.add(key, 0) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    store.add("intra_route_peer_lost/done", 1)
+    wait_for("intra_route_peer_lost/done", world - 1)
+    if rank == 0:
+        wait_for("intra_route_peer_lost/seen", world - 2)
+    else:
+        store.add("intra_route_peer_lost/seen", 1)
     return res

@@ -441,6 +441,10 @@ def _child_main() -> None:
             # SMDDP_TEST_SIM_DEVICE: ranks that share one device instead.
             device = int(os.environ.get("SMDDP_TEST_SIM_DEVICE", rank))
             sim_testing.sim_set_device(device)
+            # SMDDP_TEST_SIM_TORCH_DEVICE: the stand-in is also torch's
+            # "privateuseone" device, whose tensors the world group serves.
+            if os.environ.get("SMDDP_TEST_SIM_TORCH_DEVICE") == "1":
+                sim_testing.sim_torch_device()
         stage = "import target"
         mod_name, fn_name = spec["target"].split(":", 1)
         fn = getattr(importlib.import_module(mod_name), fn_name)

@@ -1,0 +1,90 @@
+"""Child-side checks on the stand-in as a torch device ("privateuseone:N",
+torch_smddp.testing.sim_torch_device): ops on its tensors are kernels on its
+streams, and a device call's future carries its copies' events, as CUDA's
+does. Copies back are slowed (SMDDP_DEVICE_SIM_OUT_DELAY_US), so a read that
+is not ordered behind them through streams and events sees stale data.
+
+``futures(rank, world)``: allreduce, all-gather and broadcast results read
+after ``work.wait()``, after ``future.wait()``, through ``then()`` callbacks
+and through ``future.value()`` in a callback, each against its closed form.
+``ddp(rank, world, steps)``: cases_ddp's training on the device, against the
+same training over Gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import cases_ddp
+
+ROUNDS = 4
+N = 4096
+
+
+def _device(rank):
+    import torch_smddp.testing as sim
+
+    return torch.device(sim.SIM_TORCH_DEVICE, sim.sim_current_device())
+
+
+def _filled(rank, k, device):
+    return (torch.arange(N, dtype=torch.float32) % 97 + 1000 * rank + k).to(device)
+
+
+def _sum(world, k):
+    base = torch.arange(N, dtype=torch.float32) % 97 + k
+    return base * world + 1000 * sum(range(world))
+
+
+def _check(failures, what, got, want):
+    got = got.cpu()
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()
+        failures.append(f"{what}: {bad.numel()} elements differ, first at {bad[0].tolist()}: "
+                        f"{got.reshape(-1)[bad[0][0]].item()} != {want.reshape(-1)[bad[0][0]].item()}")
+
+
+def _reads(rank, world, device, k, failures):
+    want = _sum(world, k)
+    t = _filled(rank, k, device)
+    dist.all_reduce(t, async_op=True).wait()
+    _check(failures, f"round {k}: all_reduce after work.wait()", t, want)
+
+    t = _filled(rank, k, device)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    fut.wait()
+    _check(failures, f"round {k}: all_reduce after future.wait()", t, want)
+
+    t = _filled(rank, k, device)
+    doubled = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    _check(failures, f"round {k}: all_reduce through then()", doubled.wait(), want * 2)
+
+    parts = [torch.empty(N, device=device) for _ in range(world)]
+    mine = _filled(rank, k, device)
+    fut = dist.all_gather(parts, mine, async_op=True).get_future()
+    fut.wait()
+    for r in range(world):
+        _check(failures, f"round {k}: all_gather part {r} after future.wait()", parts[r],
+               _filled(r, k, "cpu"))
+
+    b = _filled(rank, k, device)
+    dist.broadcast(b, src=world - 1, async_op=True).wait()
+    _check(failures, f"round {k}: broadcast after work.wait()", b, _filled(world - 1, k, "cpu"))
+
+
+def futures(rank, world):
+    torch.set_num_threads(1)
+    device = _device(rank)
+    failures = []
+    for k in range(ROUNDS):
+        _reads(rank, world, device, k, failures)
+    import torch_smddp
+
+    stats = torch_smddp.stats()
+    return {"failures": failures, "device": str(device), "device_calls": stats["device_calls"],
+            "intra_route": stats["intra_route"]}
+
+
+def ddp(rank, world, steps):
+    return cases_ddp.ddp_vs_gloo(rank, world, steps, device=_device(rank))
