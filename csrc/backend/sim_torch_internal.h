@@ -1,0 +1,67 @@
+// What the stand-in's torch device shares between its guard
+// (sim_torch_device.cc) and its memory and ops (sim_torch_ops.cc).
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "common/error.h"
+#include "device/sim_device.h"
+
+namespace c10d_smddp::simtorch {
+
+constexpr auto kType = c10::DeviceType::PrivateUse1;
+// The stand-in's torch devices: a host of eight GPUs.
+constexpr c10::DeviceIndex kDevices = 8;
+// Host waits of the stand-in's ops (a test's whole run is bounded below this).
+constexpr std::chrono::seconds kHostWaitBound{300};
+
+inline std::shared_ptr<smddp::Device> simDevice(c10::DeviceIndex index) {
+  TORCH_CHECK_INDEX(index >= 0 && index < kDevices, "smddp stand-in: no device privateuseone:",
+                    static_cast<int>(index), " (it has ", static_cast<int>(kDevices), ")");
+  return smddp::sim::deviceAt(index);
+}
+
+// The calling thread's current device is `index` while this lives (a
+// simulated queue takes work only from a thread on its device).
+class OnDevice {
+ public:
+  explicit OnDevice(int index) : previous_(smddp::sim::exchangeDevice(index)) {}
+  ~OnDevice() { smddp::sim::maybeSetDevice(previous_); }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_;
+};
+
+inline void hostWait(const smddp::DeviceEventPtr& event, const char* what) {
+  const auto until = std::chrono::steady_clock::now() + kHostWaitBound;
+  try {
+    while (!event->query()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < until, "smddp stand-in: ", what,
+                  " did not complete within ", kHostWaitBound.count(), " s");
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  } catch (const smddp::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+
+// The allocator of the stand-in's memory (sim_torch_ops.cc).
+c10::Allocator* allocator();
+// Registers the stand-in's kernels on `aten` and its fallback for every
+// other op on `others` (sim_torch_ops.cc).
+void registerOps(torch::Library& aten, torch::Library& others);
+// The calling thread's current simulated device.
+inline c10::DeviceIndex currentDevice() {
+  return static_cast<c10::DeviceIndex>(smddp::sim::currentDevice());
+}
+
+}  // namespace c10d_smddp::simtorch
