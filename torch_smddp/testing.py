@@ -85,8 +85,46 @@ class _SimDeviceModule:
         return False
 
     @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _lazy_init() -> None:
+        pass
+
+    @staticmethod
     def manual_seed_all(seed: int) -> None:
         pass  # its random numbers come from the CPU generator
+
+    # Streams and events (what FSDP2 asks of a device module): torch's
+    # generic ones, over the stand-in's device guard.
+    @staticmethod
+    def Stream(device=None, priority: int = 0, **kwargs):  # noqa: N802 - torch.cuda's name
+        index = _C.sim_current_device() if device is None else torch.device(device).index
+        return torch.Stream(torch.device(SIM_TORCH_DEVICE, index), priority=priority, **kwargs)
+
+    @staticmethod
+    def Event(enable_timing: bool = False, **kwargs):  # noqa: N802 - torch.cuda's name
+        return torch.Event(torch.device(SIM_TORCH_DEVICE, _C.sim_current_device()),
+                           enable_timing=enable_timing, **kwargs)
+
+    @staticmethod
+    def current_stream(device=None):
+        index = _C.sim_current_device() if device is None else torch.device(device).index
+        return torch.accelerator.current_stream(torch.device(SIM_TORCH_DEVICE, index))
+
+    @staticmethod
+    @contextlib.contextmanager
+    def stream(stream):
+        if stream is None:
+            yield
+            return
+        previous = torch.accelerator.current_stream(stream.device)
+        torch.accelerator.set_stream(stream)
+        try:
+            yield
+        finally:
+            torch.accelerator.set_stream(previous)
 
 
 def sim_set_device(index: int) -> None:

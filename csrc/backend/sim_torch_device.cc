@@ -245,6 +245,9 @@ class SimHooks final : public at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override {
     return c10::Device(kType, getCurrentDevice());
   }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) const override {
+    simtorch::resizeBytes(storage, bytes);
+  }
   // Random numbers for the stand-in's tensors come from the CPU's generator.
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
     return at::detail::getDefaultCPUGenerator();

@@ -56,6 +56,8 @@ inline void hostWait(const smddp::DeviceEventPtr& event, const char* what) {
 
 // The allocator of the stand-in's memory (sim_torch_ops.cc).
 c10::Allocator* allocator();
+// Storage::resize_ on the stand-in's memory (behind the current stream).
+void resizeBytes(const c10::Storage& storage, size_t bytes);
 // Registers the stand-in's kernels on `aten` and its fallback for every
 // other op on `others` (sim_torch_ops.cc).
 void registerOps(torch::Library& aten, torch::Library& others);

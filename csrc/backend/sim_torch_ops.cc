@@ -19,6 +19,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -318,6 +319,21 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }  // namespace
 
 c10::Allocator* allocator() { return &simAllocator(); }
+
+void resizeBytes(const c10::Storage& storage, size_t bytes) {
+  TORCH_CHECK(storage.resizable(), "smddp stand-in: the storage is not resizable");
+  const auto index = storage.device().index();
+  behindCurrentStream(index);
+  c10::DataPtr fresh;
+  {
+    OnDevice on(index);
+    fresh = simAllocator().allocate(bytes);
+  }
+  const size_t kept = std::min(bytes, storage.nbytes());
+  if (kept > 0) std::memcpy(fresh.get(), storage.data(), kept);
+  storage.set_data_ptr_noswap(std::move(fresh));
+  storage.set_nbytes(bytes);
+}
 
 void registerOps(torch::Library& aten, torch::Library& others) {
   aten.impl("empty.memory_format", &emptyMemoryFormat);

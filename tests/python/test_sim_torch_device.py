@@ -45,3 +45,15 @@ def test_ddp_on_the_torch_device_matches_gloo_without_host_ordering():
                         args=(6,), env=TORCH_DEVICE)
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures)
+
+
+def test_fsdp2_on_the_torch_device_matches_gloo():
+    """FSDP2 all-gathers on a stream of its own and waits for it with
+    events, and reduce-scatters on another: the device path's readiness
+    events and copies back must follow those streams."""
+    results = run_world(2, "cases_sim_torch_device:fsdp", backend="smddp", timeout=300,
+                        env=TORCH_DEVICE)
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures)
+    for r in results:
+        assert r["checks"] > 3 * 20, r["checks"]

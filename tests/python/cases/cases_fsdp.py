@@ -12,6 +12,9 @@ Variants exercise the backend paths FSDP2 uses:
            its run forces SUM and FSDP divides afterwards (same maths);
   bf16     MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) with
            reshard_after_forward=False: bf16 all-gathers, fp32 AVG reduce-scatter.
+
+``device`` puts the tested run on that device (cases_sim_torch_device: the
+stand-in's "privateuseone"); the Gloo run stays on the CPU.
 """
 
 import math
@@ -50,10 +53,12 @@ def batch(rank, step):
     return tokens, torch.roll(tokens, 1, dims=1)  # learnable target
 
 
-def train(group, rank, world, variant, force_sum):
+def train(group, rank, world, variant, force_sum, device=None):
     torch.manual_seed(0)  # identical initial weights on every rank and in both runs
     model = TinyTransformer()
-    mesh = DeviceMesh.from_group(group, device_type="cpu")
+    if device is not None:
+        model.to(device)
+    mesh = DeviceMesh.from_group(group, device_type="cpu" if device is None else device.type)
     kw = {"mesh": mesh}
     if variant == "bf16":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
@@ -73,18 +78,18 @@ def train(group, rank, world, variant, force_sum):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     losses = []
     for step in range(STEPS):
-        tokens, target = batch(rank, step)
+        tokens, target = (t.to(device or "cpu") for t in batch(rank, step))
         loss = nn.functional.cross_entropy(model(tokens).float().reshape(-1, VOCAB),
                                            target.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    full = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
+    full = {name: p.full_tensor().detach().cpu().clone() for name, p in model.named_parameters()}
     return full, losses
 
 
-def run(rank, world):
+def run(rank, world, device=None):
     gloo = dist.new_group(backend="gloo")
     failures, checks = [], 0
     torch.manual_seed(0)
@@ -92,7 +97,7 @@ def run(rank, world):
     out = {}
     for variant in ("avg", "premul", "bf16"):
         got, got_losses = train(dist.group.WORLD, rank, world, variant,
-                                force_sum=dist.get_backend() == "gloo")
+                                force_sum=dist.get_backend() == "gloo", device=device)
         ref, ref_losses = train(gloo, rank, world, variant, force_sum=True)
         # bf16 params amplify rounding differences of the fp32 reductions
         tol = 2e-3 if variant == "bf16" else 2e-5

@@ -8,7 +8,10 @@ is not ordered behind them through streams and events sees stale data.
 after ``work.wait()``, after ``future.wait()``, through ``then()`` callbacks
 and through ``future.value()`` in a callback, each against its closed form.
 ``ddp(rank, world, steps)``: cases_ddp's training on the device, against the
-same training over Gloo on the CPU.
+same training over Gloo on the CPU. ``fsdp(rank, world)``: cases_fsdp's
+FSDP2 training on the device (all-gathers on a stream of FSDP's own, waited
+for through events; storages freed and re-allocated with resize_), against
+the same over Gloo.
 """
 
 from __future__ import annotations
@@ -88,3 +91,9 @@ def futures(rank, world):
 
 def ddp(rank, world, steps):
     return cases_ddp.ddp_vs_gloo(rank, world, steps, device=_device(rank))
+
+
+def fsdp(rank, world):
+    import cases_fsdp
+
+    return cases_fsdp.run(rank, world, device=_device(rank))
