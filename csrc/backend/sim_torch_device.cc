@@ -40,6 +40,9 @@ using simtorch::simDevice;
 class StreamIds {
  public:
   c10::Stream toC10(c10::DeviceIndex index, smddp::DeviceStream& stream) {
+    if (&stream == &smddp::sim::defaultStream(*simDevice(index))) {
+      return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, index), 0);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, added] = ids_.try_emplace(&stream, static_cast<c10::StreamId>(byId_.size()));
     if (added) byId_.push_back(&stream);
