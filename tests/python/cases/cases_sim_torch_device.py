@@ -4,9 +4,10 @@ streams, and a device call's future carries its copies' events, as CUDA's
 does. Copies back are slowed (SMDDP_DEVICE_SIM_OUT_DELAY_US), so a read that
 is not ordered behind them through streams and events sees stale data.
 
-``futures(rank, world)``: allreduce, all-gather and broadcast results read
-after ``work.wait()``, after ``future.wait()``, through ``then()`` callbacks
-and through ``future.value()`` in a callback, each against its closed form.
+``futures(rank, world)``: allreduce, all-gather, broadcast, reduce-scatter,
+all-to-all and send/recv results read after ``work.wait()``, after
+``future.wait()`` and through ``then()`` callbacks (``future.value()`` in
+the callback), each against its closed form.
 ``ddp(rank, world, steps)``: cases_ddp's training on the device, against the
 same training over Gloo on the CPU. ``fsdp(rank, world)``: cases_fsdp's
 FSDP2 training on the device (all-gathers on a stream of FSDP's own, waited
@@ -74,6 +75,34 @@ def _reads(rank, world, device, k, failures):
     b = _filled(rank, k, device)
     dist.broadcast(b, src=world - 1, async_op=True).wait()
     _check(failures, f"round {k}: broadcast after work.wait()", b, _filled(world - 1, k, "cpu"))
+    _more_reads(rank, world, device, k, failures)
+
+
+def _more_reads(rank, world, device, k, failures):
+    """Reduce-scatter, all-to-all and send/recv, through their futures."""
+    whole = torch.cat([_filled(rank, k + j, "cpu") for j in range(world)]).to(device)
+    out = torch.empty(N, device=device)
+    dist.reduce_scatter_tensor(out, whole, async_op=True).get_future().wait()
+    _check(failures, f"round {k}: reduce_scatter_tensor after future.wait()", out,
+           _sum(world, k + rank))
+
+    # all-to-all: part j of rank r is r * 100 + j (times a ramp).
+    ramp = torch.arange(N // world, dtype=torch.float32)
+    send = torch.cat([ramp + rank * 100 + j for j in range(world)]).to(device)
+    recv = torch.empty_like(send)
+    fut = dist.all_to_all_single(recv, send, async_op=True).get_future()
+    got = fut.then(lambda f: f.value()[0] + 0).wait()
+    want = torch.cat([ramp + r * 100 + rank for r in range(world)])
+    _check(failures, f"round {k}: all_to_all_single through then()", got, want)
+
+    peer = rank ^ 1
+    if peer < world:
+        mine = _filled(rank, k, device)
+        theirs = torch.empty(N, device=device)
+        ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]
+        for w in dist.batch_isend_irecv(ops if rank % 2 == 0 else ops[::-1]):
+            w.wait()
+        _check(failures, f"round {k}: recv after work.wait()", theirs, _filled(peer, k, "cpu"))
 
 
 def futures(rank, world):
