@@ -38,13 +38,19 @@ def test_results_read_through_work_and_future_are_ordered_behind_the_copies_back
         assert r["intra_route"] == intra, r
 
 
-def test_ddp_on_the_torch_device_matches_gloo_without_host_ordering():
+@pytest.mark.parametrize("world,intra", [(2, "shm"), (4, "nccl")])
+def test_ddp_on_the_torch_device_matches_gloo_without_host_ordering(world, intra):
     # No SMDDP_DEVICE_SIM_HOST_ORDER: DDP's reads are ordered by streams
-    # and the future's events alone.
-    results = run_world(2, "cases_sim_torch_device:ddp", backend="smddp", timeout=300,
-                        args=(6,), env=TORCH_DEVICE)
+    # and the future's events alone. World 4: 2 hosts x 2 GPUs on the
+    # intra-host NCCL route.
+    env = dict(TORCH_DEVICE, SMDDP_INTRA=intra)
+    if world == 4:
+        env.update(TWO_BY_TWO)
+    results = run_world(world, "cases_sim_torch_device:ddp", backend="smddp", timeout=300,
+                        args=(6,), env=env)
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(failures)
+    assert [r["intra_route"] for r in results] == [intra] * world, results
 
 
 def test_fsdp2_on_the_torch_device_matches_gloo():

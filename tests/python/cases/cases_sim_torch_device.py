@@ -119,7 +119,11 @@ def futures(rank, world):
 
 
 def ddp(rank, world, steps):
-    return cases_ddp.ddp_vs_gloo(rank, world, steps, device=_device(rank))
+    import torch_smddp
+
+    res = cases_ddp.ddp_vs_gloo(rank, world, steps, device=_device(rank))
+    res["intra_route"] = torch_smddp.stats()["intra_route"]
+    return res
 
 
 def fsdp(rank, world):
