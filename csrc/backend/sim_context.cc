@@ -45,9 +45,11 @@ SMDDP_PARAM_INT(paramDeviceSimOutDelayUs, "SMDDP_DEVICE_SIM_OUT_DELAY_US", 0, 0,
                 "Test hook: each operation on the stream the GPU path copies back on waits this "
                 "much more (a busy copy engine)");
 SMDDP_PARAM_BOOL(paramDeviceSimHostOrder, "SMDDP_DEVICE_SIM_HOST_ORDER", false,
-                 "Test hook: host code after work.wait() counts as a kernel on the current "
-                 "stream, so wait() also blocks the host until the stream's waits are met "
-                 "(for frameworks such as DDP that read results on the host)");
+                 "Test hook, for CPU tensors on the stand-in: host code after work.wait() counts "
+                 "as a kernel on the current stream, so wait() also blocks the host until the "
+                 "stream's waits are met (for frameworks such as DDP that read results on the "
+                 "host). The stand-in's torch device (torch_smddp.testing.sim_torch_device) "
+                 "orders such reads through streams and needs no such hook");
 
 bool deviceSimRequested() { return paramDeviceSim(); }
 
