@@ -263,7 +263,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
 }
 
 bool ProcessGroupSmddp::allreduceNow(at::Tensor& tensor, const c10d::ReduceOp& reduceOp) {
-  if (!comm_ || simDevice_ || checkingOnly() || !tensor.defined() || !tensor.device().is_cpu() ||
+  if (!comm_ || cpuOnDevicePath() || checkingOnly() || !tensor.defined() || !tensor.device().is_cpu() ||
       tensor.layout() != at::kStrided || !tensor.is_contiguous() ||
       reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM || C10_UNLIKELY(at::hasCallbacks())) {
     return false;

@@ -17,6 +17,7 @@
 
 #include "backend/async_error.h"
 #include "backend/group_inspector.h"
+#include "backend/sim_torch_device.h"
 #include "common/error.h"
 #include "engine/communicator.h"
 
@@ -185,7 +186,7 @@ class ProcessGroupSmddp : public c10d::Backend {
       else if (!other && t.device() != first->device()) other = &t;
     };
     (forEachTensor(see, tensorArgs), ...);
-    if (!first || (!other && first->is_cpu() && !simDevice_)) return nullptr;
+    if (!first || (!other && first->is_cpu() && !cpuOnDevicePath())) return nullptr;
     return deviceForSlow(coll, *first, other);
   }
   template <typename F>
@@ -255,7 +256,11 @@ class ProcessGroupSmddp : public c10d::Backend {
   const std::optional<smddp::RegisteredServers> servers_;
   const std::string crossHostDtype_;
   std::atomic<int> shrinks_{0};  // groups shrunk from this one (their store prefixes)
-  bool simDevice_ = false;  // SMDDP_DEVICE_SIM: CPU tensors take the device path
+  bool simDevice_ = false;  // SMDDP_DEVICE_SIM: the device path runs on the stand-in
+  // Under SMDDP_DEVICE_SIM, CPU tensors play device memory, unless the
+  // stand-in is a torch device of its own: then they take the CPU path, as
+  // in a CUDA job.
+  bool cpuOnDevicePath() const { return simDevice_ && !simTorchDeviceEnabled(); }
   // The device path's private host-only group where a device path is
   // possible (a GPU is visible, or SMDDP_DEVICE_SIM): it starts to form,
   // on a thread of its own, once this group has (host_group_formation.h).

@@ -113,6 +113,14 @@ def futures(rank, world):
         _reads(rank, world, device, k, failures)
     import torch_smddp
 
+    # CPU tensors beside the device's take the CPU path, as in a CUDA job.
+    before = torch_smddp.stats()["device_calls"]
+    t = _filled(rank, 0, "cpu")
+    dist.all_reduce(t)
+    _check(failures, "all_reduce of a CPU tensor", t, _sum(world, 0))
+    if torch_smddp.stats()["device_calls"] != before:
+        failures.append("an allreduce of a CPU tensor took the device path")
+
     stats = torch_smddp.stats()
     return {"failures": failures, "device": str(device), "device_calls": stats["device_calls"],
             "intra_route": stats["intra_route"]}
