@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backend/call_support.h"
+#include "backend/liveness_grace.h"
 #include "backend/process_group.h"
 #include "backend/work.h"
 #include "common/caller_waiting.h"
@@ -157,10 +158,6 @@ class DeviceCollectives::Watch {
   bool closed_ = false;                // guarded by mu_
 };
 
-// How long a failed rail call waits for the group's liveness to name a
-// lost rank before its own error is raised.
-constexpr auto kWatchGrace = std::chrono::milliseconds(200);
-
 // Waits for `work` as wait() does, running `watch` every few ms meanwhile.
 void waitWatched(c10d::Work& work, DeviceCollectives::Watch& watch, const std::string& during) {
   smddp::CallerWaiting waiting;  // the engine may poll meanwhile
@@ -179,13 +176,8 @@ void waitWatched(c10d::Work& work, DeviceCollectives::Watch& watch, const std::s
   } catch (...) {
     // A rank the group lost is named as the group numbers it, not as the
     // rail does ("rank 1 of group 0/rail1" is the group's rank 3). The
-    // group's own liveness may see the death a moment after the rail's:
-    // it gets that moment.
-    const auto until = std::chrono::steady_clock::now() + kWatchGrace;
-    do {
-      watch.check(during);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    } while (std::chrono::steady_clock::now() < until);
+    // group's own liveness may see the death a moment after the rail's.
+    giveLivenessItsMoment([&] { watch.check(during); }, std::chrono::milliseconds(2));
     throw;
   }
 }

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "backend/liveness_grace.h"
 #include "backend/process_group.h"
 #include "common/logging.h"
 #include "common/param.h"
@@ -63,10 +64,6 @@ std::chrono::milliseconds left(Clock::time_point deadline) {
 std::string getWithin(const IntraSetup& s, c10d::Store& store, const std::string& key,
                       Clock::time_point deadline) {
   constexpr auto kAlivePoll = std::chrono::milliseconds(10);
-  // A lost rank is named as the group's liveness names it, which may see
-  // the death a moment after the store does (its host gone: "Connection
-  // reset by peer"), or after the wait timed out: it gets that moment.
-  constexpr auto kAliveGrace = std::chrono::milliseconds(200);
   try {
     if (s.alive) {
       while (!store.check({key}) && Clock::now() < deadline) {
@@ -78,10 +75,10 @@ std::string getWithin(const IntraSetup& s, c10d::Store& store, const std::string
     auto bytes = store.get(key);
     return std::string(bytes.begin(), bytes.end());
   } catch (const std::exception&) {
-    for (const auto until = Clock::now() + kAliveGrace; s.alive && Clock::now() < until;) {
-      s.alive();
-      std::this_thread::sleep_for(kAlivePoll);
-    }
+    // A lost rank is named as the group's liveness names it, which may see
+    // the death a moment after the store does (its host gone: "Connection
+    // reset by peer"), or after the wait timed out.
+    if (s.alive) giveLivenessItsMoment(s.alive, kAlivePoll);
     throw;
   }
 }
