@@ -138,8 +138,7 @@ DeviceCollectives* ProcessGroupSmddp::deviceForSlow(const char* coll, const at::
                       first.device(), " and ", other->device());
   }
   const c10::Device dev = first.device();
-  const bool simTorch = simDevice_ && dev.is_privateuseone() && simTorchDeviceEnabled();
-  if (!dev.is_cpu() && !simTorch) {
+  if (!dev.is_cpu() && !(dev.is_privateuseone() && simTorchDevice())) {
     TORCH_CHECK_VALUE(dev.is_cuda(), "smddp ", coll, ": tensors on ", dev,
                       " are not supported (CPU and CUDA tensors are)");
     TORCH_CHECK_VALUE(builtWithCuda(), "smddp ", coll, ": got a tensor on ", dev,
@@ -414,7 +413,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOpt
     // group's bound one, or the current one; torch passes the backend no
     // other.
     c10::Device where(c10::kCPU);
-    if (simDevice_ && simTorchDeviceEnabled()) {
+    if (simTorchDevice()) {
       where = c10::Device(c10::kPrivateUse1, currentSimTorchDevice());
     } else if (!simDevice_) {
       const auto bound = getBoundDeviceId();

@@ -257,9 +257,11 @@ class ProcessGroupSmddp : public c10d::Backend {
   const std::string crossHostDtype_;
   std::atomic<int> shrinks_{0};  // groups shrunk from this one (their store prefixes)
   bool simDevice_ = false;  // SMDDP_DEVICE_SIM: the device path runs on the stand-in
-  // Under SMDDP_DEVICE_SIM, CPU tensors play device memory, unless the
-  // stand-in is a torch device of its own: then they take the CPU path, as
-  // in a CUDA job.
+  // Under SMDDP_DEVICE_SIM, the stand-in may also be a torch device
+  // ("privateuseone", sim_torch_device.h), whose tensors take the device
+  // path; CPU tensors then take the CPU path, as in a CUDA job. Without it,
+  // CPU tensors play device memory.
+  bool simTorchDevice() const { return simDevice_ && simTorchDeviceEnabled(); }
   bool cpuOnDevicePath() const { return simDevice_ && !simTorchDeviceEnabled(); }
   // The device path's private host-only group where a device path is
   // possible (a GPU is visible, or SMDDP_DEVICE_SIM): it starts to form,

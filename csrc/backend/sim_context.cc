@@ -78,10 +78,7 @@ class SimContext : public DeviceContext {
   c10::Device torchDevice() const override { return torch_; }
   std::shared_ptr<smddp::Device> device() override { return device_; }
 
-  std::shared_ptr<void> enter() override {
-    const int previous = smddp::sim::exchangeDevice(index_);
-    return std::shared_ptr<void>(nullptr, [previous](void*) { smddp::sim::maybeSetDevice(previous); });
-  }
+  std::shared_ptr<void> enter() override { return std::make_shared<smddp::sim::ScopedDevice>(index_); }
   bool capturing() override {
     return smddp::sim::isCapturing(*device_, smddp::sim::currentStream(*device_));
   }
@@ -141,13 +138,7 @@ class SimContext : public DeviceContext {
   bool onTorchDevice() const { return !torch_.is_cpu(); }
   void waitOnHost(const smddp::DeviceEventPtr& event, std::chrono::milliseconds timeout,
                   const char* what) {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (!event->query()) {
-      SMDDP_CHECK(std::chrono::steady_clock::now() < until, kTimeout,
-                  "smddp: " + device_->name() + ": " + what + " did not complete within " +
-                      std::to_string(timeout.count()) + " ms");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    smddp::sim::hostWait(*device_, event, timeout, what);
   }
 
   c10::Device torch_;

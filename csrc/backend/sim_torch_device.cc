@@ -22,6 +22,7 @@
 #include "backend/sim_context.h"
 #include "backend/sim_torch_internal.h"
 #include "common/error.h"
+#include "device/reaper.h"
 #include "device/sim_device.h"
 
 namespace c10d_smddp {
@@ -101,36 +102,6 @@ StreamIds& streamIds() {
 
 smddp::DeviceEventPtr* eventOf(void* handle) { return static_cast<smddp::DeviceEventPtr*>(handle); }
 
-// torch destroys a future's events when the future goes, done or not; CUDA
-// then releases a pending event once it completes. The stand-in's rule
-// (its events are kept until done, as the library keeps its own) holds for
-// the events c10 makes through this list.
-class EventReaper {
- public:
-  void destroy(smddp::DeviceEventPtr* event) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (*event) pending_.push_back(std::move(*event));
-    delete event;
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& e) {
-                     try {
-                       return e->query();
-                     } catch (const smddp::Error&) {
-                       return false;
-                     }
-                   }),
-                   pending_.end());
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<smddp::DeviceEventPtr> pending_;
-};
-
-EventReaper& eventReaper() {
-  static auto* r = new EventReaper();  // outlives every future
-  return *r;
-}
-
 class SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
  public:
   c10::DeviceType type() const override { return kType; }
@@ -193,11 +164,22 @@ class SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       TORCH_CHECK(false, e.what());
     }
   }
-  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
-    if (event) eventReaper().destroy(eventOf(event));
+  // torch destroys a future's events when the future goes, done or not;
+  // CUDA then releases a pending event once it completes. The stand-in's
+  // rule (its events are kept until done, as the library keeps its own)
+  // holds for c10's through the device's reaper.
+  void destroyEvent(void* event, const c10::DeviceIndex index) const noexcept override {
+    if (!event) return;
+    std::unique_ptr<smddp::DeviceEventPtr> owned(eventOf(event));
+    try {
+      const auto at = index >= 0 ? index : simtorch::currentDevice();
+      smddp::DeviceReaper::of(simDevice(at)).release(std::move(*owned), nullptr);
+    } catch (...) {
+      smddp::DeviceReaper::keepForever(std::make_shared<smddp::DeviceEventPtr>(std::move(*owned)));
+    }
   }
   void synchronizeEvent(void* event) const override {
-    if (event && *eventOf(event)) hostWait(*eventOf(event), "an event");
+    if (event && *eventOf(event)) hostWait(simtorch::currentDevice(), *eventOf(event), "an event");
   }
   bool queryStream(const c10::Stream& stream) const override {
     OnDevice on(stream.device_index());
@@ -210,7 +192,7 @@ class SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       OnDevice on(stream.device_index());
       now = streamIds().fromC10(stream).record();
     }
-    hostWait(now, "a stream");
+    hostWait(stream.device_index(), now, "a stream");
   }
   void synchronizeDevice(const c10::DeviceIndex index) const override {
     smddp::sim::synchronize(*simDevice(index), kHostWaitBound);

@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <memory>
-#include <thread>
 
 #include "common/error.h"
 #include "device/sim_device.h"
@@ -29,30 +28,17 @@ inline std::shared_ptr<smddp::Device> simDevice(c10::DeviceIndex index) {
 
 // The calling thread's current device is `index` while this lives (a
 // simulated queue takes work only from a thread on its device).
-class OnDevice {
- public:
-  explicit OnDevice(int index) : previous_(smddp::sim::exchangeDevice(index)) {}
-  ~OnDevice() { smddp::sim::maybeSetDevice(previous_); }
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
+using OnDevice = smddp::sim::ScopedDevice;
 
- private:
-  int previous_;
-};
-
-inline void hostWait(const smddp::DeviceEventPtr& event, const char* what) {
-  const auto until = std::chrono::steady_clock::now() + kHostWaitBound;
+// The host waits for `event` of device `index`, as torch's ops and guard
+// report errors.
+inline void hostWait(c10::DeviceIndex index, const smddp::DeviceEventPtr& event, const char* what) {
   try {
-    while (!event->query()) {
-      TORCH_CHECK(std::chrono::steady_clock::now() < until, "smddp stand-in: ", what,
-                  " did not complete within ", kHostWaitBound.count(), " s");
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    smddp::sim::hostWait(*simDevice(index), event, kHostWaitBound, what);
   } catch (const smddp::Error& e) {
     TORCH_CHECK(false, e.what());
   }
 }
-
 
 // The allocator of the stand-in's memory (sim_torch_ops.cc).
 c10::Allocator* allocator();

@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <list>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "backend/sim_torch_device.h"
 #include "backend/sim_torch_internal.h"
 #include "common/error.h"
+#include "device/reaper.h"
 
 namespace c10d_smddp {
 
@@ -45,40 +45,13 @@ struct Block {
   std::vector<smddp::DeviceStream*> streams;
 };
 
-// Freed blocks some stream still used: freed once their events complete.
-struct Pending {
-  Block* block;
-  std::vector<smddp::DeviceEventPtr> events;
-};
-
-std::mutex gPendingMu;
-std::list<Pending>* gPending = new std::list<Pending>();  // never destroyed
-
 void destroy(Block* b) {
   c10::free_cpu(b->data);
   delete b;
 }
 
-// Frees what is no longer in use; returns nothing, never blocks.
-void sweep() {
-  std::lock_guard<std::mutex> lock(gPendingMu);
-  for (auto it = gPending->begin(); it != gPending->end();) {
-    const bool done = std::all_of(it->events.begin(), it->events.end(), [](const auto& e) {
-      try {
-        return e->query();
-      } catch (const smddp::Error&) {
-        return false;  // a failed device keeps its memory
-      }
-    });
-    if (!done) {
-      ++it;
-      continue;
-    }
-    destroy(it->block);
-    it = gPending->erase(it);
-  }
-}
-
+// Memory some stream still uses goes to the device's reaper with an event
+// on each such stream, and is freed once they have all completed.
 void freeBlock(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   std::vector<smddp::DeviceStream*> streams;
@@ -86,26 +59,20 @@ void freeBlock(void* ctx) {
     std::lock_guard<std::mutex> lock(b->mu);
     streams.swap(b->streams);
   }
-  if (streams.empty()) {
-    destroy(b);
-  } else {
-    Pending p{b, {}};
-    try {
-      OnDevice on(b->device);
-      for (auto* s : streams) p.events.push_back(s->record());
-    } catch (...) {
-      return;  // the device is gone (process exit): leave the memory
-    }
-    std::lock_guard<std::mutex> lock(gPendingMu);
-    gPending->push_back(std::move(p));
+  if (streams.empty()) return destroy(b);
+  std::shared_ptr<void> memory(b, [](void* p) { destroy(static_cast<Block*>(p)); });
+  try {
+    OnDevice on(b->device);
+    auto& reaper = smddp::DeviceReaper::of(simDevice(static_cast<c10::DeviceIndex>(b->device)));
+    for (auto* s : streams) reaper.release(s->record(), memory);
+  } catch (...) {
+    smddp::DeviceReaper::keepForever(std::move(memory));  // the device failed: keep it
   }
-  sweep();
 }
 
 class SimAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t bytes) override {
-    sweep();
     auto* b = new Block();
     b->device = smddp::sim::currentDevice();
     b->data = c10::alloc_cpu(bytes);
@@ -132,7 +99,7 @@ void behindCurrentStream(c10::DeviceIndex index) {
     OnDevice on(index);
     now = smddp::sim::currentStream(*simDevice(index)).record();
   }
-  hostWait(now, "the current stream");
+  hostWait(index, now, "the current stream");
 }
 
 void behindTensors(const std::vector<at::Tensor>& tensors) {

@@ -469,6 +469,17 @@ bool isCapturing(Device& device, DeviceStream& stream) {
   return simOf(stream).state()->capturing;
 }
 
+void hostWait(Device& device, const DeviceEventPtr& event, std::chrono::milliseconds timeout,
+              const std::string& what) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!event->query()) {
+    SMDDP_CHECK(std::chrono::steady_clock::now() < until, kTimeout,
+                "smddp: " + device.name() + ": " + what + " did not complete within " +
+                    std::to_string(timeout.count()) + " ms");
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 void synchronize(Device& device, std::chrono::milliseconds timeout) {
   SimCore& core = simOf(device).core();
   core.checkMayQuery("a host wait for the device");

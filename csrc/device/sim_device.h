@@ -73,6 +73,18 @@ int currentDevice();
 // only where the previous device has a context (torch's MaybeSetDevice).
 int exchangeDevice(int index);
 void maybeSetDevice(int index);
+// While it lives, the calling thread's current device is `index` (torch's
+// device guard: exchangeDevice, then maybeSetDevice back).
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int index) : previous_(exchangeDevice(index)) {}
+  ~ScopedDevice() { maybeSetDevice(previous_); }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_;
+};
 DeviceStream& currentStream(Device& device);
 // The stream every thread starts on (CUDA's default stream).
 DeviceStream& defaultStream(Device& device);
@@ -86,6 +98,10 @@ bool isCapturing(Device& device, DeviceStream& stream);
 // Host waits (torch.cuda.synchronize): every queued operation has run.
 // Throws kTimeout past `timeout`.
 void synchronize(Device& device, std::chrono::milliseconds timeout);
+// The host waits until `event` of `device` has completed; throws kTimeout,
+// naming `what`, past `timeout`.
+void hostWait(Device& device, const DeviceEventPtr& event, std::chrono::milliseconds timeout,
+              const std::string& what);
 // A kernel that fills `bytes` at `dst` with copies of `pattern`.
 void fill(DeviceStream& stream, void* dst, size_t bytes, std::vector<uint8_t> pattern);
 // A kernel whose body runs on the host (the simulated NCCL collectives).
