@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import sys
+import shutil
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,4 +71,6 @@ def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout
             raise SystemExit(f"{what} on {hosts} host(s) x {ranks} rank(s) at {rate} failed "
                              f"(torchrun exit codes {codes}):\n{logs}")
     with open(out) as f:
-        return json.load(f)
+        result = json.load(f)
+    shutil.rmtree(out_dir, ignore_errors=True)  # kept, with its logs, only when the job failed
+    return result

@@ -26,9 +26,10 @@ closed form (rank r holds r + 1 everywhere, so every element must be
 n(n+1)/2); a wrong result fails the run. The timed blocks run on zeros, so
 that back-to-back in-place sums stay finite.
 
---op all_gather (dist.all_gather_into_tensor) and --op reduce_scatter
-(dist.reduce_scatter_tensor, SUM) time the two collectives FSDP spends its
-time in, on smddp's and Gloo's groups, measured as above. Their sizes,
+--op all_gather (dist.all_gather_single, FSDP2's entry on torch 2.13, or
+all_gather_into_tensor before it) and --op reduce_scatter
+(dist.reduce_scatter_single, or reduce_scatter_tensor; SUM) time the two
+collectives FSDP spends its time in, on smddp's and Gloo's groups, measured as above. Their sizes,
 closed forms and busbw are torch_smddp.bench --op's (bench_ops.py, as
 nccl-tests): SIZE is all-gather's whole output and reduce-scatter's whole
 input (S / n per rank goes in, or comes out); busbw = algbw x (n-1)/n.
@@ -87,7 +88,7 @@ OP_NAMES = {"all_reduce": "allreduce", "all_gather": "all-gather",
 ALLREDUCE_ONLY = {
     "smddp_direct": "torch_smddp has a direct entry for allreduce only (all_reduce_)",
     "deepspeed": "DeepSpeed's CPU comm op (ShareMemCommBuilder) has only inference_all_reduce_; "
-                 "its all_gather_into_tensor and reduce_scatter_tensor are torch.distributed's",
+                 "its all_gather_single and reduce_scatter_single are torch.distributed's",
 }
 
 
@@ -327,8 +328,8 @@ def fmt_us(s: float) -> str:
 IN_PLACE = ", in place (FSDP2's form: the input is this rank's part of the output)"
 HEADLINES = {
     "all_reduce": "allreduce, float32, SUM, in place",
-    "all_gather": "all-gather (all_gather_into_tensor), float32; size = the whole output",
-    "reduce_scatter": "reduce-scatter (reduce_scatter_tensor), float32, SUM; size = the whole input",
+    "all_gather": "all-gather (all_gather_single), float32; size = the whole output",
+    "reduce_scatter": "reduce-scatter (reduce_scatter_single), float32, SUM; size = the whole input",
 }
 
 

@@ -3,8 +3,9 @@
     python -m torch_smddp.bench [--world 2 4] [--min 4K] [--max 256M] [--plot busbw.png]
     python -m torch_smddp.bench --op all_gather|reduce_scatter [--backends smddp gloo copy]
 
-It times allreduce unless --op names all_gather (all_gather_into_tensor) or
-reduce_scatter (reduce_scatter_tensor), the two collectives FSDP spends its
+It times allreduce unless --op names all_gather (all_gather_single, or
+all_gather_into_tensor on a torch without it) or reduce_scatter
+(reduce_scatter_single, or reduce_scatter_tensor), the two collectives FSDP spends its
 time in; torch_smddp/bench_ops.py defines each one's sizes, closed form,
 busbw and link bound, and `copy`, the floor a rank's own memory traffic
 sets. What follows says it for allreduce.
@@ -305,7 +306,7 @@ def add_common_args(ap: argparse.ArgumentParser, sizes_help: str = argparse.SUPP
     ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--min", default="4K")
     ap.add_argument("--max", default="256M")
-    ap.add_argument("--sizes", nargs="+", type=int, help=sizes_help)
+    ap.add_argument("--sizes", nargs="+", type=parse_size, help=sizes_help)
     ap.add_argument("--in-place", action="store_true",
                     help="all_gather as FSDP2 calls it: the input is this rank's part of the "
                          "output, and the copy floor copies the other n - 1 parts")

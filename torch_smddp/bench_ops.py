@@ -19,7 +19,7 @@ must read S bytes and write S / n (a local sum of n pieces of S / n, each
 (n+1)/2, so the sum is the closed form); all_reduce must read and write S.
 
 `in_place` (all_gather only) is the form FSDP2 calls: the input is this
-rank's part of the output (`all_gather_into_tensor(out, out[r*S/n:...])`),
+rank's part of the output (`all_gather_single(out, out[r*S/n:...])`),
 so the rank's own part never moves and its floor copies the other n - 1
 parts: (n-1)/n of S.
 """
@@ -27,6 +27,16 @@ parts: (n-1)/n of S.
 from __future__ import annotations
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
+# all_gather and reduce_scatter are timed through the entries FSDP2 calls:
+# all_gather_single and reduce_scatter_single on torch 2.13, which
+# deprecates all_gather_into_tensor and reduce_scatter_tensor (fsdp_entry).
+
+
+def fsdp_entry(dist, name: str, before: str):
+    """The entry FSDP2 calls on this torch: `name` (all_gather_single,
+    reduce_scatter_single) where torch has it, else its older name, which
+    such a torch deprecates with a warning on every call."""
+    return getattr(dist, name, None) or getattr(dist, before)
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -122,8 +132,10 @@ class OpBuffers:
         if self.op == "all_reduce":
             return lambda: dist.all_reduce(self.out, group=group)
         if self.op == "all_gather":
-            return lambda: dist.all_gather_into_tensor(self.out, self.inp, group=group)
-        return lambda: dist.reduce_scatter_tensor(self.out, self.inp, group=group)
+            gather = fsdp_entry(dist, "all_gather_single", "all_gather_into_tensor")
+            return lambda: gather(self.out, self.inp, group=group)
+        scatter = fsdp_entry(dist, "reduce_scatter_single", "reduce_scatter_tensor")
+        return lambda: scatter(self.out, self.inp, group=group)
 
     def copy_floor(self):
         """The `copy` floor (module docstring): local memory traffic only,

@@ -268,7 +268,9 @@ class Countdown {
 // Queues `count` engine calls (the parts of one c10d call) behind one Work,
 // which completes when the last one does, with the first error if any.
 // startPart(i, done, hooks) queues part i and returns its sequence number;
-// hooks.prepare fills part i's staging copies on the worker. Each part's
+// hooks.prepare fills part i's staging copies on the worker;
+// `callerWaits` lets each part run on the caller's thread
+// (CallHooks::callerWaits). Each part's
 // completion copies its staged results back, then counts down. The
 // completions own the staged tensors: the engine keeps a completion (so
 // the memory) until nothing it posted can still touch that memory.
@@ -277,7 +279,7 @@ c10::intrusive_ptr<c10d::Work> launchParts(int rank, c10d::OpType type, const ch
                                            std::vector<at::Tensor> outputs,
                                            const std::vector<at::Tensor>& inputs,
                                            const Staging& staging, int count,
-                                           StartPart startPart) {
+                                           bool callerWaits, StartPart startPart) {
   auto work = c10::make_intrusive<WorkSmddp>(rank, type, title, std::move(outputs), inputs);
   if (count == 0) {
     work->complete(nullptr);
@@ -289,6 +291,7 @@ c10::intrusive_ptr<c10d::Work> launchParts(int rank, c10d::OpType type, const ch
   for (int i = 0; i < count; ++i) {
     smddp::CallHooks hooks;
     hooks.prepare = staging.preparer(static_cast<size_t>(i));
+    hooks.callerWaits = callerWaits;
     auto done = [countdown, keep, finish = staging.finisher(static_cast<size_t>(i))](
                     std::exception_ptr e) {
       if (!e && finish) {

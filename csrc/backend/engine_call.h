@@ -27,6 +27,9 @@ namespace c10d_smddp {
 struct EngineCall {
   Staging staging;
   std::vector<std::function<uint64_t(smddp::Communicator::Done, smddp::CallHooks)>> parts;
+  // The caller waits on the Work at once (c10d's async_op=False): a call of
+  // one part may then run on the caller's thread (CallHooks::callerWaits).
+  bool callerWaits = false;
 };
 
 // The collective's name in torch.profiler's record_param_comms events, as
@@ -84,8 +87,10 @@ inline c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::submitParts(
     c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs, EngineCall& call) {
   return guarded([&] {
+    // Not inside a coalescing block, whose calls complete together.
+    const bool callerWaits = call.callerWaits && call.parts.size() == 1 && !coalescingNow();
     return launchParts(rank_, type, title, std::move(outputs), inputs, call.staging,
-                       static_cast<int>(call.parts.size()),
+                       static_cast<int>(call.parts.size()), callerWaits,
                        [&](int i, smddp::Communicator::Done done, smddp::CallHooks hooks) {
                          // The group's asynchronous error sees every failure.
                          auto noted = [errors = asyncError_, done = std::move(done)](

@@ -249,13 +249,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
   auto op = toReduceOpScaled(opts.reduceOp, dt, "all_reduce", &factor);
   EngineCall call;
   Buffer b = bufferOf(call.staging.stageInPlace(tensors[0], factor));
-  // c10d's all_reduce(async_op=False) waits on the Work at once: the call
-  // may then run on this thread (CallHooks::callerWaits). Not inside a
-  // coalescing block, whose calls complete together.
-  const bool callerWaits = !opts.asyncOp && !coalescingNow();
+  call.callerWaits = !opts.asyncOp;
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
     hooks.touches = {extentOf(tensors[0])};  // the user's storage, not the staging copy
-    hooks.callerWaits = callerWaits;
     return comm_->allreduce({b}, dt, op, std::move(done), std::move(hooks));
   });
   return submit(c10d::OpType::ALLREDUCE, "smddp:all_reduce", tensors, tensors, call);
@@ -306,6 +302,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
   // wherever they do not overlap. Each part copies its staged result back
   // when it completes, before a later part on that memory reads it.
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   for (size_t i = 0; i < tensors.size(); ++i) {
     Buffer b = bufferOf(call.staging.stageInPlace(tensors[i], factor, i));
     smddp::MemRange user = extentOf(tensors[i]);
@@ -334,6 +331,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tens
   DataType dt = toMovedDataType(tensors[0], "broadcast");
   const int root = static_cast<int>(opts.rootRank);
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   // The root reads its tensor, the others write theirs.
   Buffer b = bufferOf(call.staging.stage(tensors[0], rank_ == root ? Use::kIn : Use::kOut));
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
@@ -360,6 +358,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
   checkTensor(in, "all_gather");
   DataType dt = toMovedDataType(in, "all_gather");
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
   std::vector<Buffer> outs;
   for (const auto& o : outputs[0]) {
@@ -388,6 +387,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
   }
   DataType dt = checkWholeAndPart(output, input, /*outputIsWhole=*/true, size_, name);
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   Buffer inB = bufferOf(call.staging.stage(input, Use::kIn));
   std::vector<Buffer> outs = slices(call.staging.stage(output, Use::kOut), size_, input.numel());
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {

@@ -31,6 +31,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
   std::optional<double> factor;
   auto op = toReduceOpScaled(opts.reduceOp, dt, "reduce_scatter", &factor);
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   std::vector<Buffer> ins;
   for (const auto& t : inputs[0]) {
     checkSame(t, out, "reduce_scatter", "input");
@@ -69,6 +70,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter_tensor_coalesce
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "smddp ", name, ": ", outputs.size(),
                     " outputs but ", inputs.size(), " inputs");
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   for (size_t i = 0; i < outputs.size(); ++i) {
     DataType dt = checkWholeAndPart(outputs[i], inputs[i], /*outputIsWhole=*/false, size_, name);
     std::optional<double> factor;

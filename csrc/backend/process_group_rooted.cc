@@ -48,6 +48,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce(std::vector<at::Tensor>
   auto op = toReduceOpScaled(opts.reduceOp, dt, "reduce", &factor);
   const int root = static_cast<int>(opts.rootRank);
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   // With PREMUL_SUM only the root gets the result back; other ranks' tensors
   // stay as they were (the scaled copy is private).
   Buffer b = bufferOf(factor ? call.staging.stageScaled(tensors[0], *factor, rank_ == root)
@@ -73,6 +74,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::gather(
   DataType dt = checkedMovedDataType(in, "gather");
   const int root = static_cast<int>(opts.rootRank);
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
   std::vector<at::Tensor> outTensors = rootList(outputs, rank_ == root, size_, "gather", "output");
   std::vector<Buffer> outs;
@@ -101,6 +103,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::scatter(
   DataType dt = checkedMovedDataType(out, "scatter");
   const int root = static_cast<int>(opts.rootRank);
   EngineCall call;
+  call.callerWaits = !opts.asyncOp;
   std::vector<at::Tensor> inTensors = rootList(inputs, rank_ == root, size_, "scatter", "input");
   std::vector<Buffer> ins;
   for (const auto& t : inTensors) {

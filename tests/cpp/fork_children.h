@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -90,9 +91,8 @@ inline std::vector<std::string> runChildren(int n, const ChildFn& fn,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  const std::string cmd = "rm -rf '" + dir + "'";
-  if (std::system(cmd.c_str()) != 0) {
-  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
   return out;
 }
 

@@ -139,20 +139,24 @@ def test_harness_returns_per_rank_results():
 def test_harness_reports_child_exception_fast():
     t0 = time.monotonic()
     with pytest.raises(AssertionError) as ei:
-        run_world(2, "cases_collectives:selftest_raise", backend="gloo", timeout=60, args=(1,))
+        run_world(2, "cases_collectives:selftest_raise", backend="gloo", timeout=60, args=(1,),
+                  keep_logs=False)
     elapsed = time.monotonic() - t0
     text = str(ei.value)
     assert "boom from rank 1" in text and "ValueError" in text, text
     assert "rank 0:" in text and "rank 1:" in text, text
     # rank 0 sat in a barrier; the harness must not wait for the deadline
     assert elapsed < 30, f"took {elapsed:.1f}s: the failing rank did not end the job"
+    # keep_logs=False: the job's directory, which the report names, is gone
+    logs = re.findall(r"stderr tail \((\S+)\)", text)
+    assert logs and not any(os.path.exists(os.path.dirname(p)) for p in logs), logs
 
 
 def test_harness_kills_hung_job_and_its_children(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(AssertionError) as ei:
         run_world(2, "cases_collectives:selftest_hang", backend="gloo", timeout=10,
-                  args=(str(tmp_path),))
+                  args=(str(tmp_path),), keep_logs=False)
     elapsed = time.monotonic() - t0
     text = str(ei.value)
     assert "hard timeout" in text, text

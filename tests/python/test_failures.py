@@ -401,7 +401,7 @@ def test_harness_unexpected_death_still_fails_fast():
     t0 = time.monotonic()
     with pytest.raises(AssertionError) as ei:
         run_world(2, "cases_failures:selftest_die", backend="gloo", timeout=60,
-                  args=(1, "sigkill"))
+                  args=(1, "sigkill"), keep_logs=False)
     assert "killed by SIGKILL" in str(ei.value), str(ei.value)
     assert time.monotonic() - t0 < 30
 

@@ -551,7 +551,9 @@ def init_methods(rank: int, world: int) -> dict:
         ports = [s.getsockname()[1] for s in socks]
         for s in socks:
             s.close()
-        tmp = tempfile.mkdtemp(prefix="smddp-init-")
+        # In the job's directory (the ranks' working directory), which the
+        # harness removes once the job has passed.
+        tmp = tempfile.mkdtemp(prefix="init-", dir=os.getcwd())
         store.set("init/info", f"{ports[0]} {ports[1]} {tmp}")
     info = store.get("init/info").decode().split()
     tcp_port, store_port, tmp = int(info[0]), int(info[1]), info[2]

@@ -360,6 +360,47 @@ def mismatch(ck, rank, world):
              torch.cat([torch.full((5,), float(q)) for q in range(world)]))
 
 
+def caller_runs(ck, rank, world):
+    """Synchronous calls (async_op=False) of every collective run on the
+    caller's thread when the engine is idle, as all_reduce's do: counted by
+    stats()["calls_run_by_caller"]; results against closed forms. Async
+    calls never do."""
+    def ran(fn, reps=6):
+        before = torch_smddp.stats()["calls_run_by_caller"]
+        for _ in range(reps):
+            fn()
+        return torch_smddp.stats()["calls_run_by_caller"] - before
+
+    n = 1000
+    x = torch.full((n,), float(rank + 1))
+    whole = torch.cat([torch.full((n,), float(q + 1)) for q in range(world)])
+    out = torch.empty(n * world)
+    rs_out = torch.empty(n)
+    outs = [torch.empty(n) for _ in range(world)]
+    b = torch.empty(n)
+    a2a = torch.empty(n * world)
+    calls = {
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, x),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(rs_out, whole),
+        "all_gather": lambda: dist.all_gather(outs, x),
+        "broadcast": lambda: (b.fill_(float(rank)), dist.broadcast(b, src=world - 1)),
+        "all_to_all_single": lambda: dist.all_to_all_single(a2a, whole),
+    }
+    for name, fn in calls.items():
+        # At least half: the engine thread may still be finishing a peer's
+        # control frame when a call comes; none means no call ran there.
+        got = ran(fn)
+        ck.check(f"synchronous {name} runs on the caller", got >= 3, f"{got} of 6")
+    ck.equal("all_gather_into_tensor on the caller", out, whole)
+    ck.equal("reduce_scatter_tensor on the caller", rs_out,
+             torch.full((n,), float(world * (rank + 1))))  # every rank's block r is r + 1
+    ck.equal("all_gather on the caller", torch.cat(outs), whole)
+    ck.equal("broadcast on the caller", b, torch.full((n,), float(world - 1)))
+    ck.equal("all_to_all_single on the caller", a2a, torch.full((n * world,), float(rank + 1)))
+    got = ran(lambda: dist.all_gather_into_tensor(out, x, async_op=True).wait())
+    ck.check("asynchronous all_gather_into_tensor stays on the engine thread", got == 0, str(got))
+
+
 def run(rank, world, hosts=1, sizes=SIZES):
     """Every case; `hosts` hosts of world / hosts ranks each (rank r on host
     r // (world / hosts), as torchrun numbers them)."""
@@ -395,4 +436,5 @@ def run(rank, world, hosts=1, sizes=SIZES):
              bool(net_record) and all(e["path"] == "network" for e in net_record))
     one_rank_off(ck, rank, world, gloo)
     mismatch(ck, rank, world)
+    caller_runs(ck, rank, world)
     return {"cases": ck.cases, "failures": ck.failures}

@@ -151,7 +151,7 @@ def run_world(
     args: Sequence[Any] = (),
     expect_failure: bool = False,
     pg_timeout: float | None = None,
-    keep_logs: bool = False,
+    keep_logs: bool | None = None,
     allow_exit: Iterable[int] = (),
     wrap: dict | None = None,
 ) -> list[Any]:
@@ -182,6 +182,12 @@ def run_world(
     returncode)`` (returncode < 0: killed by that signal), so the test can
     check that the death really happened. Everything else is unchanged: the
     other ranks must succeed, the hard deadline still kills everyone.
+
+    ``keep_logs`` says what becomes of the job's directory (specs, results,
+    each rank's stdout and stderr): by default it is removed once the job
+    has succeeded, and kept when it failed (the report names its files);
+    True keeps it always, False removes it always (for tests that expect
+    the job to fail).
 
     ``wrap`` maps a rank to a command prefix its interpreter runs under
     (e.g. ``["unshare", "-p", "-f", "--mount-proc", "--kill-child"]`` to put
@@ -256,6 +262,7 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
     start = time.monotonic()
     deadline = start + timeout
     ok = False
+    clash = False  # the port was stolen: run_world retries in a new directory
     try:
         for rank in range(world_size):
             spec = {
@@ -345,6 +352,7 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
         # Failure path: kill everything first, then collect what we can.
         _kill_all(ranks)
         if failed_first is not None and _looks_like_port_clash(ranks) and elapsed < 30:
+            clash = True
             raise _PortClash(_report(ranks, target, backend, world_size, elapsed,
                                      f"MASTER_PORT {port} was taken"))
         why = (f"hard timeout of {timeout:.0f}s reached" if timed_out
@@ -352,7 +360,7 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
         raise AssertionError(_report(ranks, target, backend, world_size, elapsed, why))
     finally:
         _kill_all(ranks)  # also reaps stragglers after success (e.g. forked helpers)
-        if ok and not keep_logs:
+        if keep_logs is False or (keep_logs is None and (ok or clash)):
             for name in os.listdir(workdir):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(workdir, name))
