@@ -284,9 +284,9 @@ def stats(group=None, reset: bool = False) -> dict:
     provider; ``allreduce_schedule`` describes the path as the set-up log
     does (chunks, fusion, reduction servers, bf16 crossing, pairwise
     rounds). ``gather_scatter_path`` says how all-gather and reduce-scatter
-    run: through shared memory (one host: all-gather of large parts through
-    each rank's ring in the host segment, smaller ones and reduce-scatter
-    reading the peers' buffers), in a hierarchy across hosts ("hierarchy: ..."), or over the
+    run: through shared memory (one host: all-gather of large parts among
+    three ranks or more through each rank's ring in the host segment, the
+    rest and reduce-scatter reading the peers' buffers), in a hierarchy across hosts ("hierarchy: ..."), or over the
     network. With ``reset=True`` the counters are zeroed after reading.
     """
     backend = _backend_of(group)

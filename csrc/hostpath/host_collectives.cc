@@ -49,8 +49,13 @@ constexpr uint64_t kPollSliceBytes = 1 << 20;
 // 0.47 ms read, 0.83-0.97 through the rings. Reads pin every page they
 // touch, once per reader, so the rings pay sooner with more ranks: 2 MiB
 // parts at world 4 (6 MiB in) took 2.9 ms through the rings, 3.6 read
-// (docs/notes/2026-12-06-floor-back-to-back.md).
+// (docs/notes/2026-12-06-floor-back-to-back.md). Two ranks never take
+// them: there each rank pins only its one peer's pages, and reading was
+// 1.2-2.3x faster than the rings at 16 and 64 MiB, the two measured in
+// turns in the same processes; at world 3 the two were even, at world 4
+// the rings 1.07-1.2x faster (docs/notes/2026-12-06-sync-calls-on-caller.md).
 constexpr uint64_t kRingsFromBytesIn = uint64_t{4} << 20;
+constexpr int kRingsFromRanks = 3;
 // One process_vm_readv moves at most this much (the kernel's limit is
 // about 2 GiB).
 constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;
@@ -156,6 +161,10 @@ SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology&
       roundsFromBytes_(roundsFromBytes) {}
 
 std::string SegmentCollectives::describe() const {
+  if (hosts() == 1 && ranks_ < kRingsFromRanks) {
+    return "shared memory: all-gather and reduce-scatter reading the peers' buffers (" +
+           std::to_string(ranks_) + " ranks)";
+  }
   if (hosts() == 1) {
     return "shared memory: all-gather through each rank's ring in the host segment once a rank "
            "receives " + std::to_string(kRingsFromBytesIn >> 10) +
@@ -293,7 +302,7 @@ void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t b
 }
 
 bool SegmentCollectives::throughRings(uint64_t bytes) const {
-  return hosts() == 1 && ranks_ > 1 && bytes * (ranks_ - 1) >= kRingsFromBytesIn;
+  return hosts() == 1 && ranks_ >= kRingsFromRanks && bytes * (ranks_ - 1) >= kRingsFromBytesIn;
 }
 
 void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,

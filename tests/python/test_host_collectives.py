@@ -1,6 +1,6 @@
 """All-gather and reduce-scatter through the host segment (all-gather
-through each rank's ring once a rank receives 4 MiB, the rest reading the
-peers' buffers): one job per world size, against Gloo, the
+through each rank's ring once a rank receives 4 MiB at world 3 and up,
+the rest reading the peers' buffers): one job per world size, against Gloo, the
 network path and this path's own out-of-place results (cases_host_collectives)."""
 
 import pytest

@@ -1,6 +1,6 @@
 """Child side: all-gather and reduce-scatter through the host segment (on one
-host, all-gather through each rank's ring once a rank receives 4 MiB, the
-rest reading the peers' buffers), in one job per world size; on a cluster
+host, all-gather through each rank's ring once a rank receives 4 MiB at world
+3 and up, the rest reading the peers' buffers), in one job per world size; on a cluster
 of namespace hosts (run_on_hosts), in the hierarchy across hosts.
 
 Oracles, on the same inputs in the same job:
@@ -315,8 +315,8 @@ def queued(ck, rank, world, gloo):
 
 def rings(ck, rank, world):
     """All-gather on one host takes each rank's ring in the host segment (8
-    slots of 128 KiB) once a rank receives 4 MiB ((world - 1) x the part),
-    and reads the peers' buffers below: parts of many ring turns, ending in a partial slot or a whole
+    slots of 128 KiB) once a rank receives 4 MiB ((world - 1) x the part)
+    at world 3 and up, and reads the peers' buffers below (and at world 2): parts of many ring turns, ending in a partial slot or a whole
     one, in three dtypes, queued back to back with small parts and a
     reduce-scatter between, each against the parts regenerated here. The
     last part (17 MiB) is past the size from which the wire's chunking
@@ -412,7 +412,10 @@ def run(rank, world, hosts=1, sizes=SIZES):
                               else ("hierarchy", "hierarchy"))
     ck.check(f"default group's path is {want_path}", path.startswith(want_path), path)
     if hosts == 1:
-        ck.check("one host's all-gather goes through the rings", "ring" in path, path)
+        # Two ranks read each other's buffers at every size (host_collectives.cc,
+        # kRingsFromRanks).
+        ck.check("one host's all-gather goes through the rings from three ranks",
+                 ("ring" in path) == (world >= 3), path)
     net_path = torch_smddp.stats(net)["gather_scatter_path"]
     ck.check("SMDDP_SHM_COLLECTIVES=0 group uses the network", net_path.startswith("network"), net_path)
     for dtype in DTYPES:
