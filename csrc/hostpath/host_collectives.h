@@ -144,6 +144,9 @@ class SegmentCollectives final : public HostCollectives {
   void gatherThroughRings(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                           const CollectiveSignature& sig, const uint8_t* src,
                           const std::vector<Buffer>& outs);
+  // All-gather read from the peers: copies this rank's own part `src` to
+  // its place `dst` in the output.
+  void copyOwnPart(EngineContext& ctx, void* dst, const uint8_t* src, uint64_t bytes);
   // Whether a one-host all-gather of `bytes` per part goes through the
   // rings (the same answer on every rank: it depends on the call only).
   bool throughRings(uint64_t bytes) const;
