@@ -308,8 +308,8 @@ bool SegmentCollectives::throughRings(uint64_t bytes) const {
 
 void SegmentCollectives::copyOwnPart(EngineContext& ctx, void* dst, const uint8_t* src,
                                      uint64_t bytes) {
-  // A part past the streaming size is no longer in cache when it is read
-  // again: streaming stores skip reading the output's lines in first.
+  // A part past the streaming size does not fit the caches: streaming
+  // stores write the output without reading its lines in first.
   // Two ranks, 16 and 64 MiB, out of place: 1.13-1.20x faster, measured in
   // turns; a 2 MiB part was 7% slower that way (it fits the caches), so
   // the size of the part decides (docs/notes/2026-12-06-sync-calls-on-caller.md).

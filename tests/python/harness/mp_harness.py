@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -361,11 +362,7 @@ def _run_once(world_size, target, timeout, backend, env, args, expect_failure, p
     finally:
         _kill_all(ranks)  # also reaps stragglers after success (e.g. forked helpers)
         if keep_logs is False or (keep_logs is None and (ok or clash)):
-            for name in os.listdir(workdir):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(workdir, name))
-            with contextlib.suppress(OSError):
-                os.rmdir(workdir)
+            shutil.rmtree(workdir, ignore_errors=True)  # with what the ranks made in it
 
 
 def _report(ranks, target, backend, world_size, elapsed, why) -> str:
