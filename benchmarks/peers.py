@@ -76,15 +76,22 @@ from torch_smddp.bench import (  # noqa: E402
     result_path)
 
 # smddp: dist.all_reduce on the smddp group; smddp_direct: the same engine
-# call through torch_smddp.all_reduce_, without c10d (as DeepSpeed's op).
-BACKENDS = ["smddp", "smddp_direct", "gloo", "deepspeed", "copy"]
-OURS = ("smddp", "smddp_direct")
+# call through torch_smddp.all_reduce_, without c10d (as DeepSpeed's op);
+# smddp_pool: all-gather and reduce-scatter on buffers from the backend's
+# allocate_tensor (the shared pool, which FSDP2 uses after
+# set_allocate_memory_from_process_group_for_comm(True)).
+BACKENDS = ["smddp", "smddp_direct", "smddp_pool", "gloo", "deepspeed", "copy"]
+OURS = ("smddp", "smddp_direct", "smddp_pool")
 # Not a collective: the copy floor (bench_ops.OpBuffers.copy_floor), timed in
 # blocks as the others are, every rank at once. Never a peer.
 FLOORS = ("copy",)
 OP_NAMES = {"all_reduce": "allreduce", "all_gather": "all-gather",
             "reduce_scatter": "reduce-scatter"}
 # What has no entry for all_gather and reduce_scatter, and why.
+NOT_ALLREDUCE = {
+    "smddp_pool": "allreduce's buffers are the model's gradients (DDP's buckets), not the "
+                  "backend's to allocate",
+}
 ALLREDUCE_ONLY = {
     "smddp_direct": "torch_smddp has a direct entry for allreduce only (all_reduce_)",
     "deepspeed": "DeepSpeed's CPU comm op (ShareMemCommBuilder) has only inference_all_reduce_; "
@@ -131,19 +138,25 @@ def usable_backends(args, gloo, ds_op, ds_why: str) -> tuple[list[str], dict]:
         unavailable["deepspeed"] = ds_why or "its op did not load on every rank"
     if args.op != "all_reduce":
         unavailable.update({b: why for b, why in ALLREDUCE_ONLY.items() if b in args.backends})
+    else:
+        unavailable.update({b: why for b, why in NOT_ALLREDUCE.items() if b in args.backends})
     return [b for b in args.backends if b not in unavailable], unavailable
 
 
-def backend_calls(op: str, bufs, gloo, ds_op) -> dict:
+def backend_calls(op: str, bufs, gloo, ds_op, pooled=None) -> dict:
     """Per backend, the call on `bufs` (bench_ops.OpBuffers): allreduce in
-    place on bufs.out, the other ops from bufs.inp into bufs.out."""
+    place on bufs.out, the other ops from bufs.inp into bufs.out;
+    smddp_pool's on `pooled`, the same op's buffers from allocate_tensor."""
     import torch.distributed as dist
 
     import torch_smddp
 
     if op != "all_reduce":
-        return {"smddp": bufs.call(dist, None), "gloo": bufs.call(dist, gloo),
-                "copy": bufs.copy_floor()}
+        calls = {"smddp": bufs.call(dist, None), "gloo": bufs.call(dist, gloo),
+                 "copy": bufs.copy_floor()}
+        if pooled is not None:
+            calls["smddp_pool"] = pooled.call(dist, None)
+        return calls
     t = bufs.out
     return {
         "copy": bufs.copy_floor(),
@@ -162,15 +175,25 @@ def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     bufs = OpBuffers(args.op, nbytes, rank, world, args.in_place)
-    calls = backend_calls(args.op, bufs, gloo, ds_op)
-    # Allreduce's timed blocks sum in place: on zeros, so the sums stay
-    # finite. The other ops leave their input as it is.
-    prepare = bufs.out.zero_ if args.op == "all_reduce" else bufs.refill
+    pooled = None
+    if "smddp_pool" in backends:
+        cpu = torch.device("cpu")
+        backend = dist.group.WORLD._get_backend(cpu)
+        pooled = OpBuffers(args.op, nbytes, rank, world, args.in_place,
+                           empty=lambda n, dt: backend.allocate_tensor(n, dtype=dt, device=cpu))
+    calls = backend_calls(args.op, bufs, gloo, ds_op, pooled)
+    bufs_of = {name: pooled if name == "smddp_pool" else bufs for name in calls}
+
+    def prepare(name):
+        # Allreduce's timed blocks sum in place: on zeros, so the sums stay
+        # finite. The other ops leave their input as it is.
+        b = bufs_of[name]
+        b.out.zero_() if args.op == "all_reduce" else b.refill()
 
     def checked(name):
-        bufs.refill()
+        bufs_of[name].refill()
         calls[name]()
-        problem = bufs.problem(0)
+        problem = bufs_of[name].problem(0)
         flag = torch.tensor([float(bool(problem))])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=gloo)
         if flag.item():
@@ -186,7 +209,7 @@ def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
     iters = {}
     for name in backends:
         checked(name)
-        prepare()
+        prepare(name)
         dist.barrier(group=gloo)
         t0 = time.perf_counter()
         calls[name]()
@@ -195,7 +218,7 @@ def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
     times = {name: [] for name in backends}
     for i in range(args.rounds):
         for name in abba(backends, i):
-            prepare()
+            prepare(name)
             dist.barrier(group=gloo)
             f = calls[name]
             # Gloo's barrier lets ranks go up to milliseconds apart (four
@@ -354,10 +377,10 @@ def print_table(all_data: list[dict]) -> None:
     head += "".join(f" {b} busbw |" for b in names) + " best peer |"
     head += "".join(f" best peer / {b} |" for b in ours)
     floor = "copy" in names and bool(ours)
-    head += f" {ours[0]} / copy |" if floor else ""
+    head += "".join(f" {b} / copy |" for b in ours) if floor else ""
     head += f" pairs {lead_backend(ours)} won |" if won else ""
     print(head)
-    print("|" + "---|" * (3 + 2 * len(names) + len(ours) + floor + won))
+    print("|" + "---|" * (3 + 2 * len(names) + len(ours) * (1 + floor) + won))
     for d in all_data:
         n = d["world"]
         factor = bus_factor(op, n)
@@ -373,8 +396,8 @@ def print_table(all_data: list[dict]) -> None:
             line += "".join(f" {peers[best] / med[b]:.2f}x |" if best and b in med else " - |"
                             for b in ours)
             if floor:
-                have = ours[0] in med and "copy" in med
-                line += f" {med[ours[0]] / med['copy']:.2f} |" if have else " - |"
+                line += "".join(f" {med[b] / med['copy']:.2f} |" if b in med and "copy" in med
+                                else " - |" for b in ours)
             line += f" {row.get('pairs_won', '-')} |" if won else ""
             print(line)
     worlds = {}

@@ -93,8 +93,15 @@ class OpBuffers:
     tensor for all_reduce, which runs in place), and what the output must
     hold. `nbytes` is the op's size as nccl-tests counts it."""
 
-    def __init__(self, op: str, nbytes: int, rank: int, world: int, in_place: bool = False):
+    def __init__(self, op: str, nbytes: int, rank: int, world: int, in_place: bool = False,
+                 empty=None):
+        """`empty(numel, dtype)` makes the input and output (torch.empty by
+        default; a backend's allocate_tensor for pooled buffers)."""
         import torch
+
+        if empty is None:
+            def empty(numel, dtype):
+                return torch.empty(numel, dtype=dtype)
 
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}; one of {', '.join(OPS)}")
@@ -104,19 +111,19 @@ class OpBuffers:
         f32 = torch.float32
         if op == "all_reduce":
             numel = max(1, nbytes // 4)
-            self.inp = self.out = torch.empty(numel, dtype=f32)
+            self.inp = self.out = empty(numel, f32)
             self.expected = closed_form_sum(world)
             self.nbytes = numel * 4
             return
         per = max(1, nbytes // 4 // world)
         self.nbytes = per * world * 4
         if op == "all_gather":
-            self.out = torch.empty(per * world, dtype=f32)
-            self.inp = self.out.narrow(0, rank * per, per) if in_place else torch.empty(per, dtype=f32)
+            self.out = empty(per * world, f32)
+            self.inp = self.out.narrow(0, rank * per, per) if in_place else empty(per, f32)
             self.expected = torch.arange(1, world + 1, dtype=f32).repeat_interleave(per)
         else:
-            self.inp = torch.empty(per * world, dtype=f32)
-            self.out = torch.empty(per, dtype=f32)
+            self.inp = empty(per * world, f32)
+            self.out = empty(per, f32)
             self.expected = closed_form_sum(world)
 
     def refill(self) -> None:

@@ -25,11 +25,17 @@ namespace c10d_smddp {
 // given its completion and its hooks (hooks.prepare fills the copies staged
 // for part i; see Staging) and returns its sequence number.
 struct EngineCall {
+  // Made from the collective's c10d options, whose asyncOp every call
+  // reads here. torch leaves BarrierOptions::asyncOp at its default (true)
+  // even for a synchronous dist.barrier, so a barrier always queues.
+  template <typename Options>
+  explicit EngineCall(const Options& opts) : callerWaits(!opts.asyncOp) {}
+
   Staging staging;
   std::vector<std::function<uint64_t(smddp::Communicator::Done, smddp::CallHooks)>> parts;
   // The caller waits on the Work at once (c10d's async_op=False): a call of
   // one part may then run on the caller's thread (CallHooks::callerWaits).
-  bool callerWaits = false;
+  bool callerWaits;
 };
 
 // The collective's name in torch.profiler's record_param_comms events, as

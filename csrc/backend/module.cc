@@ -122,6 +122,7 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["standalone_server_bytes"] = s.standaloneServerBytes;
   d["standalone_server_steps"] = s.standaloneServerSteps;
   d["rounds_calls"] = s.roundsCalls;
+  d["pool_read_bytes"] = s.poolReadBytes;
   d["bytes_sealed"] = s.bytesSealed;
   d["bytes_opened"] = s.bytesOpened;
   return d;

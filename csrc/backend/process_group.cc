@@ -247,9 +247,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce(std::vector<at::Tens
   DataType dt = toDataType(tensors[0], "all_reduce");
   std::optional<double> factor;
   auto op = toReduceOpScaled(opts.reduceOp, dt, "all_reduce", &factor);
-  EngineCall call;
+  EngineCall call(opts);
   Buffer b = bufferOf(call.staging.stageInPlace(tensors[0], factor));
-  call.callerWaits = !opts.asyncOp;
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
     hooks.touches = {extentOf(tensors[0])};  // the user's storage, not the staging copy
     return comm_->allreduce({b}, dt, op, std::move(done), std::move(hooks));
@@ -301,8 +300,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allreduce_coalesced(
   // all_reduce calls, and the engine still fuses the calls into one batch
   // wherever they do not overlap. Each part copies its staged result back
   // when it completes, before a later part on that memory reads it.
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   for (size_t i = 0; i < tensors.size(); ++i) {
     Buffer b = bufferOf(call.staging.stageInPlace(tensors[i], factor, i));
     smddp::MemRange user = extentOf(tensors[i]);
@@ -330,8 +328,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::broadcast(std::vector<at::Tens
   checkTensor(tensors[0], "broadcast");
   DataType dt = toMovedDataType(tensors[0], "broadcast");
   const int root = static_cast<int>(opts.rootRank);
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   // The root reads its tensor, the others write theirs.
   Buffer b = bufferOf(call.staging.stage(tensors[0], rank_ == root ? Use::kIn : Use::kOut));
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
@@ -357,8 +354,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
   const at::Tensor& in = inputs[0];
   checkTensor(in, "all_gather");
   DataType dt = toMovedDataType(in, "all_gather");
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
   std::vector<Buffer> outs;
   for (const auto& o : outputs[0]) {
@@ -386,8 +382,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
                      });
   }
   DataType dt = checkWholeAndPart(output, input, /*outputIsWhole=*/true, size_, name);
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   Buffer inB = bufferOf(call.staging.stage(input, Use::kIn));
   std::vector<Buffer> outs = slices(call.staging.stage(output, Use::kOut), size_, input.numel());
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
@@ -436,7 +431,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::barrier(const c10d::BarrierOpt
         },
         DeviceCollectives::Lane::kCollective, /*syncOnWait=*/true)));
   }
-  EngineCall call;
+  EngineCall call(opts);
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks) {
     return smddp::barrier(*comm_, std::move(done));
   });

@@ -113,6 +113,10 @@ class ProcessGroupSmddp : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+  // process_group_alloc.cc: CPU tensors the host's ranks read without a
+  // system call (FSDP2's set_allocate_memory_from_process_group_for_comm).
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
 
   // torch_smddp.all_reduce_: one contiguous CPU tensor reduced in place,
   // synchronously, called straight from Python rather than through c10d's

@@ -18,8 +18,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_into_tensor_coalesce
   const char* name = "all_gather_into_tensor";
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "smddp ", name, ": ", outputs.size(),
                     " outputs but ", inputs.size(), " inputs");
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   for (size_t i = 0; i < outputs.size(); ++i) {
     DataType dt = checkWholeAndPart(outputs[i], inputs[i], /*outputIsWhole=*/true, size_, name);
     Buffer in = bufferOf(call.staging.stage(inputs[i], Use::kIn, i));
@@ -46,8 +45,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_coalesced(
   const char* name = "all_gather_coalesced";
   TORCH_CHECK_VALUE(outputLists.size() == static_cast<size_t>(size_), "smddp ", name,
                     ": expected one output list per rank (", size_, "), got ", outputLists.size());
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   std::vector<Buffer> ins;
   std::vector<DataType> dts;
   for (size_t i = 0; i < inputs.size(); ++i) {

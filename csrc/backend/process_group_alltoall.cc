@@ -64,8 +64,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall_base(
                    output.scalar_type(), " differs from input dtype ", input.scalar_type());
   auto inCounts = splitCounts(input, inputSplits, size_, name, "input");
   auto outCounts = splitCounts(output, outputSplits, size_, name, "output");
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   std::vector<Buffer> ins = splitViews(call.staging.stage(input, Use::kIn), inCounts);
   std::vector<Buffer> outs = splitViews(call.staging.stage(output, Use::kOut), outCounts);
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
@@ -89,8 +88,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::alltoall(std::vector<at::Tenso
                     "smddp ", name, ": input and output lists must have length world size (",
                     size_, "), got ", inputs.size(), " and ", outputs.size());
   DataType dt = toMovedDataType(inputs[0], name);
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   std::vector<Buffer> ins, outs;
   for (int r = 0; r < size_; ++r) {
     checkTensor(inputs[r], name);

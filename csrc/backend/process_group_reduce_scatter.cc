@@ -30,8 +30,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter(
   DataType dt = checkedDataType(out, "reduce_scatter");
   std::optional<double> factor;
   auto op = toReduceOpScaled(opts.reduceOp, dt, "reduce_scatter", &factor);
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   std::vector<Buffer> ins;
   for (const auto& t : inputs[0]) {
     checkSame(t, out, "reduce_scatter", "input");
@@ -69,8 +68,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce_scatter_tensor_coalesce
   const char* name = "reduce_scatter_tensor";
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "smddp ", name, ": ", outputs.size(),
                     " outputs but ", inputs.size(), " inputs");
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   for (size_t i = 0; i < outputs.size(); ++i) {
     DataType dt = checkWholeAndPart(outputs[i], inputs[i], /*outputIsWhole=*/false, size_, name);
     std::optional<double> factor;

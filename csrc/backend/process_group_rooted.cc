@@ -47,8 +47,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::reduce(std::vector<at::Tensor>
   std::optional<double> factor;
   auto op = toReduceOpScaled(opts.reduceOp, dt, "reduce", &factor);
   const int root = static_cast<int>(opts.rootRank);
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   // With PREMUL_SUM only the root gets the result back; other ranks' tensors
   // stay as they were (the scaled copy is private).
   Buffer b = bufferOf(factor ? call.staging.stageScaled(tensors[0], *factor, rank_ == root)
@@ -73,8 +72,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::gather(
   const at::Tensor& in = inputs[0];
   DataType dt = checkedMovedDataType(in, "gather");
   const int root = static_cast<int>(opts.rootRank);
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
   std::vector<at::Tensor> outTensors = rootList(outputs, rank_ == root, size_, "gather", "output");
   std::vector<Buffer> outs;
@@ -102,8 +100,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::scatter(
   const at::Tensor& out = outputs[0];
   DataType dt = checkedMovedDataType(out, "scatter");
   const int root = static_cast<int>(opts.rootRank);
-  EngineCall call;
-  call.callerWaits = !opts.asyncOp;
+  EngineCall call(opts);
   std::vector<at::Tensor> inTensors = rootList(inputs, rank_ == root, size_, "scatter", "input");
   std::vector<Buffer> ins;
   for (const auto& t : inTensors) {

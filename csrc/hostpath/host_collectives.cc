@@ -147,17 +147,19 @@ std::unique_ptr<SegmentCollectives> SegmentCollectives::open(EngineContext& ctx,
   // Pairwise rounds by the allreduce's rule (algorithms/rounds.h).
   return std::unique_ptr<SegmentCollectives>(
       new SegmentCollectives(segment, topo, pids, ctx.config().crossHostDtype,
-                             roundsFromBytes(ctx.config(), topo.hosts())));
+                             roundsFromBytes(ctx.config(), topo.hosts()), ctx.traffic()));
 }
 
 SegmentCollectives::SegmentCollectives(HostSegment& segment, const HostTopology& topo,
                                        std::vector<pid_t> pids, DataType crossHostDtype,
-                                       uint64_t roundsFromBytes)
+                                       uint64_t roundsFromBytes, const TrafficObserver& traffic)
     : segment_(segment),
       topo_(topo),
       local_(topo.localRank),
       ranks_(segment.ranks()),
       pids_(std::move(pids)),
+      peerPools_(pids_),
+      traffic_(traffic),
       crossHostDtype_(crossHostDtype),
       roundsFromBytes_(roundsFromBytes) {}
 
@@ -199,6 +201,10 @@ void SegmentCollectives::post(uint64_t seq, const CollectiveSignature& sig,
   p.op = static_cast<uint8_t>(sig.op);
   std::copy(blocks.begin(), blocks.end(), p.block);
   p.ringStart = segment_.ctl().gatherWritten[local_].value.load(std::memory_order_relaxed);
+  const PoolWhere pool = SharedPool::where();
+  p.poolBase = pool.base;
+  p.poolBytes = pool.bytes;
+  p.poolFd = pool.fd;
   p.posted.store(seq + 1, std::memory_order_release);
   segment_.wakeAll();
 }
@@ -292,6 +298,10 @@ void SegmentCollectives::awaitAll(Flag flag, EngineContext& ctx, StallWatch& wat
 
 void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t bytes,
                               const StallWatch& watch) const {
+  if (const uint8_t* at = mapped(peer, remote, bytes)) {
+    std::memcpy(local, at, bytes);
+    return;
+  }
   std::string err = readProcess(pids_[peer], local, remote, bytes);
   if (err.empty()) return;
   // The peer's process is gone (ESRCH) or its buffer went away under the
@@ -300,6 +310,14 @@ void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t b
                                        std::to_string(globalRank(topo_.hostIndex, peer)) +
                                        "'s buffer failed (" + err +
                                        "); that rank died or left the call");
+}
+
+const uint8_t* SegmentCollectives::mapped(int peer, uint64_t remote, uint64_t bytes) const {
+  const DirectPost& d = segment_.ctl().direct[peer];
+  const PoolWhere theirs{d.poolBase, d.poolBytes, static_cast<int>(d.poolFd)};
+  const uint8_t* at = peerPools_.find(peer, theirs, remote, bytes);
+  if (at) traffic_.pooledRead(bytes);
+  return at;
 }
 
 bool SegmentCollectives::throughRings(uint64_t bytes) const {

@@ -32,6 +32,7 @@
 #include "engine/allreduce_path.h"
 #include "hostpath/host_path.h"
 #include "hostpath/host_segment.h"
+#include "hostpath/shared_pool.h"
 #include "transport/bootstrap.h"
 
 namespace smddp {
@@ -40,6 +41,7 @@ class Exchange;
 
 class EngineContext;
 class StallWatch;
+class TrafficObserver;
 
 class SegmentCollectives final : public HostCollectives {
  public:
@@ -82,7 +84,8 @@ class SegmentCollectives final : public HostCollectives {
   };
 
   SegmentCollectives(HostSegment& segment, const HostTopology& topo, std::vector<pid_t> pids,
-                     DataType crossHostDtype, uint64_t roundsFromBytes);
+                     DataType crossHostDtype, uint64_t roundsFromBytes,
+                     const TrafficObserver& traffic);
   // Whether a call of `bytes` (its larger side: all-gather's output,
   // reduce-scatter's input) crosses hosts in pairwise rounds (RoundSends,
   // algorithms/rounds.h). Receives post in round order either way: from
@@ -178,7 +181,12 @@ class SegmentCollectives final : public HostCollectives {
   void readLandedParts(EngineContext& ctx, Exchange& ex, StallWatch& watch, uint64_t seq,
                        const CollectiveSignature& sig, const std::vector<Buffer>& outs,
                        const std::vector<Chunk>& chunks, size_t es);
-  // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`.
+  // Where `bytes` at `remote` in local rank `peer`'s memory can be read in
+  // place: in this rank's mapping of the peer's pool, or null when the
+  // block is not in it (counted in stats' pool_read_bytes when it is).
+  const uint8_t* mapped(int peer, uint64_t remote, uint64_t bytes) const;
+  // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`:
+  // with memcpy from mapped() where it can, else with process_vm_readv.
   void read(int peer, void* local, uint64_t remote, uint64_t bytes, const StallWatch& watch) const;
   // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`
   // a slice at a time, calling poll() after each (an exchange in flight).
@@ -198,6 +206,9 @@ class SegmentCollectives final : public HostCollectives {
   const int local_;   // this rank's index on its host
   const int ranks_;   // ranks on this host
   const std::vector<pid_t> pids_;  // by local rank
+  // The peers' pools, mapped as their blocks are first found in them.
+  mutable PeerPools peerPools_;
+  const TrafficObserver& traffic_;  // the group's (stats' pool_read_bytes)
   // A private copy of this rank's input when the output overlaps it in a
   // way the peers' reads would see; the pieces of the peers' parts; across
   // hosts, this host's sums and what the other hosts sent.

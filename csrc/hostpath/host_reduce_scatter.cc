@@ -43,6 +43,12 @@ void SegmentCollectives::combineHost(const uint8_t* own, const Remote& remote, u
         inputs[p] = own + off * es;
         continue;
       }
+      // A block in the peer's pool is combined where it lies; any other
+      // is read into a piece first.
+      if (const uint8_t* at = mapped(p, remote(p) + off * es, len * es)) {
+        inputs[p] = at;
+        continue;
+      }
       uint8_t* piece = pieces_.data() + p * pieceElems * es;
       read(p, piece, remote(p) + off * es, len * es, watch);
       inputs[p] = piece;

@@ -71,6 +71,11 @@ struct alignas(64) DirectPost {
   // All-gather on one host: this rank's ring position (gatherWritten) when
   // the call began; its part's chunk k goes to ring position ringStart + k.
   uint64_t ringStart = 0;
+  // Where this rank's process pool lies (hostpath/shared_pool.h), base 0
+  // if it has none: a block inside it is read from a mapping of it.
+  uint64_t poolBase = 0;
+  uint64_t poolBytes = 0;
+  int64_t poolFd = -1;
 };
 
 // All-gather on one host streams each rank's part through a ring of its

@@ -33,6 +33,7 @@ struct Stats {
   uint64_t directCalls = 0;   // allreduces entered through torch_smddp.all_reduce_
   uint64_t standaloneServerBytes = 0;  // bytes pushed to standalone reduction servers
   uint64_t standaloneServerSteps = 0;  // cross-host steps that used them
+  uint64_t poolReadBytes = 0;  // read from host peers' shared pools (hostpath/shared_pool.h)
   uint64_t roundsCalls = 0;  // calls whose crossing ran in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)
   // Payload bytes encrypted to and decrypted from peers on other hosts
   // (SMDDP_WIRE_ENCRYPT; engine/sealed_frames.h).
@@ -154,6 +155,7 @@ struct StatsCounters {
   std::atomic<uint64_t> standaloneServerBytes{0};
   std::atomic<uint64_t> standaloneServerSteps{0};
   std::atomic<uint64_t> roundsCalls{0};
+  std::atomic<uint64_t> poolReadBytes{0};
   std::atomic<uint64_t> bytesSealed{0};
   std::atomic<uint64_t> bytesOpened{0};
   // Queued-to-completed latency of every collective (runTasks).
@@ -165,7 +167,7 @@ struct StatsCounters {
                     &fusedCalls, &chunksInFlightMax, &serverReduceNs, &framesRejected, &errors,
                     &abandonedSends, &abandonedSendsConfirmed, &abandonedSendsHeld, &callerRuns,
                     &smallBatches, &directCalls, &standaloneServerBytes, &standaloneServerSteps,
-                    &roundsCalls, &bytesSealed, &bytesOpened}) {
+                    &roundsCalls, &poolReadBytes, &bytesSealed, &bytesOpened}) {
       c->store(0);
     }
     latency.reset();
@@ -192,6 +194,7 @@ struct StatsCounters {
     s.standaloneServerBytes = standaloneServerBytes.load();
     s.standaloneServerSteps = standaloneServerSteps.load();
     s.roundsCalls = roundsCalls.load();
+    s.poolReadBytes = poolReadBytes.load();
     s.bytesSealed = bytesSealed.load();
     s.bytesOpened = bytesOpened.load();
     return s;

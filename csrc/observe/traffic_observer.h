@@ -47,6 +47,9 @@ class TrafficObserver {
   // Abandoned sends the provider has since reported done.
   void abandonedSendsDone(uint64_t n) const { add(stats_.abandonedSendsConfirmed, n); }
 
+  // Bytes a rank read from a host peer's shared pool with memcpy
+  // (hostpath/shared_pool.h) instead of process_vm_readv.
+  void pooledRead(uint64_t bytes) const { add(stats_.poolReadBytes, bytes); }
   // A call that took the pairwise-rounds schedule (algorithms/allreduce.cc).
   void pairwiseRounds() const { add(stats_.roundsCalls, 1); }
 

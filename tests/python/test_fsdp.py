@@ -2,7 +2,8 @@
 ($SMDDP_TEST_BACKEND, default "smddp"), checked against the same training run
 over Gloo in the same job: 20 steps of a small transformer at world 2 and 3,
 three variants (AVG reduce-scatter, PREMUL_SUM reduce-scatter, bf16 mixed
-precision).
+precision). Under smddp, the AVG run again with FSDP2's buffers from the
+backend's allocate_tensor (the shared pool): bit for bit the same.
 See cases_fsdp.py."""
 
 import os

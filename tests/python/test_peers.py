@@ -20,7 +20,7 @@ def test_peers_runs_without_the_peers_and_checks_real_results():
     # backend's result is checked against the closed form before and after
     # the timed rounds, and a wrong one exits non-zero.
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "peers.py"), "--world", "2",
-           "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "gloo",
+           "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "smddp_pool", "gloo",
            "--rounds", "2", "--block-s", "0.002", "--max-iters", "20", "--timeout", "150"]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
@@ -28,6 +28,7 @@ def test_peers_runs_without_the_peers_and_checks_real_results():
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 2, p.stdout
     assert "best peer / smddp_direct" in p.stdout, p.stdout
+    assert "smddp_pool at world 2: n/a (allreduce's buffers are the model's" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
@@ -37,9 +38,11 @@ def test_peers_gather_and_scatter_check_real_results(op):
     # j holds j + 1, reduce-scatter n(n+1)/2) into a poisoned output;
     # smddp_direct has no entry for them and reads n/a with the reason. The
     # floor is no peer: the table sets smddp against it in a column of its
-    # own.
+    # own. smddp_pool: the same call on buffers from the backend's
+    # allocate_tensor (the shared pool), checked the same way.
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "peers.py"), "--op", op, "--world", "2",
-           "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "gloo", "copy",
+           "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "smddp_pool", "gloo",
+           "copy",
            "--rounds", "2", "--block-s", "0.002", "--max-iters", "20", "--timeout", "150",
            *(["--in-place"] if op == "all_gather" else [])]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -48,7 +51,8 @@ def test_peers_gather_and_scatter_check_real_results(op):
     assert ("size = the whole output" if op == "all_gather" else "size = the whole input") in p.stdout
     assert ("in place (FSDP2's form" in p.stdout) == (op == "all_gather"), p.stdout
     assert "algbw x (n-1)/n" in p.stdout
-    assert "| smddp / copy |" in p.stdout, p.stdout
+    assert "| smddp / copy |" in p.stdout and "| smddp_pool / copy |" in p.stdout, p.stdout
+    assert "| best peer / smddp_pool |" in p.stdout, p.stdout
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 2 and all(" n/a |" in r for r in rows), p.stdout
     assert all(" gloo |" in r for r in rows), p.stdout  # the best peer, never the floor

@@ -53,7 +53,7 @@ def batch(rank, step):
     return tokens, torch.roll(tokens, 1, dims=1)  # learnable target
 
 
-def train(group, rank, world, variant, force_sum, device=None):
+def train(group, rank, world, variant, force_sum, device=None, pool=False):
     torch.manual_seed(0)  # identical initial weights on every rank and in both runs
     model = TinyTransformer()
     if device is not None:
@@ -67,6 +67,10 @@ def train(group, rank, world, variant, force_sum, device=None):
     for layer in model.layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
+    if pool:  # the all-gather and reduce-scatter buffers from the backend's allocate_tensor
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_allocate_memory_from_process_group_for_comm(True)
     if variant == "premul":
         for m in model.modules():
             if isinstance(m, FSDPModule):
@@ -89,15 +93,35 @@ def train(group, rank, world, variant, force_sum, device=None):
     return full, losses
 
 
+def pooled_buffers(rank, world, avg, avg_losses, failures):
+    """FSDP2 with its communication buffers from smddp's allocate_tensor
+    (the shared pool: peers read them with memcpy): the same run as "avg"
+    on the same path, so the same bits, and the pool was read."""
+    import torch_smddp
+    before = torch_smddp.stats()["pool_read_bytes"]
+    got, losses = train(dist.group.WORLD, rank, world, "avg", force_sum=False, pool=True)
+    read = torch_smddp.stats()["pool_read_bytes"] - before
+    if read == 0:
+        failures.append(f"rank {rank} pool: no byte was read from a peer's pool")
+    for name, want in avg.items():
+        if not torch.equal(got[name], want):
+            failures.append(f"rank {rank} pool {name}: differs from the private-buffer run, "
+                            f"max {(got[name] - want).abs().max().item()}")
+    if losses != avg_losses:
+        failures.append(f"rank {rank} pool: losses {losses} vs {avg_losses}")
+    return 2 + len(avg)
+
+
 def run(rank, world, device=None):
     gloo = dist.new_group(backend="gloo")
     failures, checks = [], 0
     torch.manual_seed(0)
     init = {n: p.detach().clone() for n, p in TinyTransformer().named_parameters()}
-    out = {}
+    out, fulls = {}, {}
     for variant in ("avg", "premul", "bf16"):
         got, got_losses = train(dist.group.WORLD, rank, world, variant,
                                 force_sum=dist.get_backend() == "gloo", device=device)
+        fulls[variant] = got
         ref, ref_losses = train(gloo, rank, world, variant, force_sum=True)
         # bf16 params amplify rounding differences of the fp32 reductions
         tol = 2e-3 if variant == "bf16" else 2e-5
@@ -121,6 +145,8 @@ def run(rank, world, device=None):
         if not all(abs(x - y) <= 1e-3 * max(1.0, abs(y)) for x, y in zip(got_losses, ref_losses)):
             failures.append(f"rank {rank} {variant}: losses differ {got_losses} vs {ref_losses}")
         out[variant] = got_losses
+    if dist.get_backend() == "smddp" and device is None:
+        checks += pooled_buffers(rank, world, fulls["avg"], out["avg"], failures)
     # Every rank must end with the same full parameters (all-gathered again
     # over Gloo, independent of the backend under test).
     digest = torch.stack([p.double().sum() for p in got.values()])

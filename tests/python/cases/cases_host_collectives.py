@@ -443,4 +443,6 @@ def run(rank, world, hosts=1, sizes=SIZES):
     # Across hosts the engine thread may still be finishing the last call's
     # sends when the next comes (the call then queues): counted on one host.
     caller_runs(ck, rank, world, counted=hosts == 1)
+    from cases_shared_pool import pooled  # it imports this module's oracles
+    pooled(ck, rank, world, hosts)
     return {"cases": ck.cases, "failures": ck.failures}

@@ -1,0 +1,82 @@
+"""Child side: all-gather and reduce-scatter on tensors from the backend's
+allocate_tensor (the process's shared pool, hostpath/shared_pool.h), called
+from cases_host_collectives.run in its jobs (one host and the namespace
+cluster).
+
+Oracles: every rank regenerates every rank's inputs (cases_host_collectives'
+closed forms, so the bits must match), and stats()["pool_read_bytes"]
+counts exactly the bytes a one-host call read from its peers' pools, and
+nothing for private tensors."""
+
+import torch
+import torch.distributed as dist
+
+import torch_smddp
+from cases_host_collectives import closed_form_block, make
+
+CPU = torch.device("cpu")
+# Up to 1 MiB parts: below the rings' 4 MiB (one host, world 3 and up), so
+# every peer's part is read from its pool.
+SHAPES = [(torch.float32, 1), (torch.float32, 4099), (torch.bfloat16, 65539),
+          (torch.int32, 300007), (torch.float32, 1 << 18)]
+
+
+def pooled_bytes():
+    return torch_smddp.stats()["pool_read_bytes"]
+
+
+def pooled(ck, rank, world, hosts):
+    backend = dist.group.WORLD._get_backend(CPU)
+    ck.check("smddp supports tensor allocation on the CPU", backend.supports_tensor_alloc(CPU))
+    local = world // hosts
+    for dtype, n in SHAPES:
+        es = torch.empty(0, dtype=dtype).element_size()
+        whole = torch.cat([make(f"pool{n}", r, dtype, n) for r in range(world)])
+        # In place, as FSDP2 calls it: the output from the pool, the input
+        # this rank's part of it.
+        out = backend.allocate_tensor(n * world, dtype=dtype, device=CPU)
+        ck.check(f"allocate_tensor gives {dtype} x {n * world}",
+                 out.dtype == dtype and out.shape == (n * world,) and out.device == CPU, str(out.shape))
+        out[rank * n:(rank + 1) * n].copy_(whole[rank * n:(rank + 1) * n])
+        before = pooled_bytes()
+        dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+        read = pooled_bytes() - before
+        ck.equal(f"pooled all_gather in place ({dtype}, {n})", out, whole)
+        if hosts == 1:
+            ck.check(f"pooled all_gather read its peers' pools ({dtype}, {n})",
+                     read == (local - 1) * n * es, f"{read} bytes, want {(local - 1) * n * es}")
+        else:
+            ck.check(f"pooled all_gather read its peers' pools ({dtype}, {n})", read > 0, str(read))
+        # Out of place: a pooled input, a private output.
+        private = torch.empty(n * world, dtype=dtype)
+        part = backend.allocate_tensor(n, dtype=dtype, device=CPU)
+        part.copy_(whole[rank * n:(rank + 1) * n])
+        dist.all_gather_into_tensor(private, part)
+        ck.equal(f"pooled input, private output ({dtype}, {n})", private, whole)
+        # Reduce-scatter: the input from the pool, as FSDP2 allocates it.
+        rs_in = backend.allocate_tensor(n * world, dtype=dtype, device=CPU)
+        rs_in.copy_(make(f"poolrs{n}", rank, dtype, n * world))
+        rs_out = backend.allocate_tensor(n, dtype=dtype, device=CPU)
+        before = pooled_bytes()
+        dist.reduce_scatter_tensor(rs_out, rs_in)
+        read = pooled_bytes() - before
+        if hosts == 1:
+            ck.check(f"pooled reduce_scatter read its peers' pools ({dtype}, {n})",
+                     read == (local - 1) * n * es, f"{read} bytes, want {(local - 1) * n * es}")
+        ck.equal(f"pooled reduce_scatter ({dtype}, {n})", rs_out,
+                 closed_form_block(f"poolrs{n}", dtype, n, world, hosts, rank))
+    # Private tensors still go through process_vm_readv: nothing counted.
+    x = torch.full((4099,), float(rank))
+    out = torch.empty(4099 * world)
+    before = pooled_bytes()
+    dist.all_gather_into_tensor(out, x)
+    ck.check("private tensors are not read from a pool", pooled_bytes() == before,
+             str(pooled_bytes() - before))
+    ck.equal("private all_gather after pooled ones", out,
+             torch.cat([torch.full((4099,), float(q)) for q in range(world)]))
+    # Freed pool memory is handed out again (the pool does not grow without end).
+    a = backend.allocate_tensor(1 << 20, dtype=torch.uint8, device=CPU)
+    where = a.data_ptr()
+    del a
+    b = backend.allocate_tensor(1 << 20, dtype=torch.uint8, device=CPU)
+    ck.check("a released pool range is reused", b.data_ptr() == where)
