@@ -33,6 +33,12 @@ must agree (allclose, --rtol, --atol); any difference on any rank fails the
 run. Both copies must also have moved away from the initial weights, so the
 check cannot pass on a model that never learned.
 
+--pool adds "smddp pool": the smddp copy with FSDP2's communication
+buffers from the backend's allocate_tensor
+(set_allocate_memory_from_process_group_for_comm(True): smddp's shared
+pool, which the host's ranks read without a system call); its shards
+must equal the smddp copy's bit for bit.
+
 --offcpu-ms MS takes the compute off the CPU, as ddp_step.py's does: every
 copy's forward and backward sleep instead of computing, MS per step in all
 (offcpu_lm), so that the collectives have the host's cores to themselves
@@ -68,12 +74,13 @@ from cluster_launch import launch_on_cluster  # noqa: E402
 NAMES = ("smddp", "gloo", "compute only")
 
 
-def sharded_model(torch, mesh, seq, offcpu=None):
+def sharded_model(torch, mesh, seq, offcpu=None, pool=False):
     """build_model's transformer under FSDP2 on `mesh`: one FSDP unit per
     encoder layer (their all-gathers can overlap the previous layer's
     compute) and one for the rest (embedding, positions, output layer);
-    with `offcpu` (compute seconds, rank), its compute off the CPU."""
-    from torch.distributed.fsdp import fully_shard
+    with `offcpu` (compute seconds, rank), its compute off the CPU; with
+    `pool`, its communication buffers from the process group."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     torch.manual_seed(0)
     lm = build_model(torch, seq=seq)
@@ -81,7 +88,12 @@ def sharded_model(torch, mesh, seq, offcpu=None):
         lm = offcpu_lm(torch, lm, *offcpu)
     for layer in lm.body.layers:
         fully_shard(layer, mesh=mesh)
-    return fully_shard(lm, mesh=mesh)
+    lm = fully_shard(lm, mesh=mesh)
+    if pool:
+        for m in lm.modules():
+            if isinstance(m, FSDPModule):
+                m.set_allocate_memory_from_process_group_for_comm(True)
+    return lm
 
 
 def offcpu_lm(torch, lm, compute_s, rank):
@@ -138,6 +150,12 @@ def check_agree(torch, models, initial, rtol, atol) -> dict:
             bad = ((a - b).abs() > atol + rtol * b.abs()).nonzero()[0].tolist()
             raise RuntimeError(f"parameter {i}: the smddp copy {a[tuple(bad)].item():.8g} and "
                                f"the gloo copy {b[tuple(bad)].item():.8g} differ at {bad}")
+    if "smddp pool" in models:  # the same path on other memory: the same bits
+        for i, (a, b) in enumerate(zip(local_shards(models["smddp pool"][0]),
+                                       local_shards(models["smddp"][0]))):
+            if not torch.equal(a.detach(), b.detach()):
+                raise RuntimeError(f"parameter {i}: the smddp pool copy differs from the smddp "
+                                   f"copy by {(a - b).abs().max().item():.3g}")
     if worst["min_moved"] == 0.0:
         raise RuntimeError("a parameter shard never moved from its initial value: "
                            "the check could not have failed")
@@ -159,12 +177,15 @@ def paired_worker(args) -> None:
     gloo = dist.new_group(backend="gloo")
     offcpu = (args.offcpu_ms / 1e3, rank) if args.offcpu_ms else None
     copies = [("smddp", dist.group.WORLD, offcpu), ("gloo", gloo, offcpu)]
+    if args.pool:
+        copies.append(("smddp pool", dist.group.WORLD, offcpu))
     if offcpu:
         copies += [("smddp comm only", dist.group.WORLD, (0.0, rank)),
                    ("gloo comm only", gloo, (0.0, rank))]
     models = {}
     for name, group, off in copies:
-        models[name] = sharded_model(torch, DeviceMesh.from_group(group, "cpu"), args.seq, off)
+        models[name] = sharded_model(torch, DeviceMesh.from_group(group, "cpu"), args.seq, off,
+                                     pool=name == "smddp pool")
     torch.manual_seed(0)
     models["compute only"] = build_model(torch, seq=args.seq)
     if offcpu:
@@ -173,7 +194,8 @@ def paired_worker(args) -> None:
     initial = [p.detach().clone() for p in local_shards(models["smddp"][0])]
     nparams = sum(p.numel() for p in models["compute only"][0].parameters())
     x, y = synthetic_batch(torch, rank, args.batch, args.seq)
-    names = (*NAMES, "smddp comm only", "gloo comm only") if offcpu else NAMES
+    names = (*NAMES, *(["smddp pool"] if args.pool else []),
+             *(["smddp comm only", "gloo comm only"] if offcpu else []))
 
     def step(name):
         if not offcpu:
@@ -221,6 +243,8 @@ def paired_worker(args) -> None:
             json.dump({"params": nparams, "world": world, "times": times, "overlap": overlap,
                        "median": median,
                        "smddp_over_gloo": ratio("smddp", "gloo"),
+                       **({"pool_over_gloo": ratio("smddp pool", "gloo"),
+                           "pool_over_smddp": ratio("smddp pool", "smddp")} if args.pool else {}),
                        "compute_over": {n: ratio("compute only", n) for n in ("smddp", "gloo")},
                        "max_abs_diff": w[0].item(), "min_moved": -w[1].item(),
                        "gather_scatter_path": stats["gather_scatter_path"],
@@ -234,7 +258,8 @@ def worker_args(args) -> list:
     return ["--worker", "--steps", str(args.steps), "--rounds", str(args.rounds),
             "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq),
             "--threads", str(args.threads), "--lr", str(args.lr), "--rtol", str(args.rtol),
-            "--atol", str(args.atol), "--offcpu-ms", str(args.offcpu_ms)]
+            "--atol", str(args.atol), "--offcpu-ms", str(args.offcpu_ms),
+            *(["--pool"] if args.pool else [])]
 
 
 def print_table(res, args) -> None:
@@ -253,6 +278,11 @@ def print_table(res, args) -> None:
           f"(throughput smddp/gloo {1 / res['smddp_over_gloo']:.2f}x); compute only/smddp: "
           f"{res['compute_over']['smddp']:.3f}; compute only/gloo: "
           f"{res['compute_over']['gloo']:.3f}")
+    if "pool_over_gloo" in res:
+        print(f"smddp pool (buffers from allocate_tensor): step time over gloo's "
+              f"{res['pool_over_gloo']:.3f} (throughput {1 / res['pool_over_gloo']:.2f}x), over "
+              f"smddp's on private buffers {res['pool_over_smddp']:.3f}; its shards equal "
+              "smddp's bit for bit")
     if res.get("overlap"):
         print("compute off the CPU: " + f"{args.offcpu_ms:g} ms of sleeps per step; overlap "
               "share, (compute + comm only - step) / min(compute, comm only): " +
@@ -284,6 +314,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--offcpu-ms", type=float, default=0.0,
                     help="compute off the CPU: forward and backward sleep this many ms per step "
                          "(offcpu_lm), and the comm-only copies are timed")
+    ap.add_argument("--pool", action="store_true",
+                    help="add a smddp copy with FSDP2's buffers from allocate_tensor")
     ap.add_argument("--hosts", type=int, help="across this many namespace hosts (root)")
     ap.add_argument("--ranks", type=int, default=2, help="with --hosts: ranks per host")
     ap.add_argument("--rate", default="2gbit", help="with --hosts: each link's rate (tc tbf)")

@@ -130,11 +130,11 @@ def test_fsdp_step_forwards_every_option_a_worker_reads():
     ap = fsdp_step.parser()
     asked = ap.parse_args(["--paired", "--steps", "7", "--rounds", "5", "--warmup", "2",
                            "--batch", "3", "--seq", "64", "--threads", "2", "--lr", "0.5",
-                           "--rtol", "1e-3", "--atol", "1e-5", "--offcpu-ms", "250"])
+                           "--rtol", "1e-3", "--atol", "1e-5", "--offcpu-ms", "250", "--pool"])
     got = ap.parse_args(fsdp_step.worker_args(asked))
     assert got.worker
     for field in ("steps", "rounds", "warmup", "batch", "seq", "threads", "lr", "rtol", "atol",
-                  "offcpu_ms"):
+                  "offcpu_ms", "pool"):
         assert getattr(got, field) == getattr(asked, field), field
 
 
