@@ -94,8 +94,13 @@ SharedPool::SharedPool(uint64_t bytes) : ranges_(0) {
     close(fd);
     return;
   }
+  // A child forked from this process (a DataLoader worker) gets no
+  // mapping of the pool: it would share these pages where private memory
+  // is copied on write, and write into its parent's buffers.
+  madvise(at, bytes, MADV_DONTFORK);
   base_ = static_cast<uint8_t*>(at);
   bytes_ = bytes;
+  owner_ = getpid();
   fd_ = fd;  // kept open: peers open it through /proc/<pid>/fd
   ranges_ = Ranges(bytes);
 }
@@ -115,12 +120,12 @@ SharedPool& SharedPool::process() {
 
 PoolWhere SharedPool::where() {
   const SharedPool* p = madePool.load(std::memory_order_acquire);
-  if (!p || !p->base_) return {};
+  if (!p || !p->base_ || getpid() != p->owner_) return {};
   return {reinterpret_cast<uint64_t>(p->base_), p->bytes_, p->fd_};
 }
 
 void* SharedPool::allocate(size_t bytes) {
-  if (!base_) return nullptr;
+  if (!base_ || getpid() != owner_) return nullptr;  // none, or a forked child's
   const uint64_t want = (std::max<uint64_t>(bytes, 1) + kPage - 1) / kPage * kPage;
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t at = ranges_.take(want);

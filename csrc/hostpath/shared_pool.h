@@ -3,7 +3,8 @@
 // set_allocate_memory_from_process_group_for_comm), as NCCL's pool sits
 // behind ncclMemAlloc. One per process, in a memfd of
 // SMDDP_SHARED_POOL_BYTES reserved at its first allocation (pages are
-// taken as they are touched). A rank posts where its pool lies with every
+// taken as they are touched; a forked child inherits no mapping of it).
+// A rank posts where its pool lies with every
 // all-gather and reduce-scatter (DirectPost::pool*); a peer whose block
 // lies in it maps that pool once, read-only, through /proc/<pid>/fd (the
 // ptrace rule process_vm_readv already needs) and copies with memcpy,
@@ -42,8 +43,8 @@ class SharedPool {
   static PoolWhere where();
 
   // `bytes` rounded up to whole pages, page-aligned; null when the pool
-  // has no free range that large or could not be made (the caller then
-  // allocates privately).
+  // has no free range that large, could not be made, or belongs to the
+  // parent of this forked process (the caller then allocates privately).
   void* allocate(size_t bytes);
   // Returns what allocate() gave.
   void release(void* p);
@@ -75,6 +76,7 @@ class SharedPool {
   uint8_t* base_ = nullptr;
   uint64_t bytes_ = 0;
   int fd_ = -1;
+  pid_t owner_ = 0;  // the process that made it: a forked child has no mapping of it
   std::string failure_;
   Ranges ranges_;
 };

@@ -3,9 +3,11 @@
 // through /proc/<pid>/fd reading what the owner wrote at the same offset.
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -89,12 +91,18 @@ TEST_CASE("shared pool: a peer's mapping reads what the owner wrote", "[shared_p
   const pid_t owner = getpid();
   const pid_t child = fork();
   if (child == 0) {
+    // No mapping of the parent's pool came with the fork (MADV_DONTFORK);
+    // checked first, since the mapping below may take the freed addresses.
+    const bool unmapped = msync(p, 4096, MS_ASYNC) != 0 && errno == ENOMEM;
     PeerPools peers({owner});
     const uint8_t* at = peers.find(0, where, reinterpret_cast<uint64_t>(p), mine.size());
     const bool same = at && std::memcmp(at, mine.data(), mine.size()) == 0;
     // Outside the pool: not found.
     const bool outside = peers.find(0, where, where.base + where.bytes, 1) == nullptr;
-    _exit(same && outside ? 0 : 1);
+    // The parent's pool is not the child's: nothing to allocate, nothing
+    // posted.
+    const bool notOurs = SharedPool::process().allocate(64) == nullptr && SharedPool::where().base == 0;
+    _exit((same ? 0 : 1) | (outside ? 0 : 2) | (notOurs ? 0 : 4) | (unmapped ? 0 : 8));
   }
   int status = 0;
   REQUIRE(waitpid(child, &status, 0) == child);
