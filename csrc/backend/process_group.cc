@@ -114,7 +114,8 @@ void ProcessGroupSmddp::abort() {
 c10d::ErrorType ProcessGroupSmddp::getError() {
   if (hostGroup_ && hostGroup_->failure()) return c10d::ErrorType::COMM_ERROR;
   if (auto host = hostGroup_ ? hostGroup_->formed() : nullptr) {
-    if (host->getError() != c10d::ErrorType::SUCCESS) return host->getError();
+    const c10d::ErrorType e = host->getError();  // once: it may change between two reads
+    if (e != c10d::ErrorType::SUCCESS) return e;
   }
   return asyncError_->type();
 }
