@@ -61,6 +61,11 @@ constexpr int kRingsFromRanks = 3;
 // about 2 GiB).
 constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;
 
+// Where the poster's pool lies, as its post says.
+PoolWhere poolOf(const DirectPost& d) {
+  return {d.poolBase, d.poolBytes, static_cast<int>(d.poolFd)};
+}
+
 // Reads `bytes` at `remote` in process `pid`; errno's text, or "".
 std::string readProcess(pid_t pid, void* local, uint64_t remote, uint64_t bytes) {
   auto* dst = static_cast<uint8_t*>(local);
@@ -171,8 +176,8 @@ std::string SegmentCollectives::describe() const {
   if (hosts() == 1) {
     return "shared memory: all-gather through each rank's ring in the host segment once a rank "
            "receives " + std::to_string(kRingsFromBytesIn >> 10) +
-           " KiB, smaller ones and reduce-scatter reading the peers' buffers (" +
-           std::to_string(ranks_) + " ranks)";
+           " KiB (unless every part lies in a shared pool), smaller ones and reduce-scatter "
+           "reading the peers' buffers (" + std::to_string(ranks_) + " ranks)";
   }
   std::string text =
       "hierarchy: shared memory within each host, each rank reading its peers' buffers, and "
@@ -297,9 +302,10 @@ void SegmentCollectives::awaitAll(Flag flag, EngineContext& ctx, StallWatch& wat
 }
 
 void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t bytes,
-                              const StallWatch& watch) const {
+                              const StallWatch& watch, bool streaming) const {
   if (const uint8_t* at = mapped(peer, remote, bytes)) {
-    std::memcpy(local, at, bytes);
+    if (streaming) copyStreaming(local, at, bytes);  // the caller fences
+    else std::memcpy(local, at, bytes);
     return;
   }
   std::string err = readProcess(pids_[peer], local, remote, bytes);
@@ -313,11 +319,18 @@ void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t b
 }
 
 const uint8_t* SegmentCollectives::mapped(int peer, uint64_t remote, uint64_t bytes) const {
-  const DirectPost& d = segment_.ctl().direct[peer];
-  const PoolWhere theirs{d.poolBase, d.poolBytes, static_cast<int>(d.poolFd)};
-  const uint8_t* at = peerPools_.find(peer, theirs, remote, bytes);
+  const uint8_t* at = peerPools_.find(peer, poolOf(segment_.ctl().direct[peer]), remote, bytes);
   if (at) traffic_.pooledRead(bytes);
   return at;
+}
+
+bool SegmentCollectives::partsPooled(uint64_t bytes) const {
+  const SegmentControl& ctl = segment_.ctl();
+  for (int p = 0; p < ranks_; ++p) {
+    const DirectPost& d = ctl.direct[p];
+    if (!poolOf(d).contains(d.block[topo_.hostIndex], bytes)) return false;
+  }
+  return true;
 }
 
 bool SegmentCollectives::throughRings(uint64_t bytes) const {
@@ -359,7 +372,9 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
     snapshot_.assign(src, src + bytes);
     src = snapshot_.data();
   }
-  const bool rings = throughRings(bytes);
+  // By size; a call whose parts all lie in their ranks' pools is read
+  // instead (decided once every post is in, the same on every rank).
+  bool rings = throughRings(bytes);
   if (!rings && bytes && outs[me].data != src) copyOwnPart(ctx, outs[me].data, src, bytes);
   // What this rank holds, by host: its own part, and (across hosts) where
   // the part of the rank of its local index on each other host lands.
@@ -372,13 +387,19 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   post(seq, sig, blocks);
   StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   awaitPosts(ctx, watch, seq, sig);
+  if (rings && partsPooled(bytes)) {
+    // One copy per byte from the peers' pools beats a ring's two: 1.2-1.7x
+    // at world 3, 1.0-1.5x at world 4 (docs/notes/2026-12-06-shared-pool.md).
+    rings = false;
+    if (bytes && outs[me].data != src) copyOwnPart(ctx, outs[me].data, src, bytes);
+  }
   if (rings) {
     // Only this rank reads `in`: it may leave once it has its peers' parts.
     gatherThroughRings(ctx, watch, seq, sig, src, outs);
     return;
   }
   if (H == 1) {
-    readHostParts(outs, bytes, watch, [] {});
+    readHostParts(ctx, outs, bytes, watch, [] {});
   } else {
     gatherAcrossHosts(ctx, seq, sig, src, outs, watch);
   }
@@ -387,14 +408,25 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
 }
 
 template <typename Poll>
-void SegmentCollectives::readHostParts(const std::vector<Buffer>& outs, uint64_t bytes,
-                                       const StallWatch& watch, const Poll& poll) const {
+void SegmentCollectives::readHostParts(EngineContext& ctx, const std::vector<Buffer>& outs,
+                                       uint64_t bytes, const StallWatch& watch,
+                                       const Poll& poll) const {
   const int host = topo_.hostIndex;
+  // Parts read from the peers' pools are written past the caches once a
+  // rank receives twice the streaming size (8 MiB by default); below,
+  // memcpy keeps them in cache. Measured in turns on pooled buffers:
+  // 1.4-1.7x faster at 16 and 64 MiB (world 3 and 4; world 2 at 64 MiB),
+  // even at world 2, 16 MiB, and 2.6x slower at world 2, 8 MiB (4 MiB
+  // received) (docs/notes/2026-12-06-shared-pool.md). process_vm_readv
+  // copies as the kernel does.
+  const bool streaming =
+      bytes * (ranks_ - 1) >= 2 * hostPathConfig(ctx.config()).streamingBytes;
   for (int i = 1; i < ranks_; ++i) {
     const int p = (local_ + i) % ranks_;
     readPolling(p, static_cast<uint8_t*>(outs[globalRank(host, p)].data),
-                segment_.ctl().direct[p].block[host], bytes, watch, poll);
+                segment_.ctl().direct[p].block[host], bytes, watch, poll, streaming);
   }
+  if (streaming) streamingFence();
 }
 
 void SegmentCollectives::gatherAcrossHosts(EngineContext& ctx, uint64_t seq,
@@ -438,7 +470,7 @@ void SegmentCollectives::gatherAcrossHosts(EngineContext& ctx, uint64_t seq,
     }
   }
   ex.poll();
-  readHostParts(outs, bytes, watch, [&ex] { ex.poll(); });
+  readHostParts(ctx, outs, bytes, watch, [&ex] { ex.poll(); });
   readLandedParts(ctx, ex, watch, seq, sig, outs, chunks, es);
 }
 
@@ -523,10 +555,11 @@ void SegmentCollectives::readLandedParts(EngineContext& ctx, Exchange& ex, Stall
 
 template <typename Poll>
 void SegmentCollectives::readPolling(int peer, uint8_t* local, uint64_t remote, uint64_t bytes,
-                                     const StallWatch& watch, const Poll& poll) const {
+                                     const StallWatch& watch, const Poll& poll,
+                                     bool streaming) const {
   for (uint64_t off = 0; off < bytes; off += kPollSliceBytes) {
     const uint64_t len = std::min(kPollSliceBytes, bytes - off);
-    read(peer, local + off, remote + off, len, watch);
+    read(peer, local + off, remote + off, len, watch, streaming);
     poll();
   }
 }

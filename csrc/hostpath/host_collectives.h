@@ -153,6 +153,10 @@ class SegmentCollectives final : public HostCollectives {
   // Whether a one-host all-gather of `bytes` per part goes through the
   // rings (the same answer on every rank: it depends on the call only).
   bool throughRings(uint64_t bytes) const;
+  // Once every rank of the host posted an all-gather: whether every part
+  // lies in its rank's pool (the same answer on every rank, from the
+  // posts). Such a call reads the parts instead of taking the rings.
+  bool partsPooled(uint64_t bytes) const;
   // Where each local rank's ring stood when the call began (its post);
   // marks everything before that as read by this rank.
   std::vector<uint64_t> ringStarts();
@@ -166,8 +170,8 @@ class SegmentCollectives final : public HostCollectives {
   // All-gather: copies this host's peers' own parts into `outs`, calling
   // poll() between slices.
   template <typename Poll>
-  void readHostParts(const std::vector<Buffer>& outs, uint64_t bytes, const StallWatch& watch,
-                     const Poll& poll) const;
+  void readHostParts(EngineContext& ctx, const std::vector<Buffer>& outs, uint64_t bytes,
+                     const StallWatch& watch, const Poll& poll) const;
   // All-gather across hosts, once this host's ranks posted; `src` is this
   // rank's part.
   void gatherAcrossHosts(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
@@ -187,12 +191,15 @@ class SegmentCollectives final : public HostCollectives {
   const uint8_t* mapped(int peer, uint64_t remote, uint64_t bytes) const;
   // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`:
   // with memcpy from mapped() where it can, else with process_vm_readv.
-  void read(int peer, void* local, uint64_t remote, uint64_t bytes, const StallWatch& watch) const;
+  // `streaming`: from a pool with streaming stores, which the caller
+  // orders (streamingFence) before anyone reads `local`.
+  void read(int peer, void* local, uint64_t remote, uint64_t bytes, const StallWatch& watch,
+            bool streaming = false) const;
   // Copies `bytes` at `remote` in local rank `peer`'s memory to `local`
   // a slice at a time, calling poll() after each (an exchange in flight).
   template <typename Poll>
   void readPolling(int peer, uint8_t* local, uint64_t remote, uint64_t bytes,
-                   const StallWatch& watch, const Poll& poll) const;
+                   const StallWatch& watch, const Poll& poll, bool streaming = false) const;
   // Reduce-scatter: combines, in local rank order, the host's blocks for
   // group rank `owner` into `dst` (`own` is this rank's block; peer p's
   // lies at remote(p)), a piece at a time, calling poll() after each.

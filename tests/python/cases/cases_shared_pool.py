@@ -15,10 +15,11 @@ import torch_smddp
 from cases_host_collectives import closed_form_block, make
 
 CPU = torch.device("cpu")
-# Up to 1 MiB parts: below the rings' 4 MiB (one host, world 3 and up), so
-# every peer's part is read from its pool.
+# Every peer's part is read from its pool, the last (4 MiB parts) too,
+# which a rank of world 3 and up would otherwise receive through the rings;
+# from world 3 it receives 8 MiB and more, written with streaming stores.
 SHAPES = [(torch.float32, 1), (torch.float32, 4099), (torch.bfloat16, 65539),
-          (torch.int32, 300007), (torch.float32, 1 << 18)]
+          (torch.int32, 300007), (torch.float32, 1 << 18), (torch.float32, (1 << 20) + 5)]
 
 
 def pooled_bytes():
