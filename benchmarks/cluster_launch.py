@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 import shutil
+import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

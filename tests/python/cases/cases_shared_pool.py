@@ -81,3 +81,52 @@ def pooled(ck, rank, world, hosts):
     del a
     b = backend.allocate_tensor(1 << 20, dtype=torch.uint8, device=CPU)
     ck.check("a released pool range is reused", b.data_ptr() == where)
+
+
+def pool_ranges():
+    """Where this process's pool is mapped (/proc/self/maps, the memfd's
+    name), independent of the library's own bookkeeping."""
+    ranges = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "memfd:smddp-pool" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                ranges.append((lo, hi))
+    return ranges
+
+
+def limits(rank, world, pool_bytes):
+    """Run with SMDDP_SHARED_POOL_BYTES=`pool_bytes`: a pool that is full,
+    or none, hands out private tensors, and the collectives stay right."""
+    failures = []
+    cpu = torch.device("cpu")
+    backend = dist.group.WORLD._get_backend(cpu)
+
+    def check(what, ok, detail=""):
+        if not ok:
+            failures.append(f"rank {rank} {what} {detail}")
+
+    def pooled(t):
+        return any(lo <= t.data_ptr() < hi for lo, hi in pool_ranges())
+
+    check("supports_tensor_alloc follows the pool", backend.supports_tensor_alloc(cpu) == (pool_bytes > 0))
+    n_small, n_big = (256 << 10) // 4, (2 << 20) // 4  # 256 KiB fits a 1 MiB pool, 2 MiB does not
+    small = backend.allocate_tensor(n_small * world, dtype=torch.float32, device=cpu)
+    big = backend.allocate_tensor(n_big * world, dtype=torch.float32, device=cpu)
+    check("a tensor that fits is in the pool", pooled(small) == (pool_bytes > 0))
+    check("a tensor past the pool's size is private", not pooled(big))
+    for name, out, n in (("small", small, n_small), ("big", big, n_big)):
+        out[rank * n:(rank + 1) * n].fill_(float(rank + 1))
+        before = torch_smddp.stats()["pool_read_bytes"]
+        dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+        read = torch_smddp.stats()["pool_read_bytes"] - before
+        want = torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(n)
+        check(f"{name} all_gather", torch.equal(out, want))
+        expect = (world - 1) * n * 4 if pooled(out) else 0
+        check(f"{name} pool_read_bytes", read == expect, f"{read}, want {expect}")
+    where = small.data_ptr()
+    del small
+    again = backend.allocate_tensor(n_small, dtype=torch.float32, device=cpu)
+    if pool_bytes:  # (malloc may or may not hand back the same address)
+        check("a released range is handed out again", again.data_ptr() == where and pooled(again))
+    return {"failures": failures}
