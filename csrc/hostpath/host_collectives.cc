@@ -416,8 +416,8 @@ void SegmentCollectives::readHostParts(EngineContext& ctx, const std::vector<Buf
   // rank receives twice the streaming size (8 MiB by default); below,
   // memcpy keeps them in cache. Measured in turns on pooled buffers:
   // 1.4-1.7x faster at 16 and 64 MiB (world 3 and 4; world 2 at 64 MiB),
-  // even at world 2, 16 MiB, and 2.6x slower at world 2, 8 MiB (4 MiB
-  // received) (docs/notes/2026-12-06-shared-pool.md). process_vm_readv
+  // 1.05-1.45x at world 2, 16 MiB (three sittings), and 2.6x slower at
+  // world 2, 8 MiB (4 MiB received) (docs/notes/2026-12-06-shared-pool.md). process_vm_readv
   // copies as the kernel does.
   const bool streaming =
       bytes * (ranks_ - 1) >= 2 * hostPathConfig(ctx.config()).streamingBytes;
