@@ -42,15 +42,17 @@ def cluster_cc(cc: str | None) -> str:
 
 
 def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout: float,
-                      what: str, cc: str | None = None, servers: int = 0) -> dict:
+                      what: str, cc: str | None = None, servers: int = 0,
+                      socket_bytes: int | None = None) -> dict:
     """Runs `torchrun CMD --out FILE` on `hosts` namespace hosts of `ranks`
     ranks each, links shaped to `rate` (tools/smddp_cluster.py; root), and
     returns the JSON the ranks leave in FILE; the hosts' congestion control
     is cluster_cc(cc). CMD is a script and its arguments, or ["-m", module,
     ...]. With `servers`, that many more hosts, each on a link of its own,
     run a standalone reduction server for the job's smddp groups
-    (docs/design.md, "Standalone reduction servers"). Shared by the
-    benchmarks in benchmarks/."""
+    (docs/design.md, "Standalone reduction servers"). With `socket_bytes`,
+    the job's hosts cap their TCP socket buffers at that many bytes
+    (Cluster.socket_buffers). Shared by the benchmarks in benchmarks/."""
     cl = cluster_tool()
 
     why = cl.why_unavailable()
@@ -62,6 +64,8 @@ def launch_on_cluster(cmd: list[str], hosts: int, ranks: int, rate: str, timeout
         env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
         if servers:
             env.update(c.start_servers(list(range(hosts, hosts + servers)), out_dir))
+        for h in range(hosts) if socket_bytes else ():
+            c.socket_buffers(h, socket_bytes)
         jobs = c.torchrun(f"job-{os.getpid()}", [*cmd, "--out", out], ranks, out_dir, env=env,
                           hosts=list(range(hosts)), nnodes=hosts)
         codes = c.wait_jobs(timeout, jobs)

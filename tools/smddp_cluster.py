@@ -149,6 +149,13 @@ class Cluster:
     def kill_host(self, host: int) -> None:
         self._sh("kill", str(host))
 
+    def socket_buffers(self, host: int, nbytes: int) -> None:
+        """Caps every TCP socket buffer on host `host` at `nbytes` (tcp_wmem
+        and tcp_rmem are per namespace): a provider's writes then often find
+        the socket full and wait in user space for its next progress."""
+        for key in ("net.ipv4.tcp_wmem", "net.ipv4.tcp_rmem"):
+            self._sh("exec", str(host), "sysctl", "-q", "-w", f"{key}={nbytes} {nbytes} {nbytes}")
+
     def congestion_control(self, host: int) -> str:
         """The TCP congestion control that host `host`'s namespace uses."""
         return self._sh("cc", str(host)).strip()

@@ -93,13 +93,8 @@ inline c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::submitParts(
     c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
     const std::vector<at::Tensor>& inputs, EngineCall& call) {
   return guarded([&] {
-    // Not inside a coalescing block, whose calls complete together. Across
-    // hosts (or network only) only allreduce runs on the caller, as before
-    // 8c8a7bb: a synchronous all_gather there once never started on one
-    // rank of a 3 x 2 cluster (CI, 2026-12-06), cause not yet found.
-    const bool oneHost = comm_->allreducePath().callPath() == smddp::CallPath::kSharedMemory;
-    const bool callerWaits = call.callerWaits && call.parts.size() == 1 && !coalescingNow() &&
-                             (type == c10d::OpType::ALLREDUCE || oneHost);
+    // Not inside a coalescing block, whose calls complete together.
+    const bool callerWaits = call.callerWaits && call.parts.size() == 1 && !coalescingNow();
     return launchParts(rank_, type, title, std::move(outputs), inputs, call.staging,
                        static_cast<int>(call.parts.size()), callerWaits,
                        [&](int i, smddp::Communicator::Done done, smddp::CallHooks hooks) {

@@ -66,6 +66,7 @@ Communicator::Communicator(Bootstrap& store, CommOptions opts, EngineParts parts
   }
   // No call yet: a goodbye now says this rank leaves before call 0.
   ctx_->peers().noteFirstUnfinished(0);
+  registerIdleProgressExit();
   worker_ = std::thread([this] {
     smddp::nameThisThread("smddp-engine");
     workerLoop();

@@ -227,6 +227,19 @@ class Communicator {
   // Waits for work; false once the worker must exit. Meanwhile keeps
   // point-to-point operations and control frames moving.
   bool waitForTask(Task* task);
+  // The engine thread parked between calls, until ready. At growing
+  // intervals (up to kIdleTickCap) it progresses the endpoint, unless a
+  // call started since its last look (seenSeq, the next sequence number).
+  struct IdleTicks {
+    std::chrono::microseconds every;
+    uint64_t seenSeq;
+  };
+  void parkIdle(std::unique_lock<std::mutex>& lock, IdleTicks& ticks);
+  // Once per process, before the first engine thread starts: idle
+  // progress stops when the process exits.
+  static void registerIdleProgressExit();
+  static constexpr std::chrono::microseconds kFirstIdleTick{100};
+  static constexpr std::chrono::microseconds kIdleTickCap{5000};
   // Runs `t` on the calling thread (enqueue with callerWaits, under the
   // conditions above); `lock` holds queueMu_ and is released.
   void runOnCaller(Task t, std::unique_lock<std::mutex>& lock);

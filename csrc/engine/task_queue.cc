@@ -7,14 +7,48 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "common/caller_waiting.h"
+#include "common/crypto.h"
 #include "common/error.h"
+#include "common/logging.h"
 #include "engine/communicator.h"
 #include "observe/timeline.h"
 
 namespace smddp {
+
+namespace {
+
+// Idle progress stops for good when the process exits (exit() with groups
+// still alive, as a script that never destroys its groups does): exit
+// handlers and destructors then tear down what progress uses (OpenSSL's,
+// which checks control frames' MACs, ran under a tick once). Plain atomics:
+// they have no destructor of their own to race with.
+std::atomic<bool> exiting{false};
+std::atomic<int> ticking{0};
+
+void stopIdleProgressAtExit() {
+  exiting.store(true);
+  // A tick that started before the store ends within one progress call.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (ticking.load() > 0 && std::chrono::steady_clock::now() < until) sched_yield();
+}
+
+}  // namespace
+
+void Communicator::registerIdleProgressExit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Exit handlers run in reverse order of registration: OpenSSL's own
+    // (registered when it initializes) must run after this one.
+    hmacSha256("idle", {"progress"});
+    std::atexit(stopIdleProgressAtExit);
+  });
+}
 
 uint64_t Communicator::push(Task t, CallHooks hooks) {
   std::unique_lock<std::mutex> lock(queueMu_);
@@ -180,6 +214,7 @@ void Communicator::workerLoop() {
 
 bool Communicator::waitForTask(Task* task) {
   const EngineConfig& config = ctx_->config();
+  IdleTicks ticks{kFirstIdleTick, nextSeq_.load()};  // from the end of the engine's last call
   while (true) {
     std::unique_lock<std::mutex> lock(queueMu_);
     if (ctx_->p2p().inFlight() == 0 && !ctx_->control().hasPending() && queue_.empty() &&
@@ -197,9 +232,7 @@ bool Communicator::waitForTask(Task* task) {
         sched_yield();
       }
       lock.lock();
-      queueCv_.wait(lock, [&] {
-        return stopping_ || ((!queue_.empty() || engineKick_) && !runningOnCaller_);
-      });
+      parkIdle(lock, ticks);
       engineIdle_ = false;
       engineKick_ = false;
     }
@@ -222,6 +255,46 @@ bool Communicator::waitForTask(Task* task) {
         std::this_thread::sleep_for(std::chrono::microseconds(config.sleepUs));
       }
     }
+  }
+}
+
+void Communicator::parkIdle(std::unique_lock<std::mutex>& lock, IdleTicks& ticks) {
+  // A call can end here while the provider still owes a peer bytes of it:
+  // rxm's rendezvous acknowledgement is injected (copied, no completion)
+  // and tcp writes it only when the socket has room, during some later
+  // progress. A rank whose next call on this group waits on that peer
+  // elsewhere (another group, Gloo) never makes that progress, and the
+  // peer waits out the group timeout (a 3 x 2 cluster with small socket
+  // buffers, docs/notes/2026-12-06-idle-progress.md). So the parked engine
+  // thread progresses the endpoint, as Gloo's and NCCL's progress threads
+  // do: soon after a call, then backing off to kIdleTickCap, and only
+  // once no call has started since its last look (each call progresses
+  // the endpoint itself; a tick that made a caller queue its call would
+  // cost it a thread hand-off).
+  const auto ready = [&] {
+    return stopping_ || ((!queue_.empty() || engineKick_) && !runningOnCaller_);
+  };
+  while (!queueCv_.wait_for(lock, ticks.every, ready)) {
+    ticks.every = std::min(ticks.every * 2, kIdleTickCap);
+    const uint64_t seq = nextSeq_.load();
+    if (runningOnCaller_ || seq != ticks.seenSeq) {
+      ticks.seenSeq = seq;
+      continue;
+    }
+    engineIdle_ = false;  // a caller that comes meanwhile queues its call
+    lock.unlock();
+    ticking.fetch_add(1);
+    if (!exiting.load()) {
+      try {
+        ctx_->progress();
+      } catch (const std::exception& e) {
+        // Whatever broke, the next call meets it and reports it.
+        SMDDP_LOG(kDebug) << "idle progress of group '" << name() << "': " << e.what();
+      }
+    }
+    ticking.fetch_sub(1);
+    lock.lock();
+    engineIdle_ = true;
   }
 }
 
