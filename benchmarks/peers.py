@@ -188,7 +188,10 @@ def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
         # Allreduce's timed blocks sum in place: on zeros, so the sums stay
         # finite. The other ops leave their input as it is.
         b = bufs_of[name]
-        b.out.zero_() if args.op == "all_reduce" else b.refill()
+        if args.op == "all_reduce":
+            b.out.zero_()
+        else:
+            b.refill()
 
     def checked(name):
         bufs_of[name].refill()

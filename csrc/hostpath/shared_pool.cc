@@ -1,6 +1,7 @@
 #include "hostpath/shared_pool.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -28,6 +29,11 @@ namespace {
 constexpr uint64_t kPage = 4096;
 
 std::atomic<SharedPool*> madePool{nullptr};
+
+// Set in a child forked after the pool was made (pthread_atfork), which
+// has no mapping of it (MADV_DONTFORK): asked on every post, so a flag
+// instead of a getpid() system call each time.
+std::atomic<bool> forkedChild{false};
 
 }  // namespace
 
@@ -100,7 +106,6 @@ SharedPool::SharedPool(uint64_t bytes) : ranges_(0) {
   madvise(at, bytes, MADV_DONTFORK);
   base_ = static_cast<uint8_t*>(at);
   bytes_ = bytes;
-  owner_ = getpid();
   fd_ = fd;  // kept open: peers open it through /proc/<pid>/fd
   ranges_ = Ranges(bytes);
 }
@@ -112,6 +117,7 @@ SharedPool& SharedPool::process() {
       SMDDP_LOG(kWarn) << "smddp: no shared pool for allocate_tensor (" << p->failure_
                        << "): it returns private tensors, which peers read as any other";
     }
+    if (p->base_) pthread_atfork(nullptr, nullptr, [] { forkedChild.store(true); });
     madePool.store(p, std::memory_order_release);
     return p;
   }();
@@ -120,12 +126,12 @@ SharedPool& SharedPool::process() {
 
 PoolWhere SharedPool::where() {
   const SharedPool* p = madePool.load(std::memory_order_acquire);
-  if (!p || !p->base_ || getpid() != p->owner_) return {};
+  if (!p || !p->base_ || forkedChild.load(std::memory_order_relaxed)) return {};
   return {reinterpret_cast<uint64_t>(p->base_), p->bytes_, p->fd_};
 }
 
 void* SharedPool::allocate(size_t bytes) {
-  if (!base_ || getpid() != owner_) return nullptr;  // none, or a forked child's
+  if (!base_ || forkedChild.load(std::memory_order_relaxed)) return nullptr;  // a forked child's
   const uint64_t want = (std::max<uint64_t>(bytes, 1) + kPage - 1) / kPage * kPage;
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t at = ranges_.take(want);

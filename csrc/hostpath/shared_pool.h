@@ -76,7 +76,6 @@ class SharedPool {
   uint8_t* base_ = nullptr;
   uint64_t bytes_ = 0;
   int fd_ = -1;
-  pid_t owner_ = 0;  // the process that made it: a forked child has no mapping of it
   std::string failure_;
   Ranges ranges_;
 };

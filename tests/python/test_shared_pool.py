@@ -16,3 +16,4 @@ def test_pool_limits(pool_bytes):
                         env={"SMDDP_SHARED_POOL_BYTES": str(pool_bytes)}, timeout=120)
     for res in results:
         assert res["failures"] == [], res["failures"]
+        assert res["cases"] >= 7, res["cases"]

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import torch_smddp
-from cases_host_collectives import closed_form_block, make
+from cases_host_collectives import Checker, closed_form_block, make
 
 CPU = torch.device("cpu")
 # Every peer's part is read from its pool, the last (4 MiB parts) too,
@@ -98,13 +98,10 @@ def pool_ranges():
 def limits(rank, world, pool_bytes):
     """Run with SMDDP_SHARED_POOL_BYTES=`pool_bytes`: a pool that is full,
     or none, hands out private tensors, and the collectives stay right."""
-    failures = []
+    ck = Checker(rank, world)
+    check = ck.check
     cpu = torch.device("cpu")
     backend = dist.group.WORLD._get_backend(cpu)
-
-    def check(what, ok, detail=""):
-        if not ok:
-            failures.append(f"rank {rank} {what} {detail}")
 
     def pooled(t):
         return any(lo <= t.data_ptr() < hi for lo, hi in pool_ranges())
@@ -129,4 +126,4 @@ def limits(rank, world, pool_bytes):
     again = backend.allocate_tensor(n_small, dtype=torch.float32, device=cpu)
     if pool_bytes:  # (malloc may or may not hand back the same address)
         check("a released range is handed out again", again.data_ptr() == where and pooled(again))
-    return {"failures": failures}
+    return {"cases": ck.cases, "failures": ck.failures}
