@@ -152,10 +152,23 @@ class Communicator {
   std::shared_ptr<const FlightRecorder> flightRecorder() const { return observer_->recorder(); }
 
   // --- The group's context (engine_context.h), for tests that drive the
-  //     endpoint themselves while nothing is queued: its control plane,
-  //     progress() and the servers' placement. The backend reads only the
-  //     accessors above. ---
+  //     endpoint themselves while nothing is queued, under an EndpointHold:
+  //     its control plane, progress() and the servers' placement. The
+  //     backend reads only the accessors above. ---
   EngineContext& context() { return *ctx_; }
+  // While one lives, the parked engine thread leaves the endpoint alone
+  // (its idle progress, parkIdle), and the thread that made it may use
+  // context() itself, with nothing queued. For tests.
+  class EndpointHold {
+   public:
+    explicit EndpointHold(Communicator& comm);
+    ~EndpointHold();
+    EndpointHold(const EndpointHold&) = delete;
+    EndpointHold& operator=(const EndpointHold&) = delete;
+
+   private:
+    Communicator& comm_;
+  };
 
  private:
   std::chrono::milliseconds timeout() const { return ctx_->waits().timeout(); }
@@ -306,6 +319,8 @@ class Communicator {
   // A caller's thread is running a call: the engine thread takes no task
   // meanwhile, and the "worker thread only" state belongs to that caller.
   bool runningOnCaller_ = false;  // guarded by queueMu_
+  int endpointHolds_ = 0;         // guarded by queueMu_ (EndpointHold)
+  bool idleTicking_ = false;      // guarded by queueMu_: parkIdle is progressing
   // A call run by a caller left control frames to retry: the engine
   // thread must wake up and keep them moving.
   bool engineKick_ = false;  // guarded by queueMu_

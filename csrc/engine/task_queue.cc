@@ -277,11 +277,12 @@ void Communicator::parkIdle(std::unique_lock<std::mutex>& lock, IdleTicks& ticks
   while (!queueCv_.wait_for(lock, ticks.every, ready)) {
     ticks.every = std::min(ticks.every * 2, kIdleTickCap);
     const uint64_t seq = nextSeq_.load();
-    if (runningOnCaller_ || seq != ticks.seenSeq) {
+    if (runningOnCaller_ || endpointHolds_ > 0 || seq != ticks.seenSeq) {
       ticks.seenSeq = seq;
       continue;
     }
     engineIdle_ = false;  // a caller that comes meanwhile queues its call
+    idleTicking_ = true;
     lock.unlock();
     ticking.fetch_add(1);
     if (!exiting.load()) {
@@ -295,7 +296,20 @@ void Communicator::parkIdle(std::unique_lock<std::mutex>& lock, IdleTicks& ticks
     ticking.fetch_sub(1);
     lock.lock();
     engineIdle_ = true;
+    idleTicking_ = false;
+    if (endpointHolds_ > 0) queueCv_.notify_all();  // an EndpointHold waits for this tick
   }
+}
+
+Communicator::EndpointHold::EndpointHold(Communicator& comm) : comm_(comm) {
+  std::unique_lock<std::mutex> lock(comm_.queueMu_);
+  ++comm_.endpointHolds_;
+  comm_.queueCv_.wait(lock, [&] { return !comm_.idleTicking_; });
+}
+
+Communicator::EndpointHold::~EndpointHold() {
+  std::lock_guard<std::mutex> lock(comm_.queueMu_);
+  --comm_.endpointHolds_;
 }
 
 }  // namespace smddp

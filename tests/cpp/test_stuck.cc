@@ -56,6 +56,8 @@ TEST_CASE("an exchange that gives up leaves no receive that can still write its 
   const CollectiveSignature sig{CollectiveType::kBroadcast, DataType::kUInt8, ReduceOp::kSum,
                                 kChunk * kChunks, 1};
   auto results = runWorld(2, [&](Communicator& comm) -> std::string {
+    // This thread drives the endpoint itself: the idle engine keeps off it.
+    const Communicator::EndpointHold hold(comm);
     std::vector<uint8_t> mem(kChunk * kChunks, 0);
     if (comm.rank() == 1) {
       for (size_t i = 0; i < mem.size(); ++i) mem[i] = static_cast<uint8_t>(i * 7 + 1);
@@ -150,9 +152,12 @@ TEST_CASE("a failed call's memory outlives the sends it left posted", "[stuck][h
   auto results = runWorld(2, [&](Communicator& comm) -> std::string {
     if (comm.rank() == 1) {
       // Rank 0's sends are posted by now; nothing is queued here, so this
-      // thread may use the endpoint.
+      // thread may use the endpoint, the idle engine kept off it.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      comm.context().control().broadcastError(0, "test: rank 1 gives up on this call", 1, false);
+      {
+        const Communicator::EndpointHold hold(comm);
+        comm.context().control().broadcastError(0, "test: rank 1 gives up on this call", 1, false);
+      }
       if (!waitFlag("failed")) return "rank 0 never reported its failed call";
       std::vector<uint8_t> got(kBytes, 0);
       std::promise<std::exception_ptr> p;
