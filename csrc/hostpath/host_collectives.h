@@ -200,6 +200,19 @@ class SegmentCollectives final : public HostCollectives {
   template <typename Poll>
   void readPolling(int peer, uint8_t* local, uint64_t remote, uint64_t bytes,
                    const StallWatch& watch, const Poll& poll, bool streaming = false) const;
+  // Staging copies peers would otherwise read from private memory, up to
+  // this many bytes a call: the pages stay taken for reuse (PoolScratch).
+  static constexpr uint64_t kMaxStageBytes = uint64_t{64} << 20;
+  // All-gather: this rank's part `src`, or a copy of it in stage_ when it
+  // lies outside this process's pool (and the pool has room), for the
+  // peers to read in place.
+  const uint8_t* stagePart(const uint8_t* src, uint64_t bytes);
+  // Reduce-scatter: copies the blocks this host's peers will read (those
+  // of owners with another local index) that lie outside this process's
+  // pool into stage_, and points `block` at the copies, so the peers read
+  // them in place instead of with process_vm_readv. Leaves `block` as it
+  // is when the pool is missing or full, or past kMaxStageBytes.
+  void stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes);
   // Reduce-scatter: combines, in local rank order, the host's blocks for
   // group rank `owner` into `dst` (`own` is this rank's block; peer p's
   // lies at remote(p)), a piece at a time, calling poll() after each.
@@ -220,6 +233,7 @@ class SegmentCollectives final : public HostCollectives {
   // way the peers' reads would see; the pieces of the peers' parts; across
   // hosts, this host's sums and what the other hosts sent.
   std::vector<uint8_t> snapshot_;
+  PoolScratch stage_;  // stageForPeers' copies
   std::vector<uint8_t> pieces_;
   std::vector<uint8_t> hostSums_;
   std::vector<uint8_t> packed_;  // the host sums in the narrow wire form

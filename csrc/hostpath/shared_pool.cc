@@ -143,6 +143,19 @@ void SharedPool::release(void* p) {
   ranges_.give(static_cast<uint64_t>(static_cast<uint8_t*>(p) - base_));
 }
 
+PoolScratch::~PoolScratch() {
+  if (at_) SharedPool::process().release(at_);
+}
+
+uint8_t* PoolScratch::get(uint64_t bytes) {
+  if (at_ && bytes <= bytes_) return static_cast<uint8_t*>(at_);
+  SharedPool& pool = SharedPool::process();
+  if (at_) pool.release(at_);
+  at_ = pool.allocate(bytes);
+  bytes_ = at_ ? bytes : 0;
+  return static_cast<uint8_t*>(at_);
+}
+
 uint64_t SharedPool::inUse() const {
   std::lock_guard<std::mutex> lock(mu_);
   return ranges_.inUse();

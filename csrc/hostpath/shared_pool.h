@@ -80,6 +80,23 @@ class SharedPool {
   Ranges ranges_;
 };
 
+// A range of the process's pool kept for reuse (staging copies the peers
+// read), grown on demand and released when it goes.
+class PoolScratch {
+ public:
+  PoolScratch() = default;
+  ~PoolScratch();
+  PoolScratch(const PoolScratch&) = delete;
+  PoolScratch& operator=(const PoolScratch&) = delete;
+  // At least `bytes` of the pool, or null: no pool, none free that large,
+  // or the pool of the parent of this forked process.
+  uint8_t* get(uint64_t bytes);
+
+ private:
+  void* at_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 // A rank's read-only mappings of its host peers' pools, made on first
 // use and kept until the rank's collectives go.
 class PeerPools {

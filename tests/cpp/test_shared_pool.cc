@@ -120,3 +120,29 @@ TEST_CASE("shared pool: a pool that cannot be mapped is not tried again", "[shar
   const PoolWhere none{};
   CHECK_FALSE(none.contains(0, 0));
 }
+
+TEST_CASE("shared pool: a staging range grows on demand, is reused, and goes back", "[shared_pool]") {
+  SharedPool& pool = SharedPool::process();
+  REQUIRE(pool.failure().empty());
+  const PoolWhere where = SharedPool::where();
+  const uint64_t before = pool.inUse();
+  {
+    PoolScratch scratch;
+    uint8_t* a = scratch.get(5000);
+    REQUIRE(a != nullptr);
+    CHECK(where.contains(reinterpret_cast<uint64_t>(a), 5000));
+    CHECK(pool.inUse() == before + 8192);  // whole pages
+    CHECK(scratch.get(100) == a);          // smaller: the same range
+    CHECK(scratch.get(5000) == a);
+    uint8_t* b = scratch.get(3 << 20);     // larger: a new range, the old one released
+    REQUIRE(b != nullptr);
+    CHECK(where.contains(reinterpret_cast<uint64_t>(b), 3 << 20));
+    CHECK(pool.inUse() == before + (3 << 20));
+    std::memset(b, 0x5a, 3 << 20);
+    // More than the pool holds: null, and the range it held is gone too.
+    CHECK(scratch.get(where.bytes + 4096) == nullptr);
+    CHECK(pool.inUse() == before);
+    CHECK(scratch.get(4096) != nullptr);
+  }
+  CHECK(pool.inUse() == before);  // released with the scratch
+}

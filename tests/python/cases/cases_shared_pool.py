@@ -66,15 +66,32 @@ def pooled(ck, rank, world, hosts):
                      read == (local - 1) * n * es, f"{read} bytes, want {(local - 1) * n * es}")
         ck.equal(f"pooled reduce_scatter ({dtype}, {n})", rs_out,
                  closed_form_block(f"poolrs{n}", dtype, n, world, hosts, rank))
-    # Private tensors still go through process_vm_readv: nothing counted.
+    # A private all-gather: each part is staged in its rank's pool
+    # (stagePart) and read there.
     x = torch.full((4099,), float(rank))
     out = torch.empty(4099 * world)
     before = pooled_bytes()
     dist.all_gather_into_tensor(out, x)
-    ck.check("private tensors are not read from a pool", pooled_bytes() == before,
-             str(pooled_bytes() - before))
+    read = pooled_bytes() - before
+    if hosts == 1:
+        ck.check("a private all_gather's parts are staged in the pools", read == (local - 1) * 4099 * 4,
+                 f"{read} bytes, want {(local - 1) * 4099 * 4}")
+    else:
+        ck.check("a private all_gather's parts are staged in the pools", read > 0, str(read))
     ck.equal("private all_gather after pooled ones", out,
              torch.cat([torch.full((4099,), float(q)) for q in range(world)]))
+    # A private reduce-scatter: the blocks the peers read are staged in the
+    # poster's pool first (stageForPeers), and read there: every peer's
+    # block for this rank's owners on every host.
+    rs_private = make("privrs", rank, torch.float32, 4099 * world)
+    got = torch.empty(4099)
+    before = pooled_bytes()
+    dist.reduce_scatter_tensor(got, rs_private)
+    read, want = pooled_bytes() - before, hosts * (local - 1) * 4099 * 4
+    ck.check("a private reduce_scatter's blocks are staged in the pool", read == want,
+             f"{read} bytes, want {want}")
+    ck.equal("private reduce_scatter, staged", got,
+             closed_form_block("privrs", torch.float32, 4099, world, hosts, rank))
     # Freed pool memory is handed out again (the pool does not grow without end).
     a = backend.allocate_tensor(1 << 20, dtype=torch.uint8, device=CPU)
     where = a.data_ptr()
