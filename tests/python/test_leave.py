@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from mp_harness import ExitedRank, run_world
+from mp_harness import ExitedRank, find_free_port, run_world
 
 PG_TIMEOUT = 30.0
 CASES = ("all_reduce", "broadcast", "barrier", "exit")
@@ -101,14 +101,11 @@ def test_rank_0_exiting_first_leaves_no_store_warnings_on_its_peers():
     stderr holds no TCPStore warning, and rank 0's destroy waited for them
     (at least most of their 0.4 s) but not past the bound."""
     import os
-    import socket
     import subprocess
     import sys
 
     world, late = 3, 0.4
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = find_free_port()
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(here))
     script = os.path.join(here, "workers", "exit_order_worker.py")

@@ -207,7 +207,8 @@ def test_servers_found_at_torchruns_rendezvous_endpoint(procs, tmp_path):
                 log=os.path.join(tmp_path, "torchrun.log"))
     _start_server(procs, ["--bind", "127.0.0.1", "--job", "rdzvjob",
                           "--rendezvous", f"127.0.0.1:{port}"],
-                  env=_env(keyed=False, SMDDP_SERVER_INSECURE=1))
+                  env=_env(keyed=False, SMDDP_SERVER_INSECURE=1),
+                  logs=[os.path.join(tmp_path, "torchrun.log")])
     got = _wait_results(tmp_path, ["check.0.json", "check.1.json"], 240)
     results = _check_results(got, None)
     assert all(r["standalone_servers"] == 1 for r in results), results

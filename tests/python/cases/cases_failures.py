@@ -530,7 +530,6 @@ def _check_allreduce(rank: int, world: int) -> dict:
 
 def init_methods(rank: int, world: int) -> dict:
     import datetime
-    import socket
     import tempfile
 
     import torch.distributed as dist
@@ -543,14 +542,9 @@ def init_methods(rank: int, world: int) -> dict:
     # another job's picks made in another process).
     store = c10d._get_default_store()
     if rank == 0:
-        socks = []
-        for _ in range(2):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        ports = [s.getsockname()[1] for s in socks]
-        for s in socks:
-            s.close()
+        from mp_harness import find_free_port
+
+        ports = [find_free_port(), find_free_port()]
         # In the job's directory (the ranks' working directory), which the
         # harness removes once the job has passed.
         tmp = tempfile.mkdtemp(prefix="init-", dir=os.getcwd())

@@ -100,11 +100,9 @@ def init_destroy_cycles(rank: int, world: int, cycles: int) -> dict:
 
     store = c10d._get_default_store()
     if rank == 0:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        store.set("cycles/port", str(port))
+        from mp_harness import find_free_port
+
+        store.set("cycles/port", str(find_free_port()))
     port = int(store.get("cycles/port").decode())
     dist.barrier()
     dist.destroy_process_group()

@@ -78,8 +78,52 @@ def needs_smddp(backend: str) -> bool:
 # ports
 # --------------------------------------------------------------------------
 
+# Ports handed out by this process, never handed out twice while the
+# range below the ephemeral one has others left.
+_HANDED_OUT: set[int] = set()
+_BELOW_EPHEMERAL = 8192  # how many ports under the ephemeral range to pick from
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
+    """A TCP port that was free a moment ago, from just below the kernel's
+    ephemeral range. A port the OS picks (bind to 0) lies inside that range,
+    from which every outgoing connection on the machine takes its source
+    port: between the pick and a rank's bind, one of them (a flood test, the
+    sanitizer ctest that `make test` runs beside pytest) can hold it. Then
+    a rank's bind fails, and torchrun's c10d rendezvous silently turns
+    client of a store that nobody hosts (CI stop 71). A port below the
+    range is taken only by a bind that names it."""
+    import random
+
+    top = _ephemeral_low()
+    bottom = max(1024, top - _BELOW_EPHEMERAL)
+    if top - bottom > 64:
+        if len(_HANDED_OUT) > (top - bottom) // 2:
+            _HANDED_OUT.clear()
+        for _ in range(200):
+            port = random.randrange(bottom, top)
+            if port not in _HANDED_OUT and _bindable(host, port):
+                _HANDED_OUT.add(port)
+                return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, 0))

@@ -31,6 +31,14 @@ class Procs:
 
     def __init__(self):
         self.procs = []
+        self.files = []  # logs made here, removed by kill()
+
+    def scratch_log(self, prefix: str) -> str:
+        """A new empty file for a process's output, removed by kill()."""
+        fd, path = tempfile.mkstemp(prefix=f"smddp-{prefix}-", suffix=".log")
+        os.close(fd)
+        self.files.append(path)
+        return path
 
     def start(self, cmd, env=None, log=None, **kw):
         out = open(log, "wb") if log else subprocess.DEVNULL
@@ -57,6 +65,11 @@ class Procs:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
+                pass
+        for path in self.files:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
                 pass
 
 
@@ -96,9 +109,22 @@ def env(keyed=True, **extra) -> dict:
 _default_env = env
 
 
-def hosts_line(p, what) -> str:
+def _tails(paths) -> str:
+    """The last lines of each file in `paths`, for a failure's message."""
+    out = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                out.append(f"--- {path}\n" + f.read()[-3000:].decode("utf-8", "replace"))
+        except OSError as e:
+            out.append(f"--- {path}: {e}")
+    return "\n".join(out)
+
+
+def hosts_line(p, what, logs=()) -> str:
     """The SMDDP_SERVER_HOSTS=... line a starting server prints, read with a
-    deadline (never a blocking readline)."""
+    deadline (never a blocking readline); a failure quotes `logs` (the
+    server's stderr, and whatever else the test names)."""
     deadline = time.monotonic() + START_S
     fd = p.stdout.fileno()
     text = b""
@@ -112,14 +138,26 @@ def hosts_line(p, what) -> str:
             m = re.search(rb"^SMDDP_SERVER_HOSTS=(\S+)$", text, re.M)
             if m:
                 return m.group(1).decode()
-    raise AssertionError(f"{what} did not start (exit {p.poll()}): {text[-2000:]!r}")
+    raise AssertionError(f"{what} did not start in {START_S:.0f} s (exit {p.poll()}): "
+                         f"{text[-2000:]!r}\n{_tails(logs)}")
 
 
-def start_server(procs, args, env=None, **kw):
-    """Starts ``python -m torch_smddp.server ARGS``; returns (proc, hosts)."""
-    p = procs.start([PY, "-m", "torch_smddp.server", *args], env=env or _default_env(),
-                    stdout=subprocess.PIPE, **kw)
-    return p, hosts_line(p, "the server")
+def start_server(procs, args, env=None, logs=(), **kw):
+    """Starts ``python -m torch_smddp.server ARGS``; returns (proc, hosts).
+    Its stderr goes to a file (never to the pipe the test reads), which a
+    failure to start quotes along with `logs`."""
+    mine = None
+    if "stderr" not in kw:
+        err_path = procs.scratch_log("server")
+        kw["stderr"] = mine = open(err_path, "wb")
+        logs = [err_path, *logs]
+    try:
+        p = procs.start([PY, "-m", "torch_smddp.server", *args], env=env or _default_env(),
+                        stdout=subprocess.PIPE, **kw)
+    finally:
+        if mine is not None:
+            mine.close()
+    return p, hosts_line(p, "the server", logs)
 
 
 def wait_results(out_dir, names, deadline_s, procs=None):
