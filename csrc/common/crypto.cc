@@ -12,6 +12,11 @@
 
 namespace smddp {
 
+void cryptoInit() {
+  SMDDP_CHECK(OPENSSL_init_crypto(0, nullptr) == 1, kInternal,
+              "smddp: OpenSSL's libcrypto did not start (OPENSSL_init_crypto)");
+}
+
 void randomBytes(void* out, size_t n) {
   SMDDP_CHECK(n <= static_cast<size_t>(INT32_MAX) &&
                   RAND_bytes(static_cast<unsigned char*>(out), static_cast<int>(n)) == 1,

@@ -25,6 +25,10 @@ struct Tag {
 constexpr size_t kGmacKeyBytes = 32;
 constexpr size_t kGmacNonceBytes = 12;
 
+// Starts OpenSSL now (OPENSSL_init_crypto), which registers its exit
+// handler: a handler registered with atexit after this call runs before
+// OpenSSL tears itself down. Throws kInternal if OpenSSL cannot start.
+void cryptoInit();
 // `n` bytes from the OS's CSPRNG (RAND_bytes); throws kInternal if it fails.
 void randomBytes(void* out, size_t n);
 // 2 * `bytes` lowercase hex digits of random bytes: names and generated keys.

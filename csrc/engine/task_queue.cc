@@ -44,8 +44,8 @@ void Communicator::registerIdleProgressExit() {
   static std::once_flag once;
   std::call_once(once, [] {
     // Exit handlers run in reverse order of registration: OpenSSL's own
-    // (registered when it initializes) must run after this one.
-    hmacSha256("idle", {"progress"});
+    // (registered when it starts) must run after this one.
+    cryptoInit();
     std::atexit(stopIdleProgressAtExit);
   });
 }

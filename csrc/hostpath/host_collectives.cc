@@ -357,6 +357,9 @@ const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes)
   // copies its shards in), against the same calls reading the private
   // parts (process_vm_readv, or the rings): 1.1-4.4x faster at every size
   // from 16 KiB to 64 MiB, worlds 2 and 4 (docs/notes/2026-12-06-staging.md).
+  // When another rank's part is not in its pool the call goes through
+  // the rings and this copy is not read: pools differ only by how full
+  // they are, so that costs a copy of the part in a rare call.
   if (ranks_ == 1 || bytes == 0 || bytes > kMaxStageBytes ||
       SharedPool::where().contains(address(src), bytes)) {
     return src;
@@ -384,12 +387,15 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   for (int p = 0; p < ctx.size(); ++p) {
     if (p != me || outs[p].data != in.data) clash = clash || overlaps(src, bytes, outs[p].data, bytes);
   }
-  if (clash) {
-    snapshot_.assign(src, src + bytes);
-    src = snapshot_.data();
-  }
-  // What the peers read: `src`, or its copy in this process's pool.
+  // What the peers read: `src`, or its copy in this process's pool, made
+  // before any output is written. A clash reads a stable copy everywhere:
+  // the staged one when there is one, else a private snapshot.
   const uint8_t* shared = stagePart(src, bytes);
+  if (clash && shared == src) {
+    snapshot_.assign(src, src + bytes);
+    shared = snapshot_.data();
+  }
+  if (clash) src = shared;
   // By size; a call whose parts all lie in their ranks' pools is read
   // instead (decided once every post is in, the same on every rank).
   bool rings = throughRings(bytes);

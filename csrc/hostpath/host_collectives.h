@@ -233,7 +233,8 @@ class SegmentCollectives final : public HostCollectives {
   // way the peers' reads would see; the pieces of the peers' parts; across
   // hosts, this host's sums and what the other hosts sent.
   std::vector<uint8_t> snapshot_;
-  PoolScratch stage_;  // stageForPeers' copies
+  PoolScratch stage_;  // stagePart's and stageForPeers' copies
+  std::vector<int> stagedOwners_;  // stageForPeers' owners, kept to reuse its storage
   std::vector<uint8_t> pieces_;
   std::vector<uint8_t> hostSums_;
   std::vector<uint8_t> packed_;  // the host sums in the narrow wire form

@@ -81,14 +81,17 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   }
   std::vector<const uint8_t*> block(world);
   for (int p = 0; p < world; ++p) block[p] = static_cast<const uint8_t*>(ins[p].data);
+  // Staged before `out` is written: a staged block is already a stable
+  // copy, so a clash snapshots only the blocks left where they were.
+  if (perBlock) stageForPeers(block, bytes);
   if (clash) {
     snapshot_.resize(bytes * world);
     for (int p = 0; p < world; ++p) {
+      if (block[p] != ins[p].data) continue;
       if (bytes) std::memcpy(snapshot_.data() + p * bytes, ins[p].data, bytes);
       block[p] = snapshot_.data() + p * bytes;
     }
   }
-  if (perBlock) stageForPeers(block, bytes);
   std::vector<uint64_t> posted(perBlock ? world : 1);
   for (size_t p = 0; p < posted.size(); ++p) posted[p] = address(block[p]);
   post(seq, sig, posted);
@@ -114,9 +117,11 @@ void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint6
   // 1.05-1.36x at world 2 (docs/notes/2026-12-06-staging.md). Streaming
   // stores: a peer reading lines still dirty in this core's cache paid
   // 3x for them.
-  const PoolWhere pool = SharedPool::where();
   if (ranks_ == 1 || bytes == 0) return;
-  std::vector<int> read;  // the owners whose blocks the peers read, outside the pool
+  const PoolWhere pool = SharedPool::where();
+  // The owners whose blocks the peers read, outside the pool.
+  std::vector<int>& read = stagedOwners_;
+  read.clear();
   for (int h = 0; h < hosts(); ++h) {
     for (int q = 0; q < ranks_; ++q) {
       const int owner = globalRank(h, q);

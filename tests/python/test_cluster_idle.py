@@ -27,17 +27,8 @@ HOSTS, NPROC, REPS = 3, 2, 10
 
 
 def test_peers_finish_while_a_rank_waits_elsewhere_behind_full_sockets():
-    why = cl.why_unavailable()
-    if why:
-        pytest.skip(f"no cluster of network namespaces here: {why}")
-    sys.path.insert(0, os.path.join(cl.REPO_ROOT, "benchmarks"))
-    from cluster_launch import launch_on_cluster
-
-    try:
-        res = launch_on_cluster([worker("idle_progress_worker.py"), "--reps", str(REPS)], HOSTS,
-                                NPROC, "2gbit", 300, "idle_progress_worker", socket_bytes=4096)
-    except SystemExit as e:
-        pytest.fail(str(e))
+    res = cl.launch_or_fail([worker("idle_progress_worker.py"), "--reps", str(REPS)], HOSTS,
+                            NPROC, "2gbit", 300, "idle_progress_worker", socket_bytes=4096)
     assert sorted(r["rank"] for r in res) == list(range(HOSTS * NPROC))
     for r in res:
         assert r["failures"] == [], (r["rank"], len(r["failures"]), r["failures"][:8])

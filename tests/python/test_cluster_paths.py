@@ -25,16 +25,8 @@ HOSTS = 3
 
 
 def test_one_rank_per_host_routes_to_the_network_path_in_fp32_and_in_bf16():
-    why = cl.why_unavailable()
-    if why:
-        pytest.skip(f"no cluster of network namespaces here: {why}")
-    sys.path.insert(0, os.path.join(cl.REPO_ROOT, "benchmarks"))
-    from cluster_launch import launch_on_cluster
-
-    try:
-        res = launch_on_cluster([worker("cluster_paths_worker.py")], HOSTS, 1, "2gbit", 240, "cluster_paths_worker")
-    except SystemExit as e:
-        pytest.fail(str(e))
+    res = cl.launch_or_fail([worker("cluster_paths_worker.py")], HOSTS, 1, "2gbit", 240,
+                            "cluster_paths_worker")
     assert len(res) == HOSTS
     for r in res:
         assert r["world_path"] != "shared-memory", r  # one rank per host: network only

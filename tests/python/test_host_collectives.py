@@ -1,16 +1,22 @@
 """All-gather and reduce-scatter through the host segment (all-gather
 through each rank's ring once a rank receives 4 MiB at world 3 and up,
 the rest reading the peers' buffers): one job per world size, against Gloo, the
-network path and this path's own out-of-place results (cases_host_collectives)."""
+network path and this path's own out-of-place results (cases_host_collectives).
+Private inputs are staged in the poster's shared pool; the job without a
+pool (SMDDP_SHARED_POOL_BYTES=0) reads them where they lie, and its inputs
+that overlap an output are read from private snapshots instead of staged
+copies."""
 
 import pytest
 
 from mp_harness import run_world
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_host_collectives(world):
-    results = run_world(world, "cases_host_collectives:run", timeout=300)
+@pytest.mark.parametrize("world,pool", [(2, None), (3, None), (4, None), (3, "0")],
+                         ids=["2", "3", "4", "3-no-pool"])
+def test_host_collectives(world, pool):
+    env = {"SMDDP_SHARED_POOL_BYTES": pool} if pool is not None else None
+    results = run_world(world, "cases_host_collectives:run", timeout=300, env=env)
     for rank, res in enumerate(results):
         assert res["failures"] == [], (rank, len(res["failures"]), res["failures"][:8])
         assert res["cases"] > 400, (rank, res["cases"])

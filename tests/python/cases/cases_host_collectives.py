@@ -443,6 +443,15 @@ def run(rank, world, hosts=1, sizes=SIZES):
     # Across hosts the engine thread may still be finishing the last call's
     # sends when the next comes (the call then queues): counted on one host.
     caller_runs(ck, rank, world, counted=hosts == 1)
-    from cases_shared_pool import pooled  # it imports this module's oracles
-    pooled(ck, rank, world, hosts)
+    if os.environ.get("SMDDP_SHARED_POOL_BYTES") == "0":
+        # The job without a pool: nothing is staged, every read is private.
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        ck.check("no pool: smddp does not allocate tensors", not backend.supports_tensor_alloc(
+            torch.device("cpu")))
+        ck.check("no pool: nothing was read from a pool",
+                 torch_smddp.stats()["pool_read_bytes"] == 0,
+                 str(torch_smddp.stats()["pool_read_bytes"]))
+    else:
+        from cases_shared_pool import pooled  # it imports this module's oracles
+        pooled(ck, rank, world, hosts)
     return {"cases": ck.cases, "failures": ck.failures}

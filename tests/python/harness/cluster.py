@@ -29,6 +29,25 @@ why_unavailable = _mod.why_unavailable
 WORKER = worker("cluster_worker.py")
 
 
+def launch_or_fail(argv, hosts, nproc, rate, deadline_s, name, **kw) -> list:
+    """benchmarks/cluster_launch.py's launch_on_cluster(ARGS...) for a
+    test: its results, a skip where namespaces cannot be made here, and a
+    failure quoting its message (the ranks' log tails) where the job failed
+    or passed its deadline."""
+    import pytest
+
+    why = why_unavailable()
+    if why:
+        pytest.skip(f"no cluster of network namespaces here: {why}")
+    sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+    from cluster_launch import launch_on_cluster
+
+    try:
+        return launch_on_cluster(argv, hosts, nproc, rate, deadline_s, name, **kw)
+    except SystemExit as e:
+        pytest.fail(str(e))
+
+
 def run_worker(cluster, job, args, nproc, out_dir, env=None):
     """torchrun workers/cluster_worker.py ARGS on every host."""
     cluster.torchrun(job, [WORKER, *args], nproc, out_dir, env, pythonpath=(WORKERS,))
