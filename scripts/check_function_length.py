@@ -79,9 +79,13 @@ def scan_cpp(text: str) -> list[tuple[int, int, str]]:
                 kind = "fn"
             else:
                 kind = "block"
-            name = re.search(r"([~\w:]+)\s*\(", s[head_start:i])
-            # A function counts from the line that names it, not from its brace.
-            first = line - s.count("\n", head_start + name.start(), i) if name else line
+            # A function counts from the line that names it, not from its
+            # brace; a signature holds no blank line, so what precedes the
+            # last one (macro declarations, which end in no `;`) is not it.
+            blank = list(re.finditer(r"\n[ \t]*\n", s[head_start:i]))
+            sig_start = head_start + (blank[-1].end() if blank else 0)
+            name = re.search(r"([~\w:]+)\s*\(", s[sig_start:i])
+            first = line - s.count("\n", sig_start + name.start(), i) if name else line
             open_blocks.append((kind, first, name.group(1) if name else head[:40]))
             head_start = i + 1
         elif c == "}":

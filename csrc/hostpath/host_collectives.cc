@@ -210,7 +210,7 @@ void SegmentCollectives::post(uint64_t seq, const CollectiveSignature& sig,
   p.poolBase = pool.base;
   p.poolBytes = pool.bytes;
   p.poolFd = pool.fd;
-  p.posted.store(seq + 1, std::memory_order_release);
+  p.posted.store(flagOf(seq), std::memory_order_release);
   segment_.wakeAll();
 }
 
@@ -271,7 +271,7 @@ void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint6
                                     const CollectiveSignature& sig) {
   SegmentControl& ctl = segment_.ctl();
   await(ctx, watch, seq, sig, [&](int p) {
-    return ctl.direct[p].posted.load(std::memory_order_acquire) == seq + 1;
+    return ctl.direct[p].posted.load(std::memory_order_acquire) == flagOf(seq);
   });
   for (int p = 0; p < ranks_; ++p) {
     const DirectPost& d = ctl.direct[p];
@@ -289,7 +289,7 @@ void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint6
 }
 
 void SegmentCollectives::mark(Flag flag, uint64_t seq) {
-  (segment_.ctl().direct[local_].*flag).store(seq + 1, std::memory_order_release);
+  (segment_.ctl().direct[local_].*flag).store(flagOf(seq), std::memory_order_release);
   segment_.wakeAll();
 }
 
@@ -297,7 +297,7 @@ void SegmentCollectives::awaitAll(Flag flag, EngineContext& ctx, StallWatch& wat
                                   const CollectiveSignature& sig) {
   const SegmentControl& ctl = segment_.ctl();
   await(ctx, watch, seq, sig, [&](int p) {
-    return (ctl.direct[p].*flag).load(std::memory_order_acquire) >= seq + 1;
+    return (ctl.direct[p].*flag).load(std::memory_order_acquire) >= flagOf(seq);
   });
 }
 
@@ -352,7 +352,8 @@ void SegmentCollectives::copyOwnPart(EngineContext& ctx, void* dst, const uint8_
   std::memmove(dst, src, bytes);
 }
 
-const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes) {
+const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
+                                             uint64_t limit) {
   // Measured in turns on parts the poster had just written (as FSDP2
   // copies its shards in), against the same calls reading the private
   // parts (process_vm_readv, or the rings): 1.1-4.4x faster at every size
@@ -360,7 +361,7 @@ const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes)
   // When another rank's part is not in its pool the call goes through
   // the rings and this copy is not read: pools differ only by how full
   // they are, so that costs a copy of the part in a rare call.
-  if (ranks_ == 1 || bytes == 0 || bytes > kMaxStageBytes ||
+  if (ranks_ == 1 || bytes == 0 || bytes > limit ||
       SharedPool::where().contains(address(src), bytes)) {
     return src;
   }
@@ -371,13 +372,10 @@ const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes)
   return at;
 }
 
-void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
-                                   const std::vector<Buffer>& outs, DataType dtype) {
-  SMDDP_CHECK(static_cast<int>(outs.size()) == ctx.size(), kInvalidArgument,
-              "allgather needs one output per rank");
-  const CollectiveSignature sig{CollectiveType::kAllgather, dtype, ReduceOp::kSum, in.numel, -1};
-  const CallEnds ends(ctx, seq, sig);
-  const size_t es = elementSize(dtype);
+void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
+                                    const CollectiveSignature& sig, Buffer in,
+                                    const std::vector<Buffer>& outs) {
+  const size_t es = elementSize(sig.dtype);
   const uint64_t bytes = in.numel * es;
   const int me = ctx.rank();
   const auto* src = static_cast<const uint8_t*>(in.data);
@@ -390,7 +388,7 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   // What the peers read: `src`, or its copy in this process's pool, made
   // before any output is written. A clash reads a stable copy everywhere:
   // the staged one when there is one, else a private snapshot.
-  const uint8_t* shared = stagePart(src, bytes);
+  const uint8_t* shared = stagePart(src, bytes, hostPathConfig(ctx.config()).stageBytes);
   if (clash && shared == src) {
     snapshot_.assign(src, src + bytes);
     shared = snapshot_.data();
@@ -419,7 +417,7 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   }
   if (rings) {
     // Only this rank reads `in`: it may leave once it has its peers' parts.
-    gatherThroughRings(ctx, watch, seq, sig, src, outs);
+    gatherThroughRings(ctx, watch, seq, sig, src, outs, bytes);
     return;
   }
   if (H == 1) {

@@ -122,8 +122,8 @@ class SegmentCollectives final : public HostCollectives {
   // they made the same call (kMismatch naming the first that differs).
   void awaitPosts(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                   const CollectiveSignature& sig);
-  // A per-rank word of the post, seq + 1 once reached: `done` (this rank
-  // read all it needs of its host's peers).
+  // A per-rank word of the post, flagOf(seq) once reached: `done` (this
+  // rank read all it needs of its host's peers).
   using Flag = std::atomic<uint64_t> DirectPost::*;
   // This rank has reached `flag` in call `seq`.
   void mark(Flag flag, uint64_t seq);
@@ -142,11 +142,12 @@ class SegmentCollectives final : public HostCollectives {
   void drive(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,
              const std::function<Turn()>& turn, const std::function<std::vector<int>()>& behind);
   // All-gather on one host through the rings (host_rings.cc): writes this
-  // rank's part `src` into its ring a chunk at a time, and copies the
-  // peers' chunks out of theirs into `outs`, each as soon as it is there.
+  // rank's part `src` (`bytes` long) into its ring a chunk at a time, and
+  // copies the peers' chunks out of theirs into `outs`, each as soon as it
+  // is there.
   void gatherThroughRings(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                           const CollectiveSignature& sig, const uint8_t* src,
-                          const std::vector<Buffer>& outs);
+                          const std::vector<Buffer>& outs, uint64_t bytes);
   // All-gather read from the peers: copies this rank's own part `src` to
   // its place `dst` in the output.
   void copyOwnPart(EngineContext& ctx, void* dst, const uint8_t* src, uint64_t bytes);
@@ -200,19 +201,36 @@ class SegmentCollectives final : public HostCollectives {
   template <typename Poll>
   void readPolling(int peer, uint8_t* local, uint64_t remote, uint64_t bytes,
                    const StallWatch& watch, const Poll& poll, bool streaming = false) const;
-  // Staging copies peers would otherwise read from private memory, up to
-  // this many bytes a call: the pages stay taken for reuse (PoolScratch).
-  static constexpr uint64_t kMaxStageBytes = uint64_t{64} << 20;
-  // All-gather: this rank's part `src`, or a copy of it in stage_ when it
-  // lies outside this process's pool (and the pool has room), for the
-  // peers to read in place.
-  const uint8_t* stagePart(const uint8_t* src, uint64_t bytes);
+  // Staging copies what peers would otherwise read from private memory,
+  // up to `limit` (SMDDP_STAGE_BYTES) at a time: the pages stay taken for
+  // reuse (PoolScratch). All-gather: this rank's part `src`, or a copy of
+  // it in stage_ when it lies outside this process's pool (and the pool
+  // has room), for the peers to read in place.
+  const uint8_t* stagePart(const uint8_t* src, uint64_t bytes, uint64_t limit);
   // Reduce-scatter: copies the blocks this host's peers will read (those
   // of owners with another local index) that lie outside this process's
   // pool into stage_, and points `block` at the copies, so the peers read
   // them in place instead of with process_vm_readv. Leaves `block` as it
-  // is when the pool is missing or full, or past kMaxStageBytes.
-  void stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes);
+  // is when the pool is missing or full, or past `limit`.
+  void stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes, uint64_t limit);
+  // A one-host call that would stage more than SMDDP_STAGE_BYTES runs in
+  // pieces (host_pieces.cc): each piece a step of the call, posted and
+  // read as a whole call is, with the call's own signature (so a mismatch
+  // is still found at the first piece). Elements per piece of a call of
+  // `numel` elements whose staging copies `copies` bytes per byte of a
+  // part, or 0: one step. The same on every rank (the call decides it).
+  uint64_t pieceElems(const EngineContext& ctx, uint64_t numel, size_t es, uint64_t copies) const;
+  // One step of an all-gather (the whole call, or a piece of it: `in` and
+  // `outs` that piece, `sig` the call's).
+  void gatherStep(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig, Buffer in,
+                  const std::vector<Buffer>& outs);
+  // One step of a reduce-scatter, likewise.
+  void scatterStep(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
+                   const std::vector<Buffer>& ins, Buffer out);
+  // The value of a post's flags once reached in step piece_ of call `seq`:
+  // steps count up across calls and, within a call, across its pieces.
+  static constexpr int kPieceShift = 20;
+  uint64_t flagOf(uint64_t seq) const { return ((seq << kPieceShift) | piece_) + 1; }
   // Reduce-scatter: combines, in local rank order, the host's blocks for
   // group rank `owner` into `dst` (`own` is this rank's block; peer p's
   // lies at remote(p)), a piece at a time, calling poll() after each.
@@ -233,6 +251,9 @@ class SegmentCollectives final : public HostCollectives {
   // way the peers' reads would see; the pieces of the peers' parts; across
   // hosts, this host's sums and what the other hosts sent.
   std::vector<uint8_t> snapshot_;
+  // A call in pieces whose input overlaps an output reads this copy of it.
+  std::vector<uint8_t> wholeCopy_;
+  uint64_t piece_ = 0;  // the step of the call running now (flagOf)
   PoolScratch stage_;  // stagePart's and stageForPeers' copies
   std::vector<int> stagedOwners_;  // stageForPeers' owners, kept to reuse its storage
   std::vector<uint8_t> pieces_;

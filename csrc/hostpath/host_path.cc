@@ -26,6 +26,13 @@ SMDDP_PARAM_INT(paramShmDepth, "SMDDP_SHM_DEPTH", 0, 0, 64,
                 "pipeline steps the shared-memory allreduce keeps in flight (0: 4, or 16 across "
                 "hosts or when a host has more ranks than cores)")
 
+SMDDP_PARAM_BYTES(paramStageBytes, "SMDDP_STAGE_BYTES", 67108864, 0, 1LL << 40,
+                  "on one host, the most bytes of private input an all-gather or reduce-scatter "
+                  "copies into the shared pool at a time for its peers to read in place (and "
+                  "the pool range each rank keeps for it); a larger call runs in pieces of this "
+                  "size, one after another (0: none staged, the peers read private inputs with "
+                  "process_vm_readv or the rings; else at least 1 MiB)")
+
 SMDDP_PARAM_STRING(paramServerHosts, "SMDDP_SERVER_HOSTS", "",
                    "standalone reduction servers (python -m torch_smddp.server) as host:port,... "
                    "in server order; across hosts the shared-memory path shards each step over "
@@ -86,6 +93,12 @@ void readHostPathParams(EngineConfig& c) {
                "SMDDP_SHM_SLOT_BYTES must be 0 (automatic) or at least 4096");
   }
   h.shmDepth = paramShmDepth();
+  h.stageBytes = static_cast<uint64_t>(paramStageBytes());
+  if (h.stageBytes > 0 && h.stageBytes < (uint64_t{1} << 20)) {
+    throwError(ErrorKind::kInvalidArgument,
+               "SMDDP_STAGE_BYTES must be 0 (no staging) or at least 1 MiB (1048576), not " +
+                   std::to_string(h.stageBytes));
+  }
   c.layers.set(h);
   c.crossHostDtype = parseCrossHostDtype(paramCrossHostDtype(), "SMDDP_CROSS_HOST_DTYPE");
 }

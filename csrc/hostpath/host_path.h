@@ -25,6 +25,7 @@ struct HostPathConfig {
   int64_t shmDepth = 0;            // SMDDP_SHM_DEPTH: pipeline steps in flight (0: auto)
   uint64_t streamingBytes = 0;     // batches this large write results with streaming stores
   uint64_t smallBytes = 0;         // batches up to this size: one step, every rank reduces all
+  uint64_t stageBytes = 0;         // SMDDP_STAGE_BYTES: staged at a time by one-host gathers
   std::string serverJob;           // SMDDP_SERVER_JOB
   int serverSharePercent = -1;     // SMDDP_SERVER_SHARE (-1: balanced)
   int64_t serverWaitSeconds = 60;  // SMDDP_SERVER_WAIT

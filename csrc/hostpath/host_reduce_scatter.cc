@@ -59,16 +59,13 @@ void SegmentCollectives::combineHost(const uint8_t* own, const Remote& remote, u
   }
 }
 
-void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
-                                       const std::vector<Buffer>& ins, Buffer out, DataType dtype,
-                                       ReduceOp op) {
-  checkOp("reduce_scatter", op, dtype);
+void SegmentCollectives::scatterStep(EngineContext& ctx, uint64_t seq,
+                                     const CollectiveSignature& sig,
+                                     const std::vector<Buffer>& ins, Buffer out) {
   const int world = ctx.size();
   const int me = ctx.rank();
-  SMDDP_CHECK(static_cast<int>(ins.size()) == world, kInvalidArgument,
-              "reduce_scatter needs one input block per rank");
-  const CollectiveSignature sig{CollectiveType::kReduceScatter, dtype, op, out.numel, -1};
-  const CallEnds ends(ctx, seq, sig);
+  const DataType dtype = sig.dtype;
+  const ReduceOp op = sig.op;
   const uint64_t bytes = out.numel * elementSize(dtype);
   // The peers read every block but this rank's own while this rank writes
   // `out`; `out` may be its own block exactly (the kernel allows it). Past
@@ -83,7 +80,7 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   for (int p = 0; p < world; ++p) block[p] = static_cast<const uint8_t*>(ins[p].data);
   // Staged before `out` is written: a staged block is already a stable
   // copy, so a clash snapshots only the blocks left where they were.
-  if (perBlock) stageForPeers(block, bytes);
+  if (perBlock) stageForPeers(block, bytes, hostPathConfig(ctx.config()).stageBytes);
   if (clash) {
     snapshot_.resize(bytes * world);
     for (int p = 0; p < world; ++p) {
@@ -110,7 +107,8 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   awaitAll(&DirectPost::done, ctx, watch, seq, sig);
 }
 
-void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes) {
+void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes,
+                                       uint64_t limit) {
   // Measured in turns on blocks the poster had just written (as backward
   // writes gradients), against the same calls read with process_vm_readv:
   // 2.0-3.4x faster from 256 KiB to 4 MiB at world 4, 1.7x at 16 MiB,
@@ -128,7 +126,7 @@ void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint6
       if (q != local_ && !pool.contains(address(block[owner]), bytes)) read.push_back(owner);
     }
   }
-  if (read.empty() || bytes * read.size() > kMaxStageBytes) return;
+  if (read.empty() || bytes * read.size() > limit) return;
   uint8_t* at = stage_.get(bytes * read.size());
   if (!at) return;
   for (int p : read) {

@@ -53,10 +53,9 @@ void SegmentCollectives::ringPut(uint64_t pos, const uint8_t* from, uint64_t len
 
 void SegmentCollectives::gatherThroughRings(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                                             const CollectiveSignature& sig, const uint8_t* src,
-                                            const std::vector<Buffer>& outs) {
+                                            const std::vector<Buffer>& outs, uint64_t bytes) {
   SegmentControl& ctl = segment_.ctl();
   const int host = topo_.hostIndex;
-  const uint64_t bytes = sig.numel * elementSize(sig.dtype);
   // A slot's worth each, whatever the part's size (splitChunks is the
   // wire's cut: it grows chunks past a slot for parts over 16 MiB).
   const uint64_t chunks = (bytes + kGatherSlotBytes - 1) / kGatherSlotBytes;

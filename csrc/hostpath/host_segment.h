@@ -56,8 +56,11 @@ struct alignas(64) FusionPlan {
 // (hostpath/host_collectives.h). Written by that rank only.
 constexpr int kLandedSeqShift = 24;
 struct alignas(64) DirectPost {
-  std::atomic<uint64_t> posted{0};  // seq + 1 once the fields below are valid
-  std::atomic<uint64_t> done{0};    // seq + 1 once this rank read all it needs
+  // The step's flag (SegmentCollectives::flagOf: the call's seq, and its
+  // piece for a call in pieces) once the fields below are valid, and once
+  // this rank read all it needs.
+  std::atomic<uint64_t> posted{0};
+  std::atomic<uint64_t> done{0};
   // Across hosts, an all-gather's chunks of host h's part that arrived
   // here, in order from the first: (seq + 1) << kLandedSeqShift | count.
   std::atomic<uint64_t> landed[kHostMaxRanks] = {};

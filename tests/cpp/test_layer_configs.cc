@@ -8,6 +8,7 @@
 #include <string>
 
 #include "algorithms/algorithms_config.h"
+#include "common/error.h"
 #include "common/layer_configs.h"
 #include "env_override.h"
 #include "hostpath/allreduce_paths.h"
@@ -72,4 +73,25 @@ TEST_CASE("the ring depth: SMDDP_RING_DEPTH, else 4 on one host and 2 across", "
   c.layers.set(a);
   CHECK(ringDepthFor(c, true) == 9);
   CHECK(ringDepthFor(c, false) == 9);
+}
+
+TEST_CASE("SMDDP_STAGE_BYTES: 64 MiB by default, 0 for none, else at least 1 MiB", "[config]") {
+  CHECK(hostPathConfig(readEngineConfig()).stageBytes == (64u << 20));
+  {
+    EnvOverride none("SMDDP_STAGE_BYTES", "0");
+    CHECK(hostPathConfig(readEngineConfig()).stageBytes == 0);
+  }
+  {
+    EnvOverride one("SMDDP_STAGE_BYTES", "1M");
+    CHECK(hostPathConfig(readEngineConfig()).stageBytes == (1u << 20));
+  }
+  for (const char* bad : {"4K", "1048575", "-1", "lots"}) {
+    EnvOverride stage("SMDDP_STAGE_BYTES", bad);
+    try {
+      readEngineConfig();
+      FAIL("SMDDP_STAGE_BYTES=" << bad << " was accepted");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("SMDDP_STAGE_BYTES") != std::string::npos);
+    }
+  }
 }

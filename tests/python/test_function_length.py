@@ -52,6 +52,16 @@ def test_a_cpp_function_counts_from_the_line_that_names_it():
     assert cfl.LIMIT < 82
 
 
+def test_macro_declarations_before_a_function_do_not_count_toward_it():
+    # Parameter macros end in no `;`: a blank line separates them from the
+    # function, whose signature holds none.
+    text = ("namespace a {\n\n"
+            + "SMDDP_PARAM_INT(p, \"SMDDP_P\", 0, 0, 1,\n                \"doc\")\n\n" * 30
+            + "void read(Config& c) {\n" + body(20) + "}\n}\n")
+    found = {name: (n, first) for n, first, name in cfl.scan_cpp(text)}
+    assert found == {"read": (22, 93)}, found
+
+
 def test_lambdas_blocks_and_initializers_count_toward_their_function():
     text = ("void outer() {\n  auto f = [&](int y) {\n" + body(50, "    ") + "  };\n"
             "  if (ok(x)) {\n" + body(40, "    ") + "  }\n}\n"

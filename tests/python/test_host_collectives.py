@@ -5,17 +5,19 @@ network path and this path's own out-of-place results (cases_host_collectives).
 Private inputs are staged in the poster's shared pool; the job without a
 pool (SMDDP_SHARED_POOL_BYTES=0) reads them where they lie, and its inputs
 that overlap an output are read from private snapshots instead of staged
-copies."""
+copies. The job with SMDDP_STAGE_BYTES=1M runs the calls that would stage
+more in pieces (cases_pieces), every case of the other jobs included."""
 
 import pytest
 
 from mp_harness import run_world
 
 
-@pytest.mark.parametrize("world,pool", [(2, None), (3, None), (4, None), (3, "0")],
-                         ids=["2", "3", "4", "3-no-pool"])
-def test_host_collectives(world, pool):
-    env = {"SMDDP_SHARED_POOL_BYTES": pool} if pool is not None else None
+@pytest.mark.parametrize("world,env", [(2, None), (3, None), (4, None),
+                                       (3, {"SMDDP_SHARED_POOL_BYTES": "0"}),
+                                       (3, {"SMDDP_STAGE_BYTES": "1048576"})],
+                         ids=["2", "3", "4", "3-no-pool", "3-pieces"])
+def test_host_collectives(world, env):
     results = run_world(world, "cases_host_collectives:run", timeout=300, env=env)
     for rank, res in enumerate(results):
         assert res["failures"] == [], (rank, len(res["failures"]), res["failures"][:8])
