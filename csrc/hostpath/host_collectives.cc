@@ -389,11 +389,13 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
   // before any output is written. A clash reads a stable copy everywhere:
   // the staged one when there is one, else a private snapshot.
   const uint8_t* shared = stagePart(src, bytes, hostPathConfig(ctx.config()).stageBytes);
-  if (clash && shared == src) {
-    snapshot_.assign(src, src + bytes);
-    shared = snapshot_.data();
+  if (clash) {
+    if (shared == src) {
+      snapshot_.assign(src, src + bytes);
+      shared = snapshot_.data();
+    }
+    src = shared;
   }
-  if (clash) src = shared;
   // By size; a call whose parts all lie in their ranks' pools is read
   // instead (decided once every post is in, the same on every rank).
   bool rings = throughRings(bytes);

@@ -252,7 +252,7 @@ class SegmentCollectives final : public HostCollectives {
   // hosts, this host's sums and what the other hosts sent.
   std::vector<uint8_t> snapshot_;
   // A call in pieces whose input overlaps an output reads this copy of it.
-  std::vector<uint8_t> wholeCopy_;
+  std::vector<uint8_t> wholeCopy_;  // freed when the call leaves
   uint64_t piece_ = 0;  // the step of the call running now (flagOf)
   PoolScratch stage_;  // stagePart's and stageForPeers' copies
   std::vector<int> stagedOwners_;  // stageForPeers' owners, kept to reuse its storage

@@ -9,6 +9,7 @@
 // that made another call fails at the first piece.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "algorithms/blocks.h"
 #include "common/error.h"
@@ -21,17 +22,25 @@ using namespace hostcoll;
 
 namespace {
 
-// Resets the step counter when the call leaves, however it leaves.
+// Resets the step counter when the call leaves, however it leaves, and
+// frees the copy of an input that overlapped an output (a rare call's,
+// as large as the call).
 class PieceSteps {
  public:
-  explicit PieceSteps(uint64_t& piece) : piece_(piece) { piece_ = 0; }
-  ~PieceSteps() { piece_ = 0; }
+  PieceSteps(uint64_t& piece, std::vector<uint8_t>& copy) : piece_(piece), copy_(copy) {
+    piece_ = 0;
+  }
+  ~PieceSteps() {
+    piece_ = 0;
+    std::vector<uint8_t>().swap(copy_);
+  }
   PieceSteps(const PieceSteps&) = delete;
   PieceSteps& operator=(const PieceSteps&) = delete;
   void next() { ++piece_; }
 
  private:
   uint64_t& piece_;
+  std::vector<uint8_t>& copy_;
 };
 
 Buffer slice(const void* base, uint64_t offset, uint64_t numel, size_t es) {
@@ -68,6 +77,7 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   // A piece's outputs are written before the next piece is read: an input
   // that overlaps another rank's output is read from a copy made first.
   const uint64_t bytes = in.numel * es;
+  PieceSteps steps(piece_, wholeCopy_);
   const void* src = in.data;
   for (int p = 0; p < ctx.size(); ++p) {
     if ((p != ctx.rank() || outs[p].data != in.data) && overlaps(src, bytes, outs[p].data, bytes)) {
@@ -77,7 +87,6 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
       break;
     }
   }
-  PieceSteps steps(piece_);
   std::vector<Buffer> part(outs.size());
   for (uint64_t off = 0; off < in.numel; off += step, steps.next()) {
     const uint64_t n = std::min(step, in.numel - off);
@@ -107,6 +116,7 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   // `out` is written a piece at a time before the next is read: blocks it
   // overlaps (but this rank's own, exactly) are read from copies made first.
   const uint64_t bytes = out.numel * es;
+  PieceSteps steps(piece_, wholeCopy_);
   std::vector<const void*> block(world);
   for (int p = 0; p < world; ++p) block[p] = ins[p].data;
   for (int p = 0; p < world; ++p) {
@@ -119,7 +129,6 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
       break;
     }
   }
-  PieceSteps steps(piece_);
   std::vector<Buffer> part(world);
   for (uint64_t off = 0; off < out.numel; off += step, steps.next()) {
     const uint64_t n = std::min(step, out.numel - off);
