@@ -11,6 +11,7 @@
 #include "common/param.h"
 #include "hostpath/allreduce_paths.h"
 #include "hostpath/host_path.h"
+#include "hostpath/shared_pool.h"
 #include "observe/flight_recorder.h"
 #include "reduce/reduce_kernels.h"
 #include "server/server_auth.h"
@@ -210,6 +211,10 @@ py::dict groupStats(const ProcessGroupSmddp& pg) {
   d["allreduce_path"] = g.allreducePath();
   d["allreduce_schedule"] = g.allreduceSchedule();
   d["gather_scatter_path"] = g.gatherScatterPath();
+  // The process's pool, every group's share of it: allocate_tensor's
+  // tensors and the ranges kept for staging.
+  d["pool_bytes_in_use"] =
+      smddp::SharedPool::where().base ? smddp::SharedPool::process().inUse() : uint64_t{0};
   d["reduction_servers"] = g.reductionServers();
   d["ring_depth"] = g.ringDepth();
   d["standalone_servers"] = g.standaloneServers();

@@ -9,7 +9,8 @@ Oracles: every rank's inputs regenerated here (make, closed_form_block);
 how many bytes each rank read from its peers' pools (stats'
 pool_read_bytes), which is every byte it receives when each piece was
 staged, and none when a call too large to stage whole is read where it
-lies (as before pieces); a mismatch whose first pieces agree fails every
+lies (as before pieces); how much of the pool is in use (the staging
+range, at most the limit); a mismatch whose first pieces agree fails every
 rank, naming the call.
 """
 
@@ -54,6 +55,12 @@ def pieces(ck, rank, world):
              closed_form_block("pieces-rs", torch.float32, m, world, 1, rank))
     ck.check("reduce_scatter in pieces: every peer's block read from its pool",
              read == (world - 1) * m * F32, f"{read} bytes, want {(world - 1) * m * F32}")
+    # Nothing in this job allocates from the pool but staging: the range
+    # kept for it stays at the limit, though the calls staged 2.5 and 3
+    # times as much.
+    in_use = torch_smddp.stats()["pool_bytes_in_use"]
+    ck.check("staging in pieces keeps at most SMDDP_STAGE_BYTES of the pool",
+             0 < in_use <= stage, f"{in_use} bytes in use, limit {stage}")
     # Whole pieces on both sides, two on rank 0 and three elsewhere: the
     # pieces agree until rank 0 would leave, so only the call's own
     # signature on every piece finds the mismatch.
