@@ -431,8 +431,9 @@ def run(rank, world, hosts=1, sizes=SIZES):
     if hosts == 1:
         rings(ck, rank, world)
     if hosts == 1 and os.environ.get("SMDDP_STAGE_BYTES"):
-        from cases_pieces import pieces  # it imports this module's oracles
+        from cases_pieces import fsdp_in_pieces, pieces  # it imports this module's oracles
         pieces(ck, rank, world)
+        fsdp_in_pieces(ck, rank, world, gloo)
     record = [e for e in torch_smddp.flight_recorder()
               if e["collective"] in ("allgather", "reduce_scatter") and e["state"] == "completed"]
     ck.check(f"the flight recorder says {record_path}",
