@@ -381,10 +381,7 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
   const auto* src = static_cast<const uint8_t*>(in.data);
   // The peers read `in` while this rank writes its outputs: if one of them
   // (other than `in` itself as its own output) overlaps it, they read a copy.
-  bool clash = false;
-  for (int p = 0; p < ctx.size(); ++p) {
-    if (p != me || outs[p].data != in.data) clash = clash || overlaps(src, bytes, outs[p].data, bytes);
-  }
+  const bool clash = clashes(src, outs, me, bytes);
   // What the peers read: `src`, or its copy in this process's pool, made
   // before any output is written. A clash reads a stable copy everywhere:
   // the staged one when there is one, else a private snapshot.

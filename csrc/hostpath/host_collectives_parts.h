@@ -8,6 +8,7 @@
 
 #include "algorithms/algorithms.h"
 #include "engine/engine_context.h"
+#include "hostpath/host_segment.h"
 
 namespace smddp::hostcoll {
 
@@ -16,6 +17,24 @@ inline bool overlaps(const void* a, uint64_t aBytes, const void* b, uint64_t bBy
   const auto y = reinterpret_cast<uintptr_t>(b);
   return aBytes > 0 && bBytes > 0 && x < y + bBytes && y < x + aBytes;
 }
+
+// Whether `x` overlaps any of `bufs` (each of the two `bytes` long), but
+// bufs[self] when it is `x` exactly: a rank's own part in place, which
+// the kernels allow. The peers read `x` while this rank writes `bufs`
+// (all-gather), or read `bufs` while it writes `x` (reduce-scatter).
+inline bool clashes(const void* x, const std::vector<Buffer>& bufs, int self, uint64_t bytes) {
+  for (size_t p = 0; p < bufs.size(); ++p) {
+    if ((static_cast<int>(p) != self || bufs[p].data != x) && overlaps(x, bytes, bufs[p].data, bytes)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether a reduce-scatter's post names each block's own address: up to
+// kHostMaxRanks ranks. Past that it names where the first block lies,
+// and the blocks must lie one after another.
+inline bool postsEachBlock(int world) { return world <= kHostMaxRanks; }
 
 inline uint64_t address(const void* p) { return reinterpret_cast<uint64_t>(p); }
 

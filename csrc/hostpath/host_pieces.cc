@@ -79,13 +79,9 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   const uint64_t bytes = in.numel * es;
   PieceSteps steps(piece_, wholeCopy_);
   const void* src = in.data;
-  for (int p = 0; p < ctx.size(); ++p) {
-    if ((p != ctx.rank() || outs[p].data != in.data) && overlaps(src, bytes, outs[p].data, bytes)) {
-      wholeCopy_.assign(static_cast<const uint8_t*>(in.data),
-                        static_cast<const uint8_t*>(in.data) + bytes);
-      src = wholeCopy_.data();
-      break;
-    }
+  if (clashes(src, outs, ctx.rank(), bytes)) {
+    wholeCopy_.assign(static_cast<const uint8_t*>(in.data), static_cast<const uint8_t*>(in.data) + bytes);
+    src = wholeCopy_.data();
   }
   std::vector<Buffer> part(outs.size());
   for (uint64_t off = 0; off < in.numel; off += step, steps.next()) {
@@ -105,10 +101,11 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   const CollectiveSignature sig{CollectiveType::kReduceScatter, dtype, op, out.numel, -1};
   const CallEnds ends(ctx, seq, sig);
   const size_t es = elementSize(dtype);
-  // Staging copies the blocks of the ranks-1 peers; past kHostMaxRanks
-  // ranks a post names one address for all blocks, which pieces would cut.
-  const uint64_t step =
-      world <= kHostMaxRanks ? pieceElems(ctx, out.numel, es, static_cast<uint64_t>(ranks_ - 1)) : 0;
+  // Staging copies the blocks of the ranks-1 peers, and only where a post
+  // names each block (one address for all would not survive the cut).
+  const uint64_t step = postsEachBlock(world)
+                            ? pieceElems(ctx, out.numel, es, static_cast<uint64_t>(ranks_ - 1))
+                            : 0;
   if (step == 0) {
     scatterStep(ctx, seq, sig, ins, out);
     return;
@@ -119,14 +116,11 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   PieceSteps steps(piece_, wholeCopy_);
   std::vector<const void*> block(world);
   for (int p = 0; p < world; ++p) block[p] = ins[p].data;
-  for (int p = 0; p < world; ++p) {
-    if ((p != ctx.rank() || out.data != ins[p].data) && overlaps(out.data, bytes, ins[p].data, bytes)) {
-      wholeCopy_.resize(bytes * world);
-      for (int q = 0; q < world; ++q) {
-        std::memcpy(wholeCopy_.data() + q * bytes, ins[q].data, bytes);
-        block[q] = wholeCopy_.data() + q * bytes;
-      }
-      break;
+  if (clashes(out.data, ins, ctx.rank(), bytes)) {
+    wholeCopy_.resize(bytes * world);
+    for (int p = 0; p < world; ++p) {
+      std::memcpy(wholeCopy_.data() + p * bytes, ins[p].data, bytes);
+      block[p] = wholeCopy_.data() + p * bytes;
     }
   }
   std::vector<Buffer> part(world);

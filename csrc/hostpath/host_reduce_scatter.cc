@@ -71,11 +71,8 @@ void SegmentCollectives::scatterStep(EngineContext& ctx, uint64_t seq,
   // `out`; `out` may be its own block exactly (the kernel allows it). Past
   // kHostMaxRanks ranks a post names where the first block lies, and the
   // blocks must lie one after another: the peers read a copy otherwise.
-  const bool perBlock = world <= kHostMaxRanks;
-  bool clash = !perBlock && !contiguous(ins, bytes);
-  for (int p = 0; p < world; ++p) {
-    if (p != me || out.data != ins[p].data) clash = clash || overlaps(out.data, bytes, ins[p].data, bytes);
-  }
+  const bool perBlock = postsEachBlock(world);
+  const bool clash = (!perBlock && !contiguous(ins, bytes)) || clashes(out.data, ins, me, bytes);
   std::vector<const uint8_t*> block(world);
   for (int p = 0; p < world; ++p) block[p] = static_cast<const uint8_t*>(ins[p].data);
   // Staged before `out` is written: a staged block is already a stable

@@ -7,6 +7,7 @@ in cases_device_sim.py.
 import os
 
 from cases_device_sim import _settle
+from mp_helpers import env_set
 
 
 def routed(rank, world):
@@ -53,9 +54,7 @@ def min_piece(rank, world):
 
     import torch_smddp.testing as sim
 
-    before = os.environ.get("SMDDP_DEVICE_MIN_PIECE_BYTES")
-    os.environ["SMDDP_DEVICE_MIN_PIECE_BYTES"] = "1M"
-    try:
+    with env_set(SMDDP_DEVICE_MIN_PIECE_BYTES="1M"):
         g = dist.new_group(backend="smddp")
         n = 3 << 18  # 3 MiB of float32 per rank
         inp = torch.arange(n, dtype=torch.float32) + rank * n
@@ -77,11 +76,6 @@ def min_piece(rank, world):
         dist.all_gather(outs, outs[rank], group=g)
         dist.reduce_scatter(part2, parts, group=g)
         _settle()
-    finally:
-        if before is None:
-            os.environ.pop("SMDDP_DEVICE_MIN_PIECE_BYTES")
-        else:
-            os.environ["SMDDP_DEVICE_MIN_PIECE_BYTES"] = before
     want_part = (torch.arange(n, dtype=torch.float32) + rank * n) * world + world * (world - 1) / 2
     want_out = torch.arange(world * n, dtype=torch.float32)
     return {"pieces_ok": bool(torch.equal(out, want_out) and torch.equal(part, want_part)),

@@ -28,6 +28,8 @@ import os
 import re
 import time
 
+from mp_helpers import env_set
+
 # --------------------------------------------------------------------------
 # mismatch cases (plain data: the parent imports these)
 # --------------------------------------------------------------------------
@@ -492,15 +494,12 @@ def fi_provider_pair(rank: int, world: int) -> dict:
     expect = torch.arange(1000, dtype=torch.float32) * (world * (world + 1) // 2)
     res = {"provider": backend.provider, "reason": backend.provider_reason,
            "closed_form_ok": torch.equal(t, expect)}
-    os.environ["SMDDP_FI_PROVIDER"] = "shm"
-    try:
-        def second_group():
-            g = dist.new_group(backend="smddp")
-            dist.all_reduce(torch.ones(3), group=g)  # the first collective, if new_group passed
+    def second_group():
+        g = dist.new_group(backend="smddp")
+        dist.all_reduce(torch.ones(3), group=g)  # the first collective, if new_group passed
 
+    with env_set(SMDDP_FI_PROVIDER="shm"):
         res["conflict"] = _attempt(second_group)
-    finally:
-        del os.environ["SMDDP_FI_PROVIDER"]
     _survivor_barrier(rank, list(range(world)), "fi-provider-done")  # rank 0 holds the store
     return res
 

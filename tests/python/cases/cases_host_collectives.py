@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import torch_smddp
 from collective_oracle import settle
+from mp_helpers import env_set
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32]
 # Sizes straddle the 256 KiB pieces reduce-scatter reads in, with odd tails.
@@ -61,11 +62,8 @@ class Checker:
 
 def network_group(off=True):
     """An smddp group made with SMDDP_SHM_COLLECTIVES=0 on this rank (or not)."""
-    os.environ["SMDDP_SHM_COLLECTIVES"] = "0" if off else "1"
-    try:
+    with env_set(SMDDP_SHM_COLLECTIVES="0" if off else "1"):
         return dist.new_group(backend="smddp")
-    finally:
-        del os.environ["SMDDP_SHM_COLLECTIVES"]
 
 
 def one_rank_off(ck, rank, world, gloo):
@@ -250,13 +248,10 @@ def pairwise_rounds(ck, rank, world, hosts, gloo):
     rounds (round k to host + k, clocked by what arrives) for every call:
     the schedule changes, not the sums, so all-gather is Gloo's and
     reduce-scatter the closed form, bitwise, with the narrow crossing too."""
-    os.environ["SMDDP_ROUNDS_MIN_BYTES"] = "1"
-    try:
+    with env_set(SMDDP_ROUNDS_MIN_BYTES="1"):
         rounds = dist.new_group(backend="smddp")
         narrow = dist.new_group(backend="smddp",
                                 pg_options=torch_smddp.Options(cross_host_dtype="bf16"))
-    finally:
-        del os.environ["SMDDP_ROUNDS_MIN_BYTES"]
     path = torch_smddp.stats(rounds)["gather_scatter_path"]
     ck.check("rounds: the path says so", "pairwise rounds for calls of 0 KiB" in path, path)
     before = torch_smddp.stats(rounds)["rounds_calls"]

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import torch_smddp
 from cases_host_collectives import closed_form_block, make
+from mp_helpers import env_set
 
 F32 = 4
 
@@ -72,11 +73,8 @@ def fsdp_in_pieces(ck, rank, world, gloo):
     in_use = torch_smddp.stats()["pool_bytes_in_use"]
     ck.check("FSDP2 in pieces: the pool held at most the limit",
              in_use <= int(os.environ["SMDDP_STAGE_BYTES"]), f"{in_use} bytes")
-    os.environ["SMDDP_STAGE_BYTES"], limit = str(64 << 20), os.environ["SMDDP_STAGE_BYTES"]
-    try:
+    with env_set(SMDDP_STAGE_BYTES=str(64 << 20)):
         whole_group = dist.new_group(backend="smddp")
-    finally:
-        os.environ["SMDDP_STAGE_BYTES"] = limit
     whole, whole_losses, _ = train(whole_group)
     ref, _, _ = train(gloo)
     for name in ref:

@@ -227,6 +227,23 @@ def captured_stderr(lines: list[str]):
             lines.extend(f.read().decode(errors="replace").splitlines())
 
 
+@contextlib.contextmanager
+def env_set(**values: str):
+    """Sets the variables in this process's environment inside the block
+    and puts back what was there (or nothing) after it: for a group made
+    with one ``SMDDP_*`` setting (the C library reads it at ``new_group``)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def expect_raises(fn: Callable[[], Any], exc: type | tuple = Exception,
                   what: str = "") -> str:
     """Call ``fn``; it must raise ``exc``. Returns the exception's message.
