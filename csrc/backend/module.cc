@@ -124,6 +124,7 @@ py::dict statsToDict(const smddp::Stats& s) {
   d["standalone_server_steps"] = s.standaloneServerSteps;
   d["rounds_calls"] = s.roundsCalls;
   d["pool_read_bytes"] = s.poolReadBytes;
+  d["early_gathers"] = s.earlyGathers;
   d["bytes_sealed"] = s.bytesSealed;
   d["bytes_opened"] = s.bytesOpened;
   return d;

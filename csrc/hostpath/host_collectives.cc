@@ -199,7 +199,7 @@ CallPath SegmentCollectives::callPath() const {
 
 void SegmentCollectives::post(uint64_t seq, const CollectiveSignature& sig,
                               const std::vector<uint64_t>& blocks) {
-  DirectPost& p = segment_.ctl().direct[local_];
+  DirectPost& p = segment_.ctl().direct[slot_][local_];
   p.numel = sig.numel;
   p.collective = static_cast<uint8_t>(sig.collective);
   p.dtype = static_cast<uint8_t>(sig.dtype);
@@ -271,10 +271,10 @@ void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint6
                                     const CollectiveSignature& sig) {
   SegmentControl& ctl = segment_.ctl();
   await(ctx, watch, seq, sig, [&](int p) {
-    return ctl.direct[p].posted.load(std::memory_order_acquire) == flagOf(seq);
+    return ctl.direct[slot_][p].posted.load(std::memory_order_acquire) == flagOf(seq);
   });
   for (int p = 0; p < ranks_; ++p) {
-    const DirectPost& d = ctl.direct[p];
+    const DirectPost& d = postOf(p);
     const CollectiveSignature theirs{static_cast<CollectiveType>(d.collective),
                                      static_cast<DataType>(d.dtype), static_cast<ReduceOp>(d.op),
                                      d.numel, -1};
@@ -288,17 +288,53 @@ void SegmentCollectives::awaitPosts(EngineContext& ctx, StallWatch& watch, uint6
   }
 }
 
-void SegmentCollectives::mark(Flag flag, uint64_t seq) {
-  (segment_.ctl().direct[local_].*flag).store(flagOf(seq), std::memory_order_release);
+void SegmentCollectives::markDone(uint64_t seq) {
+  segment_.ctl().directDone[local_].value.store(flagOf(seq), std::memory_order_release);
   segment_.wakeAll();
 }
 
-void SegmentCollectives::awaitAll(Flag flag, EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                                  const CollectiveSignature& sig) {
+void SegmentCollectives::awaitDone(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                                   const CollectiveSignature& sig, uint64_t flag) {
   const SegmentControl& ctl = segment_.ctl();
   await(ctx, watch, seq, sig, [&](int p) {
-    return (ctl.direct[p].*flag).load(std::memory_order_acquire) >= flagOf(seq);
+    return ctl.directDone[p].value.load(std::memory_order_acquire) >= flag;
   });
+}
+
+void SegmentCollectives::claimSlot(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                                   const CollectiveSignature& sig, uint64_t eager) {
+  slot_ = static_cast<int>((seq + piece_) & 1);
+  // An eager step keeps to its half of stage_ unless stage_ must grow.
+  const bool both = eager == 0 || stage_.bytes() < 2 * eager;
+  const uint64_t flag = both ? std::max(earlyFlag_[0], earlyFlag_[1]) : earlyFlag_[slot_];
+  if (flag == 0) return;
+  awaitDone(ctx, watch, seq, sig, flag);
+  if (both) {
+    earlyFlag_[0] = earlyFlag_[1] = 0;
+  } else {
+    earlyFlag_[slot_] = 0;
+  }
+}
+
+uint64_t SegmentCollectives::eagerGather(const EngineContext& ctx, const uint8_t* src,
+                                         uint64_t bytes) const {
+  // Only a part that would be staged anyway: one in the pool already (an
+  // FSDP2 buffer from allocate_tensor) is read in place, and a copy to
+  // leave early cost more than the wait it saves (at world 2 on the
+  // development VM, 16-256 KiB, in turns: 0.64-0.91x).
+  const HostPathConfig& c = hostPathConfig(ctx.config());
+  const bool eager = hosts() == 1 && ranks_ > 1 && bytes > 0 && bytes <= c.eagerBytes &&
+                     c.stageBytes > 0 && !SharedPool::where().contains(address(src), bytes);
+  return eager ? c.eagerBytes : 0;
+}
+
+const uint8_t* SegmentCollectives::stageEager(const uint8_t* src, uint64_t bytes, uint64_t eager) {
+  uint8_t* at = stage_.get(2 * eager);
+  if (!at) return nullptr;
+  at += slot_ * eager;
+  copyStreaming(at, src, bytes);
+  streamingFence();
+  return at;
 }
 
 void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t bytes,
@@ -319,15 +355,14 @@ void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t b
 }
 
 const uint8_t* SegmentCollectives::mapped(int peer, uint64_t remote, uint64_t bytes) const {
-  const uint8_t* at = peerPools_.find(peer, poolOf(segment_.ctl().direct[peer]), remote, bytes);
+  const uint8_t* at = peerPools_.find(peer, poolOf(postOf(peer)), remote, bytes);
   if (at) traffic_.pooledRead(bytes);
   return at;
 }
 
 bool SegmentCollectives::partsPooled(uint64_t bytes) const {
-  const SegmentControl& ctl = segment_.ctl();
   for (int p = 0; p < ranks_; ++p) {
-    const DirectPost& d = ctl.direct[p];
+    const DirectPost& d = postOf(p);
     if (!poolOf(d).contains(d.block[topo_.hostIndex], bytes)) return false;
   }
   return true;
@@ -382,10 +417,18 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
   // The peers read `in` while this rank writes its outputs: if one of them
   // (other than `in` itself as its own output) overlaps it, they read a copy.
   const bool clash = clashes(src, outs, me, bytes);
+  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
+  const uint64_t eager = eagerGather(ctx, src, bytes);
+  claimSlot(ctx, watch, seq, sig, eager);
+  const StepLeft left(*this, seq);
   // What the peers read: `src`, or its copy in this process's pool, made
   // before any output is written. A clash reads a stable copy everywhere:
-  // the staged one when there is one, else a private snapshot.
-  const uint8_t* shared = stagePart(src, bytes, hostPathConfig(ctx.config()).stageBytes);
+  // the staged one when there is one, else a private snapshot. An eager
+  // step whose half of stage_ is missing stages nothing (stage_ may not
+  // move under the other half) and leaves as the others do.
+  const uint8_t* early = eager ? stageEager(src, bytes, eager) : nullptr;
+  const uint8_t* shared = early;
+  if (!shared) shared = eager ? src : stagePart(src, bytes, hostPathConfig(ctx.config()).stageBytes);
   if (clash) {
     if (shared == src) {
       snapshot_.assign(src, src + bytes);
@@ -406,8 +449,10 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
     blocks[h] = h == host ? address(shared) : address(outs[globalRank(h, local_)].data);
   }
   post(seq, sig, blocks);
-  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   awaitPosts(ctx, watch, seq, sig);
+  // From here every peer is in this step and reads `early` until it
+  // leaves the step (StepLeft), however it leaves.
+  if (early) earlyFlag_[slot_] = flagOf(seq);
   if (rings && partsPooled(bytes)) {
     // One copy per byte from the peers' pools beats a ring's two: 1.2-1.7x
     // at world 3, 1.0-1.5x at world 4 (docs/notes/2026-12-06-shared-pool.md).
@@ -424,8 +469,12 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
   } else {
     gatherAcrossHosts(ctx, seq, sig, src, outs, watch);
   }
-  mark(&DirectPost::done, seq);
-  awaitAll(&DirectPost::done, ctx, watch, seq, sig);
+  markDone(seq);
+  if (early) {  // the peers read the staged copy, not `in`
+    traffic_.earlyGather();
+    return;
+  }
+  awaitDone(ctx, watch, seq, sig, flagOf(seq));
 }
 
 template <typename Poll>
@@ -445,7 +494,7 @@ void SegmentCollectives::readHostParts(EngineContext& ctx, const std::vector<Buf
   for (int i = 1; i < ranks_; ++i) {
     const int p = (local_ + i) % ranks_;
     readPolling(p, static_cast<uint8_t*>(outs[globalRank(host, p)].data),
-                segment_.ctl().direct[p].block[host], bytes, watch, poll, streaming);
+                postOf(p).block[host], bytes, watch, poll, streaming);
   }
   if (streaming) streamingFence();
 }
@@ -502,7 +551,7 @@ void SegmentCollectives::noteLanded(int h, size_t k, uint64_t seq) {
   uint32_t& prefix = landedPrefix_[h];
   if (k != prefix) return;
   while (prefix < n && got[prefix]) ++prefix;
-  segment_.ctl().direct[local_].landed[h].store(((seq + 1) << kLandedSeqShift) | prefix,
+  segment_.ctl().direct[slot_][local_].landed[h].store(((seq + 1) << kLandedSeqShift) | prefix,
                                                std::memory_order_release);
   segment_.wakeAll();
 }
@@ -514,13 +563,12 @@ void SegmentCollectives::readLandedParts(EngineContext& ctx, Exchange& ex, Stall
   using clock = std::chrono::steady_clock;
   const int H = hosts();
   const int host = topo_.hostIndex;
-  const SegmentControl& ctl = segment_.ctl();
   // Chunks of host h's part read from local peer p so far: next[p * H + h].
   std::vector<uint32_t> next(static_cast<size_t>(ranks_) * H, 0);
   const auto total = static_cast<uint32_t>(chunks.size());
   size_t left = static_cast<size_t>(ranks_ - 1) * (H - 1) * total;
   auto landedAt = [&](int p, int h) -> uint32_t {
-    const uint64_t v = ctl.direct[p].landed[h].load(std::memory_order_acquire);
+    const uint64_t v = postOf(p).landed[h].load(std::memory_order_acquire);
     return v >> kLandedSeqShift == seq + 1 ? static_cast<uint32_t>(v & ((1u << kLandedSeqShift) - 1))
                                            : 0;
   };
@@ -552,7 +600,7 @@ void SegmentCollectives::readLandedParts(EngineContext& ctx, Exchange& ex, Stall
         const uint64_t off = chunks[from].elemOffset * es;
         const uint64_t end = (chunks[to - 1].elemOffset + chunks[to - 1].elemCount) * es;
         read(p, static_cast<uint8_t*>(outs[globalRank(h, p)].data) + off,
-             ctl.direct[p].block[h] + off, end - off, watch);
+             postOf(p).block[h] + off, end - off, watch);
         left -= to - from;
         from = to;
         ++moved;

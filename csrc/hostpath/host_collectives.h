@@ -17,7 +17,9 @@
 // contributions to the blocks of the ranks with local index l (in local
 // rank order), sends each host sum to its owner, and sums what arrives in
 // host order. A rank leaves the call once every rank of its host has read
-// what it needs, so that its input may change again.
+// what it needs, so that its input may change again; a small all-gather
+// of a private part leaves as soon as it has read its peers' (its peers
+// read a copy), see eagerGather.
 #pragma once
 
 #include <sys/types.h>
@@ -73,12 +75,12 @@ class SegmentCollectives final : public HostCollectives {
   // in p's memory: one address per rank, or one after another from the
   // first (past kHostMaxRanks ranks).
   struct RemoteBlocks {
-    const SegmentControl& ctl;
+    const DirectPost* posts;  // the step's slot, by local rank
     bool perBlock;
     uint64_t bytes;
     auto of(int owner) const {
       return [this, owner](int p) {
-        return perBlock ? ctl.direct[p].block[owner] : ctl.direct[p].block[0] + owner * bytes;
+        return perBlock ? posts[p].block[owner] : posts[p].block[0] + owner * bytes;
       };
     }
   };
@@ -122,14 +124,47 @@ class SegmentCollectives final : public HostCollectives {
   // they made the same call (kMismatch naming the first that differs).
   void awaitPosts(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                   const CollectiveSignature& sig);
-  // A per-rank word of the post, flagOf(seq) once reached: `done` (this
-  // rank read all it needs of its host's peers).
-  using Flag = std::atomic<uint64_t> DirectPost::*;
-  // This rank has reached `flag` in call `seq`.
-  void mark(Flag flag, uint64_t seq);
-  // Waits until every rank of this host has.
-  void awaitAll(Flag flag, EngineContext& ctx, StallWatch& watch, uint64_t seq,
-                const CollectiveSignature& sig);
+  // Local rank p's post in the step's slot.
+  const DirectPost& postOf(int p) const { return segment_.ctl().direct[slot_][p]; }
+  // This rank left the step of call `seq` (directDone): it reads nothing
+  // more of it.
+  void markDone(uint64_t seq);
+  // Marks the step left when it leaves, however it leaves (a rank that
+  // failed half way reads nothing more either).
+  class StepLeft {
+   public:
+    StepLeft(SegmentCollectives& c, uint64_t seq) : c_(c), seq_(seq) {}
+    ~StepLeft() { c_.markDone(seq_); }
+    StepLeft(const StepLeft&) = delete;
+    StepLeft& operator=(const StepLeft&) = delete;
+
+   private:
+    SegmentCollectives& c_;
+    const uint64_t seq_;
+  };
+  // Waits until every rank of this host left the step whose flag is
+  // `flag`, or a later one (`seq` and `sig`: the call waiting, for its
+  // messages).
+  void awaitDone(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                 const CollectiveSignature& sig, uint64_t flag);
+  // A small all-gather on one host (parts of at most
+  // SMDDP_EAGER_GATHER_BYTES, E) leaves once it read its peers' parts:
+  // its own part is a copy in stage_ (half `slot_` of its first 2E), and
+  // its post stays in slot_, both read by the peers after it left, until
+  // they left that step too. One synchronization instead of two
+  // (docs/notes/2026-12-07-eager-gather.md). E for a step whose part
+  // `src` lies outside the pool, or 0: this step waits.
+  uint64_t eagerGather(const EngineContext& ctx, const uint8_t* src, uint64_t bytes) const;
+  // Picks the step's slot ((seq + piece) % 2, alike on every rank) and
+  // waits until the peers left the early steps whose posts or staged
+  // parts this step would overwrite: the slot's own for an eager step
+  // (E bytes per part) that keeps its half of stage_, both for any other
+  // (stage_ may move).
+  void claimSlot(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                 const CollectiveSignature& sig, uint64_t eager);
+  // An eager step's copy of `src` in its half of stage_, or null (no pool,
+  // or none free).
+  const uint8_t* stageEager(const uint8_t* src, uint64_t bytes, uint64_t eager);
   // Waits until arrived(p) holds for every local rank p.
   void await(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,
              const std::function<bool(int)>& arrived);
@@ -254,6 +289,10 @@ class SegmentCollectives final : public HostCollectives {
   // A call in pieces whose input overlaps an output reads this copy of it.
   std::vector<uint8_t> wholeCopy_;  // freed when the call leaves
   uint64_t piece_ = 0;  // the step of the call running now (flagOf)
+  int slot_ = 0;        // its post slot (claimSlot)
+  // By slot: the flag of the last step that left before its peers read
+  // it, until a later step saw them leave it; 0: none.
+  uint64_t earlyFlag_[2] = {0, 0};
   PoolScratch stage_;  // stagePart's and stageForPeers' copies
   std::vector<int> stagedOwners_;  // stageForPeers' owners, kept to reuse its storage
   std::vector<uint8_t> pieces_;

@@ -33,6 +33,11 @@ SMDDP_PARAM_BYTES(paramStageBytes, "SMDDP_STAGE_BYTES", 67108864, 0, 1LL << 40,
                   "size, one after another (0: none staged, the peers read private inputs with "
                   "process_vm_readv or the rings; else at least 1 MiB)")
 
+SMDDP_PARAM_BYTES(paramEagerGatherBytes, "SMDDP_EAGER_GATHER_BYTES", 262144, 0, 1048576,
+                  "on one host, an all-gather whose part is at most this long copies it into the "
+                  "shared pool and leaves once it read its peers' parts, one synchronization "
+                  "instead of two (0: never; off with SMDDP_STAGE_BYTES=0)")
+
 SMDDP_PARAM_STRING(paramServerHosts, "SMDDP_SERVER_HOSTS", "",
                    "standalone reduction servers (python -m torch_smddp.server) as host:port,... "
                    "in server order; across hosts the shared-memory path shards each step over "
@@ -99,6 +104,7 @@ void readHostPathParams(EngineConfig& c) {
                "SMDDP_STAGE_BYTES must be 0 (no staging) or at least 1 MiB (1048576), not " +
                    std::to_string(h.stageBytes));
   }
+  h.eagerBytes = static_cast<uint64_t>(paramEagerGatherBytes());
   c.layers.set(h);
   c.crossHostDtype = parseCrossHostDtype(paramCrossHostDtype(), "SMDDP_CROSS_HOST_DTYPE");
 }

@@ -26,6 +26,7 @@ struct HostPathConfig {
   uint64_t streamingBytes = 0;     // batches this large write results with streaming stores
   uint64_t smallBytes = 0;         // batches up to this size: one step, every rank reduces all
   uint64_t stageBytes = 0;         // SMDDP_STAGE_BYTES: staged at a time by one-host gathers
+  uint64_t eagerBytes = 0;         // SMDDP_EAGER_GATHER_BYTES: one-host all-gathers leaving early
   std::string serverJob;           // SMDDP_SERVER_JOB
   int serverSharePercent = -1;     // SMDDP_SERVER_SHARE (-1: balanced)
   int64_t serverWaitSeconds = 60;  // SMDDP_SERVER_WAIT

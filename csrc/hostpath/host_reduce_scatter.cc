@@ -73,6 +73,9 @@ void SegmentCollectives::scatterStep(EngineContext& ctx, uint64_t seq,
   // blocks must lie one after another: the peers read a copy otherwise.
   const bool perBlock = postsEachBlock(world);
   const bool clash = (!perBlock && !contiguous(ins, bytes)) || clashes(out.data, ins, me, bytes);
+  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
+  claimSlot(ctx, watch, seq, sig, 0);
+  const StepLeft left(*this, seq);
   std::vector<const uint8_t*> block(world);
   for (int p = 0; p < world; ++p) block[p] = static_cast<const uint8_t*>(ins[p].data);
   // Staged before `out` is written: a staged block is already a stable
@@ -89,19 +92,17 @@ void SegmentCollectives::scatterStep(EngineContext& ctx, uint64_t seq,
   std::vector<uint64_t> posted(perBlock ? world : 1);
   for (size_t p = 0; p < posted.size(); ++p) posted[p] = address(block[p]);
   post(seq, sig, posted);
-  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   awaitPosts(ctx, watch, seq, sig);
-  const SegmentControl& ctl = segment_.ctl();
   // Where local rank p's block for group rank `owner` lies in p's memory.
-  const RemoteBlocks remote{ctl, perBlock, bytes};
+  const RemoteBlocks remote{segment_.ctl().direct[slot_], perBlock, bytes};
   if (hosts() == 1) {
     combineHost(block[me], remote.of(me), static_cast<uint8_t*>(out.data), out.numel, dtype, op,
                 world, watch, [] {});
   } else {
     reduceAcrossHosts(ctx, seq, sig, block, remote, out, watch);
   }
-  mark(&DirectPost::done, seq);
-  awaitAll(&DirectPost::done, ctx, watch, seq, sig);
+  markDone(seq);
+  awaitDone(ctx, watch, seq, sig, flagOf(seq));
 }
 
 void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes,
@@ -193,7 +194,7 @@ void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
       ex.poll();
     }
   }
-  mark(&DirectPost::done, seq);
+  markDone(seq);
   ex.run();
   std::vector<const uint8_t*> inputs(H);
   for (int h = 0; h < H; ++h) inputs[h] = h == host ? piece(h) : arrived_.data() + h * wireBytes;

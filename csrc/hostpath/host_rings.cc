@@ -22,7 +22,7 @@ std::vector<uint64_t> SegmentCollectives::ringStarts() {
   SegmentControl& ctl = segment_.ctl();
   std::vector<uint64_t> start(ranks_);
   for (int p = 0; p < ranks_; ++p) {
-    start[p] = ctl.direct[p].ringStart;
+    start[p] = postOf(p).ringStart;
     // A position an earlier call left unread (it failed half way) is
     // skipped, so its writer never waits for it.
     if (p != local_) ctl.gatherRead[local_].of[p].store(start[p], std::memory_order_release);

@@ -57,10 +57,8 @@ struct alignas(64) FusionPlan {
 constexpr int kLandedSeqShift = 24;
 struct alignas(64) DirectPost {
   // The step's flag (SegmentCollectives::flagOf: the call's seq, and its
-  // piece for a call in pieces) once the fields below are valid, and once
-  // this rank read all it needs.
+  // piece for a call in pieces) once the fields below are valid.
   std::atomic<uint64_t> posted{0};
-  std::atomic<uint64_t> done{0};
   // Across hosts, an all-gather's chunks of host h's part that arrived
   // here, in order from the first: (seq + 1) << kLandedSeqShift | count.
   std::atomic<uint64_t> landed[kHostMaxRanks] = {};
@@ -113,7 +111,13 @@ struct SegmentControl {
   SharedCounter issued[kHostMaxRanks];
   // When each rank issued its recent collectives, and who was last.
   ArrivalBoard arrivals;
-  DirectPost direct[kHostMaxRanks];
+  // By slot, then rank: a step posts in slot (seq + piece) % 2, so a rank
+  // that left a small all-gather before its peers read it may post its
+  // next step while they still read this one (host_collectives.h).
+  DirectPost direct[2][kHostMaxRanks];
+  // The flag of the last step each rank left: it reads nothing more of
+  // the peers' posts and blocks of that step or any before.
+  SharedCounter directDone[kHostMaxRanks];
   SharedCounter gatherWritten[kHostMaxRanks];  // chunks this rank put in its ring
   GatherReads gatherRead[kHostMaxRanks];
 };

@@ -91,6 +91,8 @@ class PoolScratch {
   // At least `bytes` of the pool, or null: no pool, none free that large,
   // or the pool of the parent of this forked process.
   uint8_t* get(uint64_t bytes);
+  // How large the range get() holds is (0: none).
+  uint64_t bytes() const { return bytes_; }
 
  private:
   void* at_ = nullptr;

@@ -35,6 +35,7 @@ struct Stats {
   uint64_t standaloneServerSteps = 0;  // cross-host steps that used them
   uint64_t poolReadBytes = 0;  // read from host peers' shared pools (hostpath/shared_pool.h)
   uint64_t roundsCalls = 0;  // calls whose crossing ran in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)
+  uint64_t earlyGathers = 0;  // all-gather steps that left before their peers read them
   // Payload bytes encrypted to and decrypted from peers on other hosts
   // (SMDDP_WIRE_ENCRYPT; engine/sealed_frames.h).
   uint64_t bytesSealed = 0;
@@ -156,6 +157,7 @@ struct StatsCounters {
   std::atomic<uint64_t> standaloneServerSteps{0};
   std::atomic<uint64_t> roundsCalls{0};
   std::atomic<uint64_t> poolReadBytes{0};
+  std::atomic<uint64_t> earlyGathers{0};
   std::atomic<uint64_t> bytesSealed{0};
   std::atomic<uint64_t> bytesOpened{0};
   // Queued-to-completed latency of every collective (runTasks).
@@ -167,7 +169,7 @@ struct StatsCounters {
                     &fusedCalls, &chunksInFlightMax, &serverReduceNs, &framesRejected, &errors,
                     &abandonedSends, &abandonedSendsConfirmed, &abandonedSendsHeld, &callerRuns,
                     &smallBatches, &directCalls, &standaloneServerBytes, &standaloneServerSteps,
-                    &roundsCalls, &poolReadBytes, &bytesSealed, &bytesOpened}) {
+                    &roundsCalls, &poolReadBytes, &earlyGathers, &bytesSealed, &bytesOpened}) {
       c->store(0);
     }
     latency.reset();
@@ -195,6 +197,7 @@ struct StatsCounters {
     s.standaloneServerSteps = standaloneServerSteps.load();
     s.roundsCalls = roundsCalls.load();
     s.poolReadBytes = poolReadBytes.load();
+    s.earlyGathers = earlyGathers.load();
     s.bytesSealed = bytesSealed.load();
     s.bytesOpened = bytesOpened.load();
     return s;

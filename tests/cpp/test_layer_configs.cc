@@ -75,6 +75,27 @@ TEST_CASE("the ring depth: SMDDP_RING_DEPTH, else 4 on one host and 2 across", "
   CHECK(ringDepthFor(c, false) == 9);
 }
 
+TEST_CASE("SMDDP_EAGER_GATHER_BYTES: 256 KiB by default, 0 for none, at most 1 MiB", "[config]") {
+  CHECK(hostPathConfig(readEngineConfig()).eagerBytes == (256u << 10));
+  {
+    EnvOverride none("SMDDP_EAGER_GATHER_BYTES", "0");
+    CHECK(hostPathConfig(readEngineConfig()).eagerBytes == 0);
+  }
+  {
+    EnvOverride most("SMDDP_EAGER_GATHER_BYTES", "1M");
+    CHECK(hostPathConfig(readEngineConfig()).eagerBytes == (1u << 20));
+  }
+  for (const char* bad : {"2M", "1048577", "-1", "lots"}) {
+    EnvOverride eager("SMDDP_EAGER_GATHER_BYTES", bad);
+    try {
+      readEngineConfig();
+      FAIL("SMDDP_EAGER_GATHER_BYTES=" << bad << " was accepted");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("SMDDP_EAGER_GATHER_BYTES") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("SMDDP_STAGE_BYTES: 64 MiB by default, 0 for none, else at least 1 MiB", "[config]") {
   CHECK(hostPathConfig(readEngineConfig()).stageBytes == (64u << 20));
   {

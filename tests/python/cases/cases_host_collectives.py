@@ -429,6 +429,9 @@ def run(rank, world, hosts=1, sizes=SIZES):
         from cases_pieces import fsdp_in_pieces, pieces  # it imports this module's oracles
         pieces(ck, rank, world)
         fsdp_in_pieces(ck, rank, world, gloo)
+    if hosts == 1:
+        from cases_eager import eager  # small all-gathers that leave early
+        eager(ck, rank, world, gloo)
     record = [e for e in torch_smddp.flight_recorder()
               if e["collective"] in ("allgather", "reduce_scatter") and e["state"] == "completed"]
     ck.check(f"the flight recorder says {record_path}",
