@@ -320,8 +320,9 @@ uint64_t SegmentCollectives::eagerGather(const EngineContext& ctx, const uint8_t
                                          uint64_t bytes) const {
   // Only a part that would be staged anyway: one in the pool already (an
   // FSDP2 buffer from allocate_tensor) is read in place, and a copy to
-  // leave early cost more than the wait it saves (at world 2 on the
-  // development VM, 16-256 KiB, in turns: 0.64-0.91x).
+  // leave early cost more than the wait it saves (in turns on the
+  // development VM, 16-256 KiB: 0.33-0.89x at world 2, within the noise
+  // at world 4; docs/notes/2026-12-07-eager-gather.md).
   const HostPathConfig& c = hostPathConfig(ctx.config());
   const bool eager = hosts() == 1 && ranks_ > 1 && bytes > 0 && bytes <= c.eagerBytes &&
                      c.stageBytes > 0 && !SharedPool::where().contains(address(src), bytes);
