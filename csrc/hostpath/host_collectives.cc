@@ -316,26 +316,43 @@ void SegmentCollectives::claimSlot(EngineContext& ctx, StallWatch& watch, uint64
   }
 }
 
-uint64_t SegmentCollectives::eagerGather(const EngineContext& ctx, const uint8_t* src,
-                                         uint64_t bytes) const {
-  // Only a part that would be staged anyway: one in the pool already (an
-  // FSDP2 buffer from allocate_tensor) is read in place, and a copy to
-  // leave early cost more than the wait it saves (in turns on the
-  // development VM, 16-256 KiB: 0.33-0.89x at world 2, within the noise
-  // at world 4; docs/notes/2026-12-07-eager-gather.md).
+uint64_t SegmentCollectives::eagerBytes(const EngineContext& ctx, uint64_t bytes) const {
   const HostPathConfig& c = hostPathConfig(ctx.config());
-  const bool eager = hosts() == 1 && ranks_ > 1 && bytes > 0 && bytes <= c.eagerBytes &&
-                     c.stageBytes > 0 && !SharedPool::where().contains(address(src), bytes);
+  const uint64_t everyone = ranks_ == 64 ? ~uint64_t{0} : (uint64_t{1} << ranks_) - 1;
+  const bool eager =
+      hosts() == 1 && ranks_ > 1 && bytes > 0 && bytes <= c.eagerBytes && c.stageBytes > 0 &&
+      (segment_.ctl().poolMappedBy[local_].load(std::memory_order_acquire) |
+       (uint64_t{1} << local_)) == everyone;
   return eager ? c.eagerBytes : 0;
 }
 
-const uint8_t* SegmentCollectives::stageEager(const uint8_t* src, uint64_t bytes, uint64_t eager) {
+bool SegmentCollectives::allLeft(uint64_t flag) const {
+  const SegmentControl& ctl = segment_.ctl();
+  for (int p = 0; p < ranks_; ++p) {
+    if (ctl.directDone[p].value.load(std::memory_order_acquire) < flag) return false;
+  }
+  return true;
+}
+
+SegmentCollectives::~SegmentCollectives() {
+  // Another group of this process may take the range and write it once
+  // it is back in the pool. A peer that has not left within 2 s is dead
+  // or stuck in its call, and the range stays taken.
+  const uint64_t flag = std::max(earlyFlag_[0], earlyFlag_[1]);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (flag != 0 && !allLeft(flag)) {
+    if (std::chrono::steady_clock::now() >= until) {
+      stage_.keep();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+uint8_t* SegmentCollectives::stageRange(uint64_t bytes, uint64_t eager) {
+  if (eager == 0) return stage_.get(bytes);
   uint8_t* at = stage_.get(2 * eager);
-  if (!at) return nullptr;
-  at += slot_ * eager;
-  copyStreaming(at, src, bytes);
-  streamingFence();
-  return at;
+  return at ? at + slot_ * eager : nullptr;
 }
 
 void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t bytes,
@@ -357,7 +374,12 @@ void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t b
 
 const uint8_t* SegmentCollectives::mapped(int peer, uint64_t remote, uint64_t bytes) const {
   const uint8_t* at = peerPools_.find(peer, poolOf(postOf(peer)), remote, bytes);
-  if (at) traffic_.pooledRead(bytes);
+  if (!at) return nullptr;
+  traffic_.pooledRead(bytes);
+  if (!(mappedPublished_ >> peer & 1)) {
+    segment_.ctl().poolMappedBy[peer].fetch_or(uint64_t{1} << local_, std::memory_order_release);
+    mappedPublished_ |= uint64_t{1} << peer;
+  }
   return at;
 }
 
@@ -388,8 +410,8 @@ void SegmentCollectives::copyOwnPart(EngineContext& ctx, void* dst, const uint8_
   std::memmove(dst, src, bytes);
 }
 
-const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
-                                             uint64_t limit) {
+const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes, uint64_t limit,
+                                             uint64_t eager) {
   // Measured in turns on parts the poster had just written (as FSDP2
   // copies its shards in), against the same calls reading the private
   // parts (process_vm_readv, or the rings): 1.1-4.4x faster at every size
@@ -397,11 +419,11 @@ const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
   // When another rank's part is not in its pool the call goes through
   // the rings and this copy is not read: pools differ only by how full
   // they are, so that costs a copy of the part in a rare call.
-  if (ranks_ == 1 || bytes == 0 || bytes > limit ||
+  if (ranks_ == 1 || bytes == 0 || bytes > (eager ? eager : limit) ||
       SharedPool::where().contains(address(src), bytes)) {
     return src;
   }
-  uint8_t* at = stage_.get(bytes);
+  uint8_t* at = stageRange(bytes, eager);
   if (!at) return src;
   copyStreaming(at, src, bytes);
   streamingFence();
@@ -419,17 +441,15 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
   // (other than `in` itself as its own output) overlaps it, they read a copy.
   const bool clash = clashes(src, outs, me, bytes);
   StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
-  const uint64_t eager = eagerGather(ctx, src, bytes);
+  const uint64_t eager = eagerBytes(ctx, bytes);
   claimSlot(ctx, watch, seq, sig, eager);
   const StepLeft left(*this, seq);
   // What the peers read: `src`, or its copy in this process's pool, made
   // before any output is written. A clash reads a stable copy everywhere:
-  // the staged one when there is one, else a private snapshot. An eager
-  // step whose half of stage_ is missing stages nothing (stage_ may not
-  // move under the other half) and leaves as the others do.
-  const uint8_t* early = eager ? stageEager(src, bytes, eager) : nullptr;
-  const uint8_t* shared = early;
-  if (!shared) shared = eager ? src : stagePart(src, bytes, hostPathConfig(ctx.config()).stageBytes);
+  // the staged one when there is one, else a private snapshot. A step
+  // whose part was staged for an early leave leaves early.
+  const uint8_t* shared = stagePart(src, bytes, hostPathConfig(ctx.config()).stageBytes, eager);
+  const bool early = eager != 0 && shared != src;
   if (clash) {
     if (shared == src) {
       snapshot_.assign(src, src + bytes);
@@ -451,8 +471,8 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
   }
   post(seq, sig, blocks);
   awaitPosts(ctx, watch, seq, sig);
-  // From here every peer is in this step and reads `early` until it
-  // leaves the step (StepLeft), however it leaves.
+  // From here every peer is in this step and reads the staged copy until
+  // it leaves the step (StepLeft), however it leaves.
   if (early) earlyFlag_[slot_] = flagOf(seq);
   if (rings && partsPooled(bytes)) {
     // One copy per byte from the peers' pools beats a ring's two: 1.2-1.7x

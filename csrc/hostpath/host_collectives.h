@@ -19,7 +19,7 @@
 // host order. A rank leaves the call once every rank of its host has read
 // what it needs, so that its input may change again; a small all-gather
 // of a private part leaves as soon as it has read its peers' (its peers
-// read a copy), see eagerGather.
+// read a copy), see eagerBytes.
 #pragma once
 
 #include <sys/types.h>
@@ -62,6 +62,10 @@ class SegmentCollectives final : public HostCollectives {
   static std::unique_ptr<SegmentCollectives> open(EngineContext& ctx, Bootstrap& bootstrap,
                                                   HostSegment& segment, const HostTopology& topo,
                                                   NotOpened* notOpened);
+
+  // Waits (up to 2 s) for the peers to leave this rank's last early step
+  // before its staged copies go back to the pool; keeps them otherwise.
+  ~SegmentCollectives() override;
 
   void allGather(EngineContext& ctx, uint64_t seq, Buffer in, const std::vector<Buffer>& outs,
                  DataType dtype) override;
@@ -147,24 +151,32 @@ class SegmentCollectives final : public HostCollectives {
   // messages).
   void awaitDone(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                  const CollectiveSignature& sig, uint64_t flag);
-  // A small all-gather on one host (parts of at most
-  // SMDDP_EAGER_GATHER_BYTES, E) leaves once it read its peers' parts:
-  // its own part is a copy in stage_ (half `slot_` of its first 2E), and
-  // its post stays in slot_, both read by the peers after it left, until
-  // they left that step too. One synchronization instead of two
-  // (docs/notes/2026-12-07-eager-gather.md). E for a step whose part
-  // `src` lies outside the pool, or 0: this step waits.
-  uint64_t eagerGather(const EngineContext& ctx, const uint8_t* src, uint64_t bytes) const;
+  // A small all-gather on one host leaves once it has read its peers'
+  // parts: a private part of at most SMDDP_EAGER_GATHER_BYTES (E) is
+  // staged in half `slot_` of stage_'s first 2E, and that copy and its
+  // post in slot_ are read by the peers after it left, until they left
+  // that step too. One synchronization instead of two
+  // (docs/notes/2026-12-07-eager-gather.md). Pooled parts (FSDP2's
+  // buffers from allocate_tensor) are read in place and wait: a copy to
+  // leave early cost more than the wait it saves (0.33-0.89x at world 2,
+  // within the noise at world 4); so did reduce-scatter's early leave
+  // (0.72-1.13x at world 4). E for a step of `bytes` per part (if the
+  // part is private), or 0: this step waits. Only once every
+  // peer has mapped this rank's pool (poolMappedBy), so that the copies
+  // stay readable if this process ends right after the call.
+  uint64_t eagerBytes(const EngineContext& ctx, uint64_t bytes) const;
+  // Whether every rank of this host left the step whose flag is `flag`.
+  bool allLeft(uint64_t flag) const;
   // Picks the step's slot ((seq + piece) % 2, alike on every rank) and
   // waits until the peers left the early steps whose posts or staged
-  // parts this step would overwrite: the slot's own for an eager step
-  // (E bytes per part) that keeps its half of stage_, both for any other
-  // (stage_ may move).
+  // copies this step would overwrite: the slot's own for a step that may
+  // leave early (E = `eager`) and keeps to its half of stage_, both for
+  // any other (stage_ may move).
   void claimSlot(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                  const CollectiveSignature& sig, uint64_t eager);
-  // An eager step's copy of `src` in its half of stage_, or null (no pool,
-  // or none free).
-  const uint8_t* stageEager(const uint8_t* src, uint64_t bytes, uint64_t eager);
+  // Where a step stages `bytes`: stage_ grown to them, or with `eager`
+  // (E) the step's half of stage_'s first 2E. Null: no pool, or none free.
+  uint8_t* stageRange(uint64_t bytes, uint64_t eager);
   // Waits until arrived(p) holds for every local rank p.
   void await(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,
              const std::function<bool(int)>& arrived);
@@ -241,7 +253,8 @@ class SegmentCollectives final : public HostCollectives {
   // reuse (PoolScratch). All-gather: this rank's part `src`, or a copy of
   // it in stage_ when it lies outside this process's pool (and the pool
   // has room), for the peers to read in place.
-  const uint8_t* stagePart(const uint8_t* src, uint64_t bytes, uint64_t limit);
+  // With `eager` (E), up to E into the step's half (stageRange).
+  const uint8_t* stagePart(const uint8_t* src, uint64_t bytes, uint64_t limit, uint64_t eager);
   // Reduce-scatter: copies the blocks this host's peers will read (those
   // of owners with another local index) that lie outside this process's
   // pool into stage_, and points `block` at the copies, so the peers read
@@ -279,8 +292,10 @@ class SegmentCollectives final : public HostCollectives {
   const int local_;   // this rank's index on its host
   const int ranks_;   // ranks on this host
   const std::vector<pid_t> pids_;  // by local rank
-  // The peers' pools, mapped as their blocks are first found in them.
+  // The peers' pools, mapped as their blocks are first found in them, and
+  // (bit p) those whose mapping this rank has published (poolMappedBy).
   mutable PeerPools peerPools_;
+  mutable uint64_t mappedPublished_ = 0;
   const TrafficObserver& traffic_;  // the group's (stats' pool_read_bytes)
   // A private copy of this rank's input when the output overlaps it in a
   // way the peers' reads would see; the pieces of the peers' parts; across

@@ -34,9 +34,9 @@ SMDDP_PARAM_BYTES(paramStageBytes, "SMDDP_STAGE_BYTES", 67108864, 0, 1LL << 40,
                   "process_vm_readv or the rings; else at least 1 MiB)")
 
 SMDDP_PARAM_BYTES(paramEagerGatherBytes, "SMDDP_EAGER_GATHER_BYTES", 262144, 0, 1048576,
-                  "on one host, an all-gather whose part is at most this long copies it into the "
-                  "shared pool and leaves once it read its peers' parts, one synchronization "
-                  "instead of two (0: never; off with SMDDP_STAGE_BYTES=0)")
+                  "on one host, an all-gather whose private part is at most this long copies it "
+                  "into the shared pool and leaves once it read its peers' parts, one "
+                  "synchronization instead of two (0: never; off with SMDDP_STAGE_BYTES=0)")
 
 SMDDP_PARAM_STRING(paramServerHosts, "SMDDP_SERVER_HOSTS", "",
                    "standalone reduction servers (python -m torch_smddp.server) as host:port,... "

@@ -118,6 +118,9 @@ struct SegmentControl {
   // The flag of the last step each rank left: it reads nothing more of
   // the peers' posts and blocks of that step or any before.
   SharedCounter directDone[kHostMaxRanks];
+  // By local rank q: bit p once local rank p has mapped q's shared pool,
+  // and so can read what q staged there even after q's process ended.
+  std::atomic<uint64_t> poolMappedBy[kHostMaxRanks] = {};
   SharedCounter gatherWritten[kHostMaxRanks];  // chunks this rank put in its ring
   GatherReads gatherRead[kHostMaxRanks];
 };

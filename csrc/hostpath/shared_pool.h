@@ -93,6 +93,12 @@ class PoolScratch {
   uint8_t* get(uint64_t bytes);
   // How large the range get() holds is (0: none).
   uint64_t bytes() const { return bytes_; }
+  // Lets the range go without returning it to the pool, which keeps it
+  // taken for the process's life: a peer may still read it.
+  void keep() {
+    at_ = nullptr;
+    bytes_ = 0;
+  }
 
  private:
   void* at_ = nullptr;

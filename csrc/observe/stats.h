@@ -35,7 +35,7 @@ struct Stats {
   uint64_t standaloneServerSteps = 0;  // cross-host steps that used them
   uint64_t poolReadBytes = 0;  // read from host peers' shared pools (hostpath/shared_pool.h)
   uint64_t roundsCalls = 0;  // calls whose crossing ran in pairwise rounds (SMDDP_ROUNDS_MIN_HOSTS)
-  uint64_t earlyGathers = 0;  // all-gather steps that left before their peers read them
+  uint64_t earlyGathers = 0;  // one-host all-gather steps that left before their peers read them
   // Payload bytes encrypted to and decrypted from peers on other hosts
   // (SMDDP_WIRE_ENCRYPT; engine/sealed_frames.h).
   uint64_t bytesSealed = 0;

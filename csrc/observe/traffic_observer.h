@@ -50,8 +50,8 @@ class TrafficObserver {
   // Bytes a rank read from a host peer's shared pool with memcpy
   // (hostpath/shared_pool.h) instead of process_vm_readv.
   void pooledRead(uint64_t bytes) const { add(stats_.poolReadBytes, bytes); }
-  // An all-gather step that left before its peers read its part
-  // (SMDDP_EAGER_GATHER_BYTES).
+  // A one-host all-gather step that left before its peers read its staged
+  // part (SMDDP_EAGER_GATHER_BYTES).
   void earlyGather() const { add(stats_.earlyGathers, 1); }
   // A call that took the pairwise-rounds schedule (algorithms/allreduce.cc).
   void pairwiseRounds() const { add(stats_.roundsCalls, 1); }

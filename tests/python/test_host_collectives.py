@@ -22,3 +22,17 @@ def test_host_collectives(world, env):
     for rank, res in enumerate(results):
         assert res["failures"] == [], (rank, len(res["failures"]), res["failures"][:8])
         assert res["cases"] > 400, (rank, res["cases"])
+
+
+@pytest.mark.parametrize("which", ["first", "warm"])
+def test_a_rank_ending_its_process_right_after_a_small_all_gather(which):
+    """cases_eager.exit_right_after: rank 2 calls os._exit as soon as an
+    all-gather returns on it (a group's first, or one that left early);
+    the others' results are still whole (against the closed form)."""
+    results = run_world(3, "cases_eager:exit_right_after", timeout=90, pg_timeout=8.0,
+                        expect_failure=True, allow_exit={2}, args=(2, which))
+    for r in results[:2]:
+        assert r["ok"] and r["warm_ok"], results
+        # The survivors' own last call left early once warm, and waited
+        # as the group's first.
+        assert r["left_early"] == (1 if which == "warm" else 0), results

@@ -3,13 +3,14 @@
 early"). A rank whose private part is at most that long stages it in its
 pool, reads its peers' parts and leaves; its peers read the staged copy
 after it left, and its post stays in one of two slots until they have.
-run() in cases_host_collectives calls eager() on one host.
+Reduce-scatters between them wait as before. run() in
+cases_host_collectives calls eager() on one host.
 
 Oracles: every call's inputs in closed form (int32 values, exact); the
 same calls on a group made with SMDDP_EAGER_GATHER_BYTES=0, which waits
 for its peers as before; stats' early_gathers, which counts exactly the
-calls that could leave early (none without a pool, none on the group
-with 0).
+calls that could leave early (but the group's first, none without a
+pool, none on the group with 0).
 """
 
 import os
@@ -34,25 +35,42 @@ def gathered(key, world, n):
     return torch.cat([part(key, r, n) for r in range(world)])
 
 
-def rewritten_at_once(ck, rank, world, g, label, calls=240):
-    """Back-to-back all-gathers of one private tensor, which each rank
-    overwrites as soon as its call returns: a peer still reading this
-    rank's part must find the staged copy, not the tensor. One rank in
-    turn waits a little before its next call, so the peers' reads lag
-    at different points."""
-    n = 4096  # 16 KiB parts
-    x = torch.empty(n, dtype=torch.int32)
-    out = torch.empty(world * n, dtype=torch.int32)
+def blocks(key, rank, world, n):
+    """Rank `rank`'s reduce-scatter input of call `key`: block o is
+    part(key, rank, n) + o."""
+    return torch.cat([part(key, rank, n) + o for o in range(world)])
+
+
+def scattered(key, rank, world, n):
+    """Rank `rank`'s block of the SUM of every rank's blocks()."""
+    return sum(part(key, r, n) for r in range(world)) + rank * world
+
+
+def rewritten_at_once(ck, rank, world, g, label, op, calls):
+    """Back-to-back all-gathers (or reduce-scatters) of one private tensor,
+    which each rank overwrites as soon as its call returns: a peer still
+    reading this rank's part (or blocks) must find the staged copy, not
+    the tensor. One rank in turn waits a little before its next call, so
+    the peers' reads lag at different points."""
+    n = 4096 if op == "ag" else 1024  # 16 KiB parts; 4 KiB blocks
+    x = torch.empty(n if op == "ag" else world * n, dtype=torch.int32)
+    out = torch.empty(world * n if op == "ag" else n, dtype=torch.int32)
     wrong = []
     for i in range(calls):
-        x.copy_(part(i, rank, n))
-        dist.all_gather_into_tensor(out, x, group=g)
+        if op == "ag":
+            x.copy_(part(i, rank, n))
+            dist.all_gather_into_tensor(out, x, group=g)
+            want = gathered(i, world, n)
+        else:
+            x.copy_(blocks(i, rank, world, n))
+            dist.reduce_scatter_tensor(out, x, group=g)
+            want = scattered(i, rank, world, n)
         x.fill_(-1)
-        if not torch.equal(out, gathered(i, world, n)):
+        if not torch.equal(out, want):
             wrong.append(i)
         if i % 7 == 0 and (i // 7) % world == rank:
             time.sleep(0.0003)
-    ck.check(f"{label}: inputs overwritten as each call returns", not wrong,
+    ck.check(f"{label}: {op} inputs overwritten as each call returns", not wrong,
              f"{len(wrong)} of {calls} calls wrong, first {wrong[:5]}")
 
 
@@ -66,7 +84,8 @@ def mixed(ck, rank, world, g, gloo, label):
     big = EAGER // I32
     pooled = backend.allocate_tensor(world * 1024, dtype=torch.int32, device=torch.device("cpu"))
     seq = [("ag", 4096), ("ag", 1), ("rs", 999), ("ag", big), ("ar", 5), ("ag", big + 1),
-           ("pooled", 1024), ("ag", 4096), ("ag", 3 << 18), ("list", 777), ("ag", 0), ("ag", 13)]
+           ("pooled", 1024), ("ag", 4096), ("rs", 40000), ("ag", 3 << 18), ("list", 777),
+           ("ag", 0), ("rs", 3), ("ag", 13)]
     early, wrong = 0, []
     for rnd in range(6):
         for k, (op, n) in enumerate(seq):
@@ -89,12 +108,11 @@ def mixed(ck, rank, world, g, gloo, label):
                 dist.all_gather_into_tensor(pooled, mine, group=g)
                 ok = torch.equal(pooled, gathered(key, world, n))
             elif op == "rs":
-                x = torch.cat([part(key, rank, n) + o for o in range(world)])
+                x = blocks(key, rank, world, n)
                 out = torch.empty(n, dtype=torch.int32)
                 dist.reduce_scatter_tensor(out, x, group=g)
                 x.fill_(-1)
-                want = sum(part(key, r, n) for r in range(world)) + rank * world
-                ok = torch.equal(out, want)
+                ok = torch.equal(out, scattered(key, rank, world, n))
             else:
                 t = part(key, rank, n)
                 dist.all_reduce(t, group=g)
@@ -113,12 +131,18 @@ def eager(ck, rank, world, gloo):
     g = dist.new_group(backend="smddp")
     with env_set(SMDDP_EAGER_GATHER_BYTES="0"):
         waits = dist.new_group(backend="smddp")
-    rewritten_at_once(ck, rank, world, g, "eager")
-    rewritten_at_once(ck, rank, world, waits, "eager off", calls=60)
+    # Reduce-scatters between early all-gathers wait as before; their
+    # inputs too may change as soon as they return.
+    for op in ("ag", "rs"):
+        rewritten_at_once(ck, rank, world, g, "eager", op, 200)
+        rewritten_at_once(ck, rank, world, waits, "eager off", op, 50)
     n_early = mixed(ck, rank, world, g, gloo, "eager")
     mixed(ck, rank, world, waits, gloo, "eager off")
     counted = torch_smddp.stats(g)["early_gathers"]
-    want = 240 + n_early if has_pool else 0
+    # A rank leaves early only once its peers have mapped its pool (so what
+    # it staged stays readable if its process ends): they do in the
+    # group's first call, which waits.
+    want = 200 - 1 + n_early if has_pool else 0
     ck.check("early_gathers counts the calls that could leave early", counted == want,
              f"{counted}, want {want}{'' if has_pool else ' (no pool: nothing staged)'}")
     ck.check("early_gathers: none with SMDDP_EAGER_GATHER_BYTES=0",
@@ -126,3 +150,31 @@ def eager(ck, rank, world, gloo):
              str(torch_smddp.stats(waits)["early_gathers"]))
     dist.destroy_process_group(g)
     dist.destroy_process_group(waits)
+
+
+def exit_right_after(rank, world, victim, which):
+    """`victim` ends its process (os._exit: no teardown) as soon as an
+    all-gather returns on it: the group's first (`which` = "first"), or
+    one after three (`which` = "warm"), which left early. What it staged
+    must stay readable: the others' results are whole. A rank leaves early
+    only once its peers have mapped its pool, which outlives its process;
+    a group's first call waits for its peers to read."""
+    import datetime
+
+    g = dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=8))
+    n = EAGER // I32
+    res = {"warm_ok": True}
+    if which == "warm":
+        for i in range(3):
+            out = torch.empty(world * n, dtype=torch.int32)
+            dist.all_gather_into_tensor(out, part(i, rank, n), group=g)
+            res["warm_ok"] = res["warm_ok"] and torch.equal(out, gathered(i, world, n))
+    before = torch_smddp.stats(g)["early_gathers"]
+    x = part(99, rank, n)
+    out = torch.empty(world * n, dtype=torch.int32)
+    dist.all_gather_into_tensor(out, x, group=g)
+    if rank == victim:
+        os._exit(0)
+    res["ok"] = bool(torch.equal(out, gathered(99, world, n)))
+    res["left_early"] = torch_smddp.stats(g)["early_gathers"] - before
+    return res

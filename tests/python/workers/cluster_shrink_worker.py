@@ -19,7 +19,10 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cases"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from mp_helpers import put_support_on_path  # noqa: E402
+
+put_support_on_path()  # cases/ (cases_shrink) and harness/, which they import
 
 OUT = os.environ["SMDDP_CLUSTER_OUT"]
 
