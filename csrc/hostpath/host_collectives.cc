@@ -1,6 +1,7 @@
 #include "hostpath/host_collectives.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -329,7 +330,11 @@ uint64_t SegmentCollectives::eagerBytes(const EngineContext& ctx, uint64_t bytes
 bool SegmentCollectives::allLeft(uint64_t flag) const {
   const SegmentControl& ctl = segment_.ctl();
   for (int p = 0; p < ranks_; ++p) {
-    if (ctl.directDone[p].value.load(std::memory_order_acquire) < flag) return false;
+    // A peer whose process is gone reads nothing more.
+    if (ctl.directDone[p].value.load(std::memory_order_acquire) < flag &&
+        !(::kill(pids_[p], 0) != 0 && errno == ESRCH)) {
+      return false;
+    }
   }
   return true;
 }

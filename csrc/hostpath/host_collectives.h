@@ -165,7 +165,8 @@ class SegmentCollectives final : public HostCollectives {
   // peer has mapped this rank's pool (poolMappedBy), so that the copies
   // stay readable if this process ends right after the call.
   uint64_t eagerBytes(const EngineContext& ctx, uint64_t bytes) const;
-  // Whether every rank of this host left the step whose flag is `flag`.
+  // Whether every rank of this host left the step whose flag is `flag`
+  // (or its process is gone).
   bool allLeft(uint64_t flag) const;
   // Picks the step's slot ((seq + piece) % 2, alike on every rank) and
   // waits until the peers left the early steps whose posts or staged
