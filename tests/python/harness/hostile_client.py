@@ -157,6 +157,10 @@ class Listener:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backlog: int = 8,
                  deadline_s: float = 120.0):
         self.sock = socket.socket()
+        # The relay takes the port the kernel gave the server on another
+        # address; connections an earlier relay accepted there may linger
+        # in TIME_WAIT (ci62: EADDRINUSE on 127.0.0.2).
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.sock.listen(backlog)
         self.port = self.sock.getsockname()[1]
