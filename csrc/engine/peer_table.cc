@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/process.h"
 #include "common/param.h"
 
 namespace smddp {
@@ -48,18 +49,6 @@ std::string pidNamespace() {
   char buf[64];
   ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf));
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-}
-
-// True when /proc says the process is gone or a zombie (same PID namespace only).
-bool processExited(int64_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  if (!f.good()) return true;
-  std::string line;
-  std::getline(f, line);
-  size_t p = line.rfind(')');
-  if (p == std::string::npos || p + 2 >= line.size()) return false;
-  char state = line[p + 2];
-  return state == 'Z' || state == 'X';
 }
 
 std::string hexOf(const std::string& bytes) {

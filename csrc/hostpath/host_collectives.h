@@ -166,7 +166,7 @@ class SegmentCollectives final : public HostCollectives {
   // stay readable if this process ends right after the call.
   uint64_t eagerBytes(const EngineContext& ctx, uint64_t bytes) const;
   // Whether every rank of this host left the step whose flag is `flag`
-  // (or its process is gone).
+  // (or its process ended).
   bool allLeft(uint64_t flag) const;
   // Picks the step's slot ((seq + piece) % 2, alike on every rank) and
   // waits until the peers left the early steps whose posts or staged
@@ -175,8 +175,9 @@ class SegmentCollectives final : public HostCollectives {
   // any other (stage_ may move).
   void claimSlot(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                  const CollectiveSignature& sig, uint64_t eager);
-  // Where a step stages `bytes`: stage_ grown to them, or with `eager`
-  // (E) the step's half of stage_'s first 2E. Null: no pool, or none free.
+  // Where a step stages `bytes` (stagePart, stageForPeers): stage_ grown
+  // to them, or with `eager` (E) the step's half of stage_'s first 2E.
+  // Null: no pool, or none free.
   uint8_t* stageRange(uint64_t bytes, uint64_t eager);
   // Waits until arrived(p) holds for every local rank p.
   void await(EngineContext& ctx, StallWatch& watch, uint64_t seq, const CollectiveSignature& sig,

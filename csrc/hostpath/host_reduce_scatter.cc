@@ -125,7 +125,7 @@ void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint6
     }
   }
   if (read.empty() || bytes * read.size() > limit) return;
-  uint8_t* at = stage_.get(bytes * read.size());
+  uint8_t* at = stageRange(bytes * read.size(), 0);
   if (!at) return;
   for (int p : read) {
     copyStreaming(at, block[p], bytes);

@@ -5,7 +5,10 @@
 // defaults; the ring depth resolves in the algorithms, not the engine.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "algorithms/algorithms_config.h"
 #include "common/error.h"
@@ -75,44 +78,33 @@ TEST_CASE("the ring depth: SMDDP_RING_DEPTH, else 4 on one host and 2 across", "
   CHECK(ringDepthFor(c, false) == 9);
 }
 
-TEST_CASE("SMDDP_EAGER_GATHER_BYTES: 256 KiB by default, 0 for none, at most 1 MiB", "[config]") {
-  CHECK(hostPathConfig(readEngineConfig()).eagerBytes == (256u << 10));
-  {
-    EnvOverride none("SMDDP_EAGER_GATHER_BYTES", "0");
-    CHECK(hostPathConfig(readEngineConfig()).eagerBytes == 0);
+// A byte-count variable of the host path: `fallback` when unset, each of
+// `accepted` read as its value, each of `rejected` refused naming it.
+static void checkHostPathBytes(const char* name, uint64_t HostPathConfig::*field, uint64_t fallback,
+                               std::initializer_list<std::pair<const char*, uint64_t>> accepted,
+                               std::initializer_list<const char*> rejected) {
+  CHECK(hostPathConfig(readEngineConfig()).*field == fallback);
+  for (const auto& [text, value] : accepted) {
+    EnvOverride set(name, text);
+    CHECK(hostPathConfig(readEngineConfig()).*field == value);
   }
-  {
-    EnvOverride most("SMDDP_EAGER_GATHER_BYTES", "1M");
-    CHECK(hostPathConfig(readEngineConfig()).eagerBytes == (1u << 20));
-  }
-  for (const char* bad : {"2M", "1048577", "-1", "lots"}) {
-    EnvOverride eager("SMDDP_EAGER_GATHER_BYTES", bad);
+  for (const char* bad : rejected) {
+    EnvOverride set(name, bad);
     try {
       readEngineConfig();
-      FAIL("SMDDP_EAGER_GATHER_BYTES=" << bad << " was accepted");
+      FAIL(name << "=" << bad << " was accepted");
     } catch (const Error& e) {
-      CHECK(std::string(e.what()).find("SMDDP_EAGER_GATHER_BYTES") != std::string::npos);
+      CHECK(std::string(e.what()).find(name) != std::string::npos);
     }
   }
 }
 
+TEST_CASE("SMDDP_EAGER_GATHER_BYTES: 256 KiB by default, 0 for none, at most 1 MiB", "[config]") {
+  checkHostPathBytes("SMDDP_EAGER_GATHER_BYTES", &HostPathConfig::eagerBytes, 256u << 10,
+                     {{"0", 0}, {"1M", 1u << 20}}, {"2M", "1048577", "-1", "lots"});
+}
+
 TEST_CASE("SMDDP_STAGE_BYTES: 64 MiB by default, 0 for none, else at least 1 MiB", "[config]") {
-  CHECK(hostPathConfig(readEngineConfig()).stageBytes == (64u << 20));
-  {
-    EnvOverride none("SMDDP_STAGE_BYTES", "0");
-    CHECK(hostPathConfig(readEngineConfig()).stageBytes == 0);
-  }
-  {
-    EnvOverride one("SMDDP_STAGE_BYTES", "1M");
-    CHECK(hostPathConfig(readEngineConfig()).stageBytes == (1u << 20));
-  }
-  for (const char* bad : {"4K", "1048575", "-1", "lots"}) {
-    EnvOverride stage("SMDDP_STAGE_BYTES", bad);
-    try {
-      readEngineConfig();
-      FAIL("SMDDP_STAGE_BYTES=" << bad << " was accepted");
-    } catch (const Error& e) {
-      CHECK(std::string(e.what()).find("SMDDP_STAGE_BYTES") != std::string::npos);
-    }
-  }
+  checkHostPathBytes("SMDDP_STAGE_BYTES", &HostPathConfig::stageBytes, 64u << 20,
+                     {{"0", 0}, {"1M", 1u << 20}}, {"4K", "1048575", "-1", "lots"});
 }
