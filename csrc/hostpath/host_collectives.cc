@@ -272,7 +272,7 @@ const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
   return at;
 }
 
-void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
+void SegmentCollectives::gatherStep(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                                     const CollectiveSignature& sig, Buffer in,
                                     const std::vector<Buffer>& outs) {
   const size_t es = elementSize(sig.dtype);
@@ -282,7 +282,6 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, uint64_t seq,
   // The peers read `in` while this rank writes its outputs: if one of them
   // (other than `in` itself as its own output) overlaps it, they read a copy.
   const bool clash = clashes(src, outs, me, bytes);
-  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   const uint64_t eager = eagerBytes(ctx, bytes);
   claimSlot(ctx, watch, seq, sig, eager);
   const StepLeft left(*this, seq);

@@ -271,12 +271,13 @@ class SegmentCollectives final : public HostCollectives {
   // part, or 0: one step. The same on every rank (the call decides it).
   uint64_t pieceElems(const EngineContext& ctx, uint64_t numel, size_t es, uint64_t copies) const;
   // One step of an all-gather (the whole call, or a piece of it: `in` and
-  // `outs` that piece, `sig` the call's).
-  void gatherStep(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig, Buffer in,
-                  const std::vector<Buffer>& outs);
+  // `outs` that piece, `sig` the call's). `watch` is the call's: its
+  // pieces together wait no longer than the group timeout.
+  void gatherStep(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                  const CollectiveSignature& sig, Buffer in, const std::vector<Buffer>& outs);
   // One step of a reduce-scatter, likewise.
-  void scatterStep(EngineContext& ctx, uint64_t seq, const CollectiveSignature& sig,
-                   const std::vector<Buffer>& ins, Buffer out);
+  void scatterStep(EngineContext& ctx, StallWatch& watch, uint64_t seq,
+                   const CollectiveSignature& sig, const std::vector<Buffer>& ins, Buffer out);
   // The value of a post's flags once reached in step piece_ of call `seq`:
   // steps count up across calls and, within a call, across its pieces.
   static constexpr int kPieceShift = 20;

@@ -6,13 +6,16 @@
 // every piece in place (docs/design.md, "Buffers from the backend: the
 // shared pool"). Every rank cuts the call alike: the cut depends on the
 // call only, and each piece posts the call's own signature, so a rank
-// that made another call fails at the first piece.
+// that made another call fails at the first piece. The pieces share the
+// call's StallWatch: together they wait no longer than the group timeout.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "algorithms/blocks.h"
 #include "common/error.h"
+#include "engine/engine_context.h"
+#include "engine/stall_watch.h"
 #include "hostpath/host_collectives.h"
 #include "hostpath/host_collectives_parts.h"
 
@@ -68,10 +71,11 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
               "allgather needs one output per rank");
   const CollectiveSignature sig{CollectiveType::kAllgather, dtype, ReduceOp::kSum, in.numel, -1};
   const CallEnds ends(ctx, seq, sig);
+  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   const size_t es = elementSize(dtype);
   const uint64_t step = pieceElems(ctx, in.numel, es, 1);
   if (step == 0) {
-    gatherStep(ctx, seq, sig, in, outs);
+    gatherStep(ctx, watch, seq, sig, in, outs);
     return;
   }
   // A piece's outputs are written before the next piece is read: an input
@@ -87,7 +91,7 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   for (uint64_t off = 0; off < in.numel; off += step, steps.next()) {
     const uint64_t n = std::min(step, in.numel - off);
     for (size_t p = 0; p < outs.size(); ++p) part[p] = slice(outs[p].data, off, n, es);
-    gatherStep(ctx, seq, sig, slice(src, off, n, es), part);
+    gatherStep(ctx, watch, seq, sig, slice(src, off, n, es), part);
   }
 }
 
@@ -100,6 +104,7 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
               "reduce_scatter needs one input block per rank");
   const CollectiveSignature sig{CollectiveType::kReduceScatter, dtype, op, out.numel, -1};
   const CallEnds ends(ctx, seq, sig);
+  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   const size_t es = elementSize(dtype);
   // Staging copies the blocks of the ranks-1 peers, and only where a post
   // names each block (one address for all would not survive the cut).
@@ -107,7 +112,7 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
                             ? pieceElems(ctx, out.numel, es, static_cast<uint64_t>(ranks_ - 1))
                             : 0;
   if (step == 0) {
-    scatterStep(ctx, seq, sig, ins, out);
+    scatterStep(ctx, watch, seq, sig, ins, out);
     return;
   }
   // `out` is written a piece at a time before the next is read: blocks it
@@ -127,7 +132,7 @@ void SegmentCollectives::reduceScatter(EngineContext& ctx, uint64_t seq,
   for (uint64_t off = 0; off < out.numel; off += step, steps.next()) {
     const uint64_t n = std::min(step, out.numel - off);
     for (int p = 0; p < world; ++p) part[p] = slice(block[p], off, n, es);
-    scatterStep(ctx, seq, sig, part, slice(out.data, off, n, es));
+    scatterStep(ctx, watch, seq, sig, part, slice(out.data, off, n, es));
   }
 }
 

@@ -59,7 +59,7 @@ void SegmentCollectives::combineHost(const uint8_t* own, const Remote& remote, u
   }
 }
 
-void SegmentCollectives::scatterStep(EngineContext& ctx, uint64_t seq,
+void SegmentCollectives::scatterStep(EngineContext& ctx, StallWatch& watch, uint64_t seq,
                                      const CollectiveSignature& sig,
                                      const std::vector<Buffer>& ins, Buffer out) {
   const int world = ctx.size();
@@ -73,7 +73,6 @@ void SegmentCollectives::scatterStep(EngineContext& ctx, uint64_t seq,
   // blocks must lie one after another: the peers read a copy otherwise.
   const bool perBlock = postsEachBlock(world);
   const bool clash = (!perBlock && !contiguous(ins, bytes)) || clashes(out.data, ins, me, bytes);
-  StallWatch watch(ctx, sig, seq, ctx.waits().timeout());
   claimSlot(ctx, watch, seq, sig, 0);
   const StepLeft left(*this, seq);
   std::vector<const uint8_t*> block(world);

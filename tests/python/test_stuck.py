@@ -78,3 +78,25 @@ def test_point_to_point_with_a_dead_peer_fails_naming_it(path):
         assert got["elapsed"] < 10.0, (k, got)
         if path == "hosts":
             assert "on host p2p-host-1" in got["msg"], f"{k}: the host is not named: {got}"
+
+
+PIECES_PG_TIMEOUT = 3.0
+
+
+@smddp_only
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_a_call_in_pieces_waits_no_longer_than_the_group_timeout(op):
+    # 64 pieces (SMDDP_STAGE_BYTES=1M), and a peer stopped for 0.8 s at a
+    # time: each piece waits less than the 3 s timeout, the call as a
+    # whole far longer. The timeout bounds the call, as NCCL's and Gloo's
+    # bound a collective, not each of its pieces.
+    results = run_world(2, "cases_stuck:pieces_under_one_timeout", backend=BACKEND, timeout=90,
+                        pg_timeout=PIECES_PG_TIMEOUT, expect_failure=True,
+                        env={"SMDDP_STAGE_BYTES": "1M"}, args=(op,))
+    r = results[0]
+    assert r["raised"], f"{op} in pieces completed after {r['elapsed']:.1f}s, past the timeout"
+    assert "timed out" in r["msg"] and "timeout of 3000 ms" in r["msg"], r["msg"]
+    assert "waiting for rank(s) 1;" in r["msg"], r["msg"]
+    # The whole call, not a piece, ran out of time: well before it would
+    # have finished at one stop per few pieces.
+    assert r["elapsed"] < PIECES_PG_TIMEOUT + 3.0, r

@@ -100,3 +100,57 @@ def p2p_dead_peer(rank: int, world: int, victim: int = 1) -> dict:
     out["recv"] = _attempt(lambda: dist.recv(torch.zeros(4), victim))
     out["isend"] = _attempt(lambda: dist.isend(torch.ones(1 << 20), victim).wait())
     return out
+
+
+# A call in pieces (SMDDP_STAGE_BYTES=1M) of PIECES_PART_ELEMS float32 per
+# rank: 64 pieces of 1 MiB.
+PIECES_PART_ELEMS = 1 << 24
+STOP_S, RUN_S = 0.8, 0.002
+
+
+def pieces_under_one_timeout(rank: int, world: int, op: str, victim: int = 1) -> dict:
+    """Every rank makes one large one-host call in pieces; while rank 0 is
+    in it, rank 0 stops the victim for STOP_S at a time and lets it run
+    for RUN_S in between, so each piece waits less than the group timeout
+    but the call as a whole much longer. Reports how each call ended."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    n = PIECES_PART_ELEMS
+    if op == "all_gather":
+        inp, out = torch.full((n,), float(rank + 1)), torch.empty(n * world)
+        call = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
+    else:
+        inp, out = torch.full((n * world,), float(rank + 1)), torch.empty(n)
+        call = lambda: dist.reduce_scatter_tensor(out, inp)  # noqa: E731
+    dist.barrier()
+    if rank == victim:
+        store.set("pieces/victim-pid", str(os.getpid()))
+    pid = int(store.get("pieces/victim-pid"))
+    done = threading.Event()
+    cycles = [0]
+
+    def stop_and_go():  # from now on: the victim may be stopped before its call
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            done.wait(STOP_S)
+            os.kill(pid, signal.SIGCONT)
+            cycles[0] += 1
+            time.sleep(RUN_S)
+
+    stopper = threading.Thread(target=stop_and_go, daemon=True)
+    if rank == 0:
+        stopper.start()
+    try:
+        result = _attempt(call)
+    finally:
+        done.set()
+        if rank == 0:
+            stopper.join()
+            os.kill(pid, signal.SIGCONT)
+    result["cycles"] = cycles[0]
+    return result
