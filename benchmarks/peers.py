@@ -49,6 +49,13 @@ the collective's ranks do. The table sets smddp's time against it
 is this rank's part of the output (MPICH: MPI.IN_PLACE), and the floor
 copies the other n - 1 parts.
 
+`torch` (--backends ... torch) is no peer either: the same
+torch.distributed call on a group of torch's own "fake" backend
+(FakeProcessGroup), which communicates nothing and hands back a Work
+already complete. It times torch's layer alone (Python entry, dispatcher,
+Work), which every c10d backend pays on every call and mpi4py's MPICH
+does not; its output is not checked (it writes none).
+
 --pairs N runs peers_mpi.py's job and then the in-process backends' job N
 times in a row (the same worlds, sizes and rounds). This machine's speed
 changes for minutes at a time (docs/notes/2026-11-one-host-allreduce.md,
@@ -80,11 +87,16 @@ from torch_smddp.bench import (  # noqa: E402
 # smddp_pool: all-gather and reduce-scatter on buffers from the backend's
 # allocate_tensor (the shared pool, which FSDP2 uses after
 # set_allocate_memory_from_process_group_for_comm(True)).
-BACKENDS = ["smddp", "smddp_direct", "smddp_pool", "gloo", "deepspeed", "copy"]
+BACKENDS = ["smddp", "smddp_direct", "smddp_pool", "gloo", "deepspeed", "copy", "torch"]
 OURS = ("smddp", "smddp_direct", "smddp_pool")
-# Not a collective: the copy floor (bench_ops.OpBuffers.copy_floor), timed in
-# blocks as the others are, every rank at once. Never a peer.
-FLOORS = ("copy",)
+# Not collectives, never peers, timed in blocks as the others are, every
+# rank at once. copy: the copy floor (bench_ops.OpBuffers.copy_floor).
+# torch: the same torch.distributed entry on a group of torch's "fake"
+# backend (FakeProcessGroup: no communication, its Work complete at once),
+# so torch's own layer alone: what a call through c10d costs whatever
+# the backend, and the mpi4py call beside it does not pay. It writes
+# nothing, so it is not checked.
+FLOORS = ("copy", "torch")
 OP_NAMES = {"all_reduce": "allreduce", "all_gather": "all-gather",
             "reduce_scatter": "reduce-scatter"}
 # What has no entry for all_gather and reduce_scatter, and why.
@@ -143,23 +155,25 @@ def usable_backends(args, gloo, ds_op, ds_why: str) -> tuple[list[str], dict]:
     return [b for b in args.backends if b not in unavailable], unavailable
 
 
-def backend_calls(op: str, bufs, gloo, ds_op, pooled=None) -> dict:
+def backend_calls(op: str, bufs, gloo, ds_op, pooled=None, fake=None) -> dict:
     """Per backend, the call on `bufs` (bench_ops.OpBuffers): allreduce in
     place on bufs.out, the other ops from bufs.inp into bufs.out;
-    smddp_pool's on `pooled`, the same op's buffers from allocate_tensor."""
+    smddp_pool's on `pooled`, the same op's buffers from allocate_tensor;
+    torch's on `fake`, a group of torch's fake backend."""
     import torch.distributed as dist
 
     import torch_smddp
 
     if op != "all_reduce":
         calls = {"smddp": bufs.call(dist, None), "gloo": bufs.call(dist, gloo),
-                 "copy": bufs.copy_floor()}
+                 "copy": bufs.copy_floor(), "torch": bufs.call(dist, fake)}
         if pooled is not None:
             calls["smddp_pool"] = pooled.call(dist, None)
         return calls
     t = bufs.out
     return {
         "copy": bufs.copy_floor(),
+        "torch": lambda: dist.all_reduce(t, group=fake),
         "smddp": lambda: dist.all_reduce(t),
         "smddp_direct": lambda: torch_smddp.all_reduce_(t),
         "gloo": lambda: dist.all_reduce(t, group=gloo),
@@ -167,7 +181,7 @@ def backend_calls(op: str, bufs, gloo, ds_op, pooled=None) -> dict:
     }
 
 
-def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
+def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op, fake=None) -> dict:
     """One size: every backend checked, its block length set from a warm-up
     call, --rounds timed blocks in ABBA order, and checked again."""
     import torch
@@ -181,7 +195,7 @@ def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
         backend = dist.group.WORLD._get_backend(cpu)
         pooled = OpBuffers(args.op, nbytes, rank, world, args.in_place,
                            empty=lambda n, dt: backend.allocate_tensor(n, dtype=dt, device=cpu))
-    calls = backend_calls(args.op, bufs, gloo, ds_op, pooled)
+    calls = backend_calls(args.op, bufs, gloo, ds_op, pooled, fake)
     bufs_of = {name: pooled if name == "smddp_pool" else bufs for name in calls}
 
     def prepare(name):
@@ -194,6 +208,8 @@ def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op) -> dict:
             b.refill()
 
     def checked(name):
+        if name == "torch":  # communicates nothing, writes nothing
+            return
         bufs_of[name].refill()
         calls[name]()
         problem = bufs_of[name].problem(0)
@@ -256,8 +272,13 @@ def worker(args) -> None:
         ds_op, ds_why = load_deepspeed(world, rank)
     dist.init_process_group("smddp")
     gloo = dist.new_group(backend="gloo")
+    fake = None
+    if "torch" in args.backends:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401 (registers "fake")
+
+        fake = dist.new_group(backend="fake")
     backends, unavailable = usable_backends(args, gloo, ds_op, ds_why)
-    rows = [measure_size(args, nbytes, backends, gloo, ds_op) for nbytes in args.sizes]
+    rows = [measure_size(args, nbytes, backends, gloo, ds_op, fake) for nbytes in args.sizes]
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"world": world, "op": args.op, "in_place": args.in_place, "rows": rows,

@@ -39,10 +39,11 @@ def test_peers_gather_and_scatter_check_real_results(op):
     # smddp_direct has no entry for them and reads n/a with the reason. The
     # floor is no peer: the table sets smddp against it in a column of its
     # own. smddp_pool: the same call on buffers from the backend's
-    # allocate_tensor (the shared pool), checked the same way.
+    # allocate_tensor (the shared pool), checked the same way. torch: the
+    # same entry on torch's fake backend, a floor too, never the best peer.
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "peers.py"), "--op", op, "--world", "2",
            "--sizes", "4096", "65536", "--backends", "smddp", "smddp_direct", "smddp_pool", "gloo",
-           "copy",
+           "copy", "torch",
            "--rounds", "2", "--block-s", "0.002", "--max-iters", "20", "--timeout", "150",
            *(["--in-place"] if op == "all_gather" else [])]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -55,7 +56,8 @@ def test_peers_gather_and_scatter_check_real_results(op):
     assert "| best peer / smddp_pool |" in p.stdout, p.stdout
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 2 and all(" n/a |" in r for r in rows), p.stdout
-    assert all(" gloo |" in r for r in rows), p.stdout  # the best peer, never the floor
+    assert all(" gloo |" in r for r in rows), p.stdout  # the best peer, never a floor
+    assert "| torch us |" in p.stdout, p.stdout  # torch's layer alone (its fake backend)
     assert "smddp_direct at world 2: n/a (torch_smddp has a direct entry for allreduce only" in p.stdout
 
 
