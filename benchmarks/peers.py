@@ -51,10 +51,12 @@ copies the other n - 1 parts.
 
 `torch` (--backends ... torch) is no peer either: the same
 torch.distributed call on a group of torch's own "fake" backend
-(FakeProcessGroup), which communicates nothing and hands back a Work
-already complete. It times torch's layer alone (Python entry, dispatcher,
-Work), which every c10d backend pays on every call and mpi4py's MPICH
-does not; its output is not checked (it writes none).
+(FakeProcessGroup), which communicates nothing, fills the output from
+the local input (all-gather copies the input into every part,
+reduce-scatter copies this rank's block; allreduce writes nothing) and
+hands back a Work already complete. So it times torch's layer (Python
+entry, dispatcher, Work), which every c10d backend pays on every call and
+mpi4py's MPICH does not, plus that local copy; its output is not checked.
 
 --pairs N runs peers_mpi.py's job and then the in-process backends' job N
 times in a row (the same worlds, sizes and rounds). This machine's speed
@@ -92,10 +94,10 @@ OURS = ("smddp", "smddp_direct", "smddp_pool")
 # Not collectives, never peers, timed in blocks as the others are, every
 # rank at once. copy: the copy floor (bench_ops.OpBuffers.copy_floor).
 # torch: the same torch.distributed entry on a group of torch's "fake"
-# backend (FakeProcessGroup: no communication, its Work complete at once),
-# so torch's own layer alone: what a call through c10d costs whatever
-# the backend, and the mpi4py call beside it does not pay. It writes
-# nothing, so it is not checked.
+# backend (FakeProcessGroup: no communication, a local copy into the
+# output, its Work complete at once), so torch's own layer: what a call
+# through c10d costs whatever the backend, and the mpi4py call beside it
+# does not pay. Its output is not checked.
 FLOORS = ("copy", "torch")
 OP_NAMES = {"all_reduce": "allreduce", "all_gather": "all-gather",
             "reduce_scatter": "reduce-scatter"}
@@ -208,7 +210,7 @@ def measure_size(args, nbytes: int, backends: list[str], gloo, ds_op, fake=None)
             b.refill()
 
     def checked(name):
-        if name == "torch":  # communicates nothing, writes nothing
+        if name == "torch":  # communicates nothing: no result to check
             return
         bufs_of[name].refill()
         calls[name]()
