@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "common/process.h"
 #include "common/param.h"
+#include "common/process.h"
 
 namespace smddp {
 
