@@ -109,10 +109,11 @@ STOP_S, RUN_S = 0.8, 0.002
 
 
 def pieces_under_one_timeout(rank: int, world: int, op: str, victim: int = 1) -> dict:
-    """Every rank makes one large one-host call in pieces; while rank 0 is
-    in it, rank 0 stops the victim for STOP_S at a time and lets it run
-    for RUN_S in between, so each piece waits less than the group timeout
-    but the call as a whole much longer. Reports how each call ended."""
+    """Every rank makes one large one-host call in pieces; from just before
+    its own call until it returns, rank 0 stops the victim for STOP_S at a
+    time and lets it run for RUN_S in between, so each piece waits less
+    than the group timeout but the call as a whole much longer. Reports
+    how each call ended, and how many stop cycles rank 0 ran."""
     import threading
 
     import torch
