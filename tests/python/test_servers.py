@@ -99,6 +99,26 @@ def test_two_pretend_hosts_reduce_through_two_servers(procs, tmp_path):
 PLAINTEXT = tuple(struct.pack("<4f", *(k * v for v in (1, 2, 3, 4))) for k in (1, 2, 3))
 
 
+def _server_behind_a_relay(procs, encrypt, tries=3):
+    """A server at 127.0.0.1:P advertising 127.0.0.2, and a passive relay
+    at 127.0.0.2:P. The kernel picks P free on 127.0.0.1 only: when
+    127.0.0.2:P is taken (ci68: EADDRINUSE, with SO_REUSEADDR), that
+    server stops and another picks a new port."""
+    for attempt in range(tries):
+        server, hosts = _start_server(
+            procs, ["--bind", "127.0.0.1", "--advertise", "127.0.0.2", "--job", "enc"],
+            env=_env(SMDDP_WIRE_ENCRYPT=encrypt))
+        port = int(hosts.rsplit(":", 1)[1])
+        assert hosts == f"127.0.0.2:{port}", hosts
+        try:
+            return server, hosts, hc.Relay(port, host="127.0.0.2", port=port, look_for=PLAINTEXT)
+        except OSError as e:
+            server.kill()
+            server.wait(timeout=10)
+            if attempt == tries - 1:
+                raise AssertionError(f"127.0.0.2:{port} was taken on each of {tries} tries") from e
+
+
 @pytest.mark.parametrize("encrypt", [1, 0])
 def test_an_eavesdropper_sees_no_plaintext_with_wire_encryption(procs, tmp_path, encrypt):
     """Every byte between the workers and the server goes through a relay
@@ -108,12 +128,7 @@ def test_an_eavesdropper_sees_no_plaintext_with_wire_encryption(procs, tmp_path,
     both, check's cases (one job) match their oracles and the relay sees
     none of the closed forms' f32 runs; without it, it sees them (the
     relay can see plaintext)."""
-    server, hosts = _start_server(
-        procs, ["--bind", "127.0.0.1", "--advertise", "127.0.0.2", "--job", "enc"],
-        env=_env(SMDDP_WIRE_ENCRYPT=encrypt))
-    port = int(hosts.rsplit(":", 1)[1])
-    assert hosts == f"127.0.0.2:{port}", hosts
-    relay = hc.Relay(port, host="127.0.0.2", port=port, look_for=PLAINTEXT)
+    server, hosts, relay = _server_behind_a_relay(procs, encrypt)
     try:
         _local_world(procs, 2, "check", tmp_path,
                      {"SMDDP_SERVER_HOSTS": hosts, "SMDDP_SERVER_JOB": "enc",
