@@ -133,6 +133,7 @@ void Communicator::shutdown(bool orderly) {
     leaveBefore = firstUnfinishedLocked();
     orderly = orderly && unfinished_.empty();
     stopping_ = true;
+    settledLocked();  // a caller waiting for the engine to settle sees the stop
     ctx_->waits().requestStop();
     leftover.swap(queue_);
     queued_.store(0);

@@ -253,6 +253,12 @@ class Communicator {
   static void registerIdleProgressExit();
   static constexpr std::chrono::microseconds kFirstIdleTick{100};
   static constexpr std::chrono::microseconds kIdleTickCap{5000};
+  // A caller that would run its call itself, arriving while the engine
+  // thread settles (engineSettling_), waits for it to park, for at most
+  // kSettleWait; then, or if the engine found more to do, it queues.
+  void awaitSettledLocked(std::unique_lock<std::mutex>& lock);
+  void settledLocked();
+  static constexpr std::chrono::milliseconds kSettleWait{10};
   // Runs `t` on the calling thread (enqueue with callerWaits, under the
   // conditions above); `lock` holds queueMu_ and is released.
   void runOnCaller(Task t, std::unique_lock<std::mutex>& lock);
@@ -268,7 +274,8 @@ class Communicator {
   std::exception_ptr failRun(const Error& e, uint64_t firstSeq, size_t calls);
   // The run ended: fences, observer, completions, held memory.
   void finishTasks(std::vector<Task>& tasks, CallPath path,
-                   std::chrono::steady_clock::time_point started, std::exception_ptr eptr);
+                   std::chrono::steady_clock::time_point started, std::exception_ptr eptr,
+                   bool onCaller);
 
   // --- Point-to-point (p2p.cc) ---
   void postP2P(Request* r);
@@ -324,6 +331,17 @@ class Communicator {
   // A call run by a caller left control frames to retry: the engine
   // thread must wake up and keep them moving.
   bool engineKick_ = false;  // guarded by queueMu_
+  // The engine thread completed its calls (or is in an idle tick) and is
+  // on its way back to waitForTask. A caller that queued its call now
+  // would keep it busy into that call, and the completion would wake the
+  // caller to queue its next one before the engine parks: a convoy of
+  // hand-offs that lasted 6-18 calls on two cores, each 1.4x a call run
+  // by its caller (docs/notes/2026-12-07-caller-convoy.md). So such a
+  // caller waits for the engine to settle (awaitSettledLocked). An
+  // engine thread that has not reached waitForTask yet settles too.
+  bool engineSettling_ = true;        // guarded by queueMu_
+  int settleWaiters_ = 0;             // guarded by queueMu_
+  std::condition_variable settledCv_;  // signals the end of engineSettling_
   std::vector<Task> callerTasks_;  // runOnCaller's, while runningOnCaller_
   std::thread worker_;
 };

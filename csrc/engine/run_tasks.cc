@@ -80,7 +80,7 @@ void Communicator::runTasks(std::vector<Task>& tasks, bool onCaller) {
                                            : CallPath::kNetwork;
   observer_->started(tasks[0].seq, path, tasks[0].seq, onCaller, started);
   std::exception_ptr eptr = dispatch(tasks, path, onCaller);
-  finishTasks(tasks, path, started, eptr);
+  finishTasks(tasks, path, started, eptr, onCaller);
 }
 
 std::exception_ptr Communicator::dispatch(std::vector<Task>& tasks, CallPath path,
@@ -137,9 +137,12 @@ std::exception_ptr Communicator::failRun(const Error& e, uint64_t firstSeq, size
 
 void Communicator::finishTasks(std::vector<Task>& tasks, CallPath path,
                                std::chrono::steady_clock::time_point started,
-                               std::exception_ptr eptr) {
+                               std::exception_ptr eptr, bool onCaller) {
   {
     std::lock_guard<std::mutex> lock(queueMu_);
+    // The completions below wake the callers: the engine thread settles
+    // from here until waitForTask.
+    if (!onCaller) engineSettling_ = true;
     // The calls ran: a fence behind them is spent even if the batch failed
     // before its cut.
     if (fuses_) noteBatchCutLocked(tasks.back().seq + 1);

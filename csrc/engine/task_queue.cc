@@ -52,6 +52,7 @@ void Communicator::registerIdleProgressExit() {
 
 uint64_t Communicator::push(Task t, CallHooks hooks) {
   std::unique_lock<std::mutex> lock(queueMu_);
+  if (hooks.callerWaits) awaitSettledLocked(lock);  // before a sequence is taken
   if (stopping_) {
     throwError(ErrorKind::kAborted, "smddp: cannot start " + t.name() + ": the process group '" +
                                         name() + "' was shut down");
@@ -78,6 +79,24 @@ uint64_t Communicator::push(Task t, CallHooks hooks) {
   lock.unlock();
   queueCv_.notify_one();
   return seq;
+}
+
+void Communicator::awaitSettledLocked(std::unique_lock<std::mutex>& lock) {
+  // Not the engine thread itself (a completion callback that calls): it
+  // settles only once the callback returns. worker_ is joined only once
+  // stopping_ is set.
+  if (stopping_ || !engineSettling_ || runningOnCaller_ || !queue_.empty() ||
+      std::this_thread::get_id() == worker_.get_id()) {
+    return;
+  }
+  ++settleWaiters_;
+  settledCv_.wait_for(lock, kSettleWait, [&] { return !engineSettling_ || stopping_; });
+  --settleWaiters_;
+}
+
+void Communicator::settledLocked() {
+  engineSettling_ = false;
+  if (settleWaiters_ > 0) settledCv_.notify_all();
 }
 
 void Communicator::noteFencesLocked(uint64_t seq, bool allreduce,
@@ -224,6 +243,7 @@ bool Communicator::waitForTask(Task* task) {
       // sleeping, but only while a caller is waiting, not computing.
       // Meanwhile a caller that waits on its call may run it itself.
       engineIdle_ = true;
+      settledLocked();  // a waiting caller runs its call itself
       lock.unlock();
       const auto until = std::chrono::steady_clock::now() +
                          std::chrono::microseconds(aCallerIsWaiting() ? config.spinUs : 0);
@@ -236,6 +256,7 @@ bool Communicator::waitForTask(Task* task) {
       engineIdle_ = false;
       engineKick_ = false;
     }
+    settledLocked();  // more to do: a waiting caller queues its call
     if (!queue_.empty()) {
       *task = std::move(queue_.front());
       queue_.pop_front();
@@ -281,7 +302,8 @@ void Communicator::parkIdle(std::unique_lock<std::mutex>& lock, IdleTicks& ticks
       ticks.seenSeq = seq;
       continue;
     }
-    engineIdle_ = false;  // a caller that comes meanwhile queues its call
+    engineIdle_ = false;  // a caller that comes meanwhile waits for the tick
+    engineSettling_ = true;
     idleTicking_ = true;
     lock.unlock();
     ticking.fetch_add(1);
@@ -296,6 +318,7 @@ void Communicator::parkIdle(std::unique_lock<std::mutex>& lock, IdleTicks& ticks
     ticking.fetch_sub(1);
     lock.lock();
     engineIdle_ = true;
+    settledLocked();
     idleTicking_ = false;
     if (endpointHolds_ > 0) queueCv_.notify_all();  // an EndpointHold waits for this tick
   }

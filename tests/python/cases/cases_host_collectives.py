@@ -421,6 +421,27 @@ def caller_runs(ck, rank, world, gloo, counted=True):
     ck.equal("all_to_all_single on the caller", a2a, torch.full((n * world,), float(rank + 1)))
     got = ran(lambda: dist.all_gather_into_tensor(out, x, async_op=True).wait())
     ck.check("asynchronous all_gather_into_tensor stays on the engine thread", got == 0, str(got))
+    if counted:
+        first_calls_of_new_groups(ck, x, out)
+
+
+def first_calls_of_new_groups(ck, x, out, groups=10, calls=12):
+    """A new group's first synchronous calls run on the caller too. A call
+    that finds the engine thread still completing the call before (or not
+    started yet) waits for it to park: queued instead, it kept the engine
+    busy into the next call, whose caller then queued too, for up to 10 of
+    12 calls (Communicator::engineSettling_). Each group may queue one
+    call (a wait that ran out on a loaded machine)."""
+    queued = []
+    for _ in range(groups):
+        g = dist.new_group(backend="smddp")
+        before = torch_smddp.stats(g)["calls_run_by_caller"]
+        for _ in range(calls):
+            dist.all_gather_into_tensor(out, x, group=g)
+        queued.append(calls - (torch_smddp.stats(g)["calls_run_by_caller"] - before))
+        dist.destroy_process_group(g)
+    ck.check("a new group's first synchronous calls run on the caller", max(queued) <= 1,
+             f"queued of {calls}, per group: {queued}")
 
 
 def run(rank, world, hosts=1, sizes=SIZES):
