@@ -335,10 +335,11 @@ class Communicator {
   // on its way back to waitForTask. A caller that queued its call now
   // would keep it busy into that call, and the completion would wake the
   // caller to queue its next one before the engine parks: a convoy of
-  // hand-offs that lasted 6-18 calls on two cores, each 1.4x a call run
-  // by its caller (docs/notes/2026-12-07-caller-convoy.md). So such a
-  // caller waits for the engine to settle (awaitSettledLocked). An
-  // engine thread that has not reached waitForTask yet settles too.
+  // hand-offs, up to 10 of a new group's first 12 calls on two cores,
+  // each 1.4x a call run by its caller
+  // (docs/notes/2026-12-07-caller-convoy.md). So such a caller waits for
+  // the engine to settle (awaitSettledLocked). An engine thread that has
+  // not reached waitForTask yet settles too.
   bool engineSettling_ = true;        // guarded by queueMu_
   int settleWaiters_ = 0;             // guarded by queueMu_
   std::condition_variable settledCv_;  // signals the end of engineSettling_

@@ -375,16 +375,12 @@ def caller_runs(ck, rank, world, gloo, counted=True):
         return torch_smddp.stats()["calls_run_by_caller"] - before
 
     def on_caller(name, fn):
-        # At least half: the engine thread may still be finishing a peer's
-        # control frame when a call comes; none means no call ran there.
-        # Under CI's load (the background builds) one rank once ran none
-        # of three ops' six on its caller: a convoy of queued calls, each
-        # completion waking its caller before the engine thread parked
-        # (docs/notes/2026-12-07-caller-convoy.md). A caller now waits for
-        # the engine to settle, for at most 10 ms, so a loaded machine can
-        # still queue some: every rank pauses, letting every engine thread
-        # park, and runs the six again, up to three more times. A build
-        # whose calls never run on the caller fails every try.
+        # At least half, not all: a caller waits at most 10 ms for the
+        # engine thread to settle (docs/notes/2026-12-07-caller-convoy.md),
+        # so under CI's load some calls may still queue. If any rank ran
+        # fewer, every rank pauses, letting every engine thread park, and
+        # runs the six again, up to three more times; a build whose calls
+        # never run on the caller fails every try.
         tries = []
         while True:
             got = ran(fn)
