@@ -32,7 +32,9 @@ SMDDP_PARAM_INT(paramStragglerReport, "SMDDP_STRAGGLER_REPORT", 0, 0, 100,
                 "torch_smddp.stats()['stragglers'] has the counts either way")
 SMDDP_PARAM_BYTES(paramStreamingBytes, "SMDDP_STREAMING_STORE_BYTES", 4194304, 0, 1LL << 50,
                   "fusion buffers at least this large copy results out with non-temporal stores, "
-                  "unless a caller runs its own synchronous call on a host with a core per rank")
+                  "unless a caller runs its own synchronous call on a host with a core per rank; "
+                  "one-host all-gathers and reduce-scatters stage copies of private buffers for "
+                  "their peers with them from this size, or whenever no caller waits")
 
 void readFusionParams(HostPathConfig& h) {
   h.streamSpinUs = paramStreamSpinUs();

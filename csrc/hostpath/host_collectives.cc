@@ -252,8 +252,18 @@ void SegmentCollectives::copyOwnPart(EngineContext& ctx, void* dst, const uint8_
   std::memmove(dst, src, bytes);
 }
 
-const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes, uint64_t limit,
-                                             uint64_t eager) {
+bool SegmentCollectives::stageStreaming(uint64_t staged, const HostPathConfig& cfg) {
+  // Through the caches when the whole copy is below the streaming size and
+  // a caller waits (so computes nothing meanwhile). Measured in turns on
+  // synchronous calls at worlds 2 and 4: 1.2-1.7x faster with 0.5-2 MiB
+  // staged; the same within the runs' spread below 512 KiB and at 3-4 MiB;
+  // from 8 MiB streaming stores won, up to 2.6x
+  // (docs/notes/2026-12-07-staging-stores.md).
+  return staged >= cfg.streamingBytes || !aCallerIsWaiting();
+}
+
+const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
+                                             const HostPathConfig& cfg, uint64_t eager) {
   // Measured in turns on parts the poster had just written (as FSDP2
   // copies its shards in), against the same calls reading the private
   // parts (process_vm_readv, or the rings): 1.1-4.4x faster at every size
@@ -261,14 +271,18 @@ const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
   // When another rank's part is not in its pool the call goes through
   // the rings and this copy is not read: pools differ only by how full
   // they are, so that costs a copy of the part in a rare call.
-  if (ranks_ == 1 || bytes == 0 || bytes > (eager ? eager : limit) ||
+  if (ranks_ == 1 || bytes == 0 || bytes > (eager ? eager : cfg.stageBytes) ||
       SharedPool::where().contains(address(src), bytes)) {
     return src;
   }
   uint8_t* at = stageRange(bytes, eager);
   if (!at) return src;
-  copyStreaming(at, src, bytes);
-  streamingFence();
+  if (stageStreaming(bytes, cfg)) {
+    copyStreaming(at, src, bytes);
+    streamingFence();
+  } else {
+    std::memcpy(at, src, bytes);
+  }
   return at;
 }
 
@@ -289,7 +303,7 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, StallWatch& watch, uint6
   // before any output is written. A clash reads a stable copy everywhere:
   // the staged one when there is one, else a private snapshot. A step
   // whose part was staged for an early leave leaves early.
-  const uint8_t* shared = stagePart(src, bytes, hostPathConfig(ctx.config()).stageBytes, eager);
+  const uint8_t* shared = stagePart(src, bytes, hostPathConfig(ctx.config()), eager);
   const bool early = eager != 0 && shared != src;
   if (clash) {
     if (shared == src) {

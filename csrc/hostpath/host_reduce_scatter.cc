@@ -79,7 +79,7 @@ void SegmentCollectives::scatterStep(EngineContext& ctx, StallWatch& watch, uint
   for (int p = 0; p < world; ++p) block[p] = static_cast<const uint8_t*>(ins[p].data);
   // Staged before `out` is written: a staged block is already a stable
   // copy, so a clash snapshots only the blocks left where they were.
-  if (perBlock) stageForPeers(block, bytes, hostPathConfig(ctx.config()).stageBytes);
+  if (perBlock) stageForPeers(block, bytes, hostPathConfig(ctx.config()));
   if (clash) {
     snapshot_.resize(bytes * world);
     for (int p = 0; p < world; ++p) {
@@ -105,13 +105,12 @@ void SegmentCollectives::scatterStep(EngineContext& ctx, StallWatch& watch, uint
 }
 
 void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes,
-                                       uint64_t limit) {
+                                       const HostPathConfig& cfg) {
   // Measured in turns on blocks the poster had just written (as backward
   // writes gradients), against the same calls read with process_vm_readv:
   // 2.0-3.4x faster from 256 KiB to 4 MiB at world 4, 1.7x at 16 MiB,
-  // 1.05-1.36x at world 2 (docs/notes/2026-12-06-staging.md). Streaming
-  // stores: a peer reading lines still dirty in this core's cache paid
-  // 3x for them.
+  // 1.05-1.36x at world 2 (docs/notes/2026-12-06-staging.md). Which
+  // stores: stageCopy.
   if (ranks_ == 1 || bytes == 0) return;
   const PoolWhere pool = SharedPool::where();
   // The owners whose blocks the peers read, outside the pool.
@@ -123,15 +122,21 @@ void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint6
       if (q != local_ && !pool.contains(address(block[owner]), bytes)) read.push_back(owner);
     }
   }
-  if (read.empty() || bytes * read.size() > limit) return;
-  uint8_t* at = stageRange(bytes * read.size(), 0);
+  const uint64_t staged = bytes * read.size();
+  if (read.empty() || staged > cfg.stageBytes) return;
+  uint8_t* at = stageRange(staged, 0);
   if (!at) return;
+  const bool streaming = stageStreaming(staged, cfg);
   for (int p : read) {
-    copyStreaming(at, block[p], bytes);
+    if (streaming) {
+      copyStreaming(at, block[p], bytes);
+    } else {
+      std::memcpy(at, block[p], bytes);
+    }
     block[p] = at;
     at += bytes;
   }
-  streamingFence();
+  if (streaming) streamingFence();
 }
 
 void SegmentCollectives::reduceAcrossHosts(EngineContext& ctx, uint64_t seq,
