@@ -117,6 +117,14 @@ class Live:
         with open(self.log, "rb") as f:
             return f.read().decode("utf-8", "replace")
 
+    def command(self, n, cmd):
+        """Writes cmd.N whole: the workers poll for it, and one that saw the
+        file created but not yet written read "" (no live calls in CI)."""
+        tmp = os.path.join(self.out, f".cmd.{n}.tmp")
+        with open(tmp, "w") as f:
+            f.write(cmd)
+        os.replace(tmp, os.path.join(self.out, f"cmd.{n}"))
+
     def round(self, attack, cmd="live"):
         """Runs `attack()` (which returns when the attacker left) during
         round n of the job; checks the server and the following group."""
@@ -124,8 +132,7 @@ class Live:
         before = quiet_snapshot(self.server.pid)
         n = self.n
         self.n += 1
-        with open(os.path.join(self.out, f"cmd.{n}"), "w") as f:
-            f.write(cmd)
+        self.command(n, cmd)
         time.sleep(0.3)  # the live loop is under way
         detail = attack()
         left_at = time.monotonic()
@@ -146,5 +153,4 @@ class Live:
         return before, after, detail
 
     def close(self):
-        with open(os.path.join(self.out, f"cmd.{self.n}"), "w") as f:
-            f.write("quit")
+        self.command(self.n, "quit")
