@@ -48,8 +48,7 @@ class FusedView {
   // Copies `src` over elements [off, off + count) of the fused buffer.
   void write(uint64_t off, uint64_t count, const uint8_t* src, bool streaming) const {
     visit(off, count, [&](uint8_t* p, uint64_t n) {
-      if (streaming) copyStreaming(p, src, n * es_);
-      else std::memcpy(p, src, n * es_);
+      copyMaybeStreaming(p, src, n * es_, streaming);
       src += n * es_;
     });
   }

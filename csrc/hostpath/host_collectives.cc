@@ -200,8 +200,7 @@ CallPath SegmentCollectives::callPath() const {
 void SegmentCollectives::read(int peer, void* local, uint64_t remote, uint64_t bytes,
                               const StallWatch& watch, bool streaming) const {
   if (const uint8_t* at = mapped(peer, remote, bytes)) {
-    if (streaming) copyStreaming(local, at, bytes);  // the caller fences
-    else std::memcpy(local, at, bytes);
+    copyMaybeStreaming(local, at, bytes, streaming);  // the caller fences
     return;
   }
   std::string err = readProcess(pids_[peer], local, remote, bytes);
@@ -277,12 +276,9 @@ const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
   }
   uint8_t* at = stageRange(bytes, eager);
   if (!at) return src;
-  if (stageStreaming(bytes, cfg)) {
-    copyStreaming(at, src, bytes);
-    streamingFence();
-  } else {
-    std::memcpy(at, src, bytes);
-  }
+  const bool streaming = stageStreaming(bytes, cfg);
+  copyMaybeStreaming(at, src, bytes, streaming);
+  if (streaming) streamingFence();
   return at;
 }
 

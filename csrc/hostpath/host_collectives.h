@@ -251,8 +251,8 @@ class SegmentCollectives final : public HostCollectives {
   void readPolling(int peer, uint8_t* local, uint64_t remote, uint64_t bytes,
                    const StallWatch& watch, const Poll& poll, bool streaming = false) const;
   // Staging copies what peers would otherwise read from private memory,
-  // up to `cfg.stageBytes` (SMDDP_STAGE_BYTES) at a time: the pages stay taken for
-  // reuse (PoolScratch). All-gather: this rank's part `src`, or a copy of
+  // up to `cfg.stageBytes` (SMDDP_STAGE_BYTES) at a time: the pages stay
+  // taken for reuse (PoolScratch). All-gather: this rank's part `src`, or a copy of
   // it in stage_ when it lies outside this process's pool (and the pool
   // has room), for the peers to read in place.
   // With `eager` (E), up to E into the step's half (stageRange).
@@ -263,7 +263,8 @@ class SegmentCollectives final : public HostCollectives {
   // pool into stage_, and points `block` at the copies, so the peers read
   // them in place instead of with process_vm_readv. Leaves `block` as it
   // is when the pool is missing or full, or past `cfg.stageBytes`.
-  void stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes, const HostPathConfig& cfg);
+  void stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes,
+                     const HostPathConfig& cfg);
   // Whether a staging copy of `staged` bytes in all uses streaming stores
   // (copyStreaming, then streamingFence) or memcpy.
   static bool stageStreaming(uint64_t staged, const HostPathConfig& cfg);

@@ -110,7 +110,7 @@ void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint6
   // writes gradients), against the same calls read with process_vm_readv:
   // 2.0-3.4x faster from 256 KiB to 4 MiB at world 4, 1.7x at 16 MiB,
   // 1.05-1.36x at world 2 (docs/notes/2026-12-06-staging.md). Which
-  // stores: stageCopy.
+  // stores: stageStreaming.
   if (ranks_ == 1 || bytes == 0) return;
   const PoolWhere pool = SharedPool::where();
   // The owners whose blocks the peers read, outside the pool.
@@ -128,11 +128,7 @@ void SegmentCollectives::stageForPeers(std::vector<const uint8_t*>& block, uint6
   if (!at) return;
   const bool streaming = stageStreaming(staged, cfg);
   for (int p : read) {
-    if (streaming) {
-      copyStreaming(at, block[p], bytes);
-    } else {
-      std::memcpy(at, block[p], bytes);
-    }
+    copyMaybeStreaming(at, block[p], bytes, streaming);
     block[p] = at;
     at += bytes;
   }

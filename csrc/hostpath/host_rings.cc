@@ -69,8 +69,7 @@ void SegmentCollectives::gatherThroughRings(EngineContext& ctx, StallWatch& watc
   // the way out, so the rings stay in it.
   const bool streaming = bytes * ranks_ >= hostPathConfig(ctx.config()).streamingBytes;
   auto copyOut = [streaming](uint8_t* dst, const uint8_t* from, uint64_t len) {
-    if (streaming) copyStreaming(dst, from, len);
-    else std::memcpy(dst, from, len);
+    copyMaybeStreaming(dst, from, len, streaming);
   };
   // This rank's own part goes to its output from the ring too, while the
   // chunk is in cache (unless the output is the input).

@@ -43,4 +43,12 @@ void streamingFence() {
 #endif
 }
 
+void copyMaybeStreaming(void* dst, const void* src, size_t bytes, bool streaming) {
+  if (streaming) {
+    copyStreaming(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
 }  // namespace smddp

@@ -10,6 +10,8 @@ namespace smddp {
 
 // memcpy with streaming (cache-bypassing) stores where the CPU has them.
 void copyStreaming(void* dst, const void* src, size_t bytes);
+// copyStreaming when `streaming`, else memcpy (the caller fences).
+void copyMaybeStreaming(void* dst, const void* src, size_t bytes, bool streaming);
 // Orders earlier streaming stores before later ordinary ones.
 void streamingFence();
 

@@ -393,11 +393,17 @@ def _indent(text: str, prefix: str = "      ") -> str:
 # child side
 # --------------------------------------------------------------------------
 
-def _write_json_atomic(path: str, obj: Any) -> None:
+def write_atomic(path: str, text: str) -> None:
+    """Writes `path` whole (a temporary file, then a rename): a reader
+    polling for it never sees it created but not yet written."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj))
 
 
 def _child_main() -> None:

@@ -8,7 +8,7 @@ import re
 import resource
 import time
 
-from mp_harness import worker
+from mp_harness import worker, write_atomic
 from server_harness import PY, env, key_file, start_job, start_server, wait_results
 
 JOB = "secret-job-name-7f3a"  # the server's --job: no refusal may echo it
@@ -120,10 +120,7 @@ class Live:
     def command(self, n, cmd):
         """Writes cmd.N whole: the workers poll for it, and one that saw the
         file created but not yet written read "" (no live calls in CI)."""
-        tmp = os.path.join(self.out, f".cmd.{n}.tmp")
-        with open(tmp, "w") as f:
-            f.write(cmd)
-        os.replace(tmp, os.path.join(self.out, f"cmd.{n}"))
+        write_atomic(os.path.join(self.out, f"cmd.{n}"), cmd)
 
     def round(self, attack, cmd="live"):
         """Runs `attack()` (which returns when the attacker left) during
