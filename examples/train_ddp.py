@@ -38,8 +38,8 @@ SKIP_DIRS = {"test", "tests", "idlelib", "turtledemo", "lib2to3", "site-packages
              "dist-packages", "__pycache__", "ensurepip", "pydoc_data"}
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(description=__doc__) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="smddp", help="process-group backend (default: smddp)")
     p.add_argument("--steps", type=int, default=int(os.environ.get("TRAIN_STEPS", 500)),
                    help="optimizer steps (default 500, about a minute at 2 ranks on 2 cores)")
@@ -55,7 +55,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--timeout", type=float, default=300, help="process-group timeout, seconds")
     p.add_argument("--no-sample", action="store_true", help="skip the generated text at the end")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return parser().parse_args(argv)
 
 
 # --------------------------------------------------------------------------
@@ -150,7 +154,13 @@ def sample(model, prompt: str, length: int, seq_len: int, temperature=0.7, seed=
 # --------------------------------------------------------------------------
 
 def main(argv=None):
-    args = parse_args(argv)
+    return run(parse_args(argv))
+
+
+def run(args, shard=None, parallel="ddp"):
+    """Trains and reports. `shard`: None wraps the model in DDP; else a
+    function that shards it in place for every rank's forward and backward
+    (train_fsdp.py's FSDP2), named `parallel` in the output."""
     torch.set_num_threads(1)  # ranks share the machine's cores
     random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -182,7 +192,10 @@ def main(argv=None):
                                                        shuffle=False, drop_last=True))
 
     model = CharTransformer(len(VOCAB), args.seq_len, args.d_model, args.layers, args.heads)
-    ddp = DDP(model)  # default process group: the --backend one
+    nparams = sum(p.numel() for p in model.parameters())
+    # The default process group, the --backend one, carries the gradients.
+    # Under FSDP2 `model` itself is sharded: every rank runs its forward.
+    ddp = DDP(model) if shard is None else shard(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = max(1, min(20, args.steps // 10))
 
@@ -192,8 +205,7 @@ def main(argv=None):
         frac = (step - warmup) / max(1, args.steps - warmup)
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
-    nparams = sum(p.numel() for p in model.parameters())
-    log(f"backend={args.backend} world_size={world} params={nparams:,} corpus={len(text):,} chars "
+    log(f"{parallel}: backend={args.backend} world_size={world} params={nparams:,} corpus={len(text):,} chars "
         f"from {nfiles} stdlib files (train {len(train_set):,} windows, {len(train_set) // world:,} per rank)")
     log(f"steps={args.steps} batch={args.batch_size}/rank x {world} ranks, seq_len={args.seq_len}, "
         f"setup {time.perf_counter() - t_start:.1f}s")
@@ -256,15 +268,21 @@ def main(argv=None):
 
     total_sps = args.steps * args.batch_size * world / train_time
     log("-" * 72)
-    if main_rank and not args.no_sample:
+    if not args.no_sample and (main_rank or shard is not None):
+        text = sample(model, "def ", 160, args.seq_len, seed=args.seed)
         log("sample (prompt 'def '):")
-        log(sample(model, "def ", 160, args.seq_len, seed=args.seed))
+        log(text)
         log("-" * 72)
     log(f"loss {first_loss:.4f} (first step) -> {last_interval_loss:.4f} (last {args.log_every} steps), "
         f"held-out {val_loss:.4f}; uniform guess would be {math.log(len(VOCAB)):.4f}")
     log(f"{args.steps} steps in {train_time:.1f}s: {total_sps:.1f} samples/s global "
         f"({total_sps * args.seq_len:,.0f} chars/s), backend={args.backend}, world_size={world}")
-    log(f"SUMMARY backend={args.backend} world_size={world} steps={args.steps} first_loss={first_loss:.4f} "
+    if "smddp" in args.backend:  # what carried the step, by smddp's own count
+        st = torch_smddp.stats()
+        counts = " ".join(f"{k}={v}" for k, v in sorted(st["collective_counts"].items()) if v)
+        log(f"smddp: {counts}; allreduce: {st['allreduce_path']}; all-gather and reduce-scatter: "
+            f"{st['gather_scatter_path']}")
+    log(f"SUMMARY parallel={parallel} backend={args.backend} world_size={world} steps={args.steps} first_loss={first_loss:.4f} "
         f"final_loss={last_interval_loss:.4f} val_loss={val_loss:.4f} samples_per_s={total_sps:.1f} "
         f"train_s={train_time:.1f} total_s={time.perf_counter() - t_start:.1f}")
     dist.destroy_process_group()
