@@ -89,7 +89,7 @@ def test_demo_under_torchrun_loss_falls():
         assert counts.get("allreduce", 0) >= 60, counts  # DDP's buckets, every step
 
 
-def test_fsdp_example_under_torchrun_loss_falls():
+def test_fsdp_demo_under_torchrun_loss_falls():
     """examples/train_fsdp.py: FSDP2 over the backend, its buffers from the
     process group. Its loss falls as the DDP demo's does (the closed form
     above), and under smddp its parameters and gradients went through
