@@ -232,8 +232,13 @@ inline smddp::MemRange extentOf(const at::Tensor& t) {
   return {begin, begin + static_cast<uintptr_t>((last + 1) * t.element_size())};
 }
 
+// Whether `t` likely lies on transparent huge pages (Buffer::hugePages):
+// torch allocated its storage, 2 MiB or more, with THP_MEM_ALLOC_ENABLE=1,
+// where the kernel gives huge pages (process_group_alloc.cc).
+bool onHugePages(const at::Tensor& t);
+
 inline Buffer bufferOf(const at::Tensor& t) {
-  return Buffer{t.data_ptr(), static_cast<uint64_t>(t.numel())};
+  return Buffer{t.data_ptr(), static_cast<uint64_t>(t.numel()), onHugePages(t)};
 }
 
 // Engine errors raised before anything was queued (e.g. shut down).

@@ -20,6 +20,12 @@ inline std::string callAt(const std::string& group, const std::string& call, uin
 struct Buffer {
   void* data = nullptr;
   uint64_t numel = 0;
+  // The caller's hint that the memory lies on transparent huge pages (a
+  // torch tensor allocated with THP_MEM_ALLOC_ENABLE=1): the kernel then
+  // copies it to another process at about a memcpy's cost, so a large
+  // all-gather part is read where it lies instead of staged
+  // (SegmentCollectives::readsInPlace).
+  bool hugePages = false;
 };
 
 // Bytes [begin, end) of the caller's memory that a call reads or writes.

@@ -265,6 +265,12 @@ class SegmentCollectives final : public HostCollectives {
   // is when the pool is missing or full, or past `cfg.stageBytes`.
   void stageForPeers(std::vector<const uint8_t*>& block, uint64_t bytes,
                      const HostPathConfig& cfg);
+  // Whether the peer reads this rank's all-gather part `in` (`bytes` long)
+  // where it lies, with process_vm_readv, instead of a staged copy: a part
+  // on huge pages (Buffer::hugePages) of kReadInPlaceFromBytes (8 MiB)
+  // and up, two ranks on one host. Each poster's own choice, step by
+  // step: its peer reads either form.
+  bool readsInPlace(const Buffer& in, uint64_t bytes) const;
   // Whether a staging copy of `staged` bytes in all uses streaming stores
   // (copyStreaming, then streamingFence) or memcpy.
   static bool stageStreaming(uint64_t staged, const HostPathConfig& cfg);

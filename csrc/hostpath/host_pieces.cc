@@ -46,8 +46,10 @@ class PieceSteps {
   std::vector<uint8_t>& copy_;
 };
 
-Buffer slice(const void* base, uint64_t offset, uint64_t numel, size_t es) {
-  return Buffer{const_cast<uint8_t*>(static_cast<const uint8_t*>(base)) + offset * es, numel};
+Buffer slice(const void* base, uint64_t offset, uint64_t numel, size_t es,
+             bool hugePages = false) {
+  return Buffer{const_cast<uint8_t*>(static_cast<const uint8_t*>(base)) + offset * es, numel,
+                hugePages};
 }
 
 }  // namespace
@@ -91,7 +93,10 @@ void SegmentCollectives::allGather(EngineContext& ctx, uint64_t seq, Buffer in,
   for (uint64_t off = 0; off < in.numel; off += step, steps.next()) {
     const uint64_t n = std::min(step, in.numel - off);
     for (size_t p = 0; p < outs.size(); ++p) part[p] = slice(outs[p].data, off, n, es);
-    gatherStep(ctx, watch, seq, sig, slice(src, off, n, es), part);
+    // Every rank cuts alike (pieceElems); whether a piece is staged or
+    // read in place is each poster's own choice (readsInPlace).
+    gatherStep(ctx, watch, seq, sig, slice(src, off, n, es, in.hugePages && src == in.data),
+               part);
   }
 }
 

@@ -17,3 +17,22 @@ def test_pool_limits(pool_bytes):
     for res in results:
         assert res["failures"] == [], res["failures"]
         assert res["cases"] >= 7, res["cases"]
+
+
+@pytest.mark.parametrize("world,stage_bytes,sizes", [
+    (2, None, (2 << 20, 1 << 20)),  # 8 MiB parts read in place, 4 MiB staged
+    (3, None, (2 << 20,)),          # three ranks: staged
+    (2, 8 << 20, (4 << 20,)),       # 16 MiB parts in two 8 MiB pieces, each read in place
+], ids=["2", "3", "2-pieces"])
+def test_huge_page_parts_are_read_in_place(world, stage_bytes, sizes):
+    """cases_shared_pool.huge_pages: with torch's allocator on huge pages
+    (THP_MEM_ALLOC_ENABLE=1), world 2 reads its large private all-gather
+    parts where they lie instead of staging them, each rank by its own
+    part's pages; world 3 stages them."""
+    env = {"THP_MEM_ALLOC_ENABLE": "1"}
+    if stage_bytes:
+        env["SMDDP_STAGE_BYTES"] = str(stage_bytes)
+    results = run_world(world, "cases_shared_pool:huge_pages", args=(sizes,), env=env, timeout=120)
+    for res in results:
+        assert res["failures"] == [], res["failures"]
+        assert res["cases"] >= 8 * len(sizes), res["cases"]

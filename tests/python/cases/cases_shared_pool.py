@@ -8,6 +8,8 @@ closed forms, so the bits must match), and stats()["pool_read_bytes"]
 counts exactly the bytes a one-host call read from its peers' pools, and
 nothing for private tensors."""
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -143,4 +145,67 @@ def limits(rank, world, pool_bytes):
     again = backend.allocate_tensor(n_small, dtype=torch.float32, device=cpu)
     if pool_bytes:  # (malloc may or may not hand back the same address)
         check("a released range is handed out again", again.data_ptr() == where and pooled(again))
+    return {"cases": ck.cases, "failures": ck.failures}
+
+
+def thp_possible():
+    """Whether the kernel may give anonymous memory huge pages."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def anon_huge_kib(t):
+    """AnonHugePages of the mapping that holds `t` (/proc/self/smaps)."""
+    p, kib, inside = t.data_ptr(), 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= p < hi
+            elif inside and head == "AnonHugePages:":
+                kib = int(line.split()[1])
+    return kib
+
+
+def huge_pages(rank, world, sizes):
+    """Run with THP_MEM_ALLOC_ENABLE=1 (torch's allocator on huge pages):
+    at two ranks a private all-gather part (or piece, past
+    SMDDP_STAGE_BYTES) of 8 MiB and up that torch allocated is read where
+    it lies (nothing of it read from a pool, so not staged); a smaller one,
+    one torch did not allocate and every part at three ranks are staged
+    (read from the poster's pool). "mixed": only rank 0's part is torch's,
+    so each rank chooses for itself. `sizes`: float32 elements per part.
+    Results against the closed form; the premise, that torch's tensors lie
+    on huge pages, against /proc/self/smaps."""
+    ck = Checker(rank, world)
+    limit = int(os.environ.get("SMDDP_STAGE_BYTES", 64 << 20))
+    for n in sizes:
+        piece = min(n * 4, limit) if limit else n * 4
+        want = torch.cat([make(f"huge{n}", r, torch.float32, n) for r in range(world)])
+        for form in ("out of place", "in place", "not torch's", "mixed"):
+            torchs = [form in ("out of place", "in place") or (form == "mixed" and r == 0)
+                      for r in range(world)]
+            reads_in_place = [world == 2 and thp_possible() and torchs[r] and piece >= 8 << 20
+                              for r in range(world)]
+            out = torch.empty(n * world)
+            if form == "in place":
+                inp = out[rank * n:(rank + 1) * n]
+            elif torchs[rank]:
+                inp = torch.empty(n)
+            else:  # a storage torch did not allocate
+                inp = torch.frombuffer(bytearray(n * 4), dtype=torch.float32)
+            inp.copy_(make(f"huge{n}", rank, torch.float32, n))
+            if reads_in_place[rank]:
+                ck.check(f"{n * 4} B part ({form}) lies on huge pages", anon_huge_kib(inp) > 0)
+            before = pooled_bytes()
+            dist.all_gather_into_tensor(out, inp)
+            read = pooled_bytes() - before
+            ck.check(f"{n * 4} B part ({form}): all_gather_into_tensor", torch.equal(out, want))
+            expect = sum(0 if reads_in_place[p] else n * 4 for p in range(world) if p != rank)
+            ck.check(f"{n * 4} B part ({form}): read from pools", read == expect,
+                     f"pool_read_bytes {read}, want {expect} (read in place: {reads_in_place})")
     return {"cases": ck.cases, "failures": ck.failures}
