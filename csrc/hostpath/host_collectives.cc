@@ -59,12 +59,14 @@ constexpr uint64_t kRingsFromBytesIn = uint64_t{4} << 20;
 constexpr int kRingsFromRanks = 3;
 // A private all-gather part on huge pages this large and up is read where
 // it lies, not staged (readsInPlace). On huge pages the kernel pins 512
-// times fewer pages and its one copy cost 1.06-1.61x a memcpy at 8 MiB
-// and 0.91-1.09x at 32 MiB, against 2-4.8x on 4 KiB pages. In turns at
-// world 2 against staging, parts rewritten before every call: 0.99-1.29x
-// with 8 MiB parts, 1.11-1.32x with 32 MiB, 0.74-0.91x with 2 MiB; on 4
-// KiB pages 0.76-0.92x throughout (docs/notes/2026-12-07-private-bound.md).
-constexpr uint64_t kReadInPlaceFromBytes = uint64_t{8} << 20;
+// times fewer pages and its one copy cost 1.7-1.9x a memcpy at 2-4 MiB,
+// 1.06-1.61x at 8 MiB and 0.91-1.09x at 32 MiB, against 2-4.8x on 4 KiB
+// pages. In turns at world 2 against staging, parts rewritten before every
+// call: 1.50-1.98x faster with 4 MiB parts, 1.49-1.72x with 6 MiB,
+// 0.99-1.29x with 8 MiB, 1.11-1.32x with 32 MiB; 0.98-1.24x with 3 MiB and
+// 0.74-0.91x with 2 MiB; on 4 KiB pages 0.76-0.92x throughout
+// (docs/notes/2026-12-07-private-bound.md).
+constexpr uint64_t kReadInPlaceFromBytes = uint64_t{4} << 20;
 // One process_vm_readv moves at most this much (the kernel's limit is
 // about 2 GiB).
 constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;

@@ -267,7 +267,7 @@ class SegmentCollectives final : public HostCollectives {
                      const HostPathConfig& cfg);
   // Whether the peer reads this rank's all-gather part `in` (`bytes` long)
   // where it lies, with process_vm_readv, instead of a staged copy: a part
-  // on huge pages (Buffer::hugePages) of kReadInPlaceFromBytes (8 MiB)
+  // on huge pages (Buffer::hugePages) of kReadInPlaceFromBytes (4 MiB)
   // and up, two ranks on one host. Each poster's own choice, step by
   // step: its peer reads either form.
   bool readsInPlace(const Buffer& in, uint64_t bytes) const;

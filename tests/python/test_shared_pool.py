@@ -20,9 +20,9 @@ def test_pool_limits(pool_bytes):
 
 
 @pytest.mark.parametrize("world,stage_bytes,sizes", [
-    (2, None, (2 << 20, 1 << 20)),  # 8 MiB parts read in place, 4 MiB staged
-    (3, None, (2 << 20,)),          # three ranks: staged
-    (2, 8 << 20, (4 << 20,)),       # 16 MiB parts in two 8 MiB pieces, each read in place
+    (2, None, (2 << 20, 1 << 20, 1 << 19)),  # 8 and 4 MiB parts read in place, 2 MiB staged
+    (3, None, (1 << 20,)),                   # three ranks: staged
+    (2, 4 << 20, (2 << 20,)),                # 8 MiB parts in two 4 MiB pieces, each read in place
 ], ids=["2", "3", "2-pieces"])
 def test_huge_page_parts_are_read_in_place(world, stage_bytes, sizes):
     """cases_shared_pool.huge_pages: with torch's allocator on huge pages

@@ -174,7 +174,7 @@ def anon_huge_kib(t):
 def huge_pages(rank, world, sizes):
     """Run with THP_MEM_ALLOC_ENABLE=1 (torch's allocator on huge pages):
     at two ranks a private all-gather part (or piece, past
-    SMDDP_STAGE_BYTES) of 8 MiB and up that torch allocated is read where
+    SMDDP_STAGE_BYTES) of 4 MiB and up that torch allocated is read where
     it lies (nothing of it read from a pool, so not staged); a smaller one,
     one torch did not allocate and every part at three ranks are staged
     (read from the poster's pool). "mixed": only rank 0's part is torch's,
@@ -189,7 +189,7 @@ def huge_pages(rank, world, sizes):
         for form in ("out of place", "in place", "not torch's", "mixed"):
             torchs = [form in ("out of place", "in place") or (form == "mixed" and r == 0)
                       for r in range(world)]
-            reads_in_place = [world == 2 and thp_possible() and torchs[r] and piece >= 8 << 20
+            reads_in_place = [world == 2 and thp_possible() and torchs[r] and piece >= 4 << 20
                               for r in range(world)]
             out = torch.empty(n * world)
             if form == "in place":
