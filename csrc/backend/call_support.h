@@ -238,6 +238,12 @@ inline smddp::MemRange extentOf(const at::Tensor& t) {
 bool onHugePages(const at::Tensor& t);
 
 inline Buffer bufferOf(const at::Tensor& t) {
+  return Buffer{t.data_ptr(), static_cast<uint64_t>(t.numel())};
+}
+
+// An all-gather's input, marked when it likely lies on huge pages: the
+// only buffer the mark changes anything for (SegmentCollectives::stagePart).
+inline Buffer gatherInputOf(const at::Tensor& t) {
   return Buffer{t.data_ptr(), static_cast<uint64_t>(t.numel()), onHugePages(t)};
 }
 

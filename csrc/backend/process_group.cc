@@ -356,7 +356,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather(
   checkTensor(in, "all_gather");
   DataType dt = toMovedDataType(in, "all_gather");
   EngineCall call(opts);
-  Buffer inB = bufferOf(call.staging.stage(in, Use::kIn));
+  Buffer inB = gatherInputOf(call.staging.stage(in, Use::kIn));
   std::vector<Buffer> outs;
   for (const auto& o : outputs[0]) {
     checkTensor(o, "all_gather");
@@ -384,7 +384,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::_allgather_base(
   }
   DataType dt = checkWholeAndPart(output, input, /*outputIsWhole=*/true, size_, name);
   EngineCall call(opts);
-  Buffer inB = bufferOf(call.staging.stage(input, Use::kIn));
+  Buffer inB = gatherInputOf(call.staging.stage(input, Use::kIn));
   std::vector<Buffer> outs = slices(call.staging.stage(output, Use::kOut), size_, input.numel());
   call.parts.push_back([&](smddp::Communicator::Done done, smddp::CallHooks hooks) {
     return smddp::allgather(*comm_, inB, outs, dt, std::move(done), std::move(hooks));

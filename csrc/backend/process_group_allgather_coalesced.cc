@@ -21,7 +21,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_into_tensor_coalesce
   EngineCall call(opts);
   for (size_t i = 0; i < outputs.size(); ++i) {
     DataType dt = checkWholeAndPart(outputs[i], inputs[i], /*outputIsWhole=*/true, size_, name);
-    Buffer in = bufferOf(call.staging.stage(inputs[i], Use::kIn, i));
+    Buffer in = gatherInputOf(call.staging.stage(inputs[i], Use::kIn, i));
     std::vector<Buffer> outs =
         slices(call.staging.stage(outputs[i], Use::kOut, i), size_, inputs[i].numel());
     call.parts.push_back([this, in, outs, dt](smddp::Communicator::Done done,
@@ -50,7 +50,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSmddp::allgather_coalesced(
   std::vector<DataType> dts;
   for (size_t i = 0; i < inputs.size(); ++i) {
     dts.push_back(checkedMovedDataType(inputs[i], name));
-    ins.push_back(bufferOf(call.staging.stage(inputs[i], Use::kIn, i)));
+    ins.push_back(gatherInputOf(call.staging.stage(inputs[i], Use::kIn, i)));
   }
   std::vector<std::vector<Buffer>> outs(inputs.size());
   std::vector<at::Tensor> flatOutputs;

@@ -277,7 +277,7 @@ bool SegmentCollectives::stageStreaming(uint64_t staged, const HostPathConfig& c
   return staged >= cfg.streamingBytes || !aCallerIsWaiting();
 }
 
-const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
+const uint8_t* SegmentCollectives::stagePart(const Buffer& in, uint64_t bytes,
                                              const HostPathConfig& cfg, uint64_t eager) {
   // Measured in turns on parts the poster had just written (as FSDP2
   // copies its shards in), against the same calls reading the private
@@ -286,8 +286,9 @@ const uint8_t* SegmentCollectives::stagePart(const uint8_t* src, uint64_t bytes,
   // When another rank's part is not in its pool the call goes through
   // the rings and this copy is not read: pools differ only by how full
   // they are, so that costs a copy of the part in a rare call.
+  const auto* src = static_cast<const uint8_t*>(in.data);
   if (ranks_ == 1 || bytes == 0 || bytes > (eager ? eager : cfg.stageBytes) ||
-      SharedPool::where().contains(address(src), bytes)) {
+      readsInPlace(in, bytes) || SharedPool::where().contains(address(src), bytes)) {
     return src;
   }
   uint8_t* at = stageRange(bytes, eager);
@@ -315,8 +316,7 @@ void SegmentCollectives::gatherStep(EngineContext& ctx, StallWatch& watch, uint6
   // before any output is written. A clash reads a stable copy everywhere:
   // the staged one when there is one, else a private snapshot. A step
   // whose part was staged for an early leave leaves early.
-  const uint8_t* shared =
-      readsInPlace(in, bytes) ? src : stagePart(src, bytes, hostPathConfig(ctx.config()), eager);
+  const uint8_t* shared = stagePart(in, bytes, hostPathConfig(ctx.config()), eager);
   const bool early = eager != 0 && shared != src;
   if (clash) {
     if (shared == src) {

@@ -252,11 +252,12 @@ class SegmentCollectives final : public HostCollectives {
                    const StallWatch& watch, const Poll& poll, bool streaming = false) const;
   // Staging copies what peers would otherwise read from private memory,
   // up to `cfg.stageBytes` (SMDDP_STAGE_BYTES) at a time: the pages stay
-  // taken for reuse (PoolScratch). All-gather: this rank's part `src`, or a copy of
-  // it in stage_ when it lies outside this process's pool (and the pool
-  // has room), for the peers to read in place.
+  // taken for reuse (PoolScratch). All-gather: this rank's part `in`
+  // (`bytes` long), or a copy of it in stage_ when it lies outside this
+  // process's pool (and the pool has room), for the peers to read in
+  // place; `in` itself where the peer reads it there (readsInPlace).
   // With `eager` (E), up to E into the step's half (stageRange).
-  const uint8_t* stagePart(const uint8_t* src, uint64_t bytes, const HostPathConfig& cfg,
+  const uint8_t* stagePart(const Buffer& in, uint64_t bytes, const HostPathConfig& cfg,
                            uint64_t eager);
   // Reduce-scatter: copies the blocks this host's peers will read (those
   // of owners with another local index) that lie outside this process's
