@@ -94,12 +94,57 @@ def pooled(ck, rank, world, hosts):
              f"{read} bytes, want {want}")
     ck.equal("private reduce_scatter, staged", got,
              closed_form_block("privrs", torch.float32, 4099, world, hosts, rank))
+    advised_huge(ck, hosts)
     # Freed pool memory is handed out again (the pool does not grow without end).
     a = backend.allocate_tensor(1 << 20, dtype=torch.uint8, device=CPU)
     where = a.data_ptr()
     del a
     b = backend.allocate_tensor(1 << 20, dtype=torch.uint8, device=CPU)
     ck.check("a released pool range is reused", b.data_ptr() == where)
+
+
+def pool_mappings():
+    """Every mapping of a pool in this process, its own and its peers'
+    (/proc/self/smaps, the memfd's name): [(perms, VmFlags, ShmemPmdMapped kB)]."""
+    maps, cur = [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                cur = [head[1], set(), 0] if "memfd:smddp-pool" in line else None
+                if cur:
+                    maps.append(cur)
+            elif cur and head[0] == "ShmemPmdMapped:":
+                cur[2] = int(head[1])
+            elif cur and head[0] == "VmFlags:":
+                cur[1] = set(head[1:])
+    return maps
+
+
+def shmem_huge_on_request():
+    """Whether the kernel gives shared memory huge pages when asked
+    (shmem_enabled "advise", or one that gives them anyway)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            mode = f.read()
+    except OSError:
+        return False
+    return any(f"[{m}]" in mode for m in ("always", "within_size", "advise", "force"))
+
+
+def advised_huge(ck, hosts):
+    """The pool asks for huge pages, in this process's mapping and in its
+    mappings of its peers' pools (VmFlags "hg"); where the kernel gives
+    shared memory huge pages on request, the touched pool has them."""
+    maps = pool_mappings()
+    own = [m for m in maps if "w" in m[0]]
+    ck.check("the pool is mapped once for writing", len(own) == 1, str(maps))
+    if hosts == 1:
+        ck.check("the peers' pools are mapped here", len(maps) > len(own), str(maps))
+    ck.check("every pool mapping asks for huge pages (VmFlags hg)",
+             all("hg" in m[1] for m in maps), str(maps))
+    if shmem_huge_on_request() and own:
+        ck.check("the pool lies on huge pages", own[0][2] > 0, str(maps))
 
 
 def pool_ranges():
