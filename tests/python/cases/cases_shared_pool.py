@@ -103,33 +103,45 @@ def pooled(ck, rank, world, hosts):
     ck.check("a released pool range is reused", b.data_ptr() == where)
 
 
-def pool_mappings():
-    """Every mapping of a pool in this process, its own and its peers'
-    (/proc/self/smaps, the memfd's name): [(perms, VmFlags, ShmemPmdMapped kB)]."""
-    maps, cur = [], None
+def smaps():
+    """This process's mappings (/proc/self/smaps), each as (lo, hi, perms,
+    the header line, {field: first value}, VmFlags as a set)."""
+    maps = []
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()
             if "-" in head[0] and not head[0].endswith(":"):
-                cur = [head[1], set(), 0] if "memfd:smddp-pool" in line else None
-                if cur:
-                    maps.append(cur)
-            elif cur and head[0] == "ShmemPmdMapped:":
-                cur[2] = int(head[1])
-            elif cur and head[0] == "VmFlags:":
-                cur[1] = set(head[1:])
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                maps.append((lo, hi, head[1], line, {}, set()))
+            elif head[0] == "VmFlags:":
+                maps[-1][5].update(head[1:])
+            elif len(head) > 1:
+                maps[-1][4][head[0].rstrip(":")] = head[1]
     return maps
+
+
+def pool_mappings():
+    """Every mapping of a pool in this process, its own and its peers'
+    (the memfd's name): [(perms, VmFlags, ShmemPmdMapped kB)]."""
+    return [(perms, flags, int(fields.get("ShmemPmdMapped", 0)))
+            for _, _, perms, line, fields, flags in smaps() if "memfd:smddp-pool" in line]
+
+
+def thp_mode(name):
+    """The selected mode of /sys/kernel/mm/transparent_hugepage/`name`
+    ("" where the kernel has none)."""
+    try:
+        with open(f"/sys/kernel/mm/transparent_hugepage/{name}") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else ""
 
 
 def shmem_huge_on_request():
     """Whether the kernel gives shared memory huge pages when asked
     (shmem_enabled "advise", or one that gives them anyway)."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
-            mode = f.read()
-    except OSError:
-        return False
-    return any(f"[{m}]" in mode for m in ("always", "within_size", "advise", "force"))
+    return thp_mode("shmem_enabled") in ("always", "within_size", "advise", "force")
 
 
 def advised_huge(ck, hosts):
@@ -148,15 +160,9 @@ def advised_huge(ck, hosts):
 
 
 def pool_ranges():
-    """Where this process's pool is mapped (/proc/self/maps, the memfd's
+    """Where this process's pool is mapped (/proc/self/smaps, the memfd's
     name), independent of the library's own bookkeeping."""
-    ranges = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "memfd:smddp-pool" in line:
-                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-                ranges.append((lo, hi))
-    return ranges
+    return [(lo, hi) for lo, hi, _, line, _, _ in smaps() if "memfd:smddp-pool" in line]
 
 
 def limits(rank, world, pool_bytes):
@@ -195,25 +201,14 @@ def limits(rank, world, pool_bytes):
 
 def thp_possible():
     """Whether the kernel may give anonymous memory huge pages."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return "[never]" not in f.read()
-    except OSError:
-        return False
+    return thp_mode("enabled") not in ("", "never")
 
 
 def anon_huge_kib(t):
     """AnonHugePages of the mapping that holds `t` (/proc/self/smaps)."""
-    p, kib, inside = t.data_ptr(), 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= p < hi
-            elif inside and head == "AnonHugePages:":
-                kib = int(line.split()[1])
-    return kib
+    p = t.data_ptr()
+    return next((int(fields.get("AnonHugePages", 0)) for lo, hi, _, _, fields, _ in smaps()
+                 if lo <= p < hi), 0)
 
 
 def huge_pages(rank, world, sizes):
